@@ -1,0 +1,8 @@
+//! tokentap: a metering reverse proxy for LLM inference servers (sglang, vLLM, any
+//! OpenAI-compatible server). See ARCHITECTURE.md for the map of the crate.
+
+pub mod cli;
+pub mod matrix;
+pub mod serve;
+pub mod sim;
+pub mod telemetry;

@@ -1,0 +1,11 @@
+//! Human-readable logs on stderr, filtered by `RUST_LOG` (default `info`).
+use tracing_subscriber::EnvFilter;
+
+/// Install the global log subscriber once; later calls are no-ops.
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

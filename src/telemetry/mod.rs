@@ -1,0 +1,2 @@
+//! Logs, Prometheus metrics and OpenTelemetry export.
+pub mod logging;
