@@ -3,6 +3,8 @@
 
 pub mod cli;
 pub mod matrix;
+pub mod meter;
 pub mod serve;
 pub mod sim;
+pub mod stream;
 pub mod telemetry;

@@ -1,2 +1,3 @@
 //! Logs, Prometheus metrics and OpenTelemetry export.
 pub mod logging;
+pub mod names;

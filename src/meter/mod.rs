@@ -1,0 +1,269 @@
+//! Metering: in-flight tracking, buckets, the per-request timeline and records, and the sinks
+//! records are handed to.
+//!
+//! [`Meter`] is shared by every request of a proxy instance. [`Meter::begin`] counts a metered
+//! request in and returns its [`RequestMeter`], which the body wrapper feeds per event and
+//! which publishes one [`RequestRecord`] when the request ends — exactly once, whichever way it
+//! ends (an explicit finish, or drop: a client that hung up).
+
+pub mod buckets;
+pub mod inflight;
+pub mod record;
+pub mod timeline;
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+
+use crate::stream::classify::{Route, Usage};
+use crate::telemetry::names::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
+
+use buckets::Ladder;
+use inflight::{InflightGuard, InflightRegistry};
+use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord, Source};
+use timeline::Timeline;
+
+/// Receives every finished record. Called on the request's own task when it ends: keep it
+/// short and never block (take a brief lock, bump counters, try_send to a channel).
+pub trait RecordSink: Send + Sync {
+    fn record(&self, record: &Arc<RequestRecord>);
+}
+
+/// Shared metering state of one proxy instance.
+pub struct Meter {
+    contexts: Ladder,
+    concurrency: Ladder,
+    inflight: InflightRegistry,
+    sinks: RwLock<Vec<Arc<dyn RecordSink>>>,
+    /// Completion tokens seen in token events, per source, as they pass: the sweep reads this
+    /// at window start and end to get "usage increments inside the window".
+    live_tokens: [AtomicU64; 2],
+    /// Metered requests in flight per source (the sweep's production guard reads it).
+    inflight_by_source: [AtomicI64; 2],
+}
+
+impl std::fmt::Debug for Meter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Meter")
+            .field("contexts", &self.contexts)
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Meter {
+    pub fn new(contexts: Ladder, concurrency: Ladder) -> Arc<Self> {
+        Arc::new(Self {
+            contexts,
+            concurrency,
+            inflight: InflightRegistry::default(),
+            sinks: RwLock::new(Vec::new()),
+            live_tokens: [AtomicU64::new(0), AtomicU64::new(0)],
+            inflight_by_source: [AtomicI64::new(0), AtomicI64::new(0)],
+        })
+    }
+
+    pub fn contexts(&self) -> &Ladder {
+        &self.contexts
+    }
+
+    pub fn concurrency(&self) -> &Ladder {
+        &self.concurrency
+    }
+
+    /// Adds a sink; it sees every record finished from now on.
+    pub fn add_sink(&self, sink: Arc<dyn RecordSink>) {
+        self.sinks
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(sink);
+    }
+
+    /// Removes a sink added earlier (compared by pointer).
+    pub fn remove_sink(&self, sink: &Arc<dyn RecordSink>) {
+        self.sinks
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|s| !Arc::ptr_eq(s, sink));
+    }
+
+    /// Completion tokens seen so far in token events of `source`.
+    pub fn live_tokens(&self, source: Source) -> u64 {
+        self.live_tokens
+            .get(source.index())
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// Metered requests of `source` in flight now.
+    pub fn inflight(&self, source: Source) -> u64 {
+        self.inflight_by_source
+            .get(source.index())
+            .map_or(0, |c| c.load(Ordering::Relaxed).max(0) as u64)
+    }
+
+    /// Counts a metered request in. `head_in` is when its head arrived.
+    pub fn begin(self: &Arc<Self>, labels: RequestLabels, head_in: Instant) -> RequestMeter {
+        let tracker = self.inflight.tracker(&labels.upstream, &labels.model);
+        let guard = tracker.enter(head_in);
+        if let Some(c) = self.inflight_by_source.get(labels.source.index()) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        RequestMeter {
+            meter: Arc::clone(self),
+            timeline: Timeline::new(head_in, &TOKEN_GAP_BUCKETS, &OVERHEAD_BUCKETS),
+            started_at: SystemTime::now(),
+            labels,
+            guard: Some(guard),
+            max_tokens: None,
+            status: 0,
+            streaming: false,
+            inflight_at_head: tracker.current(),
+        }
+    }
+
+    fn publish(&self, record: RequestRecord) -> Arc<RequestRecord> {
+        let record = Arc::new(record);
+        let sinks = self.sinks.read().unwrap_or_else(PoisonError::into_inner);
+        for sink in sinks.iter() {
+            sink.record(&record);
+        }
+        record
+    }
+}
+
+/// Who a metered request is, for labels and aggregation.
+#[derive(Debug, Clone)]
+pub struct RequestLabels {
+    pub route: Route,
+    pub source: Source,
+    pub model: Arc<str>,
+    pub upstream: Arc<str>,
+    pub tag: Option<Arc<str>>,
+}
+
+/// The measurement of one request in progress.
+pub struct RequestMeter {
+    meter: Arc<Meter>,
+    pub labels: RequestLabels,
+    pub timeline: Timeline,
+    pub started_at: SystemTime,
+    pub max_tokens: Option<u64>,
+    /// Upstream status (or tokentap's own answer, e.g. 502).
+    pub status: u16,
+    pub streaming: bool,
+    inflight_at_head: u32,
+    /// Present until the record is published.
+    guard: Option<InflightGuard>,
+}
+
+impl std::fmt::Debug for RequestMeter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestMeter")
+            .field("labels", &self.labels)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestMeter {
+    /// Records an event that carried `tokens` tokens of output at `now`. No allocation, no
+    /// lock: atomic reads of the in-flight count and its integral, and field updates.
+    pub fn token_event(&mut self, now: Instant, tokens: u64) {
+        let Some(guard) = &self.guard else {
+            return;
+        };
+        let tracker = guard.tracker();
+        let inflight = tracker.current();
+        let bucket = self.meter.concurrency.concurrency_bucket_of_count(inflight);
+        let area = tracker.area_at(now);
+        self.timeline
+            .token_event(now, tokens, inflight, bucket, area);
+        if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
+            c.fetch_add(tokens.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// True once the record has been published.
+    pub fn is_finished(&self) -> bool {
+        self.guard.is_none()
+    }
+
+    /// Publishes the record. Later calls (and the drop) do nothing.
+    pub fn finish(&mut self, outcome: Outcome, usage: Usage, completion_tokens: u64, exact: bool) {
+        let Some(guard) = self.guard.take() else {
+            return;
+        };
+        let now = Instant::now();
+        let timeline = &mut self.timeline;
+        timeline.end = Some(now);
+        let decode_time = timeline.decode_time();
+        let average_active_requests = match decode_time {
+            Some(d) if !d.is_zero() => {
+                (timeline.area_at_last_token - timeline.area_at_first_token) / d.as_secs_f64()
+            }
+            _ if timeline.first_token.is_some() => f64::from(timeline.inflight_at_first_token),
+            _ => f64::from(self.inflight_at_head),
+        };
+        drop(guard);
+        if let Some(c) = self.meter.inflight_by_source.get(self.labels.source.index()) {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+        let mut split = timeline.split;
+        if exact || completion_tokens != split.total_tokens() {
+            split.rescale_tokens(completion_tokens);
+        }
+        let ttft = timeline.since_head(timeline.first_token);
+        let tbt = time_between_tokens(decode_time, completion_tokens);
+        let meter = &self.meter;
+        let request_overhead = timeline.upstream_sent.map(|sent| {
+            let from = timeline.body_read.unwrap_or(timeline.head_in);
+            sent.saturating_duration_since(from)
+        });
+        let record = RequestRecord {
+            route: self.labels.route,
+            source: self.labels.source,
+            model: Arc::clone(&self.labels.model),
+            upstream: Arc::clone(&self.labels.upstream),
+            tag: self.labels.tag.clone(),
+            outcome,
+            status: self.status,
+            streaming: self.streaming,
+            started_at: self.started_at,
+            time_to_headers: timeline.since_head(timeline.response_head),
+            time_to_first_byte: timeline.since_head(timeline.first_byte),
+            time_to_first_token: ttft,
+            duration: now.saturating_duration_since(timeline.head_in),
+            decode_time,
+            prompt_tokens: usage.prompt_tokens,
+            cached_tokens: usage.cached_tokens,
+            completion_tokens,
+            completion_exact: exact,
+            token_events: timeline.token_events,
+            max_tokens: self.max_tokens,
+            time_between_tokens: tbt,
+            per_request_tokens_per_second: tbt.map(|t| 1.0 / t.as_secs_f64()),
+            prefill_tokens_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, ttft),
+            average_active_requests,
+            context_bucket: meter.contexts.context_bucket(usage.prompt_tokens.unwrap_or(0)),
+            concurrency_bucket: meter.concurrency.concurrency_bucket(average_active_requests),
+            itl: timeline.itl.clone(),
+            split,
+            request_overhead,
+            frame_overhead: timeline.frame_overhead.clone(),
+            frames: timeline.frames,
+        };
+        meter.publish(record);
+    }
+}
+
+impl Drop for RequestMeter {
+    fn drop(&mut self) {
+        // Dropped before an explicit finish: the client (or the server shutting down) went
+        // away mid-request.
+        let usage = Usage::default();
+        let tokens = self.timeline.streamed_tokens;
+        self.finish(Outcome::ClientAborted, usage, tokens, false);
+    }
+}

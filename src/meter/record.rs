@@ -1,0 +1,159 @@
+//! The per-request record: what was measured and what is derived from it (SPEC §3).
+//!
+//! A record is built once, when a request ends, from its [`Timeline`] and the upstream's
+//! usage, and handed to every [`super::RecordSink`] (Prometheus, matrix aggregators,
+//! OpenTelemetry, sweeps). Derived values follow the seed tool's definitions:
+//! TTFT = first token − request head in; TBT = (last token − first token) / (completion − 1);
+//! per-request tok/s = 1 / TBT; prefill tok/s = (prompt − cached) / TTFT.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::stream::classify::Route;
+
+use super::timeline::{ConcurrencySplit, LocalHistogram};
+
+/// Where a request came from. Synthetic requests are the sweep's own; they are never mixed
+/// into production figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    Production,
+    Synthetic,
+}
+
+impl Source {
+    pub const ALL: [Source; 2] = [Source::Production, Source::Synthetic];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Production => "production",
+            Source::Synthetic => "synthetic",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        match self {
+            Source::Production => 0,
+            Source::Synthetic => 1,
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The upstream answered with a success status and, when streaming, its end marker.
+    Ok,
+    /// Status ≥ 400, or an error event inside the stream.
+    UpstreamError,
+    /// The client went away before the response ended.
+    ClientAborted,
+    /// The upstream reset the connection or ended the stream without its end marker.
+    UpstreamAborted,
+    /// The upstream did not answer within the configured time.
+    Timeout,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 5] = [
+        Outcome::Ok,
+        Outcome::UpstreamError,
+        Outcome::ClientAborted,
+        Outcome::UpstreamAborted,
+        Outcome::Timeout,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::ClientAborted => "client_aborted",
+            Outcome::UpstreamAborted => "upstream_aborted",
+            Outcome::Timeout => "timeout",
+        }
+    }
+}
+
+/// Everything measured about one metered request.
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    pub route: Route,
+    pub source: Source,
+    pub model: Arc<str>,
+    pub upstream: Arc<str>,
+    /// Free-form tag set by in-process callers (the sweep engine tags its cell's requests).
+    pub tag: Option<Arc<str>>,
+    pub outcome: Outcome,
+    /// HTTP status from the upstream (or the one tokentap answered with, e.g. 502).
+    pub status: u16,
+    /// The response was an event stream.
+    pub streaming: bool,
+    /// Wall-clock time of request head in (for windows and traces).
+    pub started_at: SystemTime,
+    pub time_to_headers: Option<Duration>,
+    pub time_to_first_byte: Option<Duration>,
+    pub time_to_first_token: Option<Duration>,
+    pub duration: Duration,
+    /// First token → last token.
+    pub decode_time: Option<Duration>,
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub completion_tokens: u64,
+    /// `completion_tokens` came from the upstream's usage, not from counting events.
+    pub completion_exact: bool,
+    pub token_events: u64,
+    pub max_tokens: Option<u64>,
+    pub time_between_tokens: Option<Duration>,
+    pub per_request_tokens_per_second: Option<f64>,
+    pub prefill_tokens_per_second: Option<f64>,
+    /// Time-weighted mean in-flight count (same upstream and model) over the decode interval.
+    pub average_active_requests: f64,
+    pub context_bucket: usize,
+    pub concurrency_bucket: usize,
+    pub itl: LocalHistogram,
+    pub split: ConcurrencySplit,
+    /// Time inside tokentap between request head in (or body read) and upstream send.
+    pub request_overhead: Option<Duration>,
+    pub frame_overhead: LocalHistogram,
+    pub frames: u64,
+}
+
+impl RequestRecord {
+    /// Completion tokens per event (speculative decoding shows several).
+    pub fn tokens_per_event(&self) -> Option<f64> {
+        (self.token_events > 0).then(|| self.completion_tokens as f64 / self.token_events as f64)
+    }
+}
+
+/// TBT = decode time / (completion − 1); `None` with fewer than two tokens or no decode time.
+pub fn time_between_tokens(decode: Option<Duration>, completion_tokens: u64) -> Option<Duration> {
+    let decode = decode?;
+    if completion_tokens < 2 || decode.is_zero() {
+        return None;
+    }
+    Some(decode / u32::try_from(completion_tokens - 1).unwrap_or(u32::MAX))
+}
+
+/// Prefill tok/s = (prompt − cached) / TTFT.
+pub fn prefill_rate(prompt: Option<u64>, cached: Option<u64>, ttft: Option<Duration>) -> Option<f64> {
+    let prompt = prompt?;
+    let ttft = ttft?.as_secs_f64();
+    let uncached = prompt.saturating_sub(cached.unwrap_or(0));
+    (ttft > 0.0 && uncached > 0).then(|| uncached as f64 / ttft)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_values_follow_the_seed_definitions() {
+        let tbt = time_between_tokens(Some(Duration::from_millis(990)), 100).unwrap();
+        assert_eq!(tbt, Duration::from_millis(10));
+        assert_eq!(time_between_tokens(Some(Duration::from_secs(1)), 1), None);
+        assert_eq!(time_between_tokens(Some(Duration::ZERO), 5), None);
+        let rate = prefill_rate(Some(8192), Some(192), Some(Duration::from_millis(500))).unwrap();
+        assert!((rate - 16_000.0).abs() < 1e-6);
+        assert_eq!(prefill_rate(Some(10), Some(10), Some(Duration::from_secs(1))), None);
+    }
+}

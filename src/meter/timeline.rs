@@ -1,0 +1,244 @@
+//! The per-request timeline: timestamps and fixed-size accumulators updated per event.
+//!
+//! Everything here is plain data updated in place: recording an event touches a few fields
+//! and two fixed arrays, with no allocation, lock or await. Histograms are accumulated per
+//! request into fixed buckets (count and sum per bucket) and flushed to the exporter once,
+//! when the request ends.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::buckets::MAX_LADDER;
+
+/// Most buckets a local histogram may have.
+pub const MAX_HISTOGRAM_BUCKETS: usize = 32;
+
+/// A per-request histogram over fixed upper bounds: count and sum per bucket, so the flushed
+/// exporter histogram gets exact bucket counts and an exact sum (each bucket is flushed as its
+/// mean value, which lies inside the bucket, times its count).
+#[derive(Debug, Clone)]
+pub struct LocalHistogram {
+    bounds: &'static [f64],
+    counts: [u64; MAX_HISTOGRAM_BUCKETS],
+    sums: [f64; MAX_HISTOGRAM_BUCKETS],
+}
+
+impl LocalHistogram {
+    /// `bounds` are increasing upper bounds; values above the last go to an overflow bucket.
+    pub fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds: bounds.get(..MAX_HISTOGRAM_BUCKETS - 1).unwrap_or(bounds),
+            counts: [0; MAX_HISTOGRAM_BUCKETS],
+            sums: [0.0; MAX_HISTOGRAM_BUCKETS],
+        }
+    }
+
+    /// Records `value` with weight `count`.
+    pub fn record(&mut self, value: f64, count: u64) {
+        let index = self.bounds.partition_point(|&bound| bound < value);
+        if let (Some(c), Some(s)) = (self.counts.get_mut(index), self.sums.get_mut(index)) {
+            *c += count;
+            *s += value * count as f64;
+        }
+    }
+
+    /// Non-empty buckets as (mean value, count).
+    pub fn buckets(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
+        self.counts
+            .iter()
+            .zip(self.sums.iter())
+            .filter(|(c, _)| **c > 0)
+            .map(|(c, s)| (s / *c as f64, *c))
+    }
+
+    /// Total weight recorded.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Largest bucket mean (an upper estimate of the maximum within bucket resolution).
+    pub fn max_mean(&self) -> Option<f64> {
+        self.buckets().map(|(mean, _)| mean).reduce(f64::max)
+    }
+}
+
+/// Tokens and decode time of one request split by the concurrency bucket in force when each
+/// token event arrived. Summing these over requests gives production matrix cells whose
+/// conditions changed mid-request (docs/metrics.md).
+#[derive(Debug, Clone, Copy)]
+pub struct ConcurrencySplit {
+    pub tokens: [u64; MAX_LADDER],
+    /// Request-seconds of decode time per bucket (the gap before each token event).
+    pub seconds: [f64; MAX_LADDER],
+}
+
+impl Default for ConcurrencySplit {
+    fn default() -> Self {
+        Self {
+            tokens: [0; MAX_LADDER],
+            seconds: [0.0; MAX_LADDER],
+        }
+    }
+}
+
+impl ConcurrencySplit {
+    /// Rescales token counts so they sum to `total` exactly (used when per-event counts were
+    /// estimates and the upstream's final usage is known), keeping each bucket's share.
+    pub fn rescale_tokens(&mut self, total: u64) {
+        let sum: u64 = self.tokens.iter().sum();
+        if sum == total || sum == 0 {
+            return;
+        }
+        // The rounding remainder goes to the bucket that had the most tokens.
+        let largest = (0..self.tokens.len())
+            .max_by_key(|&i| self.tokens[i])
+            .unwrap_or(0);
+        let mut assigned = 0u64;
+        for tokens in self.tokens.iter_mut() {
+            *tokens = (u128::from(*tokens) * u128::from(total) / u128::from(sum)) as u64;
+            assigned += *tokens;
+        }
+        if let Some(t) = self.tokens.get_mut(largest) {
+            *t += total.saturating_sub(assigned);
+        }
+    }
+
+    pub fn total_tokens(&self) -> u64 {
+        self.tokens.iter().sum()
+    }
+}
+
+/// Timestamps (monotonic, taken when bytes arrive) and per-event accumulators.
+#[derive(Debug, Clone)]
+pub struct Timeline {
+    pub head_in: Instant,
+    /// When the request body was fully read (metered routes read it before forwarding).
+    pub body_read: Option<Instant>,
+    pub upstream_sent: Option<Instant>,
+    pub response_head: Option<Instant>,
+    pub first_byte: Option<Instant>,
+    pub first_token: Option<Instant>,
+    pub last_token: Option<Instant>,
+    pub end: Option<Instant>,
+    /// Events that carried output.
+    pub token_events: u64,
+    /// Tokens carried by those events (exact with per-chunk usage).
+    pub streamed_tokens: u64,
+    /// Inter-token latency: each gap divided over the tokens of the event that ended it.
+    pub itl: LocalHistogram,
+    /// Time spent inside tokentap per forwarded frame.
+    pub frame_overhead: LocalHistogram,
+    pub frames: u64,
+    pub split: ConcurrencySplit,
+    /// ∫inflight·dt at the first and at the latest token event.
+    pub area_at_first_token: f64,
+    pub area_at_last_token: f64,
+    /// In-flight count when the first token arrived (the fallback average).
+    pub inflight_at_first_token: u32,
+}
+
+impl Timeline {
+    pub fn new(head_in: Instant, itl_bounds: &'static [f64], overhead_bounds: &'static [f64]) -> Self {
+        Self {
+            head_in,
+            body_read: None,
+            upstream_sent: None,
+            response_head: None,
+            first_byte: None,
+            first_token: None,
+            last_token: None,
+            end: None,
+            token_events: 0,
+            streamed_tokens: 0,
+            itl: LocalHistogram::new(itl_bounds),
+            frame_overhead: LocalHistogram::new(overhead_bounds),
+            frames: 0,
+            split: ConcurrencySplit::default(),
+            area_at_first_token: 0.0,
+            area_at_last_token: 0.0,
+            inflight_at_first_token: 0,
+        }
+    }
+
+    /// Records an event carrying `tokens` tokens at `now`, with the in-flight count, its
+    /// concurrency bucket and the in-flight integral read at that moment.
+    pub fn token_event(&mut self, now: Instant, tokens: u64, inflight: u32, bucket: usize, area: f64) {
+        let tokens = tokens.max(1);
+        match self.last_token {
+            None => {
+                self.first_token = Some(now);
+                self.area_at_first_token = area;
+                self.inflight_at_first_token = inflight;
+            }
+            Some(last) => {
+                let gap = now.saturating_duration_since(last).as_secs_f64();
+                self.itl.record(gap / tokens as f64, tokens);
+                if let Some(seconds) = self.split.seconds.get_mut(bucket) {
+                    *seconds += gap;
+                }
+            }
+        }
+        if let Some(t) = self.split.tokens.get_mut(bucket) {
+            *t += tokens;
+        }
+        self.area_at_last_token = area;
+        self.last_token = Some(now);
+        self.token_events += 1;
+        self.streamed_tokens += tokens;
+    }
+
+    /// Records that a frame arrived at `arrived` and was handed on at `forwarded`.
+    pub fn frame(&mut self, arrived: Instant, forwarded: Instant) {
+        if self.first_byte.is_none() {
+            self.first_byte = Some(arrived);
+        }
+        self.frames += 1;
+        self.frame_overhead
+            .record(forwarded.saturating_duration_since(arrived).as_secs_f64(), 1);
+    }
+
+    /// Duration from request head in to `t`.
+    pub fn since_head(&self, t: Option<Instant>) -> Option<Duration> {
+        t.map(|t| t.saturating_duration_since(self.head_in))
+    }
+
+    /// First token → last token.
+    pub fn decode_time(&self) -> Option<Duration> {
+        match (self.first_token, self.last_token) {
+            (Some(first), Some(last)) => Some(last.saturating_duration_since(first)),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    static BOUNDS: [f64; 3] = [0.001, 0.01, 0.1];
+
+    #[test]
+    fn local_histogram_keeps_exact_bucket_counts_and_sums() {
+        let mut h = LocalHistogram::new(&BOUNDS);
+        h.record(0.005, 2);
+        h.record(0.007, 1);
+        h.record(5.0, 1);
+        let buckets: Vec<_> = h.buckets().collect();
+        assert_eq!(buckets.len(), 2);
+        assert!((buckets[0].0 - 0.017 / 3.0).abs() < 1e-12);
+        assert_eq!(buckets[0].1, 3);
+        assert_eq!(buckets[1], (5.0, 1));
+        assert_eq!(h.count(), 4);
+    }
+
+    #[test]
+    fn rescale_keeps_the_total_exact() {
+        let mut split = ConcurrencySplit::default();
+        split.tokens[0] = 3;
+        split.tokens[1] = 7;
+        split.rescale_tokens(31);
+        assert_eq!(split.total_tokens(), 31);
+        assert!(split.tokens[1] > split.tokens[0]);
+    }
+}

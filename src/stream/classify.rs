@@ -1,0 +1,636 @@
+//! What one SSE event means for measurement, per route dialect.
+//!
+//! [`EventClassifier`] reads an event's `event:` name and JSON payload (through the
+//! allocation-free navigator in [`super::json`]) and says whether it carried generated output,
+//! how many tokens it carried, and what usage, error or end-of-stream facts it reported. It
+//! keeps the little per-stream state a dialect needs (cumulative usage per choice, the length
+//! of `/generate`'s cumulative text) in fixed arrays: no allocation, no I/O, no clock.
+//!
+//! First-token rule (SPEC §3): only non-empty generated output counts — content,
+//! reasoning/reasoning_content, tool_calls, completion text, `/generate` text growth,
+//! `content_block_delta`, Responses `*.delta`. Role-only, empty, usage-only and keep-alive
+//! events never count.
+
+use super::json::{self, Span};
+
+/// The metered routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// `/v1/chat/completions`
+    ChatCompletions,
+    /// `/v1/completions`
+    Completions,
+    /// sglang native `/generate`
+    Generate,
+    /// Anthropic-style `/v1/messages`
+    Messages,
+    /// OpenAI Responses `/v1/responses`
+    Responses,
+}
+
+impl Route {
+    /// Every metered route, in label order.
+    pub const ALL: [Route; 5] = [
+        Route::ChatCompletions,
+        Route::Completions,
+        Route::Generate,
+        Route::Messages,
+        Route::Responses,
+    ];
+
+    /// The metered route for a request path, if any.
+    pub fn from_path(path: &str) -> Option<Route> {
+        match path.trim_end_matches('/') {
+            "/v1/chat/completions" => Some(Route::ChatCompletions),
+            "/v1/completions" => Some(Route::Completions),
+            "/generate" => Some(Route::Generate),
+            "/v1/messages" => Some(Route::Messages),
+            "/v1/responses" => Some(Route::Responses),
+            _ => None,
+        }
+    }
+
+    /// The Prometheus label value (a static string: no allocation when labelling).
+    pub fn label(self) -> &'static str {
+        match self {
+            Route::ChatCompletions => "chat_completions",
+            Route::Completions => "completions",
+            Route::Generate => "generate",
+            Route::Messages => "messages",
+            Route::Responses => "responses",
+        }
+    }
+
+    /// Whether `stream_options` usage injection applies to this route.
+    pub fn accepts_stream_options(self) -> bool {
+        matches!(self, Route::ChatCompletions | Route::Completions)
+    }
+}
+
+/// Token counts reported by the upstream (any field may be missing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+}
+
+/// What one event means.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventFacts {
+    /// The event carried non-empty generated output (a "token event").
+    pub output: bool,
+    /// Tokens this event carried. Exact when `exact`, else one per output event.
+    pub tokens: u64,
+    /// `tokens` came from usage differences, not from counting events.
+    pub exact: bool,
+    /// The stream's own end marker (`[DONE]`, `message_stop`, `response.completed`…).
+    pub terminal: bool,
+    /// An error event or an `{"error": …}` payload.
+    pub error: bool,
+}
+
+/// The most choices (`n`) tracked separately; further indices share the last slot, which
+/// only makes their per-event counts approximate.
+const MAX_CHOICES: usize = 8;
+
+/// Per-stream interpretation state.
+#[derive(Debug, Clone)]
+pub struct EventClassifier {
+    route: Route,
+    /// Cumulative completion tokens per choice index, from per-chunk usage.
+    cumulative: [u64; MAX_CHOICES],
+    /// Raw length of `/generate`'s cumulative text per index.
+    generate_text_len: [usize; MAX_CHOICES],
+    /// Usage as last reported; the final report wins.
+    usage: Usage,
+    /// A usage report with `choices: []` (or the dialect's final usage event) was seen.
+    final_usage_seen: bool,
+    /// Output events counted, for when no usage ever arrives.
+    output_events: u64,
+    /// Sum of exact per-event token counts.
+    exact_tokens: u64,
+    /// Every output event so far had an exact token count.
+    all_exact: bool,
+    error_seen: bool,
+    terminal_seen: bool,
+}
+
+impl EventClassifier {
+    pub fn new(route: Route) -> Self {
+        Self {
+            route,
+            cumulative: [0; MAX_CHOICES],
+            generate_text_len: [0; MAX_CHOICES],
+            usage: Usage::default(),
+            final_usage_seen: false,
+            output_events: 0,
+            exact_tokens: 0,
+            all_exact: true,
+            error_seen: false,
+            terminal_seen: false,
+        }
+    }
+
+    pub fn route(&self) -> Route {
+        self.route
+    }
+
+    /// Usage as reported so far (the upstream's last word).
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// Completion tokens: from usage when the upstream reported it, else the count of output
+    /// events (then `completion_exact()` is false).
+    pub fn completion_tokens(&self) -> u64 {
+        match self.usage.completion_tokens {
+            Some(n) => n,
+            None if self.all_exact && self.exact_tokens > 0 => self.exact_tokens,
+            None => self.output_events,
+        }
+    }
+
+    /// True if `completion_tokens()` is an upstream count rather than an estimate.
+    pub fn completion_exact(&self) -> bool {
+        self.usage.completion_tokens.is_some() || (self.all_exact && self.exact_tokens > 0)
+    }
+
+    /// Every output event had an exact per-event token count (continuous usage stats).
+    pub fn per_event_exact(&self) -> bool {
+        self.all_exact && self.output_events > 0
+    }
+
+    pub fn error_seen(&self) -> bool {
+        self.error_seen
+    }
+
+    pub fn terminal_seen(&self) -> bool {
+        self.terminal_seen
+    }
+
+    pub fn output_events(&self) -> u64 {
+        self.output_events
+    }
+
+    /// Interprets one SSE event.
+    pub fn observe(&mut self, name: &[u8], data: &[u8]) -> EventFacts {
+        let data = trim(data);
+        let mut facts = match self.route {
+            Route::ChatCompletions | Route::Completions => self.openai(data),
+            Route::Generate => self.generate(data),
+            Route::Messages => self.messages(name, data),
+            Route::Responses => self.responses(name, data),
+        };
+        if facts.output {
+            self.output_events += 1;
+            if facts.exact {
+                self.exact_tokens += facts.tokens;
+            } else {
+                self.all_exact = false;
+                facts.tokens = facts.tokens.max(1);
+            }
+        } else if facts.tokens > 0 && facts.exact {
+            // Tokens that produced no visible text yet (held-back partial UTF-8, a swallowed
+            // `<think>`): they still count as generated.
+            self.exact_tokens += facts.tokens;
+        }
+        self.error_seen |= facts.error;
+        self.terminal_seen |= facts.terminal;
+        facts
+    }
+
+    /// Interprets a complete non-streamed JSON response body.
+    pub fn observe_body(&mut self, body: &[u8]) {
+        let body = trim(body);
+        if json::top(body, b"error").is_some_and(|s| !json::is_null(body, s)) {
+            self.error_seen = true;
+        }
+        match self.route {
+            Route::ChatCompletions | Route::Completions => {
+                if let Some(usage) = json::top(body, b"usage") {
+                    self.read_openai_usage(body, usage);
+                    self.final_usage_seen = true;
+                }
+            }
+            Route::Generate => {
+                // `/generate` answers an object, or an array of them for batches.
+                let first = json::skip_ws(body, 0);
+                if body.get(first) == Some(&b'[') {
+                    let mut sum = Usage::default();
+                    for element in json::elements(body, first) {
+                        let u = generate_usage(body, element.start);
+                        sum.prompt_tokens = add_opt(sum.prompt_tokens, u.prompt_tokens);
+                        sum.completion_tokens = add_opt(sum.completion_tokens, u.completion_tokens);
+                        sum.cached_tokens = add_opt(sum.cached_tokens, u.cached_tokens);
+                    }
+                    self.usage = sum;
+                } else {
+                    self.usage = generate_usage(body, first);
+                }
+            }
+            Route::Messages => {
+                if let Some(usage) = json::top(body, b"usage") {
+                    self.read_anthropic_usage(body, usage);
+                }
+            }
+            Route::Responses => {
+                if let Some(usage) = json::top(body, b"usage") {
+                    self.read_responses_usage(body, usage);
+                }
+            }
+        }
+    }
+
+    fn openai(&mut self, data: &[u8]) -> EventFacts {
+        let mut facts = EventFacts::default();
+        if data == b"[DONE]" {
+            facts.terminal = true;
+            return facts;
+        }
+        if json::top(data, b"error").is_some_and(|s| !json::is_null(data, s)) {
+            facts.error = true;
+        }
+        let mut index = 0usize;
+        let mut has_choices = false;
+        if let Some(choices) = json::top(data, b"choices") {
+            for choice in json::elements(data, choices.start) {
+                has_choices = true;
+                if let Some(i) = json::get(data, choice.start, b"index") {
+                    index = json::as_u64(data, i).map_or(0, |i| i as usize);
+                }
+                facts.output |= self.choice_has_output(data, choice);
+            }
+        }
+        if let Some(usage) = json::top(data, b"usage").filter(|s| !json::is_null(data, *s)) {
+            let completion = json::get(data, usage.start, b"completion_tokens")
+                .and_then(|s| json::as_u64(data, s));
+            if has_choices {
+                // Per-chunk (continuous) usage: cumulative for this choice index.
+                if let Some(cumulative) = completion {
+                    let slot = self.cumulative.get_mut(index.min(MAX_CHOICES - 1));
+                    if let Some(slot) = slot {
+                        facts.tokens = cumulative.saturating_sub(*slot);
+                        facts.exact = true;
+                        *slot = cumulative.max(*slot);
+                    }
+                }
+                if !self.final_usage_seen {
+                    self.read_openai_usage(data, usage);
+                    let sum: u64 = self.cumulative.iter().sum();
+                    self.usage.completion_tokens = Some(sum);
+                }
+            } else {
+                // The final usage chunk (`choices: []`): authoritative totals.
+                self.read_openai_usage(data, usage);
+                self.final_usage_seen = true;
+            }
+        }
+        facts
+    }
+
+    fn choice_has_output(&self, data: &[u8], choice: Span) -> bool {
+        match self.route {
+            Route::Completions => {
+                json::get(data, choice.start, b"text").is_some_and(|s| json::is_nonempty_string(data, s))
+            }
+            _ => {
+                let Some(delta) = json::get(data, choice.start, b"delta") else {
+                    return false;
+                };
+                json::members(data, delta.start).any(|m| {
+                    let key = m.key.bytes(data);
+                    match key {
+                        b"\"content\"" | b"\"reasoning_content\"" | b"\"reasoning\"" => {
+                            json::is_nonempty_string(data, m.value)
+                        }
+                        b"\"tool_calls\"" => json::is_nonempty_array(data, m.value),
+                        _ => false,
+                    }
+                })
+            }
+        }
+    }
+
+    fn read_openai_usage(&mut self, data: &[u8], usage: Span) {
+        let field = |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
+        if let Some(p) = field(b"prompt_tokens") {
+            self.usage.prompt_tokens = Some(p);
+        }
+        if let Some(c) = field(b"completion_tokens") {
+            self.usage.completion_tokens = Some(c);
+        }
+        if let Some(details) = json::get(data, usage.start, b"prompt_tokens_details") {
+            if let Some(cached) = json::get(data, details.start, b"cached_tokens")
+                .and_then(|s| json::as_u64(data, s))
+            {
+                self.usage.cached_tokens = Some(cached);
+            }
+        }
+    }
+
+    fn generate(&mut self, data: &[u8]) -> EventFacts {
+        let mut facts = EventFacts::default();
+        if data == b"[DONE]" {
+            facts.terminal = true;
+            return facts;
+        }
+        if json::top(data, b"error").is_some_and(|s| !json::is_null(data, s)) {
+            facts.error = true;
+            return facts;
+        }
+        let index = json::top(data, b"index")
+            .and_then(|s| json::as_u64(data, s))
+            .map_or(0, |i| (i as usize).min(MAX_CHOICES - 1));
+        let usage = generate_usage(data, 0);
+        let text_len = json::top(data, b"text").and_then(|s| json::string_raw_len(data, s));
+        if let Some(cumulative) = usage.completion_tokens {
+            if let Some(slot) = self.cumulative.get_mut(index) {
+                facts.tokens = cumulative.saturating_sub(*slot);
+                facts.exact = true;
+                *slot = cumulative.max(*slot);
+            }
+            let sum: u64 = self.cumulative.iter().sum();
+            self.usage.completion_tokens = Some(sum);
+        }
+        if let Some(p) = usage.prompt_tokens {
+            self.usage.prompt_tokens = Some(p);
+        }
+        if let Some(c) = usage.cached_tokens {
+            self.usage.cached_tokens = Some(c);
+        }
+        if let (Some(len), Some(previous)) = (text_len, self.generate_text_len.get_mut(index)) {
+            // Default sglang streams cumulative text; `--incremental-streaming-output` streams
+            // deltas. Either way, new visible output shows as a non-empty text whose length
+            // changed, or as new tokens alongside non-empty text.
+            facts.output = len > 0 && (len != *previous || facts.tokens > 0);
+            *previous = len;
+        }
+        facts
+    }
+
+    fn messages(&mut self, name: &[u8], data: &[u8]) -> EventFacts {
+        let mut facts = EventFacts::default();
+        let kind = event_type(name, data);
+        match kind {
+            b"content_block_delta" => {
+                if let Some(delta) = json::top(data, b"delta") {
+                    facts.output = json::members(data, delta.start).any(|m| {
+                        matches!(
+                            m.key.bytes(data),
+                            b"\"text\"" | b"\"thinking\"" | b"\"partial_json\""
+                        ) && json::is_nonempty_string(data, m.value)
+                    });
+                }
+            }
+            b"message_start" => {
+                if let Some(usage) = json::path(data, 0, &[b"message", b"usage"]) {
+                    self.read_anthropic_usage(data, usage);
+                }
+            }
+            b"message_delta" => {
+                if let Some(usage) = json::top(data, b"usage") {
+                    self.read_anthropic_usage(data, usage);
+                }
+            }
+            b"message_stop" => facts.terminal = true,
+            b"error" => facts.error = true,
+            _ => {}
+        }
+        facts
+    }
+
+    fn read_anthropic_usage(&mut self, data: &[u8], usage: Span) {
+        let field = |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
+        let cached = field(b"cache_read_input_tokens");
+        if let Some(input) = field(b"input_tokens") {
+            // Anthropic counts cache reads apart from input_tokens; the prompt is both.
+            self.usage.prompt_tokens = Some(input + cached.unwrap_or(0));
+        }
+        if let Some(output) = field(b"output_tokens") {
+            self.usage.completion_tokens = Some(output);
+        }
+        if cached.is_some() {
+            self.usage.cached_tokens = cached;
+        }
+    }
+
+    fn responses(&mut self, name: &[u8], data: &[u8]) -> EventFacts {
+        let mut facts = EventFacts::default();
+        let kind = event_type(name, data);
+        if kind.starts_with(b"response.") && kind.ends_with(b".delta") {
+            facts.output =
+                json::top(data, b"delta").is_some_and(|s| json::is_nonempty_string(data, s));
+        } else if matches!(
+            kind,
+            b"response.completed" | b"response.incomplete" | b"response.failed"
+        ) {
+            facts.terminal = true;
+            facts.error = kind == b"response.failed";
+            if let Some(usage) = json::path(data, 0, &[b"response", b"usage"]) {
+                self.read_responses_usage(data, usage);
+            }
+        } else if kind == b"error" {
+            facts.error = true;
+        }
+        facts
+    }
+
+    fn read_responses_usage(&mut self, data: &[u8], usage: Span) {
+        let field = |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
+        if let Some(input) = field(b"input_tokens") {
+            self.usage.prompt_tokens = Some(input);
+        }
+        if let Some(output) = field(b"output_tokens") {
+            self.usage.completion_tokens = Some(output);
+        }
+        if let Some(cached) = json::path(data, usage.start, &[b"input_tokens_details", b"cached_tokens"])
+            .and_then(|s| json::as_u64(data, s))
+        {
+            self.usage.cached_tokens = Some(cached);
+        }
+    }
+}
+
+/// `/generate`'s `meta_info` counts of the object at `start`.
+fn generate_usage(data: &[u8], start: usize) -> Usage {
+    let meta = json::get(data, start, b"meta_info");
+    let field = |key: &[u8]| {
+        meta.and_then(|m| json::get(data, m.start, key))
+            .and_then(|s| json::as_u64(data, s))
+    };
+    Usage {
+        prompt_tokens: field(b"prompt_tokens"),
+        completion_tokens: field(b"completion_tokens"),
+        cached_tokens: field(b"cached_tokens"),
+    }
+}
+
+fn add_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        _ => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    }
+}
+
+/// The event type: the `event:` field, else the payload's `"type"` string (without quotes).
+fn event_type<'a>(name: &'a [u8], data: &'a [u8]) -> &'a [u8] {
+    if !name.is_empty() {
+        return name;
+    }
+    json::top(data, b"type")
+        .map(|s| s.bytes(data))
+        .filter(|raw| raw.len() >= 2 && raw.first() == Some(&b'"'))
+        .and_then(|raw| raw.get(1..raw.len() - 1))
+        .unwrap_or_default()
+}
+
+fn trim(data: &[u8]) -> &[u8] {
+    let start = data
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(data.len());
+    let end = data
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
+    data.get(start..end).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(route: Route, events: &[(&str, &str)]) -> (EventClassifier, Vec<EventFacts>) {
+        let mut c = EventClassifier::new(route);
+        let facts = events
+            .iter()
+            .map(|(name, data)| c.observe(name.as_bytes(), data.as_bytes()))
+            .collect();
+        (c, facts)
+    }
+
+    #[test]
+    fn sglang_chat_role_chunk_is_not_output() {
+        let (c, f) = run(
+            Route::ChatCompletions,
+            &[
+                ("", r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null,"role":"assistant","content":""},"logprobs":null,"finish_reason":null,"matched_stop":null}]}"#),
+                ("", r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null,"content":"Hello"},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1}}"#),
+                ("", r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null,"content":"! How"},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3}}"#),
+                ("", r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null},"logprobs":null,"finish_reason":"length","matched_stop":null}]}"#),
+                ("", r#"{"id":"a","choices":[],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8}}}"#),
+                ("", "[DONE]"),
+            ],
+        );
+        let outputs: Vec<bool> = f.iter().map(|f| f.output).collect();
+        assert_eq!(outputs, [false, true, true, false, false, false]);
+        assert_eq!(f[1].tokens, 1);
+        assert_eq!(f[2].tokens, 2);
+        assert!(f[2].exact);
+        assert!(f[5].terminal);
+        assert_eq!(c.completion_tokens(), 3);
+        assert!(c.completion_exact());
+        assert!(c.per_event_exact());
+        assert_eq!(
+            c.usage(),
+            Usage {
+                prompt_tokens: Some(12),
+                completion_tokens: Some(3),
+                cached_tokens: Some(8)
+            }
+        );
+    }
+
+    #[test]
+    fn vllm_reasoning_and_tool_calls_count_as_output() {
+        let (_, f) = run(
+            Route::ChatCompletions,
+            &[
+                ("", r#"{"choices":[{"index":0,"delta":{"reasoning":"Okay"}}]}"#),
+                ("", r#"{"choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#),
+                ("", r#"{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}"#),
+                ("", r#"{"choices":[{"index":0,"delta":{}}]}"#),
+            ],
+        );
+        let outputs: Vec<bool> = f.iter().map(|f| f.output).collect();
+        assert_eq!(outputs, [true, true, false, false]);
+    }
+
+    #[test]
+    fn without_usage_the_count_is_approximate() {
+        let (c, _) = run(
+            Route::Completions,
+            &[
+                ("", r#"{"choices":[{"index":0,"text":" Paris"}],"usage":null}"#),
+                ("", r#"{"choices":[{"index":0,"text":""}],"usage":null}"#),
+                ("", r#"{"choices":[{"index":0,"text":"."}],"usage":null}"#),
+                ("", "[DONE]"),
+            ],
+        );
+        assert_eq!(c.completion_tokens(), 2);
+        assert!(!c.completion_exact());
+    }
+
+    #[test]
+    fn generate_cumulative_text_and_meta_info() {
+        let (c, f) = run(
+            Route::Generate,
+            &[
+                ("", r#"{"text":" Paris","output_ids":[1],"meta_info":{"prompt_tokens":7,"completion_tokens":1,"cached_tokens":0}}"#),
+                ("", r#"{"text":" Paris. The","output_ids":[1,2,3],"meta_info":{"prompt_tokens":7,"completion_tokens":3,"cached_tokens":0}}"#),
+                ("", "[DONE]"),
+            ],
+        );
+        assert!(f[0].output && f[1].output);
+        assert_eq!((f[0].tokens, f[1].tokens), (1, 2));
+        assert_eq!(c.completion_tokens(), 3);
+        assert_eq!(c.usage().prompt_tokens, Some(7));
+    }
+
+    #[test]
+    fn messages_and_responses_events() {
+        let (c, f) = run(
+            Route::Messages,
+            &[
+                ("message_start", r#"{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":0}}}"#),
+                ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#),
+                ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#),
+                ("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#),
+                ("message_stop", r#"{"type":"message_stop"}"#),
+            ],
+        );
+        assert_eq!(f.iter().filter(|f| f.output).count(), 1);
+        assert!(f[2].output && f[4].terminal);
+        assert_eq!(c.usage().prompt_tokens, Some(12));
+        assert_eq!(c.completion_tokens(), 2);
+
+        let (c, f) = run(
+            Route::Responses,
+            &[
+                ("response.created", r#"{"type":"response.created","response":{"status":"in_progress"}}"#),
+                ("response.output_text.delta", r#"{"type":"response.output_text.delta","delta":"Hi"}"#),
+                ("response.completed", r#"{"type":"response.completed","response":{"usage":{"input_tokens":5,"output_tokens":9}}}"#),
+            ],
+        );
+        assert!(f[1].output && f[2].terminal && !f[0].output);
+        assert_eq!(c.completion_tokens(), 9);
+    }
+
+    #[test]
+    fn error_payloads_are_flagged() {
+        let (c, f) = run(
+            Route::ChatCompletions,
+            &[("", r#"{"error": {"object": "error", "message": "Generation aborted.", "code": 503}}"#)],
+        );
+        assert!(f[0].error && c.error_seen());
+    }
+
+    #[test]
+    fn non_streamed_bodies() {
+        let mut c = EventClassifier::new(Route::ChatCompletions);
+        c.observe_body(br#"{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":11,"total_tokens":19,"completion_tokens":8}}"#);
+        assert_eq!(c.completion_tokens(), 8);
+        assert_eq!(c.usage().prompt_tokens, Some(11));
+    }
+}

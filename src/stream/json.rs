@@ -1,0 +1,382 @@
+//! A borrowing, allocation-free JSON navigator for SSE event payloads.
+//!
+//! The hot path must not allocate per event, so instead of deserialising each chunk we walk
+//! its bytes: find a member of an object, iterate an array, read an unsigned integer, ask
+//! whether a string is empty. Every function takes a byte slice and a position, returns
+//! positions into that same slice, never recurses (nesting is tracked with a counter, so
+//! hostile depth cannot overflow the stack) and returns `None` on anything malformed. It
+//! validates only as much as it needs: a payload that is not JSON yields `None`, not a panic.
+
+/// The byte span `[start, end)` of one JSON value inside a payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub start: usize,
+    pub end: usize,
+}
+
+impl Span {
+    /// The raw bytes of the value.
+    pub fn bytes<'a>(&self, json: &'a [u8]) -> &'a [u8] {
+        json.get(self.start..self.end).unwrap_or_default()
+    }
+}
+
+/// One `"key": value` member of an object: the span of the key (quotes included) and of
+/// the value. `key.start` is where a member removal must start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    pub key: Span,
+    pub value: Span,
+}
+
+fn is_ws(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// Index of the first non-whitespace byte at or after `pos`.
+pub fn skip_ws(json: &[u8], mut pos: usize) -> usize {
+    while json.get(pos).is_some_and(|&b| is_ws(b)) {
+        pos += 1;
+    }
+    pos
+}
+
+/// End (exclusive) of the string whose opening quote is at `pos`.
+fn string_end(json: &[u8], pos: usize) -> Option<usize> {
+    if json.get(pos) != Some(&b'"') {
+        return None;
+    }
+    let mut i = pos + 1;
+    loop {
+        match json.get(i)? {
+            b'"' => return Some(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+}
+
+/// End (exclusive) of the value starting at `pos` (after whitespace). Objects and arrays are
+/// skipped with a depth counter; strings inside them are honoured, escapes included.
+pub fn value_end(json: &[u8], pos: usize) -> Option<usize> {
+    let pos = skip_ws(json, pos);
+    match *json.get(pos)? {
+        b'"' => string_end(json, pos),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut i = pos;
+            loop {
+                match *json.get(i)? {
+                    b'"' => {
+                        i = string_end(json, i)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        _ => {
+            // Number, true, false, null: runs until a structural byte or whitespace.
+            let mut i = pos;
+            while let Some(&b) = json.get(i) {
+                if matches!(b, b',' | b'}' | b']') || is_ws(b) {
+                    break;
+                }
+                i += 1;
+            }
+            (i > pos).then_some(i)
+        }
+    }
+}
+
+/// Iterates the members of the object whose `{` is at `start` (after whitespace).
+#[derive(Debug, Clone)]
+pub struct Members<'a> {
+    json: &'a [u8],
+    pos: usize,
+    done: bool,
+}
+
+/// Members of the object value at `start`; an empty iterator if it is not an object.
+pub fn members(json: &[u8], start: usize) -> Members<'_> {
+    let start = skip_ws(json, start);
+    let ok = json.get(start) == Some(&b'{');
+    Members {
+        json,
+        pos: start + 1,
+        done: !ok,
+    }
+}
+
+impl Iterator for Members<'_> {
+    type Item = Member;
+
+    fn next(&mut self) -> Option<Member> {
+        if self.done {
+            return None;
+        }
+        let result = self.step();
+        if result.is_none() {
+            self.done = true;
+        }
+        result
+    }
+}
+
+impl Members<'_> {
+    fn step(&mut self) -> Option<Member> {
+        let json = self.json;
+        let mut pos = skip_ws(json, self.pos);
+        if json.get(pos) == Some(&b',') {
+            pos = skip_ws(json, pos + 1);
+        }
+        if json.get(pos) != Some(&b'"') {
+            return None; // `}` or malformed: either way, no more members
+        }
+        let key_end = string_end(json, pos)?;
+        let colon = skip_ws(json, key_end);
+        if json.get(colon) != Some(&b':') {
+            return None;
+        }
+        let value_start = skip_ws(json, colon + 1);
+        let value_end = value_end(json, value_start)?;
+        self.pos = value_end;
+        Some(Member {
+            key: Span {
+                start: pos,
+                end: key_end,
+            },
+            value: Span {
+                start: value_start,
+                end: value_end,
+            },
+        })
+    }
+}
+
+/// Iterates the element spans of the array whose `[` is at `start`.
+#[derive(Debug, Clone)]
+pub struct Elements<'a> {
+    json: &'a [u8],
+    pos: usize,
+    done: bool,
+}
+
+/// Elements of the array value at `start`; an empty iterator if it is not an array.
+pub fn elements(json: &[u8], start: usize) -> Elements<'_> {
+    let start = skip_ws(json, start);
+    let ok = json.get(start) == Some(&b'[');
+    Elements {
+        json,
+        pos: start + 1,
+        done: !ok,
+    }
+}
+
+impl Iterator for Elements<'_> {
+    type Item = Span;
+
+    fn next(&mut self) -> Option<Span> {
+        if self.done {
+            return None;
+        }
+        let json = self.json;
+        let mut pos = skip_ws(json, self.pos);
+        if json.get(pos) == Some(&b',') {
+            pos = skip_ws(json, pos + 1);
+        }
+        if matches!(json.get(pos), None | Some(b']')) {
+            self.done = true;
+            return None;
+        }
+        let Some(end) = value_end(json, pos) else {
+            self.done = true;
+            return None;
+        };
+        self.pos = end;
+        Some(Span { start: pos, end })
+    }
+}
+
+/// The member `key` (given without quotes, compared byte for byte with the raw key) of the
+/// object at `start`.
+pub fn member(json: &[u8], start: usize, key: &[u8]) -> Option<Member> {
+    members(json, start).find(|m| {
+        json.get(m.key.start + 1..m.key.end - 1)
+            .is_some_and(|raw| raw == key)
+    })
+}
+
+/// The value span of `key` in the object at `start`.
+pub fn get(json: &[u8], start: usize, key: &[u8]) -> Option<Span> {
+    member(json, start, key).map(|m| m.value)
+}
+
+/// Walks a path of object keys from the object at `start`.
+pub fn path(json: &[u8], start: usize, keys: &[&[u8]]) -> Option<Span> {
+    let mut span = Span {
+        start: skip_ws(json, start),
+        end: json.len(),
+    };
+    for key in keys {
+        span = get(json, span.start, key)?;
+    }
+    Some(span)
+}
+
+/// True if the span is the literal `null`.
+pub fn is_null(json: &[u8], span: Span) -> bool {
+    span.bytes(json) == b"null"
+}
+
+/// True if the span is a JSON string with at least one character.
+pub fn is_nonempty_string(json: &[u8], span: Span) -> bool {
+    let raw = span.bytes(json);
+    raw.len() > 2 && raw.first() == Some(&b'"')
+}
+
+/// Length in raw bytes of a string's contents (escapes counted as written); `None` if the
+/// span is not a string. Used to see whether cumulative `/generate` text grew.
+pub fn string_raw_len(json: &[u8], span: Span) -> Option<usize> {
+    let raw = span.bytes(json);
+    (raw.len() >= 2 && raw.first() == Some(&b'"')).then(|| raw.len() - 2)
+}
+
+/// True if the span is an array with at least one element.
+pub fn is_nonempty_array(json: &[u8], span: Span) -> bool {
+    elements(json, span.start).next().is_some()
+}
+
+/// True if the span is an empty array `[]`.
+pub fn is_empty_array(json: &[u8], span: Span) -> bool {
+    span.bytes(json).first() == Some(&b'[') && elements(json, span.start).next().is_none()
+}
+
+/// True if the span holds a string that equals `expected` byte for byte (no unescaping).
+pub fn string_eq(json: &[u8], span: Span, expected: &[u8]) -> bool {
+    let raw = span.bytes(json);
+    raw.len() == expected.len() + 2
+        && raw.first() == Some(&b'"')
+        && raw.get(1..raw.len() - 1) == Some(expected)
+}
+
+/// Reads a non-negative integer (a JSON number without sign, fraction or exponent; a
+/// fraction like `12.0` is accepted and truncated). Saturates instead of overflowing.
+pub fn as_u64(json: &[u8], span: Span) -> Option<u64> {
+    let raw = span.bytes(json);
+    let digits_end = raw
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(raw.len());
+    if digits_end == 0 {
+        return None;
+    }
+    let rest = raw.get(digits_end..).unwrap_or_default();
+    if !(rest.is_empty() || (rest.first() == Some(&b'.') && rest[1..].iter().all(u8::is_ascii_digit)))
+    {
+        return None;
+    }
+    let mut value: u64 = 0;
+    for &b in raw.get(..digits_end).unwrap_or_default() {
+        value = value.saturating_mul(10).saturating_add(u64::from(b - b'0'));
+    }
+    Some(value)
+}
+
+/// The value span of a top-level member, with whitespace-insensitive start.
+pub fn top(json: &[u8], key: &[u8]) -> Option<Span> {
+    get(json, 0, key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHUNK: &[u8] = br#"{"id":"x","choices":[{"index":0,"delta":{"reasoning_content":null,"content":"Hi \"there\""},"finish_reason":null}],"usage":{"prompt_tokens":12,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8}}}"#;
+
+    #[test]
+    fn navigates_nested_members() {
+        let choices = top(CHUNK, b"choices").unwrap();
+        let first = elements(CHUNK, choices.start).next().unwrap();
+        let content = path(CHUNK, first.start, &[b"delta", b"content"]).unwrap();
+        assert_eq!(content.bytes(CHUNK), br#""Hi \"there\"""#);
+        assert!(is_nonempty_string(CHUNK, content));
+        let reasoning = path(CHUNK, first.start, &[b"delta", b"reasoning_content"]).unwrap();
+        assert!(is_null(CHUNK, reasoning));
+        let cached = path(
+            CHUNK,
+            0,
+            &[b"usage", b"prompt_tokens_details", b"cached_tokens"],
+        )
+        .unwrap();
+        assert_eq!(as_u64(CHUNK, cached), Some(8));
+        assert_eq!(
+            as_u64(CHUNK, path(CHUNK, 0, &[b"usage", b"completion_tokens"]).unwrap()),
+            Some(3)
+        );
+    }
+
+    #[test]
+    fn member_spans_cover_key_and_value() {
+        let m = member(CHUNK, 0, b"usage").unwrap();
+        assert_eq!(CHUNK[m.key.start..m.key.end].to_vec(), br#""usage""#.to_vec());
+        assert_eq!(CHUNK[m.value.end], b'}');
+        assert_eq!(m.value.end + 1, CHUNK.len());
+    }
+
+    #[test]
+    fn empty_and_malformed_inputs_yield_none() {
+        for input in [
+            &b""[..],
+            b"{",
+            b"{\"a\"",
+            b"{\"a\":",
+            b"{\"a\":[1,2",
+            b"[DONE]",
+            b"\"unterminated",
+            b"{\"a\":\"\\",
+            b"}}}}",
+            b"nul",
+        ] {
+            let _ = top(input, b"a");
+            let _ = value_end(input, 0);
+            let _ = elements(input, 0).count();
+            let _ = members(input, 0).count();
+        }
+        assert_eq!(top(b"{\"a\":", b"a"), None);
+        assert!(is_empty_array(b"[ ]", Span { start: 0, end: 3 }));
+        assert!(!is_nonempty_string(b"\"\"", Span { start: 0, end: 2 }));
+    }
+
+    #[test]
+    fn numbers_are_read_defensively() {
+        let span = |s: &'static [u8]| (s, Span { start: 0, end: s.len() });
+        for (input, expected) in [
+            (&b"0"[..], Some(0)),
+            (b"4096", Some(4096)),
+            (b"12.0", Some(12)),
+            (b"-1", None),
+            (b"1e3", None),
+            (b"null", None),
+            (b"99999999999999999999999", Some(u64::MAX)),
+        ] {
+            let (json, s) = span(input);
+            assert_eq!(as_u64(json, s), expected, "{}", String::from_utf8_lossy(input));
+        }
+    }
+
+    #[test]
+    fn deep_nesting_does_not_recurse() {
+        let mut deep = vec![b'['; 1_000_000];
+        deep.extend(vec![b']'; 1_000_000]);
+        assert_eq!(value_end(&deep, 0), Some(deep.len()));
+    }
+}

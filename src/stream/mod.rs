@@ -1,0 +1,13 @@
+//! The stream layer: the pure SSE scanner, the JSON navigator, per-route event
+//! classification, usage injection and its undoing, and the body wrapper that applies them to
+//! bytes as they pass.
+//!
+//! Invariant: nothing here awaits or does I/O, and nothing allocates per event in the steady
+//! state (benches/stream.rs and tests/alloc_tests.rs prove it). The body wrapper only polls
+//! the body it wraps.
+
+pub mod classify;
+pub mod json;
+pub mod request;
+pub mod rewrite;
+pub mod sse;

@@ -1,0 +1,215 @@
+//! What a metered request asks for, and usage injection into its body.
+//!
+//! The request body is read only on metered routes and only as far as needed: model, stream,
+//! max tokens and `stream_options`. Injection edits the JSON text in place (insert or flip the
+//! two `stream_options` flags) instead of re-serialising, so every other byte the client sent —
+//! key order, spacing, unknown fields — reaches the upstream unchanged.
+
+use super::classify::Route;
+use super::json::{self, Span};
+use super::rewrite::Injected;
+
+/// The fields tokentap reads from a metered request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestFacts {
+    /// `model` as sent (chat, completions, messages, responses); `/generate` has none.
+    pub model: Option<String>,
+    /// The client asked for a streamed response.
+    pub stream: bool,
+    /// The generation limit the client set, whichever field the route uses.
+    pub max_tokens: Option<u64>,
+    /// `stream_options.include_usage` is true.
+    pub include_usage: bool,
+    /// `stream_options.continuous_usage_stats` is true.
+    pub continuous_usage: bool,
+    /// sglang `rid` (a string), used by sweeps to abort their own streams.
+    pub rid: Option<String>,
+}
+
+/// Reads the facts from a JSON request body; `None` if the body is not a JSON object.
+pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
+    let start = json::skip_ws(body, 0);
+    if body.get(start) != Some(&b'{') || json::value_end(body, start).is_none() {
+        return None;
+    }
+    let get = |key: &[u8]| json::get(body, start, key);
+    let is_true = |span: Option<Span>| span.is_some_and(|s| s.bytes(body) == b"true");
+    let number = |span: Option<Span>| span.and_then(|s| json::as_u64(body, s));
+    let stream_options = get(b"stream_options");
+    let option = |key: &[u8]| stream_options.and_then(|o| json::get(body, o.start, key));
+    let max_tokens = match route {
+        Route::ChatCompletions => number(get(b"max_completion_tokens")).or(number(get(b"max_tokens"))),
+        Route::Completions | Route::Messages => number(get(b"max_tokens")),
+        Route::Generate => number(json::path(body, start, &[b"sampling_params", b"max_new_tokens"])),
+        Route::Responses => number(get(b"max_output_tokens")),
+    };
+    Some(RequestFacts {
+        model: get(b"model").and_then(|s| decode_string(body, s)),
+        stream: is_true(get(b"stream")),
+        max_tokens,
+        include_usage: is_true(option(b"include_usage")),
+        continuous_usage: is_true(option(b"continuous_usage_stats")),
+        rid: get(b"rid").and_then(|s| decode_string(body, s)),
+    })
+}
+
+fn decode_string(body: &[u8], span: Span) -> Option<String> {
+    serde_json::from_slice::<String>(span.bytes(body)).ok()
+}
+
+/// Adds whatever of `stream_options.include_usage` / `continuous_usage_stats` the request
+/// lacks. Returns the new body and what was added, or `None` when nothing needs adding (or the
+/// body cannot be edited safely, in which case it is forwarded as sent).
+pub fn inject_usage(body: &[u8], facts: &RequestFacts) -> Option<(Vec<u8>, Injected)> {
+    let injected = Injected {
+        include_usage: !facts.include_usage,
+        continuous_usage: !facts.continuous_usage,
+    };
+    if !injected.any() {
+        return None;
+    }
+    let start = json::skip_ws(body, 0);
+    let end = json::value_end(body, start)?;
+    let wanted: &[(&[u8], bool)] = &[
+        (b"include_usage", injected.include_usage),
+        (b"continuous_usage_stats", injected.continuous_usage),
+    ];
+    let mut out = Vec::with_capacity(body.len() + 80);
+    match json::member(body, start, b"stream_options") {
+        Some(options) if body.get(options.value.start) == Some(&b'{') => {
+            // Flip present-but-false flags, insert absent ones after the `{`.
+            let mut edits: Vec<(usize, usize, Vec<u8>)> = Vec::new();
+            let mut inserts = Vec::new();
+            for (key, add) in wanted {
+                if !add {
+                    continue;
+                }
+                match json::get(body, options.value.start, key) {
+                    Some(value) => edits.push((value.start, value.end, b"true".to_vec())),
+                    None => {
+                        inserts.push(b'"');
+                        inserts.extend_from_slice(key);
+                        inserts.extend_from_slice(b"\":true,");
+                    }
+                }
+            }
+            if !inserts.is_empty() {
+                let open = options.value.start + 1;
+                let first = json::skip_ws(body, open);
+                if body.get(first) == Some(&b'}') {
+                    inserts.pop(); // empty object: no trailing comma
+                }
+                edits.push((open, open, inserts));
+            }
+            edits.sort_by_key(|e| e.0);
+            let mut cursor = 0;
+            for (from, to, text) in edits {
+                out.extend_from_slice(body.get(cursor..from)?);
+                out.extend_from_slice(&text);
+                cursor = to;
+            }
+            out.extend_from_slice(body.get(cursor..)?);
+        }
+        Some(options) => {
+            // `"stream_options": null` (or something odd): replace the value.
+            out.extend_from_slice(body.get(..options.value.start)?);
+            out.extend_from_slice(b"{\"include_usage\":true,\"continuous_usage_stats\":true}");
+            out.extend_from_slice(body.get(options.value.end..)?);
+        }
+        None => {
+            let close = end - 1;
+            let empty = json::members(body, start).next().is_none();
+            out.extend_from_slice(body.get(..close)?);
+            if !empty {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"\"stream_options\":{");
+            if injected.include_usage {
+                out.extend_from_slice(b"\"include_usage\":true");
+            }
+            if injected.continuous_usage {
+                if injected.include_usage {
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"\"continuous_usage_stats\":true");
+            }
+            out.push(b'}');
+            out.extend_from_slice(body.get(close..)?);
+        }
+    }
+    Some((out, injected))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inject(body: &str) -> (String, Injected) {
+        let facts = inspect(Route::ChatCompletions, body.as_bytes()).unwrap();
+        let (out, injected) = inject_usage(body.as_bytes(), &facts).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(parsed["stream_options"]["include_usage"], true);
+        assert_eq!(parsed["stream_options"]["continuous_usage_stats"], true);
+        (text, injected)
+    }
+
+    #[test]
+    fn reads_the_fields_it_needs() {
+        let facts = inspect(
+            Route::ChatCompletions,
+            br#"{"model":"step3p7","stream":true,"max_tokens":64,"messages":[],"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(facts.model.as_deref(), Some("step3p7"));
+        assert!(facts.stream && facts.include_usage && !facts.continuous_usage);
+        assert_eq!(facts.max_tokens, Some(64));
+        let generate = inspect(
+            Route::Generate,
+            br#"{"input_ids":[1,2],"sampling_params":{"max_new_tokens":9},"stream":true,"rid":"r1"}"#,
+        )
+        .unwrap();
+        assert_eq!((generate.max_tokens, generate.rid.as_deref()), (Some(9), Some("r1")));
+        assert_eq!(inspect(Route::ChatCompletions, b"not json"), None);
+        assert_eq!(inspect(Route::ChatCompletions, b"{\"a\":"), None);
+    }
+
+    #[test]
+    fn appends_stream_options_without_touching_other_bytes() {
+        let (text, injected) = inject(r#"{"model": "m",  "stream": true, "messages": [{"role":"user","content":"}"}]}"#);
+        assert_eq!(
+            text,
+            r#"{"model": "m",  "stream": true, "messages": [{"role":"user","content":"}"}],"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#
+        );
+        assert!(injected.include_usage && injected.continuous_usage);
+    }
+
+    #[test]
+    fn completes_or_flips_existing_stream_options() {
+        let (text, injected) =
+            inject(r#"{"stream":true,"stream_options":{"include_usage":true}}"#);
+        assert_eq!(
+            text,
+            r#"{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}"#
+        );
+        assert!(!injected.include_usage && injected.continuous_usage);
+        let (text, _) = inject(r#"{"stream":true,"stream_options":{"include_usage":false}}"#);
+        assert_eq!(
+            text,
+            r#"{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}"#
+        );
+        let (text, _) = inject(r#"{"stream":true,"stream_options":{}}"#);
+        assert_eq!(
+            text,
+            r#"{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#
+        );
+        let (_, _) = inject(r#"{"stream":true,"stream_options":null}"#);
+    }
+
+    #[test]
+    fn nothing_to_add_when_the_client_asked_for_both() {
+        let body = br#"{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#;
+        let facts = inspect(Route::ChatCompletions, body).unwrap();
+        assert_eq!(inject_usage(body, &facts), None);
+    }
+}

@@ -1,0 +1,336 @@
+//! An incremental Server-Sent-Events scanner: bytes in, events out.
+//!
+//! Pure: no I/O, no await, no clock. It accepts any split of the stream (an event may arrive
+//! in one chunk or one byte at a time), LF, CRLF or lone-CR line ends, comment lines, `event:`,
+//! `id:` and `retry:` fields and multi-line `data:`. It never panics and its memory is bounded:
+//! a block that grows past `max_event_bytes` is reported as `oversized` with no data, and the
+//! scanner resynchronises at the next blank line.
+//!
+//! Events entirely inside one chunk are parsed in place (no copy). Only the bytes of an event
+//! that straddles chunks are copied, into a buffer that is reused, so the steady state
+//! allocates nothing.
+
+/// The fields of one dispatched event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SseEvent<'a> {
+    /// The `event:` field, empty if absent.
+    pub name: &'a [u8],
+    /// The `data:` lines joined with `\n`; `None` if the block had no `data:` field.
+    pub data: Option<&'a [u8]>,
+}
+
+/// One blank-line-terminated block of the stream, with where it lies in the current chunk.
+#[derive(Debug, Clone, Copy)]
+pub struct Block<'a> {
+    /// Offset of the block's first byte in the current chunk, or `None` if the block began
+    /// in an earlier chunk.
+    pub start_in_chunk: Option<usize>,
+    /// Offset just past the block's terminating blank line in the current chunk.
+    pub end_in_chunk: usize,
+    /// Parsed fields (empty when `oversized`).
+    pub event: SseEvent<'a>,
+    /// The block was larger than the configured limit; its fields were not kept.
+    pub oversized: bool,
+}
+
+/// Incremental scanner state; one per response stream.
+#[derive(Debug)]
+pub struct SseScanner {
+    /// Bytes of the current block when it began in an earlier chunk.
+    carry: Vec<u8>,
+    /// The current block began in an earlier chunk (its bytes so far are in `carry`).
+    carrying: bool,
+    /// The current block passed `max_event_bytes`; its bytes are being skipped.
+    oversized: bool,
+    /// The previous byte ended a line and nothing has started a new one yet.
+    at_line_start: bool,
+    /// The previous byte was a CR, so an LF right after it is part of the same line end.
+    after_cr: bool,
+    /// Scratch space for joining multi-line `data:` fields.
+    joined: Vec<u8>,
+    max_event_bytes: usize,
+}
+
+impl SseScanner {
+    /// A scanner that keeps at most `max_event_bytes` of a single event.
+    pub fn new(max_event_bytes: usize) -> Self {
+        Self {
+            carry: Vec::new(),
+            carrying: false,
+            oversized: false,
+            at_line_start: true,
+            after_cr: false,
+            joined: Vec::new(),
+            max_event_bytes,
+        }
+    }
+
+    /// True if a block is in progress (bytes seen since the last blank line).
+    pub fn mid_event(&self) -> bool {
+        self.carrying || self.oversized
+    }
+
+    /// Scans `chunk`, calling `on_block` for every block that ends inside it, in order.
+    pub fn feed(&mut self, chunk: &[u8], mut on_block: impl FnMut(Block<'_>)) {
+        let mut block_start = 0usize;
+        let mut i = 0usize;
+        while let Some(&byte) = chunk.get(i) {
+            i += 1;
+            if self.after_cr {
+                self.after_cr = false;
+                if byte == b'\n' {
+                    continue; // the LF of a CRLF: the line already ended at the CR
+                }
+            }
+            if byte != b'\n' && byte != b'\r' {
+                self.at_line_start = false;
+                continue;
+            }
+            if byte == b'\r' {
+                self.after_cr = true;
+            }
+            if !self.at_line_start {
+                self.at_line_start = true;
+                continue;
+            }
+            // A line end at the start of a line: the blank line that ends a block. Take the
+            // LF of a CRLF with it when it is already here, so the next block starts clean.
+            let mut end = i;
+            if byte == b'\r' && chunk.get(end) == Some(&b'\n') {
+                end += 1;
+                self.after_cr = false;
+            }
+            i = end;
+            self.dispatch(chunk, block_start, end, &mut on_block);
+            block_start = end;
+        }
+        // Whatever follows the last blank line belongs to a block that ends later.
+        if block_start < chunk.len() {
+            let tail = chunk.get(block_start..).unwrap_or_default();
+            if !self.carrying && !self.oversized {
+                self.carrying = true;
+                self.carry.clear();
+            }
+            if !self.oversized {
+                if self.carry.len() + tail.len() > self.max_event_bytes {
+                    self.oversized = true;
+                    self.carry.clear();
+                } else {
+                    self.carry.extend_from_slice(tail);
+                }
+            }
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        chunk: &[u8],
+        start: usize,
+        end: usize,
+        on_block: &mut impl FnMut(Block<'_>),
+    ) {
+        let piece = chunk.get(start..end).unwrap_or_default();
+        let began_here = !self.carrying && !self.oversized;
+        let oversized = self.oversized
+            || (self.carrying && self.carry.len() + piece.len() > self.max_event_bytes)
+            || (began_here && piece.len() > self.max_event_bytes);
+        let start_in_chunk = began_here.then_some(start);
+        if oversized {
+            on_block(Block {
+                start_in_chunk,
+                end_in_chunk: end,
+                event: SseEvent {
+                    name: b"",
+                    data: None,
+                },
+                oversized: true,
+            });
+        } else if self.carrying {
+            self.carry.extend_from_slice(piece);
+            let event = parse_fields(&self.carry, &mut self.joined);
+            on_block(Block {
+                start_in_chunk,
+                end_in_chunk: end,
+                event,
+                oversized: false,
+            });
+        } else {
+            let event = parse_fields(piece, &mut self.joined);
+            on_block(Block {
+                start_in_chunk,
+                end_in_chunk: end,
+                event,
+                oversized: false,
+            });
+        }
+        self.carrying = false;
+        self.oversized = false;
+        self.carry.clear();
+    }
+}
+
+/// Splits a block into lines (any of LF, CRLF, CR) without allocating.
+fn lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = block;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let cut = rest
+            .iter()
+            .position(|&b| b == b'\n' || b == b'\r')
+            .unwrap_or(rest.len());
+        let line = rest.get(..cut).unwrap_or_default();
+        let mut next = cut;
+        if rest.get(next) == Some(&b'\r') {
+            next += 1;
+        }
+        if rest.get(next) == Some(&b'\n') && (next == cut || rest.get(cut) == Some(&b'\r')) {
+            next += 1;
+        }
+        rest = rest.get(next.min(rest.len())..).unwrap_or_default();
+        Some(line)
+    })
+}
+
+/// Parses the fields of one complete block. A single `data:` line is returned in place; several
+/// are joined into `joined` (reused across events).
+fn parse_fields<'a>(block: &'a [u8], joined: &'a mut Vec<u8>) -> SseEvent<'a> {
+    let mut name: &[u8] = b"";
+    let mut first_data: Option<&[u8]> = None;
+    let mut data_lines = 0usize;
+    for line in lines(block) {
+        let (field, value) = split_field(line);
+        match field {
+            b"data" => {
+                data_lines += 1;
+                if data_lines == 1 {
+                    first_data = Some(value);
+                } else {
+                    if data_lines == 2 {
+                        joined.clear();
+                        joined.extend_from_slice(first_data.unwrap_or_default());
+                    }
+                    joined.push(b'\n');
+                    joined.extend_from_slice(value);
+                }
+            }
+            b"event" => name = value,
+            _ => {} // comments (empty field name), id, retry and unknown fields
+        }
+    }
+    let data = if data_lines > 1 {
+        Some(joined.as_slice())
+    } else {
+        first_data
+    };
+    SseEvent { name, data }
+}
+
+/// `field: value` → (field, value without its one optional leading space). A line starting
+/// with `:` is a comment and yields an empty field name.
+fn split_field(line: &[u8]) -> (&[u8], &[u8]) {
+    match line.iter().position(|&b| b == b':') {
+        Some(colon) => {
+            let field = line.get(..colon).unwrap_or_default();
+            let mut value = line.get(colon + 1..).unwrap_or_default();
+            if value.first() == Some(&b' ') {
+                value = value.get(1..).unwrap_or_default();
+            }
+            (field, value)
+        }
+        None => (line, b""),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Collects (name, data, oversized) for every event of `chunks`.
+    fn scan(chunks: &[&[u8]], max: usize) -> Vec<(String, Option<String>, bool)> {
+        let mut scanner = SseScanner::new(max);
+        let mut out = Vec::new();
+        for chunk in chunks {
+            scanner.feed(chunk, |b| {
+                out.push((
+                    String::from_utf8_lossy(b.event.name).into_owned(),
+                    b.event
+                        .data
+                        .map(|d| String::from_utf8_lossy(d).into_owned()),
+                    b.oversized,
+                ))
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn parses_sglang_framing() {
+        let out = scan(&[b"data: {\"a\":1}\n\ndata: [DONE]\n\n"], 1024);
+        assert_eq!(
+            out,
+            vec![
+                (String::new(), Some("{\"a\":1}".into()), false),
+                (String::new(), Some("[DONE]".into()), false),
+            ]
+        );
+    }
+
+    #[test]
+    fn event_lines_comments_crlf_and_multiline_data() {
+        let stream = b": keep-alive\r\n\r\nevent: message_start\r\ndata: {\"x\":\r\ndata: 2}\r\nid: 7\r\n\r\n";
+        let out = scan(&[stream], 1024);
+        assert_eq!(
+            out,
+            vec![
+                (String::new(), None, false),
+                ("message_start".into(), Some("{\"x\":\n2}".into()), false),
+            ]
+        );
+    }
+
+    #[test]
+    fn lone_cr_line_ends() {
+        let out = scan(&[b"data: a\r\rdata: b\r\r"], 1024);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[1].1.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn every_split_gives_the_same_events() {
+        let stream: &[u8] =
+            b"data: {\"a\":1}\r\n\r\nevent: e\ndata: x\ndata: y\n\n: c\n\ndata: [DONE]\n\n";
+        let whole = scan(&[stream], 1024);
+        for cut in 0..=stream.len() {
+            let (a, b) = stream.split_at(cut);
+            assert_eq!(scan(&[a, b], 1024), whole, "split at {cut}");
+        }
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(scan(&bytes, 1024), whole);
+    }
+
+    #[test]
+    fn block_positions_cover_the_chunk() {
+        let mut scanner = SseScanner::new(1024);
+        let mut spans = Vec::new();
+        scanner.feed(b"data: 1\n\ndata: 2\n\ndata: 3", |b| {
+            spans.push((b.start_in_chunk, b.end_in_chunk))
+        });
+        assert_eq!(spans, vec![(Some(0), 9), (Some(9), 18)]);
+        assert!(scanner.mid_event());
+        spans.clear();
+        scanner.feed(b"\n\n", |b| spans.push((b.start_in_chunk, b.end_in_chunk)));
+        assert_eq!(spans, vec![(None, 2)]);
+    }
+
+    #[test]
+    fn oversized_events_are_skipped_and_resynchronised() {
+        let big = format!("data: {}\n\ndata: ok\n\n", "x".repeat(100));
+        let out = scan(&[big.as_bytes()], 32);
+        assert_eq!(out, vec![(String::new(), None, true), (String::new(), Some("ok".into()), false)]);
+        // The same, split so the big event straddles chunks.
+        let (a, b) = big.as_bytes().split_at(50);
+        assert_eq!(scan(&[a, b], 32), out);
+    }
+}

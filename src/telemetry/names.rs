@@ -1,0 +1,87 @@
+//! Metric names, descriptions and histogram buckets: declared once, used everywhere.
+//!
+//! Names live under `tokentap_` in base units (seconds, tokens, tokens per second).
+//! Every histogram has explicit buckets (never summaries) so many replicas can be summed in
+//! Prometheus and the fleet-wide matrix computed from the sums.
+
+pub const TIME_TO_FIRST_TOKEN: &str = "tokentap_time_to_first_token_seconds";
+pub const TIME_BETWEEN_TOKENS: &str = "tokentap_time_between_tokens_seconds";
+pub const INTER_TOKEN_LATENCY: &str = "tokentap_inter_token_latency_seconds";
+pub const REQUEST_DURATION: &str = "tokentap_request_duration_seconds";
+pub const PREFILL_TOKENS_PER_SECOND: &str = "tokentap_prefill_tokens_per_second";
+pub const PER_REQUEST_TOKENS_PER_SECOND: &str = "tokentap_request_tokens_per_second";
+pub const PROMPT_TOKENS: &str = "tokentap_prompt_tokens";
+pub const COMPLETION_TOKENS: &str = "tokentap_completion_tokens";
+pub const TOKENS_PER_EVENT: &str = "tokentap_tokens_per_event";
+pub const PROXY_OVERHEAD: &str = "tokentap_proxy_overhead_seconds";
+pub const REQUESTS_TOTAL: &str = "tokentap_requests_total";
+pub const TOKENS_TOTAL: &str = "tokentap_tokens_total";
+pub const DECODE_SECONDS_TOTAL: &str = "tokentap_decode_seconds_total";
+pub const ACTIVE_REQUEST_SECONDS_TOTAL: &str = "tokentap_active_request_seconds_total";
+pub const INFLIGHT_REQUESTS: &str = "tokentap_inflight_requests";
+
+/// (name, unit-bearing description) of every metric, for `# HELP` lines.
+pub const DESCRIPTIONS: &[(&str, &str)] = &[
+    (TIME_TO_FIRST_TOKEN, "Time from request head in to the first event carrying generated output, in seconds."),
+    (TIME_BETWEEN_TOKENS, "Per request (last token - first token) / (completion tokens - 1), in seconds."),
+    (INTER_TOKEN_LATENCY, "Gap between token events divided over the tokens of each event, in seconds (weighted by tokens)."),
+    (REQUEST_DURATION, "Time from request head in to the end of the response, in seconds."),
+    (PREFILL_TOKENS_PER_SECOND, "(prompt tokens - cached tokens) / time to first token, in tokens per second."),
+    (PER_REQUEST_TOKENS_PER_SECOND, "Per request 1 / time between tokens, in tokens per second."),
+    (PROMPT_TOKENS, "Prompt tokens per request, from the upstream's usage."),
+    (COMPLETION_TOKENS, "Completion tokens per request, from the upstream's usage (estimated when absent)."),
+    (TOKENS_PER_EVENT, "Completion tokens per output event (above 1 with speculative decoding)."),
+    (PROXY_OVERHEAD, "Time spent inside tokentap, in seconds: phase=request (head in to upstream send) or phase=frame (per forwarded frame)."),
+    (REQUESTS_TOTAL, "Metered requests by outcome."),
+    (TOKENS_TOTAL, "Tokens by type (prompt, cached, completion)."),
+    (DECODE_SECONDS_TOTAL, "Request-seconds of decode (first to last token), split by the concurrency bucket in force."),
+    (ACTIVE_REQUEST_SECONDS_TOTAL, "Decode request-seconds weighted by average active requests (sum of avg_active x decode time)."),
+    (INFLIGHT_REQUESTS, "Metered requests in flight."),
+];
+
+/// Latency buckets for TTFT and request duration: 5 ms … 20 min (1M-token prefills take minutes).
+pub static LATENCY_BUCKETS: [f64; 24] = [
+    0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0,
+    20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1200.0,
+];
+
+/// Buckets for TBT and ITL: 0.5 ms … 2 s, dense where decode steps live (5–50 ms).
+pub static TOKEN_GAP_BUCKETS: [f64; 24] = [
+    0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.007, 0.008, 0.01, 0.012, 0.015, 0.02, 0.025,
+    0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0,
+];
+
+/// Throughput buckets in tokens per second: 1 … 1M.
+pub static RATE_BUCKETS: [f64; 22] = [
+    1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0, 2500.0,
+    5000.0, 10000.0, 15000.0, 25000.0, 50000.0, 100000.0, 1000000.0,
+];
+
+/// Token-count buckets: powers of two, 1 … 2M.
+pub static TOKEN_COUNT_BUCKETS: [f64; 22] = [
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    16384.0, 32768.0, 65536.0, 131072.0, 262144.0, 524288.0, 1048576.0, 2097152.0,
+];
+
+/// Tokens per event: 1 … 32.
+pub static TOKENS_PER_EVENT_BUCKETS: [f64; 10] = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0];
+
+/// Proxy overhead: 1 µs … 100 ms.
+pub static OVERHEAD_BUCKETS: [f64; 16] = [
+    0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002,
+    0.005, 0.01, 0.025, 0.05, 0.1,
+];
+
+/// The buckets of every histogram.
+pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
+    (TIME_TO_FIRST_TOKEN, &LATENCY_BUCKETS),
+    (REQUEST_DURATION, &LATENCY_BUCKETS),
+    (TIME_BETWEEN_TOKENS, &TOKEN_GAP_BUCKETS),
+    (INTER_TOKEN_LATENCY, &TOKEN_GAP_BUCKETS),
+    (PREFILL_TOKENS_PER_SECOND, &RATE_BUCKETS),
+    (PER_REQUEST_TOKENS_PER_SECOND, &RATE_BUCKETS),
+    (PROMPT_TOKENS, &TOKEN_COUNT_BUCKETS),
+    (COMPLETION_TOKENS, &TOKEN_COUNT_BUCKETS),
+    (TOKENS_PER_EVENT, &TOKENS_PER_EVENT_BUCKETS),
+    (PROXY_OVERHEAD, &OVERHEAD_BUCKETS),
+];
