@@ -1,9 +1,13 @@
 //! tokentap: a metering reverse proxy for LLM inference servers (sglang, vLLM, any
 //! OpenAI-compatible server). See ARCHITECTURE.md for the map of the crate.
 
+pub mod admin;
 pub mod cli;
+pub mod config;
 pub mod matrix;
 pub mod meter;
+pub mod net;
+pub mod proxy;
 pub mod serve;
 pub mod sim;
 pub mod stream;

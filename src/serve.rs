@@ -1,10 +1,218 @@
-//! `tokentap serve`: placeholder until the proxy lands.
+//! `tokentap serve`: wires the configuration, the meter and its sinks, the data listener and
+//! the admin listener together, and owns their tasks and graceful shutdown.
+//!
+//! [`ProxyServer`] is the same wiring as a value, so tests, `tokentap demo` and standalone
+//! sweeps run exactly what production runs.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::admin::{self, AdminState};
+use crate::config::{Config, ConfigLoader};
+use crate::meter::Meter;
+use crate::net::{self, ServerOptions, ShutdownTrigger};
+use crate::proxy::service::ModelLabels;
+use crate::proxy::upstream::{Router, Upstream};
+use crate::proxy::{Proxy, ProxyService};
+use crate::telemetry::prometheus::PrometheusMetrics;
 
 /// Arguments of `tokentap serve`.
+///
+/// Example: `tokentap serve --upstream http://127.0.0.1:30000` puts tokentap on 0.0.0.0:8000
+/// in front of an sglang server; point clients at port 8000 and Prometheus at
+/// http://127.0.0.1:9464/metrics.
 #[derive(Debug, clap::Args)]
-pub struct ServeArgs {}
+pub struct ServeArgs {
+    /// The inference server to forward to (sets upstream.url). Default http://127.0.0.1:30000.
+    #[arg(long, value_name = "URL")]
+    pub upstream: Option<String>,
+    /// Data listener address (sets proxy.listen). Default 0.0.0.0:8000.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Admin listener for /metrics, /healthz, /readyz, /matrix, /sweeps (sets admin.listen).
+    /// Default 127.0.0.1:9464; anything but loopback needs admin.token.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<String>,
+    /// TOML configuration file (see config/tokentap.toml for every key). Environment
+    /// variables TOKENTAP_<SECTION>__<KEY> override it; these flags override both.
+    #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
+    pub config: Option<PathBuf>,
+}
 
-pub async fn run(_args: ServeArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`tokentap serve` is not built yet")
+impl ServeArgs {
+    /// Loads the configuration layers these arguments name.
+    pub fn load_config(&self) -> anyhow::Result<Config> {
+        let mut loader = ConfigLoader::new();
+        if let Some(path) = &self.config {
+            loader = loader.file(path)?;
+        }
+        loader = loader.env(std::env::vars())?;
+        if let Some(url) = &self.upstream {
+            loader = loader.flag("upstream", "url", toml::Value::String(url.clone()), "--upstream");
+        }
+        if let Some(listen) = &self.listen {
+            loader = loader.flag("proxy", "listen", toml::Value::String(listen.clone()), "--listen");
+        }
+        if let Some(admin) = &self.admin {
+            loader = loader.flag("admin", "listen", toml::Value::String(admin.clone()), "--admin");
+        }
+        Ok(loader.load()?)
+    }
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let config = args.load_config()?;
+    let server = ProxyServer::start(config).await?;
+    tracing::info!(
+        proxy = %server.proxy_addr,
+        admin = %server.admin_addr,
+        upstream = %server.proxy.router.default_upstream().config.url,
+        "tokentap is forwarding; metrics at http://{}/metrics",
+        server.admin_addr
+    );
+    net::os_signal().await;
+    tracing::info!("shutdown signal received");
+    server.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A running proxy: data listener, admin listener, meter and sinks.
+#[derive(Debug)]
+pub struct ProxyServer {
+    pub proxy_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub proxy: Arc<Proxy>,
+    pub metrics: Arc<PrometheusMetrics>,
+    pub admin: Arc<AdminState>,
+    pub config: Config,
+    trigger: ShutdownTrigger,
+    admin_trigger: ShutdownTrigger,
+    data_task: JoinHandle<()>,
+    admin_task: JoinHandle<()>,
+}
+
+impl ProxyServer {
+    /// Binds both listeners and starts serving.
+    pub async fn start(config: Config) -> anyhow::Result<Self> {
+        let proxy_listener = TcpListener::bind(config.proxy.listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (proxy.listen)", config.proxy.listen))?;
+        let admin_listener = TcpListener::bind(config.admin.listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (admin.listen)", config.admin.listen))?;
+        Self::start_on(config, proxy_listener, admin_listener).await
+    }
+
+    /// Starts on listeners the caller bound (tests bind port 0 first).
+    pub async fn start_on(
+        config: Config,
+        proxy_listener: TcpListener,
+        admin_listener: TcpListener,
+    ) -> anyhow::Result<Self> {
+        let proxy_addr = proxy_listener.local_addr()?;
+        let admin_addr = admin_listener.local_addr()?;
+        let proxy = build_proxy(&config)?;
+        let metrics = PrometheusMetrics::new(
+            config.metering.contexts.clone(),
+            config.metering.concurrency.clone(),
+        )
+        .context("cannot set up the Prometheus exporter")?;
+        metrics.spawn_upkeep();
+        proxy.meter.add_sink(metrics.clone());
+
+        let tls = match &config.proxy.tls {
+            Some(tls) => {
+                let alpn: &[&[u8]] = if config.proxy.http2 {
+                    &[b"h2", b"http/1.1"]
+                } else {
+                    &[b"http/1.1"]
+                };
+                Some(Arc::new(
+                    net::tls::server_config(&tls.cert, &tls.key, tls.client_ca.as_deref(), alpn)
+                        .context("cannot set up TLS on the data listener (tls.*)")?,
+                ))
+            }
+            None => None,
+        };
+        let (trigger, shutdown) = net::shutdown_pair();
+        let (admin_trigger, admin_shutdown) = net::shutdown_pair();
+        let admin = Arc::new(AdminState {
+            proxy: Arc::clone(&proxy),
+            metrics: Arc::clone(&metrics),
+            token: config.admin.token.clone(),
+            draining: Default::default(),
+        });
+
+        let data_options = ServerOptions {
+            name: "proxy",
+            header_read_timeout: config.proxy.header_read_timeout,
+            max_header_bytes: config.proxy.max_header_bytes,
+            http2: config.proxy.http2,
+            tls,
+            grace: config.proxy.shutdown_grace,
+        };
+        let service = ProxyService::new(Arc::clone(&proxy));
+        let data_task = tokio::spawn(net::serve(
+            proxy_listener,
+            data_options,
+            move |_peer| hyper_util::service::TowerToHyperService::new(service.clone()),
+            shutdown.clone(),
+        ));
+        let admin_service = admin::service(Arc::clone(&admin));
+        let admin_task = tokio::spawn(net::serve(
+            admin_listener,
+            ServerOptions::plain("admin"),
+            move |_peer| admin_service.clone(),
+            admin_shutdown,
+        ));
+        Ok(Self {
+            proxy_addr,
+            admin_addr,
+            proxy,
+            metrics,
+            admin,
+            config,
+            trigger,
+            admin_trigger,
+            data_task,
+            admin_task,
+        })
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the grace period, then returns.
+    /// The admin listener stops last, so /metrics stays scrapeable while streams drain.
+    pub async fn shutdown(self) {
+        self.admin.draining.store(true, Ordering::Relaxed);
+        self.trigger.trigger();
+        let _ = self.data_task.await;
+        self.admin_trigger.trigger();
+        let _ = self.admin_task.await;
+    }
+
+/// Builds the data path from configuration.
+pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
+    let mut upstreams = Vec::new();
+    for upstream in &config.upstreams {
+        upstreams.push(Arc::new(Upstream::new(upstream.clone()).with_context(|| {
+            format!("cannot set up TLS to upstream `{}`", upstream.name)
+        })?));
+    }
+    let router = Router::new(upstreams).context("no upstream configured")?;
+    let meter = Meter::new(
+        config.metering.contexts.clone(),
+        config.metering.concurrency.clone(),
+    );
+    Ok(Arc::new(Proxy {
+        router,
+        meter,
+        metering: config.metering.clone(),
+        models: ModelLabels::new(config.metering.max_models),
+    }))
 }

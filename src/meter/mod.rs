@@ -28,6 +28,9 @@ use timeline::Timeline;
 /// Receives every finished record. Called on the request's own task when it ends: keep it
 /// short and never block (take a brief lock, bump counters, try_send to a channel).
 pub trait RecordSink: Send + Sync {
+    /// A metered request began (its labels are known once its body was read).
+    fn started(&self, _labels: &RequestLabels) {}
+    /// A metered request ended; called exactly once per `started`.
     fn record(&self, record: &Arc<RequestRecord>);
 }
 
@@ -110,6 +113,9 @@ impl Meter {
         if let Some(c) = self.inflight_by_source.get(labels.source.index()) {
             c.fetch_add(1, Ordering::Relaxed);
         }
+        for sink in self.sinks.read().unwrap_or_else(PoisonError::into_inner).iter() {
+            sink.started(&labels);
+        }
         RequestMeter {
             meter: Arc::clone(self),
             timeline: Timeline::new(head_in, &TOKEN_GAP_BUCKETS, &OVERHEAD_BUCKETS),
@@ -182,6 +188,25 @@ impl RequestMeter {
             .token_event(now, tokens, inflight, bucket, area);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
             c.fetch_add(tokens.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Records tokens the upstream reported without visible output (partial UTF-8 held back,
+    /// a swallowed `<think>` marker): they count for throughput, not for first/last token.
+    pub fn silent_tokens(&mut self, tokens: u64) {
+        let Some(guard) = &self.guard else {
+            return;
+        };
+        let bucket = self
+            .meter
+            .concurrency
+            .concurrency_bucket_of_count(guard.tracker().current());
+        if let Some(t) = self.timeline.split.tokens.get_mut(bucket) {
+            *t += tokens;
+        }
+        self.timeline.streamed_tokens += tokens;
+        if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
+            c.fetch_add(tokens, Ordering::Relaxed);
         }
     }
 

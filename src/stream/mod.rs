@@ -6,6 +6,7 @@
 //! state (benches/stream.rs and tests/alloc_tests.rs prove it). The body wrapper only polls
 //! the body it wraps.
 
+pub mod body;
 pub mod classify;
 pub mod json;
 pub mod request;

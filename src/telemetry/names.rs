@@ -16,8 +16,8 @@ pub const TOKENS_PER_EVENT: &str = "tokentap_tokens_per_event";
 pub const PROXY_OVERHEAD: &str = "tokentap_proxy_overhead_seconds";
 pub const REQUESTS_TOTAL: &str = "tokentap_requests_total";
 pub const TOKENS_TOTAL: &str = "tokentap_tokens_total";
-pub const DECODE_SECONDS_TOTAL: &str = "tokentap_decode_seconds_total";
-pub const ACTIVE_REQUEST_SECONDS_TOTAL: &str = "tokentap_active_request_seconds_total";
+pub const DECODE_SECONDS: &str = "tokentap_decode_seconds";
+pub const AVERAGE_ACTIVE_REQUESTS: &str = "tokentap_average_active_requests";
 pub const INFLIGHT_REQUESTS: &str = "tokentap_inflight_requests";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
@@ -34,8 +34,8 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (PROXY_OVERHEAD, "Time spent inside tokentap, in seconds: phase=request (head in to upstream send) or phase=frame (per forwarded frame)."),
     (REQUESTS_TOTAL, "Metered requests by outcome."),
     (TOKENS_TOTAL, "Tokens by type (prompt, cached, completion)."),
-    (DECODE_SECONDS_TOTAL, "Request-seconds of decode (first to last token), split by the concurrency bucket in force."),
-    (ACTIVE_REQUEST_SECONDS_TOTAL, "Decode request-seconds weighted by average active requests (sum of avg_active x decode time)."),
+    (DECODE_SECONDS, "Decode time (first to last token) of each request, split by the concurrency bucket in force when each token event arrived, in seconds; its _sum is request-seconds of decode per cell."),
+    (AVERAGE_ACTIVE_REQUESTS, "Per request, the time-weighted mean number of in-flight requests (same upstream and model) during its decode."),
     (INFLIGHT_REQUESTS, "Metered requests in flight."),
 ];
 
@@ -72,6 +72,12 @@ pub static OVERHEAD_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1,
 ];
 
+/// Average active requests: the concurrency ladder and the points between.
+pub static ACTIVE_BUCKETS: [f64; 19] = [
+    1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0, 256.0,
+    512.0, 1024.0,
+];
+
 /// The buckets of every histogram.
 pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (TIME_TO_FIRST_TOKEN, &LATENCY_BUCKETS),
@@ -84,4 +90,6 @@ pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (COMPLETION_TOKENS, &TOKEN_COUNT_BUCKETS),
     (TOKENS_PER_EVENT, &TOKENS_PER_EVENT_BUCKETS),
     (PROXY_OVERHEAD, &OVERHEAD_BUCKETS),
+    (DECODE_SECONDS, &LATENCY_BUCKETS),
+    (AVERAGE_ACTIVE_REQUESTS, &ACTIVE_BUCKETS),
 ];

@@ -1,0 +1,131 @@
+//! The admin listener: health, readiness, Prometheus metrics, and (as they land) the matrix,
+//! sweep API and the page. Bound to loopback by default; with `admin.token` set, everything
+//! but `/healthz` and `/readyz` needs `Authorization: Bearer <token>`.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+
+use crate::proxy::body::{BoxError, ResponseBody};
+use crate::proxy::Proxy;
+use crate::telemetry::prometheus::PrometheusMetrics;
+
+/// What the admin endpoints read.
+#[derive(Debug)]
+pub struct AdminState {
+    pub proxy: Arc<Proxy>,
+    pub metrics: Arc<PrometheusMetrics>,
+    pub token: Option<String>,
+    /// Set when shutdown begins: readiness turns 503 so load balancers drain us.
+    pub draining: AtomicBool,
+}
+
+/// A plain response with a content type.
+pub fn respond(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<ResponseBody> {
+    let mut response = Response::new(ResponseBody::local(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+/// A JSON error in the same shape the data path uses.
+pub fn json_error(status: StatusCode, message: &str) -> Response<ResponseBody> {
+    let body = serde_json::json!({"error": {"message": message, "code": status.as_u16()}});
+    respond(status, "application/json", body.to_string())
+}
+
+/// Compares without an early exit, so response timing reveals nothing about the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl AdminState {
+    /// True if the request carries the configured bearer token (or none is configured).
+    pub fn authorized<B>(&self, request: &Request<B>) -> bool {
+        let Some(token) = &self.token else {
+            return true;
+        };
+        bearer(request).is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes()))
+    }
+
+    /// True only if a token is configured and the request carries it (sweeps need this).
+    pub fn authorized_strict<B>(&self, request: &Request<B>) -> bool {
+        self.token.is_some() && self.authorized(request)
+    }
+
+    pub async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Response<ResponseBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let path = request.uri().path().to_string();
+        match (request.method(), path.as_str()) {
+            (&Method::GET, "/healthz") => respond(StatusCode::OK, "text/plain", "ok\n"),
+            (&Method::GET, "/readyz") => {
+                if self.draining.load(Ordering::Relaxed) {
+                    respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
+                } else {
+                    respond(StatusCode::OK, "text/plain", "ready\n")
+                }
+            }
+            _ if !self.authorized(&request) => unauthorized(),
+            (&Method::GET, "/metrics") => respond(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                self.metrics.render(),
+            ),
+            _ => json_error(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
+        }
+    }
+}
+
+pub fn unauthorized() -> Response<ResponseBody> {
+    let mut response = json_error(
+        StatusCode::UNAUTHORIZED,
+        "this admin endpoint needs `Authorization: Bearer <admin.token>`",
+    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+fn bearer<B>(request: &Request<B>) -> Option<&str> {
+    let value = request.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Adapts the admin state to hyper's per-connection service.
+pub fn service(state: Arc<AdminState>) -> impl hyper::service::Service<
+    Request<hyper::body::Incoming>,
+    Response = Response<ResponseBody>,
+    Error = Infallible,
+    Future = impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> + Send,
+> + Clone {
+    hyper::service::service_fn(move |request| {
+        let state = Arc::clone(&state);
+        async move { Ok::<_, Infallible>(state.handle(request).await) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

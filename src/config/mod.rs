@@ -1,0 +1,600 @@
+//! Configuration: one TOML file, overridden by `TOKENTAP_<SECTION>__<KEY>` environment
+//! variables, overridden by command-line flags.
+//!
+//! Two phases (tensorzero's `UninitializedConfig::load()`): the layers are merged into one TOML
+//! table and deserialised into `raw` structs that deny unknown keys (errors name the key path
+//! via `serde_path_to_error`), then [`Config::from_raw`] validates values and cross-field rules
+//! into typed settings. Every error names the key, where it came from, and what was wrong.
+
+mod raw;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Uri;
+
+use crate::meter::buckets::Ladder;
+
+pub use raw::RawConfig;
+
+/// A configuration error, naming the key and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid TOML: {source}")]
+    Syntax {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("{origin}: key `{key}`: {message}")]
+    Key {
+        key: String,
+        origin: String,
+        message: String,
+    },
+    #[error("environment variable {var}: {message}")]
+    Env { var: String, message: String },
+}
+
+/// Where a key's value came from, for error messages.
+#[derive(Debug, Clone, Default)]
+pub struct Origins {
+    file: Option<PathBuf>,
+    /// key path → description ("environment variable X", "flag --y").
+    overridden: BTreeMap<String, String>,
+}
+
+impl Origins {
+    fn describe(&self, key: &str) -> String {
+        if let Some(origin) = self.overridden.get(key) {
+            return origin.clone();
+        }
+        // An error on a section (`upstreams`) blames the override that created it, if any.
+        if let Some((_, origin)) = self
+            .overridden
+            .iter()
+            .find(|(k, _)| k.split('.').next() == Some(key))
+        {
+            return origin.clone();
+        }
+        match &self.file {
+            Some(path) => format!("config file {}", path.display()),
+            None => "configuration".to_string(),
+        }
+    }
+
+    fn error(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Key {
+            key: key.to_string(),
+            origin: self.describe(key),
+            message: message.into(),
+        }
+    }
+}
+
+/// Layered configuration source: file, environment, then flags.
+#[derive(Debug, Default)]
+pub struct ConfigLoader {
+    table: toml::Table,
+    origins: Origins,
+}
+
+impl ConfigLoader {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Reads a TOML file as the base layer.
+    pub fn file(mut self, path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.table = toml::from_str(&text).map_err(|source| ConfigError::Syntax {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.origins.file = Some(path.to_path_buf());
+        Ok(self)
+    }
+
+    /// Parses TOML text as the base layer (tests, embedded defaults).
+    pub fn text(mut self, text: &str, name: &str) -> Result<Self, ConfigError> {
+        self.table = toml::from_str(text).map_err(|source| ConfigError::Syntax {
+            path: PathBuf::from(name),
+            source,
+        })?;
+        self.origins.file = Some(PathBuf::from(name));
+        Ok(self)
+    }
+
+    /// Applies `TOKENTAP_<SECTION>__<KEY>=value` overrides from `vars` (pass
+    /// `std::env::vars()`). The value is read as a TOML value when it parses as one (numbers,
+    /// booleans, arrays), else as a string. `TOKENTAP_CONFIG` and `TOKENTAP_LOG` are not keys.
+    pub fn env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+        for (var, value) in vars {
+            let Some(rest) = var.strip_prefix("TOKENTAP_") else {
+                continue;
+            };
+            if matches!(rest, "CONFIG" | "LOG") {
+                continue;
+            }
+            let Some((section, key)) = rest.split_once("__") else {
+                return Err(ConfigError::Env {
+                    var,
+                    message: "expected TOKENTAP_<SECTION>__<KEY>, e.g. TOKENTAP_PROXY__LISTEN".into(),
+                });
+            };
+            if section.is_empty() || key.is_empty() || key.contains("__") {
+                return Err(ConfigError::Env {
+                    var,
+                    message: "expected exactly one section and one key, e.g. TOKENTAP_UPSTREAM__URL".into(),
+                });
+            }
+            let section = section.to_ascii_lowercase();
+            let key = key.to_ascii_lowercase();
+            let origin = format!("environment variable {var}");
+            self.set(&section, &key, parse_scalar(&value), origin);
+        }
+        Ok(self)
+    }
+
+    /// Sets one key from a command-line flag.
+    pub fn flag(mut self, section: &str, key: &str, value: toml::Value, flag: &str) -> Self {
+        self.set(section, key, value, format!("flag {flag}"));
+        self
+    }
+
+    fn set(&mut self, section: &str, key: &str, value: toml::Value, origin: String) {
+        let entry = self
+            .table
+            .entry(section.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if !entry.is_table() {
+            *entry = toml::Value::Table(toml::Table::new());
+        }
+        if let toml::Value::Table(table) = entry {
+            table.insert(key.to_string(), value);
+        }
+        self.origins
+            .overridden
+            .insert(format!("{section}.{key}"), origin);
+    }
+
+    /// Deserialises and validates.
+    pub fn load(self) -> Result<Config, ConfigError> {
+        let origins = self.origins;
+        let raw: RawConfig = serde_path_to_error::deserialize(toml::Value::Table(self.table))
+            .map_err(|error| {
+                let key = error.path().to_string();
+                let message = error.inner().message().to_string();
+                origins.error(&key, message)
+            })?;
+        Config::from_raw(raw, &origins)
+    }
+}
+
+fn parse_scalar(value: &str) -> toml::Value {
+    toml::from_str::<toml::Table>(&format!("v = {value}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(value.to_string()))
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h`, `0` (zero).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("`{text}` has no unit: write e.g. 500ms, 30s, 5m or 1h"))?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration: write e.g. 500ms, 30s, 5m or 1h"))?;
+    let seconds = match unit.trim() {
+        "ms" => number / 1000.0,
+        "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        other => return Err(format!("unknown unit `{other}` in `{text}`: use ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is out of range"))
+}
+
+/// Validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub proxy: ProxyConfig,
+    pub upstreams: Vec<UpstreamConfig>,
+    pub admin: AdminConfig,
+    pub metering: MeteringConfig,
+    pub telemetry: TelemetryConfig,
+    pub store: StoreConfig,
+    pub sweep: SweepConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub listen: SocketAddr,
+    pub shutdown_grace: Duration,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub http2: bool,
+    pub tls: Option<ListenerTls>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ListenerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by this CA.
+    pub client_ca: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub name: String,
+    /// Scheme and authority (and optional base path) requests are forwarded to.
+    pub url: Uri,
+    /// Requests whose `model` is one of these go here (extra upstreams only).
+    pub models: Vec<String>,
+    /// Requests whose path starts with this go here, with the prefix stripped (extra upstreams only).
+    pub path_prefix: Option<String>,
+    /// Model label for requests that name none (sglang `/generate`).
+    pub default_model: String,
+    pub connect_timeout: Duration,
+    /// Longest wait for the response head; zero waits forever (sglang sends headers only at
+    /// the first token, which can take minutes for a 1M-token prompt).
+    pub response_timeout: Duration,
+    pub pool_idle_timeout: Duration,
+    pub pool_max_idle: usize,
+    pub http2: bool,
+    pub tls_ca: Option<PathBuf>,
+    pub tls_client_cert: Option<PathBuf>,
+    pub tls_client_key: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// Bearer token; required when the admin listener is not on loopback, and for sweeps.
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MeteringConfig {
+    pub inject_usage: bool,
+    pub max_parse_bytes: usize,
+    pub max_event_bytes: usize,
+    pub contexts: Ladder,
+    pub concurrency: Ladder,
+    /// Distinct model labels kept before further models are labelled `other`.
+    pub max_models: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct TelemetryConfig {
+    pub otlp_endpoint: Option<Uri>,
+    pub service_name: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Directory of the SQLite store; `None` keeps nothing on disk.
+    pub data_dir: Option<PathBuf>,
+    pub snapshot_interval: Duration,
+    pub retention: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct SweepConfig {
+    /// Pause a running sweep while more production requests than this are in flight.
+    pub production_guard: u64,
+    pub cell_duration: Duration,
+    pub max_output: u64,
+    /// KV budget in tokens when the server does not report one (0: ask the server).
+    pub kv_budget_tokens: u64,
+}
+
+impl Config {
+    /// The defaults, as if no file, variable or flag were given.
+    pub fn defaults() -> Result<Self, ConfigError> {
+        ConfigLoader::new().load()
+    }
+
+    fn from_raw(raw: RawConfig, origins: &Origins) -> Result<Self, ConfigError> {
+        let err = |key: &str, message: String| origins.error(key, message);
+        let duration = |key: &str, value: &str| parse_duration(value).map_err(|m| err(key, m));
+        let addr = |key: &str, value: &str| {
+            value.parse::<SocketAddr>().map_err(|e| {
+                err(key, format!("`{value}` is not an address like 127.0.0.1:8000: {e}"))
+            })
+        };
+        let nonzero = |key: &str, value: u64| {
+            if value == 0 {
+                Err(err(key, "must be greater than zero".into()))
+            } else {
+                usize::try_from(value).map_err(|_| err(key, "too large".into()))
+            }
+        };
+
+        let tls = match (&raw.tls.cert, &raw.tls.key) {
+            (Some(cert), Some(key)) => Some(ListenerTls {
+                cert: cert.into(),
+                key: key.into(),
+                client_ca: raw.tls.client_ca.as_ref().map(PathBuf::from),
+            }),
+            (None, None) if raw.tls.client_ca.is_none() => None,
+            (None, None) => {
+                return Err(err("tls.client_ca", "needs tls.cert and tls.key".into()));
+            }
+            (Some(_), None) => return Err(err("tls.key", "tls.cert is set, tls.key is missing".into())),
+            (None, Some(_)) => return Err(err("tls.cert", "tls.key is set, tls.cert is missing".into())),
+        };
+        let proxy = ProxyConfig {
+            listen: addr("proxy.listen", &raw.proxy.listen)?,
+            shutdown_grace: duration("proxy.shutdown_grace", &raw.proxy.shutdown_grace)?,
+            header_read_timeout: duration("proxy.header_read_timeout", &raw.proxy.header_read_timeout)?,
+            max_header_bytes: nonzero("proxy.max_header_bytes", raw.proxy.max_header_bytes)?,
+            http2: raw.proxy.http2,
+            tls,
+        };
+        if proxy.header_read_timeout.is_zero() {
+            return Err(err("proxy.header_read_timeout", "must be greater than zero".into()));
+        }
+        if proxy.max_header_bytes < 8192 {
+            return Err(err("proxy.max_header_bytes", "must be at least 8192 (hyper's minimum)".into()));
+        }
+
+        let mut upstreams = vec![upstream("upstream", &raw.upstream, origins, true)?];
+        for (i, extra) in raw.upstreams.iter().enumerate() {
+            let prefix = format!("upstreams[{i}]");
+            let parsed = upstream(&prefix, extra, origins, false)?;
+            if parsed.models.is_empty() && parsed.path_prefix.is_none() {
+                return Err(err(
+                    &format!("{prefix}.models"),
+                    "an extra upstream needs `models` or `path_prefix` to be chosen".into(),
+                ));
+            }
+            if upstreams.iter().any(|u| u.name == parsed.name) {
+                return Err(err(&format!("{prefix}.name"), format!("`{}` is used twice", parsed.name)));
+            }
+            upstreams.push(parsed);
+        }
+
+        let admin = AdminConfig {
+            listen: addr("admin.listen", &raw.admin.listen)?,
+            token: raw.admin.token.filter(|t| !t.is_empty()),
+        };
+        if !admin.listen.ip().is_loopback() && admin.token.is_none() {
+            return Err(err(
+                "admin.token",
+                format!(
+                    "the admin listener {} is not on loopback, so it needs a bearer token (set admin.token or TOKENTAP_ADMIN__TOKEN)",
+                    admin.listen
+                ),
+            ));
+        }
+
+        let contexts = Ladder::contexts(&raw.metering.context_buckets)
+            .map_err(|m| err("metering.context_buckets", m))?;
+        let concurrency = Ladder::concurrency(&raw.metering.concurrency_buckets)
+            .map_err(|m| err("metering.concurrency_buckets", m))?;
+        let metering = MeteringConfig {
+            inject_usage: raw.metering.inject_usage,
+            max_parse_bytes: nonzero("metering.max_parse_bytes", raw.metering.max_parse_bytes)?,
+            max_event_bytes: nonzero("metering.max_event_bytes", raw.metering.max_event_bytes)?,
+            contexts,
+            concurrency,
+            max_models: nonzero("metering.max_models", raw.metering.max_models)?,
+        };
+
+        let otlp_endpoint = match raw.telemetry.otlp_endpoint.as_deref() {
+            None | Some("") => None,
+            Some(text) => Some(http_uri("telemetry.otlp_endpoint", text, origins)?),
+        };
+        let telemetry = TelemetryConfig {
+            otlp_endpoint,
+            service_name: raw.telemetry.service_name,
+        };
+
+        let store = StoreConfig {
+            data_dir: raw.store.data_dir.filter(|d| !d.is_empty()).map(PathBuf::from),
+            snapshot_interval: duration("store.snapshot_interval", &raw.store.snapshot_interval)?,
+            retention: duration("store.retention", &raw.store.retention)?,
+        };
+        if store.snapshot_interval.is_zero() {
+            return Err(err("store.snapshot_interval", "must be greater than zero".into()));
+        }
+
+        let sweep = SweepConfig {
+            production_guard: raw.sweep.production_guard,
+            cell_duration: duration("sweep.cell_duration", &raw.sweep.cell_duration)?,
+            max_output: raw.sweep.max_output,
+            kv_budget_tokens: raw.sweep.kv_budget_tokens,
+        };
+        if sweep.cell_duration.is_zero() {
+            return Err(err("sweep.cell_duration", "must be greater than zero".into()));
+        }
+        if sweep.max_output == 0 {
+            return Err(err("sweep.max_output", "must be greater than zero".into()));
+        }
+
+        Ok(Config {
+            proxy,
+            upstreams,
+            admin,
+            metering,
+            telemetry,
+            store,
+            sweep,
+        })
+    }
+}
+
+fn http_uri(key: &str, text: &str, origins: &Origins) -> Result<Uri, ConfigError> {
+    let uri: Uri = text
+        .parse()
+        .map_err(|e| origins.error(key, format!("`{text}` is not a URL: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") if uri.authority().is_some() => Ok(uri),
+        _ => Err(origins.error(
+            key,
+            format!("`{text}` must be an http:// or https:// URL with a host"),
+        )),
+    }
+}
+
+fn upstream(
+    prefix: &str,
+    raw: &raw::RawUpstream,
+    origins: &Origins,
+    primary: bool,
+) -> Result<UpstreamConfig, ConfigError> {
+    let key = |k: &str| format!("{prefix}.{k}");
+    let err = |k: &str, m: String| origins.error(&key(k), m);
+    let duration = |k: &str, v: &str| parse_duration(v).map_err(|m| err(k, m));
+    let url = http_uri(&key("url"), &raw.url, origins)?;
+    if url.query().is_some() {
+        return Err(err("url", "must not have a query string".into()));
+    }
+    if primary && (!raw.models.is_empty() || raw.path_prefix.is_some()) {
+        return Err(err(
+            "models",
+            "the default [upstream] takes every request no other upstream claims; put `models` and `path_prefix` on [[upstreams]] entries".into(),
+        ));
+    }
+    let path_prefix = match raw.path_prefix.as_deref() {
+        None | Some("") => None,
+        Some(p) if p.starts_with('/') && !p.ends_with('/') => Some(p.to_string()),
+        Some(p) => return Err(err("path_prefix", format!("`{p}` must start with / and not end with /"))),
+    };
+    let tls_client = match (&raw.tls_client_cert, &raw.tls_client_key) {
+        (Some(c), Some(k)) => (Some(PathBuf::from(c)), Some(PathBuf::from(k))),
+        (None, None) => (None, None),
+        _ => {
+            return Err(err(
+                "tls_client_cert",
+                "tls_client_cert and tls_client_key go together".into(),
+            ))
+        }
+    };
+    if url.scheme_str() == Some("http") && (raw.tls_ca.is_some() || tls_client.0.is_some()) {
+        return Err(err("tls_ca", "TLS settings need an https:// url".into()));
+    }
+    if raw.name.is_empty() || raw.name.len() > 64 {
+        return Err(err("name", "must be 1 to 64 characters".into()));
+    }
+    Ok(UpstreamConfig {
+        name: raw.name.clone(),
+        url,
+        models: raw.models.clone(),
+        path_prefix,
+        default_model: raw.default_model.clone(),
+        connect_timeout: duration("connect_timeout", &raw.connect_timeout)?,
+        response_timeout: duration("response_timeout", &raw.response_timeout)?,
+        pool_idle_timeout: duration("pool_idle_timeout", &raw.pool_idle_timeout)?,
+        pool_max_idle: usize::try_from(raw.pool_max_idle).map_err(|_| err("pool_max_idle", "too large".into()))?,
+        http2: raw.http2,
+        tls_ca: raw.tls_ca.as_ref().map(PathBuf::from),
+        tls_client_cert: tls_client.0,
+        tls_client_key: tls_client.1,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_example_parses_and_matches_the_defaults() {
+        let text = include_str!("../../config/tokentap.toml");
+        let from_file = ConfigLoader::new().text(text, "config/tokentap.toml").unwrap().load().unwrap();
+        let defaults = Config::defaults().unwrap();
+        assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_and_origin() {
+        let error = ConfigLoader::new()
+            .text("[proxy]\nlisen = \"1.2.3.4:5\"\n", "x.toml")
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("proxy"), "{error}");
+        assert!(error.contains("lisen"), "{error}");
+        let error = ConfigLoader::new()
+            .env([("TOKENTAP_PROXY__NOPE".to_string(), "1".to_string())])
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("nope"), "{error}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let cases = [
+            ("TOKENTAP_PROXY__LISTEN", "nowhere", "proxy.listen"),
+            ("TOKENTAP_UPSTREAM__URL", "ftp://x", "upstream.url"),
+            ("TOKENTAP_PROXY__SHUTDOWN_GRACE", "10 parsecs", "proxy.shutdown_grace"),
+            ("TOKENTAP_METERING__CONTEXT_BUCKETS", "[16, 8]", "metering.context_buckets"),
+            ("TOKENTAP_ADMIN__LISTEN", "0.0.0.0:9464", "admin.token"),
+            ("TOKENTAP_METERING__MAX_EVENT_BYTES", "\"lots\"", "metering.max_event_bytes"),
+        ];
+        for (var, value, key) in cases {
+            let error = ConfigLoader::new()
+                .env([(var.to_string(), value.to_string())])
+                .unwrap()
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(key), "{var}={value}: {error}");
+            if key != "admin.token" {
+                assert!(error.contains(var), "{var}={value}: {error}");
+            }
+        }
+        let error = ConfigLoader::new()
+            .env([("TOKENTAP_PROXY".to_string(), "x".to_string())])
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("TOKENTAP_PROXY"), "{error}");
+    }
+
+    #[test]
+    fn layers_override_in_order() {
+        let config = ConfigLoader::new()
+            .text("[upstream]\nurl = \"http://10.0.0.1:1\"\n[proxy]\nlisten = \"127.0.0.1:1\"\n", "f")
+            .unwrap()
+            .env([("TOKENTAP_PROXY__LISTEN".to_string(), "127.0.0.1:2".to_string())])
+            .unwrap()
+            .flag("upstream", "url", toml::Value::String("http://10.0.0.3:3".into()), "--upstream")
+            .load()
+            .unwrap();
+        assert_eq!(config.proxy.listen.port(), 2);
+        assert_eq!(config.upstreams[0].url.port_u16(), Some(3));
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5y").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+}

@@ -1,0 +1,182 @@
+//! The configuration as written: serde structs that deny unknown keys, with the defaults.
+//! `config/tokentap.toml` documents every key; a test checks that file equals these defaults.
+
+use serde::Deserialize;
+
+use crate::meter::buckets::{DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub proxy: RawProxy,
+    pub tls: RawTls,
+    pub upstream: RawUpstream,
+    pub upstreams: Vec<RawUpstream>,
+    pub admin: RawAdmin,
+    pub metering: RawMetering,
+    pub telemetry: RawTelemetry,
+    pub store: RawStore,
+    pub sweep: RawSweep,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawProxy {
+    pub listen: String,
+    pub shutdown_grace: String,
+    pub header_read_timeout: String,
+    pub max_header_bytes: u64,
+    pub http2: bool,
+}
+
+impl Default for RawProxy {
+    fn default() -> Self {
+        Self {
+            listen: "0.0.0.0:8000".into(),
+            shutdown_grace: "30s".into(),
+            header_read_timeout: "10s".into(),
+            max_header_bytes: 64 * 1024,
+            http2: true,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTls {
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    pub client_ca: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawUpstream {
+    pub name: String,
+    pub url: String,
+    pub models: Vec<String>,
+    pub path_prefix: Option<String>,
+    pub default_model: String,
+    pub connect_timeout: String,
+    pub response_timeout: String,
+    pub pool_idle_timeout: String,
+    pub pool_max_idle: u64,
+    pub http2: bool,
+    pub tls_ca: Option<String>,
+    pub tls_client_cert: Option<String>,
+    pub tls_client_key: Option<String>,
+}
+
+impl Default for RawUpstream {
+    fn default() -> Self {
+        Self {
+            name: "default".into(),
+            url: "http://127.0.0.1:30000".into(),
+            models: Vec::new(),
+            path_prefix: None,
+            default_model: "default".into(),
+            connect_timeout: "5s".into(),
+            response_timeout: "0".into(),
+            pool_idle_timeout: "90s".into(),
+            pool_max_idle: 1024,
+            http2: false,
+            tls_ca: None,
+            tls_client_cert: None,
+            tls_client_key: None,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawAdmin {
+    pub listen: String,
+    pub token: Option<String>,
+}
+
+impl Default for RawAdmin {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:9464".into(),
+            token: None,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawMetering {
+    pub inject_usage: bool,
+    pub max_parse_bytes: u64,
+    pub max_event_bytes: u64,
+    pub context_buckets: Vec<u64>,
+    pub concurrency_buckets: Vec<u64>,
+    pub max_models: u64,
+}
+
+impl Default for RawMetering {
+    fn default() -> Self {
+        Self {
+            inject_usage: true,
+            max_parse_bytes: 8 << 20,
+            max_event_bytes: 1 << 20,
+            context_buckets: DEFAULT_CONTEXTS.to_vec(),
+            concurrency_buckets: DEFAULT_CONCURRENCY.to_vec(),
+            max_models: 32,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTelemetry {
+    pub otlp_endpoint: Option<String>,
+    pub service_name: String,
+}
+
+impl Default for RawTelemetry {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: "tokentap".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawStore {
+    pub data_dir: Option<String>,
+    pub snapshot_interval: String,
+    pub retention: String,
+}
+
+impl Default for RawStore {
+    fn default() -> Self {
+        Self {
+            data_dir: Some("tokentap-data".into()),
+            snapshot_interval: "1h".into(),
+            retention: "720h".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSweep {
+    pub production_guard: u64,
+    pub cell_duration: String,
+    pub max_output: u64,
+    pub kv_budget_tokens: u64,
+}
+
+impl Default for RawSweep {
+    fn default() -> Self {
+        Self {
+            production_guard: 4,
+            cell_duration: "30s".into(),
+            max_output: 4096,
+            kv_budget_tokens: 0,
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The two body types of the data path: what goes to the upstream and what goes to the
+//! client. Both are enums, not boxed trait objects, so the common cases cost no allocation.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+
+use crate::stream::body::MeteredBody;
+
+/// Errors of a client request body, whatever its origin.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A streamed client body of any type (one allocation per request that needs it).
+pub type DynBody = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;
+
+/// The body sent upstream.
+pub enum RequestBody {
+    /// Fully read (metered routes read up to the parse limit): sent as one frame.
+    Full(Option<Bytes>),
+    /// Streamed from the client as it arrives, after `prefix` (what was read while looking
+    /// for the end of a body that turned out to exceed the parse limit).
+    Stream { prefix: Option<Bytes>, rest: DynBody },
+}
+
+impl std::fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RequestBody::Full(bytes) => f.debug_tuple("Full").field(&bytes.as_ref().map(Bytes::len)).finish(),
+            RequestBody::Stream { .. } => f.write_str("Stream"),
+        }
+    }
+}
+
+impl RequestBody {
+    pub fn empty() -> Self {
+        RequestBody::Full(None)
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            RequestBody::Full(bytes) => Poll::Ready(bytes.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b)))),
+            RequestBody::Stream { prefix, rest } => {
+                if let Some(prefix) = prefix.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(prefix))));
+                }
+                rest.as_mut().poll_frame(cx)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            RequestBody::Full(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
+            RequestBody::Stream { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            RequestBody::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            RequestBody::Stream { prefix, rest } => {
+                let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                let inner = rest.size_hint();
+                let mut hint = SizeHint::new();
+                hint.set_lower(inner.lower() + extra);
+                if let Some(upper) = inner.upper() {
+                    hint.set_upper(upper + extra);
+                }
+                hint
+            }
+        }
+    }
+}
+
+/// The body sent to the client.
+pub enum ResponseBody {
+    /// The upstream's body, measured on metered routes.
+    Upstream(MeteredBody<Incoming>),
+    /// An answer tokentap wrote itself (errors, admin pages).
+    Local(Option<Bytes>),
+}
+
+impl std::fmt::Debug for ResponseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResponseBody::Upstream(_) => f.write_str("Upstream"),
+            ResponseBody::Local(b) => f.debug_tuple("Local").field(&b.as_ref().map(Bytes::len)).finish(),
+        }
+    }
+}
+
+impl ResponseBody {
+    pub fn local(bytes: impl Into<Bytes>) -> Self {
+        ResponseBody::Local(Some(bytes.into()))
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx),
+            ResponseBody::Local(bytes) => Poll::Ready(bytes.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ResponseBody::Upstream(body) => body.is_end_stream(),
+            ResponseBody::Local(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ResponseBody::Upstream(body) => body.size_hint(),
+            ResponseBody::Local(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The one place where data-path failures become HTTP answers.
+//!
+//! tokentap answers for itself only when the upstream could not: 502 when it is unreachable
+//! or broke before answering, 504 when it did not answer in time, 400 when the client's body
+//! could not be read. The JSON body names the upstream and the cause so an operator can act
+//! on it; it never echoes request headers (API keys stay out of responses and logs).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{header, Response, StatusCode};
+
+use super::body::{BoxError, ResponseBody};
+use crate::meter::record::Outcome;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("upstream `{upstream}` ({url}) failed: {cause}")]
+    Upstream {
+        upstream: Arc<str>,
+        url: String,
+        cause: String,
+    },
+    #[error("upstream `{upstream}` ({url}) sent no response head within {after:?}")]
+    Timeout {
+        upstream: Arc<str>,
+        url: String,
+        after: Duration,
+    },
+    #[error("cannot build the upstream request for `{upstream}`: {cause}")]
+    BadUpstreamUri { upstream: Arc<str>, cause: String },
+    #[error("cannot read the request body: {cause}")]
+    ClientBody { cause: String },
+}
+
+/// Joins an error and its sources: "client error (Connect): tcp connect error: Connection refused".
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+impl ProxyError {
+    pub fn client_body(error: BoxError) -> Self {
+        ProxyError::ClientBody {
+            cause: error_chain(error.as_ref()),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::Upstream { .. } | ProxyError::BadUpstreamUri { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// How a metered request that failed this way is recorded.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            ProxyError::Timeout { .. } => Outcome::Timeout,
+            ProxyError::ClientBody { .. } => Outcome::ClientAborted,
+            _ => Outcome::UpstreamError,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            ProxyError::Upstream { .. } => "upstream_unavailable",
+            ProxyError::Timeout { .. } => "upstream_timeout",
+            ProxyError::BadUpstreamUri { .. } => "bad_upstream_uri",
+            ProxyError::ClientBody { .. } => "bad_request_body",
+        }
+    }
+
+    fn upstream(&self) -> Option<&str> {
+        match self {
+            ProxyError::Upstream { upstream, .. }
+            | ProxyError::Timeout { upstream, .. }
+            | ProxyError::BadUpstreamUri { upstream, .. } => Some(upstream),
+            ProxyError::ClientBody { .. } => None,
+        }
+    }
+
+    /// An OpenAI-style error object, so clients' error handling works unchanged.
+    pub fn into_response(self) -> Response<ResponseBody> {
+        let status = self.status();
+        let body = serde_json::json!({
+            "error": {
+                "message": format!("tokentap: {self}"),
+                "type": self.kind(),
+                "upstream": self.upstream(),
+                "code": status.as_u16(),
+            }
+        });
+        let mut response = Response::new(ResponseBody::local(body.to_string()));
+        *response.status_mut() = status;
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+        response
+    }
+}

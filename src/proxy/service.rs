@@ -1,0 +1,375 @@
+//! The forwarding service: one request in, the upstream's response out, measured on the way.
+//!
+//! Every request is forwarded: method, path, query, headers (minus hop-by-hop) and body. On
+//! metered routes (POST to the generation endpoints) the body is read up to the parse limit to
+//! learn the model and whether it streams, usage options may be injected, and the response
+//! body is wrapped in the metering body. Bodies over the limit, bodies that are not JSON and
+//! every other route pass through unmeasured. Nothing on this path ever rejects a request on
+//! tokentap's account except a body the client failed to send.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, PoisonError, RwLock};
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::{header, HeaderValue, Method, Request, Response, Version};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+
+use super::body::{BoxError, DynBody, RequestBody, ResponseBody};
+use super::error::{error_chain, ProxyError};
+use super::headers::{is_event_stream, remove_hop_by_hop};
+use super::upstream::{Router, Upstream};
+use crate::config::MeteringConfig;
+use crate::meter::record::Source;
+use crate::meter::{Meter, RequestLabels, RequestMeter};
+use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
+use crate::stream::classify::Route;
+use crate::stream::request::{inject_usage, inspect};
+use crate::stream::rewrite::Injected;
+
+/// Marks a request as the sweep's own (set in-process only: clients cannot set it).
+#[derive(Debug, Clone, Default)]
+pub struct Synthetic {
+    /// Groups the records of one sweep cell.
+    pub tag: Option<Arc<str>>,
+}
+
+/// Interns model names for labels, keeping at most `max` distinct ones (then `other`), so a
+/// client cannot blow up metric cardinality by inventing model names.
+#[derive(Debug)]
+pub struct ModelLabels {
+    known: RwLock<HashMap<Box<str>, Arc<str>>>,
+    max: usize,
+    other: Arc<str>,
+}
+
+impl ModelLabels {
+    pub fn new(max: usize) -> Self {
+        Self {
+            known: RwLock::new(HashMap::new()),
+            max,
+            other: Arc::from("other"),
+        }
+    }
+
+    pub fn label(&self, model: &str) -> Arc<str> {
+        if let Some(label) = self
+            .known
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(model)
+        {
+            return Arc::clone(label);
+        }
+        if model.len() > 200 {
+            return Arc::clone(&self.other);
+        }
+        let mut known = self.known.write().unwrap_or_else(PoisonError::into_inner);
+        if known.len() >= self.max {
+            return Arc::clone(&self.other);
+        }
+        Arc::clone(
+            known
+                .entry(Box::from(model))
+                .or_insert_with(|| Arc::from(model)),
+        )
+    }
+}
+
+/// Shared state of the data path.
+#[derive(Debug)]
+pub struct Proxy {
+    pub router: Router,
+    pub meter: Arc<Meter>,
+    pub metering: MeteringConfig,
+    pub models: ModelLabels,
+}
+
+/// The data path as a tower `Service`, generic over the client body type so the sweep engine
+/// can send its requests through exactly the same code as production traffic.
+#[derive(Debug, Clone)]
+pub struct ProxyService {
+    proxy: Arc<Proxy>,
+}
+
+impl ProxyService {
+    pub fn new(proxy: Arc<Proxy>) -> Self {
+        Self { proxy }
+    }
+
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+}
+
+impl<B> tower::Service<Request<B>> for ProxyService
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let proxy = Arc::clone(&self.proxy);
+        Box::pin(async move { Ok(proxy.handle(request).await) })
+    }
+}
+
+/// A body read as far as the parse limit allows.
+enum ReadBody {
+    Complete(Bytes),
+    /// Longer than the limit: what was read, and the rest still streaming.
+    TooLong(Bytes, DynBody),
+}
+
+async fn read_limited<B>(body: B, limit: usize) -> Result<ReadBody, BoxError>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body.map_err(Into::into));
+    let mut buffer = BytesMut::new();
+    let mut first: Option<Bytes> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue; // request trailers: nothing to meter
+        };
+        if first.is_none() && buffer.is_empty() {
+            first = Some(data); // the common single-frame body: no copy
+        } else {
+            if let Some(first) = first.take() {
+                buffer.extend_from_slice(&first);
+            }
+            buffer.extend_from_slice(&data);
+        }
+        let read = first.as_ref().map_or(buffer.len(), Bytes::len);
+        if read > limit {
+            let prefix = first.unwrap_or_else(|| buffer.freeze());
+            return Ok(ReadBody::TooLong(prefix, body));
+        }
+    }
+    Ok(ReadBody::Complete(first.unwrap_or_else(|| buffer.freeze())))
+}
+
+impl Proxy {
+    /// Forwards one request and measures it when it is on a metered route.
+    pub async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Response<ResponseBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let head_in = Instant::now();
+        let (mut parts, body) = request.into_parts();
+        let synthetic = parts.extensions.remove::<Synthetic>();
+        let path = parts.uri.path().to_string();
+        let (mut upstream, upstream_path) = match self.router.by_path(&path) {
+            Some((upstream, rest)) => (Arc::clone(upstream), rest.to_string()),
+            None => (Arc::clone(self.router.default_upstream()), path.clone()),
+        };
+        let route = (parts.method == Method::POST)
+            .then(|| Route::from_path(&upstream_path))
+            .flatten();
+
+        let Some(route) = route else {
+            let body = RequestBody::Stream {
+                prefix: None,
+                rest: Box::pin(body.map_err(Into::into)),
+            };
+            return self.forward(parts, body, &upstream, &upstream_path, None).await;
+        };
+
+        let bytes = match read_limited(body, self.metering.max_parse_bytes).await {
+            Ok(ReadBody::Complete(bytes)) => bytes,
+            Ok(ReadBody::TooLong(prefix, rest)) => {
+                tracing::debug!(path, limit = self.metering.max_parse_bytes, "request body over the parse limit: forwarded unmetered");
+                let body = RequestBody::Stream {
+                    prefix: Some(prefix),
+                    rest,
+                };
+                return self.forward(parts, body, &upstream, &upstream_path, None).await;
+            }
+            Err(error) => return ProxyError::client_body(error).into_response(),
+        };
+        let body_read = Instant::now();
+        let Some(facts) = inspect(route, &bytes) else {
+            // Not a JSON object: the upstream will say what it thinks of it.
+            return self
+                .forward(parts, RequestBody::Full(Some(bytes)), &upstream, &upstream_path, None)
+                .await;
+        };
+        if let Some(model) = facts.model.as_deref() {
+            if self.router.by_path(&path).is_none() {
+                if let Some(by_model) = self.router.by_model(model) {
+                    upstream = Arc::clone(by_model);
+                }
+            }
+        }
+
+        let mut bytes = bytes;
+        let mut injected = Injected::default();
+        if self.metering.inject_usage && facts.stream && route.accepts_stream_options() {
+            if let Some((edited, added)) = inject_usage(&bytes, &facts) {
+                bytes = Bytes::from(edited);
+                injected = added;
+                if let Ok(length) = HeaderValue::try_from(bytes.len().to_string()) {
+                    parts.headers.insert(header::CONTENT_LENGTH, length);
+                }
+            }
+        }
+
+        let model = match facts.model.as_deref() {
+            Some(model) => self.models.label(model),
+            None => Arc::clone(&upstream.default_model),
+        };
+        let (source, tag) = match synthetic {
+            Some(s) => (Source::Synthetic, s.tag),
+            None => (Source::Production, None),
+        };
+        let mut meter = self.meter.begin(
+            RequestLabels {
+                route,
+                source,
+                model,
+                upstream: Arc::clone(&upstream.name),
+                tag,
+            },
+            head_in,
+        );
+        meter.timeline.body_read = Some(body_read);
+        meter.max_tokens = facts.max_tokens;
+        let metered = MeteredRequest {
+            meter,
+            route,
+            injected,
+        };
+        self.forward(
+            parts,
+            RequestBody::Full(Some(bytes)),
+            &upstream,
+            &upstream_path,
+            Some(metered),
+        )
+        .await
+    }
+
+    async fn forward(
+        &self,
+        mut parts: http::request::Parts,
+        body: RequestBody,
+        upstream: &Arc<Upstream>,
+        upstream_path: &str,
+        mut metered: Option<MeteredRequest>,
+    ) -> Response<ResponseBody> {
+        let path_and_query = match parts.uri.query() {
+            Some(query) => format!("{upstream_path}?{query}"),
+            None => upstream_path.to_string(),
+        };
+        parts.uri = match upstream.uri(&path_and_query) {
+            Ok(uri) => uri,
+            Err(error) => {
+                let error = ProxyError::BadUpstreamUri {
+                    upstream: Arc::clone(&upstream.name),
+                    cause: error.to_string(),
+                };
+                return fail(error, metered);
+            }
+        };
+        parts.version = if upstream.config.http2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        remove_hop_by_hop(&mut parts.headers);
+        // The client addressed tokentap; the upstream gets its own authority.
+        parts.headers.remove(header::HOST);
+        parts.extensions = http::Extensions::new();
+        let request = Request::from_parts(parts, body);
+
+        if let Some(m) = metered.as_mut() {
+            m.meter.timeline.upstream_sent = Some(Instant::now());
+        }
+        let call = upstream.client.request(request);
+        let timeout = upstream.config.response_timeout;
+        let result = if timeout.is_zero() {
+            Ok(call.await)
+        } else {
+            tokio::time::timeout(timeout, call).await
+        };
+        let response = match result {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
+                let error = ProxyError::Upstream {
+                    upstream: Arc::clone(&upstream.name),
+                    url: upstream.url(),
+                    cause: error_chain(&error),
+                };
+                tracing::warn!(upstream = %upstream.name, %error, "upstream request failed");
+                return fail(error, metered);
+            }
+            Err(_elapsed) => {
+                let error = ProxyError::Timeout {
+                    upstream: Arc::clone(&upstream.name),
+                    url: upstream.url(),
+                    after: timeout,
+                };
+                tracing::warn!(upstream = %upstream.name, %error, "upstream timed out");
+                return fail(error, metered);
+            }
+        };
+
+        let (mut parts, incoming) = response.into_parts();
+        remove_hop_by_hop(&mut parts.headers);
+        let metering = metered.map(|m| {
+            let MeteredRequest {
+                mut meter,
+                route,
+                injected,
+            } = m;
+            meter.timeline.response_head = Some(Instant::now());
+            meter.status = parts.status.as_u16();
+            let event_stream = is_event_stream(&parts.headers);
+            let metering = Metering::new(
+                meter,
+                MeteringOptions {
+                    route,
+                    event_stream,
+                    injected: if event_stream { injected } else { Injected::default() },
+                    max_event_bytes: self.metering.max_event_bytes,
+                    max_body_bytes: self.metering.max_parse_bytes,
+                },
+            );
+            if metering.rewrites() {
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
+            metering
+        });
+        Response::from_parts(parts, ResponseBody::Upstream(MeteredBody::new(incoming, metering)))
+    }
+}
+
+/// A metered request on its way to the upstream.
+struct MeteredRequest {
+    meter: RequestMeter,
+    route: Route,
+    injected: Injected,
+}
+
+fn fail(error: ProxyError, metered: Option<MeteredRequest>) -> Response<ResponseBody> {
+    if let Some(mut m) = metered {
+        m.meter.status = error.status().as_u16();
+        m.meter
+            .finish(error.outcome(), Default::default(), 0, false);
+    }
+    error.into_response()
+}

@@ -1,0 +1,126 @@
+//! Upstreams: their pooled keep-alive clients and how a request picks one.
+//!
+//! One hyper-util client per upstream (pooled HTTP/1.1 keep-alive, or HTTP/2), with rustls for
+//! https:// upstreams. Routing: a matching `path_prefix` wins (the prefix is stripped), then a
+//! `models` match on a metered request's JSON `model`, else the default upstream.
+
+use std::sync::Arc;
+
+use http::uri::{PathAndQuery, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::body::RequestBody;
+use crate::config::UpstreamConfig;
+use crate::net::tls::{client_config, TlsError};
+
+/// The pooled client type of every upstream.
+pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
+
+/// One upstream inference server.
+#[derive(Debug)]
+pub struct Upstream {
+    pub name: Arc<str>,
+    pub config: UpstreamConfig,
+    pub client: UpstreamClient,
+    /// The default model label (interned once).
+    pub default_model: Arc<str>,
+}
+
+impl Upstream {
+    pub fn new(config: UpstreamConfig) -> Result<Self, TlsError> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        if !config.connect_timeout.is_zero() {
+            http.set_connect_timeout(Some(config.connect_timeout));
+        }
+        let tls = client_config(
+            config.tls_ca.as_deref(),
+            config
+                .tls_client_cert
+                .as_deref()
+                .zip(config.tls_client_key.as_deref()),
+        )?;
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(config.pool_idle_timeout)
+            .pool_max_idle_per_host(config.pool_max_idle)
+            .http2_only(config.http2)
+            .build(connector);
+        Ok(Self {
+            name: Arc::from(config.name.as_str()),
+            default_model: Arc::from(config.default_model.as_str()),
+            config,
+            client,
+        })
+    }
+
+    /// The upstream URI for a request path and query (the upstream's base path is prepended).
+    pub fn uri(&self, path_and_query: &str) -> Result<Uri, http::Error> {
+        let base = &self.config.url;
+        let base_path = base.path().trim_end_matches('/');
+        let joined = format!("{base_path}{path_and_query}");
+        let mut parts = base.clone().into_parts();
+        parts.path_and_query = Some(PathAndQuery::try_from(joined)?);
+        Ok(Uri::from_parts(parts)?)
+    }
+
+    /// The upstream URL for messages (no credentials are ever part of it).
+    pub fn url(&self) -> String {
+        self.config.url.to_string()
+    }
+}
+
+/// Picks the upstream of a request.
+#[derive(Debug)]
+pub struct Router {
+    upstreams: Vec<Arc<Upstream>>,
+}
+
+impl Router {
+    /// `upstreams[0]` is the default.
+    pub fn new(upstreams: Vec<Arc<Upstream>>) -> Option<Self> {
+        (!upstreams.is_empty()).then_some(Self { upstreams })
+    }
+
+    pub fn default_upstream(&self) -> &Arc<Upstream> {
+        &self.upstreams[0]
+    }
+
+    pub fn all(&self) -> &[Arc<Upstream>] {
+        &self.upstreams
+    }
+
+    /// The upstream claiming `path` by prefix, with the path it should see.
+    pub fn by_path<'a>(&self, path: &'a str) -> Option<(&Arc<Upstream>, &'a str)> {
+        self.upstreams.iter().skip(1).find_map(|u| {
+            let prefix = u.config.path_prefix.as_deref()?;
+            let rest = path.strip_prefix(prefix)?;
+            if rest.is_empty() {
+                Some((u, "/"))
+            } else if rest.starts_with('/') {
+                Some((u, rest))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// The upstream claiming `model`.
+    pub fn by_model(&self, model: &str) -> Option<&Arc<Upstream>> {
+        self.upstreams
+            .iter()
+            .skip(1)
+            .find(|u| u.config.models.iter().any(|m| m == model))
+    }
+}

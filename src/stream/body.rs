@@ -1,0 +1,400 @@
+//! The metering body: wraps the upstream's response body, forwards every frame as it
+//! arrives, and measures it on the way.
+//!
+//! Shape (linkerd `record_response.rs`, tower-http `trace/body.rs`): poll the inner body,
+//! look at the frame, hand the same `Bytes` on. Frames are never collected. When usage was
+//! injected the client-facing bytes are edited (see [`super::rewrite`]) with `Bytes::slice`,
+//! holding back only the unfinished tail of an event that straddles frames.
+//!
+//! End of stream arrives four ways — `None`, trailers, an error, `is_end_stream()` after a
+//! data frame — and a client hang-up only as `Drop`; the record is published exactly once
+//! whichever comes first.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tokio::time::Instant;
+
+use crate::meter::record::Outcome;
+use crate::meter::RequestMeter;
+
+use super::classify::{EventClassifier, Route};
+use super::rewrite::{edit_for_block, Edit, Injected};
+use super::sse::SseScanner;
+
+/// How the response body is read.
+#[derive(Debug)]
+enum Mode {
+    /// `text/event-stream`: scanned event by event.
+    Sse(SseScanner),
+    /// Any other body on a metered route: copied up to `limit` bytes and parsed at the end
+    /// (non-streamed completions and JSON errors).
+    Json { buffer: Vec<u8>, limit: usize, overflowed: bool },
+}
+
+/// Client-facing edits for an injected stream.
+#[derive(Debug)]
+struct Rewriter {
+    injected: Injected,
+    /// Bytes of an unfinished event, not yet forwarded.
+    held: Vec<u8>,
+    /// The current event outgrew the limit: forward the rest of it untouched.
+    passthrough: bool,
+    limit: usize,
+}
+
+/// Per-request metering state carried by the body.
+pub struct Metering {
+    meter: RequestMeter,
+    classifier: EventClassifier,
+    mode: Mode,
+    rewriter: Option<Rewriter>,
+    /// Frames (pieces of upstream frames) ready to forward.
+    queue: VecDeque<Bytes>,
+}
+
+impl std::fmt::Debug for Metering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metering")
+            .field("meter", &self.meter)
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options for one metered response.
+#[derive(Debug, Clone, Copy)]
+pub struct MeteringOptions {
+    pub route: Route,
+    /// The response is `text/event-stream`.
+    pub event_stream: bool,
+    /// What was injected into the request (nothing: no rewriting).
+    pub injected: Injected,
+    /// Largest single event kept for measurement (and held for rewriting).
+    pub max_event_bytes: usize,
+    /// Largest non-streamed body copied for parsing usage.
+    pub max_body_bytes: usize,
+}
+
+impl Metering {
+    pub fn new(meter: RequestMeter, options: MeteringOptions) -> Box<Self> {
+        let mode = if options.event_stream {
+            Mode::Sse(SseScanner::new(options.max_event_bytes))
+        } else {
+            Mode::Json {
+                buffer: Vec::new(),
+                limit: options.max_body_bytes,
+                overflowed: false,
+            }
+        };
+        let rewriter = (options.event_stream && options.injected.any()).then(|| Rewriter {
+            injected: options.injected,
+            held: Vec::new(),
+            passthrough: false,
+            limit: options.max_event_bytes,
+        });
+        let mut meter = meter;
+        meter.streaming = options.event_stream;
+        Box::new(Self {
+            meter,
+            classifier: EventClassifier::new(options.route),
+            mode,
+            rewriter,
+            queue: VecDeque::with_capacity(4),
+        })
+    }
+
+    /// True when the forwarded bytes differ from the upstream's (size hints are then unknown).
+    pub fn rewrites(&self) -> bool {
+        self.rewriter.is_some()
+    }
+
+    /// Measures one data frame that arrived at `now` and queues what the client gets.
+    /// Returns the frame itself when it is forwarded unchanged.
+    fn on_data(&mut self, data: Bytes, now: Instant) -> Option<Bytes> {
+        let Self {
+            meter,
+            classifier,
+            mode,
+            rewriter,
+            queue,
+        } = self;
+        match mode {
+            Mode::Json {
+                buffer,
+                limit,
+                overflowed,
+            } => {
+                if buffer.len() + data.len() <= *limit {
+                    buffer.extend_from_slice(&data);
+                } else {
+                    *overflowed = true;
+                }
+                Some(data)
+            }
+            Mode::Sse(scanner) => {
+                let mut cursor = 0usize; // bytes before this are decided
+                let mut last_end = 0usize;
+                scanner.feed(&data, |block| {
+                    if let Some(payload) = block.event.data {
+                        let facts = classifier.observe(block.event.name, payload);
+                        if facts.output {
+                            meter.token_event(now, facts.tokens);
+                        } else if facts.tokens > 0 {
+                            meter.silent_tokens(facts.tokens);
+                        }
+                    }
+                    let Some(rewriter) = rewriter.as_mut() else {
+                        return;
+                    };
+                    let end = block.end_in_chunk;
+                    last_end = end;
+                    match block.start_in_chunk {
+                        Some(start) => {
+                            let raw = data.get(start..end).unwrap_or_default();
+                            match edit_for_block(raw, rewriter.injected) {
+                                Edit::Keep => {}
+                                Edit::Drop => {
+                                    push_slice(queue, &data, cursor, start);
+                                    cursor = end;
+                                }
+                                Edit::Remove { start: a, end: b } => {
+                                    push_slice(queue, &data, cursor, start + a);
+                                    cursor = start + b;
+                                }
+                                Edit::ReplaceWithNull { start: a, end: b } => {
+                                    push_slice(queue, &data, cursor, start + a);
+                                    queue.push_back(Bytes::from_static(b"null"));
+                                    cursor = start + b;
+                                }
+                            }
+                        }
+                        None if rewriter.passthrough => {
+                            push_slice(queue, &data, cursor, end);
+                            cursor = end;
+                            rewriter.passthrough = false;
+                        }
+                        None => {
+                            // The rare event that straddled frames: edit a copy.
+                            rewriter
+                                .held
+                                .extend_from_slice(data.get(..end).unwrap_or_default());
+                            let edit = edit_for_block(&rewriter.held, rewriter.injected);
+                            let edited = super::rewrite::apply(&rewriter.held, edit);
+                            if !edited.is_empty() {
+                                queue.push_back(Bytes::from(edited));
+                            }
+                            rewriter.held.clear();
+                            cursor = end;
+                        }
+                    }
+                });
+                let Some(rewriter) = rewriter.as_mut() else {
+                    return Some(data);
+                };
+                // Complete events not yet forwarded, then the unfinished tail.
+                let complete_end = last_end.max(cursor);
+                if cursor == 0 && complete_end == data.len() && queue.is_empty() {
+                    return Some(data); // nothing edited in this frame
+                }
+                push_slice(queue, &data, cursor, complete_end);
+                if complete_end < data.len() {
+                    let tail = data.get(complete_end..).unwrap_or_default();
+                    if rewriter.passthrough {
+                        push_slice(queue, &data, complete_end, data.len());
+                    } else if rewriter.held.len() + tail.len() > rewriter.limit {
+                        // Too big to hold: forward what we held and the rest of this event as is.
+                        let held = std::mem::take(&mut rewriter.held);
+                        if !held.is_empty() {
+                            queue.push_back(Bytes::from(held));
+                        }
+                        push_slice(queue, &data, complete_end, data.len());
+                        rewriter.passthrough = true;
+                    } else {
+                        rewriter.held.extend_from_slice(tail);
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Publishes the record for a stream that ended normally (`None` or trailers).
+    fn on_end(&mut self) {
+        if let Mode::Json {
+            buffer, overflowed, ..
+        } = &self.mode
+        {
+            if !overflowed {
+                self.classifier.observe_body(buffer);
+            }
+        }
+        let outcome = if self.meter.status >= 400 || self.classifier.error_seen() {
+            Outcome::UpstreamError
+        } else if matches!(self.mode, Mode::Sse(_)) && !self.classifier.terminal_seen() {
+            // The stream closed cleanly but without its end marker (`[DONE]`, `message_stop`,
+            // `response.completed`): the upstream gave up mid-response.
+            Outcome::UpstreamAborted
+        } else {
+            Outcome::Ok
+        };
+        self.finish(outcome);
+        if let Some(rewriter) = &mut self.rewriter {
+            let held = std::mem::take(&mut rewriter.held);
+            if !held.is_empty() {
+                self.queue.push_back(Bytes::from(held));
+            }
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        let classifier = &self.classifier;
+        self.meter.finish(
+            outcome,
+            classifier.usage(),
+            classifier.completion_tokens(),
+            classifier.completion_exact(),
+        );
+    }
+
+    fn is_finished(&self) -> bool {
+        self.meter.is_finished()
+    }
+}
+
+impl Drop for Metering {
+    fn drop(&mut self) {
+        // Dropped before the end: the client hung up (hyper drops the body).
+        self.finish(Outcome::ClientAborted);
+    }
+}
+
+fn push_slice(queue: &mut VecDeque<Bytes>, data: &Bytes, from: usize, to: usize) {
+    if from < to && to <= data.len() {
+        queue.push_back(data.slice(from..to));
+    }
+}
+
+pin_project! {
+    /// A response body measured as it passes. Without metering it is a transparent wrapper.
+    pub struct MeteredBody<B: Body> {
+        #[pin]
+        inner: B,
+        metering: Option<Box<Metering>>,
+        // An upstream error to hand on once held bytes are forwarded.
+        pending_error: Option<B::Error>,
+        // Trailers to hand on once held bytes are forwarded.
+        pending_trailers: Option<http::HeaderMap>,
+        inner_done: bool,
+    }
+}
+
+impl<B: Body> MeteredBody<B> {
+    pub fn new(inner: B, metering: Option<Box<Metering>>) -> Self {
+        Self {
+            inner,
+            metering,
+            pending_error: None,
+            pending_trailers: None,
+            inner_done: false,
+        }
+    }
+}
+
+impl<B> Body for MeteredBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        loop {
+            if let Some(metering) = this.metering.as_mut() {
+                if let Some(piece) = metering.queue.pop_front() {
+                    return Poll::Ready(Some(Ok(Frame::data(piece))));
+                }
+            }
+            if *this.inner_done {
+                if let Some(error) = this.pending_error.take() {
+                    return Poll::Ready(Some(Err(error)));
+                }
+                if let Some(trailers) = this.pending_trailers.take() {
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+                }
+                return Poll::Ready(None);
+            }
+            let Some(metering) = this.metering.as_mut() else {
+                return this.inner.as_mut().poll_frame(cx);
+            };
+            match ready!(this.inner.as_mut().poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let arrived = Instant::now();
+                        let forward = metering.on_data(data, arrived);
+                        if this.inner.is_end_stream() {
+                            metering.on_end();
+                            *this.inner_done = true;
+                        }
+                        metering.meter.timeline.frame(arrived, Instant::now());
+                        if let Some(data) = forward {
+                            return Poll::Ready(Some(Ok(Frame::data(data))));
+                        }
+                    }
+                    Err(frame) => {
+                        metering.on_end();
+                        *this.inner_done = true;
+                        if let Ok(trailers) = frame.into_trailers() {
+                            *this.pending_trailers = Some(trailers);
+                        }
+                    }
+                },
+                Some(Err(error)) => {
+                    if !metering.is_finished() {
+                        metering.finish(Outcome::UpstreamAborted);
+                    }
+                    if let Some(rewriter) = &mut metering.rewriter {
+                        let held = std::mem::take(&mut rewriter.held);
+                        if !held.is_empty() {
+                            metering.queue.push_back(Bytes::from(held));
+                        }
+                    }
+                    *this.pending_error = Some(error);
+                    *this.inner_done = true;
+                }
+                None => {
+                    metering.on_end();
+                    *this.inner_done = true;
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.metering {
+            None => self.inner.is_end_stream(),
+            Some(metering) => {
+                metering.queue.is_empty()
+                    && self.pending_error.is_none()
+                    && self.pending_trailers.is_none()
+                    && (self.inner_done || self.inner.is_end_stream())
+                    && metering.rewriter.as_ref().is_none_or(|r| r.held.is_empty())
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.metering {
+            Some(metering) if metering.rewrites() => SizeHint::default(),
+            _ => self.inner.size_hint(),
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! Prometheus exposition through `metrics-exporter-prometheus`.
+//!
+//! Each proxy instance owns its own recorder (not the process-global one), so several
+//! instances — tests, the demo — can live in one process. Metric handles are resolved once per
+//! label set and cached; a finished request costs a few hash lookups and atomic updates, and
+//! its per-request histograms are flushed bucket by bucket (`record_many`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, Unit};
+use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+
+use crate::meter::buckets::Ladder;
+use crate::meter::record::{Outcome, RequestRecord, Source};
+use crate::meter::timeline::LocalHistogram;
+use crate::meter::{RecordSink, RequestLabels};
+use crate::stream::classify::Route;
+
+use super::names::*;
+
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// (model, upstream, route, source, context bucket, concurrency bucket).
+type CellKey = (Arc<str>, Arc<str>, Route, Source, usize, usize);
+/// (model, upstream, route, source).
+type BaseKey = (Arc<str>, Arc<str>, Route, Source);
+
+struct CellHandles {
+    ttft: Histogram,
+    tbt: Histogram,
+    itl: Histogram,
+    duration: Histogram,
+    prefill: Histogram,
+    per_request: Histogram,
+    prompt: Histogram,
+    completion: Histogram,
+    tokens_per_event: Histogram,
+    prompt_tokens: Counter,
+    cached_tokens: Counter,
+    completion_tokens: Counter,
+    decode_seconds: Histogram,
+    average_active: Histogram,
+    outcomes: [Counter; Outcome::ALL.len()],
+}
+
+struct BaseHandles {
+    inflight: Gauge,
+    overhead_request: Histogram,
+    overhead_frame: Histogram,
+}
+
+/// The Prometheus sink and renderer of one proxy instance.
+pub struct PrometheusMetrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    contexts: Ladder,
+    concurrency: Ladder,
+    cells: Mutex<HashMap<CellKey, Arc<CellHandles>>>,
+    bases: Mutex<HashMap<BaseKey, Arc<BaseHandles>>>,
+}
+
+impl std::fmt::Debug for PrometheusMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PrometheusMetrics")
+    }
+}
+
+impl PrometheusMetrics {
+    pub fn new(contexts: Ladder, concurrency: Ladder) -> Result<Arc<Self>, BuildError> {
+        let mut builder = PrometheusBuilder::new();
+        for (name, buckets) in HISTOGRAM_BUCKETS {
+            builder = builder.set_buckets_for_metric(Matcher::Full((*name).to_string()), buckets)?;
+        }
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        for (name, help) in DESCRIPTIONS {
+            let unit = if name.ends_with("_seconds") {
+                Some(Unit::Seconds)
+            } else {
+                None
+            };
+            recorder.describe_histogram((*name).into(), unit, (*help).into());
+            recorder.describe_counter((*name).into(), unit, (*help).into());
+            recorder.describe_gauge((*name).into(), unit, (*help).into());
+        }
+        Ok(Arc::new(Self {
+            recorder,
+            handle,
+            contexts,
+            concurrency,
+            cells: Mutex::new(HashMap::new()),
+            bases: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// The text exposition, for `/metrics`.
+    pub fn render(&self) -> String {
+        let mut out = Vec::with_capacity(64 * 1024);
+        if self.handle.render_to_write(&mut out).is_err() {
+            return String::new();
+        }
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Drains histogram samples into buckets; run it periodically so memory stays flat when
+    /// nobody scrapes.
+    pub fn upkeep(&self) {
+        self.handle.run_upkeep();
+    }
+
+    /// Spawns the periodic upkeep task; it ends when the last reference to `self` is dropped.
+    pub fn spawn_upkeep(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                match weak.upgrade() {
+                    Some(metrics) => metrics.upkeep(),
+                    None => return,
+                }
+            }
+        });
+    }
+
+    fn base_labels(&self, model: &Arc<str>, upstream: &Arc<str>, route: Route, source: Source) -> Vec<Label> {
+        vec![
+            Label::new("model", model.to_string()),
+            Label::new("upstream", upstream.to_string()),
+            Label::new("route", route.label()),
+            Label::new("source", source.label()),
+        ]
+    }
+
+    fn base(&self, key: BaseKey) -> Arc<BaseHandles> {
+        let mut bases = self.bases.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(handles) = bases.get(&key) {
+            return Arc::clone(handles);
+        }
+        let labels = self.base_labels(&key.0, &key.1, key.2, key.3);
+        let with = |name: &'static str, extra: Option<Label>| {
+            let mut labels = labels.clone();
+            labels.extend(extra);
+            Key::from_parts(name, labels)
+        };
+        let handles = Arc::new(BaseHandles {
+            inflight: self.recorder.register_gauge(&with(INFLIGHT_REQUESTS, None), &METADATA),
+            overhead_request: self
+                .recorder
+                .register_histogram(&with(PROXY_OVERHEAD, Some(Label::new("phase", "request"))), &METADATA),
+            overhead_frame: self
+                .recorder
+                .register_histogram(&with(PROXY_OVERHEAD, Some(Label::new("phase", "frame"))), &METADATA),
+        });
+        bases.insert(key, Arc::clone(&handles));
+        handles
+    }
+
+    fn cell(&self, key: CellKey) -> Arc<CellHandles> {
+        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(handles) = cells.get(&key) {
+            return Arc::clone(handles);
+        }
+        let mut labels = self.base_labels(&key.0, &key.1, key.2, key.3);
+        labels.push(Label::new("context_bucket", self.contexts.label(key.4).to_string()));
+        labels.push(Label::new("concurrency_bucket", self.concurrency.label(key.5).to_string()));
+        let key_of = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
+            let mut labels = labels.clone();
+            if let Some((k, v)) = extra {
+                labels.push(Label::new(k, v));
+            }
+            Key::from_parts(name, labels)
+        };
+        let r = &self.recorder;
+        let histogram = |name| r.register_histogram(&key_of(name, None), &METADATA);
+        let counter = |name, extra| r.register_counter(&key_of(name, extra), &METADATA);
+        let handles = Arc::new(CellHandles {
+            ttft: histogram(TIME_TO_FIRST_TOKEN),
+            tbt: histogram(TIME_BETWEEN_TOKENS),
+            itl: histogram(INTER_TOKEN_LATENCY),
+            duration: histogram(REQUEST_DURATION),
+            prefill: histogram(PREFILL_TOKENS_PER_SECOND),
+            per_request: histogram(PER_REQUEST_TOKENS_PER_SECOND),
+            prompt: histogram(PROMPT_TOKENS),
+            completion: histogram(COMPLETION_TOKENS),
+            tokens_per_event: histogram(TOKENS_PER_EVENT),
+            prompt_tokens: counter(TOKENS_TOTAL, Some(("type", "prompt"))),
+            cached_tokens: counter(TOKENS_TOTAL, Some(("type", "cached"))),
+            completion_tokens: counter(TOKENS_TOTAL, Some(("type", "completion"))),
+            decode_seconds: histogram(DECODE_SECONDS),
+            average_active: histogram(AVERAGE_ACTIVE_REQUESTS),
+            outcomes: Outcome::ALL.map(|o| counter(REQUESTS_TOTAL, Some(("outcome", o.label())))),
+        });
+        cells.insert(key, Arc::clone(&handles));
+        handles
+    }
+}
+
+fn flush(histogram: &Histogram, local: &LocalHistogram) {
+    for (mean, count) in local.buckets() {
+        histogram.record_many(mean, usize::try_from(count).unwrap_or(usize::MAX));
+    }
+}
+
+impl RecordSink for PrometheusMetrics {
+    fn started(&self, labels: &RequestLabels) {
+        let key = (Arc::clone(&labels.model), Arc::clone(&labels.upstream), labels.route, labels.source);
+        self.base(key).inflight.increment(1.0);
+    }
+
+    fn record(&self, r: &Arc<RequestRecord>) {
+        let base = self.base((Arc::clone(&r.model), Arc::clone(&r.upstream), r.route, r.source));
+        base.inflight.decrement(1.0);
+        if let Some(overhead) = r.request_overhead {
+            base.overhead_request.record(overhead.as_secs_f64());
+        }
+        flush(&base.overhead_frame, &r.frame_overhead);
+
+        let cell = self.cell((
+            Arc::clone(&r.model),
+            Arc::clone(&r.upstream),
+            r.route,
+            r.source,
+            r.context_bucket,
+            r.concurrency_bucket,
+        ));
+        if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
+            if let Some(counter) = cell.outcomes.get(i) {
+                counter.increment(1);
+            }
+        }
+        cell.duration.record(r.duration.as_secs_f64());
+        if let Some(ttft) = r.time_to_first_token {
+            cell.ttft.record(ttft.as_secs_f64());
+        }
+        if let Some(tbt) = r.time_between_tokens {
+            cell.tbt.record(tbt.as_secs_f64());
+        }
+        if let Some(rate) = r.per_request_tokens_per_second {
+            cell.per_request.record(rate);
+        }
+        if let Some(rate) = r.prefill_tokens_per_second {
+            cell.prefill.record(rate);
+        }
+        if let Some(prompt) = r.prompt_tokens {
+            cell.prompt.record(prompt as f64);
+            cell.prompt_tokens.increment(prompt);
+        }
+        if let Some(cached) = r.cached_tokens {
+            cell.cached_tokens.increment(cached);
+        }
+        cell.completion.record(r.completion_tokens as f64);
+        if let Some(per_event) = r.tokens_per_event() {
+            cell.tokens_per_event.record(per_event);
+        }
+        flush(&cell.itl, &r.itl);
+        if r.decode_time.is_some() {
+            cell.average_active.record(r.average_active_requests);
+        }
+        // Completion tokens and decode seconds by the concurrency in force when they were
+        // emitted: the production matrix's cells, summable across replicas.
+        for (bucket, (&tokens, &seconds)) in r.split.tokens.iter().zip(r.split.seconds.iter()).enumerate() {
+            if tokens == 0 && seconds == 0.0 {
+                continue;
+            }
+            let split = if bucket == r.concurrency_bucket {
+                Arc::clone(&cell)
+            } else {
+                self.cell((
+                    Arc::clone(&r.model),
+                    Arc::clone(&r.upstream),
+                    r.route,
+                    r.source,
+                    r.context_bucket,
+                    bucket,
+                ))
+            };
+            split.completion_tokens.increment(tokens);
+            split.decode_seconds.record(seconds);
+        }
+    }
+}
