@@ -195,6 +195,7 @@ impl ProxyServer {
         self.admin_trigger.trigger();
         let _ = self.admin_task.await;
     }
+}
 
 /// Builds the data path from configuration.
 pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
