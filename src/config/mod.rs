@@ -119,7 +119,10 @@ impl ConfigLoader {
     /// Applies `TOKENTAP_<SECTION>__<KEY>=value` overrides from `vars` (pass
     /// `std::env::vars()`). The value is read as a TOML value when it parses as one (numbers,
     /// booleans, arrays), else as a string. `TOKENTAP_CONFIG` and `TOKENTAP_LOG` are not keys.
-    pub fn env(mut self, vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+    pub fn env(
+        mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
         for (var, value) in vars {
             let Some(rest) = var.strip_prefix("TOKENTAP_") else {
                 continue;
@@ -130,13 +133,16 @@ impl ConfigLoader {
             let Some((section, key)) = rest.split_once("__") else {
                 return Err(ConfigError::Env {
                     var,
-                    message: "expected TOKENTAP_<SECTION>__<KEY>, e.g. TOKENTAP_PROXY__LISTEN".into(),
+                    message: "expected TOKENTAP_<SECTION>__<KEY>, e.g. TOKENTAP_PROXY__LISTEN"
+                        .into(),
                 });
             };
             if section.is_empty() || key.is_empty() || key.contains("__") {
                 return Err(ConfigError::Env {
                     var,
-                    message: "expected exactly one section and one key, e.g. TOKENTAP_UPSTREAM__URL".into(),
+                    message:
+                        "expected exactly one section and one key, e.g. TOKENTAP_UPSTREAM__URL"
+                            .into(),
                 });
             }
             let section = section.to_ascii_lowercase();
@@ -207,7 +213,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "s" => number,
         "m" => number * 60.0,
         "h" => number * 3600.0,
-        other => return Err(format!("unknown unit `{other}` in `{text}`: use ms, s, m or h")),
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{text}`: use ms, s, m or h"
+            ))
+        }
     };
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is out of range"))
 }
@@ -318,7 +328,10 @@ impl Config {
         let duration = |key: &str, value: &str| parse_duration(value).map_err(|m| err(key, m));
         let addr = |key: &str, value: &str| {
             value.parse::<SocketAddr>().map_err(|e| {
-                err(key, format!("`{value}` is not an address like 127.0.0.1:8000: {e}"))
+                err(
+                    key,
+                    format!("`{value}` is not an address like 127.0.0.1:8000: {e}"),
+                )
             })
         };
         let nonzero = |key: &str, value: u64| {
@@ -339,22 +352,38 @@ impl Config {
             (None, None) => {
                 return Err(err("tls.client_ca", "needs tls.cert and tls.key".into()));
             }
-            (Some(_), None) => return Err(err("tls.key", "tls.cert is set, tls.key is missing".into())),
-            (None, Some(_)) => return Err(err("tls.cert", "tls.key is set, tls.cert is missing".into())),
+            (Some(_), None) => {
+                return Err(err("tls.key", "tls.cert is set, tls.key is missing".into()))
+            }
+            (None, Some(_)) => {
+                return Err(err(
+                    "tls.cert",
+                    "tls.key is set, tls.cert is missing".into(),
+                ))
+            }
         };
         let proxy = ProxyConfig {
             listen: addr("proxy.listen", &raw.proxy.listen)?,
             shutdown_grace: duration("proxy.shutdown_grace", &raw.proxy.shutdown_grace)?,
-            header_read_timeout: duration("proxy.header_read_timeout", &raw.proxy.header_read_timeout)?,
+            header_read_timeout: duration(
+                "proxy.header_read_timeout",
+                &raw.proxy.header_read_timeout,
+            )?,
             max_header_bytes: nonzero("proxy.max_header_bytes", raw.proxy.max_header_bytes)?,
             http2: raw.proxy.http2,
             tls,
         };
         if proxy.header_read_timeout.is_zero() {
-            return Err(err("proxy.header_read_timeout", "must be greater than zero".into()));
+            return Err(err(
+                "proxy.header_read_timeout",
+                "must be greater than zero".into(),
+            ));
         }
         if proxy.max_header_bytes < 8192 {
-            return Err(err("proxy.max_header_bytes", "must be at least 8192 (hyper's minimum)".into()));
+            return Err(err(
+                "proxy.max_header_bytes",
+                "must be at least 8192 (hyper's minimum)".into(),
+            ));
         }
 
         let mut upstreams = vec![upstream("upstream", &raw.upstream, origins, true)?];
@@ -368,7 +397,10 @@ impl Config {
                 ));
             }
             if upstreams.iter().any(|u| u.name == parsed.name) {
-                return Err(err(&format!("{prefix}.name"), format!("`{}` is used twice", parsed.name)));
+                return Err(err(
+                    &format!("{prefix}.name"),
+                    format!("`{}` is used twice", parsed.name),
+                ));
             }
             upstreams.push(parsed);
         }
@@ -410,12 +442,19 @@ impl Config {
         };
 
         let store = StoreConfig {
-            data_dir: raw.store.data_dir.filter(|d| !d.is_empty()).map(PathBuf::from),
+            data_dir: raw
+                .store
+                .data_dir
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from),
             snapshot_interval: duration("store.snapshot_interval", &raw.store.snapshot_interval)?,
             retention: duration("store.retention", &raw.store.retention)?,
         };
         if store.snapshot_interval.is_zero() {
-            return Err(err("store.snapshot_interval", "must be greater than zero".into()));
+            return Err(err(
+                "store.snapshot_interval",
+                "must be greater than zero".into(),
+            ));
         }
 
         let sweep = SweepConfig {
@@ -425,7 +464,10 @@ impl Config {
             kv_budget_tokens: raw.sweep.kv_budget_tokens,
         };
         if sweep.cell_duration.is_zero() {
-            return Err(err("sweep.cell_duration", "must be greater than zero".into()));
+            return Err(err(
+                "sweep.cell_duration",
+                "must be greater than zero".into(),
+            ));
         }
         if sweep.max_output == 0 {
             return Err(err("sweep.max_output", "must be greater than zero".into()));
@@ -478,7 +520,12 @@ fn upstream(
     let path_prefix = match raw.path_prefix.as_deref() {
         None | Some("") => None,
         Some(p) if p.starts_with('/') && !p.ends_with('/') => Some(p.to_string()),
-        Some(p) => return Err(err("path_prefix", format!("`{p}` must start with / and not end with /"))),
+        Some(p) => {
+            return Err(err(
+                "path_prefix",
+                format!("`{p}` must start with / and not end with /"),
+            ))
+        }
     };
     let tls_client = match (&raw.tls_client_cert, &raw.tls_client_key) {
         (Some(c), Some(k)) => (Some(PathBuf::from(c)), Some(PathBuf::from(k))),
@@ -505,7 +552,8 @@ fn upstream(
         connect_timeout: duration("connect_timeout", &raw.connect_timeout)?,
         response_timeout: duration("response_timeout", &raw.response_timeout)?,
         pool_idle_timeout: duration("pool_idle_timeout", &raw.pool_idle_timeout)?,
-        pool_max_idle: usize::try_from(raw.pool_max_idle).map_err(|_| err("pool_max_idle", "too large".into()))?,
+        pool_max_idle: usize::try_from(raw.pool_max_idle)
+            .map_err(|_| err("pool_max_idle", "too large".into()))?,
         http2: raw.http2,
         tls_ca: raw.tls_ca.as_ref().map(PathBuf::from),
         tls_client_cert: tls_client.0,
@@ -520,7 +568,11 @@ mod tests {
     #[test]
     fn the_documented_example_parses_and_matches_the_defaults() {
         let text = include_str!("../../config/tokentap.toml");
-        let from_file = ConfigLoader::new().text(text, "config/tokentap.toml").unwrap().load().unwrap();
+        let from_file = ConfigLoader::new()
+            .text(text, "config/tokentap.toml")
+            .unwrap()
+            .load()
+            .unwrap();
         let defaults = Config::defaults().unwrap();
         assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
     }
@@ -549,10 +601,22 @@ mod tests {
         let cases = [
             ("TOKENTAP_PROXY__LISTEN", "nowhere", "proxy.listen"),
             ("TOKENTAP_UPSTREAM__URL", "ftp://x", "upstream.url"),
-            ("TOKENTAP_PROXY__SHUTDOWN_GRACE", "10 parsecs", "proxy.shutdown_grace"),
-            ("TOKENTAP_METERING__CONTEXT_BUCKETS", "[16, 8]", "metering.context_buckets"),
+            (
+                "TOKENTAP_PROXY__SHUTDOWN_GRACE",
+                "10 parsecs",
+                "proxy.shutdown_grace",
+            ),
+            (
+                "TOKENTAP_METERING__CONTEXT_BUCKETS",
+                "[16, 8]",
+                "metering.context_buckets",
+            ),
             ("TOKENTAP_ADMIN__LISTEN", "0.0.0.0:9464", "admin.token"),
-            ("TOKENTAP_METERING__MAX_EVENT_BYTES", "\"lots\"", "metering.max_event_bytes"),
+            (
+                "TOKENTAP_METERING__MAX_EVENT_BYTES",
+                "\"lots\"",
+                "metering.max_event_bytes",
+            ),
         ];
         for (var, value, key) in cases {
             let error = ConfigLoader::new()
@@ -576,11 +640,22 @@ mod tests {
     #[test]
     fn layers_override_in_order() {
         let config = ConfigLoader::new()
-            .text("[upstream]\nurl = \"http://10.0.0.1:1\"\n[proxy]\nlisten = \"127.0.0.1:1\"\n", "f")
+            .text(
+                "[upstream]\nurl = \"http://10.0.0.1:1\"\n[proxy]\nlisten = \"127.0.0.1:1\"\n",
+                "f",
+            )
             .unwrap()
-            .env([("TOKENTAP_PROXY__LISTEN".to_string(), "127.0.0.1:2".to_string())])
+            .env([(
+                "TOKENTAP_PROXY__LISTEN".to_string(),
+                "127.0.0.1:2".to_string(),
+            )])
             .unwrap()
-            .flag("upstream", "url", toml::Value::String("http://10.0.0.3:3".into()), "--upstream")
+            .flag(
+                "upstream",
+                "url",
+                toml::Value::String("http://10.0.0.3:3".into()),
+                "--upstream",
+            )
             .load()
             .unwrap();
         assert_eq!(config.proxy.listen.port(), 2);

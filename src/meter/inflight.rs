@@ -90,14 +90,18 @@ impl InflightTracker {
         let area = f64::from_bits(self.area_bits.load(Ordering::Relaxed));
         let elapsed = now_ns.saturating_sub(since) as f64 / 1e9;
         let sequence = self.sequence.load(Ordering::Relaxed);
-        self.sequence.store(sequence.wrapping_add(1), Ordering::Relaxed);
+        self.sequence
+            .store(sequence.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
-        self.area_bits
-            .store((area + f64::from(count) * elapsed).to_bits(), Ordering::Relaxed);
+        self.area_bits.store(
+            (area + f64::from(count) * elapsed).to_bits(),
+            Ordering::Relaxed,
+        );
         self.since_ns.store(since.max(now_ns), Ordering::Relaxed);
         self.count
             .store(count.saturating_add_signed(delta), Ordering::Relaxed);
-        self.sequence.store(sequence.wrapping_add(2), Ordering::Release);
+        self.sequence
+            .store(sequence.wrapping_add(2), Ordering::Release);
     }
 
     /// Counts a request in; it is counted out when the guard drops.
@@ -127,10 +131,13 @@ impl Drop for InflightGuard {
     }
 }
 
+/// (upstream, model).
+type TrackerKey = (Arc<str>, Arc<str>);
+
 /// All trackers, keyed by (upstream, model). Looked up once per request.
 #[derive(Debug, Default)]
 pub struct InflightRegistry {
-    trackers: Mutex<HashMap<(Arc<str>, Arc<str>), Arc<InflightTracker>>>,
+    trackers: Mutex<HashMap<TrackerKey, Arc<InflightTracker>>>,
 }
 
 impl InflightRegistry {

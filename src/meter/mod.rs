@@ -113,7 +113,12 @@ impl Meter {
         if let Some(c) = self.inflight_by_source.get(labels.source.index()) {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        for sink in self.sinks.read().unwrap_or_else(PoisonError::into_inner).iter() {
+        for sink in self
+            .sinks
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
             sink.started(&labels);
         }
         RequestMeter {
@@ -232,7 +237,11 @@ impl RequestMeter {
             _ => f64::from(self.inflight_at_head),
         };
         drop(guard);
-        if let Some(c) = self.meter.inflight_by_source.get(self.labels.source.index()) {
+        if let Some(c) = self
+            .meter
+            .inflight_by_source
+            .get(self.labels.source.index())
+        {
             c.fetch_sub(1, Ordering::Relaxed);
         }
         let mut split = timeline.split;
@@ -271,8 +280,12 @@ impl RequestMeter {
             per_request_tokens_per_second: tbt.map(|t| 1.0 / t.as_secs_f64()),
             prefill_tokens_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, ttft),
             average_active_requests,
-            context_bucket: meter.contexts.context_bucket(usage.prompt_tokens.unwrap_or(0)),
-            concurrency_bucket: meter.concurrency.concurrency_bucket(average_active_requests),
+            context_bucket: meter
+                .contexts
+                .context_bucket(usage.prompt_tokens.unwrap_or(0)),
+            concurrency_bucket: meter
+                .concurrency
+                .concurrency_bucket(average_active_requests),
             itl: timeline.itl.clone(),
             split,
             request_overhead,

@@ -135,7 +135,11 @@ pub fn time_between_tokens(decode: Option<Duration>, completion_tokens: u64) -> 
 }
 
 /// Prefill tok/s = (prompt − cached) / TTFT.
-pub fn prefill_rate(prompt: Option<u64>, cached: Option<u64>, ttft: Option<Duration>) -> Option<f64> {
+pub fn prefill_rate(
+    prompt: Option<u64>,
+    cached: Option<u64>,
+    ttft: Option<Duration>,
+) -> Option<f64> {
     let prompt = prompt?;
     let ttft = ttft?.as_secs_f64();
     let uncached = prompt.saturating_sub(cached.unwrap_or(0));
@@ -154,6 +158,9 @@ mod tests {
         assert_eq!(time_between_tokens(Some(Duration::ZERO), 5), None);
         let rate = prefill_rate(Some(8192), Some(192), Some(Duration::from_millis(500))).unwrap();
         assert!((rate - 16_000.0).abs() < 1e-6);
-        assert_eq!(prefill_rate(Some(10), Some(10), Some(Duration::from_secs(1))), None);
+        assert_eq!(
+            prefill_rate(Some(10), Some(10), Some(Duration::from_secs(1))),
+            None
+        );
     }
 }

@@ -139,7 +139,11 @@ pub struct Timeline {
 }
 
 impl Timeline {
-    pub fn new(head_in: Instant, itl_bounds: &'static [f64], overhead_bounds: &'static [f64]) -> Self {
+    pub fn new(
+        head_in: Instant,
+        itl_bounds: &'static [f64],
+        overhead_bounds: &'static [f64],
+    ) -> Self {
         Self {
             head_in,
             body_read: None,
@@ -163,7 +167,14 @@ impl Timeline {
 
     /// Records an event carrying `tokens` tokens at `now`, with the in-flight count, its
     /// concurrency bucket and the in-flight integral read at that moment.
-    pub fn token_event(&mut self, now: Instant, tokens: u64, inflight: u32, bucket: usize, area: f64) {
+    pub fn token_event(
+        &mut self,
+        now: Instant,
+        tokens: u64,
+        inflight: u32,
+        bucket: usize,
+        area: f64,
+    ) {
         let tokens = tokens.max(1);
         match self.last_token {
             None => {
@@ -194,8 +205,10 @@ impl Timeline {
             self.first_byte = Some(arrived);
         }
         self.frames += 1;
-        self.frame_overhead
-            .record(forwarded.saturating_duration_since(arrived).as_secs_f64(), 1);
+        self.frame_overhead.record(
+            forwarded.saturating_duration_since(arrived).as_secs_f64(),
+            1,
+        );
     }
 
     /// Duration from request head in to `t`.

@@ -66,7 +66,9 @@ pub async fn os_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        let mut term = match tokio::signal::unix::signal(
+            tokio::signal::unix::SignalKind::terminate(),
+        ) {
             Ok(term) => term,
             Err(error) => {
                 tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C will stop tokentap");
@@ -124,8 +126,12 @@ impl ServerOptions {
 
 /// Serves `listener` until `shutdown`, then waits up to `options.grace` for open connections.
 /// `make_service` builds one service per connection from the peer address.
-pub async fn serve<M, S, B>(listener: TcpListener, options: ServerOptions, make_service: M, mut shutdown: Shutdown)
-where
+pub async fn serve<M, S, B>(
+    listener: TcpListener,
+    options: ServerOptions,
+    make_service: M,
+    mut shutdown: Shutdown,
+) where
     M: Fn(SocketAddr) -> S,
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
         + Send

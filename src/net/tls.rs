@@ -81,15 +81,17 @@ pub fn server_config(
     client_ca: Option<&Path>,
     alpn: &[&[u8]],
 ) -> Result<ServerConfig, TlsError> {
-    let builder = ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let builder =
+        ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let builder = match client_ca {
         Some(ca) => {
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
-                .build()
-                .map_err(|source| TlsError::ClientCa {
-                    path: ca.into(),
-                    source,
-                })?;
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider())
+                    .build()
+                    .map_err(|source| TlsError::ClientCa {
+                        path: ca.into(),
+                        source,
+                    })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -115,7 +117,9 @@ pub fn client_config(
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots);
     Ok(match client_cert {
-        Some((cert, key)) => builder.with_client_auth_cert(certificates(cert)?, private_key(key)?)?,
+        Some((cert, key)) => {
+            builder.with_client_auth_cert(certificates(cert)?, private_key(key)?)?
+        }
         None => builder.with_no_client_auth(),
     })
 }

@@ -22,13 +22,19 @@ pub enum RequestBody {
     Full(Option<Bytes>),
     /// Streamed from the client as it arrives, after `prefix` (what was read while looking
     /// for the end of a body that turned out to exceed the parse limit).
-    Stream { prefix: Option<Bytes>, rest: DynBody },
+    Stream {
+        prefix: Option<Bytes>,
+        rest: DynBody,
+    },
 }
 
 impl std::fmt::Debug for RequestBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RequestBody::Full(bytes) => f.debug_tuple("Full").field(&bytes.as_ref().map(Bytes::len)).finish(),
+            RequestBody::Full(bytes) => f
+                .debug_tuple("Full")
+                .field(&bytes.as_ref().map(Bytes::len))
+                .finish(),
             RequestBody::Stream { .. } => f.write_str("Stream"),
         }
     }
@@ -49,7 +55,12 @@ impl Body for RequestBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
-            RequestBody::Full(bytes) => Poll::Ready(bytes.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b)))),
+            RequestBody::Full(bytes) => Poll::Ready(
+                bytes
+                    .take()
+                    .filter(|b| !b.is_empty())
+                    .map(|b| Ok(Frame::data(b))),
+            ),
             RequestBody::Stream { prefix, rest } => {
                 if let Some(prefix) = prefix.take() {
                     return Poll::Ready(Some(Ok(Frame::data(prefix))));
@@ -68,7 +79,9 @@ impl Body for RequestBody {
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            RequestBody::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            RequestBody::Full(bytes) => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
             RequestBody::Stream { prefix, rest } => {
                 let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
                 let inner = rest.size_hint();
@@ -95,7 +108,10 @@ impl std::fmt::Debug for ResponseBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ResponseBody::Upstream(_) => f.write_str("Upstream"),
-            ResponseBody::Local(b) => f.debug_tuple("Local").field(&b.as_ref().map(Bytes::len)).finish(),
+            ResponseBody::Local(b) => f
+                .debug_tuple("Local")
+                .field(&b.as_ref().map(Bytes::len))
+                .finish(),
         }
     }
 }
@@ -116,7 +132,12 @@ impl Body for ResponseBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx),
-            ResponseBody::Local(bytes) => Poll::Ready(bytes.take().filter(|b| !b.is_empty()).map(|b| Ok(Frame::data(b)))),
+            ResponseBody::Local(bytes) => Poll::Ready(
+                bytes
+                    .take()
+                    .filter(|b| !b.is_empty())
+                    .map(|b| Ok(Frame::data(b))),
+            ),
         }
     }
 
@@ -130,7 +151,9 @@ impl Body for ResponseBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             ResponseBody::Upstream(body) => body.size_hint(),
-            ResponseBody::Local(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64)),
+            ResponseBody::Local(bytes) => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
         }
     }
 }

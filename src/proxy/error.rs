@@ -57,7 +57,9 @@ impl ProxyError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ProxyError::Upstream { .. } | ProxyError::BadUpstreamUri { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Upstream { .. } | ProxyError::BadUpstreamUri { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
         }
@@ -103,9 +105,10 @@ impl ProxyError {
         });
         let mut response = Response::new(ResponseBody::local(body.to_string()));
         *response.status_mut() = status;
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
         response
     }
 }

@@ -57,7 +57,10 @@ mod tests {
         headers.insert("keep-alive", "timeout=5".parse().unwrap());
         headers.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
         headers.insert(header::AUTHORIZATION, "Bearer k".parse().unwrap());
-        headers.insert(header::CONTENT_TYPE, "text/event-stream; charset=utf-8".parse().unwrap());
+        headers.insert(
+            header::CONTENT_TYPE,
+            "text/event-stream; charset=utf-8".parse().unwrap(),
+        );
         remove_hop_by_hop(&mut headers);
         assert_eq!(headers.len(), 2);
         assert!(headers.contains_key(header::AUTHORIZATION));

@@ -186,18 +186,26 @@ impl Proxy {
                 prefix: None,
                 rest: Box::pin(body.map_err(Into::into)),
             };
-            return self.forward(parts, body, &upstream, &upstream_path, None).await;
+            return self
+                .forward(parts, body, &upstream, &upstream_path, None)
+                .await;
         };
 
         let bytes = match read_limited(body, self.metering.max_parse_bytes).await {
             Ok(ReadBody::Complete(bytes)) => bytes,
             Ok(ReadBody::TooLong(prefix, rest)) => {
-                tracing::debug!(path, limit = self.metering.max_parse_bytes, "request body over the parse limit: forwarded unmetered");
+                tracing::debug!(
+                    path,
+                    limit = self.metering.max_parse_bytes,
+                    "request body over the parse limit: forwarded unmetered"
+                );
                 let body = RequestBody::Stream {
                     prefix: Some(prefix),
                     rest,
                 };
-                return self.forward(parts, body, &upstream, &upstream_path, None).await;
+                return self
+                    .forward(parts, body, &upstream, &upstream_path, None)
+                    .await;
             }
             Err(error) => return ProxyError::client_body(error).into_response(),
         };
@@ -205,7 +213,13 @@ impl Proxy {
         let Some(facts) = inspect(route, &bytes) else {
             // Not a JSON object: the upstream will say what it thinks of it.
             return self
-                .forward(parts, RequestBody::Full(Some(bytes)), &upstream, &upstream_path, None)
+                .forward(
+                    parts,
+                    RequestBody::Full(Some(bytes)),
+                    &upstream,
+                    &upstream_path,
+                    None,
+                )
                 .await;
         };
         if let Some(model) = facts.model.as_deref() {
@@ -344,7 +358,11 @@ impl Proxy {
                 MeteringOptions {
                     route,
                     event_stream,
-                    injected: if event_stream { injected } else { Injected::default() },
+                    injected: if event_stream {
+                        injected
+                    } else {
+                        Injected::default()
+                    },
                     max_event_bytes: self.metering.max_event_bytes,
                     max_body_bytes: self.metering.max_parse_bytes,
                 },
@@ -354,7 +372,10 @@ impl Proxy {
             }
             metering
         });
-        Response::from_parts(parts, ResponseBody::Upstream(MeteredBody::new(incoming, metering)))
+        Response::from_parts(
+            parts,
+            ResponseBody::Upstream(MeteredBody::new(incoming, metering)),
+        )
     }
 }
 

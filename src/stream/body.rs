@@ -33,7 +33,11 @@ enum Mode {
     Sse(SseScanner),
     /// Any other body on a metered route: copied up to `limit` bytes and parsed at the end
     /// (non-streamed completions and JSON errors).
-    Json { buffer: Vec<u8>, limit: usize, overflowed: bool },
+    Json {
+        buffer: Vec<u8>,
+        limit: usize,
+        overflowed: bool,
+    },
 }
 
 /// Client-facing edits for an injected stream.
@@ -44,6 +48,8 @@ struct Rewriter {
     held: Vec<u8>,
     /// The current event outgrew the limit: forward the rest of it untouched.
     passthrough: bool,
+    /// The previous block was dropped (its CRLF's stray LF must go too).
+    previous_dropped: bool,
     limit: usize,
 }
 
@@ -95,6 +101,7 @@ impl Metering {
             injected: options.injected,
             held: Vec::new(),
             passthrough: false,
+            previous_dropped: false,
             limit: options.max_event_bytes,
         });
         let mut meter = meter;
@@ -153,10 +160,19 @@ impl Metering {
                     };
                     let end = block.end_in_chunk;
                     last_end = end;
+                    let dropped_before = std::mem::take(&mut rewriter.previous_dropped);
                     match block.start_in_chunk {
+                        Some(start) if block.terminator_tail => {
+                            if dropped_before {
+                                push_slice(queue, &data, cursor, start);
+                                cursor = end;
+                            }
+                        }
                         Some(start) => {
                             let raw = data.get(start..end).unwrap_or_default();
-                            match edit_for_block(raw, rewriter.injected) {
+                            let edit = edit_for_block(raw, rewriter.injected);
+                            rewriter.previous_dropped = edit == Edit::Drop;
+                            match edit {
                                 Edit::Keep => {}
                                 Edit::Drop => {
                                     push_slice(queue, &data, cursor, start);
@@ -184,6 +200,7 @@ impl Metering {
                                 .held
                                 .extend_from_slice(data.get(..end).unwrap_or_default());
                             let edit = edit_for_block(&rewriter.held, rewriter.injected);
+                            rewriter.previous_dropped = edit == Edit::Drop;
                             let edited = super::rewrite::apply(&rewriter.held, edit);
                             if !edited.is_empty() {
                                 queue.push_back(Bytes::from(edited));
@@ -395,6 +412,172 @@ where
         match &self.metering {
             Some(metering) if metering.rewrites() => SizeHint::default(),
             _ => self.inner.size_hint(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::task::Waker;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
+    use crate::meter::record::{RequestRecord, Source};
+    use crate::meter::{Meter, RecordSink, RequestLabels};
+
+    /// A body that yields prepared frames, always ready.
+    struct Frames(VecDeque<Bytes>);
+
+    impl Body for Frames {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<Arc<RequestRecord>>>);
+
+    impl RecordSink for Collect {
+        fn record(&self, record: &Arc<RequestRecord>) {
+            self.0.lock().unwrap().push(Arc::clone(record));
+        }
+    }
+
+    /// Runs `frames` through a metered body; returns the client bytes and the record.
+    fn run(frames: Vec<Bytes>, injected: Injected) -> (Vec<u8>, Arc<RequestRecord>) {
+        let meter = Meter::new(
+            Ladder::contexts(&DEFAULT_CONTEXTS).unwrap(),
+            Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap(),
+        );
+        let sink = Arc::new(Collect::default());
+        meter.add_sink(sink.clone());
+        let request = meter.begin(
+            RequestLabels {
+                route: Route::ChatCompletions,
+                source: Source::Production,
+                model: Arc::from("m"),
+                upstream: Arc::from("u"),
+                tag: None,
+            },
+            Instant::now(),
+        );
+        let metering = Metering::new(
+            request,
+            MeteringOptions {
+                route: Route::ChatCompletions,
+                event_stream: true,
+                injected,
+                max_event_bytes: 1 << 16,
+                max_body_bytes: 1 << 16,
+            },
+        );
+        let mut body = MeteredBody::new(Frames(frames.into()), Some(metering));
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut out = Vec::new();
+        while let Poll::Ready(Some(frame)) = Pin::new(&mut body).poll_frame(&mut cx) {
+            if let Ok(data) = frame.unwrap().into_data() {
+                out.extend_from_slice(&data);
+            }
+        }
+        assert!(body.is_end_stream());
+        drop(body);
+        let records = sink.0.lock().unwrap();
+        assert_eq!(records.len(), 1, "exactly one record");
+        (out, Arc::clone(&records[0]))
+    }
+
+    fn stream(newline: &str, pieces: &[u64]) -> (String, String) {
+        let nl2 = format!("{newline}{newline}");
+        let chunk = |content: &str, usage: Option<u64>| {
+            let usage = usage.map_or(String::new(), |c| {
+                format!(
+                    r#","usage":{{"prompt_tokens":9,"total_tokens":{},"completion_tokens":{c}}}"#,
+                    9 + c
+                )
+            });
+            format!(
+                r#"data: {{"id":"x","choices":[{{"index":0,"delta":{{"reasoning_content":null,"content":"{content}"}},"logprobs":null,"finish_reason":null,"matched_stop":null}}]{usage}}}{nl2}"#
+            )
+        };
+        let mut injected =
+            chunk("", None).replace(r#""content":"""#, r#""role":"assistant","content":"""#);
+        let mut plain = injected.clone();
+        let mut total = 0;
+        for (i, tokens) in pieces.iter().enumerate() {
+            total += tokens;
+            injected.push_str(&chunk(&format!("w{i}"), Some(total)));
+            plain.push_str(&chunk(&format!("w{i}"), None));
+        }
+        injected.push_str(&format!(
+            r#"data: {{"id":"x","choices":[],"usage":{{"prompt_tokens":9,"total_tokens":{},"completion_tokens":{total}}}}}{nl2}"#,
+            9 + total
+        ));
+        for s in [&mut injected, &mut plain] {
+            s.push_str(&format!(": keep-alive{nl2}data: [DONE]{nl2}"));
+        }
+        (injected, plain)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any split of the upstream's bytes gives the same client bytes and measurements.
+        #[test]
+        fn every_split_gives_the_same_bytes_and_measurements(
+            pieces in proptest::collection::vec(1u64..5, 1..12),
+            crlf in any::<bool>(),
+            cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..24),
+        ) {
+            let (upstream, expected_client) = stream(if crlf { "\r\n" } else { "\n" }, &pieces);
+            let bytes = upstream.as_bytes();
+            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+            points.sort_unstable();
+            points.dedup();
+            let mut frames = Vec::new();
+            let mut last = 0;
+            for p in points.into_iter().chain([bytes.len()]) {
+                if p > last {
+                    frames.push(Bytes::copy_from_slice(&bytes[last..p]));
+                    last = p;
+                }
+            }
+            let both = Injected { include_usage: true, continuous_usage: true };
+            let (client, record) = run(frames, both);
+            prop_assert_eq!(String::from_utf8(client).unwrap(), expected_client);
+            let total: u64 = pieces.iter().sum();
+            prop_assert_eq!(record.completion_tokens, total);
+            prop_assert!(record.completion_exact);
+            prop_assert_eq!(record.token_events, pieces.len() as u64);
+            prop_assert_eq!(record.prompt_tokens, Some(9));
+            prop_assert_eq!(record.itl.count(), total - pieces[0]);
+            prop_assert_eq!(record.split.total_tokens(), total);
+            prop_assert_eq!(record.outcome, Outcome::Ok);
+        }
+
+        /// Arbitrary bytes never panic and always reach the client unchanged when nothing was
+        /// injected.
+        #[test]
+        fn arbitrary_bytes_pass_through(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..16)) {
+            let frames: Vec<Bytes> = chunks.iter().map(|c| Bytes::copy_from_slice(c)).collect();
+            let expected: Vec<u8> = chunks.concat();
+            let (client, _) = run(frames, Injected::default());
+            prop_assert_eq!(client, expected);
+        }
+
+        /// With injection on, arbitrary bytes still never panic.
+        #[test]
+        fn arbitrary_bytes_never_panic_when_rewriting(chunks in proptest::collection::vec(proptest::collection::vec(
+            prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'{'), Just(b'"'), Just(b':'), any::<u8>()], 0..64), 0..16)) {
+            let frames: Vec<Bytes> = chunks.iter().map(|c| Bytes::copy_from_slice(c)).collect();
+            let _ = run(frames, Injected { include_usage: true, continuous_usage: true });
         }
     }
 }

@@ -291,9 +291,8 @@ impl EventClassifier {
 
     fn choice_has_output(&self, data: &[u8], choice: Span) -> bool {
         match self.route {
-            Route::Completions => {
-                json::get(data, choice.start, b"text").is_some_and(|s| json::is_nonempty_string(data, s))
-            }
+            Route::Completions => json::get(data, choice.start, b"text")
+                .is_some_and(|s| json::is_nonempty_string(data, s)),
             _ => {
                 let Some(delta) = json::get(data, choice.start, b"delta") else {
                     return false;
@@ -313,7 +312,8 @@ impl EventClassifier {
     }
 
     fn read_openai_usage(&mut self, data: &[u8], usage: Span) {
-        let field = |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
+        let field =
+            |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
         if let Some(p) = field(b"prompt_tokens") {
             self.usage.prompt_tokens = Some(p);
         }
@@ -321,8 +321,8 @@ impl EventClassifier {
             self.usage.completion_tokens = Some(c);
         }
         if let Some(details) = json::get(data, usage.start, b"prompt_tokens_details") {
-            if let Some(cached) = json::get(data, details.start, b"cached_tokens")
-                .and_then(|s| json::as_u64(data, s))
+            if let Some(cached) =
+                json::get(data, details.start, b"cached_tokens").and_then(|s| json::as_u64(data, s))
             {
                 self.usage.cached_tokens = Some(cached);
             }
@@ -401,7 +401,8 @@ impl EventClassifier {
     }
 
     fn read_anthropic_usage(&mut self, data: &[u8], usage: Span) {
-        let field = |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
+        let field =
+            |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
         let cached = field(b"cache_read_input_tokens");
         if let Some(input) = field(b"input_tokens") {
             // Anthropic counts cache reads apart from input_tokens; the prompt is both.
@@ -437,15 +438,20 @@ impl EventClassifier {
     }
 
     fn read_responses_usage(&mut self, data: &[u8], usage: Span) {
-        let field = |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
+        let field =
+            |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
         if let Some(input) = field(b"input_tokens") {
             self.usage.prompt_tokens = Some(input);
         }
         if let Some(output) = field(b"output_tokens") {
             self.usage.completion_tokens = Some(output);
         }
-        if let Some(cached) = json::path(data, usage.start, &[b"input_tokens_details", b"cached_tokens"])
-            .and_then(|s| json::as_u64(data, s))
+        if let Some(cached) = json::path(
+            data,
+            usage.start,
+            &[b"input_tokens_details", b"cached_tokens"],
+        )
+        .and_then(|s| json::as_u64(data, s))
         {
             self.usage.cached_tokens = Some(cached);
         }
@@ -515,11 +521,26 @@ mod tests {
         let (c, f) = run(
             Route::ChatCompletions,
             &[
-                ("", r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null,"role":"assistant","content":""},"logprobs":null,"finish_reason":null,"matched_stop":null}]}"#),
-                ("", r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null,"content":"Hello"},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1}}"#),
-                ("", r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null,"content":"! How"},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3}}"#),
-                ("", r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null},"logprobs":null,"finish_reason":"length","matched_stop":null}]}"#),
-                ("", r#"{"id":"a","choices":[],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8}}}"#),
+                (
+                    "",
+                    r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null,"role":"assistant","content":""},"logprobs":null,"finish_reason":null,"matched_stop":null}]}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null,"content":"Hello"},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1}}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null,"content":"! How"},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3}}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"a","choices":[{"index":0,"delta":{"reasoning_content":null},"logprobs":null,"finish_reason":"length","matched_stop":null}]}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"a","choices":[],"usage":{"prompt_tokens":12,"total_tokens":15,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":8}}}"#,
+                ),
                 ("", "[DONE]"),
             ],
         );
@@ -547,9 +568,18 @@ mod tests {
         let (_, f) = run(
             Route::ChatCompletions,
             &[
-                ("", r#"{"choices":[{"index":0,"delta":{"reasoning":"Okay"}}]}"#),
-                ("", r#"{"choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#),
-                ("", r#"{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}"#),
+                (
+                    "",
+                    r#"{"choices":[{"index":0,"delta":{"reasoning":"Okay"}}]}"#,
+                ),
+                (
+                    "",
+                    r#"{"choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+                ),
+                (
+                    "",
+                    r#"{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}"#,
+                ),
                 ("", r#"{"choices":[{"index":0,"delta":{}}]}"#),
             ],
         );
@@ -562,7 +592,10 @@ mod tests {
         let (c, _) = run(
             Route::Completions,
             &[
-                ("", r#"{"choices":[{"index":0,"text":" Paris"}],"usage":null}"#),
+                (
+                    "",
+                    r#"{"choices":[{"index":0,"text":" Paris"}],"usage":null}"#,
+                ),
                 ("", r#"{"choices":[{"index":0,"text":""}],"usage":null}"#),
                 ("", r#"{"choices":[{"index":0,"text":"."}],"usage":null}"#),
                 ("", "[DONE]"),
@@ -577,8 +610,14 @@ mod tests {
         let (c, f) = run(
             Route::Generate,
             &[
-                ("", r#"{"text":" Paris","output_ids":[1],"meta_info":{"prompt_tokens":7,"completion_tokens":1,"cached_tokens":0}}"#),
-                ("", r#"{"text":" Paris. The","output_ids":[1,2,3],"meta_info":{"prompt_tokens":7,"completion_tokens":3,"cached_tokens":0}}"#),
+                (
+                    "",
+                    r#"{"text":" Paris","output_ids":[1],"meta_info":{"prompt_tokens":7,"completion_tokens":1,"cached_tokens":0}}"#,
+                ),
+                (
+                    "",
+                    r#"{"text":" Paris. The","output_ids":[1,2,3],"meta_info":{"prompt_tokens":7,"completion_tokens":3,"cached_tokens":0}}"#,
+                ),
                 ("", "[DONE]"),
             ],
         );
@@ -593,10 +632,22 @@ mod tests {
         let (c, f) = run(
             Route::Messages,
             &[
-                ("message_start", r#"{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":0}}}"#),
-                ("content_block_start", r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#),
-                ("content_block_delta", r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#),
-                ("message_delta", r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#),
+                (
+                    "message_start",
+                    r#"{"type":"message_start","message":{"usage":{"input_tokens":12,"output_tokens":0}}}"#,
+                ),
+                (
+                    "content_block_start",
+                    r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+                ),
+                (
+                    "content_block_delta",
+                    r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hello"}}"#,
+                ),
+                (
+                    "message_delta",
+                    r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#,
+                ),
                 ("message_stop", r#"{"type":"message_stop"}"#),
             ],
         );
@@ -608,9 +659,18 @@ mod tests {
         let (c, f) = run(
             Route::Responses,
             &[
-                ("response.created", r#"{"type":"response.created","response":{"status":"in_progress"}}"#),
-                ("response.output_text.delta", r#"{"type":"response.output_text.delta","delta":"Hi"}"#),
-                ("response.completed", r#"{"type":"response.completed","response":{"usage":{"input_tokens":5,"output_tokens":9}}}"#),
+                (
+                    "response.created",
+                    r#"{"type":"response.created","response":{"status":"in_progress"}}"#,
+                ),
+                (
+                    "response.output_text.delta",
+                    r#"{"type":"response.output_text.delta","delta":"Hi"}"#,
+                ),
+                (
+                    "response.completed",
+                    r#"{"type":"response.completed","response":{"usage":{"input_tokens":5,"output_tokens":9}}}"#,
+                ),
             ],
         );
         assert!(f[1].output && f[2].terminal && !f[0].output);
@@ -621,7 +681,10 @@ mod tests {
     fn error_payloads_are_flagged() {
         let (c, f) = run(
             Route::ChatCompletions,
-            &[("", r#"{"error": {"object": "error", "message": "Generation aborted.", "code": 503}}"#)],
+            &[(
+                "",
+                r#"{"error": {"object": "error", "message": "Generation aborted.", "code": 503}}"#,
+            )],
         );
         assert!(f[0].error && c.error_seen());
     }

@@ -280,7 +280,8 @@ pub fn as_u64(json: &[u8], span: Span) -> Option<u64> {
         return None;
     }
     let rest = raw.get(digits_end..).unwrap_or_default();
-    if !(rest.is_empty() || (rest.first() == Some(&b'.') && rest[1..].iter().all(u8::is_ascii_digit)))
+    if !(rest.is_empty()
+        || (rest.first() == Some(&b'.') && rest[1..].iter().all(u8::is_ascii_digit)))
     {
         return None;
     }
@@ -319,7 +320,10 @@ mod tests {
         .unwrap();
         assert_eq!(as_u64(CHUNK, cached), Some(8));
         assert_eq!(
-            as_u64(CHUNK, path(CHUNK, 0, &[b"usage", b"completion_tokens"]).unwrap()),
+            as_u64(
+                CHUNK,
+                path(CHUNK, 0, &[b"usage", b"completion_tokens"]).unwrap()
+            ),
             Some(3)
         );
     }
@@ -327,7 +331,10 @@ mod tests {
     #[test]
     fn member_spans_cover_key_and_value() {
         let m = member(CHUNK, 0, b"usage").unwrap();
-        assert_eq!(CHUNK[m.key.start..m.key.end].to_vec(), br#""usage""#.to_vec());
+        assert_eq!(
+            CHUNK[m.key.start..m.key.end].to_vec(),
+            br#""usage""#.to_vec()
+        );
         assert_eq!(CHUNK[m.value.end], b'}');
         assert_eq!(m.value.end + 1, CHUNK.len());
     }
@@ -358,7 +365,15 @@ mod tests {
 
     #[test]
     fn numbers_are_read_defensively() {
-        let span = |s: &'static [u8]| (s, Span { start: 0, end: s.len() });
+        let span = |s: &'static [u8]| {
+            (
+                s,
+                Span {
+                    start: 0,
+                    end: s.len(),
+                },
+            )
+        };
         for (input, expected) in [
             (&b"0"[..], Some(0)),
             (b"4096", Some(4096)),
@@ -369,7 +384,12 @@ mod tests {
             (b"99999999999999999999999", Some(u64::MAX)),
         ] {
             let (json, s) = span(input);
-            assert_eq!(as_u64(json, s), expected, "{}", String::from_utf8_lossy(input));
+            assert_eq!(
+                as_u64(json, s),
+                expected,
+                "{}",
+                String::from_utf8_lossy(input)
+            );
         }
     }
 

@@ -38,9 +38,15 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
     let stream_options = get(b"stream_options");
     let option = |key: &[u8]| stream_options.and_then(|o| json::get(body, o.start, key));
     let max_tokens = match route {
-        Route::ChatCompletions => number(get(b"max_completion_tokens")).or(number(get(b"max_tokens"))),
+        Route::ChatCompletions => {
+            number(get(b"max_completion_tokens")).or(number(get(b"max_tokens")))
+        }
         Route::Completions | Route::Messages => number(get(b"max_tokens")),
-        Route::Generate => number(json::path(body, start, &[b"sampling_params", b"max_new_tokens"])),
+        Route::Generate => number(json::path(
+            body,
+            start,
+            &[b"sampling_params", b"max_new_tokens"],
+        )),
         Route::Responses => number(get(b"max_output_tokens")),
     };
     Some(RequestFacts {
@@ -169,14 +175,19 @@ mod tests {
             br#"{"input_ids":[1,2],"sampling_params":{"max_new_tokens":9},"stream":true,"rid":"r1"}"#,
         )
         .unwrap();
-        assert_eq!((generate.max_tokens, generate.rid.as_deref()), (Some(9), Some("r1")));
+        assert_eq!(
+            (generate.max_tokens, generate.rid.as_deref()),
+            (Some(9), Some("r1"))
+        );
         assert_eq!(inspect(Route::ChatCompletions, b"not json"), None);
         assert_eq!(inspect(Route::ChatCompletions, b"{\"a\":"), None);
     }
 
     #[test]
     fn appends_stream_options_without_touching_other_bytes() {
-        let (text, injected) = inject(r#"{"model": "m",  "stream": true, "messages": [{"role":"user","content":"}"}]}"#);
+        let (text, injected) = inject(
+            r#"{"model": "m",  "stream": true, "messages": [{"role":"user","content":"}"}]}"#,
+        );
         assert_eq!(
             text,
             r#"{"model": "m",  "stream": true, "messages": [{"role":"user","content":"}"}],"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#
@@ -186,8 +197,7 @@ mod tests {
 
     #[test]
     fn completes_or_flips_existing_stream_options() {
-        let (text, injected) =
-            inject(r#"{"stream":true,"stream_options":{"include_usage":true}}"#);
+        let (text, injected) = inject(r#"{"stream":true,"stream_options":{"include_usage":true}}"#);
         assert_eq!(
             text,
             r#"{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}"#

@@ -37,9 +37,15 @@ pub enum Edit {
     Keep,
     Drop,
     /// Cut `[start, end)` out.
-    Remove { start: usize, end: usize },
+    Remove {
+        start: usize,
+        end: usize,
+    },
     /// Replace `[start, end)` with `null`.
-    ReplaceWithNull { start: usize, end: usize },
+    ReplaceWithNull {
+        start: usize,
+        end: usize,
+    },
 }
 
 /// Decides the edit for one raw block (its lines and terminating blank line).
@@ -129,7 +135,11 @@ fn writes_null_usage(block: &[u8], start: usize, choices: Option<json::Span>) ->
 /// The range that removes `member` together with one adjoining comma.
 fn member_removal_range(block: &[u8], member: json::Member) -> (usize, usize) {
     let mut before = member.key.start;
-    while before > 0 && block.get(before - 1).is_some_and(|b| b.is_ascii_whitespace()) {
+    while before > 0
+        && block
+            .get(before - 1)
+            .is_some_and(|b| b.is_ascii_whitespace())
+    {
         before -= 1;
     }
     if before > 0 && block.get(before - 1) == Some(&b',') {
@@ -173,7 +183,11 @@ mod tests {
     };
 
     fn rewrite(block: &str, injected: Injected) -> String {
-        String::from_utf8(apply(block.as_bytes(), edit_for_block(block.as_bytes(), injected))).unwrap()
+        String::from_utf8(apply(
+            block.as_bytes(),
+            edit_for_block(block.as_bytes(), injected),
+        ))
+        .unwrap()
     }
 
     #[test]

@@ -31,6 +31,10 @@ pub struct Block<'a> {
     pub event: SseEvent<'a>,
     /// The block was larger than the configured limit; its fields were not kept.
     pub oversized: bool,
+    /// This "block" is only the LF completing the CRLF that ended the previous block, which
+    /// arrived at the start of this chunk. It belongs with the previous block (a rewriter that
+    /// dropped that block drops this byte too).
+    pub terminator_tail: bool,
 }
 
 /// Incremental scanner state; one per response stream.
@@ -46,6 +50,9 @@ pub struct SseScanner {
     at_line_start: bool,
     /// The previous byte was a CR, so an LF right after it is part of the same line end.
     after_cr: bool,
+    /// The last block ended on a CR that was the chunk's last byte; an LF starting the next
+    /// chunk completes that terminator.
+    terminator_cr_pending: bool,
     /// Scratch space for joining multi-line `data:` fields.
     joined: Vec<u8>,
     max_event_bytes: usize,
@@ -60,6 +67,7 @@ impl SseScanner {
             oversized: false,
             at_line_start: true,
             after_cr: false,
+            terminator_cr_pending: false,
             joined: Vec::new(),
             max_event_bytes,
         }
@@ -74,6 +82,21 @@ impl SseScanner {
     pub fn feed(&mut self, chunk: &[u8], mut on_block: impl FnMut(Block<'_>)) {
         let mut block_start = 0usize;
         let mut i = 0usize;
+        if std::mem::take(&mut self.terminator_cr_pending) && chunk.first() == Some(&b'\n') {
+            self.after_cr = false;
+            on_block(Block {
+                start_in_chunk: Some(0),
+                end_in_chunk: 1,
+                event: SseEvent {
+                    name: b"",
+                    data: None,
+                },
+                oversized: false,
+                terminator_tail: true,
+            });
+            block_start = 1;
+            i = 1;
+        }
         while let Some(&byte) = chunk.get(i) {
             i += 1;
             if self.after_cr {
@@ -101,6 +124,7 @@ impl SseScanner {
                 self.after_cr = false;
             }
             i = end;
+            self.terminator_cr_pending = byte == b'\r' && end == chunk.len();
             self.dispatch(chunk, block_start, end, &mut on_block);
             block_start = end;
         }
@@ -144,6 +168,7 @@ impl SseScanner {
                     data: None,
                 },
                 oversized: true,
+                terminator_tail: false,
             });
         } else if self.carrying {
             self.carry.extend_from_slice(piece);
@@ -153,6 +178,7 @@ impl SseScanner {
                 end_in_chunk: end,
                 event,
                 oversized: false,
+                terminator_tail: false,
             });
         } else {
             let event = parse_fields(piece, &mut self.joined);
@@ -161,6 +187,7 @@ impl SseScanner {
                 end_in_chunk: end,
                 event,
                 oversized: false,
+                terminator_tail: false,
             });
         }
         self.carrying = false;
@@ -253,6 +280,9 @@ mod tests {
         let mut out = Vec::new();
         for chunk in chunks {
             scanner.feed(chunk, |b| {
+                if b.terminator_tail {
+                    return;
+                }
                 out.push((
                     String::from_utf8_lossy(b.event.name).into_owned(),
                     b.event
@@ -328,7 +358,13 @@ mod tests {
     fn oversized_events_are_skipped_and_resynchronised() {
         let big = format!("data: {}\n\ndata: ok\n\n", "x".repeat(100));
         let out = scan(&[big.as_bytes()], 32);
-        assert_eq!(out, vec![(String::new(), None, true), (String::new(), Some("ok".into()), false)]);
+        assert_eq!(
+            out,
+            vec![
+                (String::new(), None, true),
+                (String::new(), Some("ok".into()), false)
+            ]
+        );
         // The same, split so the big event straddles chunks.
         let (a, b) = big.as_bytes().split_at(50);
         assert_eq!(scan(&[a, b], 32), out);

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, Unit};
-use metrics_exporter_prometheus::{BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 use crate::meter::buckets::Ladder;
 use crate::meter::record::{Outcome, RequestRecord, Source};
@@ -20,7 +22,8 @@ use crate::stream::classify::Route;
 
 use super::names::*;
 
-static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
 /// (model, upstream, route, source, context bucket, concurrency bucket).
 type CellKey = (Arc<str>, Arc<str>, Route, Source, usize, usize);
@@ -71,7 +74,8 @@ impl PrometheusMetrics {
     pub fn new(contexts: Ladder, concurrency: Ladder) -> Result<Arc<Self>, BuildError> {
         let mut builder = PrometheusBuilder::new();
         for (name, buckets) in HISTOGRAM_BUCKETS {
-            builder = builder.set_buckets_for_metric(Matcher::Full((*name).to_string()), buckets)?;
+            builder =
+                builder.set_buckets_for_metric(Matcher::Full((*name).to_string()), buckets)?;
         }
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
@@ -125,7 +129,13 @@ impl PrometheusMetrics {
         });
     }
 
-    fn base_labels(&self, model: &Arc<str>, upstream: &Arc<str>, route: Route, source: Source) -> Vec<Label> {
+    fn base_labels(
+        &self,
+        model: &Arc<str>,
+        upstream: &Arc<str>,
+        route: Route,
+        source: Source,
+    ) -> Vec<Label> {
         vec![
             Label::new("model", model.to_string()),
             Label::new("upstream", upstream.to_string()),
@@ -146,13 +156,17 @@ impl PrometheusMetrics {
             Key::from_parts(name, labels)
         };
         let handles = Arc::new(BaseHandles {
-            inflight: self.recorder.register_gauge(&with(INFLIGHT_REQUESTS, None), &METADATA),
-            overhead_request: self
+            inflight: self
                 .recorder
-                .register_histogram(&with(PROXY_OVERHEAD, Some(Label::new("phase", "request"))), &METADATA),
-            overhead_frame: self
-                .recorder
-                .register_histogram(&with(PROXY_OVERHEAD, Some(Label::new("phase", "frame"))), &METADATA),
+                .register_gauge(&with(INFLIGHT_REQUESTS, None), &METADATA),
+            overhead_request: self.recorder.register_histogram(
+                &with(PROXY_OVERHEAD, Some(Label::new("phase", "request"))),
+                &METADATA,
+            ),
+            overhead_frame: self.recorder.register_histogram(
+                &with(PROXY_OVERHEAD, Some(Label::new("phase", "frame"))),
+                &METADATA,
+            ),
         });
         bases.insert(key, Arc::clone(&handles));
         handles
@@ -164,8 +178,14 @@ impl PrometheusMetrics {
             return Arc::clone(handles);
         }
         let mut labels = self.base_labels(&key.0, &key.1, key.2, key.3);
-        labels.push(Label::new("context_bucket", self.contexts.label(key.4).to_string()));
-        labels.push(Label::new("concurrency_bucket", self.concurrency.label(key.5).to_string()));
+        labels.push(Label::new(
+            "context_bucket",
+            self.contexts.label(key.4).to_string(),
+        ));
+        labels.push(Label::new(
+            "concurrency_bucket",
+            self.concurrency.label(key.5).to_string(),
+        ));
         let key_of = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
             let mut labels = labels.clone();
             if let Some((k, v)) = extra {
@@ -206,12 +226,22 @@ fn flush(histogram: &Histogram, local: &LocalHistogram) {
 
 impl RecordSink for PrometheusMetrics {
     fn started(&self, labels: &RequestLabels) {
-        let key = (Arc::clone(&labels.model), Arc::clone(&labels.upstream), labels.route, labels.source);
+        let key = (
+            Arc::clone(&labels.model),
+            Arc::clone(&labels.upstream),
+            labels.route,
+            labels.source,
+        );
         self.base(key).inflight.increment(1.0);
     }
 
     fn record(&self, r: &Arc<RequestRecord>) {
-        let base = self.base((Arc::clone(&r.model), Arc::clone(&r.upstream), r.route, r.source));
+        let base = self.base((
+            Arc::clone(&r.model),
+            Arc::clone(&r.upstream),
+            r.route,
+            r.source,
+        ));
         base.inflight.decrement(1.0);
         if let Some(overhead) = r.request_overhead {
             base.overhead_request.record(overhead.as_secs_f64());
@@ -261,7 +291,13 @@ impl RecordSink for PrometheusMetrics {
         }
         // Completion tokens and decode seconds by the concurrency in force when they were
         // emitted: the production matrix's cells, summable across replicas.
-        for (bucket, (&tokens, &seconds)) in r.split.tokens.iter().zip(r.split.seconds.iter()).enumerate() {
+        for (bucket, (&tokens, &seconds)) in r
+            .split
+            .tokens
+            .iter()
+            .zip(r.split.seconds.iter())
+            .enumerate()
+        {
             if tokens == 0 && seconds == 0.0 {
                 continue;
             }

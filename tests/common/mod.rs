@@ -18,13 +18,13 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
-use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokentap::config::ConfigLoader;
 use tokentap::meter::record::RequestRecord;
 use tokentap::meter::RecordSink;
 use tokentap::serve::ProxyServer;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// One step of a scripted response body.
 #[derive(Debug, Clone)]
@@ -118,7 +118,10 @@ struct ChannelBody(mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
 impl Body for ChannelBody {
     type Data = Bytes;
     type Error = std::io::Error;
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         self.0.poll_recv(cx)
     }
 }
@@ -132,7 +135,9 @@ impl ScriptedUpstream {
         let log = Arc::clone(&received);
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 let handler = Arc::clone(&handler);
                 let log = Arc::clone(&log);
                 tokio::spawn(async move {
@@ -147,7 +152,11 @@ impl ScriptedUpstream {
                 });
             }
         });
-        Self { addr, received, task }
+        Self {
+            addr,
+            received,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -159,12 +168,24 @@ impl ScriptedUpstream {
     }
 }
 
-async fn respond(request: Request<Incoming>, handler: Handler, log: Arc<Mutex<Vec<Received>>>) -> Response<ChannelBody> {
+async fn respond(
+    request: Request<Incoming>,
+    handler: Handler,
+    log: Arc<Mutex<Vec<Received>>>,
+) -> Response<ChannelBody> {
     let (parts, body) = request.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let received = Received {
         method: parts.method.to_string(),
-        path: parts.uri.path_and_query().map(|p| p.to_string()).unwrap_or_default(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
         headers: parts.headers,
         body,
         disconnected: Arc::default(),
@@ -238,13 +259,17 @@ impl Records {
 
 /// A proxy on 127.0.0.1:0 in front of `upstream`, with `extra` TOML appended to its config.
 pub async fn proxy(upstream: &str, extra: &str) -> (ProxyServer, Arc<Records>) {
-    let text = format!(
-        "[upstream]\nurl = \"{upstream}\"\n[store]\ndata_dir = \"\"\n{extra}\n"
-    );
-    let config = ConfigLoader::new().text(&text, "test.toml").unwrap().load().unwrap();
+    let text = format!("[upstream]\nurl = \"{upstream}\"\n[store]\ndata_dir = \"\"\n{extra}\n");
+    let config = ConfigLoader::new()
+        .text(&text, "test.toml")
+        .unwrap()
+        .load()
+        .unwrap();
     let proxy_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = ProxyServer::start_on(config, proxy_listener, admin_listener).await.unwrap();
+    let server = ProxyServer::start_on(config, proxy_listener, admin_listener)
+        .await
+        .unwrap();
     let records = Arc::new(Records::default());
     server.proxy.meter.add_sink(records.clone());
     (server, records)
@@ -288,7 +313,13 @@ pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Fu
 
 /// POSTs `body` to `url` and reads the whole response, timing each frame.
 pub async fn post(url: &str, body: &str) -> Received2 {
-    send(Request::post(url).header("content-type", "application/json").body(Full::new(Bytes::from(body.to_string()))).unwrap()).await
+    send(
+        Request::post(url)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap(),
+    )
+    .await
 }
 
 pub async fn get(url: &str) -> Received2 {
@@ -307,7 +338,10 @@ pub async fn send(request: Request<Full<Bytes>>) -> Received2 {
     let mut frames = Vec::new();
     let mut error = None;
     loop {
-        match tokio::time::timeout(Duration::from_secs(30), body.frame()).await.expect("frame within 30 s") {
+        match tokio::time::timeout(Duration::from_secs(30), body.frame())
+            .await
+            .expect("frame within 30 s")
+        {
             None => break,
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
@@ -320,7 +354,13 @@ pub async fn send(request: Request<Full<Bytes>>) -> Received2 {
             }
         }
     }
-    Received2 { status, headers, frames, sent_at, error }
+    Received2 {
+        status,
+        headers,
+        frames,
+        sent_at,
+        error,
+    }
 }
 
 /// SSE `data:` block.
