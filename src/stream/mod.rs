@@ -11,4 +11,5 @@ pub mod classify;
 pub mod json;
 pub mod request;
 pub mod rewrite;
+pub mod sample;
 pub mod sse;

@@ -1,0 +1,180 @@
+//! The hot path, measured: SSE scanning + classification throughput, and the metered body
+//! against the bare body over the same frames (the ratio is the metering overhead), plus heap
+//! allocations per event counted by a counting allocator.
+//!
+//! Run: `cargo bench --bench stream` (see docs/benchmarks.md and scripts/bench.sh).
+#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use http_body::{Body, Frame};
+use tokentap::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
+use tokentap::meter::record::Source;
+use tokentap::meter::{Meter, RequestLabels};
+use tokentap::stream::body::{MeteredBody, Metering, MeteringOptions};
+use tokentap::stream::classify::{EventClassifier, Route};
+use tokentap::stream::rewrite::Injected;
+use tokentap::stream::sample::sglang_chat;
+use tokentap::stream::sse::SseScanner;
+
+/// Counts allocations so the bench can report allocations per event.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+struct Frames(VecDeque<Bytes>);
+
+impl Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+    }
+}
+
+fn drain<B: Body<Data = Bytes> + Unpin>(body: &mut B) -> usize {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut bytes = 0;
+    while let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut *body).poll_frame(&mut cx) {
+        if let Ok(data) = frame.into_data() {
+            bytes += data.len();
+        }
+    }
+    bytes
+}
+
+fn metered(frames: &[Bytes], meter: &Arc<Meter>, injected: Injected) -> MeteredBody<Frames> {
+    let request = meter.begin(
+        RequestLabels {
+            route: Route::ChatCompletions,
+            source: Source::Production,
+            model: Arc::from("m"),
+            upstream: Arc::from("u"),
+            tag: None,
+        },
+        tokio::time::Instant::now(),
+    );
+    let metering = Metering::new(
+        request,
+        MeteringOptions {
+            route: Route::ChatCompletions,
+            event_stream: true,
+            injected,
+            max_event_bytes: 1 << 20,
+            max_body_bytes: 1 << 20,
+        },
+    );
+    MeteredBody::new(Frames(frames.iter().cloned().collect()), Some(metering))
+}
+
+fn meter() -> Arc<Meter> {
+    Meter::new(
+        Ladder::contexts(&DEFAULT_CONTEXTS).unwrap(),
+        Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap(),
+    )
+}
+
+/// Allocations per event of the steady state: a long stream minus a short one, so the
+/// per-request setup cancels out.
+fn allocations_per_event(injected: Injected, continuous: bool) -> f64 {
+    let meter = meter();
+    let count = |events: usize| {
+        let frames = sglang_chat(events, 1, continuous, injected.include_usage);
+        let mut body = metered(&frames, &meter, injected);
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        drain(&mut body);
+        drop(body);
+        ALLOCATIONS.load(Ordering::Relaxed) - before
+    };
+    let (short, long) = (count(100), count(4100));
+    (long as f64 - short as f64) / 4000.0
+}
+
+fn bench(c: &mut Criterion) {
+    const EVENTS: usize = 4096;
+    let plain = sglang_chat(EVENTS, 1, false, false);
+    let continuous = sglang_chat(EVENTS, 1, true, true);
+    let bytes: usize = continuous.iter().map(Bytes::len).sum();
+
+    let mut group = c.benchmark_group("scan+classify");
+    group.throughput(Throughput::Elements(EVENTS as u64));
+    group.bench_function("sglang chat, continuous usage", |b| {
+        b.iter(|| {
+            let mut scanner = SseScanner::new(1 << 20);
+            let mut classifier = EventClassifier::new(Route::ChatCompletions);
+            let mut tokens = 0;
+            for frame in &continuous {
+                scanner.feed(frame, |block| {
+                    if let Some(data) = block.event.data {
+                        tokens += classifier.observe(block.event.name, data).tokens;
+                    }
+                });
+            }
+            tokens
+        })
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("body");
+    group.throughput(Throughput::Elements(EVENTS as u64));
+    let meter = meter();
+    group.bench_function(BenchmarkId::new("bare", bytes), |b| {
+        b.iter_batched(
+            || Frames(continuous.iter().cloned().collect()),
+            |mut body| drain(&mut body),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    group.bench_function(BenchmarkId::new("metered", bytes), |b| {
+        b.iter_batched(
+            || metered(&plain, &meter, Injected::default()),
+            |mut body| drain(&mut body),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    let both = Injected {
+        include_usage: true,
+        continuous_usage: true,
+    };
+    group.bench_function(BenchmarkId::new("metered+strip usage", bytes), |b| {
+        b.iter_batched(
+            || metered(&continuous, &meter, both),
+            |mut body| drain(&mut body),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+
+    println!(
+        "allocations per event: metered {:.4}, metered+strip usage {:.4}",
+        allocations_per_event(Injected::default(), false),
+        allocations_per_event(both, true)
+    );
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

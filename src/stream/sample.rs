@@ -1,0 +1,51 @@
+//! Sample event streams in the exact shapes sglang sends, one frame per event as its HTTP
+//! server writes them. Used by the benchmarks, the allocation tests and the examples in docs.
+
+use bytes::Bytes;
+
+/// An sglang `/v1/chat/completions` stream: role chunk, `events` content chunks of
+/// `tokens_per_event` tokens each, finish chunk, the usage chunk when `include_usage`, and
+/// `[DONE]`. With `continuous_usage` every content chunk carries cumulative usage.
+pub fn sglang_chat(events: usize, tokens_per_event: u64, continuous_usage: bool, include_usage: bool) -> Vec<Bytes> {
+    const ID: &str = "9c1e4b7f2a6d4e1f8b3a5c7d9e0f1a2b";
+    let head = format!(
+        r#"data: {{"id":"{ID}","object":"chat.completion.chunk","created":1767225600,"model":"Qwen/Qwen3-8B","choices":["#
+    );
+    let usage = |completion: u64| {
+        format!(
+            r#""usage":{{"prompt_tokens":8192,"total_tokens":{},"completion_tokens":{completion},"prompt_tokens_details":null,"reasoning_tokens":0,"completion_tokens_details":null}}"#,
+            8192 + completion
+        )
+    };
+    let mut frames = Vec::with_capacity(events + 4);
+    frames.push(Bytes::from(format!(
+        r#"{head}{{"index":0,"delta":{{"reasoning_content":null,"role":"assistant","content":""}},"logprobs":null,"finish_reason":null,"matched_stop":null}}]}}"#
+    ) + "\n\n"));
+    let words = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog"];
+    let mut completion = 0;
+    for i in 0..events {
+        completion += tokens_per_event;
+        let text: String = (0..tokens_per_event)
+            .map(|t| words[(i + t as usize) % words.len()])
+            .collect();
+        let tail = if continuous_usage {
+            format!(",{}", usage(completion))
+        } else {
+            String::new()
+        };
+        frames.push(Bytes::from(format!(
+            r#"{head}{{"index":0,"delta":{{"reasoning_content":null,"content":"{text}"}},"logprobs":null,"finish_reason":null,"matched_stop":null}}]{tail}}}"#
+        ) + "\n\n"));
+    }
+    frames.push(Bytes::from(format!(
+        r#"{head}{{"index":0,"delta":{{"reasoning_content":null}},"logprobs":null,"finish_reason":"length","matched_stop":null}}]}}"#
+    ) + "\n\n"));
+    if include_usage {
+        frames.push(Bytes::from(format!(
+            r#"data: {{"id":"{ID}","object":"chat.completion.chunk","created":1767225600,"model":"Qwen/Qwen3-8B","choices":[],{}}}"#,
+            usage(completion)
+        ) + "\n\n"));
+    }
+    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    frames
+}
