@@ -452,63 +452,81 @@ impl MatrixDoc {
         self.metadata.validate()?;
         let mut seen_prefill = BTreeSet::new();
         for row in &self.prefill {
-            let item = format!("prefill row {}", row.context_tokens);
-            if row.context_tokens == 0 {
-                return Err(ValidationError::Zero {
-                    item,
-                    field: "context_tokens",
-                });
-            }
-            if row.requests_at_once == 0 {
-                return Err(ValidationError::Zero {
-                    item,
-                    field: "requests_at_once",
-                });
-            }
+            row.validate()?;
             if !seen_prefill.insert(row.context_tokens) {
-                return Err(ValidationError::Duplicate { item });
+                return Err(ValidationError::Duplicate {
+                    item: format!("prefill row {}", row.context_tokens),
+                });
             }
-            check_status(&item, &row.status)?;
-            check_number(&item, "prompt_tok_s", row.prompt_tok_s)?;
-            check_number(&item, "ttft_ms", row.ttft_ms)?;
-            let has_figures = row.prompt_tok_s.is_some()
-                || row.ttft_ms.is_some()
-                || row.completed_requests.is_some()
-                || row.prompt_tokens.is_some();
-            check_skipped(&item, &row.status, has_figures)?;
         }
         let mut seen_cells = BTreeSet::new();
         for cell in &self.decode {
-            let item = format!("decode cell {} × {}", cell.context_tokens, cell.concurrency);
-            if cell.context_tokens == 0 {
-                return Err(ValidationError::Zero {
-                    item,
-                    field: "context_tokens",
-                });
-            }
-            if cell.concurrency == 0 {
-                return Err(ValidationError::Zero {
-                    item,
-                    field: "concurrency",
-                });
-            }
+            cell.validate()?;
             if !seen_cells.insert((cell.context_tokens, cell.concurrency)) {
-                return Err(ValidationError::Duplicate { item });
+                return Err(ValidationError::Duplicate {
+                    item: format!("decode cell {} × {}", cell.context_tokens, cell.concurrency),
+                });
             }
-            check_status(&item, &cell.status)?;
-            check_number(&item, "total_tok_s", cell.total_tok_s)?;
-            check_number(&item, "per_request_tok_s", cell.per_request_tok_s)?;
-            check_number(&item, "ttft_ms", cell.ttft_ms)?;
-            check_number(&item, "tbt_ms", cell.tbt_ms)?;
-            check_number(
-                &item,
-                "average_active_requests",
-                cell.average_active_requests,
-            )?;
-            check_number(&item, "measured_for_s", cell.measured_for_s)?;
-            check_skipped(&item, &cell.status, cell.has_figures())?;
         }
         Ok(())
+    }
+}
+
+impl PrefillRow {
+    /// The checks of [`MatrixDoc::validate`] that concern this row alone.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let item = format!("prefill row {}", self.context_tokens);
+        if self.context_tokens == 0 {
+            return Err(ValidationError::Zero {
+                item,
+                field: "context_tokens",
+            });
+        }
+        if self.requests_at_once == 0 {
+            return Err(ValidationError::Zero {
+                item,
+                field: "requests_at_once",
+            });
+        }
+        check_status(&item, &self.status)?;
+        check_number(&item, "prompt_tok_s", self.prompt_tok_s)?;
+        check_number(&item, "ttft_ms", self.ttft_ms)?;
+        let has_figures = self.prompt_tok_s.is_some()
+            || self.ttft_ms.is_some()
+            || self.completed_requests.is_some()
+            || self.prompt_tokens.is_some();
+        check_skipped(&item, &self.status, has_figures)
+    }
+}
+
+impl DecodeCell {
+    /// The checks of [`MatrixDoc::validate`] that concern this cell alone.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let item = format!("decode cell {} × {}", self.context_tokens, self.concurrency);
+        if self.context_tokens == 0 {
+            return Err(ValidationError::Zero {
+                item,
+                field: "context_tokens",
+            });
+        }
+        if self.concurrency == 0 {
+            return Err(ValidationError::Zero {
+                item,
+                field: "concurrency",
+            });
+        }
+        check_status(&item, &self.status)?;
+        check_number(&item, "total_tok_s", self.total_tok_s)?;
+        check_number(&item, "per_request_tok_s", self.per_request_tok_s)?;
+        check_number(&item, "ttft_ms", self.ttft_ms)?;
+        check_number(&item, "tbt_ms", self.tbt_ms)?;
+        check_number(
+            &item,
+            "average_active_requests",
+            self.average_active_requests,
+        )?;
+        check_number(&item, "measured_for_s", self.measured_for_s)?;
+        check_skipped(&item, &self.status, self.has_figures())
     }
 }
 

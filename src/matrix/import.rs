@@ -27,6 +27,12 @@ pub enum ImportError {
         #[source]
         source: RowError,
     },
+    #[error("line {line}: All measurements row")]
+    InvalidRow {
+        line: usize,
+        #[source]
+        source: ValidationError,
+    },
     #[error("line {line}: {section} fact")]
     Fact {
         line: usize,

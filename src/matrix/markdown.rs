@@ -452,6 +452,14 @@ fn parse_measurements(
                 what,
             });
         }
+        let checked = match &row {
+            MeasurementRow::Prefill(row) => row.validate(),
+            MeasurementRow::Decode(cell) => cell.validate(),
+        };
+        checked.map_err(|source| ImportError::InvalidRow {
+            line: line.number,
+            source,
+        })?;
         match row {
             MeasurementRow::Prefill(row) => doc.prefill.push(row),
             MeasurementRow::Decode(cell) => doc.decode.push(cell),

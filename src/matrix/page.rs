@@ -261,7 +261,7 @@ pub fn facts(metadata: &Metadata, section: &str) -> Vec<(String, String)> {
 /// A fact whose value does not parse.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum FactError {
-    #[error("{key}: {source}")]
+    #[error("{key}")]
     Value {
         key: String,
         #[source]

@@ -115,6 +115,12 @@ pub fn parse_seed_text(text: &str) -> Result<MatrixDoc, ImportError> {
     }
     doc.sort();
 
+    if let Some(prefill) = doc_parts.prefill {
+        check_prefill_chart(&doc, prefill, last_number)?;
+    }
+    if let Some(decode) = doc_parts.decode {
+        check_decode_grid(&doc, decode, last_number)?;
+    }
     let expected_summary = page::summary_line(&doc, "");
     if summary.text != expected_summary {
         return Err(ImportError::Inconsistent {
@@ -123,12 +129,6 @@ pub fn parse_seed_text(text: &str) -> Result<MatrixDoc, ImportError> {
             found: summary.text.to_owned(),
             expected: expected_summary,
         });
-    }
-    if let Some(prefill) = doc_parts.prefill {
-        check_prefill_chart(&doc, prefill, last_number)?;
-    }
-    if let Some(decode) = doc_parts.decode {
-        check_decode_grid(&doc, decode, last_number)?;
     }
     doc.validate().map_err(ImportError::Invalid)?;
     Ok(doc)
@@ -312,6 +312,14 @@ fn parse_measurements(
                 what: describe_key(key),
             });
         }
+        let checked = match &row {
+            MeasurementRow::Prefill(row) => row.validate(),
+            MeasurementRow::Decode(cell) => cell.validate(),
+        };
+        checked.map_err(|source| ImportError::InvalidRow {
+            line: line.number,
+            source,
+        })?;
         match row {
             MeasurementRow::Prefill(row) => doc.prefill.push(row),
             MeasurementRow::Decode(cell) => doc.decode.push(cell),
@@ -418,6 +426,15 @@ fn check_decode_grid(
     }
     let concurrencies = doc.concurrencies();
     let expected_header: Vec<String> = concurrencies.iter().map(u32::to_string).collect();
+    if let Some(missing) = header[1..]
+        .iter()
+        .find(|label| !expected_header.contains(label))
+    {
+        return Err(ImportError::MissingRow {
+            line: header_line.number,
+            what: format!("the grid column {missing}"),
+        });
+    }
     if header[1..] != expected_header[..] {
         return Err(ImportError::Inconsistent {
             line: header_line.number,

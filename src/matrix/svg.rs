@@ -41,7 +41,7 @@ fn nice_axis(max: f64) -> (f64, f64) {
     if !max.is_finite() || max <= 0.0 {
         return (1.0, 0.2);
     }
-    let rough = max / 5.0;
+    let rough = max / 8.0;
     let magnitude = 10f64.powf(rough.log10().floor());
     let step = [1.0, 2.0, 2.5, 5.0, 10.0]
         .iter()
@@ -339,7 +339,7 @@ mod tests {
     #[test]
     fn axis_bounds_are_round() {
         assert_eq!(nice_axis(1357.7), (1400.0, 200.0));
-        assert_eq!(nice_axis(12_800.0), (15_000.0, 2_500.0));
+        assert_eq!(nice_axis(12_800.0), (14_000.0, 2_000.0));
         assert_eq!(nice_axis(0.0), (1.0, 0.2));
         assert_eq!(nice_axis(f64::NAN), (1.0, 0.2));
     }

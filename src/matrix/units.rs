@@ -87,7 +87,7 @@ pub fn format_count(value: u64) -> String {
 
 /// Checks `1,234,567.89`-style text (separators optional but, when present, every three digits)
 /// and returns it without separators.
-fn strip_separators<'a>(text: &'a str, expected: &'static str) -> Result<String, ValueError> {
+fn strip_separators(text: &str, expected: &'static str) -> Result<String, ValueError> {
     let (integer, fraction) = match text.find('.') {
         Some(dot) => (&text[..dot], Some(&text[dot + 1..])),
         None => (text, None),
