@@ -12,6 +12,8 @@ const LEFT: f64 = 72.0;
 const RIGHT: f64 = 130.0;
 const TOP: f64 = 44.0;
 const BOTTOM: f64 = 56.0;
+/// Horizontal room a tick or point label needs before the next one is drawn.
+const MIN_LABEL_GAP: f64 = 40.0;
 /// Colour-blind-friendly palette (Okabe–Ito plus two), cycled when there are more contexts.
 const PALETTE: [&str; 10] = [
     "#0072b2", "#e69f00", "#009e73", "#d55e00", "#cc79a7", "#56b4e9", "#b8a200", "#000000",
@@ -110,15 +112,24 @@ fn axes(
         );
         tick += y_step;
     }
+    let mut last_label_x = f64::NEG_INFINITY;
     for (position, label) in x_ticks {
         let x = plot.x(*position);
         let _ = write!(
             out,
-            r##"<line x1="{x:.1}" y1="{bottom}" x2="{x:.1}" y2="{:.1}" stroke="#333"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            r##"<line x1="{x:.1}" y1="{bottom}" x2="{x:.1}" y2="{:.1}" stroke="#333"/>"##,
             bottom + 5.0,
-            bottom + 18.0,
-            xml_escape(label)
         );
+        // Ticks closer than a label's width (1019K next to 1024K) keep only the first label.
+        if x - last_label_x >= MIN_LABEL_GAP {
+            last_label_x = x;
+            let _ = write!(
+                out,
+                r##"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+                bottom + 18.0,
+                xml_escape(label)
+            );
+        }
     }
     let _ = write!(
         out,
@@ -295,17 +306,25 @@ pub fn prefill_chart(doc: &MatrixDoc) -> String {
             PALETTE[0],
             coordinates.join(" ")
         );
+        let mut last_label_x = f64::NEG_INFINITY;
         for (context, value) in &points {
             let (x, y) = (plot.x(log2(*context)), plot.y(*value));
             let _ = write!(
                 out,
-                r##"<circle cx="{x:.1}" cy="{y:.1}" r="3.5" fill="{}"><title>{}: {} tok/s</title></circle><text x="{x:.1}" y="{:.1}" font-size="11" text-anchor="middle" fill="#111">{}</text>"##,
+                r##"<circle cx="{x:.1}" cy="{y:.1}" r="3.5" fill="{}"><title>{}: {} tok/s</title></circle>"##,
                 PALETTE[0],
                 xml_escape(&context_label(*context)),
                 xml_escape(&format_rate(*value)),
-                y - 8.0,
-                xml_escape(&format_rate(*value))
             );
+            if x - last_label_x >= MIN_LABEL_GAP {
+                last_label_x = x;
+                let _ = write!(
+                    out,
+                    r##"<text x="{x:.1}" y="{:.1}" font-size="11" text-anchor="middle" fill="#111">{}</text>"##,
+                    y - 8.0,
+                    xml_escape(&format_rate(*value))
+                );
+            }
         }
     }
     out.push_str("</svg>");
