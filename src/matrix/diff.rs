@@ -258,10 +258,11 @@ pub fn diff(a: &MatrixDoc, b: &MatrixDoc) -> MatrixDiff {
         .chain(&b.decode)
         .map(|cell| (cell.context_tokens, cell.concurrency))
         .collect();
+    let (index_a, index_b) = (a.cell_index(), b.cell_index());
     let mut decode = Vec::with_capacity(keys.len());
     for (context, concurrency) in keys {
-        let cell_a = a.cell(context, concurrency);
-        let cell_b = b.cell(context, concurrency);
+        let cell_a = index_a.get(&(context, concurrency)).copied();
+        let cell_b = index_b.get(&(context, concurrency)).copied();
         let pick = |get: fn(&super::doc::DecodeCell) -> Option<f64>| {
             ratio(cell_a.and_then(get), cell_b.and_then(get))
         };

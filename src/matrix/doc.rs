@@ -3,7 +3,7 @@
 //! Owns the data model that every producer (synthetic sweep, production aggregator, importer) builds
 //! and every consumer (renderers, diff, simulator, admin page) reads. It does no I/O and no
 //! formatting; units are in the field names and numbers keep full precision.
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -405,6 +405,15 @@ impl MatrixDoc {
         self.decode
             .iter()
             .find(|cell| cell.context_tokens == context_tokens && cell.concurrency == concurrency)
+    }
+
+    /// Every decode cell by (context, concurrency): for renderers that look up a whole grid, so
+    /// a large matrix costs one pass instead of one scan per cell.
+    pub fn cell_index(&self) -> HashMap<(u64, u32), &DecodeCell> {
+        self.decode
+            .iter()
+            .map(|cell| ((cell.context_tokens, cell.concurrency), cell))
+            .collect()
     }
 
     /// The prefill row at `context_tokens`, if present.

@@ -1,7 +1,7 @@
 //! The HTML rendering: one self-contained page (inline CSS and SVG, no scripts, no network) with
 //! the facts, the decode grid as a heat map, the decode and prefill charts and the full table.
 //!
-//! Built from fragments so the admin page can reuse them: [`page`] wraps any body,
+//! Built from fragments so the admin page can reuse them: [`page()`] wraps any body,
 //! [`grid_fragment`], [`facts_fragment`], [`prefill_fragment`], [`measurements_fragment`] and
 //! [`ratio_grid_fragment`] each return one `<section>`. All text is escaped; everything is in the
 //! DOM without JavaScript. Pure: documents in, strings out.
@@ -110,6 +110,7 @@ pub fn grid_fragment(doc: &MatrixDoc) -> String {
         .filter_map(|cell| cell.total_tok_s)
         .filter(|v| v.is_finite())
         .fold(0.0_f64, f64::max);
+    let cells = doc.cell_index();
     let mut out = String::from("<section class=\"decode\">");
     let _ = write!(
         out,
@@ -124,7 +125,7 @@ pub fn grid_fragment(doc: &MatrixDoc) -> String {
         let label = context_label(*context);
         let _ = write!(out, "<tr><th>{}</th>", escape(&label));
         for concurrency in &concurrencies {
-            let cell = doc.cell(*context, *concurrency);
+            let cell = cells.get(&(*context, *concurrency)).copied();
             let status = cell.map_or("absent", |c| c.status.slug());
             let _ = write!(
                 out,

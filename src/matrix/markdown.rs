@@ -165,6 +165,7 @@ pub fn render_markdown(doc: &MatrixDoc) -> String {
     }
     let contexts = doc.contexts();
     let concurrencies = doc.concurrencies();
+    let cell_index = doc.cell_index();
     if !contexts.is_empty() {
         lines.push(format!("## {SECTION_DECODE}"));
         lines.push(String::new());
@@ -177,15 +178,13 @@ pub fn render_markdown(doc: &MatrixDoc) -> String {
         for context in &contexts {
             let mut cells = vec![escape(&context_label(*context))];
             for concurrency in &concurrencies {
-                let text = grid_cell_parts(doc.cell(*context, *concurrency)).map_or_else(
-                    String::new,
-                    |parts| match parts {
+                let text = grid_cell_parts(cell_index.get(&(*context, *concurrency)).copied())
+                    .map_or_else(String::new, |parts| match parts {
                         page::GridCellText::Figures { total_tok_s, ttft } => {
                             format!("{}<br>{}", escape(&total_tok_s), escape(&ttft))
                         }
                         page::GridCellText::Status(status) => escape(&status),
-                    },
-                );
+                    });
                 cells.push(text);
             }
             lines.push(raw_table_row(&cells));

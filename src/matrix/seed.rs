@@ -462,6 +462,7 @@ fn check_decode_grid(
         .copied()
         .collect();
     let contexts = doc.contexts();
+    let cells_by_key = doc.cell_index();
     for (index, line) in rows.iter().enumerate() {
         let cells = split_table_row(line.text, false)
             .ok_or_else(|| expected(*line, "a grid row ending with `|`"))?;
@@ -497,7 +498,7 @@ fn check_decode_grid(
         }
         for (concurrency, text) in concurrencies.iter().zip(&cells[1..]) {
             let what = format!("grid cell {} × {concurrency}", context_label(context));
-            match grid_cell_parts(doc.cell(context, *concurrency)) {
+            match grid_cell_parts(cells_by_key.get(&(context, *concurrency)).copied()) {
                 None if text.is_empty() => {}
                 None => {
                     return Err(ImportError::MissingRow {

@@ -170,13 +170,14 @@ pub fn decode_chart(doc: &MatrixDoc) -> String {
     );
     let contexts = doc.contexts();
     let concurrencies = doc.concurrencies();
+    let cells = doc.cell_index();
     let series: Vec<(u64, Vec<(u32, f64)>)> = contexts
         .iter()
         .map(|context| {
             let points = concurrencies
                 .iter()
                 .filter_map(|concurrency| {
-                    let cell = doc.cell(*context, *concurrency)?;
+                    let cell = *cells.get(&(*context, *concurrency))?;
                     cell.status
                         .is_valid()
                         .then_some(())
