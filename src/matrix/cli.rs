@@ -1,10 +1,198 @@
-//! `tokentap matrix show|diff|import`. Placeholder.
+//! `tokentap matrix show|diff|import`: reads files, calls the pure renderers and the diff, writes
+//! the result, and turns a failed gate into exit code 3. The only place in `matrix/` that decides
+//! exit codes.
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Arguments of `tokentap matrix`.
-#[derive(Debug, clap::Args)]
-pub struct MatrixArgs {}
+use anyhow::Context;
+use clap::{Args, Subcommand, ValueEnum};
 
-pub async fn run(_args: MatrixArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("`tokentap matrix` is not built yet")
+use super::diff::{self, DiffColumn, Gate};
+use super::file::load;
+
+/// Exit code of `matrix diff` when the gate fails (1 is any other error, 2 a usage error).
+pub const EXIT_GATE_FAILED: u8 = 3;
+
+/// Render, compare and import speed-test matrices.
+///
+/// A matrix is read from any of three formats, detected from the content: a seed page's text
+/// (first line `Speed test matrix`), tokentap's Markdown (first line `# Speed test matrix`) or
+/// tokentap's JSON (schema `tokentap.matrix/v1`). The schema is documented in docs/matrix.md.
+#[derive(Debug, Args)]
+pub struct MatrixArgs {
+    #[command(subcommand)]
+    pub command: MatrixCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum MatrixCommand {
+    /// Render a matrix as Markdown (like the seed page), JSON, CSV, an HTML report or SVG charts.
+    Show(ShowArgs),
+    /// Compare two matrices cell by cell (ratios B ÷ A), optionally gating a deployment in CI.
+    ///
+    /// Exit codes: 0 when the gate passes (or none is set), 3 when it fails, 1 when an input
+    /// cannot be read, 2 for bad arguments.
+    Diff(DiffArgs),
+    /// Convert a seed page (or tokentap Markdown) into the JSON document.
+    Import(ImportArgs),
+}
+
+/// Output formats of `matrix show`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShowFormat {
+    /// Markdown laid out like the seed page; imports back to the same document.
+    Md,
+    /// The JSON document (schema tokentap.matrix/v1), full precision.
+    Json,
+    /// One row per measurement, full precision, base units in the column names.
+    Csv,
+    /// A self-contained HTML report: heat-map grid, charts, full table.
+    Html,
+    /// SVG charts: decode tok/s by concurrency per context, prefill tok/s by context.
+    Svg,
+}
+
+/// Output formats of `matrix diff`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    /// Markdown: summary, status changes, ratio grid, every ratio of every cell.
+    Md,
+    /// JSON (schema tokentap.matrix-diff/v1).
+    Json,
+    /// A self-contained HTML page with the ratio grid as a heat map.
+    Html,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The matrix file: seed page text, Markdown or JSON; `-` reads standard input.
+    pub file: PathBuf,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = ShowFormat::Md)]
+    pub format: ShowFormat,
+    /// Write to this file instead of standard output.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The baseline matrix A (seed text, Markdown or JSON).
+    pub a: PathBuf,
+    /// The matrix B compared with A; every ratio is B ÷ A.
+    pub b: PathBuf,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = DiffFormat::Md)]
+    pub format: DiffFormat,
+    /// Write the diff to this file instead of standard output.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// The column whose geometric-mean ratio (over cells Valid in both) --fail-below and
+    /// --fail-above check. Prefill columns use prefill rows Valid in both.
+    #[arg(long, value_enum, default_value_t = DiffColumn::TotalTokS)]
+    pub column: DiffColumn,
+    /// Exit with code 3 when the geometric mean of the --column ratios B ÷ A is below R
+    /// (e.g. 0.95: "B may be at most 5% slower"). Also fails when no cell is Valid in both.
+    /// Default: not checked.
+    #[arg(long, value_name = "R")]
+    pub fail_below: Option<f64>,
+    /// Exit with code 3 when the geometric mean of the --column ratios B ÷ A is above R
+    /// (e.g. `--column ttft_ms --fail-above 1.1`). Default: not checked.
+    #[arg(long, value_name = "R")]
+    pub fail_above: Option<f64>,
+    /// Exit with code 3 when any cell or prefill row changed status (e.g. Valid → Error, or
+    /// present in only one matrix). Default: off.
+    #[arg(long)]
+    pub fail_on_status_change: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The seed page text (or tokentap Markdown) to convert; `-` reads standard input.
+    pub file: PathBuf,
+    /// Write the JSON to this file instead of standard output.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+}
+
+pub async fn run(args: MatrixArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        MatrixCommand::Show(args) => show(&args),
+        MatrixCommand::Diff(args) => diff_command(&args),
+        MatrixCommand::Import(args) => import(&args),
+    }
+}
+
+fn write_output(output: Option<&Path>, text: &str) -> anyhow::Result<()> {
+    match output {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+        }
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+                .context("cannot write to standard output")
+        }
+    }
+}
+
+fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
+    let doc = load(&args.file)?;
+    let text = match args.format {
+        ShowFormat::Md => super::markdown::render_markdown(&doc),
+        ShowFormat::Json => super::render_json(&doc),
+        ShowFormat::Csv => super::csv::render_csv(&doc),
+        ShowFormat::Html => super::html::render_html(&doc),
+        ShowFormat::Svg => super::svg::render_svg(&doc),
+    };
+    write_output(args.output.as_deref(), &text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn import(args: &ImportArgs) -> anyhow::Result<ExitCode> {
+    let doc = load(&args.file)?;
+    write_output(args.output.as_deref(), &super::render_json(&doc))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn diff_command(args: &DiffArgs) -> anyhow::Result<ExitCode> {
+    for (flag, value) in [
+        ("--fail-below", args.fail_below),
+        ("--fail-above", args.fail_above),
+    ] {
+        if let Some(value) = value {
+            anyhow::ensure!(
+                value.is_finite() && value > 0.0,
+                "{flag} must be a positive ratio like 0.95, found {value}"
+            );
+        }
+    }
+    let a = load(&args.a)?;
+    let b = load(&args.b)?;
+    let mut result = diff::diff(&a, &b);
+    result.a.label = args.a.display().to_string();
+    result.b.label = args.b.display().to_string();
+    let text = match args.format {
+        DiffFormat::Md => diff::render_diff_markdown(&result),
+        DiffFormat::Json => diff::render_diff_json(&result),
+        DiffFormat::Html => super::html::render_diff_html(&result),
+    };
+    write_output(args.output.as_deref(), &text)?;
+    let gate = Gate {
+        column: args.column,
+        fail_below: args.fail_below,
+        fail_above: args.fail_above,
+        fail_on_status_change: args.fail_on_status_change,
+    };
+    let failures = diff::evaluate_gate(&result, &gate);
+    if failures.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    for failure in &failures {
+        eprintln!("gate failed: {failure}");
+    }
+    Ok(ExitCode::from(EXIT_GATE_FAILED))
 }

@@ -1,2 +1,42 @@
-//! The speed-test matrix document: schema, import, renderers and diff. Placeholder.
+//! The speed-test matrix: one document type for production and synthetic results, its importers
+//! (seed page text, Markdown, JSON), its renderings (Markdown, JSON, CSV, HTML, SVG), the diff of
+//! two matrices and what a simulator can infer from one.
+//!
+//! Everything here is pure (strings and structs in, strings and structs out) except `file`, which
+//! reads files for the CLI and other modules, and `cli`, the `tokentap matrix` command. Producers
+//! (sweep engine, production aggregator) build a [`MatrixDoc`] in code and call
+//! [`MatrixDoc::validate`]; consumers render it with the functions re-exported here.
 pub mod cli;
+pub mod csv;
+pub mod diff;
+pub mod doc;
+pub mod file;
+pub mod html;
+pub mod import;
+pub mod infer;
+pub mod markdown;
+pub mod page;
+pub mod redact;
+pub mod seed;
+pub mod svg;
+pub mod units;
+
+pub use diff::{diff, DiffColumn, MatrixDiff};
+pub use doc::{
+    CellStatus, DecodeCell, Engine, Fact, Hardware, MatrixDoc, Metadata, ModelInfo, PrefillRow,
+    RunInfo, Source, ValidationError, SCHEMA,
+};
+pub use file::{load, LoadError};
+pub use import::{parse_any, ImportError};
+pub use markdown::render_markdown;
+pub use redact::redact_launch_command;
+
+/// The stable JSON rendering (pretty-printed, fields in struct order, trailing newline).
+pub fn render_json(doc: &MatrixDoc) -> String {
+    let mut json = serde_json::to_string_pretty(doc).unwrap_or_else(|error| {
+        // Serializing plain structs of strings and numbers cannot fail; keep the reason visible.
+        format!("{{\"error\": {:?}}}", error.to_string())
+    });
+    json.push('\n');
+    json
+}

@@ -1,0 +1,91 @@
+//! CSV rendering of a matrix: one row per measurement (prefill rows, then decode cells), full
+//! precision, base units in the column names, empty for a missing value (RFC 4180 quoting).
+use super::doc::MatrixDoc;
+use super::page::{PHASE_DECODE, PHASE_PREFILL};
+use super::units::context_label;
+
+/// Column names of [`render_csv`], in order.
+pub const CSV_COLUMNS: [&str; 14] = [
+    "phase",
+    "context",
+    "context_tokens",
+    "requests_at_once",
+    "status",
+    "total_tok_s",
+    "per_request_tok_s",
+    "ttft_ms",
+    "tbt_ms",
+    "average_active_requests",
+    "completed_requests",
+    "output_tokens",
+    "measured_for_s",
+    "prompt_tokens",
+];
+
+fn quote(field: &str) -> String {
+    if field.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", field.replace('"', "\"\""))
+    } else {
+        field.to_owned()
+    }
+}
+
+fn number(value: Option<f64>) -> String {
+    value.map(|v| v.to_string()).unwrap_or_default()
+}
+
+fn count(value: Option<u64>) -> String {
+    value.map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// Renders `doc` as CSV with a header row; lines end in `\r\n` as RFC 4180 asks.
+pub fn render_csv(doc: &MatrixDoc) -> String {
+    let mut rows: Vec<Vec<String>> = vec![CSV_COLUMNS.iter().map(|c| (*c).to_owned()).collect()];
+    let mut prefill: Vec<_> = doc.prefill.iter().collect();
+    prefill.sort_by_key(|row| row.context_tokens);
+    for row in prefill {
+        rows.push(vec![
+            PHASE_PREFILL.to_owned(),
+            context_label(row.context_tokens),
+            row.context_tokens.to_string(),
+            row.requests_at_once.to_string(),
+            row.status.to_string(),
+            number(row.prompt_tok_s),
+            String::new(),
+            number(row.ttft_ms),
+            String::new(),
+            String::new(),
+            count(row.completed_requests),
+            String::new(),
+            String::new(),
+            count(row.prompt_tokens),
+        ]);
+    }
+    let mut decode: Vec<_> = doc.decode.iter().collect();
+    decode.sort_by_key(|cell| (cell.context_tokens, cell.concurrency));
+    for cell in decode {
+        rows.push(vec![
+            PHASE_DECODE.to_owned(),
+            context_label(cell.context_tokens),
+            cell.context_tokens.to_string(),
+            cell.concurrency.to_string(),
+            cell.status.to_string(),
+            number(cell.total_tok_s),
+            number(cell.per_request_tok_s),
+            number(cell.ttft_ms),
+            number(cell.tbt_ms),
+            number(cell.average_active_requests),
+            count(cell.completed_requests),
+            count(cell.output_tokens),
+            number(cell.measured_for_s),
+            count(cell.prompt_tokens),
+        ]);
+    }
+    let mut out = String::new();
+    for row in rows {
+        let fields: Vec<String> = row.iter().map(|field| quote(field)).collect();
+        out.push_str(&fields.join(","));
+        out.push_str("\r\n");
+    }
+    out
+}

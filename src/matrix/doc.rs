@@ -1,0 +1,855 @@
+//! The matrix document itself: plain serde structs, lookups and validation.
+//!
+//! Owns the data model that every producer (synthetic sweep, production aggregator, importer) builds
+//! and every consumer (renderers, diff, simulator, admin page) reads. It does no I/O and no
+//! formatting; units are in the field names and numbers keep full precision.
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The schema tag every JSON document carries; bump it when a field changes meaning or is added.
+pub const SCHEMA: &str = "tokentap.matrix/v1";
+
+/// One speed-test matrix: who was measured, how, and what came out.
+///
+/// `decode` holds the "Sustained decode" cells (context × concurrency), `prefill` the prefill rows
+/// (one per context). Either may be sparse: a production window may lack some cells.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MatrixDoc {
+    /// Always [`SCHEMA`].
+    pub schema: String,
+    pub metadata: Metadata,
+    pub prefill: Vec<PrefillRow>,
+    pub decode: Vec<DecodeCell>,
+}
+
+/// Everything the seed page says about the run besides the measurements.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    pub model: ModelInfo,
+    pub hardware: Hardware,
+    pub engine: Engine,
+    pub run: RunInfo,
+    /// The server's launch command with secrets replaced by `<redacted>`
+    /// (see [`crate::matrix::redact::redact_launch_command`]).
+    pub launch_command: Option<String>,
+    /// Facts the page listed that have no field of their own, kept in page order so nothing is lost.
+    #[serde(default)]
+    pub extra_facts: Vec<Fact>,
+    /// Free-form remarks about the run, e.g. "paused 40 s for production traffic at 16K × 8".
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+/// The model being served.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelInfo {
+    /// The name in the page title (e.g. `GLM-5.3-Flash-NVFP4`); `None` means "use the served model".
+    pub display_name: Option<String>,
+    /// The name clients send as `model` (e.g. `nvidia/GLM-5.3-Flash-NVFP4`, `step3p7`).
+    pub served_model: Option<String>,
+    /// The weights the server loaded (`--model-path`).
+    pub model_path: Option<String>,
+    /// Revision of the weights (e.g. `main`).
+    pub revision: Option<String>,
+}
+
+/// Hardware labels as the page shows them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hardware {
+    /// The hardware part of the title; `None` means "derive it from gpu, memory and count"
+    /// (see [`Hardware::summary`]).
+    pub label: Option<String>,
+    /// e.g. `Discrete GPU`.
+    pub kind: Option<String>,
+    /// e.g. `RTX PRO 6000 Blackwell Server Edition`.
+    pub gpu: Option<String>,
+    pub gpu_count: Option<u32>,
+    /// Memory of one GPU in GB (the page prints the total as `384 GB (4 × 96 GB)`).
+    pub memory_per_gpu_gb: Option<f64>,
+    /// e.g. `linux`.
+    pub os: Option<String>,
+}
+
+/// The inference engine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Engine {
+    /// e.g. `sglang`, `vllm`.
+    pub name: Option<String>,
+    pub version: Option<String>,
+    /// e.g. `NVFP4`, `FP8`.
+    pub quantization: Option<String>,
+    /// e.g. `cuda`.
+    pub backend: Option<String>,
+    pub repository: Option<String>,
+    /// e.g. `cuda-13.2`.
+    pub build: Option<String>,
+    pub commit: Option<String>,
+}
+
+/// How the measurements were taken.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunInfo {
+    /// Where the figures come from; `None` when unknown.
+    pub source: Option<Source>,
+    /// The tool and its version, e.g. `tokentap v0.1.0`, `llm-inference-bench v0.8.0`.
+    pub benchmark_tool: Option<String>,
+    /// e.g. `Fixed duration`.
+    pub decode_test: Option<String>,
+    /// e.g. `Measured during decode warm-up`.
+    pub prefill_mode: Option<String>,
+    /// Planned length of one decode measurement window, seconds.
+    pub time_per_measurement_s: Option<f64>,
+    /// `max_tokens` of each decode stream.
+    pub max_output_tokens: Option<u64>,
+    /// Identifier of the synthetic sweep that produced this document.
+    pub sweep_id: Option<String>,
+    /// Length of the production window this document aggregates, seconds.
+    pub window_s: Option<f64>,
+    /// RFC 3339 time the run or window started, e.g. `2025-06-01T12:00:00Z`.
+    pub started_at: Option<String>,
+    /// RFC 3339 time the run or window ended.
+    pub ended_at: Option<String>,
+}
+
+/// Where a matrix's figures come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    /// Aggregated from real client traffic through the proxy.
+    Production,
+    /// Measured by a sweep (tokentap's own, or a published benchmark page).
+    Synthetic,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Production => "production",
+            Source::Synthetic => "synthetic",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Source> {
+        match text {
+            "production" => Some(Source::Production),
+            "synthetic" => Some(Source::Synthetic),
+            _ => None,
+        }
+    }
+}
+
+/// A fact with no dedicated field: which page section it sat in, its key and value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fact {
+    /// `Hardware`, `Engine` or `Run`.
+    pub section: String,
+    pub key: String,
+    pub value: String,
+}
+
+/// One prefill measurement: a cold prompt of `context_tokens` and how fast it was read.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefillRow {
+    /// Nominal prompt length in tokens (`8K` = 8192).
+    pub context_tokens: u64,
+    /// Requests in flight while it was measured (1 for a sweep's scout request).
+    pub requests_at_once: u32,
+    pub status: CellStatus,
+    /// Prompt tokens read per second: uncached prompt tokens ÷ TTFT.
+    pub prompt_tok_s: Option<f64>,
+    /// Time to first token of the cold request, milliseconds.
+    pub ttft_ms: Option<f64>,
+    /// Requests that completed (1 for a scout).
+    pub completed_requests: Option<u64>,
+    /// Prompt tokens the server reported, when known (the nominal context is `context_tokens`).
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+}
+
+/// One sustained-decode cell: `concurrency` identical streams at `context_tokens`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeCell {
+    /// Nominal prompt length in tokens (`8K` = 8192, `1019K` = 1043456).
+    pub context_tokens: u64,
+    /// Simultaneous requests ("Requests at once").
+    pub concurrency: u32,
+    pub status: CellStatus,
+    /// Output tokens per second across all simultaneous requests.
+    pub total_tok_s: Option<f64>,
+    /// Output tokens per second of one stream (1 ÷ time between tokens).
+    pub per_request_tok_s: Option<f64>,
+    /// Median time to first token, milliseconds (after the prompt cache was warmed, for a sweep).
+    pub ttft_ms: Option<f64>,
+    /// Median time between tokens, milliseconds.
+    pub tbt_ms: Option<f64>,
+    /// Mean number of requests the server was running during the window.
+    pub average_active_requests: Option<f64>,
+    /// Requests that finished inside the window.
+    pub completed_requests: Option<u64>,
+    /// Output tokens produced inside the window.
+    pub output_tokens: Option<u64>,
+    /// Length of the measurement window, seconds.
+    pub measured_for_s: Option<f64>,
+    /// Prompt tokens the server reported per request, when known.
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+}
+
+/// Outcome of one measurement. In JSON and on the page it is the text `Valid`, `Over capacity`,
+/// `Not run` or `Error: <reason>`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum CellStatus {
+    Valid,
+    /// Skipped: this many requests at this context would exceed the server's KV cache.
+    OverCapacity,
+    /// Skipped by the run (cancelled, stopped early, or not planned).
+    NotRun,
+    /// The measurement failed; the reason is one line of text.
+    Error(String),
+}
+
+impl CellStatus {
+    /// An `Error` status whose reason is made safe for every rendering: whitespace runs (newlines
+    /// included) become one space, and an empty reason becomes `unknown`.
+    pub fn error(reason: &str) -> CellStatus {
+        let collapsed = reason.split_whitespace().collect::<Vec<_>>().join(" ");
+        let cleaned: String = collapsed.chars().filter(|c| !c.is_control()).collect();
+        if cleaned.is_empty() {
+            CellStatus::Error("unknown".to_owned())
+        } else {
+            CellStatus::Error(cleaned)
+        }
+    }
+
+    pub fn is_valid(&self) -> bool {
+        matches!(self, CellStatus::Valid)
+    }
+
+    /// Parses the page text of a status; `None` for anything else.
+    pub fn parse(text: &str) -> Option<CellStatus> {
+        match text {
+            "Valid" => Some(CellStatus::Valid),
+            "Over capacity" => Some(CellStatus::OverCapacity),
+            "Not run" => Some(CellStatus::NotRun),
+            _ => {
+                let reason = text.strip_prefix("Error: ")?.trim();
+                if reason.is_empty() {
+                    None
+                } else {
+                    Some(CellStatus::Error(reason.to_owned()))
+                }
+            }
+        }
+    }
+
+    /// A short machine name: `valid`, `over-capacity`, `not-run`, `error` (CSS classes, data attributes).
+    pub fn slug(&self) -> &'static str {
+        match self {
+            CellStatus::Valid => "valid",
+            CellStatus::OverCapacity => "over-capacity",
+            CellStatus::NotRun => "not-run",
+            CellStatus::Error(_) => "error",
+        }
+    }
+}
+
+impl fmt::Display for CellStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CellStatus::Valid => f.write_str("Valid"),
+            CellStatus::OverCapacity => f.write_str("Over capacity"),
+            CellStatus::NotRun => f.write_str("Not run"),
+            CellStatus::Error(reason) => write!(f, "Error: {reason}"),
+        }
+    }
+}
+
+impl Serialize for CellStatus {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for CellStatus {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        CellStatus::parse(&text).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown status {text:?}, expected \"Valid\", \"Over capacity\", \"Not run\" or \"Error: <reason>\""
+            ))
+        })
+    }
+}
+
+impl Hardware {
+    /// The hardware part of the page title: `label` when set, else
+    /// `<gpu>[ <memory>GB][ ×<count>]` (e.g. `RTX PRO 6000 Blackwell Server Edition 96GB ×4`),
+    /// `None` when nothing is known.
+    pub fn summary(&self) -> Option<String> {
+        if let Some(label) = &self.label {
+            return Some(label.clone());
+        }
+        self.derived_summary()
+    }
+
+    /// The summary built from the individual fields, ignoring `label`.
+    pub fn derived_summary(&self) -> Option<String> {
+        let gpu = self.gpu.as_ref()?;
+        let mut summary = gpu.clone();
+        if let Some(memory) = self.memory_per_gpu_gb {
+            summary.push_str(&format!(" {memory}GB"));
+        }
+        if let Some(count) = self.gpu_count {
+            summary.push_str(&format!(" ×{count}"));
+        }
+        Some(summary)
+    }
+}
+
+impl ModelInfo {
+    /// The model name for the title: the display name, else the served model, else the model path.
+    pub fn title_name(&self) -> Option<&str> {
+        self.display_name
+            .as_deref()
+            .or(self.served_model.as_deref())
+            .or(self.model_path.as_deref())
+    }
+}
+
+impl DecodeCell {
+    /// A cell that carries only a status (Over capacity, Not run, or an Error without figures).
+    pub fn status_only(context_tokens: u64, concurrency: u32, status: CellStatus) -> DecodeCell {
+        DecodeCell {
+            context_tokens,
+            concurrency,
+            status,
+            total_tok_s: None,
+            per_request_tok_s: None,
+            ttft_ms: None,
+            tbt_ms: None,
+            average_active_requests: None,
+            completed_requests: None,
+            output_tokens: None,
+            measured_for_s: None,
+            prompt_tokens: None,
+        }
+    }
+
+    /// Whether any measured column holds a value.
+    pub fn has_figures(&self) -> bool {
+        self.total_tok_s.is_some()
+            || self.per_request_tok_s.is_some()
+            || self.ttft_ms.is_some()
+            || self.tbt_ms.is_some()
+            || self.average_active_requests.is_some()
+            || self.completed_requests.is_some()
+            || self.output_tokens.is_some()
+            || self.measured_for_s.is_some()
+            || self.prompt_tokens.is_some()
+    }
+}
+
+/// Why a document is not acceptable; each names the offending item.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("schema is {found:?}, this tokentap reads {SCHEMA:?}")]
+    Schema { found: String },
+    #[error("{item}: {field} must be a finite number ≥ 0, found {value}")]
+    BadNumber {
+        item: String,
+        field: &'static str,
+        value: f64,
+    },
+    #[error("{item}: {field} must be > 0")]
+    Zero { item: String, field: &'static str },
+    #[error("{item} appears twice")]
+    Duplicate { item: String },
+    #[error("{item}: a cell with status {status} carries measured figures; only Valid and Error cells may")]
+    FiguresOnSkippedCell { item: String, status: String },
+    #[error("{item}: the error reason must be one non-empty line without control characters (use CellStatus::error)")]
+    BadErrorReason { item: String },
+    #[error("{field}: must be one line without control characters, found {value:?}")]
+    BadText { field: String, value: String },
+    #[error(
+        "metadata.launch_command holds a secret; store redact_launch_command(command) instead"
+    )]
+    UnredactedLaunchCommand,
+    #[error("{field}: expected an RFC 3339 time like 2025-06-01T12:00:00Z, found {value:?}")]
+    BadTime { field: &'static str, value: String },
+}
+
+impl MatrixDoc {
+    /// An empty document with the current schema tag.
+    pub fn new(metadata: Metadata) -> MatrixDoc {
+        MatrixDoc {
+            schema: SCHEMA.to_owned(),
+            metadata,
+            prefill: Vec::new(),
+            decode: Vec::new(),
+        }
+    }
+
+    /// The decode cell at `context_tokens` × `concurrency`, if present.
+    pub fn cell(&self, context_tokens: u64, concurrency: u32) -> Option<&DecodeCell> {
+        self.decode
+            .iter()
+            .find(|cell| cell.context_tokens == context_tokens && cell.concurrency == concurrency)
+    }
+
+    /// Every decode cell by (context, concurrency): for renderers that look up a whole grid, so
+    /// a large matrix costs one pass instead of one scan per cell.
+    pub fn cell_index(&self) -> HashMap<(u64, u32), &DecodeCell> {
+        self.decode
+            .iter()
+            .map(|cell| ((cell.context_tokens, cell.concurrency), cell))
+            .collect()
+    }
+
+    /// The prefill row at `context_tokens`, if present.
+    pub fn prefill_row(&self, context_tokens: u64) -> Option<&PrefillRow> {
+        self.prefill
+            .iter()
+            .find(|row| row.context_tokens == context_tokens)
+    }
+
+    /// Decode contexts, ascending, without repeats.
+    pub fn contexts(&self) -> Vec<u64> {
+        let set: BTreeSet<u64> = self.decode.iter().map(|cell| cell.context_tokens).collect();
+        set.into_iter().collect()
+    }
+
+    /// Decode concurrency levels, ascending, without repeats.
+    pub fn concurrencies(&self) -> Vec<u32> {
+        let set: BTreeSet<u32> = self.decode.iter().map(|cell| cell.concurrency).collect();
+        set.into_iter().collect()
+    }
+
+    /// Prefill contexts, ascending, without repeats.
+    pub fn prefill_contexts(&self) -> Vec<u64> {
+        let set: BTreeSet<u64> = self.prefill.iter().map(|row| row.context_tokens).collect();
+        set.into_iter().collect()
+    }
+
+    /// Sorts prefill rows by context and decode cells by context, then concurrency: the order every
+    /// rendering uses. Importers return documents in this order.
+    pub fn sort(&mut self) {
+        self.prefill.sort_by_key(|row| row.context_tokens);
+        self.decode
+            .sort_by_key(|cell| (cell.context_tokens, cell.concurrency));
+    }
+
+    /// Checks what every consumer relies on: the schema tag, finite non-negative numbers, positive
+    /// contexts and concurrency, no duplicate cells, no figures on skipped cells, one-line texts
+    /// (so every rendering stays well-formed) and RFC 3339 times.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        if self.schema != SCHEMA {
+            return Err(ValidationError::Schema {
+                found: self.schema.clone(),
+            });
+        }
+        self.metadata.validate()?;
+        let mut seen_prefill = BTreeSet::new();
+        for row in &self.prefill {
+            row.validate()?;
+            if !seen_prefill.insert(row.context_tokens) {
+                return Err(ValidationError::Duplicate {
+                    item: format!("prefill row {}", row.context_tokens),
+                });
+            }
+        }
+        let mut seen_cells = BTreeSet::new();
+        for cell in &self.decode {
+            cell.validate()?;
+            if !seen_cells.insert((cell.context_tokens, cell.concurrency)) {
+                return Err(ValidationError::Duplicate {
+                    item: format!("decode cell {} × {}", cell.context_tokens, cell.concurrency),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PrefillRow {
+    /// The checks of [`MatrixDoc::validate`] that concern this row alone.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let item = format!("prefill row {}", self.context_tokens);
+        if self.context_tokens == 0 {
+            return Err(ValidationError::Zero {
+                item,
+                field: "context_tokens",
+            });
+        }
+        if self.requests_at_once == 0 {
+            return Err(ValidationError::Zero {
+                item,
+                field: "requests_at_once",
+            });
+        }
+        check_status(&item, &self.status)?;
+        check_number(&item, "prompt_tok_s", self.prompt_tok_s)?;
+        check_number(&item, "ttft_ms", self.ttft_ms)?;
+        let has_figures = self.prompt_tok_s.is_some()
+            || self.ttft_ms.is_some()
+            || self.completed_requests.is_some()
+            || self.prompt_tokens.is_some();
+        check_skipped(&item, &self.status, has_figures)
+    }
+}
+
+impl DecodeCell {
+    /// The checks of [`MatrixDoc::validate`] that concern this cell alone.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let item = format!("decode cell {} × {}", self.context_tokens, self.concurrency);
+        if self.context_tokens == 0 {
+            return Err(ValidationError::Zero {
+                item,
+                field: "context_tokens",
+            });
+        }
+        if self.concurrency == 0 {
+            return Err(ValidationError::Zero {
+                item,
+                field: "concurrency",
+            });
+        }
+        check_status(&item, &self.status)?;
+        check_number(&item, "total_tok_s", self.total_tok_s)?;
+        check_number(&item, "per_request_tok_s", self.per_request_tok_s)?;
+        check_number(&item, "ttft_ms", self.ttft_ms)?;
+        check_number(&item, "tbt_ms", self.tbt_ms)?;
+        check_number(
+            &item,
+            "average_active_requests",
+            self.average_active_requests,
+        )?;
+        check_number(&item, "measured_for_s", self.measured_for_s)?;
+        check_skipped(&item, &self.status, self.has_figures())
+    }
+}
+
+impl Metadata {
+    fn validate(&self) -> Result<(), ValidationError> {
+        let texts: [(&str, &Option<String>); 19] = [
+            ("metadata.model.display_name", &self.model.display_name),
+            ("metadata.model.served_model", &self.model.served_model),
+            ("metadata.model.model_path", &self.model.model_path),
+            ("metadata.model.revision", &self.model.revision),
+            ("metadata.hardware.label", &self.hardware.label),
+            ("metadata.hardware.kind", &self.hardware.kind),
+            ("metadata.hardware.gpu", &self.hardware.gpu),
+            ("metadata.hardware.os", &self.hardware.os),
+            ("metadata.engine.name", &self.engine.name),
+            ("metadata.engine.version", &self.engine.version),
+            ("metadata.engine.quantization", &self.engine.quantization),
+            ("metadata.engine.backend", &self.engine.backend),
+            ("metadata.engine.repository", &self.engine.repository),
+            ("metadata.engine.build", &self.engine.build),
+            ("metadata.engine.commit", &self.engine.commit),
+            ("metadata.run.benchmark_tool", &self.run.benchmark_tool),
+            ("metadata.run.decode_test", &self.run.decode_test),
+            ("metadata.run.prefill_mode", &self.run.prefill_mode),
+            ("metadata.run.sweep_id", &self.run.sweep_id),
+        ];
+        for (field, value) in texts {
+            if let Some(value) = value {
+                check_line(field, value)?;
+            }
+        }
+        for (index, fact) in self.extra_facts.iter().enumerate() {
+            check_line(
+                &format!("metadata.extra_facts[{index}].section"),
+                &fact.section,
+            )?;
+            check_line(&format!("metadata.extra_facts[{index}].key"), &fact.key)?;
+            check_line(&format!("metadata.extra_facts[{index}].value"), &fact.value)?;
+            let section_known = super::page::FACT_SECTIONS.contains(&fact.section.as_str());
+            if !section_known {
+                return Err(ValidationError::BadText {
+                    field: format!(
+                        "metadata.extra_facts[{index}].section (Hardware, Engine or Run)"
+                    ),
+                    value: fact.section.clone(),
+                });
+            }
+            if fact.key.contains(':')
+                || super::page::known_keys(&fact.section).contains(&fact.key.as_str())
+            {
+                return Err(ValidationError::BadText {
+                    field: format!("metadata.extra_facts[{index}].key"),
+                    value: fact.key.clone(),
+                });
+            }
+        }
+        for (index, note) in self.notes.iter().enumerate() {
+            check_line(&format!("metadata.notes[{index}]"), note)?;
+        }
+        if let Some(command) = &self.launch_command {
+            // The redaction check comes first so no error message ever quotes a secret.
+            if super::redact::redact_launch_command(command) != *command {
+                return Err(ValidationError::UnredactedLaunchCommand);
+            }
+            if command.trim().is_empty()
+                || command.trim() != command
+                || command
+                    .chars()
+                    .any(|c| c.is_control() && c != '\n' && c != '\t')
+            {
+                return Err(ValidationError::BadText {
+                    field: "metadata.launch_command".to_owned(),
+                    value: command.clone(),
+                });
+            }
+        }
+        check_number(
+            "metadata.hardware",
+            "memory_per_gpu_gb",
+            self.hardware.memory_per_gpu_gb,
+        )?;
+        check_number(
+            "metadata.run",
+            "time_per_measurement_s",
+            self.run.time_per_measurement_s,
+        )?;
+        check_number("metadata.run", "window_s", self.run.window_s)?;
+        if let Some(value) = &self.run.started_at {
+            check_time("metadata.run.started_at", value)?;
+        }
+        if let Some(value) = &self.run.ended_at {
+            check_time("metadata.run.ended_at", value)?;
+        }
+        Ok(())
+    }
+}
+
+fn check_number(
+    item: &str,
+    field: &'static str,
+    value: Option<f64>,
+) -> Result<(), ValidationError> {
+    match value {
+        Some(number) if !number.is_finite() || number < 0.0 => Err(ValidationError::BadNumber {
+            item: item.to_owned(),
+            field,
+            value: number,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn check_status(item: &str, status: &CellStatus) -> Result<(), ValidationError> {
+    if let CellStatus::Error(reason) = status {
+        let clean =
+            !reason.is_empty() && reason.trim() == reason && !reason.chars().any(char::is_control);
+        if !clean {
+            return Err(ValidationError::BadErrorReason {
+                item: item.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_skipped(
+    item: &str,
+    status: &CellStatus,
+    has_figures: bool,
+) -> Result<(), ValidationError> {
+    if has_figures && matches!(status, CellStatus::OverCapacity | CellStatus::NotRun) {
+        return Err(ValidationError::FiguresOnSkippedCell {
+            item: item.to_owned(),
+            status: status.to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn check_line(field: &str, value: &str) -> Result<(), ValidationError> {
+    if value.trim().is_empty() || value.trim() != value || value.chars().any(char::is_control) {
+        return Err(ValidationError::BadText {
+            field: field.to_owned(),
+            value: value.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the shape `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)` and the ranges of each part.
+fn check_time(field: &'static str, value: &str) -> Result<(), ValidationError> {
+    if is_rfc3339(value) {
+        Ok(())
+    } else {
+        Err(ValidationError::BadTime {
+            field,
+            value: value.to_owned(),
+        })
+    }
+}
+
+/// Whether `value` is an RFC 3339 date-time (shape and field ranges; leap seconds allowed).
+pub fn is_rfc3339(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<u32> {
+        let slice = bytes.get(range)?;
+        if slice.iter().all(u8::is_ascii_digit) {
+            Some(
+                slice
+                    .iter()
+                    .fold(0u32, |acc, b| acc * 10 + u32::from(b - b'0')),
+            )
+        } else {
+            None
+        }
+    };
+    let separator =
+        |index: usize, expected: &[u8]| bytes.get(index).is_some_and(|b| expected.contains(b));
+    let (Some(_year), Some(month), Some(day), Some(hour), Some(minute), Some(second)) = (
+        digits(0..4),
+        digits(5..7),
+        digits(8..10),
+        digits(11..13),
+        digits(14..16),
+        digits(17..19),
+    ) else {
+        return false;
+    };
+    if !(separator(4, b"-")
+        && separator(7, b"-")
+        && separator(10, b"Tt ")
+        && separator(13, b":")
+        && separator(16, b":"))
+    {
+        return false;
+    }
+    if !((1..=12).contains(&month)
+        && (1..=31).contains(&day)
+        && hour < 24
+        && minute < 60
+        && second <= 60)
+    {
+        return false;
+    }
+    let mut index = 19;
+    if bytes.get(index) == Some(&b'.') {
+        index += 1;
+        let start = index;
+        while bytes.get(index).is_some_and(u8::is_ascii_digit) {
+            index += 1;
+        }
+        if index == start {
+            return false;
+        }
+    }
+    match bytes.get(index) {
+        Some(b'Z' | b'z') => index + 1 == bytes.len(),
+        Some(b'+' | b'-') => {
+            let (Some(offset_hour), Some(offset_minute)) =
+                (digits(index + 1..index + 3), digits(index + 4..index + 6))
+            else {
+                return false;
+            };
+            separator(index + 3, b":")
+                && offset_hour < 24
+                && offset_minute < 60
+                && index + 6 == bytes.len()
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_text_round_trips() {
+        for status in [
+            CellStatus::Valid,
+            CellStatus::OverCapacity,
+            CellStatus::NotRun,
+            CellStatus::Error("stream reset after 12 tokens".to_owned()),
+        ] {
+            assert_eq!(CellStatus::parse(&status.to_string()), Some(status.clone()));
+            let json = serde_json::to_string(&status).unwrap();
+            assert_eq!(serde_json::from_str::<CellStatus>(&json).unwrap(), status);
+        }
+        assert_eq!(CellStatus::parse("Error: "), None);
+        assert_eq!(CellStatus::parse("valid"), None);
+        assert_eq!(
+            CellStatus::error("  line one\nline two\t "),
+            CellStatus::Error("line one line two".to_owned())
+        );
+        assert_eq!(
+            CellStatus::error("\n"),
+            CellStatus::Error("unknown".to_owned())
+        );
+    }
+
+    #[test]
+    fn rfc3339_shapes() {
+        for good in [
+            "2025-06-01T12:00:00Z",
+            "2025-06-01T12:00:00.123456Z",
+            "2025-06-01T12:00:00+02:00",
+            "2025-06-01 12:00:60-11:30",
+        ] {
+            assert!(is_rfc3339(good), "{good}");
+        }
+        for bad in [
+            "",
+            "2025-06-01",
+            "2025-13-01T12:00:00Z",
+            "2025-06-01T12:00:00",
+            "2025-06-01T12:00:00.Z",
+            "2025-06-01T12:00:00+0200",
+            "2025-06-01T12:00:00Zjunk",
+            "２０２５-06-01T12:00:00Z",
+        ] {
+            assert!(!is_rfc3339(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn validate_names_the_offending_item() {
+        let mut doc = MatrixDoc::new(Metadata::default());
+        doc.decode
+            .push(DecodeCell::status_only(8192, 1, CellStatus::Valid));
+        doc.decode
+            .push(DecodeCell::status_only(8192, 1, CellStatus::NotRun));
+        let error = doc.validate().unwrap_err();
+        assert_eq!(error.to_string(), "decode cell 8192 × 1 appears twice");
+
+        doc.decode.pop();
+        doc.decode[0].total_tok_s = Some(f64::NAN);
+        assert!(doc
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("total_tok_s"));
+
+        doc.decode[0].total_tok_s = Some(10.0);
+        doc.decode[0].status = CellStatus::OverCapacity;
+        assert!(matches!(
+            doc.validate(),
+            Err(ValidationError::FiguresOnSkippedCell { .. })
+        ));
+
+        doc.decode[0].status = CellStatus::Valid;
+        doc.metadata.run.started_at = Some("yesterday".to_owned());
+        assert!(matches!(
+            doc.validate(),
+            Err(ValidationError::BadTime { .. })
+        ));
+    }
+}

@@ -1,0 +1,702 @@
+//! The texts a matrix page is made of, shared by every page-like rendering and both importers:
+//! the title, the summary line, the fact lists, the "All measurements" rows, the grid cell texts
+//! and the legends.
+//!
+//! Owns the mapping between document fields and page wording (`GPU count`, `Max output`, …) in
+//! both directions. Pure: no I/O, no markup (callers escape for their format).
+use super::doc::{CellStatus, DecodeCell, Fact, MatrixDoc, Metadata, PrefillRow, Source};
+use super::units::{
+    context_label, format_count, format_decimal, format_ms_tenths, format_ms_whole, format_rate,
+    format_seconds_tenths, or_missing, parse_context, parse_count, parse_decimal, parse_optional,
+    parse_rate, parse_with_unit, ValueError,
+};
+
+pub const PAGE_TITLE: &str = "Speed test matrix";
+pub const SECTION_HARDWARE: &str = "Hardware";
+pub const SECTION_ENGINE: &str = "Engine";
+pub const SECTION_RUN: &str = "Run";
+pub const SECTION_LAUNCH: &str = "Launch command";
+pub const SECTION_NOTES: &str = "Notes";
+pub const SECTION_PREFILL: &str = "Prefill";
+pub const SECTION_DECODE: &str = "Sustained decode";
+pub const SECTION_ALL: &str = "All measurements";
+pub const FACT_SECTIONS: [&str; 3] = [SECTION_HARDWARE, SECTION_ENGINE, SECTION_RUN];
+
+pub const PREFILL_CAPTION: &str = "prompt tok/s by context length";
+pub const DECODE_CAPTION: &str =
+    "total tok/s · rows are context length, columns are simultaneous requests";
+pub const ALL_CAPTION: &str =
+    "Latencies are medians. Total tok/s is output across all simultaneous requests.";
+pub const LEGEND_OVER_CAPACITY: &str = "Over capacity: not run because this many requests at this context would exceed the server's KV cache.";
+pub const LEGEND_NOT_RUN: &str =
+    "Not run: the benchmark skipped this measurement during the run, or the run stopped early.";
+pub const LEGEND_ERROR: &str =
+    "Error: the measurement failed; the reason is in the All measurements table.";
+pub const TTFT_NOTE_SYNTHETIC: &str =
+    "TTFT is measured after the benchmark warms the server's prompt cache, so it mostly excludes prefill.";
+pub const TTFT_NOTE_PRODUCTION: &str =
+    "TTFT of production requests includes the prefill of their uncached prompt tokens.";
+
+pub const PHASE_PREFILL: &str = "Prefill";
+pub const PHASE_DECODE: &str = "Sustained decode";
+
+/// Column headers of the "All measurements" table, in order.
+pub const MEASUREMENT_COLUMNS: [&str; 12] = [
+    "Phase",
+    "Context",
+    "Requests at once",
+    "Status",
+    "Total tok/s",
+    "Per request tok/s",
+    "TTFT",
+    "Time between tokens",
+    "Average active requests",
+    "Completed requests",
+    "Output tokens",
+    "Measured for",
+];
+/// The optional 13th column, present when any row knows its real prompt length.
+pub const PROMPT_TOKENS_COLUMN: &str = "Prompt tokens";
+
+/// The title line: `<model> on <hardware>`.
+pub fn title(metadata: &Metadata) -> String {
+    let model = metadata.model.title_name().unwrap_or("Unknown model");
+    match metadata.hardware.summary() {
+        Some(hardware) => format!("{model} on {hardware}"),
+        None => model.to_owned(),
+    }
+}
+
+/// Splits a title into its model and hardware parts and stores them in canonical form: a part
+/// equal to what the fields already imply is stored as `None`. Call after the facts are in.
+pub fn apply_title(metadata: &mut Metadata, title: &str) {
+    let (model, hardware) = match title.split_once(" on ") {
+        Some((model, hardware)) => (model, Some(hardware)),
+        None => (title, None),
+    };
+    let fallback = metadata
+        .model
+        .served_model
+        .as_deref()
+        .or(metadata.model.model_path.as_deref())
+        .unwrap_or("Unknown model");
+    metadata.model.display_name = (model != fallback).then(|| model.to_owned());
+    metadata.hardware.label = match hardware {
+        Some(hardware) if Some(hardware) != metadata.hardware.derived_summary().as_deref() => {
+            Some(hardware.to_owned())
+        }
+        _ => None,
+    };
+}
+
+/// `sglang · 0.0.0.dev0 · NVFP4`: engine, version and quantization that are known.
+pub fn engine_summary(metadata: &Metadata) -> String {
+    [
+        &metadata.engine.name,
+        &metadata.engine.version,
+        &metadata.engine.quantization,
+    ]
+    .into_iter()
+    .flatten()
+    .cloned()
+    .collect::<Vec<_>>()
+    .join(" · ")
+}
+
+fn plural(count: usize, singular: &str, plural: &str) -> String {
+    if count == 1 {
+        format!("1 {singular}")
+    } else {
+        format!("{count} {plural}")
+    }
+}
+
+fn range_label<T: Copy>(values: &[T], label: impl Fn(T) -> String) -> String {
+    match (values.first(), values.last()) {
+        (Some(first), Some(last)) if values.len() > 1 => {
+            format!("{}–{}", label(*first), label(*last))
+        }
+        (Some(first), _) => label(*first),
+        _ => String::new(),
+    }
+}
+
+/// The line under the title: `<engine summary><joiner><n> contexts (8K–1019K) × <m> concurrency
+/// levels (1–128) · prefill at 8K, …`. The seed page has no separator after the engine summary
+/// (its HTML elements run together), the Markdown rendering uses ` · `.
+pub fn summary_line(doc: &MatrixDoc, engine_joiner: &str) -> String {
+    let engine = engine_summary(&doc.metadata);
+    let mut rest = Vec::new();
+    let contexts = doc.contexts();
+    let concurrencies = doc.concurrencies();
+    if !contexts.is_empty() {
+        rest.push(format!(
+            "{} ({}) × {} ({})",
+            plural(contexts.len(), "context", "contexts"),
+            range_label(&contexts, context_label),
+            plural(
+                concurrencies.len(),
+                "concurrency level",
+                "concurrency levels"
+            ),
+            range_label(&concurrencies, |c| c.to_string()),
+        ));
+    }
+    let prefill = doc.prefill_contexts();
+    if !prefill.is_empty() {
+        let labels: Vec<String> = prefill.into_iter().map(context_label).collect();
+        rest.push(format!("prefill at {}", labels.join(", ")));
+    }
+    let rest = rest.join(" · ");
+    match (engine.is_empty(), rest.is_empty()) {
+        (true, _) => rest,
+        (false, true) => engine,
+        (false, false) => format!("{engine}{engine_joiner}{rest}"),
+    }
+}
+
+/// The keys each fact section gives a field of its own; any other key is an extra fact.
+pub fn known_keys(section: &str) -> &'static [&'static str] {
+    match section {
+        SECTION_HARDWARE => &["Type", "GPU", "GPU count", "VRAM", "OS"],
+        SECTION_ENGINE => &[
+            "Engine",
+            "Version",
+            "Quantization",
+            "Backend",
+            "Repository",
+            "Build",
+            "Commit",
+        ],
+        SECTION_RUN => &[
+            "Served model",
+            "Model path",
+            "Revision",
+            "Benchmark tool",
+            "Decode test",
+            "Prefill mode",
+            "Time per measurement",
+            "Max output",
+            "Source",
+            "Sweep id",
+            "Window",
+            "Started",
+            "Ended",
+        ],
+        _ => &[],
+    }
+}
+
+/// The facts of one section as (key, value) page text, in page order; extra facts last.
+pub fn facts(metadata: &Metadata, section: &str) -> Vec<(String, String)> {
+    let mut facts: Vec<(&str, Option<String>)> = Vec::new();
+    match section {
+        SECTION_HARDWARE => {
+            let hardware = &metadata.hardware;
+            facts.push(("Type", hardware.kind.clone()));
+            facts.push(("GPU", hardware.gpu.clone()));
+            facts.push(("GPU count", hardware.gpu_count.map(|n| n.to_string())));
+            facts.push((
+                "VRAM",
+                hardware
+                    .memory_per_gpu_gb
+                    .map(|per_gpu| match hardware.gpu_count {
+                        Some(count) if count > 1 => {
+                            format!("{} GB ({count} × {per_gpu} GB)", f64::from(count) * per_gpu)
+                        }
+                        _ => format!("{per_gpu} GB"),
+                    }),
+            ));
+            facts.push(("OS", hardware.os.clone()));
+        }
+        SECTION_ENGINE => {
+            let engine = &metadata.engine;
+            facts.push(("Engine", engine.name.clone()));
+            facts.push(("Version", engine.version.clone()));
+            facts.push(("Quantization", engine.quantization.clone()));
+            facts.push(("Backend", engine.backend.clone()));
+            facts.push(("Repository", engine.repository.clone()));
+            facts.push(("Build", engine.build.clone()));
+            facts.push(("Commit", engine.commit.clone()));
+        }
+        SECTION_RUN => {
+            let (model, run) = (&metadata.model, &metadata.run);
+            facts.push(("Served model", model.served_model.clone()));
+            facts.push(("Model path", model.model_path.clone()));
+            facts.push(("Revision", model.revision.clone()));
+            facts.push(("Benchmark tool", run.benchmark_tool.clone()));
+            facts.push(("Decode test", run.decode_test.clone()));
+            facts.push(("Prefill mode", run.prefill_mode.clone()));
+            facts.push((
+                "Time per measurement",
+                run.time_per_measurement_s.map(|s| format!("{s} s")),
+            ));
+            facts.push((
+                "Max output",
+                run.max_output_tokens
+                    .map(|n| format!("{} tokens", format_count(n))),
+            ));
+            facts.push(("Source", run.source.map(|s| s.as_str().to_owned())));
+            facts.push(("Sweep id", run.sweep_id.clone()));
+            facts.push(("Window", run.window_s.map(|s| format!("{s} s"))));
+            facts.push(("Started", run.started_at.clone()));
+            facts.push(("Ended", run.ended_at.clone()));
+        }
+        _ => {}
+    }
+    let mut out: Vec<(String, String)> = facts
+        .into_iter()
+        .filter_map(|(key, value)| value.map(|value| (key.to_owned(), value)))
+        .collect();
+    out.extend(
+        metadata
+            .extra_facts
+            .iter()
+            .filter(|fact| fact.section == section)
+            .map(|fact| (fact.key.clone(), fact.value.clone())),
+    );
+    out
+}
+
+/// A fact whose value does not parse.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FactError {
+    #[error("{key}")]
+    Value {
+        key: String,
+        #[source]
+        source: ValueError,
+    },
+    #[error("{key}: VRAM says {vram_count} GPUs but GPU count says {gpu_count}")]
+    GpuCountMismatch {
+        key: String,
+        vram_count: u32,
+        gpu_count: u32,
+    },
+    #[error("{key} is given twice")]
+    Duplicate { key: String },
+}
+
+/// Stores one page fact into `metadata`; keys without a field of their own become extra facts.
+pub fn apply_fact(
+    metadata: &mut Metadata,
+    section: &str,
+    key: &str,
+    value: &str,
+) -> Result<(), FactError> {
+    let value_error = |source: ValueError| FactError::Value {
+        key: key.to_owned(),
+        source,
+    };
+    fn set<T>(slot: &mut Option<T>, value: T, key: &str) -> Result<(), FactError> {
+        if slot.is_some() {
+            return Err(FactError::Duplicate {
+                key: key.to_owned(),
+            });
+        }
+        *slot = Some(value);
+        Ok(())
+    }
+    let hardware = &mut metadata.hardware;
+    let engine = &mut metadata.engine;
+    let run = &mut metadata.run;
+    let model = &mut metadata.model;
+    match (section, key) {
+        (SECTION_HARDWARE, "Type") => set(&mut hardware.kind, value.to_owned(), key),
+        (SECTION_HARDWARE, "GPU") => set(&mut hardware.gpu, value.to_owned(), key),
+        (SECTION_HARDWARE, "GPU count") => {
+            let count = parse_count(value)
+                .ok()
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    value_error(ValueError {
+                        expected: "a GPU count like 4",
+                        found: value.to_owned(),
+                    })
+                })?;
+            if let (Some(existing), true) =
+                (hardware.gpu_count, hardware.memory_per_gpu_gb.is_some())
+            {
+                // VRAM came first and already set the count.
+                if existing != count {
+                    return Err(FactError::GpuCountMismatch {
+                        key: key.to_owned(),
+                        vram_count: existing,
+                        gpu_count: count,
+                    });
+                }
+                return Ok(());
+            }
+            set(&mut hardware.gpu_count, count, key)
+        }
+        (SECTION_HARDWARE, "VRAM") => {
+            let (per_gpu, count) = parse_vram(value).map_err(value_error)?;
+            if let Some(count) = count {
+                match hardware.gpu_count {
+                    Some(existing) if existing != count => {
+                        return Err(FactError::GpuCountMismatch {
+                            key: key.to_owned(),
+                            vram_count: count,
+                            gpu_count: existing,
+                        })
+                    }
+                    Some(_) => {}
+                    None => hardware.gpu_count = Some(count),
+                }
+            }
+            set(&mut hardware.memory_per_gpu_gb, per_gpu, key)
+        }
+        (SECTION_HARDWARE, "OS") => set(&mut hardware.os, value.to_owned(), key),
+        (SECTION_ENGINE, "Engine") => set(&mut engine.name, value.to_owned(), key),
+        (SECTION_ENGINE, "Version") => set(&mut engine.version, value.to_owned(), key),
+        (SECTION_ENGINE, "Quantization") => set(&mut engine.quantization, value.to_owned(), key),
+        (SECTION_ENGINE, "Backend") => set(&mut engine.backend, value.to_owned(), key),
+        (SECTION_ENGINE, "Repository") => set(&mut engine.repository, value.to_owned(), key),
+        (SECTION_ENGINE, "Build") => set(&mut engine.build, value.to_owned(), key),
+        (SECTION_ENGINE, "Commit") => set(&mut engine.commit, value.to_owned(), key),
+        (SECTION_RUN, "Served model") => set(&mut model.served_model, value.to_owned(), key),
+        (SECTION_RUN, "Model path") => set(&mut model.model_path, value.to_owned(), key),
+        (SECTION_RUN, "Revision") => set(&mut model.revision, value.to_owned(), key),
+        (SECTION_RUN, "Benchmark tool") => set(&mut run.benchmark_tool, value.to_owned(), key),
+        (SECTION_RUN, "Decode test") => set(&mut run.decode_test, value.to_owned(), key),
+        (SECTION_RUN, "Prefill mode") => set(&mut run.prefill_mode, value.to_owned(), key),
+        (SECTION_RUN, "Time per measurement") => {
+            let seconds = parse_with_unit(value, "s").map_err(value_error)?;
+            set(&mut run.time_per_measurement_s, seconds, key)
+        }
+        (SECTION_RUN, "Max output") => {
+            let tokens = value
+                .strip_suffix(" tokens")
+                .ok_or(())
+                .and_then(|n| parse_count(n).map_err(|_| ()))
+                .map_err(|()| {
+                    value_error(ValueError {
+                        expected: "a token count like 4,096 tokens",
+                        found: value.to_owned(),
+                    })
+                })?;
+            set(&mut run.max_output_tokens, tokens, key)
+        }
+        (SECTION_RUN, "Source") => {
+            let source = Source::parse(value).ok_or_else(|| {
+                value_error(ValueError {
+                    expected: "production or synthetic",
+                    found: value.to_owned(),
+                })
+            })?;
+            set(&mut run.source, source, key)
+        }
+        (SECTION_RUN, "Sweep id") => set(&mut run.sweep_id, value.to_owned(), key),
+        (SECTION_RUN, "Window") => {
+            let seconds = parse_with_unit(value, "s").map_err(value_error)?;
+            set(&mut run.window_s, seconds, key)
+        }
+        (SECTION_RUN, "Started") => set(&mut run.started_at, value.to_owned(), key),
+        (SECTION_RUN, "Ended") => set(&mut run.ended_at, value.to_owned(), key),
+        _ => {
+            if metadata
+                .extra_facts
+                .iter()
+                .any(|fact| fact.section == section && fact.key == key)
+            {
+                return Err(FactError::Duplicate {
+                    key: key.to_owned(),
+                });
+            }
+            metadata.extra_facts.push(Fact {
+                section: section.to_owned(),
+                key: key.to_owned(),
+                value: value.to_owned(),
+            });
+            Ok(())
+        }
+    }
+}
+
+/// `384 GB (4 × 96 GB)` → (96, Some(4)); `96 GB` → (96, None).
+fn parse_vram(value: &str) -> Result<(f64, Option<u32>), ValueError> {
+    let error = || ValueError {
+        expected: "memory like 96 GB or 384 GB (4 × 96 GB)",
+        found: value.to_owned(),
+    };
+    match value.split_once(" (") {
+        None => Ok((parse_with_unit(value, "GB").map_err(|_| error())?, None)),
+        Some((total, inner)) => {
+            let total = parse_with_unit(total, "GB").map_err(|_| error())?;
+            let inner = inner.strip_suffix(')').ok_or_else(error)?;
+            let (count, per_gpu) = inner.split_once(" × ").ok_or_else(error)?;
+            let count = parse_count(count)
+                .ok()
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| *n > 0)
+                .ok_or_else(error)?;
+            let per_gpu = parse_with_unit(per_gpu, "GB").map_err(|_| error())?;
+            let expected_total = f64::from(count) * per_gpu;
+            if (expected_total - total).abs() > 1e-9 * expected_total.max(1.0) {
+                return Err(error());
+            }
+            Ok((per_gpu, Some(count)))
+        }
+    }
+}
+
+/// The measured-value part of a grid cell: total tok/s and TTFT; the status text otherwise.
+/// `None` for an absent cell.
+pub fn grid_cell_parts(cell: Option<&DecodeCell>) -> Option<GridCellText> {
+    let cell = cell?;
+    Some(match &cell.status {
+        CellStatus::Valid => GridCellText::Figures {
+            total_tok_s: or_missing(cell.total_tok_s, format_rate),
+            ttft: format!("{} TTFT", or_missing(cell.ttft_ms, format_ms_whole)),
+        },
+        other => GridCellText::Status(other.to_string()),
+    })
+}
+
+/// What a grid cell shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GridCellText {
+    /// A valid cell: `170.4` and `34 ms TTFT`.
+    Figures { total_tok_s: String, ttft: String },
+    /// `Over capacity`, `Not run`, `Error: …`.
+    Status(String),
+}
+
+impl GridCellText {
+    /// The cell as one string, the two figures joined by `joiner` (empty on the seed page).
+    pub fn joined(&self, joiner: &str) -> String {
+        match self {
+            GridCellText::Figures { total_tok_s, ttft } => format!("{total_tok_s}{joiner}{ttft}"),
+            GridCellText::Status(text) => text.clone(),
+        }
+    }
+}
+
+/// The legend sentences for the statuses present in the decode grid, in page order.
+pub fn status_legends(doc: &MatrixDoc) -> Vec<&'static str> {
+    let mut legends = Vec::new();
+    if doc
+        .decode
+        .iter()
+        .any(|c| c.status == CellStatus::OverCapacity)
+    {
+        legends.push(LEGEND_OVER_CAPACITY);
+    }
+    if doc.decode.iter().any(|c| c.status == CellStatus::NotRun) {
+        legends.push(LEGEND_NOT_RUN);
+    }
+    if doc
+        .decode
+        .iter()
+        .any(|c| matches!(c.status, CellStatus::Error(_)))
+    {
+        legends.push(LEGEND_ERROR);
+    }
+    legends
+}
+
+/// The note on what TTFT in the grid means, which depends on where the figures come from.
+pub fn ttft_note(doc: &MatrixDoc) -> &'static str {
+    match doc.metadata.run.source {
+        Some(Source::Production) => TTFT_NOTE_PRODUCTION,
+        _ => TTFT_NOTE_SYNTHETIC,
+    }
+}
+
+/// Whether the table needs the optional "Prompt tokens" column.
+pub fn has_prompt_tokens(doc: &MatrixDoc) -> bool {
+    doc.prefill.iter().any(|row| row.prompt_tokens.is_some())
+        || doc.decode.iter().any(|cell| cell.prompt_tokens.is_some())
+}
+
+/// The "All measurements" rows as page text, prefill rows first, each with 12 or 13 cells.
+pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
+    let with_prompt_tokens = has_prompt_tokens(doc);
+    let mut prefill: Vec<&PrefillRow> = doc.prefill.iter().collect();
+    prefill.sort_by_key(|row| row.context_tokens);
+    let mut decode: Vec<&DecodeCell> = doc.decode.iter().collect();
+    decode.sort_by_key(|cell| (cell.context_tokens, cell.concurrency));
+    let missing = || super::units::MISSING.to_owned();
+    let mut rows = Vec::with_capacity(prefill.len() + decode.len());
+    for row in prefill {
+        let mut cells = vec![
+            PHASE_PREFILL.to_owned(),
+            context_label(row.context_tokens),
+            row.requests_at_once.to_string(),
+            row.status.to_string(),
+            or_missing(row.prompt_tok_s, format_rate),
+            missing(),
+            or_missing(row.ttft_ms, format_ms_whole),
+            missing(),
+            missing(),
+            or_missing(row.completed_requests, format_count),
+            missing(),
+            missing(),
+        ];
+        if with_prompt_tokens {
+            cells.push(or_missing(row.prompt_tokens, format_count));
+        }
+        rows.push(cells);
+    }
+    for cell in decode {
+        let mut cells = vec![
+            PHASE_DECODE.to_owned(),
+            context_label(cell.context_tokens),
+            cell.concurrency.to_string(),
+            cell.status.to_string(),
+            or_missing(cell.total_tok_s, format_rate),
+            or_missing(cell.per_request_tok_s, format_rate),
+            or_missing(cell.ttft_ms, format_ms_whole),
+            or_missing(cell.tbt_ms, format_ms_tenths),
+            or_missing(cell.average_active_requests, |v| format_decimal(v, 1)),
+            or_missing(cell.completed_requests, format_count),
+            or_missing(cell.output_tokens, format_count),
+            or_missing(cell.measured_for_s, format_seconds_tenths),
+        ];
+        if with_prompt_tokens {
+            cells.push(or_missing(cell.prompt_tokens, format_count));
+        }
+        rows.push(cells);
+    }
+    rows
+}
+
+/// The header of the "All measurements" table for `doc`.
+pub fn measurement_header(doc: &MatrixDoc) -> Vec<&'static str> {
+    let mut header = MEASUREMENT_COLUMNS.to_vec();
+    if has_prompt_tokens(doc) {
+        header.push(PROMPT_TOKENS_COLUMN);
+    }
+    header
+}
+
+/// One parsed "All measurements" row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MeasurementRow {
+    Prefill(PrefillRow),
+    Decode(DecodeCell),
+}
+
+/// Why a measurement row does not parse; the caller adds the line number.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RowError {
+    #[error("expected {expected} cells ({}), found {found}", MEASUREMENT_COLUMNS.join(" | "))]
+    ColumnCount { expected: usize, found: usize },
+    #[error("unknown phase {found:?}, expected \"Prefill\" or \"Sustained decode\"")]
+    UnknownPhase { found: String },
+    #[error("unknown status {found:?}, expected Valid, Over capacity, Not run or Error: <reason>")]
+    UnknownStatus { found: String },
+    #[error("column {column:?}")]
+    Value {
+        column: &'static str,
+        #[source]
+        source: ValueError,
+    },
+    #[error("column {column:?} must be — in a Prefill row, found {found:?}")]
+    NotForPrefill { column: &'static str, found: String },
+}
+
+/// Parses one row of the "All measurements" table (cells already split and unescaped).
+pub fn parse_measurement_row(
+    cells: &[String],
+    with_prompt_tokens: bool,
+) -> Result<MeasurementRow, RowError> {
+    let expected = if with_prompt_tokens { 13 } else { 12 };
+    if cells.len() != expected {
+        return Err(RowError::ColumnCount {
+            expected,
+            found: cells.len(),
+        });
+    }
+    let column = |index: usize| {
+        MEASUREMENT_COLUMNS
+            .get(index)
+            .copied()
+            .unwrap_or(PROMPT_TOKENS_COLUMN)
+    };
+    let cell = |index: usize| cells.get(index).map(String::as_str).unwrap_or_default();
+    let value = |index: usize| {
+        move |source: ValueError| RowError::Value {
+            column: column(index),
+            source,
+        }
+    };
+    let context = parse_context(cell(1)).map_err(value(1))?;
+    let requests = parse_count(cell(2))
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| {
+            value(2)(ValueError {
+                expected: "a number of requests like 32",
+                found: cell(2).to_owned(),
+            })
+        })?;
+    let status = CellStatus::parse(cell(3)).ok_or_else(|| RowError::UnknownStatus {
+        found: cell(3).to_owned(),
+    })?;
+    let prompt_tokens = if with_prompt_tokens {
+        parse_optional(cell(12), parse_count).map_err(value(12))?
+    } else {
+        None
+    };
+    match cell(0) {
+        PHASE_PREFILL => {
+            for index in [5, 7, 8, 10, 11] {
+                if cell(index) != super::units::MISSING {
+                    return Err(RowError::NotForPrefill {
+                        column: column(index),
+                        found: cell(index).to_owned(),
+                    });
+                }
+            }
+            Ok(MeasurementRow::Prefill(PrefillRow {
+                context_tokens: context,
+                requests_at_once: requests,
+                status,
+                prompt_tok_s: parse_optional(cell(4), parse_rate).map_err(value(4))?,
+                ttft_ms: parse_optional(cell(6), |t| parse_with_unit(t, "ms")).map_err(value(6))?,
+                completed_requests: parse_optional(cell(9), parse_count).map_err(value(9))?,
+                prompt_tokens,
+            }))
+        }
+        PHASE_DECODE => Ok(MeasurementRow::Decode(DecodeCell {
+            context_tokens: context,
+            concurrency: requests,
+            status,
+            total_tok_s: parse_optional(cell(4), parse_rate).map_err(value(4))?,
+            per_request_tok_s: parse_optional(cell(5), parse_rate).map_err(value(5))?,
+            ttft_ms: parse_optional(cell(6), |t| parse_with_unit(t, "ms")).map_err(value(6))?,
+            tbt_ms: parse_optional(cell(7), |t| parse_with_unit(t, "ms")).map_err(value(7))?,
+            average_active_requests: parse_optional(cell(8), parse_decimal).map_err(value(8))?,
+            completed_requests: parse_optional(cell(9), parse_count).map_err(value(9))?,
+            output_tokens: parse_optional(cell(10), parse_count).map_err(value(10))?,
+            measured_for_s: parse_optional(cell(11), |t| parse_with_unit(t, "s"))
+                .map_err(value(11))?,
+            prompt_tokens,
+        })),
+        other => Err(RowError::UnknownPhase {
+            found: other.to_owned(),
+        }),
+    }
+}
+
+/// Pulls `--model-path X` (or `--model X`) out of a launch command, for pages that only show it there.
+pub fn model_path_from_command(command: &str) -> Option<String> {
+    let mut words = command.split_whitespace();
+    while let Some(word) = words.next() {
+        for flag in ["--model-path", "--model"] {
+            if word == flag {
+                return words
+                    .next()
+                    .map(|value| value.trim_matches(['"', '\'']).to_owned());
+            }
+            if let Some(value) = word
+                .strip_prefix(flag)
+                .and_then(|rest| rest.strip_prefix('='))
+            {
+                return Some(value.trim_matches(['"', '\'']).to_owned());
+            }
+        }
+    }
+    None
+}
