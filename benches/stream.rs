@@ -51,7 +51,10 @@ struct Frames(VecDeque<Bytes>);
 impl Body for Frames {
     type Data = Bytes;
     type Error = std::convert::Infallible;
-    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
     }
 }

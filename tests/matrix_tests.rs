@@ -18,10 +18,10 @@ const GLM: &str = "000_7bda87e292bd4f4e.txt";
 const STEP: &str = "003_5c468af628b56f4a.txt";
 
 fn seeds_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/seeds");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seeds");
     assert!(
         dir.is_dir(),
-        "the seed pages are expected in {} (the project's shared/ folder beside the repository)",
+        "the seed pages are expected in {} (vendored copies of the published pages)",
         dir.display()
     );
     dir

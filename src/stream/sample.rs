@@ -6,7 +6,12 @@ use bytes::Bytes;
 /// An sglang `/v1/chat/completions` stream: role chunk, `events` content chunks of
 /// `tokens_per_event` tokens each, finish chunk, the usage chunk when `include_usage`, and
 /// `[DONE]`. With `continuous_usage` every content chunk carries cumulative usage.
-pub fn sglang_chat(events: usize, tokens_per_event: u64, continuous_usage: bool, include_usage: bool) -> Vec<Bytes> {
+pub fn sglang_chat(
+    events: usize,
+    tokens_per_event: u64,
+    continuous_usage: bool,
+    include_usage: bool,
+) -> Vec<Bytes> {
     const ID: &str = "9c1e4b7f2a6d4e1f8b3a5c7d9e0f1a2b";
     let head = format!(
         r#"data: {{"id":"{ID}","object":"chat.completion.chunk","created":1767225600,"model":"Qwen/Qwen3-8B","choices":["#
@@ -21,7 +26,9 @@ pub fn sglang_chat(events: usize, tokens_per_event: u64, continuous_usage: bool,
     frames.push(Bytes::from(format!(
         r#"{head}{{"index":0,"delta":{{"reasoning_content":null,"role":"assistant","content":""}},"logprobs":null,"finish_reason":null,"matched_stop":null}}]}}"#
     ) + "\n\n"));
-    let words = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog"];
+    let words = [
+        " the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog",
+    ];
     let mut completion = 0;
     for i in 0..events {
         completion += tokens_per_event;
