@@ -907,33 +907,33 @@ async fn collect_response(
 }
 
 fn models(state: &AppState) -> Response<SimBody> {
+    // Written by hand: sglang's and vLLM's key order (serde_json's map would sort keys).
     let name = state.served_model_name();
     let context = state.profile.model.context_length;
-    let value = match state.options.dialect {
-        Dialect::Sglang => json!({
-            "object": "list",
-            "data": [{
-                "id": name, "object": "model", "created": state.started_unix,
-                "owned_by": "sglang", "root": name, "parent": null, "max_model_len": context,
-            }],
-        }),
-        Dialect::Vllm => json!({
-            "object": "list",
-            "data": [{
-                "id": name, "object": "model", "created": state.started_unix,
-                "owned_by": "vllm", "root": state.profile.model.model_path, "parent": null,
-                "max_model_len": context,
-                "permission": [{
-                    "id": format!("modelperm-{}", hex_id(state.options.seed, u64::MAX, 16)),
-                    "object": "model_permission", "created": state.started_unix,
-                    "allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
-                    "allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false,
-                    "organization": "*", "group": null, "is_blocking": false,
-                }],
-            }],
-        }),
-    };
-    json_response(StatusCode::OK, &value)
+    let created = state.started_unix;
+    let mut out = String::from("{\"object\":\"list\",\"data\":[{\"id\":");
+    push_json_str(&mut out, name);
+    out.push_str(&format!(
+        ",\"object\":\"model\",\"created\":{created},\"owned_by\":"
+    ));
+    match state.options.dialect {
+        Dialect::Sglang => {
+            out.push_str("\"sglang\",\"root\":");
+            push_json_str(&mut out, name);
+            out.push_str(&format!(
+                ",\"parent\":null,\"max_model_len\":{context}}}]}}"
+            ));
+        }
+        Dialect::Vllm => {
+            out.push_str("\"vllm\",\"root\":");
+            push_json_str(&mut out, &state.profile.model.model_path);
+            out.push_str(&format!(
+                ",\"parent\":null,\"max_model_len\":{context},\"permission\":[{{\"id\":\"modelperm-{}\",\"object\":\"model_permission\",\"created\":{created},\"allow_create_engine\":false,\"allow_sampling\":true,\"allow_logprobs\":true,\"allow_search_indices\":false,\"allow_view\":true,\"allow_fine_tuning\":false,\"organization\":\"*\",\"group\":null,\"is_blocking\":false}}]}}]}}",
+                hex_id(state.options.seed, u64::MAX, 16)
+            ));
+        }
+    }
+    json_text(StatusCode::OK, out)
 }
 
 fn server_info(state: &AppState) -> Response<SimBody> {
@@ -1262,15 +1262,26 @@ where
             )
             .response(dialect, Route::Chat),
         };
+    use std::fmt::Write as _;
     let count = tokens.len();
     let max_model_len = state.profile.model.context_length;
-    let value = match dialect {
+    let mut list = String::with_capacity(tokens.len() * 7 + 2);
+    list.push('[');
+    for (i, token) in tokens.iter().enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        let _ = write!(list, "{token}");
+    }
+    list.push(']');
+    // sglang's and vLLM's key order differ; both are kept.
+    let out = match dialect {
         Dialect::Sglang => {
-            json!({"tokens": tokens, "count": count, "max_model_len": max_model_len})
+            format!("{{\"tokens\":{list},\"count\":{count},\"max_model_len\":{max_model_len}}}")
         }
-        Dialect::Vllm => {
-            json!({"count": count, "max_model_len": max_model_len, "tokens": tokens, "token_strs": null})
-        }
+        Dialect::Vllm => format!(
+            "{{\"count\":{count},\"max_model_len\":{max_model_len},\"tokens\":{list},\"token_strs\":null}}"
+        ),
     };
-    json_response(StatusCode::OK, &value)
+    json_text(StatusCode::OK, out)
 }
