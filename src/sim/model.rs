@@ -120,9 +120,7 @@ impl Grid {
                     // Scale the shorter-context row by the ratio at this row's last column.
                     let last = row.len() - 1;
                     let ratio = row[last] / prev[last];
-                    for c in row.len()..width {
-                        filled.push(prev[c] * ratio);
-                    }
+                    filled.extend(prev.iter().skip(row.len()).map(|v| v * ratio));
                 }
                 _ => {
                     for c in row.len()..width {
