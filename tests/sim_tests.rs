@@ -725,3 +725,32 @@ async fn info_routes_report_capacity() {
     assert_eq!(metric(&m, "sglang:max_total_num_tokens"), 2_097_152.0);
     assert_eq!(metric(&m, "sglang:gen_throughput"), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lag_measurement_runs_and_keeps_the_schedule() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/profiles/bench/flat-20-tok-s.toml"
+    );
+    let profile = Profile::load(path).unwrap();
+    let report = tokentap::sim::lag::measure(
+        profile,
+        SimOptions::default(),
+        tokentap::sim::lag::LagPlan {
+            streams: 20,
+            seconds: 1.0,
+            context: 256,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.running, 20);
+    assert!(report.samples >= 10, "{report}");
+    // 20 streams × 20 tok/s, one token per event: about 400 events/s (generous bounds).
+    assert!(
+        report.events_per_second > 300.0 && report.events_per_second < 500.0,
+        "{report}"
+    );
+    // Lag stays far below one 50 ms step even in a debug build.
+    assert!(report.p50_us < 25_000, "{report}");
+}

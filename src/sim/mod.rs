@@ -210,31 +210,33 @@ impl Drop for SimHandle {
 #[derive(Debug, clap::Args)]
 pub struct SimulateArgs {
     /// Profile to simulate: a built-in name (see --list-profiles) or a path to a profile
-    /// TOML file (format: docs/simulator.md). Default: glm-5.3-flash-nvfp4-4x-rtx-pro-6000.
+    /// TOML file (format: docs/simulator.md).
     #[arg(long, value_name = "NAME|FILE", default_value = DEFAULT_PROFILE)]
     pub profile: String,
-    /// Address to listen on (HTTP/1.1 and h2c). Default: 127.0.0.1:30000, sglang's port.
+    /// Address to listen on (HTTP/1.1 and h2c); the default is sglang's port.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:30000")]
     pub listen: String,
     /// Seed for ids, output text and speculative accept lengths; the same seed and the
-    /// same requests give the same bytes and timings. Default: 0.
+    /// same requests give the same bytes and timings.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
-    /// Wire dialect: `sglang` (default) or `vllm` (vLLM's chunk shapes, headers at once,
-    /// `vllm:` metrics with cache_config_info).
+    /// Wire dialect: which server's bytes, headers timing and metric names to imitate.
     #[arg(long, value_enum, default_value_t = Dialect::Sglang)]
     pub dialect: Dialect,
-    /// Serve under this model name instead of the profile's served_model_name.
+    /// Serve under this model name instead of the profile's served_model_name (default:
+    /// the profile's).
     #[arg(long, value_name = "NAME")]
     pub served_model_name: Option<String>,
     /// Like sglang's --enable-cache-report: report prompt_tokens_details.cached_tokens in
     /// usage. Default: off, as in sglang.
     #[arg(long)]
     pub enable_cache_report: bool,
-    /// Override the profile's KV capacity in tokens (max_total_num_tokens).
+    /// Override the profile's KV capacity in tokens (max_total_num_tokens). Default: the
+    /// profile's `capacity.kv_tokens`.
     #[arg(long, value_name = "TOKENS")]
     pub kv_tokens: Option<u64>,
-    /// Override the profile's maximum number of admitted requests.
+    /// Override the profile's maximum number of admitted requests. Default: the profile's
+    /// `capacity.max_running_requests`.
     #[arg(long, value_name = "N")]
     pub max_running_requests: Option<u32>,
     /// Print the names of the built-in profiles and exit.
@@ -245,13 +247,13 @@ pub struct SimulateArgs {
     pub print_profile: bool,
     /// Measure schedule lag instead of serving: run the simulator on one core with N
     /// concurrent streams from a client on another thread, then print lag p50/p99
-    /// (docs/benchmarks.md). Uses --measure-seconds and --measure-context.
+    /// (docs/benchmarks.md). Uses --measure-seconds and --measure-context. Default: serve.
     #[arg(long, value_name = "N")]
     pub measure_lag: Option<usize>,
-    /// With --measure-lag: seconds of steady streaming to measure. Default: 10.
+    /// With --measure-lag: seconds of steady streaming to measure.
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     pub measure_seconds: f64,
-    /// With --measure-lag: prompt length in tokens of every stream. Default: 1024.
+    /// With --measure-lag: prompt length in tokens of every stream.
     #[arg(long, value_name = "TOKENS", default_value_t = 1024)]
     pub measure_context: u64,
 }
