@@ -121,14 +121,12 @@ pub struct SseBody {
 
 impl SseBody {
     fn render(&mut self, event: Event, out: &mut String) {
-        let rejected = matches!(event, Event::Rejected { .. });
         match self.renderer.on_event(event, out) {
             Progress::Continue => {}
             Progress::Done => {
                 self.done = true;
                 // The scheduler already let go of a finished or rejected request.
                 self.guard.armed = false;
-                let _ = rejected;
             }
             Progress::DoneByStopString => {
                 self.done = true;

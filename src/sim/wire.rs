@@ -259,8 +259,6 @@ impl Renderer {
     ) {
         let continuous = self.spec.continuous_usage;
         let total = self.completion_tokens;
-        let content_tokens_in_delta = total - reasoning_count_after;
-        let _ = content_tokens_in_delta;
         match dialect {
             Dialect::Sglang => {
                 if first {
