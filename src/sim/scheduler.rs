@@ -1,0 +1,651 @@
+//! The simulated engine scheduler: one task per server that owns the wait queue, the
+//! prefill queue, the cache-hit joiners and the running decode batch, and decides when
+//! every request gets its tokens.
+//!
+//! It talks to request tasks only through channels: commands in (an unbounded mpsc),
+//! per-request events out (one unbounded mpsc each), and a `watch` of counters for
+//! `/metrics`. It never renders text or JSON, and never blocks: time passes only in
+//! `sleep_until` against absolute deadlines, so a late wake-up is caught up on the next
+//! step instead of accumulating.
+//!
+//! One scheduler iteration, like sglang's event loop:
+//! 1. admit queued requests, first come first served, while both limits hold:
+//!    admitted < `max_running_requests`, and the KV reservation
+//!    `Σ (prompt + min(max_new_tokens, 4096))` stays within `kv_tokens` (4096 is sglang's
+//!    clip of the output estimate; the seed pages' "over capacity" rule is the same sum);
+//!    a request that does not fit waits, and everything behind it waits too;
+//! 2. a prompt-cache hit "joins": its first token comes `cached_ttft(context, batch)`
+//!    after admission, where batch counts every admitted request (the largest seen while it
+//!    joins), and it stalls nobody;
+//! 3. a cold prompt is prefilled in chunks of at most `chunked_prefill_size` tokens
+//!    (several requests may share a chunk), each chunk taking `tokens / prefill_rate(prompt)`;
+//!    while chunks are pending no decode step runs, which is what makes TTFT and TBT rise
+//!    when prompts arrive during decoding;
+//! 4. otherwise one decode step of the whole running batch, lasting
+//!    `step_time(mean prompt of the batch, batch size)`, gives each request its next accept
+//!    length of tokens.
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use super::model::{natural_output_tokens, AcceptLengths, PerformanceModel};
+use super::profile::Profile;
+
+/// sglang clips the output estimate used for admission at this many tokens
+/// (`SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`).
+pub const OUTPUT_RESERVATION_CLIP: u64 = 4096;
+
+/// If the scheduler is this far behind its own schedule it restarts the schedule from now
+/// instead of emitting a burst of catch-up steps.
+const MAX_CATCH_UP: Duration = Duration::from_secs(1);
+
+/// How a request ended, as the scheduler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// `max_new_tokens` reached.
+    Length,
+    /// The simulated model produced its end-of-sequence token.
+    Eos,
+    /// `/abort_request`.
+    Abort,
+}
+
+/// What the scheduler tells one request.
+#[derive(Debug)]
+pub enum Event {
+    /// `new_tokens` more tokens exist (the first event carries the first token).
+    Output {
+        new_tokens: u32,
+        cached_tokens: u64,
+        finish: Option<Finish>,
+    },
+    /// The request was refused before it ran (for example a duplicate `rid`).
+    Rejected { message: String },
+}
+
+/// A request handed to the scheduler.
+#[derive(Debug)]
+pub struct Submission {
+    pub id: u64,
+    pub rid: String,
+    pub prompt_tokens: u64,
+    pub cache_key: u64,
+    pub max_new_tokens: u64,
+    pub min_new_tokens: u64,
+    pub ignore_eos: bool,
+    /// Seeds the accept lengths and the natural output length (and, on the request side,
+    /// the text), so identical requests behave identically under one server seed.
+    pub request_seed: u64,
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// Commands from request tasks and the control routes.
+#[derive(Debug)]
+pub enum Command {
+    Submit(Submission),
+    /// The client went away or the request side finished it (stop string): free it now.
+    Cancel(u64),
+    AbortRid(String),
+    AbortAll,
+    /// Hand over (and reset) the schedule-lag samples, in microseconds.
+    TakeLag(oneshot::Sender<Vec<u32>>),
+}
+
+/// Counters published after every scheduler iteration (read by `/metrics`, `/server_info`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SchedulerStats {
+    pub running: usize,
+    pub queued: usize,
+    /// KV tokens held by admitted requests (prompt + generated).
+    pub used_tokens: u64,
+    pub kv_tokens: u64,
+    /// Generated tokens per second over the last second or so.
+    pub gen_throughput: f64,
+    pub prompt_tokens_total: u64,
+    pub generation_tokens_total: u64,
+    pub cached_tokens_total: u64,
+    pub requests_total: u64,
+    pub aborted_total: u64,
+    pub cache_queries: u64,
+    pub cache_hits: u64,
+}
+
+/// The handle request tasks use.
+#[derive(Debug, Clone)]
+pub struct SchedulerHandle {
+    pub commands: mpsc::UnboundedSender<Command>,
+    pub stats: watch::Receiver<SchedulerStats>,
+}
+
+/// Start the scheduler task on the current runtime.
+pub fn spawn(profile: &Profile, seed: u64) -> (SchedulerHandle, tokio::task::JoinHandle<()>) {
+    let (commands, command_rx) = mpsc::unbounded_channel();
+    let (stats_tx, stats) = watch::channel(SchedulerStats {
+        kv_tokens: profile.capacity.kv_tokens,
+        ..SchedulerStats::default()
+    });
+    let scheduler = Scheduler::new(profile, seed, command_rx, stats_tx);
+    let task = tokio::spawn(scheduler.run());
+    (SchedulerHandle { commands, stats }, task)
+}
+
+struct Req {
+    id: u64,
+    rid: String,
+    prompt_tokens: u64,
+    cache_key: u64,
+    target: u64,
+    finish_at_target: Finish,
+    emitted: u64,
+    reserved: u64,
+    cached_tokens: u64,
+    prefill_remaining: u64,
+    join_started: Instant,
+    join_batch: usize,
+    accept: AcceptLengths,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+enum Activity {
+    Prefill {
+        end: Instant,
+        chunk: Vec<(u64, u64)>,
+    },
+    Decode {
+        end: Instant,
+    },
+}
+
+impl Activity {
+    fn end(&self) -> Instant {
+        match self {
+            Activity::Prefill { end, .. } | Activity::Decode { end } => *end,
+        }
+    }
+}
+
+struct PromptCache {
+    entries: HashMap<u64, u64>,
+    order: VecDeque<u64>,
+    tokens: u64,
+    budget: u64,
+}
+
+impl PromptCache {
+    fn contains(&self, key: u64) -> bool {
+        self.entries.contains_key(&key)
+    }
+
+    fn insert(&mut self, key: u64, tokens: u64) {
+        if self.entries.contains_key(&key) || tokens > self.budget {
+            return;
+        }
+        self.entries.insert(key, tokens);
+        self.order.push_back(key);
+        self.tokens += tokens;
+        while self.tokens > self.budget {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(t) = self.entries.remove(&old) {
+                self.tokens -= t;
+            }
+        }
+    }
+}
+
+struct Scheduler {
+    model: Arc<PerformanceModel>,
+    kv_tokens: u64,
+    max_running: usize,
+    chunk_size: u64,
+    natural_mean: u32,
+    seed: u64,
+    commands: mpsc::UnboundedReceiver<Command>,
+    stats_tx: watch::Sender<SchedulerStats>,
+    stats: SchedulerStats,
+    waiting: VecDeque<Req>,
+    prefilling: VecDeque<Req>,
+    joining: Vec<Req>,
+    ready: Vec<Req>,
+    running: Vec<Req>,
+    rids: HashMap<String, u64>,
+    reserved: u64,
+    activity: Option<Activity>,
+    cache: PromptCache,
+    lag_us: Vec<u32>,
+    window_start: Instant,
+    window_tokens: u64,
+}
+
+const MAX_LAG_SAMPLES: usize = 1 << 20;
+
+impl Scheduler {
+    fn new(
+        profile: &Profile,
+        seed: u64,
+        commands: mpsc::UnboundedReceiver<Command>,
+        stats_tx: watch::Sender<SchedulerStats>,
+    ) -> Scheduler {
+        Scheduler {
+            model: Arc::new(PerformanceModel::new(profile)),
+            kv_tokens: profile.capacity.kv_tokens,
+            max_running: profile.capacity.max_running_requests as usize,
+            chunk_size: u64::from(profile.capacity.chunked_prefill_size),
+            natural_mean: profile.model.natural_output_tokens,
+            seed,
+            commands,
+            stats_tx,
+            stats: SchedulerStats {
+                kv_tokens: profile.capacity.kv_tokens,
+                ..SchedulerStats::default()
+            },
+            waiting: VecDeque::new(),
+            prefilling: VecDeque::new(),
+            joining: Vec::new(),
+            ready: Vec::new(),
+            running: Vec::new(),
+            rids: HashMap::new(),
+            reserved: 0,
+            activity: None,
+            cache: PromptCache {
+                entries: HashMap::new(),
+                order: VecDeque::new(),
+                tokens: 0,
+                budget: profile.capacity.kv_tokens,
+            },
+            lag_us: Vec::new(),
+            window_start: Instant::now(),
+            window_tokens: 0,
+        }
+    }
+
+    async fn run(mut self) {
+        loop {
+            let wake = self.next_wake();
+            tokio::select! {
+                biased;
+                command = self.commands.recv() => match command {
+                    Some(command) => self.handle(command),
+                    None => return,
+                },
+                () = sleep_until_opt(wake) => {}
+            }
+            while let Ok(command) = self.commands.try_recv() {
+                self.handle(command);
+            }
+            self.advance(Instant::now());
+            self.publish();
+        }
+    }
+
+    fn admitted(&self) -> usize {
+        self.prefilling.len() + self.joining.len() + self.ready.len() + self.running.len()
+    }
+
+    fn next_wake(&self) -> Option<Instant> {
+        let joins = self.joining.iter().map(|r| self.join_deadline(r)).min();
+        match (self.activity.as_ref().map(Activity::end), joins) {
+            (Some(a), Some(j)) => Some(a.min(j)),
+            (a, j) => a.or(j),
+        }
+    }
+
+    fn join_deadline(&self, req: &Req) -> Instant {
+        req.join_started + self.model.cached_ttft(req.prompt_tokens, req.join_batch)
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit(submission) => self.submit(submission),
+            Command::Cancel(id) => {
+                if let Some(req) = self.remove(id) {
+                    self.release(&req);
+                }
+            }
+            Command::AbortRid(rid) => {
+                if let Some(id) = self.rids.get(&rid).copied() {
+                    self.abort(id);
+                }
+            }
+            Command::AbortAll => {
+                let ids: Vec<u64> = self.rids.values().copied().collect();
+                for id in ids {
+                    self.abort(id);
+                }
+            }
+            Command::TakeLag(reply) => {
+                let _ = reply.send(std::mem::take(&mut self.lag_us));
+            }
+        }
+    }
+
+    fn submit(&mut self, s: Submission) {
+        if self.rids.contains_key(&s.rid) {
+            let _ = s.events.send(Event::Rejected {
+                message: format!("Duplicate request ID detected: {}", s.rid),
+            });
+            return;
+        }
+        let natural = if s.ignore_eos {
+            u64::MAX
+        } else {
+            u64::from(natural_output_tokens(s.request_seed, self.natural_mean))
+                .max(s.min_new_tokens)
+        };
+        let (target, finish_at_target) = if natural < s.max_new_tokens {
+            (natural, Finish::Eos)
+        } else {
+            (s.max_new_tokens, Finish::Length)
+        };
+        let reserved =
+            (s.prompt_tokens + s.max_new_tokens.min(OUTPUT_RESERVATION_CLIP)).min(self.kv_tokens);
+        self.rids.insert(s.rid.clone(), s.id);
+        self.stats.requests_total += 1;
+        self.waiting.push_back(Req {
+            id: s.id,
+            rid: s.rid,
+            prompt_tokens: s.prompt_tokens,
+            cache_key: s.cache_key,
+            target,
+            finish_at_target,
+            emitted: 0,
+            reserved,
+            cached_tokens: 0,
+            prefill_remaining: s.prompt_tokens.max(1),
+            join_started: Instant::now(),
+            join_batch: 1,
+            accept: self.model.accept_lengths(s.request_seed ^ self.seed),
+            events: s.events,
+        });
+    }
+
+    /// Take a request out of whichever collection holds it.
+    fn remove(&mut self, id: u64) -> Option<Req> {
+        if let Some(i) = self.running.iter().position(|r| r.id == id) {
+            return Some(self.running.swap_remove(i));
+        }
+        if let Some(i) = self.ready.iter().position(|r| r.id == id) {
+            return Some(self.ready.swap_remove(i));
+        }
+        if let Some(i) = self.joining.iter().position(|r| r.id == id) {
+            return Some(self.joining.swap_remove(i));
+        }
+        if let Some(i) = self.prefilling.iter().position(|r| r.id == id) {
+            return self.prefilling.remove(i);
+        }
+        if let Some(i) = self.waiting.iter().position(|r| r.id == id) {
+            // A waiting request holds no KV reservation yet.
+            let req = self.waiting.remove(i);
+            if let Some(req) = &req {
+                self.rids.remove(&req.rid);
+            }
+            return req.map(|mut r| {
+                r.reserved = 0;
+                r.prompt_tokens = 0;
+                r.emitted = 0;
+                r
+            });
+        }
+        None
+    }
+
+    fn release(&mut self, req: &Req) {
+        self.reserved = self.reserved.saturating_sub(req.reserved);
+        self.stats.used_tokens = self
+            .stats
+            .used_tokens
+            .saturating_sub(req.prompt_tokens + req.emitted);
+        self.rids.remove(&req.rid);
+    }
+
+    fn abort(&mut self, id: u64) {
+        if let Some(req) = self.remove(id) {
+            self.stats.aborted_total += 1;
+            let _ = req.events.send(Event::Output {
+                new_tokens: 0,
+                cached_tokens: req.cached_tokens,
+                finish: Some(Finish::Abort),
+            });
+            self.release(&req);
+        }
+    }
+
+    /// Move time forward to `now`: finish whatever is due, then start what comes next.
+    fn advance(&mut self, now: Instant) {
+        self.complete_joins(now);
+        loop {
+            match self.activity.take() {
+                Some(activity) if activity.end() <= now => {
+                    let planned = activity.end();
+                    self.finish_activity(activity);
+                    self.admit(now);
+                    // Back to back: the next step is planned where this one ended.
+                    let planned = if now.saturating_duration_since(planned) > MAX_CATCH_UP {
+                        now
+                    } else {
+                        planned
+                    };
+                    self.record_lag(now.saturating_duration_since(planned));
+                    if !self.start_next(planned) {
+                        break;
+                    }
+                }
+                Some(activity) => {
+                    self.activity = Some(activity);
+                    self.admit(now);
+                    break;
+                }
+                None => {
+                    self.admit(now);
+                    if !self.start_next(now) {
+                        break;
+                    }
+                }
+            }
+            self.complete_joins(now);
+        }
+    }
+
+    fn record_lag(&mut self, lag: Duration) {
+        if self.lag_us.len() < MAX_LAG_SAMPLES {
+            self.lag_us
+                .push(u32::try_from(lag.as_micros()).unwrap_or(u32::MAX));
+        }
+    }
+
+    fn admit(&mut self, now: Instant) {
+        while let Some(front) = self.waiting.front() {
+            if self.admitted() >= self.max_running
+                || self.reserved + front.reserved > self.kv_tokens
+            {
+                break;
+            }
+            let Some(mut req) = self.waiting.pop_front() else {
+                break;
+            };
+            self.reserved += req.reserved;
+            self.stats.used_tokens += req.prompt_tokens;
+            self.stats.prompt_tokens_total += req.prompt_tokens;
+            self.stats.cache_queries += 1;
+            if self.cache.contains(req.cache_key) {
+                // sglang's radix cache always recomputes the last prompt token.
+                req.cached_tokens = req.prompt_tokens.saturating_sub(1);
+                self.stats.cache_hits += 1;
+                self.stats.cached_tokens_total += req.cached_tokens;
+                req.join_started = now;
+                req.join_batch = self.admitted() + 1;
+                self.joining.push(req);
+            } else {
+                self.prefilling.push_back(req);
+            }
+        }
+        let batch = self.admitted();
+        for req in &mut self.joining {
+            req.join_batch = req.join_batch.max(batch);
+        }
+    }
+
+    fn complete_joins(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.joining.len() {
+            if self.join_deadline(&self.joining[i]) <= now {
+                let req = self.joining.swap_remove(i);
+                self.first_token(req);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Start the next prefill chunk or decode step at `planned`. False when idle.
+    fn start_next(&mut self, planned: Instant) -> bool {
+        if !self.prefilling.is_empty() {
+            let mut budget = self.chunk_size;
+            let mut chunk = Vec::new();
+            let mut duration = Duration::ZERO;
+            for req in &self.prefilling {
+                if budget == 0 {
+                    break;
+                }
+                let take = req.prefill_remaining.min(budget);
+                budget -= take;
+                duration += self.model.prefill_time(take, req.prompt_tokens);
+                chunk.push((req.id, take));
+            }
+            self.activity = Some(Activity::Prefill {
+                end: planned + duration,
+                chunk,
+            });
+            return true;
+        }
+        self.running.append(&mut self.ready);
+        if self.running.is_empty() {
+            return false;
+        }
+        let mean_context = self
+            .running
+            .iter()
+            .map(|r| r.prompt_tokens as f64)
+            .sum::<f64>()
+            / self.running.len() as f64;
+        let duration = self
+            .model
+            .decode_step_time(mean_context, self.running.len());
+        self.activity = Some(Activity::Decode {
+            end: planned + duration,
+        });
+        true
+    }
+
+    fn finish_activity(&mut self, activity: Activity) {
+        match activity {
+            Activity::Prefill { chunk, .. } => {
+                for (id, take) in chunk {
+                    if let Some(req) = self.prefilling.iter_mut().find(|r| r.id == id) {
+                        req.prefill_remaining = req.prefill_remaining.saturating_sub(take);
+                    }
+                }
+                while self
+                    .prefilling
+                    .front()
+                    .is_some_and(|r| r.prefill_remaining == 0)
+                {
+                    if let Some(req) = self.prefilling.pop_front() {
+                        self.cache.insert(req.cache_key, req.prompt_tokens);
+                        self.first_token(req);
+                    }
+                }
+            }
+            Activity::Decode { .. } => self.decode_step_done(),
+        }
+    }
+
+    fn first_token(&mut self, mut req: Req) {
+        let new_tokens = req.target.min(1);
+        req.emitted = new_tokens;
+        self.count_generated(new_tokens);
+        let finished = req.emitted >= req.target;
+        let sent = req
+            .events
+            .send(Event::Output {
+                new_tokens: new_tokens as u32,
+                cached_tokens: req.cached_tokens,
+                finish: finished.then_some(req.finish_at_target),
+            })
+            .is_ok();
+        if finished || !sent {
+            self.release(&req);
+        } else {
+            self.ready.push(req);
+        }
+    }
+
+    fn decode_step_done(&mut self) {
+        let mut generated = 0u64;
+        let mut released: Vec<Req> = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            let req = &mut self.running[i];
+            let step = u64::from(req.accept.next_step());
+            let new_tokens = step.min(req.target.saturating_sub(req.emitted));
+            req.emitted += new_tokens;
+            generated += new_tokens;
+            let finished = req.emitted >= req.target;
+            let sent = req
+                .events
+                .send(Event::Output {
+                    new_tokens: new_tokens as u32,
+                    cached_tokens: req.cached_tokens,
+                    finish: finished.then_some(req.finish_at_target),
+                })
+                .is_ok();
+            if finished || !sent {
+                released.push(self.running.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        self.count_generated(generated);
+        for req in &released {
+            self.release(req);
+        }
+    }
+
+    fn count_generated(&mut self, tokens: u64) {
+        self.stats.generation_tokens_total += tokens;
+        self.stats.used_tokens += tokens;
+        self.window_tokens += tokens;
+    }
+
+    fn publish(&mut self) {
+        let now = Instant::now();
+        let elapsed = now.saturating_duration_since(self.window_start);
+        if elapsed >= Duration::from_secs(1) {
+            self.stats.gen_throughput = self.window_tokens as f64 / elapsed.as_secs_f64();
+            self.window_tokens = 0;
+            self.window_start = now;
+        }
+        self.stats.running = self.admitted();
+        self.stats.queued = self.waiting.len();
+        let stats = self.stats;
+        self.stats_tx.send_if_modified(|current| {
+            if *current == stats {
+                false
+            } else {
+                *current = stats;
+                true
+            }
+        });
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
