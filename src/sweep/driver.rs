@@ -1,0 +1,487 @@
+//! One synthetic stream: sent through [`Proxy::handle`] tagged [`Synthetic`], its body read to
+//! the end (or dropped: a disconnect), watched for what invalidates a cell — an HTTP error, an
+//! error event, a stream that ends without its terminator, an output loop.
+//!
+//! The driver measures nothing: timing and token counts come from the proxy's record of the
+//! same request. It only reports when the stream produced its first output (so the runner knows
+//! the cell is warm), whether it finished by itself (a completed request that the runner
+//! restarts), and why it failed.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Request};
+use http_body_util::{BodyExt, Full};
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::proxy::{Proxy, Synthetic};
+
+/// Largest SSE event the driver keeps while looking for its end.
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+/// The seed tool's output-loop rule: a repeating pattern covering this many characters…
+pub const LOOP_SPAN: usize = 4096;
+/// …whose period is at most a quarter of it (at least four identical repeats).
+pub const LOOP_MAX_PERIOD: usize = LOOP_SPAN / 4;
+
+/// What the runner wants streams to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamPhase {
+    /// Keep reading; the runner restarts streams that complete.
+    Running,
+    /// The runner asked the server to abort (sglang `/abort_request`): read to the end.
+    Aborting,
+    /// Drop the stream now (a disconnect; servers without a targeted abort).
+    Disconnect,
+}
+
+/// How a stream ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEnd {
+    /// It finished by itself (`finish_reason` length or stop) at `at`.
+    Completed { at: Instant },
+    /// The runner stopped it (abort or disconnect).
+    Stopped,
+    /// It failed; the reason is one line.
+    Failed(String),
+}
+
+/// One stream to send.
+#[derive(Debug, Clone)]
+pub struct StreamRequest {
+    pub path: &'static str,
+    pub body: Bytes,
+    pub tag: Arc<str>,
+}
+
+/// Counters the runner reads while streams run.
+#[derive(Debug, Default)]
+pub struct StreamSignals {
+    /// Streams that have produced their first output.
+    pub first_outputs: AtomicUsize,
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    reasoning: Option<String>,
+}
+
+/// Sends `request` and follows it until it ends or `phase` says to drop it.
+pub async fn drive(
+    proxy: Arc<Proxy>,
+    request: StreamRequest,
+    mut phase: watch::Receiver<StreamPhase>,
+    signals: Arc<StreamSignals>,
+) -> StreamEnd {
+    let built = Request::post(request.path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(request.body));
+    let mut http_request = match built {
+        Ok(r) => r,
+        Err(error) => return StreamEnd::Failed(format!("cannot build the request: {error}")),
+    };
+    http_request.extensions_mut().insert(Synthetic {
+        tag: Some(Arc::clone(&request.tag)),
+    });
+
+    let response = tokio::select! {
+        response = proxy.handle(http_request) => response,
+        () = wait_for(&mut phase, StreamPhase::Disconnect) => return StreamEnd::Stopped,
+    };
+    let status = response.status();
+    let mut body = response.into_body();
+    if !status.is_success() {
+        let mut text = Vec::new();
+        let read = async {
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    text.extend_from_slice(&data);
+                    if text.len() > 2048 {
+                        break;
+                    }
+                }
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+        return StreamEnd::Failed(format!(
+            "HTTP {}: {}",
+            status.as_u16(),
+            error_message(&text)
+        ));
+    }
+
+    let mut reader = EventReader::default();
+    let mut state = StreamState::default();
+    loop {
+        let frame = tokio::select! {
+            frame = body.frame() => frame,
+            () = wait_for(&mut phase, StreamPhase::Disconnect) => return StreamEnd::Stopped,
+        };
+        match frame {
+            None => break,
+            Some(Err(error)) => {
+                return if *phase.borrow() == StreamPhase::Running {
+                    StreamEnd::Failed(format!("the stream broke off: {error}"))
+                } else {
+                    StreamEnd::Stopped
+                };
+            }
+            Some(Ok(frame)) => {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                if let Err(reason) = reader.push(&data, |event| state.event(event, &signals)) {
+                    return StreamEnd::Failed(reason);
+                }
+                if let Some(reason) = state.failure.take() {
+                    return StreamEnd::Failed(reason);
+                }
+            }
+        }
+    }
+    state.end(*phase.borrow())
+}
+
+/// Resolves once `phase` reaches `target` (never, if the sender is gone before that).
+async fn wait_for(phase: &mut watch::Receiver<StreamPhase>, target: StreamPhase) {
+    if phase.wait_for(|p| *p == target).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The message of an error body (`{"message"}`, `{"error":{"message"}}`), else the text.
+fn error_message(body: &[u8]) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let message = parsed.as_ref().and_then(|v| {
+        v.get("message")
+            .or_else(|| v.get("error").and_then(|e| e.get("message")))
+            .or_else(|| v.get("error"))
+            .and_then(|m| m.as_str().map(str::to_owned))
+    });
+    let mut text = message.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    if text.len() > 200 {
+        let mut cut = 200;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    if text.trim().is_empty() {
+        "(empty body)".to_owned()
+    } else {
+        text
+    }
+}
+
+/// What one stream has shown so far.
+#[derive(Default)]
+struct StreamState {
+    saw_output: bool,
+    done: bool,
+    finish_reason: Option<String>,
+    failure: Option<String>,
+    output_chars: usize,
+    loops: LoopDetector,
+}
+
+impl StreamState {
+    fn event(&mut self, data: &[u8], signals: &StreamSignals) {
+        if data == b"[DONE]" {
+            self.done = true;
+            return;
+        }
+        let Ok(chunk) = serde_json::from_slice::<Chunk>(data) else {
+            return; // not ours to judge: the proxy records malformed events
+        };
+        if let Some(error) = chunk.error {
+            let message = error
+                .get("message")
+                .and_then(|m| m.as_str())
+                .map(str::to_owned)
+                .unwrap_or_else(|| error.to_string());
+            self.failure = Some(format!("error event in the stream: {message}"));
+            return;
+        }
+        for choice in chunk.choices {
+            let text = choice.text.or_else(|| {
+                choice
+                    .delta
+                    .and_then(|d| d.content.or(d.reasoning_content).or(d.reasoning))
+            });
+            if let Some(text) = text.filter(|t| !t.is_empty()) {
+                if !self.saw_output {
+                    self.saw_output = true;
+                    signals.first_outputs.fetch_add(1, Ordering::Relaxed);
+                }
+                self.output_chars += text.len();
+                if self.loops.push(&text) {
+                    self.failure = Some(format!(
+                        "output loop: the last {LOOP_SPAN} characters repeat with a period of at most {LOOP_MAX_PERIOD} (after {} characters)",
+                        self.output_chars
+                    ));
+                }
+            }
+            if let Some(reason) = choice.finish_reason {
+                self.finish_reason = Some(reason);
+            }
+        }
+    }
+
+    fn end(self, phase: StreamPhase) -> StreamEnd {
+        match self.finish_reason.as_deref() {
+            Some("abort") => StreamEnd::Stopped,
+            Some(_) if self.done => StreamEnd::Completed { at: Instant::now() },
+            _ if phase != StreamPhase::Running => StreamEnd::Stopped,
+            Some(reason) => StreamEnd::Failed(format!(
+                "the stream ended without [DONE] (finish_reason {reason})"
+            )),
+            None if self.done => StreamEnd::Completed { at: Instant::now() },
+            None => StreamEnd::Failed(format!(
+                "the stream ended without a finish reason or [DONE] after {} characters",
+                self.output_chars
+            )),
+        }
+    }
+}
+
+/// Splits SSE bytes into `data:` payloads, whatever the framing.
+#[derive(Default)]
+pub struct EventReader {
+    buffer: Vec<u8>,
+}
+
+impl EventReader {
+    /// Feeds bytes; calls `on_data` with each complete event's data. Errors when one event
+    /// grows past [`MAX_EVENT_BYTES`].
+    pub fn push(&mut self, bytes: &[u8], mut on_data: impl FnMut(&[u8])) -> Result<(), String> {
+        self.buffer.extend_from_slice(bytes);
+        let mut start = 0;
+        while let Some((end, next)) = find_event_end(&self.buffer, start) {
+            let event = self.buffer.get(start..end).unwrap_or_default();
+            let mut data = Vec::new();
+            for line in event.split(|&b| b == b'\n') {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                if let Some(rest) = line.strip_prefix(b"data:") {
+                    if !data.is_empty() {
+                        data.push(b'\n');
+                    }
+                    data.extend_from_slice(rest.strip_prefix(b" ").unwrap_or(rest));
+                }
+            }
+            if !data.is_empty() {
+                on_data(&data);
+            }
+            start = next;
+        }
+        self.buffer.drain(..start.min(self.buffer.len()));
+        if self.buffer.len() > MAX_EVENT_BYTES {
+            return Err(format!(
+                "an SSE event grew past {MAX_EVENT_BYTES} bytes without ending"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The end of the event starting at `from` (a blank line, LF or CRLF) and where the next starts.
+fn find_event_end(buffer: &[u8], from: usize) -> Option<(usize, usize)> {
+    let rest = buffer.get(from..)?;
+    let mut i = 0;
+    while i < rest.len() {
+        if rest.get(i) == Some(&b'\n') {
+            if rest.get(i + 1) == Some(&b'\n') {
+                return Some((from + i, from + i + 2));
+            }
+            if rest.get(i + 1) == Some(&b'\r') && rest.get(i + 2) == Some(&b'\n') {
+                return Some((from + i, from + i + 3));
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The output-loop check: after every [`LOOP_MAX_PERIOD`] new characters, is the last
+/// [`LOOP_SPAN`] of output periodic with a period ≤ [`LOOP_MAX_PERIOD`] (four or more
+/// identical repeats)? The smallest period comes from the KMP failure function, O(span).
+#[derive(Debug, Default)]
+pub struct LoopDetector {
+    tail: Vec<u8>,
+    since_check: usize,
+    failure: Vec<usize>,
+}
+
+impl LoopDetector {
+    /// Adds output; true once a loop shows.
+    pub fn push(&mut self, text: &str) -> bool {
+        self.tail.extend_from_slice(text.as_bytes());
+        self.since_check += text.len();
+        if self.tail.len() > 2 * LOOP_SPAN {
+            let cut = self.tail.len() - LOOP_SPAN;
+            self.tail.drain(..cut);
+        }
+        if self.tail.len() < LOOP_SPAN || self.since_check < LOOP_MAX_PERIOD {
+            return false;
+        }
+        self.since_check = 0;
+        let window = self
+            .tail
+            .get(self.tail.len() - LOOP_SPAN..)
+            .unwrap_or_default();
+        smallest_period(window, &mut self.failure) <= LOOP_MAX_PERIOD
+    }
+}
+
+/// The smallest period of `s` (its length when it has none shorter).
+pub fn smallest_period(s: &[u8], failure: &mut Vec<usize>) -> usize {
+    let n = s.len();
+    if n == 0 {
+        return 0;
+    }
+    failure.clear();
+    failure.resize(n, 0);
+    let mut k = 0usize;
+    for i in 1..n {
+        while k > 0 && s.get(i) != s.get(k) {
+            k = failure.get(k - 1).copied().unwrap_or(0);
+        }
+        if s.get(i) == s.get(k) {
+            k += 1;
+        }
+        if let Some(slot) = failure.get_mut(i) {
+            *slot = k;
+        }
+    }
+    n - failure.last().copied().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_across_frames_and_crlf() {
+        let mut reader = EventReader::default();
+        let mut seen = Vec::new();
+        for part in [
+            &b"data: {\"a\":1}\n"[..],
+            b"\ndata: [DO",
+            b"NE]\r\n\r\n: comment\n\n",
+        ] {
+            reader
+                .push(part, |d| seen.push(String::from_utf8_lossy(d).into_owned()))
+                .unwrap();
+        }
+        assert_eq!(seen, ["{\"a\":1}", "[DONE]"]);
+        let mut big = EventReader::default();
+        assert!(big.push(&vec![b'x'; MAX_EVENT_BYTES + 1], |_| {}).is_err());
+    }
+
+    #[test]
+    fn loops_are_found_and_varied_text_is_not() {
+        let mut detector = LoopDetector::default();
+        let phrase = "I will check the file again. ";
+        let mut found = false;
+        for _ in 0..400 {
+            found |= detector.push(phrase);
+        }
+        assert!(found, "a repeated sentence is a loop");
+
+        let mut detector = LoopDetector::default();
+        let words = crate::sweep::prompt::filler_text("x", 1, 200_000);
+        let found = words
+            .as_bytes()
+            .chunks(7)
+            .any(|c| detector.push(std::str::from_utf8(c).unwrap()));
+        assert!(!found, "seeded filler is not a loop");
+
+        // A period longer than a quarter of the span is not a loop (fewer than 4 repeats).
+        let long: String = (0..LOOP_MAX_PERIOD + 50)
+            .map(|i| char::from(b'a' + (crate::sweep::prompt::mix(i as u64) % 26) as u8))
+            .collect();
+        let mut detector = LoopDetector::default();
+        let found = (0..10).any(|_| detector.push(&long));
+        assert!(!found);
+    }
+
+    #[test]
+    fn smallest_periods() {
+        let mut scratch = Vec::new();
+        assert_eq!(smallest_period(b"abcabcabc", &mut scratch), 3);
+        assert_eq!(smallest_period(b"abcd", &mut scratch), 4);
+        assert_eq!(smallest_period(b"aaaa", &mut scratch), 1);
+        assert_eq!(smallest_period(b"", &mut scratch), 0);
+    }
+
+    #[test]
+    fn stream_endings() {
+        let signals = StreamSignals::default();
+        let mut s = StreamState::default();
+        s.event(
+            br#"{"choices":[{"text":" hi","finish_reason":null}]}"#,
+            &signals,
+        );
+        s.event(
+            br#"{"choices":[{"text":" yo","finish_reason":"length"}]}"#,
+            &signals,
+        );
+        s.event(b"[DONE]", &signals);
+        assert!(matches!(
+            s.end(StreamPhase::Running),
+            StreamEnd::Completed { .. }
+        ));
+        assert_eq!(signals.first_outputs.load(Ordering::Relaxed), 1);
+
+        let mut s = StreamState::default();
+        s.event(
+            br#"{"choices":[{"text":"","finish_reason":"abort"}]}"#,
+            &signals,
+        );
+        s.event(b"[DONE]", &signals);
+        assert_eq!(s.end(StreamPhase::Aborting), StreamEnd::Stopped);
+
+        let mut s = StreamState::default();
+        s.event(br#"{"choices":[{"text":"a"}]}"#, &signals);
+        assert!(matches!(s.end(StreamPhase::Running), StreamEnd::Failed(_)));
+
+        let mut s = StreamState::default();
+        s.event(
+            br#"{"error": {"message": "out of memory", "code": 503}}"#,
+            &signals,
+        );
+        assert_eq!(
+            s.failure.as_deref(),
+            Some("error event in the stream: out of memory")
+        );
+        assert_eq!(
+            error_message(br#"{"object":"error","message":"too long","code":400}"#),
+            "too long"
+        );
+    }
+}

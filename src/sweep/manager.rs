@@ -1,0 +1,321 @@
+//! One sweep at a time: [`SweepManager`] asks the server what it is, resolves the plan, runs
+//! the sweep on a task of its own, keeps its live status, persists it (every change, at most
+//! once a second, and at the end), cancels it, and answers what `GET /sweeps` and
+//! `GET /sweeps/{id}` show — the running sweep live, earlier ones from the store.
+//!
+//! The admin API, `tokentap sweep` and `tokentap demo` all go through this type. It knows
+//! nothing of HTTP or tokens (the admin layer checks those).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+
+use super::discover::discover;
+use super::plan::{Plan, PlanError, SweepRequest};
+use super::prompt::mix;
+use super::runner::{run, RunnerInput};
+use super::status::{StatusCell, SweepState, SweepStatus, SweepSummary};
+use super::store::{MemoryStore, StoreError, SweepStore};
+use crate::config::SweepConfig;
+use crate::matrix::MatrixDoc;
+use crate::proxy::Proxy;
+
+/// Least time between two writes of a running sweep to the store.
+const PERSIST_EVERY: Duration = Duration::from_secs(1);
+
+/// Why a sweep did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("sweep {id} is running; one sweep at a time (cancel it with DELETE /sweeps/{id})")]
+    Busy { id: String },
+    #[error("the sweep plan cannot run")]
+    Plan(#[from] PlanError),
+}
+
+/// Why a cancel did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    #[error("no sweep {id}")]
+    Unknown { id: String },
+    #[error("sweep {id} is not running (it is {state})")]
+    NotRunning { id: String, state: &'static str },
+}
+
+#[derive(Debug)]
+struct Active {
+    id: String,
+    status: Arc<StatusCell>,
+    cancel: watch::Sender<bool>,
+}
+
+/// Starts, follows, cancels and lists sweeps.
+#[derive(Debug)]
+pub struct SweepManager {
+    proxy: Arc<Proxy>,
+    config: SweepConfig,
+    store: Arc<dyn SweepStore>,
+    current: Mutex<Option<Arc<Active>>>,
+    latest: Mutex<Option<MatrixDoc>>,
+    counter: AtomicU64,
+}
+
+impl SweepManager {
+    /// A manager for sweeps through `proxy`, keeping them in `store`.
+    pub fn new(proxy: Arc<Proxy>, config: SweepConfig, store: Arc<dyn SweepStore>) -> Arc<Self> {
+        let latest = store
+            .list()
+            .ok()
+            .and_then(|list| list.into_iter().find(|s| s.state == SweepState::Finished))
+            .and_then(|summary| store.get(&summary.id).ok().flatten())
+            .and_then(|status| status.matrix);
+        Arc::new(Self {
+            proxy,
+            config,
+            store,
+            current: Mutex::new(None),
+            latest: Mutex::new(latest),
+            counter: AtomicU64::new(0),
+        })
+    }
+
+    /// A manager that keeps sweeps in memory only.
+    pub fn in_memory(proxy: Arc<Proxy>, config: SweepConfig) -> Arc<Self> {
+        Self::new(proxy, config, Arc::new(MemoryStore::default()))
+    }
+
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
+    /// A fresh id: `<unix seconds in hex>-<4 hex>`, sortable by start time.
+    fn new_id(&self) -> String {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        let salt = mix(now.as_nanos() as u64 ^ mix(n) ^ u64::from(std::process::id()));
+        format!("{:x}-{:04x}", now.as_secs(), salt & 0xffff)
+    }
+
+    /// The running sweep, if any.
+    fn active(&self) -> Option<Arc<Active>> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|a| a.status.state().is_active())
+            .cloned()
+    }
+
+    /// Starts a sweep: asks the server what it is, resolves the plan (errors name the field)
+    /// and runs it in the background. Returns its id. One sweep at a time.
+    pub async fn start(self: &Arc<Self>, request: SweepRequest) -> Result<String, StartError> {
+        let id = self.new_id();
+        let status = StatusCell::new(SweepStatus::new(id.clone(), request.clone()));
+        let (cancel_tx, cancel_rx) = watch::channel(false);
+        let active = Arc::new(Active {
+            id: id.clone(),
+            status: Arc::clone(&status),
+            cancel: cancel_tx,
+        });
+        {
+            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(running) = current.as_ref().filter(|a| a.status.state().is_active()) {
+                return Err(StartError::Busy {
+                    id: running.id.clone(),
+                });
+            }
+            *current = Some(Arc::clone(&active));
+        }
+
+        let facts = discover(&self.proxy).await;
+        let plan = match Plan::resolve(&request, &facts, &self.config) {
+            Ok(plan) => plan,
+            Err(error) => {
+                status.update(|s| {
+                    s.state = SweepState::Failed;
+                    s.server = Some(facts);
+                    s.error = Some(error.to_string());
+                });
+                let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+                if current.as_ref().is_some_and(|a| a.id == id) {
+                    *current = None;
+                }
+                return Err(StartError::Plan(error));
+            }
+        };
+        let total = plan.measurements();
+        status.update(|s| {
+            s.plan = Some(plan.clone());
+            s.server = Some(facts.clone());
+            s.progress.measurements_total = total;
+        });
+        tracing::info!(sweep = %id, model = %plan.model, measurements = total, "sweep started");
+        self.persist_now(&status).await;
+
+        let manager = Arc::clone(self);
+        let input = RunnerInput {
+            proxy: Arc::clone(&self.proxy),
+            id: id.clone(),
+            plan,
+            facts,
+            production_guard: self.config.production_guard,
+            status: Arc::clone(&status),
+            cancel: cancel_rx,
+        };
+        tokio::spawn(async move {
+            let persister = manager.spawn_persister(Arc::clone(&status));
+            let matrix = run(input).await;
+            persister.abort();
+            let state = status.state();
+            if state == SweepState::Finished {
+                *manager
+                    .latest
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = Some(matrix);
+            }
+            manager.persist_now(&status).await;
+            tracing::info!(sweep = %active.id, state = state.as_str(), "sweep ended");
+        });
+        Ok(id)
+    }
+
+    /// Writes the status on every change, at most once per [`PERSIST_EVERY`].
+    fn spawn_persister(self: &Arc<Self>, status: Arc<StatusCell>) -> tokio::task::JoinHandle<()> {
+        let manager = Arc::clone(self);
+        let mut changes = status.subscribe();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                manager.persist_now(&status).await;
+                tokio::time::sleep(PERSIST_EVERY).await;
+            }
+        })
+    }
+
+    async fn persist_now(&self, status: &StatusCell) {
+        let snapshot = status.snapshot();
+        let store = Arc::clone(&self.store);
+        let result = tokio::task::spawn_blocking(move || store.put(&snapshot)).await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => log_store_error(&error),
+            Err(error) => tracing::warn!(%error, "the sweep store task failed"),
+        }
+    }
+
+    /// Asks the running sweep `id` to stop; its streams are aborted within a second.
+    pub fn cancel(&self, id: &str) -> Result<(), CancelError> {
+        match self.active() {
+            Some(active) if active.id == id => {
+                active.status.update(|s| s.state = SweepState::Cancelling);
+                let _ = active.cancel.send(true);
+                Ok(())
+            }
+            _ => match self.get(id) {
+                Some(status) => Err(CancelError::NotRunning {
+                    id: id.to_owned(),
+                    state: status.state.as_str(),
+                }),
+                None => Err(CancelError::Unknown { id: id.to_owned() }),
+            },
+        }
+    }
+
+    /// The status of sweep `id`: live when it is the current one, else from the store.
+    pub fn get(&self, id: &str) -> Option<SweepStatus> {
+        if let Some(current) = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|a| a.id == id)
+        {
+            return Some(current.status.snapshot());
+        }
+        match self.store.get(id) {
+            Ok(status) => status,
+            Err(error) => {
+                log_store_error(&error);
+                None
+            }
+        }
+    }
+
+    /// Every sweep, newest first (the current one live).
+    pub fn list(&self) -> Vec<SweepSummary> {
+        let mut list = self.store.list().unwrap_or_else(|error| {
+            log_store_error(&error);
+            Vec::new()
+        });
+        if let Some(current) = self
+            .current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+        {
+            let live = current.status.snapshot().summary();
+            match list.iter_mut().find(|s| s.id == live.id) {
+                Some(slot) => *slot = live,
+                None => list.insert(0, live),
+            }
+        }
+        list
+    }
+
+    /// The id of the sweep that is running now.
+    pub fn running(&self) -> Option<String> {
+        self.active().map(|a| a.id.clone())
+    }
+
+    /// The matrix of the latest finished sweep (this process's, or the newest stored).
+    pub fn latest_matrix(&self) -> Option<MatrixDoc> {
+        self.latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Changes of the current sweep `id` (for followers such as the CLI progress line).
+    pub fn subscribe(&self, id: &str) -> Option<watch::Receiver<u64>> {
+        self.current
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|a| a.id == id)
+            .map(|a| a.status.subscribe())
+    }
+
+    /// Waits until sweep `id` is no longer active, calling `on_change` with every new status.
+    pub async fn follow(
+        &self,
+        id: &str,
+        mut on_change: impl FnMut(&SweepStatus),
+    ) -> Option<SweepStatus> {
+        let Some(mut changes) = self.subscribe(id) else {
+            return self.get(id);
+        };
+        loop {
+            let status = self.get(id)?;
+            on_change(&status);
+            if !status.state.is_active() {
+                return Some(status);
+            }
+            if changes.changed().await.is_err() {
+                return self.get(id);
+            }
+        }
+    }
+}
+
+fn log_store_error(error: &StoreError) {
+    let mut message = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(inner) = source {
+        message.push_str(": ");
+        message.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    tracing::warn!(error = %message, "sweep store");
+}

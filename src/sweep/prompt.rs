@@ -1,0 +1,291 @@
+//! Prompts of exact token length with a unique per-run prefix.
+//!
+//! * **Token ids** (sglang and vLLM `/v1/completions` `prompt: [ids]`, sent verbatim with no
+//!   BOS or template): 16 ids derived from the run id, then a body seeded by the run and the
+//!   context, so no two contexts share more than the run prefix and no two runs share
+//!   anything (every scout is cold). Ids stay in 1000–9999: valid in every common vocabulary,
+//!   and four digits keep a 1M-token prompt near 5 MB of JSON, under the proxy's default
+//!   parse limit.
+//! * **Text**, for servers without token-id input: `[BENCH_<run>_CTX_<ctx>] ` and filler
+//!   words, cut to the length the server's `/tokenize` says is exactly the target (a bracketed
+//!   search on the character length; a few requests), or the closest below it.
+//!
+//! The prompt's JSON value is built once per context and shared by the scout and every stream.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Method;
+use serde_json::Value;
+
+use super::client::{call, push_json_string};
+use crate::proxy::Proxy;
+
+/// Ids of the per-run prefix.
+pub const RUN_PREFIX_TOKENS: usize = 16;
+const ID_BASE: u64 = 1000;
+const ID_SPAN: u64 = 9000;
+/// Most `/tokenize` round trips spent calibrating one text prompt.
+pub const MAX_CALIBRATION_ROUNDS: usize = 40;
+
+/// A prompt ready to send: its JSON value and its token count (exact for token ids; what
+/// `/tokenize` said for text).
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    /// The `prompt` field's JSON text: `[1234,…]` or `"…"`.
+    pub json: Arc<str>,
+    pub tokens: u64,
+    pub kind: PromptKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PromptKind {
+    TokenIds,
+    Text,
+}
+
+/// A deterministic 64-bit mixer (splitmix64).
+pub fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A seed from a run id.
+pub fn run_seed(run_id: &str) -> u64 {
+    run_id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// `tokens` ids: the run prefix, then a body seeded by (run, context).
+pub fn token_ids(run_seed: u64, context: u64, tokens: u64) -> impl Iterator<Item = u64> {
+    let body_seed = mix(run_seed ^ mix(context));
+    (0..tokens).map(move |i| {
+        let seed = if (i as usize) < RUN_PREFIX_TOKENS {
+            mix(run_seed.wrapping_add(i))
+        } else {
+            mix(body_seed.wrapping_add(i))
+        };
+        ID_BASE + seed % ID_SPAN
+    })
+}
+
+/// The token-id prompt for `context`, `tokens` long.
+pub fn token_id_prompt(run_seed: u64, context: u64, tokens: u64) -> Prompt {
+    use std::fmt::Write as _;
+    let mut json = String::with_capacity(tokens as usize * 5 + 2);
+    json.push('[');
+    for (i, id) in token_ids(run_seed, context, tokens).enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        let _ = write!(json, "{id}");
+    }
+    json.push(']');
+    Prompt {
+        json: Arc::from(json),
+        tokens,
+        kind: PromptKind::TokenIds,
+    }
+}
+
+const WORDS: [&str; 32] = [
+    "river", "stone", "lantern", "orbit", "meadow", "copper", "signal", "harbor", "velvet",
+    "engine", "glacier", "pepper", "thunder", "canvas", "marble", "falcon", "quartz", "willow",
+    "ember", "tunnel", "saddle", "prism", "cobalt", "anchor", "violet", "summit", "ferry",
+    "cinder", "maple", "rocket", "garnet", "lagoon",
+];
+
+/// The filler text of a run and context, cut at `chars` bytes (ASCII, so any cut is valid).
+pub fn filler_text(run_id: &str, context: u64, chars: usize) -> String {
+    let prefix = format!("[BENCH_{run_id}_CTX_{context}] ");
+    let mut text = String::with_capacity(chars.max(prefix.len()) + 16);
+    text.push_str(&prefix);
+    let mut state = mix(run_seed(run_id) ^ mix(context));
+    while text.len() < chars {
+        state = mix(state);
+        let word = WORDS
+            .get((state % WORDS.len() as u64) as usize)
+            .copied()
+            .unwrap_or("word");
+        text.push_str(word);
+        text.push(if state >> 40 & 15 == 0 { '.' } else { ' ' });
+    }
+    text.truncate(chars.max(prefix.len()));
+    text
+}
+
+/// Why a text prompt could not be calibrated.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrationError {
+    #[error("POST /tokenize failed while calibrating a {target}-token prompt")]
+    Call {
+        target: u64,
+        #[source]
+        source: super::client::CallError,
+    },
+    #[error("POST /tokenize answered {status} while calibrating a {target}-token prompt: {body}")]
+    Status {
+        target: u64,
+        status: u16,
+        body: String,
+    },
+    #[error("POST /tokenize answered without a token count (`count` or `tokens`)")]
+    NoCount,
+    #[error("the run prefix alone is {prefix} tokens, more than the {target} asked for")]
+    TooShort { prefix: u64, target: u64 },
+}
+
+/// Counts the tokens of `text` with the server's `/tokenize`, through the proxy.
+pub async fn tokenize(
+    proxy: &Arc<Proxy>,
+    model: &str,
+    text: &str,
+    target: u64,
+) -> Result<u64, CalibrationError> {
+    let mut body = String::with_capacity(text.len() + 64);
+    body.push_str("{\"model\":");
+    push_json_string(&mut body, model);
+    body.push_str(",\"prompt\":");
+    push_json_string(&mut body, text);
+    body.push('}');
+    let answer = call(
+        proxy,
+        Method::POST,
+        "/tokenize",
+        Some(Bytes::from(body)),
+        Duration::from_secs(60),
+    )
+    .await
+    .map_err(|source| CalibrationError::Call { target, source })?;
+    if !answer.ok() {
+        let mut text = answer.text();
+        text.truncate(300);
+        return Err(CalibrationError::Status {
+            target,
+            status: answer.status.as_u16(),
+            body: text,
+        });
+    }
+    let value: Value =
+        serde_json::from_slice(&answer.body).map_err(|_| CalibrationError::NoCount)?;
+    value
+        .get("count")
+        .and_then(Value::as_u64)
+        .or_else(|| {
+            value
+                .get("tokens")
+                .and_then(Value::as_array)
+                .map(|t| t.len() as u64)
+        })
+        .ok_or(CalibrationError::NoCount)
+}
+
+/// A text prompt whose `/tokenize` count is `target` (or the closest below it).
+pub async fn calibrated_text_prompt(
+    proxy: &Arc<Proxy>,
+    model: &str,
+    run_id: &str,
+    context: u64,
+    target: u64,
+) -> Result<Prompt, CalibrationError> {
+    let count = |chars: usize| {
+        let text = filler_text(run_id, context, chars);
+        async move {
+            let tokens = tokenize(proxy, model, &text, target).await?;
+            Ok::<_, CalibrationError>((text, tokens))
+        }
+    };
+    // Bracket [low, high]: tokens(low) ≤ target < tokens(high).
+    let prefix_len = filler_text(run_id, context, 0).len();
+    let (prefix_text, prefix_tokens) = count(prefix_len).await?;
+    if prefix_tokens > target {
+        return Err(CalibrationError::TooShort {
+            prefix: prefix_tokens,
+            target,
+        });
+    }
+    let mut best = (prefix_text, prefix_tokens);
+    let mut low = (prefix_len, prefix_tokens);
+    let mut high: Option<(usize, u64)> = None;
+    let mut guess = (target as usize).saturating_mul(4).max(prefix_len + 1);
+    for _ in 0..MAX_CALIBRATION_ROUNDS {
+        if best.1 == target {
+            break;
+        }
+        let (text, tokens) = count(guess).await?;
+        if tokens <= target && tokens >= best.1 {
+            best = (text, tokens);
+        }
+        if tokens <= target {
+            low = (guess, tokens);
+        } else {
+            high = Some((guess, tokens));
+        }
+        guess = match high {
+            None => {
+                // Scale by the observed characters per token, overshooting a little.
+                let per_token = guess as f64 / tokens.max(1) as f64;
+                let wanted = (target as f64 * per_token * 1.02).ceil() as usize;
+                wanted.max(guess + 1)
+            }
+            Some((high_len, high_tokens)) => {
+                if high_len <= low.0 + 1 {
+                    break;
+                }
+                // Interpolate inside the bracket, then keep strictly inside it.
+                let span = high_tokens.saturating_sub(low.1).max(1) as f64;
+                let fraction = target.saturating_sub(low.1) as f64 / span;
+                let estimate = low.0 as f64 + fraction * (high_len - low.0) as f64;
+                (estimate.round() as usize).clamp(low.0 + 1, high_len - 1)
+            }
+        };
+    }
+    let (text, tokens) = best;
+    let mut json = String::with_capacity(text.len() + 2);
+    push_json_string(&mut json, &text);
+    Ok(Prompt {
+        json: Arc::from(json),
+        tokens,
+        kind: PromptKind::Text,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_prompts_share_only_the_run_prefix() {
+        let seed = run_seed("run-a");
+        let a: Vec<u64> = token_ids(seed, 8192, 64).collect();
+        let b: Vec<u64> = token_ids(seed, 16384, 64).collect();
+        let other_run: Vec<u64> = token_ids(run_seed("run-b"), 8192, 64).collect();
+        assert_eq!(a[..RUN_PREFIX_TOKENS], b[..RUN_PREFIX_TOKENS]);
+        assert_ne!(a[RUN_PREFIX_TOKENS..], b[RUN_PREFIX_TOKENS..]);
+        assert_ne!(a[..RUN_PREFIX_TOKENS], other_run[..RUN_PREFIX_TOKENS]);
+        assert!(a
+            .iter()
+            .all(|&id| (ID_BASE..ID_BASE + ID_SPAN).contains(&id)));
+        let prompt = token_id_prompt(seed, 8192, 8192);
+        let parsed: Vec<u64> = serde_json::from_str(&prompt.json).unwrap();
+        assert_eq!(parsed.len(), 8192);
+        assert_eq!(parsed[..64], a[..]);
+        // A 1M-token prompt stays under the proxy's 8 MiB parse limit.
+        assert!(1_048_574 * 5 + 2 < 8 << 20);
+    }
+
+    #[test]
+    fn filler_text_is_deterministic_ascii_with_the_prefix() {
+        let text = filler_text("r1", 8192, 1000);
+        assert_eq!(text.len(), 1000);
+        assert!(text.is_ascii());
+        assert!(text.starts_with("[BENCH_r1_CTX_8192] "));
+        assert_eq!(text, filler_text("r1", 8192, 1000));
+        assert!(filler_text("r1", 8192, 2000).starts_with(&text));
+        assert_ne!(filler_text("r1", 16384, 1000), text);
+    }
+}
