@@ -28,10 +28,21 @@ pub enum Command {
     Simulate(crate::sim::SimulateArgs),
     /// Render, compare and import speed-test matrices.
     Matrix(crate::matrix::cli::MatrixArgs),
+    /// Run a synthetic matrix sweep against a server (--target) or a running proxy (--admin).
+    Sweep(crate::sweep::cli::SweepArgs),
+    /// Simulator + proxy + a short sweep + ordinary traffic, then both matrices and a report.
+    Demo(crate::sweep::demo::DemoArgs),
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The sweep and the demo talk to a person on stderr: their logs stay at warnings unless
+    // RUST_LOG asks for more (set before any thread exists).
+    if matches!(cli.command, Command::Sweep(_) | Command::Demo(_))
+        && std::env::var_os("RUST_LOG").is_none()
+    {
+        std::env::set_var("RUST_LOG", "warn");
+    }
     crate::telemetry::logging::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -48,6 +59,8 @@ pub fn main() -> ExitCode {
             Command::Serve(args) => crate::serve::run(args).await,
             Command::Simulate(args) => crate::sim::run(args).await,
             Command::Matrix(args) => crate::matrix::cli::run(args).await,
+            Command::Sweep(args) => crate::sweep::cli::run(args).await,
+            Command::Demo(args) => crate::sweep::demo::run(args).await,
         }
     });
     match result {

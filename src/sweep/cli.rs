@@ -1,1 +1,445 @@
-//! `tokentap sweep`.
+//! `tokentap sweep`: standalone (`--target URL`, through an in-process instance of the proxy's
+//! data path) or on a running proxy (`--admin URL`, through its admin API). Shows a progress line
+//! with the current cell and an ETA on stderr, then prints the matrix as Markdown on stdout and
+//! writes it as JSON, HTML and Markdown files. Ctrl-C cancels the sweep (its streams are
+//! aborted) and still writes what was measured.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use bytes::Bytes;
+use http::{header, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::manager::SweepManager;
+use super::plan::{DurationValue, PromptMode, SweepRequest, TokensValue};
+use super::status::{SweepState, SweepStatus};
+use crate::config::{Config, ConfigLoader};
+use crate::matrix::{html::render_html, render_json, render_markdown, MatrixDoc};
+
+/// Exit code when the sweep was cancelled (Ctrl-C), as shells report SIGINT.
+pub const EXIT_CANCELLED: u8 = 130;
+
+/// Run a synthetic speed-test matrix sweep: the seed pages' methodology, measured by the
+/// proxy's own metering path.
+///
+/// For each context (ascending) one scout request gives the prefill row and warms the prompt
+/// cache; then for each concurrency C, C identical streams (ignore_eos, max_tokens = max
+/// output) run for a fixed window, restarted as they finish, then are aborted. Cells whose
+/// C × (context + max output) exceeds the server's KV budget are Over capacity.
+///
+/// Examples:
+///   tokentap sweep --target http://127.0.0.1:30000 --contexts 8K,32K --cell-duration 10s
+///   tokentap sweep --admin http://127.0.0.1:9464 --token $TOKEN
+#[derive(Debug, clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct SweepArgs {
+    /// Sweep this inference server directly, through an in-process instance of the proxy's
+    /// metering path (nothing is listening). Either --target or --admin is required.
+    #[arg(
+        long,
+        value_name = "URL",
+        conflicts_with = "admin",
+        required_unless_present = "admin"
+    )]
+    pub target: Option<String>,
+    /// Start the sweep on a running `tokentap serve` through its admin API (e.g.
+    /// http://127.0.0.1:9464) and follow it; production traffic keeps flowing and the
+    /// proxy's production guard applies.
+    #[arg(long, value_name = "URL")]
+    pub admin: Option<String>,
+    /// Bearer token of the admin API (that proxy's admin.token). Default: the
+    /// TOKENTAP_ADMIN__TOKEN environment variable.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "TOKENTAP_ADMIN__TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// With --admin: follow the sweep with this id instead of starting one.
+    #[arg(long, value_name = "ID", requires = "admin")]
+    pub follow: Option<String>,
+    /// Decode contexts, comma-separated (8K = 8192 tokens). Default: 8K doubling up to the
+    /// top context (context length − max output − 1024), plus the top context, and a prefill
+    /// row at the full context length.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub contexts: Vec<String>,
+    /// Concurrency levels, comma-separated. Default 1,2,4,8,16,32,64,128.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub concurrency: Vec<u32>,
+    /// Measurement window per cell (500ms, 30s, 2m). Default sweep.cell_duration (30s).
+    #[arg(long, value_name = "DURATION")]
+    pub cell_duration: Option<String>,
+    /// max_tokens of every decode stream. Default sweep.max_output (4096).
+    #[arg(long, value_name = "TOKENS")]
+    pub max_output: Option<u64>,
+    /// KV budget in tokens for the Over-capacity rule. Default: what the server reports
+    /// (sglang /server_info max_total_num_tokens, vLLM cache_config_info), else
+    /// sweep.kv_budget_tokens; 0 skips nothing.
+    #[arg(long, value_name = "TOKENS")]
+    pub kv_budget: Option<u64>,
+    /// Cap the default context ladder at this context (e.g. 64K). Default: no cap.
+    #[arg(long, value_name = "TOKENS")]
+    pub max_context: Option<String>,
+    /// Measure prefill at the full context length too (true/false). Default: true with the
+    /// default ladder and no --max-context, false otherwise.
+    #[arg(long, value_name = "BOOL")]
+    pub full_context_prefill: Option<bool>,
+    /// The model to request. Default: the first model of the server's /v1/models.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// How exact-length prompts are made. Default auto (token ids, else text calibrated with
+    /// /tokenize).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub prompt: Option<PromptMode>,
+    /// Directory for matrix.json, matrix.html and matrix.md. Default tokentap-sweep-<id>.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Configuration file ([sweep] defaults; with --target also [upstream] and [metering]).
+    #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// No progress line on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl SweepArgs {
+    /// The sweep plan these flags describe.
+    pub fn request(&self) -> SweepRequest {
+        SweepRequest {
+            contexts: (!self.contexts.is_empty()).then(|| {
+                self.contexts
+                    .iter()
+                    .map(|c| TokensValue::Label(c.trim().to_owned()))
+                    .collect()
+            }),
+            concurrency: (!self.concurrency.is_empty()).then(|| self.concurrency.clone()),
+            cell_duration: self.cell_duration.clone().map(DurationValue::Text),
+            max_output: self.max_output,
+            kv_budget_tokens: self.kv_budget,
+            max_context: self.max_context.clone().map(TokensValue::Label),
+            full_context_prefill: self.full_context_prefill,
+            model: self.model.clone(),
+            prompt: self.prompt,
+        }
+    }
+
+    fn load_config(&self) -> anyhow::Result<Config> {
+        let mut loader = ConfigLoader::new();
+        if let Some(path) = &self.config {
+            loader = loader.file(path)?;
+        }
+        loader = loader.env(std::env::vars())?;
+        if let Some(url) = &self.target {
+            loader = loader.flag(
+                "upstream",
+                "url",
+                toml::Value::String(url.clone()),
+                "--target",
+            );
+        }
+        Ok(loader.load()?)
+    }
+}
+
+/// `tokentap sweep`.
+pub async fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
+    let status = match &args.admin {
+        Some(admin) => run_remote(&args, admin).await?,
+        None => run_local(&args).await?,
+    };
+    finish(&args, &status)
+}
+
+/// Prints the matrix and writes the files; the exit code says how the sweep ended.
+fn finish(args: &SweepArgs, status: &SweepStatus) -> anyhow::Result<ExitCode> {
+    let Some(matrix) = &status.matrix else {
+        bail!(
+            "sweep {} {}: {}",
+            status.id,
+            status.state.as_str(),
+            status.error.as_deref().unwrap_or("no matrix")
+        );
+    };
+    print!("{}", render_markdown(matrix));
+    let dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("tokentap-sweep-{}", status.id)));
+    let written = write_matrix(&dir, "matrix", matrix)?;
+    eprintln!("tokentap sweep: {}", written.join(", "));
+    Ok(match status.state {
+        SweepState::Finished => ExitCode::SUCCESS,
+        SweepState::Cancelled => ExitCode::from(EXIT_CANCELLED),
+        _ => ExitCode::FAILURE,
+    })
+}
+
+/// Writes `<dir>/<stem>.{json,html,md}` and returns the paths.
+pub fn write_matrix(dir: &Path, stem: &str, matrix: &MatrixDoc) -> anyhow::Result<Vec<String>> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+    let mut written = Vec::new();
+    for (extension, text) in [
+        ("json", render_json(matrix)),
+        ("html", render_html(matrix)),
+        ("md", render_markdown(matrix)),
+    ] {
+        let path = dir.join(format!("{stem}.{extension}"));
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        written.push(path.display().to_string());
+    }
+    Ok(written)
+}
+
+/// Renders progress on stderr: one rewritten line on a terminal, a line per step otherwise.
+#[derive(Debug)]
+pub struct ProgressLine {
+    enabled: bool,
+    terminal: bool,
+    last: String,
+}
+
+impl ProgressLine {
+    pub fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            terminal: std::io::stderr().is_terminal(),
+            last: String::new(),
+        }
+    }
+
+    pub fn show(&mut self, status: &SweepStatus) {
+        if !self.enabled {
+            return;
+        }
+        let line = status.progress_line();
+        let mut stderr = std::io::stderr().lock();
+        if self.terminal {
+            let _ = write!(stderr, "\r\x1b[2K{line}");
+            let _ = stderr.flush();
+        } else {
+            // Without a terminal, one line per step (not per ETA tick).
+            let key = line.split(" · ETA").next().unwrap_or(&line).to_owned();
+            let key = key.split(" · elapsed").next().unwrap_or(&key).to_owned();
+            if key != self.last {
+                let _ = writeln!(stderr, "{line}");
+                self.last = key;
+            }
+        }
+    }
+
+    pub fn done(&mut self) {
+        if self.enabled && self.terminal {
+            eprintln!();
+        }
+    }
+}
+
+async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
+    let config = args.load_config()?;
+    let proxy = crate::serve::build_proxy(&config)?;
+    let manager = SweepManager::in_memory(proxy, config.sweep.clone());
+    let id = manager
+        .start(args.request())
+        .await
+        .map_err(|error| anyhow::anyhow!("{}", chain(&error)))?;
+    if !args.quiet {
+        eprintln!(
+            "tokentap sweep {id}: {} through an in-process proxy; Ctrl-C cancels",
+            config
+                .upstreams
+                .first()
+                .map(|u| u.url.to_string())
+                .unwrap_or_default()
+        );
+    }
+    follow_local(&manager, &id, !args.quiet).await
+}
+
+/// Follows a sweep of `manager` to its end, cancelling it on Ctrl-C.
+pub async fn follow_local(
+    manager: &Arc<SweepManager>,
+    id: &str,
+    show_progress: bool,
+) -> anyhow::Result<SweepStatus> {
+    let mut progress = ProgressLine::new(show_progress);
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    let mut cancelled = false;
+    loop {
+        let Some(status) = manager.get(id) else {
+            bail!("sweep {id} vanished");
+        };
+        progress.show(&status);
+        if !status.state.is_active() {
+            progress.done();
+            return Ok(status);
+        }
+        let mut changes = manager.subscribe(id);
+        tokio::select! {
+            _ = async {
+                match changes.as_mut() {
+                    Some(changes) => { let _ = changes.changed().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
+            _ = ticker.tick() => {}
+            _ = tokio::signal::ctrl_c(), if !cancelled => {
+                cancelled = true;
+                progress.done();
+                eprintln!("cancelling sweep {id} …");
+                let _ = manager.cancel(id);
+            }
+        }
+    }
+}
+
+/// The message of an error and its sources on one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        message.push_str(": ");
+        message.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    message
+}
+
+/// A small client of a remote admin API.
+struct Admin {
+    base: String,
+    token: Option<String>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Admin {
+    fn new(base: &str, token: Option<String>) -> Self {
+        let base = base.trim_end_matches('/');
+        let base = if base.contains("://") {
+            base.to_owned()
+        } else {
+            format!("http://{base}")
+        };
+        Self {
+            base,
+            token,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> anyhow::Result<(StatusCode, Bytes)> {
+        let url = format!("{}{path}", self.base);
+        let mut builder = Request::builder().method(method.clone()).uri(&url);
+        if let Some(token) = &self.token {
+            builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        if body.is_some() {
+            builder = builder.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .with_context(|| format!("{url} is not a usable URL"))?;
+        let exchange = async {
+            let response = self.client.request(request).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            Ok::<_, anyhow::Error>((status, body))
+        };
+        tokio::time::timeout(Duration::from_secs(30), exchange)
+            .await
+            .with_context(|| format!("{method} {url}: no answer within 30 s"))?
+            .with_context(|| format!("{method} {url}"))
+    }
+
+    /// The error message of an admin answer.
+    fn message(body: &[u8]) -> String {
+        serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| {
+                v.get("error")
+                    .and_then(|e| e.get("message"))
+                    .and_then(|m| m.as_str())
+                    .map(str::to_owned)
+            })
+            .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
+    }
+}
+
+async fn run_remote(args: &SweepArgs, admin_url: &str) -> anyhow::Result<SweepStatus> {
+    let admin = Admin::new(admin_url, args.token.clone());
+    let id = match &args.follow {
+        Some(id) => id.clone(),
+        None => {
+            let plan = serde_json::to_string(&args.request())?;
+            let (status, body) = admin.send(Method::POST, "/sweeps", Some(plan)).await?;
+            if status != StatusCode::ACCEPTED {
+                bail!(
+                    "{}/sweeps answered {status}: {}",
+                    admin.base,
+                    Admin::message(&body)
+                );
+            }
+            let answer: serde_json::Value = serde_json::from_slice(&body).with_context(|| {
+                format!("{}/sweeps answered something that is not JSON", admin.base)
+            })?;
+            answer
+                .get("id")
+                .and_then(|i| i.as_str())
+                .map(str::to_owned)
+                .with_context(|| format!("{}/sweeps answered without an id", admin.base))?
+        }
+    };
+    if !args.quiet {
+        eprintln!("tokentap sweep {id} on {}; Ctrl-C cancels it", admin.base);
+    }
+    let mut progress = ProgressLine::new(!args.quiet);
+    let mut cancelled = false;
+    let path = format!("/sweeps/{id}");
+    loop {
+        let (code, body) = admin.send(Method::GET, &path, None).await?;
+        if code != StatusCode::OK {
+            bail!(
+                "{}{path} answered {code}: {}",
+                admin.base,
+                Admin::message(&body)
+            );
+        }
+        let status: SweepStatus = serde_json::from_slice(&body).with_context(|| {
+            format!(
+                "{}{path}: not a sweep status this tokentap reads",
+                admin.base
+            )
+        })?;
+        progress.show(&status);
+        if !status.state.is_active() {
+            progress.done();
+            return Ok(status);
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::signal::ctrl_c(), if !cancelled => {
+                cancelled = true;
+                progress.done();
+                eprintln!("cancelling sweep {id} …");
+                let (code, body) = admin.send(Method::DELETE, &path, None).await?;
+                if !code.is_success() {
+                    eprintln!("cancel answered {code}: {}", Admin::message(&body));
+                }
+            }
+        }
+    }
+}

@@ -549,7 +549,7 @@ impl Runner {
                 end = &mut stream => return end,
                 changed = cancel.changed() => {
                     if changed.is_err() || *cancel.borrow() {
-                        self.abort_rids(&[rid.clone()]).await;
+                        self.abort_rids(std::slice::from_ref(&rid)).await;
                         let _ = phase_tx.send(StreamPhase::Disconnect);
                         return (&mut stream).await;
                     }

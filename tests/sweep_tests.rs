@@ -1,0 +1,716 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Integration tests of synthetic sweeps: the simulator on 127.0.0.1 behind a real proxy, the
+//! sweep driven through the proxy's metering path (the manager, the admin API, the CLI). Every
+//! wait is bounded; windows are short (1–2 s) at small contexts.
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{data, proxy, wait_ms, Script, ScriptedUpstream};
+use serde_json::{json, Value};
+use tokentap::matrix::{CellStatus, MatrixDoc};
+use tokentap::sim::{Profile, SimHandle, SimOptions, SimServer};
+use tokentap::sweep::discover::gauge_sum;
+use tokentap::sweep::{SweepRequest, SweepState, SweepStatus};
+use tokio::time::Instant;
+
+const STEP: &str = "step-3.7-flash-fp8-4x-rtx-pro-6000";
+const TOKEN: &str = "sweep-test-token";
+
+async fn sim(profile: &str) -> SimHandle {
+    SimServer::start(
+        Profile::builtin(profile).unwrap(),
+        SimOptions {
+            seed: 11,
+            ..SimOptions::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+fn request(json: Value) -> SweepRequest {
+    serde_json::from_value(json).unwrap()
+}
+
+fn seed(name: &str) -> MatrixDoc {
+    tokentap::matrix::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/seeds")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn within(got: Option<f64>, want: Option<f64>, tolerance: f64) -> bool {
+    match (got, want) {
+        (Some(got), Some(want)) => ((got - want) / want).abs() <= tolerance,
+        _ => false,
+    }
+}
+
+/// Runs a sweep through the manager of `server` and waits (bounded) for its end.
+async fn run_sweep(
+    server: &tokentap::serve::ProxyServer,
+    plan: SweepRequest,
+    limit: Duration,
+) -> SweepStatus {
+    let manager = &server.admin.sweeps;
+    let id = manager.start(plan).await.unwrap();
+    tokio::time::timeout(limit, manager.follow(&id, |_| {}))
+        .await
+        .expect("the sweep ends in time")
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_step_sweep_reproduces_its_seed() {
+    let sim = sim(STEP).await;
+    let (server, _records) = proxy(&sim.base_url(), "").await;
+    let plan = request(json!({
+        "contexts": ["8K", "16K"],
+        "concurrency": [1, 2, 4, 8, 16, 32, 64],
+        "cell_duration": "2s",
+    }));
+    let began = Instant::now();
+    let status = run_sweep(&server, plan, Duration::from_secs(180)).await;
+    eprintln!("sweep took {:.1} s", began.elapsed().as_secs_f64());
+    assert_eq!(status.state, SweepState::Finished, "{status:#?}");
+    let got = status.matrix.unwrap();
+    got.validate().unwrap();
+    eprintln!("{}", tokentap::matrix::render_markdown(&got));
+    let want = seed("003_5c468af628b56f4a.txt");
+
+    for row in &got.prefill {
+        let seed_row = want.prefill_row(row.context_tokens).unwrap();
+        assert_eq!(row.status, CellStatus::Valid);
+        assert_eq!(row.prompt_tokens, Some(row.context_tokens));
+        assert!(
+            within(row.prompt_tok_s, seed_row.prompt_tok_s, 0.05),
+            "prefill {}: {:?} vs {:?}",
+            row.context_tokens,
+            row.prompt_tok_s,
+            seed_row.prompt_tok_s
+        );
+    }
+    let mut valid = 0;
+    for cell in &got.decode {
+        let seed_cell = want.cell(cell.context_tokens, cell.concurrency).unwrap();
+        let name = format!("{} × {}", cell.context_tokens, cell.concurrency);
+        assert_eq!(cell.status, seed_cell.status, "{name}");
+        if !cell.status.is_valid() {
+            continue;
+        }
+        valid += 1;
+        assert!(
+            within(cell.total_tok_s, seed_cell.total_tok_s, 0.05),
+            "{name} total {:?} vs {:?}",
+            cell.total_tok_s,
+            seed_cell.total_tok_s
+        );
+        assert!(
+            within(cell.per_request_tok_s, seed_cell.per_request_tok_s, 0.05),
+            "{name} per request {:?} vs {:?}",
+            cell.per_request_tok_s,
+            seed_cell.per_request_tok_s
+        );
+        assert!(
+            within(cell.tbt_ms, seed_cell.tbt_ms, 0.05),
+            "{name} TBT {:?} vs {:?}",
+            cell.tbt_ms,
+            seed_cell.tbt_ms
+        );
+        let (ttft, seed_ttft) = (cell.ttft_ms.unwrap(), seed_cell.ttft_ms.unwrap());
+        assert!(
+            (ttft - seed_ttft).abs() <= (seed_ttft * 0.10).max(20.0),
+            "{name} TTFT {ttft} vs {seed_ttft}"
+        );
+        assert_eq!(cell.prompt_tokens, Some(cell.context_tokens), "{name}");
+        assert!(
+            within(
+                cell.average_active_requests,
+                Some(f64::from(cell.concurrency)),
+                0.01
+            ),
+            "{name} active {:?}",
+            cell.average_active_requests
+        );
+    }
+    assert_eq!(valid, 6 + 5);
+    assert_eq!(
+        running(&sim).await,
+        0.0,
+        "no stream of the sweep is left running"
+    );
+    server.shutdown().await;
+}
+
+/// The simulator's running-requests gauge.
+async fn running(sim: &SimHandle) -> f64 {
+    let metrics = common::get(&format!("{}/metrics", sim.base_url()))
+        .await
+        .text();
+    gauge_sum(&metrics, "sglang:num_running_reqs").expect("running gauge")
+}
+
+/// A proxy on 127.0.0.1:0 from a whole configuration text.
+async fn start_proxy(config: &str) -> tokentap::serve::ProxyServer {
+    let config = tokentap::config::ConfigLoader::new()
+        .text(config, "sweep-test.toml")
+        .unwrap()
+        .load()
+        .unwrap();
+    let proxy_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    tokentap::serve::ProxyServer::start_on(config, proxy_listener, admin_listener)
+        .await
+        .unwrap()
+}
+
+/// A proxy with the admin token set (sweeps need it) and `extra` config.
+async fn proxy_with_token(upstream: &str, extra: &str) -> tokentap::serve::ProxyServer {
+    let (server, _) = proxy(upstream, &format!("[admin]\ntoken = \"{TOKEN}\"\n{extra}")).await;
+    server
+}
+
+async fn admin(
+    server: &tokentap::serve::ProxyServer,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, Value) {
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", server.admin_addr))
+        .header("content-type", "application/json");
+    if let Some(token) = token {
+        builder = builder.header("authorization", format!("Bearer {token}"));
+    }
+    let response = common::send(
+        builder
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_owned(),
+            )))
+            .unwrap(),
+    )
+    .await;
+    let value = serde_json::from_slice(&response.bytes()).unwrap_or(Value::Null);
+    (response.status, value)
+}
+
+/// Polls `GET /sweeps/{id}` until `check` holds (bounded).
+async fn wait_status(
+    server: &tokentap::serve::ProxyServer,
+    id: &str,
+    what: &str,
+    limit: Duration,
+    check: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (code, status) = admin(server, "GET", &format!("/sweeps/{id}"), Some(TOKEN), "").await;
+        assert_eq!(code, 200, "{status}");
+        if check(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {status:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_starts_refuses_cancels_and_persists_sweeps() {
+    let sim = sim(STEP).await;
+    // Without a configured token, sweeps are refused outright.
+    let (open, _) = proxy(&sim.base_url(), "").await;
+    let (code, body) = admin(&open, "POST", "/sweeps", None, "{}").await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("admin.token"));
+    open.shutdown().await;
+
+    let data_dir = std::env::temp_dir().join(format!("tokentap-sweep-api-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&data_dir);
+    let config = format!(
+        "[upstream]\nurl = \"{}\"\n[admin]\ntoken = \"{TOKEN}\"\n[store]\ndata_dir = \"{}\"\n",
+        sim.base_url(),
+        data_dir.display()
+    );
+    let server = start_proxy(&config).await;
+    let plan = r#"{"contexts": ["8K"], "concurrency": [1, 2, 4, 8, 16], "cell_duration": "3s"}"#;
+    assert_eq!(admin(&server, "POST", "/sweeps", None, plan).await.0, 401);
+    assert_eq!(
+        admin(&server, "POST", "/sweeps", Some("wrong"), plan)
+            .await
+            .0,
+        401
+    );
+    let (code, body) = admin(
+        &server,
+        "POST",
+        "/sweeps",
+        Some(TOKEN),
+        r#"{"concurrency": [0]}"#,
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("concurrency"),
+        "{body}"
+    );
+    let (code, body) = admin(
+        &server,
+        "POST",
+        "/sweeps",
+        Some(TOKEN),
+        r#"{"contxts": []}"#,
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("contxts"),
+        "{body}"
+    );
+
+    let (code, body) = admin(&server, "POST", "/sweeps", Some(TOKEN), plan).await;
+    assert_eq!(code, 202, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    let (code, busy) = admin(&server, "POST", "/sweeps", Some(TOKEN), plan).await;
+    assert_eq!(code, 409, "{busy}");
+    assert!(busy["error"]["message"].as_str().unwrap().contains(&id));
+
+    // Cancel while the 8K × 2 window runs, then the streams must be gone within a second.
+    let status = wait_status(
+        &server,
+        &id,
+        "the 8K × 2 window",
+        Duration::from_secs(60),
+        |s| {
+            s["progress"]["current"]["label"] == "8K × 2"
+                && s["progress"]["current"]["phase"] == "window"
+        },
+    )
+    .await;
+    assert_eq!(status["state"], "running");
+    assert!(status["progress"]["eta_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        status["matrix"]["decode"][0]["status"], "Valid",
+        "8K × 1 is measured: {status:#}"
+    );
+    assert!(running(&sim).await >= 2.0);
+    let (code, _) = admin(&server, "DELETE", &format!("/sweeps/{id}"), Some(TOKEN), "").await;
+    assert_eq!(code, 202);
+    let cancelled_at = Instant::now();
+    while running(&sim).await > 0.0 {
+        assert!(
+            cancelled_at.elapsed() < Duration::from_secs(2),
+            "streams still running after a cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let aborted_within = cancelled_at.elapsed();
+    eprintln!(
+        "streams gone {:.0} ms after DELETE",
+        aborted_within.as_secs_f64() * 1000.0
+    );
+    let status = wait_status(&server, &id, "cancelled", Duration::from_secs(10), |s| {
+        s["state"] == "cancelled"
+    })
+    .await;
+    let decode = status["matrix"]["decode"].as_array().unwrap();
+    let statuses: Vec<&str> = decode
+        .iter()
+        .map(|c| c["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["Valid", "Not run", "Not run", "Not run", "Not run"]
+    );
+    // Nothing restarts after the cancel.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(running(&sim).await, 0.0);
+    let (code, _) = admin(&server, "DELETE", &format!("/sweeps/{id}"), Some(TOKEN), "").await;
+    assert_eq!(code, 409, "cancelling a cancelled sweep");
+    assert_eq!(
+        admin(&server, "DELETE", "/sweeps/nope", Some(TOKEN), "")
+            .await
+            .0,
+        404
+    );
+
+    // The matrix renders on its own.
+    let md = common::send(
+        http::Request::get(format!(
+            "http://{}/sweeps/{id}?format=md",
+            server.admin_addr
+        ))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(md.status, 200);
+    assert!(
+        md.text().starts_with("# Speed test matrix"),
+        "{}",
+        md.text()
+    );
+
+    // Listed again after a restart on the same data dir.
+    server.shutdown().await;
+    let restarted = start_proxy(&config).await;
+    let (code, list) = admin(&restarted, "GET", "/sweeps", Some(TOKEN), "").await;
+    assert_eq!(code, 200);
+    assert_eq!(list[0]["id"], id.as_str(), "{list:#}");
+    assert_eq!(list[0]["state"], "cancelled");
+    let (code, again) = admin(&restarted, "GET", &format!("/sweeps/{id}"), Some(TOKEN), "").await;
+    assert_eq!(code, 200);
+    assert_eq!(again["matrix"]["decode"][0]["status"], "Valid");
+    restarted.shutdown().await;
+    let _ = std::fs::remove_dir_all(&data_dir);
+}
+
+/// An upstream that serves a steady token stream, failing every other decode stream with a
+/// 500; scouts (max_tokens 1) always succeed. No metrics, no server info: the sweep falls back
+/// to stream activity and disconnects.
+async fn half_failing_upstream() -> (ScriptedUpstream, Arc<AtomicUsize>) {
+    let decode_streams = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&decode_streams);
+    let upstream = ScriptedUpstream::start(move |received| {
+        match received.path.as_str() {
+            "/v1/models" => {
+                return Script::json(200, r#"{"data":[{"id":"flaky","max_model_len":32768}]}"#)
+            }
+            "/v1/completions" => {}
+            _ => return Script::json(404, r#"{"detail":"Not Found"}"#),
+        }
+        let body: Value = serde_json::from_slice(&received.body).unwrap();
+        let max_tokens = body["max_tokens"].as_u64().unwrap();
+        let prompt = body["prompt"].as_array().unwrap().len();
+        if max_tokens > 1 && counter.fetch_add(1, Ordering::SeqCst) % 2 == 1 {
+            return Script::json(500, r#"{"object":"error","message":"simulated GPU fault","code":500}"#);
+        }
+        let mut steps = Vec::new();
+        let events = max_tokens.min(600);
+        for n in 1..=events {
+            let finish = if n == max_tokens { "\"length\"" } else { "null" };
+            steps.push(data(&format!(
+                r#"{{"id":"x","object":"text_completion","choices":[{{"index":0,"text":" w{n}","finish_reason":{finish}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{n},"total_tokens":{}}}}}"#,
+                prompt as u64 + n
+            )));
+            steps.push(wait_ms(5));
+        }
+        if events == max_tokens {
+            steps.push(data("[DONE]"));
+        }
+        let mut script = Script::sse(steps);
+        if events < max_tokens {
+            script.end = common::End::Hang;
+        }
+        script
+    })
+    .await;
+    (upstream, decode_streams)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_streams_mark_their_cells_error_and_the_sweep_finishes() {
+    let (upstream, decode_streams) = half_failing_upstream().await;
+    let (server, _) = proxy(&upstream.url(), "").await;
+    let plan = request(json!({
+        "contexts": [1024],
+        "concurrency": [1, 2, 4],
+        "cell_duration": "1s",
+        "kv_budget_tokens": 100000,
+    }));
+    let status = run_sweep(&server, plan, Duration::from_secs(60)).await;
+    assert_eq!(status.state, SweepState::Finished, "{status:#?}");
+    let matrix = status.matrix.unwrap();
+    matrix.validate().unwrap();
+    assert_eq!(matrix.prefill[0].status, CellStatus::Valid);
+    let one = matrix.cell(1024, 1).unwrap();
+    assert_eq!(one.status, CellStatus::Valid, "{one:?}");
+    assert_eq!(one.prompt_tokens, Some(1024));
+    assert!(one.total_tok_s.unwrap() > 50.0, "{one:?}");
+    for c in [2, 4] {
+        let cell = matrix.cell(1024, c).unwrap();
+        match &cell.status {
+            CellStatus::Error(reason) => {
+                assert!(reason.contains("HTTP 500: simulated GPU fault"), "{reason}")
+            }
+            other => panic!("1024 × {c}: {other:?}"),
+        }
+    }
+    assert!(decode_streams.load(Ordering::SeqCst) >= 1 + 2 + 2);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_loop_marks_the_cell_error() {
+    let upstream = ScriptedUpstream::start(|received| match received.path.as_str() {
+        "/v1/models" => Script::json(200, r#"{"data":[{"id":"loopy","max_model_len":32768}]}"#),
+        "/v1/completions" => {
+            let body: Value = serde_json::from_slice(&received.body).unwrap();
+            let max_tokens = body["max_tokens"].as_u64().unwrap();
+            let mut steps = Vec::new();
+            for n in 1..=max_tokens.min(2000) {
+                let finish = if n == max_tokens { "\"length\"" } else { "null" };
+                steps.push(data(&format!(
+                    r#"{{"choices":[{{"index":0,"text":" and again","finish_reason":{finish}}}],"usage":{{"prompt_tokens":512,"completion_tokens":{n},"total_tokens":1}}}}"#
+                )));
+                if n % 20 == 0 {
+                    steps.push(wait_ms(1));
+                }
+            }
+            steps.push(data("[DONE]"));
+            Script::sse(steps)
+        }
+        _ => Script::json(404, "{}"),
+    })
+    .await;
+    let (server, _) = proxy(&upstream.url(), "").await;
+    let plan = request(
+        json!({"contexts": [512], "concurrency": [1], "cell_duration": "1s", "max_output": 2000}),
+    );
+    let status = run_sweep(&server, plan, Duration::from_secs(60)).await;
+    let cell = status.matrix.unwrap().cell(512, 1).unwrap().clone();
+    match cell.status {
+        CellStatus::Error(reason) => assert!(reason.starts_with("output loop"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_above_the_guard_pauses_the_sweep() {
+    let sim = sim(STEP).await;
+    let server = proxy_with_token(&sim.base_url(), "[sweep]\nproduction_guard = 0\n").await;
+    // One long production stream through the data listener holds the guard.
+    let url = format!("http://{}/v1/completions", server.proxy_addr);
+    let production = tokio::spawn(async move {
+        common::post(
+            &url,
+            r#"{"model":"step3p7","prompt":"hello","max_tokens":100000,"ignore_eos":true,"stream":true}"#,
+        )
+        .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server
+        .proxy
+        .meter
+        .inflight(tokentap::meter::record::Source::Production)
+        == 0
+    {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (code, body) = admin(
+        &server,
+        "POST",
+        "/sweeps",
+        Some(TOKEN),
+        r#"{"contexts": ["8K"], "concurrency": [1], "cell_duration": "1s"}"#,
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    let paused = wait_status(&server, &id, "paused", Duration::from_secs(10), |s| {
+        s["state"] == "paused"
+    })
+    .await;
+    assert_eq!(paused["progress"]["current"]["phase"], "paused");
+    assert_eq!(paused["matrix"]["prefill"][0]["status"], "Not run");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let still = wait_status(&server, &id, "paused", Duration::from_secs(1), |_| true).await;
+    assert_eq!(
+        still["state"], "paused",
+        "no measurement while production is above the guard"
+    );
+    // The production stream ends (the client goes away): the sweep resumes and finishes.
+    production.abort();
+    let done = wait_status(&server, &id, "finished", Duration::from_secs(60), |s| {
+        s["state"] == "finished"
+    })
+    .await;
+    let notes: Vec<&str> = done["matrix"]["metadata"]["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        notes.iter().any(|n| n.starts_with("Paused ")
+            && n.contains("before prefill 8K")
+            && n.contains("guard 0")),
+        "{notes:#?}"
+    );
+    assert!(done["progress"]["paused_s"].as_f64().unwrap() >= 0.5);
+    assert_eq!(done["matrix"]["decode"][0]["status"], "Valid");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_dialect_with_text_prompts_calibrated_by_tokenize() {
+    let sim = SimServer::start(
+        Profile::builtin(STEP).unwrap(),
+        SimOptions {
+            seed: 3,
+            dialect: tokentap::sim::Dialect::Vllm,
+            ..SimOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (server, _) = proxy(&sim.base_url(), "").await;
+    let plan = request(json!({
+        "contexts": [2000, "8K"],
+        "concurrency": [1, 2],
+        "cell_duration": "1s",
+        "prompt": "text",
+    }));
+    let status = run_sweep(&server, plan, Duration::from_secs(90)).await;
+    assert_eq!(status.state, SweepState::Finished, "{status:#?}");
+    let facts = status.server.unwrap();
+    assert_eq!(facts.engine, tokentap::sweep::plan::EngineKind::Vllm);
+    let kv = facts.kv_budget_tokens.unwrap();
+    assert!(
+        kv > 600_000 && kv <= 622_592,
+        "vLLM KV from cache_config_info: {kv}"
+    );
+    let matrix = status.matrix.unwrap();
+    for row in &matrix.prefill {
+        assert_eq!(row.status, CellStatus::Valid, "{row:?}");
+        assert_eq!(
+            row.prompt_tokens,
+            Some(row.context_tokens),
+            "calibrated exactly: {row:?}"
+        );
+    }
+    for cell in &matrix.decode {
+        assert_eq!(cell.status, CellStatus::Valid, "{cell:?}");
+        assert_eq!(cell.prompt_tokens, Some(cell.context_tokens));
+        assert!(within(
+            cell.average_active_requests,
+            Some(f64::from(cell.concurrency)),
+            0.01
+        ));
+    }
+    // Without a targeted abort the streams were disconnected, and the server saw it.
+    let metrics = common::get(&format!("{}/metrics", sim.base_url()))
+        .await
+        .text();
+    assert_eq!(gauge_sum(&metrics, "vllm:num_requests_running"), Some(0.0));
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_sweeps_a_target_and_follows_a_remote_proxy() {
+    let sim = sim(STEP).await;
+    let out = std::env::temp_dir().join(format!("tokentap-sweep-cli-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let local = out.join("local");
+    let standalone = cli(
+        &[
+            "sweep",
+            "--target",
+            &sim.base_url(),
+            "--contexts",
+            "4K",
+            "--concurrency",
+            "1,2",
+        ],
+        &["--cell-duration", "1s", "--out", local.to_str().unwrap()],
+        &[("TOKENTAP_STORE__DATA_DIR", "")],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&standalone.stdout);
+    let stderr = String::from_utf8_lossy(&standalone.stderr);
+    assert!(standalone.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.starts_with("# Speed test matrix"), "{stdout}");
+    assert!(
+        stderr.contains("measurements"),
+        "progress on stderr: {stderr}"
+    );
+    let written = tokentap::matrix::load(&local.join("matrix.json")).unwrap();
+    assert_eq!(written.decode.len(), 2);
+    assert!(written.decode.iter().all(|c| c.status.is_valid()));
+    assert!(local.join("matrix.html").exists() && local.join("matrix.md").exists());
+
+    let server = proxy_with_token(&sim.base_url(), "").await;
+    let admin_url = format!("http://{}", server.admin_addr);
+    let remote_dir = out.join("remote");
+    let remote = cli(
+        &[
+            "sweep",
+            "--admin",
+            &admin_url,
+            "--contexts",
+            "4K",
+            "--concurrency",
+            "1",
+        ],
+        &[
+            "--cell-duration",
+            "1s",
+            "--quiet",
+            "--out",
+            remote_dir.to_str().unwrap(),
+        ],
+        &[("TOKENTAP_ADMIN__TOKEN", TOKEN)],
+    )
+    .await;
+    assert!(
+        remote.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&remote.stdout),
+        String::from_utf8_lossy(&remote.stderr)
+    );
+    let written = tokentap::matrix::load(&remote_dir.join("matrix.json")).unwrap();
+    let id = written.metadata.run.sweep_id.clone().unwrap();
+    assert!(
+        server.admin.sweeps.get(&id).is_some(),
+        "the sweep ran on the proxy"
+    );
+    assert!(written.cell(4096, 1).unwrap().status.is_valid());
+
+    let refused = cli(
+        &["sweep", "--admin", &admin_url, "--quiet"],
+        &[],
+        &[("TOKENTAP_ADMIN__TOKEN", "wrong")],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(stderr.contains("401"), "{stderr}");
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Runs the tokentap binary (bounded to a minute).
+async fn cli(args: &[&str], more: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tokentap"));
+    command.args(args).args(more);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let run = tokio::task::spawn_blocking(move || command.output().unwrap());
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the command ends within a minute")
+        .unwrap()
+}
