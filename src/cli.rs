@@ -28,9 +28,30 @@ pub enum Command {
     Simulate(crate::sim::SimulateArgs),
     /// Render, compare and import speed-test matrices.
     Matrix(crate::matrix::cli::MatrixArgs),
-    /// Run a synthetic matrix sweep against a server (--target) or a running proxy (--admin).
+    /// Run a synthetic matrix sweep against a server (--target) or a running proxy (--admin)
+    ///
+    /// The seed pages' methodology, measured by the proxy's own metering path. For each
+    /// context (ascending) one scout request (max_tokens 1, cold prompt) gives the prefill row
+    /// and warms the prompt cache; then for each concurrency C, C identical streams
+    /// (ignore_eos, max_tokens = max output) run until the server reports C running, then for
+    /// a fixed window (streams that finish are restarted), then are aborted (sglang
+    /// /abort_request by rid, else a disconnect) and the server drains. Cells whose
+    /// C × (context + max output) exceeds the KV budget are Over capacity. A progress line with
+    /// an ETA goes to stderr; the matrix is printed as Markdown and written as JSON, HTML and
+    /// Markdown. Ctrl-C cancels (streams are aborted) and writes what was measured.
+    ///
+    /// Examples:
+    ///   tokentap sweep --target http://127.0.0.1:30000 --contexts 8K,32K --cell-duration 10s
+    ///   tokentap sweep --admin http://127.0.0.1:9464 --token "$TOKEN"
+    #[command(verbatim_doc_comment)]
     Sweep(crate::sweep::cli::SweepArgs),
-    /// Simulator + proxy + a short sweep + ordinary traffic, then both matrices and a report.
+    /// Start here: simulator + proxy + a short sweep + ordinary traffic, then both matrices.
+    ///
+    /// Starts a simulated sglang server (a profile calibrated from a published matrix) and the
+    /// proxy in front of it on loopback, runs a short synthetic sweep through the proxy, sends
+    /// a burst of ordinary requests through its data listener, prints the synthetic matrix
+    /// and the production figures side by side, writes an HTML report, and tells you what to
+    /// open and what to try next. About a minute and a half with the defaults.
     Demo(crate::sweep::demo::DemoArgs),
 }
 

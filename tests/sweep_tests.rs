@@ -714,3 +714,73 @@ async fn cli(args: &[&str], more: &[&str], env: &[(&str, &str)]) -> std::process
         .expect("the command ends within a minute")
         .unwrap()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_prompts_fall_back_to_calibrated_text_when_token_ids_are_refused() {
+    // A server without token-id input whose tokenizer counts 3 bytes a token.
+    let upstream = ScriptedUpstream::start(|received| {
+        let body: Value = serde_json::from_slice(&received.body).unwrap_or(Value::Null);
+        let tokens = |text: &str| text.len().div_ceil(3);
+        match received.path.as_str() {
+            "/v1/models" => Script::json(200, r#"{"data":[{"id":"textonly","max_model_len":65536}]}"#),
+            "/tokenize" => {
+                let count = tokens(body["prompt"].as_str().unwrap());
+                Script::json(200, &format!(r#"{{"count":{count}}}"#))
+            }
+            "/v1/completions" => {
+                let Some(prompt) = body["prompt"].as_str() else {
+                    return Script::json(400, r#"{"object":"error","message":"prompt must be a string","code":400}"#);
+                };
+                let prompt_tokens = tokens(prompt);
+                let max_tokens = body["max_tokens"].as_u64().unwrap();
+                let mut steps = Vec::new();
+                for n in 1..=max_tokens.min(300) {
+                    let finish = if n == max_tokens { "\"length\"" } else { "null" };
+                    steps.push(data(&format!(
+                        r#"{{"choices":[{{"index":0,"text":" t{n}","finish_reason":{finish}}}],"usage":{{"prompt_tokens":{prompt_tokens},"completion_tokens":{n},"total_tokens":1}}}}"#
+                    )));
+                    steps.push(wait_ms(5));
+                }
+                let mut script = Script::sse(steps);
+                if max_tokens <= 300 {
+                    script.steps.push(data("[DONE]"));
+                } else {
+                    script.end = common::End::Hang;
+                }
+                script
+            }
+            _ => Script::json(404, "{}"),
+        }
+    })
+    .await;
+    let (server, _) = proxy(&upstream.url(), "").await;
+    let plan = request(
+        json!({"contexts": [3000], "concurrency": [1], "cell_duration": "1s", "kv_budget_tokens": 0}),
+    );
+    let status = run_sweep(&server, plan, Duration::from_secs(60)).await;
+    let matrix = status.matrix.unwrap();
+    assert_eq!(
+        matrix.prefill[0].status,
+        CellStatus::Valid,
+        "{:?}",
+        matrix.prefill
+    );
+    assert_eq!(
+        matrix.prefill[0].prompt_tokens,
+        Some(3000),
+        "calibrated to the server's count"
+    );
+    let cell = matrix.cell(3000, 1).unwrap();
+    assert_eq!(cell.status, CellStatus::Valid, "{cell:?}");
+    assert_eq!(cell.prompt_tokens, Some(3000));
+    assert!(
+        matrix
+            .metadata
+            .notes
+            .iter()
+            .any(|n| n.contains("refused a token-id prompt")),
+        "{:?}",
+        matrix.metadata.notes
+    );
+    server.shutdown().await;
+}

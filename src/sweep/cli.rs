@@ -27,19 +27,8 @@ use crate::matrix::{html::render_html, render_json, render_markdown, MatrixDoc};
 /// Exit code when the sweep was cancelled (Ctrl-C), as shells report SIGINT.
 pub const EXIT_CANCELLED: u8 = 130;
 
-/// Run a synthetic speed-test matrix sweep: the seed pages' methodology, measured by the
-/// proxy's own metering path.
-///
-/// For each context (ascending) one scout request gives the prefill row and warms the prompt
-/// cache; then for each concurrency C, C identical streams (ignore_eos, max_tokens = max
-/// output) run for a fixed window, restarted as they finish, then are aborted. Cells whose
-/// C × (context + max output) exceeds the server's KV budget are Over capacity.
-///
-/// Examples:
-///   tokentap sweep --target http://127.0.0.1:30000 --contexts 8K,32K --cell-duration 10s
-///   tokentap sweep --admin http://127.0.0.1:9464 --token $TOKEN
+/// Arguments of `tokentap sweep` (the command's help text is on its `Command` variant).
 #[derive(Debug, clap::Args)]
-#[command(verbatim_doc_comment)]
 pub struct SweepArgs {
     /// Sweep this inference server directly, through an in-process instance of the proxy's
     /// metering path (nothing is listening). Either --target or --admin is required.

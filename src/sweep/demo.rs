@@ -43,11 +43,7 @@ use crate::sim::{Profile, SimOptions, SimServer};
 /// The profile the demo simulates unless told otherwise (the seed page 003).
 pub const DEMO_PROFILE: &str = "step-3.7-flash-fp8-4x-rtx-pro-6000";
 
-/// See what tokentap measures, with nothing to install: a simulated sglang server, the proxy
-/// in front of it, a short synthetic sweep and a burst of ordinary traffic, on loopback.
-///
-/// Prints the synthetic matrix and the production figures side by side and writes an HTML
-/// report. Takes about a minute and a half with the defaults.
+/// Arguments of `tokentap demo` (the command's help text is on its `Command` variant).
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Simulator profile: a built-in name (`tokentap simulate --list-profiles`) or a profile

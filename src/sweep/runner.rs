@@ -544,9 +544,21 @@ impl Runner {
         let stream = drive(Arc::clone(&self.proxy), request, phase_rx, signals);
         tokio::pin!(stream);
         let mut cancel = self.cancel.clone();
+        // Generous: a minute plus the prompt at 500 tok/s (a slow CPU server still fits).
+        let limit = Duration::from_secs(60) + Duration::from_secs(prompt.tokens / 500);
+        let deadline = Instant::now() + limit;
         loop {
             tokio::select! {
                 end = &mut stream => return end,
+                () = tokio::time::sleep_until(deadline) => {
+                    self.abort_rids(std::slice::from_ref(&rid)).await;
+                    let _ = phase_tx.send(StreamPhase::Disconnect);
+                    let _ = (&mut stream).await;
+                    return StreamEnd::Failed(format!(
+                        "no end of the request within {} s",
+                        limit.as_secs()
+                    ));
+                }
                 changed = cancel.changed() => {
                     if changed.is_err() || *cancel.borrow() {
                         self.abort_rids(std::slice::from_ref(&rid)).await;
