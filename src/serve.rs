@@ -21,6 +21,7 @@ use crate::net::{self, ServerOptions, ShutdownTrigger};
 use crate::proxy::service::ModelLabels;
 use crate::proxy::upstream::{Router, Upstream};
 use crate::proxy::{Proxy, ProxyService};
+use crate::telemetry::otel::OtelSink;
 use crate::telemetry::prometheus::PrometheusMetrics;
 
 /// Arguments of `tokentap serve`.
@@ -107,6 +108,7 @@ pub struct ProxyServer {
     pub metrics: Arc<PrometheusMetrics>,
     pub admin: Arc<AdminState>,
     pub config: Config,
+    otel: Option<Arc<OtelSink>>,
     trigger: ShutdownTrigger,
     admin_trigger: ShutdownTrigger,
     data_task: JoinHandle<()>,
@@ -141,6 +143,15 @@ impl ProxyServer {
         .context("cannot set up the Prometheus exporter")?;
         metrics.spawn_upkeep();
         proxy.meter.add_sink(metrics.clone());
+        let otel = OtelSink::start(
+            &config.telemetry,
+            config.metering.contexts.clone(),
+            config.metering.concurrency.clone(),
+            config.telemetry.metric_interval,
+        )?;
+        if let Some(otel) = &otel {
+            proxy.meter.add_sink(otel.clone());
+        }
 
         let tls = match &config.proxy.tls {
             Some(tls) => {
@@ -194,6 +205,7 @@ impl ProxyServer {
             metrics,
             admin,
             config,
+            otel,
             trigger,
             admin_trigger,
             data_task,
@@ -209,6 +221,9 @@ impl ProxyServer {
         let _ = self.data_task.await;
         self.admin_trigger.trigger();
         let _ = self.admin_task.await;
+        if let Some(otel) = self.otel {
+            otel.shutdown().await;
+        }
     }
 }
 

@@ -405,8 +405,9 @@ impl EventClassifier {
             |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
         let cached = field(b"cache_read_input_tokens");
         if let Some(input) = field(b"input_tokens") {
-            // Anthropic counts cache reads apart from input_tokens; the prompt is both.
-            self.usage.prompt_tokens = Some(input + cached.unwrap_or(0));
+            // sglang's and vLLM's Messages `input_tokens` is the whole prompt, cache reads
+            // included (unlike Anthropic's own API, which counts them apart).
+            self.usage.prompt_tokens = Some(input);
         }
         if let Some(output) = field(b"output_tokens") {
             self.usage.completion_tokens = Some(output);
