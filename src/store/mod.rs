@@ -7,6 +7,8 @@
 //! short (one statement under a mutex): call them from `spawn_blocking` on async paths. This
 //! module never decides *when* to write — the snapshot task and the sweep engine do.
 
+pub mod cli;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
@@ -51,7 +53,7 @@ pub enum StoreError {
         table: &'static str,
         id: String,
         #[source]
-        source: ImportError,
+        source: Box<ImportError>,
     },
     #[error("the sweeps row {id} has an unknown state {state:?}")]
     UnknownState { id: String, state: String },
@@ -401,7 +403,7 @@ fn read_matrix(table: &'static str, id: &str, json: &str) -> Result<MatrixDoc, S
     parse_json(json).map_err(|source| StoreError::CorruptMatrix {
         table,
         id: id.to_owned(),
-        source,
+        source: Box::new(source),
     })
 }
 
