@@ -510,6 +510,11 @@ mod tests {
         }
         assert!(production.slice_count() <= MINUTE_SLICES + HOUR_SLICES);
         let bins = production.sketch_bins();
+        eprintln!(
+            "{} slices, {bins} sketch bins ({} KiB) after 60,000 adversarial records",
+            production.slice_count(),
+            bins * 16 / 1024
+        );
         // Slices × (9 × 9 cells × 2 sketches + 9 rows × 4 sketches) × 256 bins is the bound;
         // the real figure is far below it.
         let bound = (MINUTE_SLICES + HOUR_SLICES + 1) * (9 * 9 * 2 + 9 * 4) * 256;

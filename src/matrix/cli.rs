@@ -27,7 +27,8 @@ pub struct MatrixArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum MatrixCommand {
-    /// Render a matrix as Markdown (like the seed page), JSON, CSV, an HTML report or SVG charts.
+    /// Render a matrix as Markdown (like the seed page), JSON, CSV, an HTML report or SVG charts;
+    /// with --store, list or render the production snapshots a proxy kept.
     Show(ShowArgs),
     /// Compare two matrices cell by cell (ratios B ÷ A), optionally gating a deployment in CI.
     ///
