@@ -102,6 +102,16 @@ async fn start_proxy(config_text: &str) -> (ProxyServer, Arc<Records>) {
 /// Runs `streams` simultaneous requests of `prompt_tokens` and returns how many content
 /// tokens the clients received.
 async fn burst(server: &ProxyServer, streams: usize, prompt_tokens: u64, tokens: u64) -> u64 {
+    timed_burst(server, streams, prompt_tokens, tokens).await.0
+}
+
+/// As [`burst`], also returning the median time to first token the clients themselves saw.
+async fn timed_burst(
+    server: &ProxyServer,
+    streams: usize,
+    prompt_tokens: u64,
+    tokens: u64,
+) -> (u64, Duration) {
     let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
     let tasks: Vec<_> = (0..streams)
         .map(|_| {
@@ -110,12 +120,15 @@ async fn burst(server: &ProxyServer, streams: usize, prompt_tokens: u64, tokens:
         })
         .collect();
     let mut received = 0;
+    let mut first_tokens = Vec::new();
     for task in tasks {
         let response = task.await.unwrap();
         assert_eq!(response.status, 200);
         received += response.text().matches(r#""content":"t"#).count() as u64;
+        first_tokens.push(response.time_to(r#""content":"t0 ""#).unwrap());
     }
-    received
+    first_tokens.sort();
+    (received, first_tokens[first_tokens.len() / 2])
 }
 
 async fn admin_get(server: &ProxyServer, path_and_query: &str) -> Received2 {
@@ -165,7 +178,8 @@ async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pai
     let mut forwarded = 0;
     let mut seen = 0;
     for (prompt, context, streams) in pairs {
-        forwarded += burst(&server, streams, prompt, TOKENS).await;
+        let (received, client_ttft) = timed_burst(&server, streams, prompt, TOKENS).await;
+        forwarded += received;
         seen += streams;
         let all = records.wait_for(seen).await;
         let doc = production_doc(&server).await;
@@ -190,7 +204,15 @@ async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pai
             &what("total tok/s"),
         );
         within(cell.tbt_ms, GAP.as_secs_f64() * 1e3, 0.05, &what("TBT"));
-        within(cell.ttft_ms, TTFT.as_secs_f64() * 1e3, 0.05, &what("TTFT"));
+        // TTFT against what the clients saw (the scripted TTFT plus connection set-up, which
+        // a loaded machine can stretch), and never below the scripted one.
+        within(
+            cell.ttft_ms,
+            client_ttft.as_secs_f64() * 1e3,
+            0.05,
+            &what("TTFT"),
+        );
+        assert!(cell.ttft_ms.unwrap() >= TTFT.as_secs_f64() * 1e3 * 0.99);
         within(
             cell.average_active_requests,
             c,
@@ -225,7 +247,7 @@ async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pai
         let row = doc.prefill_row(context).unwrap();
         within(
             row.prompt_tok_s,
-            prompt as f64 / TTFT.as_secs_f64(),
+            prompt as f64 / client_ttft.as_secs_f64(),
             0.05,
             "prefill tok/s",
         );
@@ -290,8 +312,18 @@ async fn mixed_traffic_lands_in_the_right_cells_and_conserves_tokens() {
             .unwrap_or_else(|| panic!("no cell {context} × {concurrency}: {doc:#?}"));
         assert!(cell.output_tokens.unwrap() > 0, "{cell:?}");
     }
-    // Nothing landed where no traffic ran.
-    assert!(doc.cell(16384, 1).is_none() && doc.cell(8192, 4).is_none());
+    // Nothing landed where no traffic ran: the 8K stream never ran beside three others.
+    assert!(doc.cell(8192, 4).is_none(), "{doc:#?}");
+    // As the four streams end one by one their last tokens may see fewer in flight (truly),
+    // but nearly all of the 16K tokens were emitted at level 4.
+    let at_16k: u64 = doc
+        .decode
+        .iter()
+        .filter(|c| c.context_tokens == 16384)
+        .filter_map(|c| c.output_tokens)
+        .sum();
+    assert_eq!(at_16k, 2 * TOKENS);
+    assert!(doc.cell(16384, 4).unwrap().output_tokens.unwrap() as f64 >= 0.9 * at_16k as f64);
     // Conservation: cells = records = what the clients received.
     let in_cells: u64 = doc.decode.iter().filter_map(|c| c.output_tokens).sum();
     let in_records: u64 = all.iter().map(|r| r.completion_tokens).sum();

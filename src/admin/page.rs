@@ -1,7 +1,8 @@
 //! `GET /`: the admin page — the live production matrix beside the latest synthetic one and
 //! their per-cell ratio, one self-contained HTML document (inline CSS, no scripts, no external
 //! assets) that reloads itself every [`REFRESH_SECONDS`] with a meta refresh, so everything is
-//! in the DOM without JavaScript. Query: `window=` (5m … 24h, `all`) and `model=`.
+//! in the DOM without JavaScript. Query: `window=` (1m … 24h, `all`) and `model=`. Below the
+//! grids: the ratio grid and the production "All measurements" table (prefill rows included).
 //!
 //! Builds only markup around `matrix::html` fragments; figures come from `admin::matrix`.
 
@@ -92,9 +93,6 @@ pub fn render(
         Some(doc) if !doc.decode.is_empty() || !doc.prefill.is_empty() => {
             let _ = write!(body, "<p class=\"note\">{}</p>", escape(&doc_line(doc)));
             body.push_str(&grid_fragment(doc));
-            if !doc.prefill.is_empty() {
-                body.push_str(&prefill_fragment(doc));
-            }
         }
         Some(doc) => {
             let _ = write!(
