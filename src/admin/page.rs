@@ -15,9 +15,7 @@ use crate::aggregate::wallclock::format_rfc3339;
 use crate::aggregate::Window;
 use crate::matrix::diff::diff;
 use crate::matrix::doc::MatrixDoc;
-use crate::matrix::html::{
-    grid_fragment, measurements_fragment, page, prefill_fragment, ratio_grid_fragment,
-};
+use crate::matrix::html::{grid_fragment, measurements_fragment, page, ratio_grid_fragment};
 use crate::matrix::svg::xml_escape as escape;
 use crate::proxy::body::ResponseBody;
 
