@@ -567,3 +567,26 @@ async fn snapshots_are_written_periodically_and_at_shutdown_and_survive_a_restar
         .contains("RFC 3339"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_matrix_and_the_page_need_the_admin_token_when_one_is_set() {
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let (server, _) = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[admin]\ntoken = \"s3cret\"\n",
+        upstream.url()
+    ))
+    .await;
+    for path in ["/matrix", "/"] {
+        let url = format!("http://{}{path}", server.admin_addr);
+        assert_eq!(get(&url).await.status, 401, "{path}");
+        let authorized = send(
+            http::Request::get(&url)
+                .header("authorization", "Bearer s3cret")
+                .body(http_body_util::Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(authorized.status, 200, "{path}");
+    }
+    server.shutdown().await;
+}
