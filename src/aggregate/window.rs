@@ -21,8 +21,9 @@ use crate::meter::RecordSink;
 use super::cell::MatrixAccumulator;
 use super::wallclock::{format_rfc3339, unix_seconds};
 
-/// Shortest and longest window a production matrix can be asked for.
+/// Shortest window a production matrix can be asked for (the slice width).
 pub const MIN_WINDOW: Duration = Duration::from_secs(60);
+/// Longest window short of `all` (the hour ring's reach).
 pub const MAX_WINDOW: Duration = Duration::from_secs(24 * 3600);
 /// The window when none is asked for.
 pub const DEFAULT_WINDOW: Window = Window::Last(Duration::from_secs(3600));
@@ -480,6 +481,14 @@ mod tests {
             Some("2025-06-15T18:06:40Z")
         );
         assert!(production.matrix(minutes(5), Some("nobody"), now).is_none());
+        // A production document survives JSON exactly, and Markdown at page precision (what
+        // it writes imports back to the same page).
+        let markdown = crate::matrix::render_markdown(&doc);
+        let reimported = crate::matrix::parse_any(&markdown).unwrap();
+        assert_eq!(crate::matrix::render_markdown(&reimported), markdown);
+        assert_eq!(reimported.metadata, doc.metadata);
+        let json = crate::matrix::render_json(&doc);
+        assert_eq!(crate::matrix::parse_any(&json).unwrap(), doc);
     }
 
     #[test]
