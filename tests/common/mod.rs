@@ -31,6 +31,9 @@ use tokio::time::Instant;
 pub enum Step {
     Send(Bytes),
     Wait(Duration),
+    /// Wait until this long after the response body began (an absolute schedule: timer
+    /// lateness does not accumulate over a long stream).
+    Until(Duration),
 }
 
 /// How a scripted body ends.
@@ -196,9 +199,11 @@ async fn respond(
     tokio::time::sleep(script.head_delay).await;
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
+        let body_start = Instant::now();
         for step in script.steps {
             match step {
                 Step::Wait(d) => tokio::time::sleep(d).await,
+                Step::Until(d) => tokio::time::sleep_until(body_start + d).await,
                 Step::Send(bytes) => {
                     if tx.send(Ok(Frame::data(bytes))).await.is_err() {
                         *disconnected.lock().unwrap() = Some(Instant::now());
@@ -225,6 +230,8 @@ async fn respond(
     }
     response
 }
+
+pub mod chromium;
 
 /// Collects every record the proxy publishes.
 #[derive(Default)]
