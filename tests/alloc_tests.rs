@@ -52,7 +52,10 @@ struct Frames(VecDeque<Bytes>);
 impl Body for Frames {
     type Data = Bytes;
     type Error = std::convert::Infallible;
-    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
     }
 }
@@ -110,7 +113,8 @@ fn forwarding_allocates_nothing_per_event() {
         let short = forward(&meter, 10, injected, continuous);
         let long = forward(&meter, 5_000, injected, continuous);
         assert_eq!(
-            long, short,
+            long,
+            short,
             "{name}: 4,990 more events cost {} more allocations",
             long as i64 - short as i64
         );
