@@ -759,13 +759,13 @@ async fn info_routes_report_capacity() {
     let (base, client) = (sim.base_url(), client());
     let (_, info) = get(&client, &base, "/get_server_info").await;
     let info: Value = serde_json::from_str(&info).unwrap();
-    assert_eq!(info["max_total_num_tokens"], 2_097_152);
+    assert_eq!(info["max_total_num_tokens"], 1_966_080);
     assert_eq!(info["context_length"], 1_048_576);
     let (_, models) = get(&client, &base, "/v1/models").await;
     assert_eq!(models, format!("{{\"object\":\"list\",\"data\":[{{\"id\":\"nvidia/GLM-5.3-Flash-NVFP4\",\"object\":\"model\",\"created\":{},\"owned_by\":\"sglang\",\"root\":\"nvidia/GLM-5.3-Flash-NVFP4\",\"parent\":null,\"max_model_len\":1048576}}]}}", serde_json::from_str::<Value>(&models).unwrap()["data"][0]["created"]));
     assert_eq!(get(&client, &base, "/model_info").await.0, 200);
     let (_, m) = get(&client, &base, "/metrics").await;
-    assert_eq!(metric(&m, "sglang:max_total_num_tokens"), 2_097_152.0);
+    assert_eq!(metric(&m, "sglang:max_total_num_tokens"), 1_966_080.0);
     assert_eq!(metric(&m, "sglang:gen_throughput"), 0.0);
 }
 

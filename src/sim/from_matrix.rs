@@ -514,6 +514,19 @@ mod tests {
     }
 
     #[test]
+    fn shipped_profiles_keep_their_seeds_capacity_statuses() {
+        for (profile, seed_name) in [
+            ("glm-5.3-flash-nvfp4-4x-rtx-pro-6000", GLM),
+            ("step-3.7-flash-fp8-4x-rtx-pro-6000", STEP),
+        ] {
+            let kv = Profile::builtin(profile).unwrap().capacity.kv_tokens;
+            let budget = infer::kv_budget(&seed(seed_name)).unwrap();
+            assert!(kv >= budget.at_least_tokens, "{profile}: {kv}");
+            assert!(kv < budget.below_tokens.unwrap(), "{profile}: {kv}");
+        }
+    }
+
+    #[test]
     fn launch_command_sets_context_speculation_and_labels() {
         let glm = Profile::from_matrix(&seed(GLM), &FromMatrixOptions::default()).unwrap();
         assert_eq!(glm.model.context_length, 1_048_576);

@@ -866,6 +866,76 @@ mod tests {
     const FILLER_PROBE: &str = "model";
 
     #[test]
+    fn messages_stream_has_sglangs_event_shapes() {
+        let mut sp = spec(Route::Messages, Dialect::Sglang);
+        sp.id = "msg_1".into();
+        sp.reasoning_tokens = 1;
+        let mut r = Renderer::new(sp);
+        let mut s = String::new();
+        assert!(r.stream_preamble().is_empty());
+        r.on_event(out(1, None), &mut s);
+        assert_eq!(
+            r.on_event(out(1, Some(Finish::Length)), &mut s),
+            Progress::Done
+        );
+        let blocks: Vec<&str> = s.split("\n\n").filter(|b| !b.is_empty()).collect();
+        assert_eq!(blocks[0], "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"usage\":{\"input_tokens\":12,\"output_tokens\":0,\"cache_read_input_tokens\":0}}}");
+        assert_eq!(blocks[1], "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"},\"index\":0}");
+        assert!(blocks[2].starts_with("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\" "));
+        assert_eq!(
+            blocks[3],
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}"
+        );
+        assert!(blocks[4].ends_with("{\"type\":\"text\",\"text\":\"\"},\"index\":1}"));
+        assert!(blocks[5].contains("{\"type\":\"text_delta\",\"text\":\" "));
+        assert!(blocks[5].ends_with("\"},\"index\":1}"));
+        assert_eq!(blocks[7], "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"input_tokens\":12,\"output_tokens\":2,\"cache_read_input_tokens\":0}}");
+        assert_eq!(
+            blocks[8],
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}"
+        );
+        assert_eq!(blocks.len(), 9, "{s}");
+        assert!(!s.contains("[DONE]"));
+    }
+
+    #[test]
+    fn responses_stream_numbers_its_events() {
+        let mut sp = spec(Route::Responses, Dialect::Sglang);
+        sp.id = "resp_1".into();
+        let mut r = Renderer::new(sp);
+        let mut s = r.stream_preamble();
+        assert!(s.starts_with("event: response.created\ndata: {\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"created_at\":1767225600,\"model\":\"m\",\"output\":[],\"status\":\"in_progress\",\"incomplete_details\":null,\"usage\":null},\"sequence_number\":0,\"type\":\"response.created\"}\n\n"), "{s}");
+        r.on_event(out(2, Some(Finish::Length)), &mut s);
+        let blocks: Vec<&str> = s.split("\n\n").filter(|b| !b.is_empty()).collect();
+        let kinds: Vec<&str> = blocks
+            .iter()
+            .map(|b| &b["event: ".len()..b.find('\n').unwrap()])
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        for (i, block) in blocks.iter().enumerate() {
+            let data: serde_json::Value =
+                serde_json::from_str(&block[block.find("data: ").unwrap() + 6..]).unwrap();
+            assert_eq!(data["sequence_number"], i as u64);
+            assert_eq!(data["type"], kinds[i]);
+        }
+        assert!(blocks[8].contains("\"usage\":{\"input_tokens\":12,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":2,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":14}"));
+        assert!(!s.contains("[DONE]"));
+    }
+
+    #[test]
     fn vllm_chat_stream_puts_finish_on_last_delta() {
         let mut sp = spec(Route::Chat, Dialect::Vllm);
         sp.include_usage = false;
