@@ -2,6 +2,7 @@
 //! OpenAI-compatible server). See ARCHITECTURE.md for the map of the crate.
 
 pub mod admin;
+pub mod aggregate;
 pub mod cli;
 pub mod config;
 pub mod matrix;
@@ -10,6 +11,7 @@ pub mod net;
 pub mod proxy;
 pub mod serve;
 pub mod sim;
+pub mod store;
 pub mod stream;
 pub mod sweep;
 pub mod telemetry;

@@ -14,13 +14,17 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, LatestMatrix};
+use crate::aggregate::{snapshot, ProductionMatrix};
 use crate::config::{Config, ConfigLoader};
+use crate::meter::record::Source;
 use crate::meter::Meter;
 use crate::net::{self, ServerOptions, ShutdownTrigger};
 use crate::proxy::service::ModelLabels;
 use crate::proxy::upstream::{Router, Upstream};
 use crate::proxy::{Proxy, ProxyService};
+use crate::store::Store;
+use crate::telemetry::otel::OtelSink;
 use crate::telemetry::prometheus::PrometheusMetrics;
 
 /// Arguments of `tokentap serve`.
@@ -107,10 +111,17 @@ pub struct ProxyServer {
     pub metrics: Arc<PrometheusMetrics>,
     pub admin: Arc<AdminState>,
     pub config: Config,
+    otel: Option<Arc<OtelSink>>,
+    /// The production matrix aggregator (also `admin.production`).
+    pub production: Arc<ProductionMatrix>,
+    /// The SQLite store, when `store.data_dir` is set (also `admin.store`).
+    pub store: Option<Arc<Store>>,
     trigger: ShutdownTrigger,
     admin_trigger: ShutdownTrigger,
+    snapshot_trigger: ShutdownTrigger,
     data_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
+    snapshot_task: Option<JoinHandle<()>>,
 }
 
 impl ProxyServer {
@@ -141,6 +152,30 @@ impl ProxyServer {
         .context("cannot set up the Prometheus exporter")?;
         metrics.spawn_upkeep();
         proxy.meter.add_sink(metrics.clone());
+        let otel = OtelSink::start(
+            &config.telemetry,
+            config.metering.contexts.clone(),
+            config.metering.concurrency.clone(),
+            config.telemetry.metric_interval,
+        )?;
+        if let Some(otel) = &otel {
+            proxy.meter.add_sink(otel.clone());
+        }
+        let production = ProductionMatrix::new(
+            config.metering.contexts.clone(),
+            config.metering.concurrency.clone(),
+            Source::Production,
+        );
+        proxy.meter.add_sink(production.clone());
+        let store = match &config.store.data_dir {
+            Some(dir) => Some(Arc::new(Store::open(dir).with_context(|| {
+                format!(
+                    "cannot open the store in {} (store.data_dir)",
+                    dir.display()
+                )
+            })?)),
+            None => None,
+        };
 
         let tls = match &config.proxy.tls {
             Some(tls) => {
@@ -158,11 +193,16 @@ impl ProxyServer {
         };
         let (trigger, shutdown) = net::shutdown_pair();
         let (admin_trigger, admin_shutdown) = net::shutdown_pair();
+        let synthetic = LatestMatrix::default();
+        let sweep_store: Arc<dyn crate::sweep::SweepStore> = match &store {
+            Some(store) => store.clone(),
+            None => Arc::new(crate::sweep::MemoryStore::default()),
+        };
         let sweeps = crate::sweep::SweepManager::new(
             Arc::clone(&proxy),
             config.sweep.clone(),
-            crate::sweep::store::open(config.store.data_dir.as_deref())
-                .context("cannot open the sweep store (store.data_dir)")?,
+            sweep_store,
+            synthetic.clone(),
         );
         let admin = Arc::new(AdminState {
             proxy: Arc::clone(&proxy),
@@ -170,6 +210,19 @@ impl ProxyServer {
             token: config.admin.token.clone(),
             sweeps,
             draining: Default::default(),
+            production: Arc::clone(&production),
+            synthetic,
+            store: store.clone(),
+        });
+        let (snapshot_trigger, snapshot_shutdown) = net::shutdown_pair();
+        let snapshot_task = store.as_ref().map(|store| {
+            snapshot::spawn(
+                Arc::clone(&production),
+                Arc::clone(store),
+                config.store.snapshot_interval,
+                config.store.retention,
+                snapshot_shutdown,
+            )
         });
 
         let data_options = ServerOptions {
@@ -201,21 +254,34 @@ impl ProxyServer {
             metrics,
             admin,
             config,
+            otel,
+            production,
+            store,
             trigger,
             admin_trigger,
+            snapshot_trigger,
             data_task,
             admin_task,
+            snapshot_task,
         })
     }
 
     /// Stops accepting, lets in-flight requests finish within the grace period, then returns.
-    /// The admin listener stops last, so /metrics stays scrapeable while streams drain.
+    /// The admin listener stops last, so /metrics stays scrapeable while streams drain; the
+    /// snapshot task writes the part-interval since its last snapshot once streams are done.
     pub async fn shutdown(self) {
         self.admin.draining.store(true, Ordering::Relaxed);
         self.trigger.trigger();
         let _ = self.data_task.await;
+        self.snapshot_trigger.trigger();
+        if let Some(task) = self.snapshot_task {
+            let _ = task.await;
+        }
         self.admin_trigger.trigger();
         let _ = self.admin_task.await;
+        if let Some(otel) = self.otel {
+            otel.shutdown().await;
+        }
     }
 }
 

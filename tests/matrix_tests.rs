@@ -4,8 +4,9 @@
 //! HTML report and SVG charts rendered by headless Chromium.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
+
+mod common;
 
 use proptest::prelude::*;
 use tokentap::matrix::diff::{diff, evaluate_gate, DiffColumn, Gate};
@@ -806,50 +807,7 @@ fn cli_show_import_diff_and_exit_codes() {
 
 /// Runs headless Chromium on `file` and returns the DOM it rendered.
 fn chromium_dump_dom(file: &Path, profile: &Path) -> String {
-    let chromium = ["chromium", "chromium-browser"]
-        .into_iter()
-        .find(|name| Command::new(name).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()))
-        .unwrap_or_else(|| panic!("headless Chromium is needed for this test: install Debian's `chromium` package (apt-get install chromium); .ci/run installs it when missing"));
-    let mut child = Command::new(chromium)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-dev-shm-usage",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg("--dump-dom")
-        .arg(format!("file://{}", file.display()))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut out = String::new();
-        std::io::Read::read_to_string(&mut stdout, &mut out).map(|_| out)
-    });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "chromium did not finish rendering {} within 90 s",
-                file.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    reader.join().unwrap().unwrap()
+    common::chromium::dump_dom(&format!("file://{}", file.display()), profile)
 }
 
 /// The text content (tags stripped, entities of our escaping decoded) of the first element whose

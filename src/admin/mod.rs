@@ -1,6 +1,11 @@
-//! The admin listener: health, readiness, Prometheus metrics, and (as they land) the matrix,
-//! sweep API and the page. Bound to loopback by default; with `admin.token` set, everything
-//! but `/healthz` and `/readyz` needs `Authorization: Bearer <token>`.
+//! The admin listener: health, readiness, Prometheus metrics, the matrix (`matrix`), the page
+//! (`page`) and (as it lands) the sweep API. Bound to loopback by default; with `admin.token`
+//! set, everything but `/healthz` and `/readyz` needs `Authorization: Bearer <token>`.
+//!
+//! This file routes and checks the token; each endpoint family lives in its own file.
+
+pub mod matrix;
+pub mod page;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,11 +15,15 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
+use crate::aggregate::ProductionMatrix;
 use crate::proxy::body::{BoxError, ResponseBody};
 use crate::proxy::Proxy;
+use crate::store::Store;
 use crate::telemetry::prometheus::PrometheusMetrics;
 
 pub mod sweeps;
+
+pub use matrix::LatestMatrix;
 
 /// What the admin endpoints read.
 #[derive(Debug)]
@@ -26,6 +35,12 @@ pub struct AdminState {
     pub sweeps: Arc<crate::sweep::SweepManager>,
     /// Set when shutdown begins: readiness turns 503 so load balancers drain us.
     pub draining: AtomicBool,
+    /// The production matrix aggregator (a sink of the proxy's meter).
+    pub production: Arc<ProductionMatrix>,
+    /// The latest synthetic matrix; the sweep engine fills it.
+    pub synthetic: LatestMatrix,
+    /// The SQLite store, when `store.data_dir` is set.
+    pub store: Option<Arc<Store>>,
 }
 
 /// A plain response with a content type.
@@ -92,6 +107,8 @@ impl AdminState {
                 "text/plain; version=0.0.4; charset=utf-8",
                 self.metrics.render(),
             ),
+            (&Method::GET, "/matrix") => matrix::handle(&self, &request).await,
+            (&Method::GET, "/") => page::handle(&self, &request).await,
             _ => json_error(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
         }
     }

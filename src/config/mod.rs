@@ -297,6 +297,8 @@ pub struct MeteringConfig {
 pub struct TelemetryConfig {
     pub otlp_endpoint: Option<Uri>,
     pub service_name: String,
+    /// How often OTLP metrics are pushed.
+    pub metric_interval: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -439,7 +441,14 @@ impl Config {
         let telemetry = TelemetryConfig {
             otlp_endpoint,
             service_name: raw.telemetry.service_name,
+            metric_interval: duration("telemetry.metric_interval", &raw.telemetry.metric_interval)?,
         };
+        if telemetry.metric_interval.is_zero() {
+            return Err(err(
+                "telemetry.metric_interval",
+                "must be greater than zero".into(),
+            ));
+        }
 
         let store = StoreConfig {
             data_dir: raw

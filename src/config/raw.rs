@@ -132,6 +132,7 @@ impl Default for RawMetering {
 pub struct RawTelemetry {
     pub otlp_endpoint: Option<String>,
     pub service_name: String,
+    pub metric_interval: String,
 }
 
 impl Default for RawTelemetry {
@@ -139,6 +140,7 @@ impl Default for RawTelemetry {
         Self {
             otlp_endpoint: None,
             service_name: "tokentap".into(),
+            metric_interval: "60s".into(),
         }
     }
 }

@@ -27,7 +27,8 @@ pub struct MatrixArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum MatrixCommand {
-    /// Render a matrix as Markdown (like the seed page), JSON, CSV, an HTML report or SVG charts.
+    /// Render a matrix as Markdown (like the seed page), JSON, CSV, an HTML report or SVG charts;
+    /// with --store, list or render the production snapshots a proxy kept.
     Show(ShowArgs),
     /// Compare two matrices cell by cell (ratios B ÷ A), optionally gating a deployment in CI.
     ///
@@ -67,7 +68,20 @@ pub enum DiffFormat {
 #[derive(Debug, Args)]
 pub struct ShowArgs {
     /// The matrix file: seed page text, Markdown or JSON; `-` reads standard input.
-    pub file: PathBuf,
+    /// Not needed with --store.
+    #[arg(required_unless_present = "store", conflicts_with = "store")]
+    pub file: Option<PathBuf>,
+    /// Read the production-matrix snapshots of this store directory (the proxy's
+    /// store.data_dir) instead of a file. Without --at: list them. Default: off.
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+    /// With --store: render the latest snapshot taken at or before TIME (RFC 3339, e.g.
+    /// 2025-06-01T12:00:00Z), or `latest`. Default: list the snapshots instead.
+    #[arg(long, value_name = "TIME", requires = "store")]
+    pub at: Option<String>,
+    /// With --store: only snapshots of this served model. Default: every model.
+    #[arg(long, value_name = "NAME", requires = "store")]
+    pub model: Option<String>,
     /// Output format.
     #[arg(long, short, value_enum, default_value_t = ShowFormat::Md)]
     pub format: ShowFormat,
@@ -140,7 +154,22 @@ fn write_output(output: Option<&Path>, text: &str) -> anyhow::Result<()> {
 }
 
 fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
-    let doc = load(&args.file)?;
+    let doc = match (&args.file, &args.store) {
+        (_, Some(dir)) => match crate::store::cli::snapshot_for_show(
+            dir,
+            args.at.as_deref(),
+            args.model.as_deref(),
+        )? {
+            Some(doc) => doc,
+            None => {
+                let listing = crate::store::cli::list_snapshots(dir, args.model.as_deref())?;
+                write_output(args.output.as_deref(), &listing)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+        },
+        (Some(file), None) => load(file)?,
+        (None, None) => anyhow::bail!("give a matrix file, or --store DIR"),
+    };
     let text = match args.format {
         ShowFormat::Md => super::markdown::render_markdown(&doc),
         ShowFormat::Json => super::render_json(&doc),

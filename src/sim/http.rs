@@ -23,7 +23,10 @@ use super::model::{mix_seed, SplitMix64};
 use super::profile::Profile;
 use super::scheduler::{Command, Event, SchedulerHandle, Submission};
 use super::text::{self, Fingerprint};
-use super::wire::{push_json_str, unix_seconds, OutputSpec, Progress, Renderer, Route};
+use super::wire::{
+    messages_error_body, messages_error_stream, push_json_str, unix_seconds, OutputSpec, Progress,
+    Renderer, Route,
+};
 use super::{Dialect, SimOptions};
 
 /// Largest request body read (a 1M-token id prompt is about 8 MB of JSON).
@@ -112,6 +115,8 @@ impl Drop for CancelGuard {
 /// An SSE stream: drains every event queued for the request into one frame per poll.
 #[derive(Debug)]
 pub struct SseBody {
+    /// Bytes to send before any event (Responses' `response.created`).
+    preamble: Option<String>,
     events: mpsc::UnboundedReceiver<Event>,
     renderer: Renderer,
     pending: Option<Event>,
@@ -142,7 +147,7 @@ impl SseBody {
         if self.done && self.pending.is_none() {
             return Poll::Ready(None);
         }
-        let mut out = String::new();
+        let mut out = self.preamble.take().unwrap_or_default();
         if let Some(event) = self.pending.take() {
             self.render(event, &mut out);
         }
@@ -184,6 +189,8 @@ where
         (Method::POST, "/v1/chat/completions") => generation(&state, request, Route::Chat).await,
         (Method::POST, "/v1/completions") => generation(&state, request, Route::Completion).await,
         (Method::POST, "/generate") => generation(&state, request, Route::Generate).await,
+        (Method::POST, "/v1/messages") => generation(&state, request, Route::Messages).await,
+        (Method::POST, "/v1/responses") => generation(&state, request, Route::Responses).await,
         (Method::GET, "/v1/models") => models(&state),
         (Method::GET, "/server_info" | "/get_server_info") => server_info(&state),
         (Method::GET, "/model_info" | "/get_model_info") => model_info(&state),
@@ -202,6 +209,8 @@ where
             "/v1/chat/completions"
             | "/v1/completions"
             | "/generate"
+            | "/v1/messages"
+            | "/v1/responses"
             | "/abort_request"
             | "/tokenize"
             | "/v1/tokenize"
@@ -454,6 +463,204 @@ fn parse_chat_messages(body: &Value) -> Result<Vec<(String, String)>, ApiError> 
     Ok(parsed)
 }
 
+/// Prompt tokens (the documented chat rule) and prompt-cache key of a conversation; the same
+/// conversation has the same key on every chat-shaped route.
+fn chat_prompt(messages: &[(String, String)]) -> (u64, u64) {
+    let mut fingerprint = Fingerprint::default().bytes(b"chat");
+    for (role, content) in messages {
+        fingerprint = fingerprint
+            .bytes(role.as_bytes())
+            .number(content.len() as u64)
+            .bytes(content.as_bytes());
+    }
+    (text::chat_prompt_tokens(messages), fingerprint.finish())
+}
+
+fn require_object(body: &Value) -> Result<(), ApiError> {
+    if body.is_object() {
+        Ok(())
+    } else {
+        Err(ApiError::schema(
+            "[{'type': 'model_attributes_type', 'loc': ('body',), 'msg': 'Input should be a valid dictionary or object to extract fields from'}]".to_owned(),
+        ))
+    }
+}
+
+/// The profile reasons unless the request turns thinking off (sglang's chat switch).
+fn thinking_off(body: &Value) -> bool {
+    body.get("chat_template_kwargs")
+        .and_then(|k| k.get("enable_thinking"))
+        .and_then(Value::as_bool)
+        == Some(false)
+}
+
+/// `/v1/messages` (sglang's `AnthropicMessagesRequest`): `model`, `messages` and a positive
+/// `max_tokens` are required; `system` becomes a system message; `stop_sequences` are stop
+/// strings; `thinking: {"type": "disabled"}` turns reasoning off. `ignore_eos` is honoured as
+/// an extension so benchmarks can fix the output length.
+fn parse_messages(body: &Value) -> Result<GenRequest, ApiError> {
+    require_object(body)?;
+    match body.get("model") {
+        None | Some(Value::Null) => return Err(schema_error("model", "missing", "Field required")),
+        Some(Value::String(m)) if m.is_empty() => {
+            return Err(schema_error(
+                "model",
+                "value_error",
+                "Value error, Model is required",
+            ))
+        }
+        Some(Value::String(_)) => {}
+        Some(_) => {
+            return Err(schema_error(
+                "model",
+                "string_type",
+                "Input should be a valid string",
+            ))
+        }
+    }
+    let max_tokens = match opt_int(body, "max_tokens")? {
+        None => return Err(schema_error("max_tokens", "missing", "Field required")),
+        Some(n) if n <= 0 => {
+            return Err(schema_error(
+                "max_tokens",
+                "value_error",
+                "Value error, max_tokens must be positive",
+            ))
+        }
+        Some(n) => n,
+    };
+    let mut messages = Vec::new();
+    match body.get("system") {
+        None | Some(Value::Null) => {}
+        Some(system) => match text::message_content_text(system) {
+            Some(text) if !text.is_empty() => messages.push(("system".to_owned(), text)),
+            Some(_) => {}
+            None => {
+                return Err(schema_error(
+                    "system",
+                    "union_type",
+                    "Input should be a valid string or a list of content blocks",
+                ))
+            }
+        },
+    }
+    messages.extend(parse_chat_messages(body)?);
+    let (prompt_tokens, cache_key) = chat_prompt(&messages);
+    let thinking_disabled = body
+        .get("thinking")
+        .and_then(|t| t.get("type"))
+        .and_then(Value::as_str)
+        == Some("disabled");
+    Ok(GenRequest {
+        prompt_tokens,
+        cache_key,
+        max_new_tokens: Some(max_tokens),
+        min_new_tokens: 0,
+        ignore_eos: opt_bool(body, "ignore_eos")?.unwrap_or(false),
+        stop: stop_strings(body.get("stop_sequences"), "stop_sequences")?,
+        stream: opt_bool(body, "stream")?.unwrap_or(false),
+        include_usage: false,
+        continuous_usage: false,
+        rid: None,
+        model: opt_string(body, "model")?,
+        reasoning: !thinking_disabled && !thinking_off(body),
+    })
+}
+
+/// `/v1/responses`: `input` (a string, or a list of message items whose `content` is a string
+/// or text parts), optional `instructions` (a system message), `max_output_tokens`, `stream`,
+/// `request_id` (the response id). `ignore_eos` and `min_tokens` are honoured as extensions.
+fn parse_responses(body: &Value) -> Result<GenRequest, ApiError> {
+    require_object(body)?;
+    let mut messages = Vec::new();
+    if let Some(instructions) = opt_string(body, "instructions")? {
+        messages.push(("system".to_owned(), instructions));
+    }
+    match body.get("input") {
+        None | Some(Value::Null) => return Err(schema_error("input", "missing", "Field required")),
+        Some(Value::String(s)) => messages.push(("user".to_owned(), s.clone())),
+        Some(Value::Array(items)) => {
+            for item in items {
+                match item {
+                    Value::String(s) => messages.push(("user".to_owned(), s.clone())),
+                    Value::Object(fields) => {
+                        let role = fields
+                            .get("role")
+                            .and_then(Value::as_str)
+                            .unwrap_or("user")
+                            .to_owned();
+                        let content = match (fields.get("content"), fields.get("output")) {
+                            (Some(content), _) => text::message_content_text(content),
+                            (None, Some(Value::String(output))) => Some(output.clone()),
+                            (None, _) => Some(String::new()),
+                        };
+                        let Some(content) = content else {
+                            return Err(schema_error(
+                                "input",
+                                "string_type",
+                                "Input should be a valid string or list of content parts",
+                            ));
+                        };
+                        messages.push((role, content));
+                    }
+                    _ => {
+                        return Err(schema_error(
+                            "input",
+                            "union_type",
+                            "Input should be a valid string or a list of input items",
+                        ))
+                    }
+                }
+            }
+        }
+        Some(_) => {
+            return Err(schema_error(
+                "input",
+                "union_type",
+                "Input should be a valid string or a list of input items",
+            ))
+        }
+    }
+    let (prompt_tokens, cache_key) = chat_prompt(&messages);
+    Ok(GenRequest {
+        prompt_tokens,
+        cache_key,
+        max_new_tokens: opt_int(body, "max_output_tokens")?,
+        min_new_tokens: opt_int(body, "min_tokens")?.unwrap_or(0).max(0) as u64,
+        ignore_eos: opt_bool(body, "ignore_eos")?.unwrap_or(false),
+        stop: Vec::new(),
+        stream: opt_bool(body, "stream")?.unwrap_or(false),
+        include_usage: false,
+        continuous_usage: false,
+        rid: opt_string(body, "request_id")?,
+        model: opt_string(body, "model")?,
+        reasoning: !thinking_off(body),
+    })
+}
+
+/// `/v1/messages` when the engine refuses the request (over-long prompt or output): sglang
+/// validates lengths inside generation, after its translator has started the response, so a
+/// stream gets status 200 and an `error` event, and a non-streaming request a 500
+/// `internal_error` (its translator does not recognise the chat layer's error). The vLLM
+/// dialect answers 400 with the engine's message.
+fn messages_engine_error(dialect: Dialect, stream: bool, message: &str) -> Response<SimBody> {
+    match (dialect, stream) {
+        (Dialect::Sglang, true) => full(
+            StatusCode::OK,
+            "text/event-stream; charset=utf-8",
+            Bytes::from(messages_error_stream(dialect, message)),
+        ),
+        (Dialect::Sglang, false) => json_text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            messages_error_body("internal_error", "Internal processing error"),
+        ),
+        (Dialect::Vllm, _) => json_text(
+            StatusCode::BAD_REQUEST,
+            messages_error_body("invalid_request_error", message),
+        ),
+    }
+}
+
 fn parse_openai(body: &Value, route: Route, dialect: Dialect) -> Result<GenRequest, ApiError> {
     if !body.is_object() {
         return Err(ApiError::schema(
@@ -471,15 +678,7 @@ fn parse_openai(body: &Value, route: Route, dialect: Dialect) -> Result<GenReque
                     )
                 })?
             } else {
-                let messages = parse_chat_messages(body)?;
-                let mut fingerprint = Fingerprint::default().bytes(b"chat");
-                for (role, content) in &messages {
-                    fingerprint = fingerprint
-                        .bytes(role.as_bytes())
-                        .number(content.len() as u64)
-                        .bytes(content.as_bytes());
-                }
-                (text::chat_prompt_tokens(&messages), fingerprint.finish())
+                chat_prompt(&parse_chat_messages(body)?)
             }
         }
         _ => {
@@ -573,11 +772,6 @@ fn parse_openai(body: &Value, route: Route, dialect: Dialect) -> Result<GenReque
         }
     }
     let min_new_tokens = opt_int(body, "min_tokens")?.unwrap_or(0).max(0) as u64;
-    let thinking_off = body
-        .get("chat_template_kwargs")
-        .and_then(|k| k.get("enable_thinking"))
-        .and_then(Value::as_bool)
-        == Some(false);
     let separate = opt_bool(body, "separate_reasoning")?.unwrap_or(true);
     Ok(GenRequest {
         prompt_tokens,
@@ -591,7 +785,7 @@ fn parse_openai(body: &Value, route: Route, dialect: Dialect) -> Result<GenReque
         continuous_usage,
         rid: opt_string(body, "rid")?,
         model: opt_string(body, "model")?,
-        reasoning: route == Route::Chat && separate && !thinking_off,
+        reasoning: route == Route::Chat && separate && !thinking_off(body),
     })
 }
 
@@ -732,7 +926,9 @@ where
     };
     let parsed = match route {
         Route::Generate => parse_generate(&body),
-        _ => parse_openai(&body, route, dialect),
+        Route::Messages => parse_messages(&body),
+        Route::Responses => parse_responses(&body),
+        Route::Chat | Route::Completion => parse_openai(&body, route, dialect),
     };
     let parsed = match parsed {
         Ok(parsed) => parsed,
@@ -741,11 +937,27 @@ where
     drop(body);
     let max_new_tokens = match validate_lengths(state, &parsed) {
         Ok(n) => n,
+        Err(error) if route == Route::Messages => {
+            return messages_engine_error(dialect, parsed.stream, &error.message)
+        }
         Err(error) => return error.response(dialect, route),
     };
 
     let counter = state.next_request.fetch_add(1, Ordering::Relaxed);
     let id = match (dialect, route, &parsed.rid) {
+        (_, Route::Responses, Some(rid)) => rid.clone(),
+        (Dialect::Sglang, Route::Responses, None) => {
+            format!("resp_{}", hex_id(state.options.seed, counter, 32))
+        }
+        (Dialect::Vllm, Route::Responses, None) => {
+            format!("resp_{}", hex_id(state.options.seed, counter, 16))
+        }
+        (Dialect::Sglang, Route::Messages, _) => {
+            format!("msg_{}", hex_id(state.options.seed, counter, 32))
+        }
+        (Dialect::Vllm, Route::Messages, _) => {
+            format!("chatcmpl-{}", hex_id(state.options.seed, counter, 16))
+        }
         (Dialect::Sglang, _, Some(rid)) => rid.clone(),
         (Dialect::Sglang, _, None) => hex_id(state.options.seed, counter, 32),
         (Dialect::Vllm, Route::Chat, _) => {
@@ -828,13 +1040,15 @@ async fn stream_response(
     dialect: Dialect,
     route: Route,
     mut events: mpsc::UnboundedReceiver<Event>,
-    renderer: Renderer,
+    mut renderer: Renderer,
     mut guard: CancelGuard,
 ) -> Response<SimBody> {
     // sglang's OpenAI routes hold the status line until the first token exists (the
     // generator is kick-started so validation errors can still be a 400); /generate and
     // vLLM send headers at once.
-    let hold_headers = dialect == Dialect::Sglang && route != Route::Generate;
+    // /v1/messages and /v1/responses return their StreamingResponse at once on both servers.
+    let hold_headers =
+        dialect == Dialect::Sglang && matches!(route, Route::Chat | Route::Completion);
     let mut pending = None;
     if hold_headers {
         match events.recv().await {
@@ -852,7 +1066,9 @@ async fn stream_response(
             }
         }
     }
+    let preamble = Some(renderer.stream_preamble()).filter(|p| !p.is_empty());
     let body = SseBody {
+        preamble,
         events,
         renderer,
         pending,

@@ -4,8 +4,8 @@
 //! stalling decode) behind sglang's HTTP API, byte for byte, or vLLM's with
 //! [`Dialect::Vllm`].
 //!
-//! Code map: `profile` (data + validation), `model` (pure timing functions and seeded
-//! draws), `scheduler` (the one task that owns every request's progress), `wire` (SSE and
+//! Code map: `profile` (data + validation), `from_matrix` (a profile inferred from a
+//! speed-test matrix), `model` (pure timing functions and seeded draws), `scheduler` (the one task that owns every request's progress), `wire` (SSE and
 //! JSON bytes), `text` (token rules and filler words), `http` (hyper server and routes),
 //! `lag` (the schedule-lag measurement).
 //!
@@ -23,6 +23,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+pub mod from_matrix;
 pub mod http;
 pub mod lag;
 pub mod model;
@@ -31,6 +32,7 @@ pub mod scheduler;
 pub mod text;
 pub mod wire;
 
+pub use from_matrix::{FromMatrixError, FromMatrixOptions};
 pub use model::PerformanceModel;
 pub use profile::{Profile, ProfileError, BUILTIN_PROFILES};
 
@@ -213,6 +215,18 @@ pub struct SimulateArgs {
     /// TOML file (format: docs/simulator.md).
     #[arg(long, value_name = "NAME|FILE", default_value = DEFAULT_PROFILE)]
     pub profile: String,
+    /// Build the profile from a speed-test matrix instead of --profile: a seed page, or a
+    /// tokentap matrix in JSON or Markdown. Prefill curve, decode grid, cache-hit TTFT, KV
+    /// budget and context length are inferred as docs/simulator.md ("Profiles from a
+    /// matrix") describes; see the result with --print-profile. Default: use --profile.
+    #[arg(long, value_name = "SEED_OR_JSON", conflicts_with = "profile")]
+    pub from_matrix: Option<std::path::PathBuf>,
+    /// Mean tokens per decode step and stream (speculative decoding emits several tokens per
+    /// SSE event); it changes how tokens are grouped into events, never the speed. Default:
+    /// the profile's decode.tokens_per_step; with --from-matrix, 3 when the matrix's launch
+    /// command enables speculative decoding, else 1.
+    #[arg(long, value_name = "N")]
+    pub tokens_per_event: Option<f64>,
     /// Address to listen on (HTTP/1.1 and h2c); the default is sglang's port.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:30000")]
     pub listen: String,
@@ -266,18 +280,44 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let mut profile = Profile::load(&args.profile)
-        .with_context(|| format!("loading simulator profile `{}`", args.profile))?;
+    let (mut profile, inference) = match &args.from_matrix {
+        Some(path) => {
+            let doc =
+                crate::matrix::load(path).context("reading the matrix given to --from-matrix")?;
+            let options = FromMatrixOptions {
+                tokens_per_event: args.tokens_per_event,
+                origin: path.display().to_string(),
+            };
+            let (profile, inference) = from_matrix::profile_from_matrix(&doc, &options)
+                .with_context(|| format!("building a simulator profile from {}", path.display()))?;
+            (profile, Some(inference))
+        }
+        None => (
+            Profile::load(&args.profile)
+                .with_context(|| format!("loading simulator profile `{}`", args.profile))?,
+            None,
+        ),
+    };
+    if let Some(tokens) = args.tokens_per_event {
+        profile.decode.tokens_per_step = tokens;
+        profile.decode.accept_length_spread = profile
+            .decode
+            .accept_length_spread
+            .min(from_matrix::accept_length_spread(tokens));
+    }
     if let Some(kv) = args.kv_tokens {
         profile.capacity.kv_tokens = kv;
     }
     if let Some(n) = args.max_running_requests {
         profile.capacity.max_running_requests = n;
     }
-    profile
-        .validate()
-        .context("the profile with --kv-tokens/--max-running-requests applied")?;
+    profile.validate().context(
+        "the profile with --kv-tokens/--max-running-requests/--tokens-per-event applied",
+    )?;
     if args.print_profile {
+        if let Some(inference) = &inference {
+            print!("{}", inference.toml_comment(&profile));
+        }
         print!(
             "{}",
             profile.to_toml_string().context("rendering the profile")?

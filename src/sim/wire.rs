@@ -4,7 +4,8 @@
 //! the non-streaming bodies.
 //!
 //! This module owns output text (filler words, reasoning split, stop strings) and JSON
-//! shapes. It never touches the scheduler's state and never does I/O; JSON is written by
+//! shapes. The event-typed streams of `/v1/messages` and `/v1/responses` live in the child
+//! modules `messages` and `responses`. It never touches the scheduler's state and never does I/O; JSON is written by
 //! hand so key order is the servers' and no per-chunk `serde_json::Value` is built.
 use std::fmt::Write as _;
 
@@ -14,12 +15,28 @@ use super::scheduler::{Event, Finish};
 use super::text::FillerText;
 use super::Dialect;
 
+mod messages;
+mod responses;
+
+pub use messages::{messages_error_body, messages_error_stream};
+
 /// Which generation route a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
     Chat,
     Completion,
     Generate,
+    /// Anthropic Messages (`/v1/messages`): `event:` lines, no `[DONE]`.
+    Messages,
+    /// OpenAI Responses (`/v1/responses`): `event:` lines, no `[DONE]`.
+    Responses,
+}
+
+impl Route {
+    /// Streams of this route are typed `event:` blocks ending without `data: [DONE]`.
+    pub fn is_event_typed(self) -> bool {
+        matches!(self, Route::Messages | Route::Responses)
+    }
 }
 
 /// Everything about one request that shapes its output.
@@ -100,6 +117,29 @@ pub struct Renderer {
     stop_tail: String,
     max_stop_len: usize,
     finish: Option<FinishReason>,
+    /// Progress of a `/v1/messages` or `/v1/responses` stream (open blocks, sequence numbers).
+    events: EventStreamState,
+}
+
+/// Where an event-typed stream is: which content block or output item is open.
+#[derive(Debug, Default)]
+struct EventStreamState {
+    /// `message_start` / the first output item has been sent.
+    started: bool,
+    /// The open block or item, if any.
+    open: Option<Block>,
+    /// Index of the open (or next) Anthropic content block / Responses output item.
+    index: u32,
+    /// The reasoning block or item was opened at some point (Responses: it precedes the message).
+    had_reasoning: bool,
+    /// Responses `sequence_number` of the next event.
+    sequence: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Reasoning,
+    Text,
 }
 
 impl Renderer {
@@ -118,6 +158,7 @@ impl Renderer {
             stop_tail: String::new(),
             max_stop_len,
             finish: None,
+            events: EventStreamState::default(),
         }
     }
 
@@ -135,10 +176,17 @@ impl Renderer {
                 finish,
             } => (new_tokens, cached_tokens, finish),
             Event::Rejected { message } => {
-                // Only reachable on routes whose headers are already out (vLLM, /generate).
+                // Only reachable on routes whose headers are already out (vLLM, /generate,
+                // /v1/messages, /v1/responses).
                 if self.spec.stream {
-                    self.stream_error(&message, out);
-                    out.push_str("data: [DONE]\n\n");
+                    match self.spec.route {
+                        Route::Messages => self.messages_error(&message, out),
+                        Route::Responses => self.responses_error(&message, out),
+                        _ => {
+                            self.stream_error(&message, out);
+                            out.push_str("data: [DONE]\n\n");
+                        }
+                    }
                 }
                 return Progress::Done;
             }
@@ -198,7 +246,8 @@ impl Renderer {
         };
         let reasoning_count_after = self.reasoning_emitted;
 
-        if !self.spec.stream || self.spec.route == Route::Generate {
+        if !self.spec.stream || matches!(self.spec.route, Route::Generate | Route::Responses) {
+            // Responses streams repeat the whole text in their `.done` events.
             self.reasoning.push_str(&reasoning_delta);
             self.content.push_str(&content_delta);
         }
@@ -219,12 +268,18 @@ impl Renderer {
                     self.completion_chunk(dialect, &text, finish.as_ref(), out);
                 }
                 (Route::Generate, _) => self.generate_chunk(first, finish.as_ref(), out),
+                (Route::Messages, _) => {
+                    self.messages_events(&reasoning_delta, &content_delta, finish.as_ref(), out)
+                }
+                (Route::Responses, _) => {
+                    self.responses_events(&reasoning_delta, &content_delta, finish.as_ref(), out)
+                }
             }
         }
         match finish {
             Some(reason) => {
                 self.finish = Some(reason);
-                if self.spec.stream {
+                if self.spec.stream && !self.spec.route.is_event_typed() {
                     self.stream_tail(out);
                 }
                 if stopped.is_some() {
@@ -529,6 +584,16 @@ impl Renderer {
         out.push('}');
     }
 
+    /// What a stream sends before any token: Responses' `response.created` and
+    /// `response.in_progress` (its headers go out at once); nothing on other routes.
+    pub fn stream_preamble(&mut self) -> String {
+        let mut out = String::new();
+        if self.spec.stream && self.spec.route == Route::Responses {
+            self.responses_preamble(&mut out);
+        }
+        out
+    }
+
     /// After the finish chunk: the usage chunk (when asked for) and `[DONE]`.
     fn stream_tail(&self, out: &mut String) {
         if self.spec.include_usage && self.spec.route != Route::Generate {
@@ -536,6 +601,7 @@ impl Renderer {
                 Route::Chat => "chat.completion.chunk",
                 _ => "text_completion",
             };
+            // (Event-typed routes never get here: their tails are in `messages`/`responses`.)
             self.chunk_head(out, object);
             out.push_str(",\"choices\":[],\"usage\":");
             match self.spec.dialect {
@@ -572,6 +638,8 @@ impl Renderer {
         let prompt = self.spec.prompt_tokens;
         match (self.spec.route, self.spec.dialect) {
             (Route::Generate, _) => self.generate_object(&mut out, false, Some(&finish)),
+            (Route::Messages, _) => self.messages_body(&mut out, &finish),
+            (Route::Responses, _) => self.responses_body(&mut out, &finish),
             (Route::Chat, Dialect::Sglang) => {
                 let _ = write!(out, "{{\"id\":");
                 push_json_str(&mut out, &self.spec.id);
@@ -796,6 +864,76 @@ mod tests {
     }
 
     const FILLER_PROBE: &str = "model";
+
+    #[test]
+    fn messages_stream_has_sglangs_event_shapes() {
+        let mut sp = spec(Route::Messages, Dialect::Sglang);
+        sp.id = "msg_1".into();
+        sp.reasoning_tokens = 1;
+        let mut r = Renderer::new(sp);
+        let mut s = String::new();
+        assert!(r.stream_preamble().is_empty());
+        r.on_event(out(1, None), &mut s);
+        assert_eq!(
+            r.on_event(out(1, Some(Finish::Length)), &mut s),
+            Progress::Done
+        );
+        let blocks: Vec<&str> = s.split("\n\n").filter(|b| !b.is_empty()).collect();
+        assert_eq!(blocks[0], "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"m\",\"usage\":{\"input_tokens\":12,\"output_tokens\":0,\"cache_read_input_tokens\":0}}}");
+        assert_eq!(blocks[1], "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\"},\"index\":0}");
+        assert!(blocks[2].starts_with("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\" "));
+        assert_eq!(
+            blocks[3],
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}"
+        );
+        assert!(blocks[4].ends_with("{\"type\":\"text\",\"text\":\"\"},\"index\":1}"));
+        assert!(blocks[5].contains("{\"type\":\"text_delta\",\"text\":\" "));
+        assert!(blocks[5].ends_with("\"},\"index\":1}"));
+        assert_eq!(blocks[7], "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"input_tokens\":12,\"output_tokens\":2,\"cache_read_input_tokens\":0}}");
+        assert_eq!(
+            blocks[8],
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}"
+        );
+        assert_eq!(blocks.len(), 9, "{s}");
+        assert!(!s.contains("[DONE]"));
+    }
+
+    #[test]
+    fn responses_stream_numbers_its_events() {
+        let mut sp = spec(Route::Responses, Dialect::Sglang);
+        sp.id = "resp_1".into();
+        let mut r = Renderer::new(sp);
+        let mut s = r.stream_preamble();
+        assert!(s.starts_with("event: response.created\ndata: {\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"created_at\":1767225600,\"model\":\"m\",\"output\":[],\"status\":\"in_progress\",\"incomplete_details\":null,\"usage\":null},\"sequence_number\":0,\"type\":\"response.created\"}\n\n"), "{s}");
+        r.on_event(out(2, Some(Finish::Length)), &mut s);
+        let blocks: Vec<&str> = s.split("\n\n").filter(|b| !b.is_empty()).collect();
+        let kinds: Vec<&str> = blocks
+            .iter()
+            .map(|b| &b["event: ".len()..b.find('\n').unwrap()])
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        for (i, block) in blocks.iter().enumerate() {
+            let data: serde_json::Value =
+                serde_json::from_str(&block[block.find("data: ").unwrap() + 6..]).unwrap();
+            assert_eq!(data["sequence_number"], i as u64);
+            assert_eq!(data["type"], kinds[i]);
+        }
+        assert!(blocks[8].contains("\"usage\":{\"input_tokens\":12,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":2,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":14}"));
+        assert!(!s.contains("[DONE]"));
+    }
 
     #[test]
     fn vllm_chat_stream_puts_finish_on_last_delta() {

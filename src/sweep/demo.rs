@@ -6,13 +6,12 @@
 //!
 //! Everything it starts is stopped before it returns (unless `--keep-running`, until Ctrl-C).
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use bytes::Bytes;
@@ -23,20 +22,19 @@ use hyper_util::rt::TokioExecutor;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::cell::median;
 use super::cli::{follow_local, write_matrix};
 use super::plan::{DurationValue, SweepRequest, TokensValue};
 use super::prompt::{filler_text, mix};
 use super::status::SweepState;
+use crate::aggregate::Window;
 use crate::config::ConfigLoader;
+use crate::matrix::diff::diff;
 use crate::matrix::html::{
     facts_fragment, grid_fragment, measurements_fragment, page, prefill_fragment,
+    ratio_grid_fragment,
 };
-use crate::matrix::svg::xml_escape;
 use crate::matrix::units::context_label;
 use crate::matrix::{render_markdown, MatrixDoc};
-use crate::meter::record::{Outcome, RequestRecord, Source};
-use crate::meter::RecordSink;
 use crate::serve::ProxyServer;
 use crate::sim::{Profile, SimOptions, SimServer};
 
@@ -85,21 +83,6 @@ pub struct DemoArgs {
     pub keep_running: bool,
 }
 
-/// Collects the production records (the demo's own interim production view).
-#[derive(Debug, Default)]
-struct ProductionRecords(Mutex<Vec<Arc<RequestRecord>>>);
-
-impl RecordSink for ProductionRecords {
-    fn record(&self, record: &Arc<RequestRecord>) {
-        if record.source == Source::Production {
-            self.0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(Arc::clone(record));
-        }
-    }
-}
-
 /// `tokentap demo`.
 pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let began = Instant::now();
@@ -133,8 +116,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .text(&config_text, "tokentap demo")?
         .load()?;
     let server = ProxyServer::start(config).await?;
-    let production = Arc::new(ProductionRecords::default());
-    server.proxy.meter.add_sink(production.clone());
 
     eprintln!("tokentap demo");
     eprintln!(
@@ -203,30 +184,21 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         burst.failed,
         burst.elapsed.as_secs_f64()
     );
-    let records = production
-        .0
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone();
-    let contexts = server.proxy.meter.contexts().clone();
-    let concurrency = server.proxy.meter.concurrency().clone();
-    let production_cells = production_cells(&records, |r| {
-        (
-            contexts.value(r.context_bucket),
-            concurrency.value(r.concurrency_bucket),
-        )
-    });
+    // The production matrix: the proxy's aggregator over everything since start.
+    let production = server
+        .production
+        .matrix(Window::All, Some(&model), SystemTime::now());
 
     // 3. The matrices and the report.
     println!("{}", render_markdown(&synthetic));
-    println!("{}", side_by_side_markdown(&synthetic, &production_cells));
-    let written = write_matrix(&args.out, "synthetic", &synthetic)?;
+    println!("{}", side_by_side_markdown(&synthetic, production.as_ref()));
+    let mut written = write_matrix(&args.out, "synthetic", &synthetic)?;
+    if let Some(production) = &production {
+        written.extend(write_matrix(&args.out, "production", production)?);
+    }
     let report = args.out.join("report.html");
-    std::fs::write(
-        &report,
-        report_html(&synthetic, &production_cells, records.len()),
-    )
-    .with_context(|| format!("cannot write {}", report.display()))?;
+    std::fs::write(&report, report_html(&synthetic, production.as_ref()))
+        .with_context(|| format!("cannot write {}", report.display()))?;
     eprintln!();
     eprintln!("3/3 Done in {:.0} s.", began.elapsed().as_secs_f64());
     eprintln!(
@@ -349,97 +321,25 @@ fn burst_body(model: &str, index: usize) -> String {
     }
 }
 
-/// Production figures of one (context bucket, concurrency bucket) cell.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ProductionCell {
-    pub requests: usize,
-    pub per_request_tok_s: Option<f64>,
-    pub ttft_ms: Option<f64>,
-    pub tbt_ms: Option<f64>,
-}
-
-/// Groups successful production records by bucket (context value, concurrency value).
-pub fn production_cells(
-    records: &[Arc<RequestRecord>],
-    bucket: impl Fn(&RequestRecord) -> (Option<u64>, Option<u64>),
-) -> BTreeMap<(u64, u64), ProductionCell> {
-    let mut groups: BTreeMap<(u64, u64), Vec<&RequestRecord>> = BTreeMap::new();
-    for record in records {
-        if record.outcome != Outcome::Ok {
-            continue;
-        }
-        if let (Some(context), Some(concurrency)) = bucket(record) {
-            groups
-                .entry((context, concurrency))
-                .or_default()
-                .push(record);
-        }
-    }
-    groups
-        .into_iter()
-        .map(|(key, records)| {
-            let cell = ProductionCell {
-                requests: records.len(),
-                per_request_tok_s: median(
-                    records
-                        .iter()
-                        .filter_map(|r| r.per_request_tokens_per_second)
-                        .collect(),
-                ),
-                ttft_ms: median(
-                    records
-                        .iter()
-                        .filter_map(|r| r.time_to_first_token)
-                        .map(|d| d.as_secs_f64() * 1000.0)
-                        .collect(),
-                ),
-                tbt_ms: median(
-                    records
-                        .iter()
-                        .filter_map(|r| r.time_between_tokens)
-                        .map(|d| d.as_secs_f64() * 1000.0)
-                        .collect(),
-                ),
-            };
-            (key, cell)
-        })
-        .collect()
-}
-
 fn rate(value: Option<f64>) -> String {
     value.map_or_else(|| "—".to_owned(), |v| format!("{v:.1}"))
 }
 
-/// Rows (contexts) and columns (concurrency) of both views together.
-fn axes(
-    synthetic: &MatrixDoc,
-    production: &BTreeMap<(u64, u64), ProductionCell>,
-) -> (Vec<u64>, Vec<u64>) {
-    let mut contexts: Vec<u64> = synthetic.contexts();
-    let mut levels: Vec<u64> = synthetic
-        .concurrencies()
-        .into_iter()
-        .map(u64::from)
-        .collect();
-    for &(context, concurrency) in production.keys() {
-        contexts.push(context);
-        levels.push(concurrency);
+/// Per-request tok/s, synthetic · production, by context × concurrency: the rows and columns
+/// of both documents together.
+pub fn side_by_side_markdown(synthetic: &MatrixDoc, production: Option<&MatrixDoc>) -> String {
+    let mut contexts = synthetic.contexts();
+    let mut levels = synthetic.concurrencies();
+    if let Some(production) = production {
+        contexts.extend(production.contexts());
+        levels.extend(production.concurrencies());
     }
     contexts.sort_unstable();
     contexts.dedup();
     levels.sort_unstable();
     levels.dedup();
-    (contexts, levels)
-}
-
-/// Per-request tok/s, synthetic · production (requests), by context × concurrency.
-pub fn side_by_side_markdown(
-    synthetic: &MatrixDoc,
-    production: &BTreeMap<(u64, u64), ProductionCell>,
-) -> String {
-    let (contexts, levels) = axes(synthetic, production);
     let mut out = String::from(
-        "## Synthetic sweep vs production traffic\n\nPer-request tok/s: synthetic · production (requests in that cell). Production requests are bucketed by prompt length (up to the row's context) and by their average number of active requests.\n\n| Context |",
+        "## Synthetic sweep · production traffic\n\nPer-request tok/s, synthetic · production (production TTFT includes the cold prefill the sweep's cache hits skip). Production requests sit in the row of their prompt length (up to the context) and the column of their average number of active requests.\n\n| Context |",
     );
     for level in &levels {
         let _ = write!(out, " {level} |");
@@ -449,75 +349,53 @@ pub fn side_by_side_markdown(
         out.push_str("---:|");
     }
     out.push('\n');
+    let figure = |doc: Option<&MatrixDoc>, context: u64, level: u32| match doc
+        .and_then(|d| d.cell(context, level))
+    {
+        Some(cell) if cell.status.is_valid() => rate(cell.per_request_tok_s),
+        Some(cell) => cell.status.to_string(),
+        None => "—".to_owned(),
+    };
     for context in contexts {
         let _ = write!(out, "| {} |", context_label(context));
         for &level in &levels {
-            let synthetic_cell = u32::try_from(level)
-                .ok()
-                .and_then(|c| synthetic.cell(context, c));
-            let left = match synthetic_cell {
-                Some(cell) if cell.status.is_valid() => rate(cell.per_request_tok_s),
-                Some(cell) => cell.status.to_string(),
-                None => "—".to_owned(),
-            };
-            let right = match production.get(&(context, level)) {
-                Some(cell) => format!("{} ({})", rate(cell.per_request_tok_s), cell.requests),
-                None => "—".to_owned(),
-            };
-            let _ = write!(out, " {left} · {right} |");
+            let _ = write!(
+                out,
+                " {} · {} |",
+                figure(Some(synthetic), context, level),
+                figure(production, context, level)
+            );
         }
         out.push('\n');
+    }
+    if production.is_none() {
+        out.push_str("\nNo production request was measured.\n");
     }
     out
 }
 
-/// The demo's report: the synthetic matrix and the production view side by side.
-pub fn report_html(
-    synthetic: &MatrixDoc,
-    production: &BTreeMap<(u64, u64), ProductionCell>,
-    production_requests: usize,
-) -> String {
-    let (contexts, levels) = axes(synthetic, production);
-    let mut table =
-        String::from("<section class=\"production\"><h2>Production traffic</h2><p class=\"note\">");
-    let _ = write!(
-        table,
-        "{production_requests} ordinary requests through the proxy, measured by the same code as the sweep. Each cell: per-request tok/s · median TTFT · requests. Rows: prompt length (up to the context); columns: average active requests.</p><table class=\"grid\"><thead><tr><th>Context</th>"
-    );
-    for level in &levels {
-        let _ = write!(table, "<th>{level}</th>");
-    }
-    table.push_str("</tr></thead><tbody>");
-    for context in &contexts {
-        let _ = write!(
-            table,
-            "<tr><th>{}</th>",
-            xml_escape(&context_label(*context))
-        );
-        for level in &levels {
-            match production.get(&(*context, *level)) {
-                Some(cell) => {
-                    let _ = write!(
-                        table,
-                        "<td><span class=\"total\">{} tok/s</span><span class=\"ttft\">{} ms TTFT · {} req</span></td>",
-                        rate(cell.per_request_tok_s),
-                        cell.ttft_ms.map_or_else(|| "—".to_owned(), |v| format!("{v:.0}")),
-                        cell.requests
-                    );
-                }
-                None => table.push_str("<td>—</td>"),
-            }
-        }
-        table.push_str("</tr>");
-    }
-    table.push_str("</tbody></table></section>");
+/// The demo's report: both matrices side by side, their ratio, and every measurement.
+pub fn report_html(synthetic: &MatrixDoc, production: Option<&MatrixDoc>) -> String {
+    let production_panel = match production {
+        Some(doc) => grid_fragment(doc),
+        None => "<p class=\"note\">No production request was measured.</p>".to_owned(),
+    };
+    let ratio = production
+        .map(|doc| {
+            format!(
+                "<p class=\"note\">A = synthetic, B = production. The sweep's streams hit the prompt cache; the ordinary requests arrive cold and their prefill stalls everyone's decode, so production runs slower at higher concurrency.</p>{}",
+                ratio_grid_fragment(&diff(synthetic, doc))
+            )
+        })
+        .unwrap_or_default();
+    let production_table = production.map(measurements_fragment).unwrap_or_default();
     let body = format!(
-        "<h1>tokentap demo</h1><p class=\"note\">A simulated sglang server behind the tokentap proxy: a synthetic sweep and ordinary traffic, both measured by the proxy's metering path.</p>{}<div style=\"display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start\"><div><h2>Synthetic sweep</h2>{}</div><div>{}</div></div>{}{}",
+        "<h1>tokentap demo</h1><p class=\"note\">A simulated sglang server behind the tokentap proxy: a synthetic sweep and ordinary traffic, both measured by the proxy's metering path.</p>{}<div style=\"display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start\"><div><h2>Synthetic sweep</h2>{}</div><div><h2>Production traffic</h2>{}</div></div>{ratio}{}<h2>Synthetic: all measurements</h2>{}<h2>Production: all measurements</h2>{production_table}",
         facts_fragment(synthetic),
         grid_fragment(synthetic),
-        table,
+        production_panel,
         prefill_fragment(synthetic),
-        measurements_fragment(synthetic)
+        measurements_fragment(synthetic),
     );
     page("tokentap demo", &body)
 }

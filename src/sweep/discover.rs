@@ -80,6 +80,12 @@ pub fn apply_server_info(facts: &mut ServerFacts, path: &str, info: &Value) {
     if facts.context_length.is_none() {
         facts.context_length = info.get("context_length").and_then(Value::as_u64);
     }
+    if facts.max_input_tokens.is_none() {
+        facts.max_input_tokens = info
+            .get("max_req_input_len")
+            .and_then(Value::as_u64)
+            .filter(|&n| n > 0);
+    }
     let kv = info
         .get("max_total_num_tokens")
         .and_then(Value::as_u64)
@@ -274,12 +280,13 @@ mod tests {
         apply_server_info(
             &mut facts,
             "/server_info",
-            &serde_json::json!({"max_total_num_tokens": 622592, "context_length": 1, "version": "0.5"}),
+            &serde_json::json!({"max_total_num_tokens": 622592, "context_length": 1, "version": "0.5", "max_req_input_len": 262139}),
         );
         assert_eq!(facts.engine, EngineKind::Sglang);
         assert_eq!(facts.served_model.as_deref(), Some("step3p7"));
         assert_eq!(facts.context_length, Some(262_144), "/v1/models wins");
         assert_eq!(facts.kv_budget_tokens, Some(622_592));
+        assert_eq!(facts.max_input_tokens, Some(262_139));
         assert_eq!(
             facts.kv_source.as_deref(),
             Some("/server_info max_total_num_tokens")

@@ -17,10 +17,12 @@ use super::plan::{Plan, PlanError, SweepRequest};
 use super::prompt::mix;
 use super::runner::{run, RunnerInput};
 use super::status::{StatusCell, SweepState, SweepStatus, SweepSummary};
-use super::store::{MemoryStore, StoreError, SweepStore};
+use super::store::{MemoryStore, SweepStore};
+use crate::admin::LatestMatrix;
 use crate::config::SweepConfig;
 use crate::matrix::MatrixDoc;
 use crate::proxy::Proxy;
+use crate::store::StoreError;
 
 /// Least time between two writes of a running sweep to the store.
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
@@ -58,12 +60,28 @@ pub struct SweepManager {
     store: Arc<dyn SweepStore>,
     current: Mutex<Option<Arc<Active>>>,
     latest: Mutex<Option<MatrixDoc>>,
+    /// The admin page's "latest synthetic matrix": partial while a sweep runs, final after.
+    synthetic: LatestMatrix,
     counter: AtomicU64,
 }
 
 impl SweepManager {
-    /// A manager for sweeps through `proxy`, keeping them in `store`.
-    pub fn new(proxy: Arc<Proxy>, config: SweepConfig, store: Arc<dyn SweepStore>) -> Arc<Self> {
+    /// A manager for sweeps through `proxy`, keeping them in `store` and publishing the latest
+    /// matrix in `synthetic`. Sweeps a previous process left running are marked interrupted.
+    pub fn new(
+        proxy: Arc<Proxy>,
+        config: SweepConfig,
+        store: Arc<dyn SweepStore>,
+        synthetic: LatestMatrix,
+    ) -> Arc<Self> {
+        match store.recover() {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                sweeps = n,
+                "sweeps left running by the last process are marked interrupted"
+            ),
+            Err(error) => log_store_error(&error),
+        }
         let latest = store
             .list()
             .ok()
@@ -76,13 +94,19 @@ impl SweepManager {
             store,
             current: Mutex::new(None),
             latest: Mutex::new(latest),
+            synthetic,
             counter: AtomicU64::new(0),
         })
     }
 
     /// A manager that keeps sweeps in memory only.
     pub fn in_memory(proxy: Arc<Proxy>, config: SweepConfig) -> Arc<Self> {
-        Self::new(proxy, config, Arc::new(MemoryStore::default()))
+        Self::new(
+            proxy,
+            config,
+            Arc::new(MemoryStore::default()),
+            LatestMatrix::default(),
+        )
     }
 
     pub fn proxy(&self) -> &Arc<Proxy> {
@@ -196,6 +220,11 @@ impl SweepManager {
 
     async fn persist_now(&self, status: &StatusCell) {
         let snapshot = status.snapshot();
+        if snapshot.state.is_active() {
+            if let Some(matrix) = &snapshot.matrix {
+                self.synthetic.set(matrix.clone());
+            }
+        }
         let store = Arc::clone(&self.store);
         let result = tokio::task::spawn_blocking(move || store.put(&snapshot)).await;
         match result {

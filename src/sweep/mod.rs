@@ -14,8 +14,8 @@
 //! itself), `prompt` (token-id and calibrated text prompts), `driver` (one stream: send,
 //! read, detect errors and output loops), `cell` (records + window → matrix cells, pure),
 //! `runner` (the procedure), `status` (progress and the JSON of `GET /sweeps/{id}`),
-//! `store` (persistence seam + SQLite), `manager` (one at a time, cancel, follow), `cli`
-//! (`tokentap sweep`), `demo` (`tokentap demo`), `time` (RFC 3339).
+//! `store` (persistence seam over the shared SQLite store), `manager` (one at a time, cancel, follow), `cli`
+//! (`tokentap sweep`), `demo` (`tokentap demo`).
 
 pub mod cell;
 pub mod cli;
@@ -29,9 +29,8 @@ pub mod prompt;
 pub mod runner;
 pub mod status;
 pub mod store;
-pub mod time;
 
 pub use manager::{CancelError, StartError, SweepManager};
 pub use plan::{Plan, PlanError, PromptMode, ServerFacts, SweepRequest};
 pub use status::{Progress, SweepState, SweepStatus, SweepSummary};
-pub use store::{MemoryStore, SqliteStore, StoreError, SweepStore};
+pub use store::{MemoryStore, SweepStore};

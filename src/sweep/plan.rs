@@ -6,8 +6,9 @@
 //! Pure: no I/O, no clock. Defaults follow the seed tool (SPEC §5): top context = context
 //! length − max output − 1024, contexts doubling from 8K below it, concurrency 1…128 doubling,
 //! and a prefill row at the full context length. sglang refuses a request whose prompt plus
-//! `max_tokens` reaches the context length, so that row's prompt is context length − 2 tokens
-//! (a one-token scout must stay short of the limit); its `prompt_tokens` says so.
+//! `max_tokens` reaches the context length, and one of `max_req_input_len` (context − 5) tokens
+//! or more, so that row's prompt is the longest the server accepts (context − 6 on sglang,
+//! context − 2 elsewhere); its `prompt_tokens` says so.
 
 use std::time::Duration;
 
@@ -169,6 +170,10 @@ pub struct ServerFacts {
     pub model_path: Option<String>,
     /// Max prompt + output tokens (`max_model_len`, `context_length`).
     pub context_length: Option<u64>,
+    /// sglang's `max_req_input_len`: a prompt must be shorter than this (context − 5 when the
+    /// KV cache holds a whole context).
+    #[serde(default)]
+    pub max_input_tokens: Option<u64>,
     /// KV cache in tokens, and where that figure came from.
     pub kv_budget_tokens: Option<u64>,
     pub kv_source: Option<String>,
@@ -285,10 +290,19 @@ impl Plan {
         }
 
         let context_length = facts.context_length;
+        // The longest prompt the server accepts (sglang also refuses max_req_input_len or more).
+        let longest_prompt = |length: u64| {
+            let by_context = length.saturating_sub(2);
+            match facts.max_input_tokens {
+                Some(max_input) => by_context.min(max_input.saturating_sub(1)),
+                None => by_context,
+            }
+        };
         let top = context_length.map(|length| {
             length
                 .saturating_sub(max_output)
                 .saturating_sub(TOP_CONTEXT_MARGIN)
+                .min(longest_prompt(length))
         });
         let (contexts, default_ladder) = match &request.contexts {
             Some(values) => {
@@ -340,8 +354,9 @@ impl Plan {
         let full_prefill = request.full_context_prefill.unwrap_or(default_ladder);
         if full_prefill {
             let length = context_length.ok_or(PlanError::NoContextLength)?;
-            // One output token must fit: prompt + max_tokens < context length.
-            let prompt_tokens = length.saturating_sub(2);
+            // One output token must fit (prompt + max_tokens < context length), and sglang
+            // wants the prompt below max_req_input_len.
+            let prompt_tokens = longest_prompt(length);
             if prompt_tokens > 0 && !contexts.contains(&length) {
                 steps.push(PrefillTarget {
                     context: length,
@@ -515,6 +530,18 @@ mod tests {
         assert_eq!(last(128 << 10), Some(4));
         assert_eq!(last(257_024), Some(2));
         assert_eq!(plan.runnable_cells(), 6 + 5 + 5 + 4 + 3 + 2);
+    }
+
+    #[test]
+    fn the_full_context_row_stays_below_max_req_input_len() {
+        let facts = ServerFacts {
+            max_input_tokens: Some(262_139),
+            ..step_facts()
+        };
+        let plan = Plan::resolve(&SweepRequest::default(), &facts, &config()).unwrap();
+        let full = plan.steps.last().unwrap();
+        assert_eq!((full.context, full.prompt_tokens), (262_144, 262_138));
+        assert_eq!(plan.decode_contexts().last(), Some(&257_024));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use super::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals}
 use super::plan::{EngineKind, Plan, PrefillTarget, PromptMode, ServerFacts};
 use super::prompt::{calibrated_text_prompt, run_seed, token_id_prompt, Prompt, PromptKind};
 use super::status::{CurrentStep, StatusCell, StepPhase, SweepState};
-use super::time::rfc3339;
+use crate::aggregate::wallclock::format_rfc3339 as rfc3339;
 use crate::matrix::units::context_label;
 use crate::matrix::{
     CellStatus, DecodeCell, Engine, Hardware, MatrixDoc, Metadata, ModelInfo, PrefillRow, RunInfo,
@@ -155,6 +155,8 @@ struct Runner {
     tag_prefix: String,
     model_json: String,
     prompt_kind: PromptKind,
+    /// A token-id request has succeeded, so a later refusal is about something else (length).
+    token_ids_work: bool,
     matrix: MatrixDoc,
     clock: Clock,
 }
@@ -190,6 +192,7 @@ pub async fn run(input: RunnerInput) -> MatrixDoc {
             PromptMode::Text => PromptKind::Text,
             PromptMode::Auto | PromptMode::TokenIds => PromptKind::TokenIds,
         },
+        token_ids_work: false,
         plan: input.plan,
         facts: input.facts,
         guard: input.production_guard,
@@ -473,6 +476,7 @@ impl Runner {
                     let refused = reason.starts_with("HTTP 400") || reason.starts_with("HTTP 422");
                     if self.plan.prompt == PromptMode::Auto
                         && self.prompt_kind == PromptKind::TokenIds
+                        && !self.token_ids_work
                         && refused
                         && !tried_text
                     {
@@ -487,6 +491,9 @@ impl Runner {
                     return Err(reason);
                 }
                 StreamEnd::Completed { .. } => {
+                    if prompt.kind == PromptKind::TokenIds {
+                        self.token_ids_work = true;
+                    }
                     let row = prefill_row(step.context, record.as_deref(), None);
                     if let Some(reported) = row.prompt_tokens {
                         if reported != prompt.tokens {
@@ -1121,10 +1128,12 @@ pub fn initial_matrix(id: &str, plan: &Plan, facts: &ServerFacts) -> MatrixDoc {
             .map_or_else(|| "unknown".to_owned(), |b| format!("{b} tokens")),
         plan.kv_source
     )];
-    if plan.steps.iter().any(|s| s.prompt_tokens != s.context) {
-        notes.push(
-            "The full-context prefill row uses context length − 2 prompt tokens: sglang refuses a prompt plus max_tokens that reaches the context length".to_owned(),
-        );
+    for step in plan.steps.iter().filter(|s| s.prompt_tokens != s.context) {
+        notes.push(format!(
+            "The {} prefill row sends {} prompt tokens, the longest the server accepts (a prompt plus max_tokens must stay below the context length; sglang also refuses max_req_input_len tokens or more)",
+            context_label(step.context),
+            step.prompt_tokens
+        ));
     }
     let metadata = Metadata {
         model: ModelInfo {

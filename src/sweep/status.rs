@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::plan::{Plan, ServerFacts, SweepRequest};
+use crate::aggregate::wallclock::format_rfc3339;
 use crate::matrix::units::context_label;
 use crate::matrix::MatrixDoc;
 
@@ -149,7 +150,7 @@ pub struct SweepSummary {
 
 impl SweepStatus {
     pub fn new(id: String, request: SweepRequest) -> Self {
-        let now = super::time::now();
+        let now = format_rfc3339(std::time::SystemTime::now());
         Self {
             id,
             state: SweepState::Starting,
@@ -251,7 +252,7 @@ impl StatusCell {
         let result = {
             let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
             let result = change(&mut status);
-            status.updated_at = super::time::now();
+            status.updated_at = format_rfc3339(std::time::SystemTime::now());
             result
         };
         self.version.send_modify(|v| *v += 1);

@@ -1,60 +1,25 @@
-//! Where finished (and running) sweeps are kept: a small seam ([`SweepStore`]) with an
-//! in-memory implementation (no data dir) and a SQLite one (rusqlite, bundled) in the data
-//! dir, so results are listed again after a restart. A sweep that was active when the process
-//! stopped is marked `interrupted` when the store is opened again.
+//! Where sweeps are kept: a small seam ([`SweepStore`]) with two implementations — the shared
+//! SQLite [`Store`] (`<data_dir>/tokentap.sqlite3`, table `sweeps`), so results are listed again
+//! after a restart, and [`MemoryStore`] when there is no data dir.
 //!
-//! Calls are synchronous and short (one row, one JSON document); the manager runs them on the
-//! blocking pool. Until the shared store (`src/store/`) lands, the SQLite file is
-//! `<data_dir>/sweeps.sqlite3`.
+//! In the shared store a sweep is one row: its matrix (the partial or final result, which the
+//! admin page's "latest synthetic matrix" falls back to) and, in `plan_json`, the sweep's whole
+//! status without the matrix (request, plan, server facts, progress, error). A sweep that was
+//! active when the process stopped is marked interrupted (`failed` in the row) by
+//! [`SweepStore::recover`] when the manager starts.
+//!
+//! Calls are synchronous and short; the manager runs them on the blocking pool.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
+use std::time::SystemTime;
 
 use super::status::{SweepState, SweepStatus, SweepSummary};
+use crate::aggregate::wallclock::{format_rfc3339, parse_rfc3339};
+use crate::store::{Store, StoreError, SweepRow, SweepState as RowState};
 
-/// File name of the sweep database inside the data dir.
-pub const SWEEP_DB_FILE: &str = "sweeps.sqlite3";
 /// Most sweeps `list` returns (newest first).
 pub const LIST_LIMIT: usize = 200;
-
-/// Why the store failed; each names the file.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("cannot create the data directory {path}")]
-    CreateDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("sweep store {path}: SQLite error")]
-    Sqlite {
-        path: PathBuf,
-        #[source]
-        source: rusqlite::Error,
-    },
-    #[error("sweep store {path}: sweep {id} holds JSON this tokentap cannot read")]
-    Corrupt {
-        path: PathBuf,
-        id: String,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("cannot serialize sweep {id}")]
-    Serialize {
-        id: String,
-        #[source]
-        source: serde_json::Error,
-    },
-}
-
-/// The store for a configured data dir: SQLite in it, or memory when there is none.
-pub fn open(data_dir: Option<&Path>) -> Result<std::sync::Arc<dyn SweepStore>, StoreError> {
-    Ok(match data_dir {
-        Some(dir) => std::sync::Arc::new(SqliteStore::open_in(dir)?),
-        None => std::sync::Arc::new(MemoryStore::default()),
-    })
-}
 
 /// Keeps sweep statuses.
 pub trait SweepStore: Send + Sync + std::fmt::Debug {
@@ -63,6 +28,10 @@ pub trait SweepStore: Send + Sync + std::fmt::Debug {
     /// Summaries, newest first.
     fn list(&self) -> Result<Vec<SweepSummary>, StoreError>;
     fn get(&self, id: &str) -> Result<Option<SweepStatus>, StoreError>;
+    /// Marks sweeps left active by a previous process as interrupted; returns how many.
+    fn recover(&self) -> Result<usize, StoreError> {
+        Ok(0)
+    }
 }
 
 /// Keeps sweeps for the life of the process.
@@ -98,172 +67,102 @@ impl SweepStore for MemoryStore {
     }
 }
 
-/// Sweeps in a SQLite file.
-#[derive(Debug)]
-pub struct SqliteStore {
-    path: PathBuf,
-    connection: Mutex<rusqlite::Connection>,
-}
-
-impl SqliteStore {
-    /// Opens (creating if needed) `<dir>/sweeps.sqlite3`, and marks sweeps that were active
-    /// when the last process stopped as interrupted.
-    pub fn open_in(dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
-            path: dir.to_owned(),
-            source,
-        })?;
-        Self::open(&dir.join(SWEEP_DB_FILE))
-    }
-
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let sqlite = |source| StoreError::Sqlite {
-            path: path.to_owned(),
-            source,
-        };
-        let connection = rusqlite::Connection::open(path).map_err(sqlite)?;
-        connection
-            .execute_batch(
-                "PRAGMA journal_mode = WAL;
-                 PRAGMA busy_timeout = 5000;
-                 CREATE TABLE IF NOT EXISTS sweeps (
-                     id TEXT PRIMARY KEY,
-                     state TEXT NOT NULL,
-                     created_at TEXT NOT NULL,
-                     updated_at TEXT NOT NULL,
-                     status_json TEXT NOT NULL
-                 );",
-            )
-            .map_err(sqlite)?;
-        let store = Self {
-            path: path.to_owned(),
-            connection: Mutex::new(connection),
-        };
-        store.mark_interrupted()?;
-        Ok(store)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    fn sqlite(&self, source: rusqlite::Error) -> StoreError {
-        StoreError::Sqlite {
-            path: self.path.clone(),
-            source,
-        }
-    }
-
-    fn decode(&self, id: String, json: &str) -> Result<SweepStatus, StoreError> {
-        serde_json::from_str(json).map_err(|source| StoreError::Corrupt {
-            path: self.path.clone(),
-            id,
-            source,
-        })
-    }
-
-    fn mark_interrupted(&self) -> Result<(), StoreError> {
-        let active: Vec<(String, String)> = {
-            let connection = self
-                .connection
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let mut statement = connection
-                .prepare(
-                    "SELECT id, status_json FROM sweeps
-                     WHERE state IN ('starting', 'running', 'paused', 'cancelling')",
-                )
-                .map_err(|e| self.sqlite(e))?;
-            let rows = statement
-                .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
-                .map_err(|e| self.sqlite(e))?;
-            rows.collect::<Result<_, _>>().map_err(|e| self.sqlite(e))?
-        };
-        for (id, json) in active {
-            let Ok(mut status) = self.decode(id, &json) else {
-                continue; // unreadable rows are reported by get/list, not here
-            };
-            status.state = SweepState::Interrupted;
-            status.error = Some("tokentap stopped while this sweep was running".to_owned());
-            if let Some(current) = status.progress.current.take() {
-                status.error = Some(format!(
-                    "tokentap stopped while this sweep was running (at {})",
-                    current.label
-                ));
-            }
-            status.progress.eta_s = None;
-            self.put(&status)?;
-        }
-        Ok(())
+/// The row state of a sweep state (the shared table knows fewer states).
+pub fn row_state(state: SweepState) -> RowState {
+    match state {
+        SweepState::Starting => RowState::Queued,
+        SweepState::Running | SweepState::Cancelling => RowState::Running,
+        SweepState::Paused => RowState::Paused,
+        SweepState::Finished => RowState::Finished,
+        SweepState::Cancelled => RowState::Cancelled,
+        SweepState::Failed | SweepState::Interrupted => RowState::Failed,
     }
 }
 
-impl SweepStore for SqliteStore {
+fn state_of_row(state: RowState) -> SweepState {
+    match state {
+        RowState::Queued => SweepState::Starting,
+        RowState::Running => SweepState::Running,
+        RowState::Paused => SweepState::Paused,
+        RowState::Finished => SweepState::Finished,
+        RowState::Cancelled => SweepState::Cancelled,
+        RowState::Failed => SweepState::Failed,
+    }
+}
+
+/// The row of a status: the matrix apart, the rest as JSON.
+pub fn to_row(status: &SweepStatus) -> SweepRow {
+    let mut rest = status.clone();
+    let matrix = rest.matrix.take();
+    let plan_json = serde_json::to_string(&rest).unwrap_or_else(|_| "{}".to_owned());
+    let time = |text: &str| parse_rfc3339(text).unwrap_or_else(SystemTime::now);
+    SweepRow {
+        id: status.id.clone(),
+        state: row_state(status.state),
+        plan_json,
+        matrix,
+        created_at: time(&status.created_at),
+        updated_at: time(&status.updated_at),
+    }
+}
+
+/// The status of a row (a row another writer made gets a minimal status).
+pub fn from_row(row: SweepRow) -> SweepStatus {
+    let mut status = serde_json::from_str::<SweepStatus>(&row.plan_json)
+        .ok()
+        .filter(|s| s.id == row.id)
+        .unwrap_or_else(|| {
+            let mut status = SweepStatus::new(row.id.clone(), Default::default());
+            status.state = state_of_row(row.state);
+            status.created_at = format_rfc3339(row.created_at);
+            status.updated_at = format_rfc3339(row.updated_at);
+            status
+        });
+    status.matrix = row.matrix;
+    status
+}
+
+impl SweepStore for Store {
     fn put(&self, status: &SweepStatus) -> Result<(), StoreError> {
-        let json = serde_json::to_string(status).map_err(|source| StoreError::Serialize {
-            id: status.id.clone(),
-            source,
-        })?;
-        let connection = self
-            .connection
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        connection
-            .execute(
-                "INSERT INTO sweeps (id, state, created_at, updated_at, status_json)
-                 VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT(id) DO UPDATE SET state = ?2, updated_at = ?4, status_json = ?5",
-                rusqlite::params![
-                    status.id,
-                    status.state.as_str(),
-                    status.created_at,
-                    status.updated_at,
-                    json
-                ],
-            )
-            .map_err(|e| self.sqlite(e))?;
-        Ok(())
+        self.put_sweep(&to_row(status))
     }
 
     fn list(&self) -> Result<Vec<SweepSummary>, StoreError> {
-        let rows: Vec<(String, String)> = {
-            let connection = self
-                .connection
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let mut statement = connection
-                .prepare(
-                    "SELECT id, status_json FROM sweeps
-                     ORDER BY created_at DESC, id DESC LIMIT ?1",
-                )
-                .map_err(|e| self.sqlite(e))?;
-            let rows = statement
-                .query_map([LIST_LIMIT as i64], |row| Ok((row.get(0)?, row.get(1)?)))
-                .map_err(|e| self.sqlite(e))?;
-            rows.collect::<Result<_, _>>().map_err(|e| self.sqlite(e))?
-        };
-        rows.into_iter()
-            .map(|(id, json)| self.decode(id, &json).map(|s| s.summary()))
-            .collect()
+        let mut rows = self.sweeps()?;
+        rows.truncate(LIST_LIMIT);
+        Ok(rows
+            .into_iter()
+            .map(|row| from_row(row).summary())
+            .collect())
     }
 
     fn get(&self, id: &str) -> Result<Option<SweepStatus>, StoreError> {
-        let json: Option<String> = {
-            let connection = self
-                .connection
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let mut statement = connection
-                .prepare("SELECT status_json FROM sweeps WHERE id = ?1")
-                .map_err(|e| self.sqlite(e))?;
-            let mut rows = statement.query([id]).map_err(|e| self.sqlite(e))?;
-            match rows.next().map_err(|e| self.sqlite(e))? {
-                Some(row) => Some(row.get(0).map_err(|e| self.sqlite(e))?),
-                None => None,
+        Ok(self.sweep(id)?.map(from_row))
+    }
+
+    fn recover(&self) -> Result<usize, StoreError> {
+        let mut recovered = 0;
+        for row in self.sweeps()? {
+            if !matches!(
+                row.state,
+                RowState::Queued | RowState::Running | RowState::Paused
+            ) {
+                continue;
             }
-        };
-        json.map(|json| self.decode(id.to_owned(), &json))
-            .transpose()
+            let mut status = from_row(row);
+            let at = status
+                .progress
+                .current
+                .take()
+                .map(|c| format!(" (at {})", c.label))
+                .unwrap_or_default();
+            status.state = SweepState::Interrupted;
+            status.error = Some(format!("tokentap stopped while this sweep was running{at}"));
+            status.progress.eta_s = None;
+            self.put(&status)?;
+            recovered += 1;
+        }
+        Ok(recovered)
     }
 }
 
@@ -272,7 +171,7 @@ mod tests {
     use super::*;
     use crate::sweep::plan::SweepRequest;
 
-    fn scratch_dir(name: &str) -> PathBuf {
+    fn scratch_dir(name: &str) -> std::path::PathBuf {
         let dir = std::env::temp_dir().join(format!(
             "tokentap-sweep-store-{name}-{}",
             std::process::id()
@@ -282,26 +181,34 @@ mod tests {
     }
 
     #[test]
-    fn sqlite_keeps_sweeps_and_marks_running_ones_interrupted() {
+    fn the_shared_store_keeps_sweeps_and_recovers_running_ones() {
         let dir = scratch_dir("reopen");
         {
-            let store = SqliteStore::open_in(&dir).unwrap();
+            let store = Store::open(&dir).unwrap();
             let mut done = SweepStatus::new("a".into(), SweepRequest::default());
             done.state = SweepState::Finished;
+            done.matrix = Some(crate::matrix::MatrixDoc::new(Default::default()));
             store.put(&done).unwrap();
             let mut running = SweepStatus::new("b".into(), SweepRequest::default());
             running.state = SweepState::Running;
+            running.created_at = "2099-01-01T00:00:00Z".into();
             store.put(&running).unwrap();
             running.progress.measurements_done = 3;
             store.put(&running).unwrap();
-            assert_eq!(store.list().unwrap().len(), 2);
+            let ids: Vec<String> = store.list().unwrap().into_iter().map(|s| s.id).collect();
+            assert_eq!(ids, ["b", "a"]);
+            // The admin page's fallback sees the finished sweep's matrix.
+            assert_eq!(store.latest_finished_sweep().unwrap().unwrap().id, "a");
         }
-        let store = SqliteStore::open_in(&dir).unwrap();
-        assert_eq!(store.get("a").unwrap().unwrap().state, SweepState::Finished);
-        let b = store.get("b").unwrap().unwrap();
+        let store = Store::open(&dir).unwrap();
+        assert_eq!(store.recover().unwrap(), 1);
+        let a = SweepStore::get(&store, "a").unwrap().unwrap();
+        assert_eq!(a.state, SweepState::Finished);
+        assert!(a.matrix.is_some());
+        let b = SweepStore::get(&store, "b").unwrap().unwrap();
         assert_eq!(b.state, SweepState::Interrupted);
         assert_eq!(b.progress.measurements_done, 3);
-        assert!(store.get("nope").unwrap().is_none());
+        assert!(SweepStore::get(&store, "nope").unwrap().is_none());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

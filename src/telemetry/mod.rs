@@ -1,4 +1,5 @@
 //! Logs, Prometheus metrics and OpenTelemetry export.
 pub mod logging;
 pub mod names;
+pub mod otel;
 pub mod prometheus;

@@ -31,6 +31,9 @@ use tokio::time::Instant;
 pub enum Step {
     Send(Bytes),
     Wait(Duration),
+    /// Wait until this long after the response body began (an absolute schedule: timer
+    /// lateness does not accumulate over a long stream).
+    Until(Duration),
 }
 
 /// How a scripted body ends.
@@ -104,6 +107,8 @@ type Handler = Arc<dyn Fn(&Received) -> Script + Send + Sync>;
 pub struct ScriptedUpstream {
     pub addr: SocketAddr,
     pub received: Arc<Mutex<Vec<Received>>>,
+    /// Body bytes handed to hyper so far (across all responses).
+    pub sent: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -133,6 +138,8 @@ impl ScriptedUpstream {
         let received: Arc<Mutex<Vec<Received>>> = Arc::default();
         let handler: Handler = Arc::new(handler);
         let log = Arc::clone(&received);
+        let sent: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let sent_total = Arc::clone(&sent);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -140,11 +147,13 @@ impl ScriptedUpstream {
                 };
                 let handler = Arc::clone(&handler);
                 let log = Arc::clone(&log);
+                let sent = Arc::clone(&sent_total);
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                         let handler = Arc::clone(&handler);
                         let log = Arc::clone(&log);
-                        async move { Ok::<_, Infallible>(respond(request, handler, log).await) }
+                        let sent = Arc::clone(&sent);
+                        async move { Ok::<_, Infallible>(respond(request, handler, log, sent).await) }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), service)
@@ -155,8 +164,14 @@ impl ScriptedUpstream {
         Self {
             addr,
             received,
+            sent,
             task,
         }
+    }
+
+    /// Body bytes the upstream has handed to hyper so far.
+    pub fn sent_bytes(&self) -> usize {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn url(&self) -> String {
@@ -172,6 +187,7 @@ async fn respond(
     request: Request<Incoming>,
     handler: Handler,
     log: Arc<Mutex<Vec<Received>>>,
+    sent: Arc<std::sync::atomic::AtomicUsize>,
 ) -> Response<ChannelBody> {
     let (parts, body) = request.into_parts();
     let body = body
@@ -196,14 +212,18 @@ async fn respond(
     tokio::time::sleep(script.head_delay).await;
     let (tx, rx) = mpsc::channel(1);
     tokio::spawn(async move {
+        let body_start = Instant::now();
         for step in script.steps {
             match step {
                 Step::Wait(d) => tokio::time::sleep(d).await,
+                Step::Until(d) => tokio::time::sleep_until(body_start + d).await,
                 Step::Send(bytes) => {
+                    let len = bytes.len();
                     if tx.send(Ok(Frame::data(bytes))).await.is_err() {
                         *disconnected.lock().unwrap() = Some(Instant::now());
                         return;
                     }
+                    sent.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
                 }
             }
         }
@@ -225,6 +245,8 @@ async fn respond(
     }
     response
 }
+
+pub mod chromium;
 
 /// Collects every record the proxy publishes.
 #[derive(Default)]

@@ -1,0 +1,183 @@
+//! `GET /`: the admin page — the live production matrix beside the latest synthetic one and
+//! their per-cell ratio, one self-contained HTML document (inline CSS, no scripts, no external
+//! assets) that reloads itself every [`REFRESH_SECONDS`] with a meta refresh, so everything is
+//! in the DOM without JavaScript. Query: `window=` (1m … 24h, `all`) and `model=`. Below the
+//! grids: the ratio grid and the production "All measurements" table (prefill rows included).
+//!
+//! Builds only markup around `matrix::html` fragments; figures come from `admin::matrix`.
+
+use std::fmt::Write as _;
+use std::time::SystemTime;
+
+use http::{Request, Response, StatusCode};
+
+use crate::aggregate::wallclock::format_rfc3339;
+use crate::aggregate::Window;
+use crate::matrix::diff::diff;
+use crate::matrix::doc::MatrixDoc;
+use crate::matrix::html::{grid_fragment, measurements_fragment, page, ratio_grid_fragment};
+use crate::matrix::svg::xml_escape as escape;
+use crate::proxy::body::ResponseBody;
+
+use super::matrix::{percent_decode, production_matrix, synthetic_matrix, MatrixQuery, NO_SWEEP};
+use super::{json_error, respond, AdminState};
+
+/// How often the page reloads itself.
+pub const REFRESH_SECONDS: u32 = 10;
+
+/// Windows offered as links.
+const WINDOW_LINKS: [&str; 6] = ["5m", "15m", "1h", "6h", "24h", "all"];
+
+/// Extra layout for the two panels side by side (the matrix stylesheet does the rest).
+const PAGE_STYLE: &str = "<style>.panels{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}.panel{flex:1 1 420px;min-width:0;overflow-x:auto}.panel>h2{margin-top:8px}.windows a{margin-right:8px}.windows a.current{font-weight:700;text-decoration:none;color:inherit}.empty{color:#57606a;font-style:italic}</style>";
+
+/// `GET /`.
+pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
+    let query = match MatrixQuery::parse(request.uri().query(), &["window", "model"]) {
+        Ok(query) => query,
+        Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
+    };
+    let production = production_matrix(state, query.window, query.model.as_deref());
+    let synthetic = match synthetic_matrix(state).await {
+        Ok(doc) => doc,
+        Err(error) => {
+            tracing::warn!(
+                error = &error as &dyn std::error::Error,
+                "store read failed"
+            );
+            None
+        }
+    };
+    let html = render(
+        production.as_ref(),
+        synthetic.as_deref(),
+        query.window,
+        query.model.as_deref(),
+        SystemTime::now(),
+    );
+    respond(StatusCode::OK, "text/html; charset=utf-8", html)
+}
+
+/// The page for these documents (pure; `now` is printed as the refresh time).
+pub fn render(
+    production: Option<&MatrixDoc>,
+    synthetic: Option<&MatrixDoc>,
+    window: Window,
+    model: Option<&str>,
+    now: SystemTime,
+) -> String {
+    let mut body = String::new();
+    let _ = write!(
+        body,
+        "<meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">{PAGE_STYLE}<section class=\"header\"><h1>tokentap · live speed-test matrix</h1><p class=\"summary\">Production traffic over the last <strong>{}</strong>{} beside the latest synthetic sweep. Updated {} and every {REFRESH_SECONDS} s.</p><p class=\"windows\">Window: ",
+        escape(&window_text(window)),
+        model.map_or_else(String::new, |m| format!(" (model <code>{}</code>)", escape(m))),
+        escape(&format_rfc3339(now)),
+    );
+    let model_param = model.map_or_else(String::new, |m| format!("&model={}", query_escape(m)));
+    for link in WINDOW_LINKS {
+        let current = Window::parse(link).is_ok_and(|w| w == window);
+        let _ = write!(
+            body,
+            "<a href=\"/?window={link}{}\"{}>{link}</a>",
+            escape(&model_param),
+            if current { " class=\"current\"" } else { "" }
+        );
+    }
+    body.push_str("</p></section><div class=\"panels\">");
+
+    body.push_str("<div class=\"panel\" id=\"production\"><h2>Production</h2>");
+    match production {
+        Some(doc) if !doc.decode.is_empty() || !doc.prefill.is_empty() => {
+            let _ = write!(body, "<p class=\"note\">{}</p>", escape(&doc_line(doc)));
+            body.push_str(&grid_fragment(doc));
+        }
+        Some(doc) => {
+            let _ = write!(
+                body,
+                "<p class=\"empty\">{}</p>",
+                escape(
+                    doc.metadata
+                        .notes
+                        .first()
+                        .map_or("No production traffic yet.", String::as_str)
+                )
+            );
+        }
+        None => {
+            let _ = write!(
+                body,
+                "<p class=\"empty\">No production request of model {} ended in the window.</p>",
+                escape(model.unwrap_or(""))
+            );
+        }
+    }
+    body.push_str("</div><div class=\"panel\" id=\"synthetic\"><h2>Synthetic</h2>");
+    match synthetic {
+        Some(doc) => {
+            let _ = write!(body, "<p class=\"note\">{}</p>", escape(&doc_line(doc)));
+            body.push_str(&grid_fragment(doc));
+        }
+        None => {
+            let _ = write!(body, "<p class=\"empty\">{}</p>", escape(NO_SWEEP));
+        }
+    }
+    body.push_str("</div></div>");
+
+    if let (Some(production), Some(synthetic)) = (production, synthetic) {
+        if !production.decode.is_empty() {
+            body.push_str("<div id=\"ratio\"><p class=\"note\">A is the latest synthetic sweep, B is production: each cell is production ÷ synthetic total tok/s.</p>");
+            body.push_str(&ratio_grid_fragment(&diff(synthetic, production)));
+            body.push_str("</div>");
+        }
+    }
+    if let Some(doc) = production.filter(|d| !d.decode.is_empty()) {
+        body.push_str("<div id=\"production-table\">");
+        body.push_str(&measurements_fragment(doc));
+        if !doc.metadata.notes.is_empty() {
+            body.push_str("<ul class=\"notes\">");
+            for note in &doc.metadata.notes {
+                let _ = write!(body, "<li>{}</li>", escape(note));
+            }
+            body.push_str("</ul>");
+        }
+        body.push_str("</div>");
+    }
+    page("tokentap · live matrix", &body)
+}
+
+fn window_text(window: Window) -> String {
+    match window {
+        Window::All => "time since start".to_owned(),
+        Window::Last(_) => window.label(),
+    }
+}
+
+/// One line naming what a document is: model, source, window or sweep.
+fn doc_line(doc: &MatrixDoc) -> String {
+    let run = &doc.metadata.run;
+    let mut parts = vec![crate::matrix::page::title(&doc.metadata)];
+    if let Some(id) = &run.sweep_id {
+        parts.push(format!("sweep {id}"));
+    }
+    match (&run.started_at, &run.ended_at) {
+        (Some(from), Some(to)) => parts.push(format!("{from} → {to}")),
+        (Some(from), None) => parts.push(format!("from {from}")),
+        _ => {}
+    }
+    parts.join(" · ")
+}
+
+/// Escapes a model name for a query string (the reverse of `percent_decode`).
+fn query_escape(text: &str) -> String {
+    let mut out = String::new();
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    debug_assert_eq!(percent_decode(&out).as_deref(), Some(text));
+    out
+}

@@ -1,0 +1,781 @@
+//! Accumulators that turn request records into matrix cells: [`CellAccumulator`] (one
+//! sustained-decode cell), [`PrefillAccumulator`] (one prefill row) and [`MatrixAccumulator`]
+//! (every cell and row of one model). The definitions are in docs/metrics.md; every figure is
+//! a sum or a [`QuantileSketch`], so an accumulator's size does not grow with the number of
+//! requests, and two accumulators merge exactly (sums add, sketches merge).
+//!
+//! The same code serves production windows and the synthetic sweep: a sweep that knows which
+//! cell its requests belong to calls [`CellAccumulator::add_whole_request`]; production traffic
+//! goes through [`MatrixAccumulator::add_record`], which splits each request over the
+//! concurrency levels it lived through. No I/O, no clock, no locks here.
+
+use std::collections::BTreeMap;
+
+use crate::matrix::doc::{CellStatus, DecodeCell, PrefillRow};
+use crate::meter::buckets::Ladder;
+use crate::meter::record::{Outcome, RequestRecord};
+
+use super::sketch::QuantileSketch;
+
+/// A request that failed on the server's side (client aborts are not failures: people press
+/// stop). More than [`ERROR_SHARE`] of a cell's finished requests failing marks it `Error`.
+fn is_failure(outcome: Outcome) -> bool {
+    matches!(
+        outcome,
+        Outcome::UpstreamError | Outcome::UpstreamAborted | Outcome::Timeout
+    )
+}
+
+/// Share of failed requests above which a cell is `Error` rather than `Valid`.
+pub const ERROR_SHARE: f64 = 0.05;
+
+/// What one request contributed to one concurrency level.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Fragment {
+    /// Completion tokens emitted while this level held (they sum to the request's total).
+    pub output_tokens: u64,
+    /// Tokens that closed a decode gap: the output tokens less this level's share of the
+    /// first event's tokens, which close the TTFT instead.
+    pub decode_tokens: f64,
+    /// Request-seconds of decode (token gaps) spent at this level.
+    pub decode_seconds: f64,
+    /// Mean in-flight count while at this level.
+    pub average_active: f64,
+}
+
+/// Splits a record over the concurrency levels it lived through, from its `split` arrays.
+/// A request whose split is empty (non-streaming, or no token event) is one fragment at its
+/// own concurrency bucket, holding its tokens but no decode time.
+pub fn fragments(record: &RequestRecord, concurrency: &Ladder) -> Vec<(usize, Fragment)> {
+    let split = &record.split;
+    let split_tokens = split.total_tokens();
+    if split_tokens == 0 {
+        if record.completion_tokens == 0 && split.seconds.iter().all(|s| *s <= 0.0) {
+            return Vec::new();
+        }
+        return vec![(
+            record.concurrency_bucket,
+            Fragment {
+                output_tokens: record.completion_tokens,
+                decode_tokens: 0.0,
+                decode_seconds: split.seconds.iter().sum(),
+                average_active: record.average_active_requests,
+            },
+        )];
+    }
+    // The first event carries tokens ÷ events on average; it ends the TTFT, not a gap.
+    let decode_share = if record.token_events > 0 {
+        1.0 - 1.0 / record.token_events as f64
+    } else {
+        0.0
+    };
+    let mut out = Vec::new();
+    for (bucket, (&tokens, &seconds)) in split.tokens.iter().zip(split.seconds.iter()).enumerate() {
+        if tokens == 0 && seconds <= 0.0 {
+            continue;
+        }
+        out.push((
+            bucket,
+            Fragment {
+                output_tokens: tokens,
+                decode_tokens: tokens as f64 * decode_share,
+                decode_seconds: seconds.max(0.0),
+                average_active: average_active_at(record, bucket, concurrency),
+            },
+        ));
+    }
+    out
+}
+
+/// The mean in-flight count of a request while at concurrency bucket `bucket`: the record's
+/// exact mean over its whole decode, clamped into the range of counts that map to `bucket`
+/// (exact when the request stayed at one level; within the bucket otherwise).
+fn average_active_at(record: &RequestRecord, bucket: usize, ladder: &Ladder) -> f64 {
+    let (low, high) = bucket_range(ladder, bucket);
+    let average = record.average_active_requests;
+    if average.is_finite() {
+        average.clamp(low, high)
+    } else {
+        low
+    }
+}
+
+/// The in-flight counts (as reals) that map to concurrency bucket `bucket`: between the
+/// geometric means of neighbouring ladder values.
+pub fn bucket_range(ladder: &Ladder, bucket: usize) -> (f64, f64) {
+    let values = ladder.values();
+    let value = |i: usize| values.get(i).map(|&v| v as f64);
+    let low = match bucket.checked_sub(1).and_then(value) {
+        Some(previous) => value(bucket).map_or(previous, |v| (previous * v).sqrt()),
+        None => 1.0,
+    };
+    let high = match (value(bucket), value(bucket + 1)) {
+        (Some(v), Some(next)) => (v * next).sqrt(),
+        (Some(v), None) => {
+            let previous = bucket.checked_sub(1).and_then(value).unwrap_or(v / 2.0);
+            v * (v / previous).sqrt()
+        }
+        (None, _) => f64::INFINITY,
+    };
+    // The overflow bucket starts where the top bucket ends.
+    let low = if value(bucket).is_none() {
+        values.last().map_or(1.0, |&top| {
+            let top = top as f64;
+            let previous = values
+                .len()
+                .checked_sub(2)
+                .and_then(value)
+                .unwrap_or(top / 2.0);
+            top * (top / previous).sqrt()
+        })
+    } else {
+        low
+    };
+    (low.max(1.0), high.max(low.max(1.0)))
+}
+
+/// One sustained-decode cell being accumulated.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CellAccumulator {
+    pub output_tokens: u64,
+    pub decode_tokens: f64,
+    pub decode_seconds: f64,
+    /// Σ (mean in-flight × decode seconds): the time-weighted in-flight integral.
+    pub active_seconds: f64,
+    /// Requests whose own cell this is that ended `ok`.
+    pub completed: u64,
+    /// Failed requests by outcome (index of [`Outcome::ALL`]).
+    pub failed: [u64; 5],
+    /// Requests whose own cell this is that the client aborted.
+    pub client_aborted: u64,
+    /// Σ prompt tokens and count of requests whose own cell this is that reported them.
+    pub prompt_tokens: u64,
+    pub prompt_requests: u64,
+    /// Time to first token, seconds, one per request.
+    pub ttft: QuantileSketch,
+    /// Time between tokens, seconds per token, weighted by decode tokens.
+    pub tbt: QuantileSketch,
+}
+
+impl CellAccumulator {
+    /// Adds what one request did at this cell's concurrency level.
+    pub fn add_fragment(&mut self, fragment: &Fragment) {
+        self.output_tokens += fragment.output_tokens;
+        self.decode_tokens += fragment.decode_tokens;
+        self.decode_seconds += fragment.decode_seconds;
+        self.active_seconds += fragment.average_active * fragment.decode_seconds;
+        if fragment.decode_tokens > 0.0 && fragment.decode_seconds > 0.0 {
+            self.tbt.add(
+                fragment.decode_seconds / fragment.decode_tokens,
+                fragment.decode_tokens,
+            );
+        }
+    }
+
+    /// Adds what belongs to a request's own cell: its TTFT, its outcome, its prompt length.
+    pub fn add_request_end(&mut self, record: &RequestRecord) {
+        match record.outcome {
+            Outcome::Ok => self.completed += 1,
+            Outcome::ClientAborted => self.client_aborted += 1,
+            outcome => {
+                if let Some(i) = Outcome::ALL.iter().position(|o| *o == outcome) {
+                    if let Some(count) = self.failed.get_mut(i) {
+                        *count += 1;
+                    }
+                }
+            }
+        }
+        if let Some(ttft) = record.time_to_first_token {
+            self.ttft.add(ttft.as_secs_f64(), 1.0);
+        }
+        if let Some(prompt) = record.prompt_tokens {
+            self.prompt_tokens += prompt;
+            self.prompt_requests += 1;
+        }
+    }
+
+    /// Adds a whole request to this cell regardless of the levels it lived through: for a
+    /// sweep, whose cell is known by construction.
+    pub fn add_whole_request(&mut self, record: &RequestRecord) {
+        let decode_seconds: f64 = record.decode_time.map_or(0.0, |d| d.as_secs_f64());
+        let decode_tokens = if record.token_events > 0 {
+            record.completion_tokens as f64 * (1.0 - 1.0 / record.token_events as f64)
+        } else {
+            0.0
+        };
+        self.add_fragment(&Fragment {
+            output_tokens: record.completion_tokens,
+            decode_tokens,
+            decode_seconds,
+            average_active: record.average_active_requests,
+        });
+        self.add_request_end(record);
+    }
+
+    pub fn merge(&mut self, other: &CellAccumulator) {
+        self.output_tokens += other.output_tokens;
+        self.decode_tokens += other.decode_tokens;
+        self.decode_seconds += other.decode_seconds;
+        self.active_seconds += other.active_seconds;
+        self.completed += other.completed;
+        for (mine, theirs) in self.failed.iter_mut().zip(other.failed) {
+            *mine += theirs;
+        }
+        self.client_aborted += other.client_aborted;
+        self.prompt_tokens += other.prompt_tokens;
+        self.prompt_requests += other.prompt_requests;
+        self.ttft.merge(&other.ttft);
+        self.tbt.merge(&other.tbt);
+    }
+
+    fn failures(&self) -> u64 {
+        self.failed.iter().sum()
+    }
+
+    /// Whether anything measurable landed here (a cell of only client aborts with no output
+    /// is not shown).
+    pub fn is_empty(&self) -> bool {
+        self.output_tokens == 0
+            && self.decode_seconds <= 0.0
+            && self.ttft.is_empty()
+            && self.completed == 0
+            && self.failures() == 0
+    }
+
+    /// Mean in-flight count over the cell's decode time.
+    pub fn average_active(&self) -> Option<f64> {
+        (self.decode_seconds > 0.0).then(|| self.active_seconds / self.decode_seconds)
+    }
+
+    /// Wall-clock seconds the cell's conditions held: request-seconds ÷ mean in-flight.
+    pub fn measured_for(&self) -> Option<f64> {
+        (self.active_seconds > 0.0)
+            .then(|| self.decode_seconds * self.decode_seconds / self.active_seconds)
+    }
+
+    /// The cell as the matrix shows it (docs/metrics.md has each column's definition).
+    pub fn to_cell(&self, context_tokens: u64, concurrency: u32) -> DecodeCell {
+        let measured_for = self.measured_for();
+        let tbt = self.tbt.median();
+        let failures = self.failures();
+        let finished = self.completed + failures;
+        let status = if failures > 0 && failures as f64 > ERROR_SHARE * finished as f64 {
+            let worst = Outcome::ALL
+                .iter()
+                .zip(self.failed)
+                .max_by_key(|(_, count)| *count)
+                .map_or("failed", |(outcome, _)| outcome.label());
+            CellStatus::error(&format!(
+                "{failures} of {finished} requests failed (mostly {worst})"
+            ))
+        } else {
+            CellStatus::Valid
+        };
+        DecodeCell {
+            context_tokens,
+            concurrency,
+            status,
+            total_tok_s: measured_for
+                .filter(|m| *m > 0.0)
+                .map(|m| self.decode_tokens / m),
+            per_request_tok_s: tbt.filter(|t| *t > 0.0).map(|t| 1.0 / t),
+            ttft_ms: self.ttft.median().map(|s| s * 1000.0),
+            tbt_ms: tbt.map(|s| s * 1000.0),
+            average_active_requests: self.average_active(),
+            completed_requests: Some(self.completed),
+            output_tokens: Some(self.output_tokens),
+            measured_for_s: measured_for,
+            prompt_tokens: (self.prompt_requests > 0)
+                .then(|| (self.prompt_tokens as f64 / self.prompt_requests as f64).round() as u64),
+        }
+    }
+}
+
+/// Requests that feed a prefill row: a cold-enough prompt (at least this share uncached).
+pub const PREFILL_MIN_UNCACHED_SHARE: f64 = 0.5;
+
+/// Samples of one prefill row.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrefillSamples {
+    /// Uncached prompt tokens ÷ TTFT, one per request.
+    pub rate: QuantileSketch,
+    pub ttft: QuantileSketch,
+    pub requests: u64,
+    pub prompt_tokens: u64,
+    /// Σ mean in-flight (for "requests at once").
+    pub active_sum: f64,
+}
+
+impl PrefillSamples {
+    fn add(&mut self, rate: f64, record: &RequestRecord, ttft: f64, prompt: u64) {
+        self.rate.add(rate, 1.0);
+        self.ttft.add(ttft, 1.0);
+        self.requests += 1;
+        self.prompt_tokens += prompt;
+        self.active_sum += record.average_active_requests.max(1.0);
+    }
+
+    fn merge(&mut self, other: &PrefillSamples) {
+        self.rate.merge(&other.rate);
+        self.ttft.merge(&other.ttft);
+        self.requests += other.requests;
+        self.prompt_tokens += other.prompt_tokens;
+        self.active_sum += other.active_sum;
+    }
+}
+
+/// One prefill row being accumulated: requests whose cached-token count the server reported
+/// (and that were mostly uncached), and — kept apart — requests whose count is unknown.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrefillAccumulator {
+    pub known_cache: PrefillSamples,
+    pub unknown_cache: PrefillSamples,
+}
+
+impl PrefillAccumulator {
+    /// Adds a record if it qualifies (docs/metrics.md, "Prefill rows"); returns whether it did.
+    pub fn add_record(&mut self, record: &RequestRecord) -> bool {
+        if is_failure(record.outcome) {
+            return false;
+        }
+        let (Some(prompt), Some(ttft)) = (record.prompt_tokens, record.time_to_first_token) else {
+            return false;
+        };
+        let ttft = ttft.as_secs_f64();
+        if prompt == 0 || ttft <= 0.0 {
+            return false;
+        }
+        match record.cached_tokens {
+            Some(cached) => {
+                let uncached = prompt.saturating_sub(cached);
+                if (uncached as f64) < PREFILL_MIN_UNCACHED_SHARE * prompt as f64 {
+                    return false;
+                }
+                self.known_cache
+                    .add(uncached as f64 / ttft, record, ttft, prompt);
+            }
+            None => self
+                .unknown_cache
+                .add(prompt as f64 / ttft, record, ttft, prompt),
+        }
+        true
+    }
+
+    pub fn merge(&mut self, other: &PrefillAccumulator) {
+        self.known_cache.merge(&other.known_cache);
+        self.unknown_cache.merge(&other.unknown_cache);
+    }
+
+    /// The row, and whether it rests on requests whose cache state is unknown.
+    pub fn to_row(&self, context_tokens: u64) -> Option<(PrefillRow, bool)> {
+        let (samples, assumed) = if self.known_cache.requests > 0 {
+            (&self.known_cache, false)
+        } else if self.unknown_cache.requests > 0 {
+            (&self.unknown_cache, true)
+        } else {
+            return None;
+        };
+        let requests = samples.requests as f64;
+        Some((
+            PrefillRow {
+                context_tokens,
+                requests_at_once: (samples.active_sum / requests).round().max(1.0) as u32,
+                status: CellStatus::Valid,
+                prompt_tok_s: samples.rate.median(),
+                ttft_ms: samples.ttft.median().map(|s| s * 1000.0),
+                completed_requests: Some(samples.requests),
+                prompt_tokens: Some((samples.prompt_tokens as f64 / requests).round() as u64),
+            },
+            assumed,
+        ))
+    }
+}
+
+/// Every decode cell and prefill row of one model, keyed by ladder bucket indexes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MatrixAccumulator {
+    /// (context bucket, concurrency bucket) → cell.
+    pub cells: BTreeMap<(usize, usize), CellAccumulator>,
+    /// context bucket → prefill row.
+    pub prefill: BTreeMap<usize, PrefillAccumulator>,
+    /// Records added.
+    pub requests: u64,
+    /// Completion tokens of every record added (the conservation check's right side).
+    pub output_tokens: u64,
+    /// Records without a prompt token count: no context, so no cell.
+    pub unplaced_requests: u64,
+    pub unplaced_tokens: u64,
+}
+
+impl MatrixAccumulator {
+    /// Adds a production record: its tokens and decode time to the cells of the concurrency
+    /// levels it lived through, its TTFT and outcome to its own cell, and maybe a prefill
+    /// sample. Records that reported no prompt token count are counted but placed nowhere.
+    pub fn add_record(&mut self, record: &RequestRecord, concurrency: &Ladder) {
+        self.requests += 1;
+        self.output_tokens += record.completion_tokens;
+        if record.prompt_tokens.is_none() {
+            self.unplaced_requests += 1;
+            self.unplaced_tokens += record.completion_tokens;
+            return;
+        }
+        let context = record.context_bucket;
+        for (bucket, fragment) in fragments(record, concurrency) {
+            self.cells
+                .entry((context, bucket))
+                .or_default()
+                .add_fragment(&fragment);
+        }
+        self.cells
+            .entry((context, record.concurrency_bucket))
+            .or_default()
+            .add_request_end(record);
+        let mut row = PrefillAccumulator::default();
+        if row.add_record(record) {
+            self.prefill.entry(context).or_default().merge(&row);
+        }
+    }
+
+    pub fn merge(&mut self, other: &MatrixAccumulator) {
+        for (key, cell) in &other.cells {
+            self.cells.entry(*key).or_default().merge(cell);
+        }
+        for (key, row) in &other.prefill {
+            self.prefill.entry(*key).or_default().merge(row);
+        }
+        self.requests += other.requests;
+        self.output_tokens += other.output_tokens;
+        self.unplaced_requests += other.unplaced_requests;
+        self.unplaced_tokens += other.unplaced_tokens;
+    }
+
+    /// Sketch bins in use (memory accounting: each bin is 16 bytes).
+    pub fn sketch_bins(&self) -> usize {
+        self.cells
+            .values()
+            .map(|c| c.ttft.bins() + c.tbt.bins())
+            .sum::<usize>()
+            + self
+                .prefill
+                .values()
+                .map(|p| {
+                    p.known_cache.rate.bins()
+                        + p.known_cache.ttft.bins()
+                        + p.unknown_cache.rate.bins()
+                        + p.unknown_cache.ttft.bins()
+                })
+                .sum::<usize>()
+    }
+}
+
+impl MatrixAccumulator {
+    /// The matrix document: every non-empty cell and qualifying prefill row, with notes on
+    /// what could not be placed. `metadata` is taken as given (notes are appended).
+    pub fn to_doc(
+        &self,
+        contexts: &Ladder,
+        concurrency: &Ladder,
+        metadata: crate::matrix::doc::Metadata,
+    ) -> crate::matrix::doc::MatrixDoc {
+        let mut doc = crate::matrix::doc::MatrixDoc::new(metadata);
+        let mut beyond_ladders = 0u64;
+        for (&(context, level), cell) in &self.cells {
+            if cell.is_empty() {
+                continue;
+            }
+            let (Some(context_tokens), Some(requests)) = (
+                contexts.value(context),
+                concurrency.value(level).and_then(|v| u32::try_from(v).ok()),
+            ) else {
+                beyond_ladders += cell.output_tokens;
+                continue;
+            };
+            doc.decode.push(cell.to_cell(context_tokens, requests));
+        }
+        let mut assumed = Vec::new();
+        for (&context, row) in &self.prefill {
+            let Some(context_tokens) = contexts.value(context) else {
+                continue;
+            };
+            if let Some((row, without_cache_counts)) = row.to_row(context_tokens) {
+                if without_cache_counts {
+                    assumed.push(contexts.label(context).to_owned());
+                }
+                doc.prefill.push(row);
+            }
+        }
+        doc.sort();
+        let notes = &mut doc.metadata.notes;
+        if self.unplaced_requests > 0 {
+            notes.push(format!(
+                "{} requests ({} output tokens) reported no prompt token count and are in no cell.",
+                self.unplaced_requests, self.unplaced_tokens
+            ));
+        }
+        if beyond_ladders > 0 {
+            notes.push(format!(
+                "{beyond_ladders} output tokens were emitted beyond the ladders (context above {} or more than {} requests in flight) and are in no cell.",
+                contexts.label(contexts.overflow().saturating_sub(1)),
+                concurrency.label(concurrency.overflow().saturating_sub(1)),
+            ));
+        }
+        if !assumed.is_empty() {
+            notes.push(format!(
+                "Prefill rows {} assume no prompt-cache hits: the server reported no cached-token counts for them.",
+                assumed.join(", ")
+            ));
+        }
+        doc
+    }
+}
+
+/// Records built by hand for the aggregation tests.
+#[cfg(test)]
+pub(crate) mod test_records {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
+
+    use crate::meter::record::{Outcome, RequestRecord, Source};
+    use crate::meter::timeline::{ConcurrencySplit, LocalHistogram};
+    use crate::stream::classify::Route;
+
+    static BOUNDS: [f64; 1] = [1.0];
+
+    /// A streamed request of `prompt` tokens whose token events (one token each) arrived
+    /// `tbt` apart after `ttft`, spending `(bucket, tokens)` at each concurrency bucket.
+    pub fn record(
+        prompt: Option<u64>,
+        per_bucket: &[(usize, u64)],
+        ttft: Duration,
+        tbt: Duration,
+        average_active: f64,
+        outcome: Outcome,
+    ) -> RequestRecord {
+        let mut split = ConcurrencySplit::default();
+        let completion: u64 = per_bucket.iter().map(|(_, t)| t).sum();
+        let mut first = true;
+        for &(bucket, tokens) in per_bucket {
+            split.tokens[bucket] += tokens;
+            // Every token but the very first closes a gap of `tbt`.
+            let gaps = if first {
+                tokens.saturating_sub(1)
+            } else {
+                tokens
+            };
+            first = false;
+            split.seconds[bucket] += gaps as f64 * tbt.as_secs_f64();
+        }
+        let decode = tbt * u32::try_from(completion.saturating_sub(1)).unwrap();
+        let contexts =
+            crate::meter::buckets::Ladder::contexts(&crate::meter::buckets::DEFAULT_CONTEXTS)
+                .unwrap();
+        let concurrency =
+            crate::meter::buckets::Ladder::concurrency(&crate::meter::buckets::DEFAULT_CONCURRENCY)
+                .unwrap();
+        RequestRecord {
+            route: Route::ChatCompletions,
+            source: Source::Production,
+            model: Arc::from("m"),
+            upstream: Arc::from("default"),
+            tag: None,
+            outcome,
+            status: 200,
+            streaming: true,
+            started_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000),
+            time_to_headers: Some(ttft),
+            time_to_first_byte: Some(ttft),
+            time_to_first_token: (completion > 0).then_some(ttft),
+            duration: ttft + decode,
+            decode_time: (completion > 0).then_some(decode),
+            prompt_tokens: prompt,
+            cached_tokens: None,
+            completion_tokens: completion,
+            completion_exact: true,
+            token_events: completion,
+            max_tokens: None,
+            time_between_tokens: crate::meter::record::time_between_tokens(
+                Some(decode),
+                completion,
+            ),
+            per_request_tokens_per_second: None,
+            prefill_tokens_per_second: None,
+            average_active_requests: average_active,
+            context_bucket: contexts.context_bucket(prompt.unwrap_or(0)),
+            concurrency_bucket: concurrency.concurrency_bucket(average_active),
+            itl: LocalHistogram::new(&BOUNDS),
+            split,
+            request_overhead: None,
+            frame_overhead: LocalHistogram::new(&BOUNDS),
+            frames: 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::test_records::record;
+    use super::*;
+    use crate::meter::buckets::{DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
+
+    fn ladders() -> (Ladder, Ladder) {
+        (
+            Ladder::contexts(&DEFAULT_CONTEXTS).unwrap(),
+            Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap(),
+        )
+    }
+
+    fn close(a: f64, b: f64, tolerance: f64) -> bool {
+        (a - b).abs() <= tolerance * b.abs()
+    }
+
+    #[test]
+    fn steady_streams_give_the_analytic_cell() {
+        let (contexts, concurrency) = ladders();
+        let mut matrix = MatrixAccumulator::default();
+        let tbt = Duration::from_millis(20);
+        let ttft = Duration::from_millis(150);
+        // Four streams at 8K, 101 tokens each, all at the "4" level (bucket 2).
+        for _ in 0..4 {
+            let r = record(Some(8000), &[(2, 101)], ttft, tbt, 4.0, Outcome::Ok);
+            matrix.add_record(&r, &concurrency);
+        }
+        let doc = matrix.to_doc(&contexts, &concurrency, Default::default());
+        doc.validate().unwrap();
+        assert_eq!(doc.decode.len(), 1);
+        let cell = &doc.decode[0];
+        assert_eq!((cell.context_tokens, cell.concurrency), (8192, 4));
+        assert_eq!(cell.status, CellStatus::Valid);
+        assert!(close(cell.total_tok_s.unwrap(), 200.0, 1e-9), "{cell:?}");
+        assert!(
+            close(cell.per_request_tok_s.unwrap(), 50.0, 0.01),
+            "{cell:?}"
+        );
+        assert!(close(cell.tbt_ms.unwrap(), 20.0, 0.01), "{cell:?}");
+        assert!(close(cell.ttft_ms.unwrap(), 150.0, 0.01), "{cell:?}");
+        assert!(close(cell.average_active_requests.unwrap(), 4.0, 1e-9));
+        assert!(close(cell.measured_for_s.unwrap(), 2.0, 1e-9), "{cell:?}");
+        assert_eq!(cell.completed_requests, Some(4));
+        assert_eq!(cell.output_tokens, Some(404));
+        assert_eq!(cell.prompt_tokens, Some(8000));
+        // No cached-token count: the prefill row rests on an assumption, and says so.
+        assert_eq!(doc.prefill.len(), 1);
+        assert!(doc.metadata.notes.iter().any(|n| n.contains("8K")));
+    }
+
+    #[test]
+    fn a_request_spanning_levels_splits_its_tokens_and_time() {
+        let (contexts, concurrency) = ladders();
+        let mut matrix = MatrixAccumulator::default();
+        let tbt = Duration::from_millis(10);
+        // 51 tokens alone (bucket 0), then 100 tokens with a second request (bucket 1).
+        let r = record(
+            Some(20_000),
+            &[(0, 51), (1, 100)],
+            tbt,
+            tbt,
+            1.66,
+            Outcome::Ok,
+        );
+        matrix.add_record(&r, &concurrency);
+        let doc = matrix.to_doc(&contexts, &concurrency, Default::default());
+        let alone = doc.cell(32768, 1).unwrap();
+        let paired = doc.cell(32768, 2).unwrap();
+        assert_eq!(
+            alone.output_tokens.unwrap() + paired.output_tokens.unwrap(),
+            151
+        );
+        assert!(close(
+            alone.tbt_ms.unwrap(),
+            10.0 * 50.0 / 51.0 * 151.0 / 150.0,
+            0.011
+        ));
+        assert!(close(paired.tbt_ms.unwrap(), 10.0 * 151.0 / 150.0, 0.011));
+        // The level's mean in-flight is clamped into the level's range.
+        assert!(alone.average_active_requests.unwrap() <= 2f64.sqrt() + 1e-9);
+        assert!(close(paired.average_active_requests.unwrap(), 1.66, 1e-9));
+        // The request's own cell (its mean 1.66 is nearest 2) gets its end.
+        assert_eq!(paired.completed_requests, Some(1));
+        assert_eq!(alone.completed_requests, Some(0));
+    }
+
+    #[test]
+    fn failures_beyond_the_share_mark_the_cell_error_and_unplaced_records_are_noted() {
+        let (contexts, concurrency) = ladders();
+        let mut matrix = MatrixAccumulator::default();
+        let ms = Duration::from_millis;
+        for i in 0..10 {
+            let outcome = if i < 2 {
+                Outcome::UpstreamAborted
+            } else {
+                Outcome::Ok
+            };
+            matrix.add_record(
+                &record(Some(100), &[(0, 20)], ms(50), ms(10), 1.0, outcome),
+                &concurrency,
+            );
+        }
+        matrix.add_record(
+            &record(None, &[(0, 7)], ms(50), ms(10), 1.0, Outcome::Ok),
+            &concurrency,
+        );
+        let doc = matrix.to_doc(&contexts, &concurrency, Default::default());
+        doc.validate().unwrap();
+        let cell = doc.cell(8192, 1).unwrap();
+        assert_eq!(
+            cell.status,
+            CellStatus::Error("2 of 10 requests failed (mostly upstream_aborted)".into())
+        );
+        assert_eq!(cell.output_tokens, Some(200));
+        assert_eq!(matrix.output_tokens, 207);
+        assert!(doc
+            .metadata
+            .notes
+            .iter()
+            .any(|n| n.contains("7 output tokens")));
+        // Failed requests feed no prefill sample.
+        assert_eq!(doc.prefill[0].completed_requests, Some(8));
+    }
+
+    #[test]
+    fn prefill_prefers_requests_with_known_cache_counts() {
+        let ms = Duration::from_millis;
+        let mut row = PrefillAccumulator::default();
+        let mut cold = record(Some(8000), &[(0, 2)], ms(400), ms(10), 1.0, Outcome::Ok);
+        cold.cached_tokens = Some(0);
+        let mut warm = cold.clone();
+        warm.cached_tokens = Some(7000);
+        let mut half = cold.clone();
+        half.cached_tokens = Some(4000);
+        let unknown = record(Some(8000), &[(0, 2)], ms(40), ms(10), 1.0, Outcome::Ok);
+        assert!(row.add_record(&cold));
+        assert!(!row.add_record(&warm));
+        assert!(row.add_record(&half));
+        assert!(row.add_record(&unknown));
+        let (prefill, assumed) = row.to_row(8192).unwrap();
+        assert!(!assumed);
+        assert_eq!(prefill.completed_requests, Some(2));
+        // Rates 20,000 and 10,000 tok/s: the median is one of them within 1 %.
+        let rate = prefill.prompt_tok_s.unwrap();
+        assert!(
+            close(rate, 20_000.0, 0.011) || close(rate, 10_000.0, 0.011),
+            "{rate}"
+        );
+    }
+
+    #[test]
+    fn bucket_ranges_tile_the_ladder() {
+        let (_, concurrency) = ladders();
+        assert_eq!(bucket_range(&concurrency, 0), (1.0, 2f64.sqrt()));
+        let (low, high) = bucket_range(&concurrency, 2);
+        assert!(close(low, 8f64.sqrt(), 1e-12) && close(high, 32f64.sqrt(), 1e-12));
+        let (top_low, top_high) = bucket_range(&concurrency, 7);
+        let (overflow_low, overflow_high) = bucket_range(&concurrency, 8);
+        assert!(
+            close(top_high, overflow_low, 1e-12),
+            "{top_low} {top_high} {overflow_low}"
+        );
+        assert!(overflow_high.is_infinite());
+    }
+}

@@ -1,0 +1,24 @@
+//! The matrix from records: streaming aggregation of per-request records into matrix cells,
+//! over sliding windows, and the periodic production snapshots.
+//!
+//! - [`sketch`]: the bounded quantile sketch behind every median (1 % relative error).
+//! - [`cell`]: [`CellAccumulator`], [`PrefillAccumulator`], [`MatrixAccumulator`] — records
+//!   in, matrix cells out; shared by production windows and the synthetic sweep.
+//! - [`window`]: [`ProductionMatrix`], the record sink that keeps time slices and answers
+//!   "the matrix of the last hour".
+//! - [`snapshot`]: the task that writes the production matrix to the store every interval.
+//! - [`wallclock`]: RFC 3339 times.
+//!
+//! Nothing here keeps a list of requests: memory is bounded by slices × cells × sketch bins.
+//! The definitions of every column are in docs/metrics.md. This module never renders (the
+//! matrix module does) and never touches the network.
+
+pub mod cell;
+pub mod sketch;
+pub mod snapshot;
+pub mod wallclock;
+pub mod window;
+
+pub use cell::{CellAccumulator, Fragment, MatrixAccumulator, PrefillAccumulator};
+pub use sketch::QuantileSketch;
+pub use window::{ProductionMatrix, Window, WindowError, WindowMatrix, DEFAULT_WINDOW};

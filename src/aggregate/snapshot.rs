@@ -1,0 +1,92 @@
+//! The snapshot task: every `store.snapshot_interval` it writes the production matrix of the
+//! interval just ended (one document per model with traffic) to the store, then deletes
+//! snapshots older than `store.retention`. On shutdown it writes the part-interval since the
+//! last snapshot, so a restart loses nothing. Owned and stopped by `serve::ProxyServer`.
+//!
+//! The store calls run on the blocking pool; a failed write is logged and retried at the next
+//! interval's snapshot, never fatal to the proxy.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::net::Shutdown;
+use crate::store::Store;
+
+use super::window::{ProductionMatrix, Window, MAX_WINDOW};
+
+/// Writes one snapshot per model with records in the `length` before `now`; returns how many.
+pub fn write_snapshots(
+    production: &ProductionMatrix,
+    store: &Store,
+    length: Duration,
+    now: SystemTime,
+) -> Result<usize, crate::store::StoreError> {
+    let window = Window::Last(length.min(MAX_WINDOW));
+    let windows = production.window(window, now);
+    let names: Vec<Arc<str>> = windows.iter().map(|w| Arc::clone(&w.model)).collect();
+    for entry in &windows {
+        let others: Vec<&str> = names
+            .iter()
+            .filter(|name| !Arc::ptr_eq(name, &entry.model))
+            .map(|name| &**name)
+            .collect();
+        let doc = production.document(entry, &others);
+        store.put_snapshot(now, length, &entry.model, &doc)?;
+    }
+    Ok(windows.len())
+}
+
+/// Starts the task. `retention` zero keeps snapshots forever.
+pub fn spawn(
+    production: Arc<ProductionMatrix>,
+    store: Arc<Store>,
+    interval: Duration,
+    retention: Duration,
+    mut shutdown: Shutdown,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut last = SystemTime::now();
+        let mut next = Instant::now() + interval;
+        loop {
+            let stopping = tokio::select! {
+                () = tokio::time::sleep_until(next) => false,
+                () = shutdown.wait() => true,
+            };
+            let now = SystemTime::now();
+            let length = now.duration_since(last).unwrap_or(interval);
+            let production = Arc::clone(&production);
+            let store = Arc::clone(&store);
+            let result = tokio::task::spawn_blocking(move || {
+                let written = write_snapshots(&production, &store, length, now)?;
+                let pruned = match now.checked_sub(retention) {
+                    Some(cutoff) if !retention.is_zero() => store.prune(cutoff)?,
+                    _ => 0,
+                };
+                Ok::<_, crate::store::StoreError>((written, pruned))
+            })
+            .await;
+            match result {
+                Ok(Ok((written, pruned))) => {
+                    last = now;
+                    tracing::debug!(written, pruned, "production matrix snapshot");
+                }
+                Ok(Err(error)) => tracing::warn!(
+                    error = &error as &dyn std::error::Error,
+                    "cannot write the production matrix snapshot"
+                ),
+                Err(error) => tracing::warn!(%error, "the snapshot writer stopped unexpectedly"),
+            }
+            if stopping {
+                break;
+            }
+            next += interval;
+            // After a long stall (suspended machine), do not fire a burst of catch-up ticks.
+            if next < Instant::now() {
+                next = Instant::now() + interval;
+            }
+        }
+    })
+}

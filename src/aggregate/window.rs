@@ -1,0 +1,553 @@
+//! The production matrix over a sliding window: [`ProductionMatrix`] is a [`RecordSink`] that
+//! files each finished record into time slices, and answers "the matrix of the last 5 minutes
+//! … 24 hours, or since start" by merging slices.
+//!
+//! Two rings of slices: one-minute slices covering the last two hours and one-hour slices
+//! covering the last day, plus one accumulator since start. A record goes into the slice of
+//! the minute and of the hour in which it ended. Memory is the number of slices × cells ×
+//! sketch bins, bounded whatever the traffic; nothing is kept per request. The sink's
+//! `record` takes one mutex for a few map lookups and sketch insertions.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use crate::config::parse_duration;
+use crate::matrix::doc::{MatrixDoc, Metadata, Source as DocSource};
+use crate::meter::buckets::Ladder;
+use crate::meter::record::{RequestRecord, Source};
+use crate::meter::RecordSink;
+
+use super::cell::MatrixAccumulator;
+use super::wallclock::{format_rfc3339, unix_seconds};
+
+/// Shortest window a production matrix can be asked for (the slice width).
+pub const MIN_WINDOW: Duration = Duration::from_secs(60);
+/// Longest window short of `all` (the hour ring's reach).
+pub const MAX_WINDOW: Duration = Duration::from_secs(24 * 3600);
+/// The window when none is asked for.
+pub const DEFAULT_WINDOW: Window = Window::Last(Duration::from_secs(3600));
+
+const MINUTE: u64 = 60;
+const HOUR: u64 = 3600;
+/// Two hours of minute slices: enough to reach back to the hour boundary before "an hour ago".
+const MINUTE_SLICES: usize = 120;
+/// A day of hour slices, plus the current hour.
+const HOUR_SLICES: usize = 25;
+
+/// Which records a production matrix covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    /// Records that ended within this long before now.
+    Last(Duration),
+    /// Every record since the proxy started.
+    All,
+}
+
+/// A window that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WindowError {
+    #[error("window `{text}`: {reason}; write e.g. 5m, 1h, 24h or all")]
+    Invalid { text: String, reason: String },
+    #[error("window `{text}` is outside 1m … 24h; use `all` for everything since start")]
+    OutOfRange { text: String },
+}
+
+impl Window {
+    /// Parses `5m`, `90s`, `1h`, `24h` (1 minute … 24 hours) or `all`.
+    pub fn parse(text: &str) -> Result<Window, WindowError> {
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("all") {
+            return Ok(Window::All);
+        }
+        let duration = parse_duration(text).map_err(|reason| WindowError::Invalid {
+            text: text.to_owned(),
+            reason,
+        })?;
+        if duration < MIN_WINDOW || duration > MAX_WINDOW {
+            return Err(WindowError::OutOfRange {
+                text: text.to_owned(),
+            });
+        }
+        Ok(Window::Last(duration))
+    }
+
+    /// `5m`, `1h`, `90s`, `all`.
+    pub fn label(&self) -> String {
+        match self {
+            Window::All => "all".to_owned(),
+            Window::Last(duration) => {
+                let seconds = duration.as_secs();
+                if seconds % HOUR == 0 {
+                    format!("{}h", seconds / HOUR)
+                } else if seconds % MINUTE == 0 {
+                    format!("{}m", seconds / MINUTE)
+                } else {
+                    format!("{seconds}s")
+                }
+            }
+        }
+    }
+}
+
+type ByModel = HashMap<Arc<str>, MatrixAccumulator>;
+
+#[derive(Debug)]
+struct Slice {
+    /// Unix seconds the slice starts at (a multiple of its ring's width).
+    start: u64,
+    models: ByModel,
+}
+
+/// Slices of one width, oldest first, at most `capacity` of them.
+#[derive(Debug)]
+struct Ring {
+    width: u64,
+    capacity: usize,
+    slices: VecDeque<Slice>,
+}
+
+impl Ring {
+    fn new(width: u64, capacity: usize) -> Self {
+        Self {
+            width,
+            capacity,
+            slices: VecDeque::new(),
+        }
+    }
+
+    /// The slice holding `at` (Unix seconds), created if needed; evicts slices that fell out.
+    fn slice_at(&mut self, at: u64) -> Option<&mut ByModel> {
+        let start = at - at % self.width;
+        let newest = self.slices.back().map_or(start, |s| s.start.max(start));
+        let oldest_kept = newest.saturating_sub(self.width * (self.capacity as u64 - 1));
+        while self.slices.front().is_some_and(|s| s.start < oldest_kept) {
+            self.slices.pop_front();
+        }
+        if start < oldest_kept {
+            return None;
+        }
+        let position = self.slices.partition_point(|s| s.start < start);
+        if self.slices.get(position).is_none_or(|s| s.start != start) {
+            self.slices.insert(
+                position,
+                Slice {
+                    start,
+                    models: ByModel::new(),
+                },
+            );
+        }
+        self.slices.get_mut(position).map(|s| &mut s.models)
+    }
+}
+
+#[derive(Debug)]
+struct Slices {
+    minutes: Ring,
+    hours: Ring,
+    all: ByModel,
+}
+
+/// One model's matrix over a window, with the window's bounds.
+#[derive(Debug, Clone)]
+pub struct WindowMatrix {
+    pub model: Arc<str>,
+    pub accumulator: MatrixAccumulator,
+    pub window: Window,
+    pub from: SystemTime,
+    pub to: SystemTime,
+}
+
+/// The streaming aggregator of one source's records (production, normally).
+#[derive(Debug)]
+pub struct ProductionMatrix {
+    contexts: Ladder,
+    concurrency: Ladder,
+    source: Source,
+    started_at: SystemTime,
+    slices: Mutex<Slices>,
+}
+
+impl ProductionMatrix {
+    /// An empty aggregator of `source` records over the given ladders.
+    pub fn new(contexts: Ladder, concurrency: Ladder, source: Source) -> Arc<Self> {
+        Self::starting_at(contexts, concurrency, source, SystemTime::now())
+    }
+
+    /// As [`ProductionMatrix::new`], with the start time given (tests).
+    pub fn starting_at(
+        contexts: Ladder,
+        concurrency: Ladder,
+        source: Source,
+        started_at: SystemTime,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            contexts,
+            concurrency,
+            source,
+            started_at,
+            slices: Mutex::new(Slices {
+                minutes: Ring::new(MINUTE, MINUTE_SLICES),
+                hours: Ring::new(HOUR, HOUR_SLICES),
+                all: ByModel::new(),
+            }),
+        })
+    }
+
+    pub fn contexts(&self) -> &Ladder {
+        &self.contexts
+    }
+
+    pub fn concurrency(&self) -> &Ladder {
+        &self.concurrency
+    }
+
+    pub fn started_at(&self) -> SystemTime {
+        self.started_at
+    }
+
+    /// Files a record under the time it ended (head in + duration).
+    pub fn add(&self, record: &RequestRecord) {
+        let ended = record
+            .started_at
+            .checked_add(record.duration)
+            .unwrap_or(record.started_at);
+        // One accumulator for the record, merged into three places: the per-record work
+        // (splitting, sketch keys) is done once.
+        let mut single = MatrixAccumulator::default();
+        single.add_record(record, &self.concurrency);
+        let at = unix_seconds(ended).max(0.0) as u64;
+        let mut slices = self.slices.lock().unwrap_or_else(PoisonError::into_inner);
+        let Slices {
+            minutes,
+            hours,
+            all,
+        } = &mut *slices;
+        for models in [minutes.slice_at(at), hours.slice_at(at), Some(all)]
+            .into_iter()
+            .flatten()
+        {
+            models
+                .entry(Arc::clone(&record.model))
+                .or_default()
+                .merge(&single);
+        }
+    }
+
+    /// Every model's accumulated figures over `window` ending at `now`.
+    pub fn window(&self, window: Window, now: SystemTime) -> Vec<WindowMatrix> {
+        let slices = self.slices.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut merged = ByModel::new();
+        let mut add = |models: &ByModel| {
+            for (model, accumulator) in models {
+                merged
+                    .entry(Arc::clone(model))
+                    .or_default()
+                    .merge(accumulator);
+            }
+        };
+        let now_s = unix_seconds(now).max(0.0) as u64;
+        let from = match window {
+            Window::All => {
+                add(&slices.all);
+                self.started_at
+            }
+            Window::Last(length) => {
+                let from_s = now_s.saturating_sub(length.as_secs());
+                if length.as_secs() <= HOUR {
+                    for slice in &slices.minutes.slices {
+                        if slice.start + MINUTE > from_s && slice.start <= now_s {
+                            add(&slice.models);
+                        }
+                    }
+                } else {
+                    // Minute slices back to the hour boundary before "an hour ago", whole
+                    // hours before that.
+                    let cut = now_s.saturating_sub(HOUR) / HOUR * HOUR;
+                    for slice in &slices.minutes.slices {
+                        if slice.start >= cut && slice.start <= now_s {
+                            add(&slice.models);
+                        }
+                    }
+                    for slice in &slices.hours.slices {
+                        if slice.start < cut && slice.start + HOUR > from_s {
+                            add(&slice.models);
+                        }
+                    }
+                }
+                now.checked_sub(length).unwrap_or(self.started_at)
+            }
+        };
+        drop(slices);
+        let mut out: Vec<WindowMatrix> = merged
+            .into_iter()
+            .map(|(model, accumulator)| WindowMatrix {
+                model,
+                accumulator,
+                window,
+                from,
+                to: now,
+            })
+            .collect();
+        // Busiest model first.
+        out.sort_by(|a, b| {
+            b.accumulator
+                .output_tokens
+                .cmp(&a.accumulator.output_tokens)
+                .then_with(|| a.model.cmp(&b.model))
+        });
+        out
+    }
+
+    /// The matrix of `model` (the busiest model when `None`) over `window` ending at `now`;
+    /// `None` when no record of that model ended in the window.
+    pub fn matrix(
+        &self,
+        window: Window,
+        model: Option<&str>,
+        now: SystemTime,
+    ) -> Option<MatrixDoc> {
+        let all = self.window(window, now);
+        let chosen = match model {
+            Some(name) => all.iter().find(|w| &*w.model == name)?,
+            None => all.first()?,
+        };
+        let others: Vec<&str> = all
+            .iter()
+            .filter(|w| !Arc::ptr_eq(&w.model, &chosen.model))
+            .map(|w| &*w.model)
+            .collect();
+        Some(self.document(chosen, &others))
+    }
+
+    /// The document of one model's window; `others` are named in a note.
+    pub fn document(&self, window: &WindowMatrix, others: &[&str]) -> MatrixDoc {
+        let mut metadata = Metadata::default();
+        metadata.model.served_model = Some(one_line(&window.model));
+        metadata.run.source = Some(match self.source {
+            Source::Production => DocSource::Production,
+            Source::Synthetic => DocSource::Synthetic,
+        });
+        metadata.run.benchmark_tool = Some(format!("tokentap v{}", env!("CARGO_PKG_VERSION")));
+        metadata.run.decode_test = Some(format!("{} traffic", capitalised(self.source.label())));
+        metadata.run.prefill_mode = Some("Cold requests in the window".to_owned());
+        let length = window
+            .to
+            .duration_since(window.from)
+            .unwrap_or(Duration::ZERO);
+        metadata.run.window_s = Some(length.as_secs_f64());
+        metadata.run.started_at = Some(format_rfc3339(window.from));
+        metadata.run.ended_at = Some(format_rfc3339(window.to));
+        metadata.notes.push(format!(
+            "Aggregated from {} {} requests that ended in the window ({}).",
+            window.accumulator.requests,
+            self.source.label(),
+            window.window.label()
+        ));
+        if !others.is_empty() {
+            let names: Vec<String> = others.iter().map(|m| one_line(m)).collect();
+            metadata.notes.push(format!(
+                "Other models in this window: {} (ask with ?model=).",
+                names.join(", ")
+            ));
+        }
+        window
+            .accumulator
+            .to_doc(&self.contexts, &self.concurrency, metadata)
+    }
+
+    /// Sketch bins held by every slice (memory accounting: 16 bytes each).
+    pub fn sketch_bins(&self) -> usize {
+        let slices = self.slices.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = |models: &ByModel| models.values().map(|m| m.sketch_bins()).sum::<usize>();
+        slices
+            .minutes
+            .slices
+            .iter()
+            .chain(&slices.hours.slices)
+            .map(|s| count(&s.models))
+            .sum::<usize>()
+            + count(&slices.all)
+    }
+
+    /// Slices held (at most 120 minute slices and 25 hour slices).
+    pub fn slice_count(&self) -> usize {
+        let slices = self.slices.lock().unwrap_or_else(PoisonError::into_inner);
+        slices.minutes.slices.len() + slices.hours.slices.len()
+    }
+}
+
+impl RecordSink for ProductionMatrix {
+    fn record(&self, record: &Arc<RequestRecord>) {
+        if record.source == self.source {
+            self.add(record);
+        }
+    }
+}
+
+/// Model names come from request bodies: make them one printable line for the document.
+fn one_line(text: &str) -> String {
+    let cleaned: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let trimmed = cleaned.split_whitespace().collect::<Vec<_>>().join(" ");
+    if trimmed.is_empty() {
+        "unknown".to_owned()
+    } else {
+        trimmed
+    }
+}
+
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::cell::test_records::record;
+    use crate::meter::buckets::{DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
+    use crate::meter::record::Outcome;
+
+    fn aggregator(start: SystemTime) -> Arc<ProductionMatrix> {
+        ProductionMatrix::starting_at(
+            Ladder::contexts(&DEFAULT_CONTEXTS).unwrap(),
+            Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap(),
+            Source::Production,
+            start,
+        )
+    }
+
+    /// A one-stream request of `tokens` tokens that ended at `end`.
+    fn ending_at(end: SystemTime, tokens: u64, model: &str) -> RequestRecord {
+        let ms = Duration::from_millis;
+        let mut r = record(
+            Some(1000),
+            &[(0, tokens)],
+            ms(100),
+            ms(10),
+            1.0,
+            Outcome::Ok,
+        );
+        r.started_at = end - r.duration;
+        r.model = Arc::from(model);
+        r
+    }
+
+    #[test]
+    fn windows_take_the_records_that_ended_inside_them() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000);
+        let production = aggregator(start);
+        let at = |s: u64| start + Duration::from_secs(s);
+        production.add(&ending_at(at(30), 10, "m")); // 3 h before "now"
+        production.add(&ending_at(at(3 * 3600 - 1800), 20, "m")); // 30 min before
+        production.add(&ending_at(at(3 * 3600 - 120), 40, "m")); // 2 min before
+        production.add(&ending_at(at(3 * 3600 - 100), 5, "n"));
+        let now = at(3 * 3600);
+        let tokens = |window: Window, model: &str| {
+            production
+                .matrix(window, Some(model), now)
+                .map_or(0, |doc| {
+                    doc.decode
+                        .iter()
+                        .filter_map(|c| c.output_tokens)
+                        .sum::<u64>()
+                })
+        };
+        let minutes = |m: u64| Window::Last(Duration::from_secs(m * 60));
+        assert_eq!(tokens(minutes(5), "m"), 40);
+        assert_eq!(tokens(minutes(60), "m"), 60);
+        assert_eq!(tokens(minutes(120), "m"), 60);
+        assert_eq!(tokens(minutes(24 * 60), "m"), 70);
+        assert_eq!(tokens(Window::All, "m"), 70);
+        assert_eq!(tokens(minutes(5), "n"), 5);
+        // The busiest model is the default, and the others are named.
+        let doc = production.matrix(minutes(60), None, now).unwrap();
+        doc.validate().unwrap();
+        assert_eq!(doc.metadata.model.served_model.as_deref(), Some("m"));
+        assert!(doc
+            .metadata
+            .notes
+            .iter()
+            .any(|n| n.contains("Other models in this window: n")));
+        assert_eq!(doc.metadata.run.window_s, Some(3600.0));
+        assert_eq!(
+            doc.metadata.run.ended_at.as_deref(),
+            Some("2025-06-15T18:06:40Z")
+        );
+        assert!(production.matrix(minutes(5), Some("nobody"), now).is_none());
+        // A production document survives JSON exactly, and Markdown at page precision (what
+        // it writes imports back to the same page).
+        let markdown = crate::matrix::render_markdown(&doc);
+        let reimported = crate::matrix::parse_any(&markdown).unwrap();
+        assert_eq!(crate::matrix::render_markdown(&reimported), markdown);
+        assert_eq!(reimported.metadata, doc.metadata);
+        let json = crate::matrix::render_json(&doc);
+        assert_eq!(crate::matrix::parse_any(&json).unwrap(), doc);
+    }
+
+    #[test]
+    fn memory_stays_bounded_whatever_the_traffic() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000);
+        let production = aggregator(start);
+        let ms = Duration::from_millis;
+        // Three simulated days of traffic with widely varying prompts, latencies and levels.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for i in 0..60_000u64 {
+            let bucket = (next() % 9) as usize;
+            let mut r = record(
+                Some(next() % 1_200_000),
+                &[(bucket, 1 + next() % 300)],
+                ms(1 + next() % 60_000),
+                Duration::from_micros(100 + next() % 500_000),
+                1.0 + (next() % 200) as f64,
+                Outcome::Ok,
+            );
+            r.started_at = start + Duration::from_secs(i * 4);
+            production.add(&r);
+        }
+        assert!(production.slice_count() <= MINUTE_SLICES + HOUR_SLICES);
+        let bins = production.sketch_bins();
+        eprintln!(
+            "{} slices, {bins} sketch bins ({} KiB) after 60,000 adversarial records",
+            production.slice_count(),
+            bins * 16 / 1024
+        );
+        // Slices × (9 × 9 cells × 2 sketches + 9 rows × 4 sketches) × 256 bins is the bound;
+        // the real figure is far below it.
+        let bound = (MINUTE_SLICES + HOUR_SLICES + 1) * (9 * 9 * 2 + 9 * 4) * 256;
+        assert!(bins < bound, "{bins} ≥ {bound}");
+        let doc = production
+            .matrix(Window::All, None, start + Duration::from_secs(240_000))
+            .unwrap();
+        doc.validate().unwrap();
+    }
+
+    #[test]
+    fn window_texts() {
+        assert_eq!(
+            Window::parse("5m"),
+            Ok(Window::Last(Duration::from_secs(300)))
+        );
+        assert_eq!(Window::parse("24h"), Ok(Window::Last(MAX_WINDOW)));
+        assert_eq!(Window::parse("ALL"), Ok(Window::All));
+        assert!(Window::parse("30s")
+            .unwrap_err()
+            .to_string()
+            .contains("1m … 24h"));
+        assert!(Window::parse("2d").unwrap_err().to_string().contains("2d"));
+        assert_eq!(Window::Last(Duration::from_secs(300)).label(), "5m");
+        assert_eq!(DEFAULT_WINDOW.label(), "1h");
+    }
+}

@@ -1,0 +1,592 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The production matrix end to end: ordinary clients stream through the real proxy to a
+//! scripted upstream whose timing is known exactly, and the matrix the admin listener serves
+//! must show that truth — per cell, by context and live concurrency, with tokens conserved.
+//! Also the admin page in headless Chromium, and snapshots in the SQLite store across a
+//! restart, read back by `tokentap matrix show --store`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use common::*;
+use tokentap::aggregate::CellAccumulator;
+use tokentap::config::ConfigLoader;
+use tokentap::matrix::doc::{CellStatus, DecodeCell, MatrixDoc};
+use tokentap::matrix::import::parse_json;
+use tokentap::meter::record::RequestRecord;
+use tokentap::serve::ProxyServer;
+use tokio::net::TcpListener;
+
+/// Time to first token the scripted upstream keeps.
+const TTFT: Duration = Duration::from_millis(200);
+/// Gap between token events.
+const GAP: Duration = Duration::from_millis(25);
+/// Tokens per stream.
+const TOKENS: u64 = 40;
+
+/// An sglang-style chat stream whose prompt length is the request's `x_prompt_tokens` and whose
+/// token count is its `max_tokens`: a role chunk at once, the first token at `TTFT`, then one
+/// token every `GAP` on an absolute schedule, usage as the request asked for it.
+fn timed_stream(request: &Received) -> Script {
+    let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap_or_default();
+    let prompt = body["x_prompt_tokens"].as_u64().unwrap_or(10);
+    let cached = body["x_cached_tokens"].as_u64();
+    let tokens = body["max_tokens"].as_u64().unwrap_or(TOKENS);
+    let options = &body["stream_options"];
+    let include_usage = options["include_usage"] == true;
+    let continuous = options["continuous_usage_stats"] == true;
+    let head = r#"{"id":"c1","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":["#;
+    let details = cached.map_or("null".to_string(), |c| {
+        format!(r#"{{"cached_tokens":{c}}}"#)
+    });
+    let usage = |completion: u64| {
+        format!(
+            r#""usage":{{"prompt_tokens":{prompt},"total_tokens":{},"completion_tokens":{completion},"prompt_tokens_details":{details}}}"#,
+            prompt + completion
+        )
+    };
+    let mut steps = vec![data(&format!(
+        r#"{head}{{"index":0,"delta":{{"role":"assistant","content":""}},"finish_reason":null}}]}}"#
+    ))];
+    for i in 0..tokens {
+        steps.push(Step::Until(TTFT + GAP * u32::try_from(i).unwrap()));
+        let tail = if continuous {
+            format!(",{}", usage(i + 1))
+        } else {
+            String::new()
+        };
+        steps.push(data(&format!(
+            r#"{head}{{"index":0,"delta":{{"content":"t{i} "}},"finish_reason":null}}]{tail}}}"#
+        )));
+    }
+    steps.push(data(&format!(
+        r#"{head}{{"index":0,"delta":{{}},"finish_reason":"length"}}]}}"#
+    )));
+    if include_usage {
+        steps.push(data(&format!(
+            r#"{{"id":"c1","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":[],{}}}"#,
+            usage(tokens)
+        )));
+    }
+    steps.push(Step::Send(Bytes::from_static(b"data: [DONE]\n\n")));
+    Script::sse(steps)
+}
+
+fn chat(prompt_tokens: u64, max_tokens: u64) -> String {
+    format!(
+        r#"{{"model":"m","stream":true,"max_tokens":{max_tokens},"x_prompt_tokens":{prompt_tokens},"x_cached_tokens":0,"messages":[{{"role":"user","content":"hi"}}]}}"#
+    )
+}
+
+/// A proxy on 127.0.0.1:0 with this config text (upstream and store given by the caller).
+async fn start_proxy(config_text: &str) -> (ProxyServer, Arc<Records>) {
+    let config = ConfigLoader::new()
+        .text(config_text, "test.toml")
+        .unwrap()
+        .load()
+        .unwrap();
+    let proxy_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = ProxyServer::start_on(config, proxy_listener, admin_listener)
+        .await
+        .unwrap();
+    let records = Arc::new(Records::default());
+    server.proxy.meter.add_sink(records.clone());
+    (server, records)
+}
+
+/// Runs `streams` simultaneous requests of `prompt_tokens` and returns how many content
+/// tokens the clients received.
+async fn burst(server: &ProxyServer, streams: usize, prompt_tokens: u64, tokens: u64) -> u64 {
+    timed_burst(server, streams, prompt_tokens, tokens).await.0
+}
+
+/// As [`burst`], also returning the median time to first token the clients themselves saw.
+async fn timed_burst(
+    server: &ProxyServer,
+    streams: usize,
+    prompt_tokens: u64,
+    tokens: u64,
+) -> (u64, Duration) {
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let tasks: Vec<_> = (0..streams)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { post(&url, &chat(prompt_tokens, tokens)).await })
+        })
+        .collect();
+    let mut received = 0;
+    let mut first_tokens = Vec::new();
+    for task in tasks {
+        let response = task.await.unwrap();
+        assert_eq!(response.status, 200);
+        received += response.text().matches(r#""content":"t"#).count() as u64;
+        first_tokens.push(response.time_to(r#""content":"t0 ""#).unwrap());
+    }
+    first_tokens.sort();
+    (received, first_tokens[first_tokens.len() / 2])
+}
+
+async fn admin_get(server: &ProxyServer, path_and_query: &str) -> Received2 {
+    get(&format!("http://{}{path_and_query}", server.admin_addr)).await
+}
+
+async fn production_doc(server: &ProxyServer) -> MatrixDoc {
+    let response = admin_get(server, "/matrix?source=production&window=15m&format=json").await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let doc = parse_json(&response.text()).unwrap();
+    doc.validate().unwrap();
+    doc
+}
+
+fn within(measured: Option<f64>, truth: f64, tolerance: f64, what: &str) {
+    let measured = measured.unwrap_or_else(|| panic!("{what}: no value"));
+    assert!(
+        (measured - truth).abs() <= tolerance * truth,
+        "{what}: {measured} is not within {}% of {truth}",
+        tolerance * 100.0
+    );
+}
+
+/// The cell a sweep would compute from the same records (every request wholly in its cell).
+fn sweep_style_cell(records: &[Arc<RequestRecord>], context: u64, concurrency: u32) -> DecodeCell {
+    let mut cell = CellAccumulator::default();
+    for record in records {
+        cell.add_whole_request(record);
+    }
+    cell.to_cell(context, concurrency)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pairs() {
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let (server, records) = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    // (prompt tokens, its context bucket, streams at once).
+    let pairs = [
+        (6_000u64, 8192u64, 1usize),
+        (12_000, 16384, 2),
+        (30_000, 32768, 4),
+    ];
+    let mut forwarded = 0;
+    let mut seen = 0;
+    for (prompt, context, streams) in pairs {
+        let (received, client_ttft) = timed_burst(&server, streams, prompt, TOKENS).await;
+        forwarded += received;
+        seen += streams;
+        let all = records.wait_for(seen).await;
+        let doc = production_doc(&server).await;
+        let cell = doc
+            .cell(context, streams as u32)
+            .unwrap_or_else(|| panic!("no cell {context} × {streams} in {doc:#?}"));
+        assert_eq!(cell.status, CellStatus::Valid);
+        eprintln!("production cell {context} × {streams}: {cell:?}");
+        let c = streams as f64;
+        let per_request = 1.0 / GAP.as_secs_f64();
+        let what = |column: &str| format!("{column} of {context} × {streams}");
+        within(
+            cell.per_request_tok_s,
+            per_request,
+            0.05,
+            &what("per-request tok/s"),
+        );
+        within(
+            cell.total_tok_s,
+            c * per_request,
+            0.05,
+            &what("total tok/s"),
+        );
+        within(cell.tbt_ms, GAP.as_secs_f64() * 1e3, 0.05, &what("TBT"));
+        // TTFT against what the clients saw (the scripted TTFT plus connection set-up, which
+        // a loaded machine can stretch), and never below the scripted one.
+        within(
+            cell.ttft_ms,
+            client_ttft.as_secs_f64() * 1e3,
+            0.05,
+            &what("TTFT"),
+        );
+        assert!(cell.ttft_ms.unwrap() >= TTFT.as_secs_f64() * 1e3 * 0.99);
+        within(
+            cell.average_active_requests,
+            c,
+            0.05,
+            &what("average active"),
+        );
+        assert_eq!(cell.completed_requests, Some(streams as u64));
+        assert_eq!(cell.prompt_tokens, Some(prompt));
+
+        // The same records through the sweep's path (whole requests in a known cell) agree.
+        let these: Vec<_> = all.iter().skip(seen - streams).cloned().collect();
+        let sweep = sweep_style_cell(&these, context, streams as u32);
+        for (name, production, synthetic) in [
+            ("total tok/s", cell.total_tok_s, sweep.total_tok_s),
+            (
+                "per-request tok/s",
+                cell.per_request_tok_s,
+                sweep.per_request_tok_s,
+            ),
+            ("TBT", cell.tbt_ms, sweep.tbt_ms),
+            ("TTFT", cell.ttft_ms, sweep.ttft_ms),
+        ] {
+            within(
+                production,
+                synthetic.unwrap(),
+                0.05,
+                &format!("{name} vs sweep-style"),
+            );
+        }
+
+        // Prefill: cold requests (the upstream reported 0 cached tokens).
+        let row = doc.prefill_row(context).unwrap();
+        within(
+            row.prompt_tok_s,
+            prompt as f64 / client_ttft.as_secs_f64(),
+            0.05,
+            "prefill tok/s",
+        );
+    }
+    // Tokens are conserved: every token the clients received is in exactly one cell.
+    let doc = production_doc(&server).await;
+    let in_cells: u64 = doc.decode.iter().filter_map(|c| c.output_tokens).sum();
+    assert_eq!(in_cells, forwarded);
+    assert_eq!(forwarded, TOKENS * 7);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_traffic_lands_in_the_right_cells_and_conserves_tokens() {
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let (server, records) = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    let mut forwarded = 0;
+    // Four at once over two prompt lengths.
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let four: Vec<_> = [12_000u64, 12_000, 50_000, 50_000]
+        .into_iter()
+        .map(|prompt| {
+            let url = url.clone();
+            tokio::spawn(async move { post(&url, &chat(prompt, TOKENS)).await })
+        })
+        .collect();
+    for task in four {
+        forwarded += task
+            .await
+            .unwrap()
+            .text()
+            .matches(r#""content":"t"#)
+            .count() as u64;
+    }
+    records.wait_for(4).await;
+    // A long 64K stream alone, joined half-way by a short 8K one: the long one lives at two
+    // concurrency levels and its tokens split between them.
+    let long = {
+        let url = url.clone();
+        tokio::spawn(async move { post(&url, &chat(50_000, 80)).await })
+    };
+    tokio::time::sleep(TTFT + GAP * 30).await;
+    forwarded += burst(&server, 1, 3_000, 20).await;
+    forwarded += long
+        .await
+        .unwrap()
+        .text()
+        .matches(r#""content":"t"#)
+        .count() as u64;
+    let all = records.wait_for(6).await;
+
+    let doc = production_doc(&server).await;
+    let contexts: Vec<u64> = doc.contexts();
+    assert_eq!(contexts, vec![8192, 16384, 65536], "{doc:#?}");
+    for (context, concurrency) in [(16384, 4), (65536, 4), (65536, 1), (65536, 2), (8192, 2)] {
+        let cell = doc
+            .cell(context, concurrency)
+            .unwrap_or_else(|| panic!("no cell {context} × {concurrency}: {doc:#?}"));
+        assert!(cell.output_tokens.unwrap() > 0, "{cell:?}");
+    }
+    // Nothing landed where no traffic ran: the 8K stream never ran beside three others.
+    assert!(doc.cell(8192, 4).is_none(), "{doc:#?}");
+    // As the four streams end one by one their last tokens may see fewer in flight (truly),
+    // but nearly all of the 16K tokens were emitted at level 4.
+    let at_16k: u64 = doc
+        .decode
+        .iter()
+        .filter(|c| c.context_tokens == 16384)
+        .filter_map(|c| c.output_tokens)
+        .sum();
+    assert_eq!(at_16k, 2 * TOKENS);
+    assert!(doc.cell(16384, 4).unwrap().output_tokens.unwrap() as f64 >= 0.9 * at_16k as f64);
+    // Conservation: cells = records = what the clients received.
+    let in_cells: u64 = doc.decode.iter().filter_map(|c| c.output_tokens).sum();
+    let in_records: u64 = all.iter().map(|r| r.completion_tokens).sum();
+    assert_eq!(in_cells, forwarded);
+    assert_eq!(in_records, forwarded);
+    assert_eq!(forwarded, 4 * TOKENS + 80 + 20);
+    // The long stream's own TBT holds in both of its cells.
+    for concurrency in [1, 2] {
+        within(
+            doc.cell(65536, concurrency).unwrap().tbt_ms,
+            25.0,
+            0.05,
+            &format!("TBT of 64K × {concurrency}"),
+        );
+    }
+    server.shutdown().await;
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tokentap-prod-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_matrix_endpoint_serves_every_format_and_names_its_errors() {
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let (server, records) = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    // Before any traffic: an empty production matrix that says so, and no synthetic one.
+    let empty = production_doc(&server).await;
+    assert!(empty.decode.is_empty());
+    assert!(empty.metadata.notes[0].contains("No production requests"));
+    let none = admin_get(&server, "/matrix?source=synthetic").await;
+    assert_eq!(none.status, 404);
+    assert!(
+        none.text().contains("no synthetic sweep has run yet"),
+        "{}",
+        none.text()
+    );
+
+    burst(&server, 2, 5_000, 12).await;
+    records.wait_for(2).await;
+    for (format, content_type, needle) in [
+        ("md", "text/markdown", "# Speed test matrix"),
+        ("csv", "text/csv", "8192"),
+        ("html", "text/html", "data-concurrency=\"2\""),
+        ("svg", "image/svg+xml", "<svg"),
+        ("json", "application/json", "tokentap.matrix/v1"),
+    ] {
+        let response = admin_get(&server, &format!("/matrix?format={format}&window=5m")).await;
+        assert_eq!(response.status, 200, "{format}");
+        let header = response.headers["content-type"].to_str().unwrap();
+        assert!(header.starts_with(content_type), "{format}: {header}");
+        assert!(
+            response.text().contains(needle),
+            "{format}: {}",
+            response.text()
+        );
+    }
+    // The Accept header picks the format when the query does not.
+    let markdown = send(
+        http::Request::get(format!("http://{}/matrix", server.admin_addr))
+            .header("accept", "text/markdown")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert!(markdown.text().starts_with("# Speed test matrix"));
+    for (query, needle) in [
+        ("window=3d", "3d"),
+        ("source=mixed", "source"),
+        ("format=pdf", "format"),
+        ("colour=blue", "colour"),
+    ] {
+        let response = admin_get(&server, &format!("/matrix?{query}")).await;
+        assert_eq!(response.status, 400, "{query}");
+        assert!(
+            response.text().contains(needle),
+            "{query}: {}",
+            response.text()
+        );
+    }
+    let unknown_model = admin_get(&server, "/matrix?model=nope").await;
+    assert_eq!(unknown_model.status, 404);
+
+    // The sweep engine publishes its matrix into the slot: /matrix serves it.
+    let mut synthetic = production_doc(&server).await;
+    synthetic.metadata.run.sweep_id = Some("sweep-1".into());
+    server.admin.synthetic.set(synthetic.clone());
+    let served = admin_get(&server, "/matrix?source=synthetic&format=json").await;
+    assert_eq!(served.status, 200);
+    assert_eq!(parse_json(&served.text()).unwrap(), synthetic);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_page_renders_both_matrices_and_their_ratio_in_headless_chromium() {
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let (server, records) = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    // Without a sweep the page says so.
+    let page = admin_get(&server, "/").await;
+    assert_eq!(page.status, 200);
+    assert!(page.text().contains("no synthetic sweep has run yet"));
+
+    burst(&server, 1, 5_000, 12).await;
+    records.wait_for(1).await;
+    // A synthetic matrix 10% faster than production in the same cell.
+    let mut synthetic = production_doc(&server).await;
+    let production_total = synthetic.decode[0].total_tok_s.unwrap();
+    synthetic.decode[0].total_tok_s = Some(production_total * 1.1);
+    synthetic.metadata.run.source = Some(tokentap::matrix::doc::Source::Synthetic);
+    synthetic.metadata.run.sweep_id = Some("sweep-7".into());
+    server.admin.synthetic.set(synthetic);
+
+    let dir = temp_dir("chromium");
+    let url = format!("http://{}/?window=15m", server.admin_addr);
+    let dom =
+        tokio::task::spawn_blocking(move || common::chromium::dump_dom(&url, &dir.join("profile")))
+            .await
+            .unwrap();
+    assert!(dom.contains("http-equiv=\"refresh\""), "{dom}");
+    let production = &dom[dom.find("id=\"production\"").expect("production panel")..];
+    let synthetic = &dom[dom.find("id=\"synthetic\"").expect("synthetic panel")..];
+    assert!(production.contains("data-context=\"8K\" data-concurrency=\"1\" data-status=\"valid\""));
+    assert!(synthetic.contains("sweep-7"));
+    let ratio = &dom[dom.find("class=\"ratio-grid\"").expect("ratio grid")..];
+    let data_ratio = ratio.find("data-ratio=\"").expect("a ratio");
+    let value: f64 = ratio[data_ratio + 12..]
+        .split('"')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((value - 1.0 / 1.1).abs() < 1e-6, "{value}");
+    assert!(!dom.contains("<script"), "the page needs no script");
+    assert!(!dom.contains("src=\"http"), "the page loads nothing");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_are_written_periodically_and_at_shutdown_and_survive_a_restart() {
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let dir = temp_dir("store");
+    let config = format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"{}\"\nsnapshot_interval = \"1s\"\n",
+        upstream.url(),
+        dir.display()
+    );
+    let (server, records) = start_proxy(&config).await;
+    burst(&server, 2, 5_000, 12).await;
+    records.wait_for(2).await;
+    let live = production_doc(&server).await;
+    let store = server.store.clone().unwrap();
+    let mut periodic = 0;
+    for _ in 0..100 {
+        periodic = store.snapshots(None, None).unwrap().len();
+        if periodic > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(periodic > 0, "no periodic snapshot within 10 s");
+    server.shutdown().await;
+    let after_shutdown = store.snapshots(None, None).unwrap();
+    assert!(after_shutdown.len() > periodic, "no snapshot at shutdown");
+    drop(store);
+
+    // A restart on the same directory keeps them.
+    let (server, _) = start_proxy(&config).await;
+    let reopened = server.store.clone().unwrap();
+    let snapshot = reopened
+        .snapshot_at(SystemTime::now(), Some("m"))
+        .unwrap()
+        .unwrap();
+    let first = reopened.snapshots(None, None).unwrap()[0].clone();
+    let cells_of = |doc: &MatrixDoc| {
+        doc.decode
+            .iter()
+            .map(|c| (c.context_tokens, c.concurrency, c.output_tokens))
+            .collect::<Vec<_>>()
+    };
+    let first_doc = reopened
+        .snapshot_at(first.taken_at, Some("m"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(cells_of(&first_doc.matrix), cells_of(&live));
+    assert_eq!(snapshot.info.model, "m");
+    server.shutdown().await;
+
+    // The CLI lists them and renders one.
+    let tokentap = env!("CARGO_BIN_EXE_tokentap");
+    let listing = std::process::Command::new(tokentap)
+        .args(["matrix", "show", "--store"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(listing.status.success(), "{listing:?}");
+    let listing = String::from_utf8(listing.stdout).unwrap();
+    assert!(listing.contains("snapshot(s) in"), "{listing}");
+    assert!(
+        listing.lines().filter(|l| l.contains("\tm\t")).count() >= 2,
+        "{listing}"
+    );
+    let at =
+        tokentap::aggregate::wallclock::format_rfc3339(first.taken_at + Duration::from_millis(999));
+    let rendered = std::process::Command::new(tokentap)
+        .args(["matrix", "show", "--format", "json", "--at", &at, "--store"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(rendered.status.success(), "{rendered:?}");
+    let doc = parse_json(&String::from_utf8(rendered.stdout).unwrap()).unwrap();
+    assert_eq!(cells_of(&doc), cells_of(&live));
+    let too_early = std::process::Command::new(tokentap)
+        .args(["matrix", "show", "--at", "2001-01-01T00:00:00Z", "--store"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!too_early.status.success());
+    let message = String::from_utf8(too_early.stderr).unwrap();
+    assert!(
+        message.contains("no snapshot") && message.contains("2001-01-01T00:00:00Z"),
+        "{message}"
+    );
+    let bad_time = std::process::Command::new(tokentap)
+        .args(["matrix", "show", "--at", "yesterday", "--store"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8(bad_time.stderr)
+        .unwrap()
+        .contains("RFC 3339"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_matrix_and_the_page_need_the_admin_token_when_one_is_set() {
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let (server, _) = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[admin]\ntoken = \"s3cret\"\n",
+        upstream.url()
+    ))
+    .await;
+    for path in ["/matrix", "/"] {
+        let url = format!("http://{}{path}", server.admin_addr);
+        assert_eq!(get(&url).await.status, 401, "{path}");
+        let authorized = send(
+            http::Request::get(&url)
+                .header("authorization", "Bearer s3cret")
+                .body(http_body_util::Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(authorized.status, 200, "{path}");
+    }
+    server.shutdown().await;
+}
