@@ -1526,20 +1526,34 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
     let dir = TempDir::new("prometheus");
     let token_file = dir.0.join("tokentap-admin-token");
     std::fs::write(&token_file, ADMIN_TOKEN).unwrap();
+    // The shipped prometheus.yml and rules, with the scrape and evaluation intervals at 1 s and
+    // the compose service addresses and secret path replaced by the loopback ones.
     let config_file = dir.0.join("prometheus.yml");
-    // The shipped config's jobs, on loopback addresses and at 1 s so the test is quick.
-    std::fs::write(
-        &config_file,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             rule_files:\n  - {rules}\n\
-             scrape_configs:\n  - job_name: tokentap\n    authorization:\n      type: Bearer\n      credentials_file: {token}\n    static_configs:\n      - targets: [\"{admin}\"]\n\
-             \x20 - job_name: sglang\n    static_configs:\n      - targets: [\"{sim}\"]\n",
-            rules = deploy("prometheus/rules/tokentap.rules.yml").display(),
-            token = token_file.display(),
-            admin = server.admin_addr,
-            sim = sim.addr,
+    let mut config = read(&deploy("prometheus/prometheus.yml"));
+    for (from, to) in [
+        ("scrape_interval: 15s", "scrape_interval: 1s".to_string()),
+        (
+            "evaluation_interval: 15s",
+            "evaluation_interval: 1s".to_string(),
         ),
+        (
+            "/run/secrets/tokentap_admin_token",
+            token_file.display().to_string(),
+        ),
+        ("\"tokentap:9464\"", format!("\"{}\"", server.admin_addr)),
+        ("\"sglang:30000\"", format!("\"{}\"", sim.addr)),
+    ] {
+        assert!(
+            config.contains(from),
+            "deploy/prometheus/prometheus.yml no longer contains `{from}`: update this test"
+        );
+        config = config.replace(from, &to);
+    }
+    std::fs::write(&config_file, config).unwrap();
+    std::fs::create_dir_all(dir.0.join("rules")).unwrap();
+    std::fs::copy(
+        deploy("prometheus/rules/tokentap.rules.yml"),
+        dir.0.join("rules/tokentap.rules.yml"),
     )
     .unwrap();
     let check = run(Command::new(require_prometheus_tool("promtool"))
@@ -1549,8 +1563,14 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
     let (_prometheus, api) = start_prometheus(&prometheus, &dir.0, &config_file).await;
 
     // Both targets scraped (tokentap's with the token) before any traffic, so the first
-    // requests' counters are seen rising.
-    wait_for(&api, "up == 1", Duration::from_secs(20), |r| r.len() == 2).await;
+    // requests' counters are seen rising. (The config's self-scrape job points elsewhere.)
+    wait_for(
+        &api,
+        "up{job=~\"tokentap|sglang\"} == 1",
+        Duration::from_secs(20),
+        |r| r.len() == 2,
+    )
+    .await;
 
     // Traffic: one stream at 1,000 prompt tokens (8K, concurrency 1); then four at once, two at
     // 1,000 and two at 12,000 prompt tokens (8K and 16K, concurrency 4); then one synthetic
