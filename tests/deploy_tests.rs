@@ -381,18 +381,7 @@ fn the_compose_stack_holds_together() {
 
     // The environment tokentap gets is a valid configuration, and needs the token.
     let env_of = |values: &BTreeMap<&str, &str>| -> Result<Vec<(String, String)>, String> {
-        let mut env = vec![
-            // The image's ENV (deploy/Dockerfile).
-            (
-                "TOKENTAP_PROXY__LISTEN".to_string(),
-                "0.0.0.0:8000".to_string(),
-            ),
-            (
-                "TOKENTAP_ADMIN__LISTEN".to_string(),
-                "0.0.0.0:9464".to_string(),
-            ),
-            ("TOKENTAP_STORE__DATA_DIR".to_string(), String::new()),
-        ];
+        let mut env = dockerfile_env();
         for (k, v) in tokentap.at("environment").unwrap().entries() {
             env.push((k.clone(), interpolate(v.as_str().unwrap(), values)?));
         }
@@ -574,16 +563,56 @@ fn docker_compose_validates_both_files_when_available() {
     );
 }
 
-#[test]
-fn the_dockerfile_builds_from_what_the_repository_has() {
-    let text = read(&deploy("Dockerfile"));
-    let instructions: Vec<String> = text
+/// The Dockerfile's instructions, continuation lines joined, comments dropped.
+fn dockerfile_instructions() -> Vec<String> {
+    read(&deploy("Dockerfile"))
         .replace("\\\n", " ")
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
         .map(str::to_string)
-        .collect();
+        .collect()
+}
+
+/// The TOKENTAP_* variables the image's ENV sets.
+fn dockerfile_env() -> Vec<(String, String)> {
+    let instructions = dockerfile_instructions();
+    let env_line = instructions.iter().find(|l| l.starts_with("ENV ")).unwrap();
+    env_line[4..]
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| k.starts_with("TOKENTAP_"))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// (source file, file it compiles in) for every `include_str!` / `include_bytes!` under `dir`.
+fn compiled_in_files(dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(compiled_in_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = read(&path);
+            for macro_call in ["include_str!(\"", "include_bytes!(\""] {
+                for piece in text.split(macro_call).skip(1) {
+                    let relative = &piece[..piece.find('"').unwrap()];
+                    let target = path.parent().unwrap().join(relative);
+                    let target = target
+                        .canonicalize()
+                        .unwrap_or_else(|e| panic!("{}: {relative}: {e}", path.display()));
+                    out.push((path.clone(), target));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_dockerfile_builds_from_what_the_repository_has() {
+    let instructions = dockerfile_instructions();
     let froms: Vec<&String> = instructions
         .iter()
         .filter(|l| l.starts_with("FROM "))
@@ -621,8 +650,33 @@ fn the_dockerfile_builds_from_what_the_repository_has() {
             );
         }
     }
-    // The release build reads only those: the sources, the configs compiled in, the bench the
-    // manifest declares.
+    // What the sources compile in (include_str!) is inside what the builder stage copies;
+    // files under tests/ are compiled only into unit tests, never into the release binary.
+    let copied: Vec<&str> = instructions
+        .iter()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from="))
+        .flat_map(|l| {
+            let parts: Vec<&str> = l.split_whitespace().collect();
+            parts[1..parts.len() - 1].to_vec()
+        })
+        .collect();
+    for (file, included) in compiled_in_files(&repo().join("src")) {
+        let rel = included
+            .strip_prefix(repo())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if rel.starts_with("tests/") {
+            continue;
+        }
+        assert!(
+            copied
+                .iter()
+                .any(|c| rel == *c || rel.starts_with(&format!("{c}/"))),
+            "{} compiles in {rel}, which deploy/Dockerfile does not copy",
+            file.display()
+        );
+    }
     let user = instructions
         .iter()
         .find(|l| l.starts_with("USER "))
@@ -641,13 +695,7 @@ fn the_dockerfile_builds_from_what_the_repository_has() {
         "{health}"
     );
     // The ENV configuration is a valid configuration once a token is given.
-    let env_line = instructions.iter().find(|l| l.starts_with("ENV ")).unwrap();
-    let mut env: Vec<(String, String)> = env_line[4..]
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .filter(|(k, _)| k.starts_with("TOKENTAP_"))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let mut env = dockerfile_env();
     let without = load_config("", &env).unwrap_err();
     assert!(without.contains("admin.token"), "{without}");
     env.push(("TOKENTAP_ADMIN__TOKEN".into(), "t".into()));
