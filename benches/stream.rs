@@ -6,7 +6,6 @@
 #![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,14 +13,13 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use http_body::{Body, Frame};
+use http_body::Body;
 use tokentap::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
-use tokentap::meter::record::Source;
-use tokentap::meter::{Meter, RequestLabels};
-use tokentap::stream::body::{MeteredBody, Metering, MeteringOptions};
+use tokentap::meter::Meter;
+use tokentap::stream::body::MeteredBody;
 use tokentap::stream::classify::{EventClassifier, Route};
 use tokentap::stream::rewrite::Injected;
-use tokentap::stream::sample::sglang_chat;
+use tokentap::stream::sample::{metered_chat_body, sglang_chat, Frames};
 use tokentap::stream::sse::SseScanner;
 
 /// Counts allocations so the bench can report allocations per event.
@@ -46,19 +44,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-struct Frames(VecDeque<Bytes>);
-
-impl Body for Frames {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
-    }
-}
-
 fn drain<B: Body<Data = Bytes> + Unpin>(body: &mut B) -> usize {
     let mut cx = Context::from_waker(Waker::noop());
     let mut bytes = 0;
@@ -71,27 +56,7 @@ fn drain<B: Body<Data = Bytes> + Unpin>(body: &mut B) -> usize {
 }
 
 fn metered(frames: &[Bytes], meter: &Arc<Meter>, injected: Injected) -> MeteredBody<Frames> {
-    let request = meter.begin(
-        RequestLabels {
-            route: Route::ChatCompletions,
-            source: Source::Production,
-            model: Arc::from("m"),
-            upstream: Arc::from("u"),
-            tag: None,
-        },
-        tokio::time::Instant::now(),
-    );
-    let metering = Metering::new(
-        request,
-        MeteringOptions {
-            route: Route::ChatCompletions,
-            event_stream: true,
-            injected,
-            max_event_bytes: 1 << 20,
-            max_body_bytes: 1 << 20,
-        },
-    );
-    MeteredBody::new(Frames(frames.iter().cloned().collect()), Some(metering))
+    metered_chat_body(frames.iter().cloned(), meter, injected)
 }
 
 fn meter() -> Arc<Meter> {

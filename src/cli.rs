@@ -23,6 +23,17 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the metering proxy in front of an upstream inference server.
+    ///
+    /// Clients talk to the data listener exactly as they talked to the upstream; every request is
+    /// forwarded untouched. Generation requests (/v1/chat/completions, /v1/completions, sglang
+    /// /generate, /v1/messages, /v1/responses) are measured as their responses stream past.
+    /// Prometheus scrapes http://<admin>/metrics; the admin page at http://<admin>/ shows the
+    /// production matrix beside the latest synthetic sweep.
+    ///
+    /// Example: `tokentap serve --upstream http://127.0.0.1:30000` (sglang on :30000, tokentap on
+    /// :8000, admin on 127.0.0.1:9464). Every setting is documented in config/tokentap.toml and can
+    /// be given as TOKENTAP_<SECTION>__<KEY> in the environment (e.g. TOKENTAP_ADMIN__TOKEN).
+    /// SIGTERM or Ctrl-C stops accepting and lets streams finish within proxy.shutdown_grace.
     Serve(crate::serve::ServeArgs),
     /// Run a simulated sglang-compatible server (the embedded default upstream).
     Simulate(crate::sim::SimulateArgs),

@@ -5,20 +5,15 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use bytes::Bytes;
-use http_body::{Body, Frame};
+use http_body::Body;
 use tokentap::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
-use tokentap::meter::record::Source;
-use tokentap::meter::{Meter, RequestLabels};
-use tokentap::stream::body::{MeteredBody, Metering, MeteringOptions};
-use tokentap::stream::classify::Route;
+use tokentap::meter::Meter;
 use tokentap::stream::rewrite::Injected;
-use tokentap::stream::sample::sglang_chat;
+use tokentap::stream::sample::{metered_chat_body, sglang_chat};
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
@@ -47,43 +42,10 @@ fn allocations() -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-struct Frames(VecDeque<Bytes>);
-
-impl Body for Frames {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
-    }
-}
-
 /// Allocations made while forwarding a stream of `events` events (setup excluded).
 fn forward(meter: &Arc<Meter>, events: usize, injected: Injected, continuous: bool) -> u64 {
-    let frames: VecDeque<Bytes> = sglang_chat(events, 3, continuous, injected.include_usage).into();
-    let request = meter.begin(
-        RequestLabels {
-            route: Route::ChatCompletions,
-            source: Source::Production,
-            model: Arc::from("m"),
-            upstream: Arc::from("u"),
-            tag: None,
-        },
-        tokio::time::Instant::now(),
-    );
-    let metering = Metering::new(
-        request,
-        MeteringOptions {
-            route: Route::ChatCompletions,
-            event_stream: true,
-            injected,
-            max_event_bytes: 1 << 20,
-            max_body_bytes: 1 << 20,
-        },
-    );
-    let mut body = MeteredBody::new(Frames(frames), Some(metering));
+    let frames = sglang_chat(events, 3, continuous, injected.include_usage);
+    let mut body = metered_chat_body(frames, meter, injected);
     let mut cx = Context::from_waker(Waker::noop());
     let before = allocations();
     let mut forwarded = 0;

@@ -645,3 +645,41 @@ async fn shutdown_lets_in_flight_streams_finish() {
         "still accepting after shutdown"
     );
 }
+
+#[tokio::test]
+async fn a_slow_client_holds_the_upstream_back_instead_of_filling_memory() {
+    // The upstream offers 64 MiB as fast as it can; the client reads nothing for a while. With
+    // backpressure the upstream gets only as far as socket and hyper buffers allow.
+    let frame = Bytes::from(format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+        "z".repeat(65_000)
+    ));
+    let frames = 1024;
+    let frame_len = frame.len();
+    let upstream = ScriptedUpstream::start(move |_| {
+        let mut steps = Vec::new();
+        for _ in 0..frames {
+            steps.push(Step::Send(frame.clone()));
+        }
+        Script::sse(steps)
+    })
+    .await;
+    let (server, records) = proxy(&upstream.url(), "[metering]\ninject_usage = false").await;
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", server.proxy_addr))
+        .body(Full::new(Bytes::from(CHAT)))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let stalled_at = upstream.sent_bytes();
+    assert!(
+        stalled_at < 32 << 20,
+        "the upstream pushed {stalled_at} bytes into a client that read nothing: buffering"
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), frames * frame_len);
+    assert_eq!(
+        records.wait_for(1).await[0].outcome,
+        Outcome::UpstreamAborted
+    );
+    server.shutdown().await;
+}

@@ -425,22 +425,8 @@ mod tests {
 
     use super::*;
     use crate::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
-    use crate::meter::record::{RequestRecord, Source};
-    use crate::meter::{Meter, RecordSink, RequestLabels};
-
-    /// A body that yields prepared frames, always ready.
-    struct Frames(VecDeque<Bytes>);
-
-    impl Body for Frames {
-        type Data = Bytes;
-        type Error = std::convert::Infallible;
-        fn poll_frame(
-            mut self: Pin<&mut Self>,
-            _cx: &mut Context<'_>,
-        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
-        }
-    }
+    use crate::meter::record::RequestRecord;
+    use crate::meter::{Meter, RecordSink};
 
     #[derive(Default)]
     struct Collect(Mutex<Vec<Arc<RequestRecord>>>);
@@ -459,27 +445,7 @@ mod tests {
         );
         let sink = Arc::new(Collect::default());
         meter.add_sink(sink.clone());
-        let request = meter.begin(
-            RequestLabels {
-                route: Route::ChatCompletions,
-                source: Source::Production,
-                model: Arc::from("m"),
-                upstream: Arc::from("u"),
-                tag: None,
-            },
-            Instant::now(),
-        );
-        let metering = Metering::new(
-            request,
-            MeteringOptions {
-                route: Route::ChatCompletions,
-                event_stream: true,
-                injected,
-                max_event_bytes: 1 << 16,
-                max_body_bytes: 1 << 16,
-            },
-        );
-        let mut body = MeteredBody::new(Frames(frames.into()), Some(metering));
+        let mut body = crate::stream::sample::metered_chat_body(frames, &meter, injected);
         let mut cx = Context::from_waker(Waker::noop());
         let mut out = Vec::new();
         while let Poll::Ready(Some(frame)) = Pin::new(&mut body).poll_frame(&mut cx) {

@@ -248,12 +248,20 @@ impl EventClassifier {
             facts.terminal = true;
             return facts;
         }
-        if json::top(data, b"error").is_some_and(|s| !json::is_null(data, s)) {
-            facts.error = true;
+        // One pass over the top-level members: this runs for every event.
+        let mut choices = None;
+        let mut usage = None;
+        for member in json::members(data, 0) {
+            match member.key.bytes(data) {
+                b"\"choices\"" => choices = Some(member.value),
+                b"\"usage\"" if !json::is_null(data, member.value) => usage = Some(member.value),
+                b"\"error\"" if !json::is_null(data, member.value) => facts.error = true,
+                _ => {}
+            }
         }
         let mut index = 0usize;
         let mut has_choices = false;
-        if let Some(choices) = json::top(data, b"choices") {
+        if let Some(choices) = choices {
             for choice in json::elements(data, choices.start) {
                 has_choices = true;
                 if let Some(i) = json::get(data, choice.start, b"index") {
@@ -262,7 +270,7 @@ impl EventClassifier {
                 facts.output |= self.choice_has_output(data, choice);
             }
         }
-        if let Some(usage) = json::top(data, b"usage").filter(|s| !json::is_null(data, *s)) {
+        if let Some(usage) = usage {
             let completion = json::get(data, usage.start, b"completion_tokens")
                 .and_then(|s| json::as_u64(data, s));
             if has_choices {

@@ -48,10 +48,11 @@ fn string_end(json: &[u8], pos: usize) -> Option<usize> {
     }
     let mut i = pos + 1;
     loop {
+        let rest = json.get(i..)?;
+        i += rest.iter().position(|&b| b == b'"' || b == b'\\')?;
         match json.get(i)? {
             b'"' => return Some(i + 1),
-            b'\\' => i += 2,
-            _ => i += 1,
+            _ => i += 2, // a backslash escapes the next byte
         }
     }
 }

@@ -60,13 +60,22 @@ pub fn edit_for_block(block: &[u8], injected: Injected) -> Edit {
     if block.get(start) != Some(&b'{') {
         return Edit::Keep; // `[DONE]`, or not JSON: never touched
     }
-    let Some(usage) = json::member(block, start, b"usage") else {
+    // One pass over the top-level members: this runs for every event of a rewritten stream.
+    let mut usage = None;
+    let mut choices = None;
+    for member in json::members(block, start) {
+        match member.key.bytes(block) {
+            b"\"usage\"" => usage = Some(member),
+            b"\"choices\"" => choices = Some(member.value),
+            _ => {}
+        }
+    }
+    let Some(usage) = usage else {
         return Edit::Keep;
     };
     if json::is_null(block, usage.value) {
         return Edit::Keep;
     }
-    let choices = json::get(block, start, b"choices");
     let no_choices = choices.is_none_or(|c| json::is_empty_array(block, c));
     if no_choices {
         // The final usage chunk. Other `choices: []` chunks (sglang's sglext) carry no usage

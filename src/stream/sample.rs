@@ -56,3 +56,52 @@ pub fn sglang_chat(
     frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
     frames
 }
+
+/// A body that yields prepared frames and is always ready: the upstream of benchmarks and
+/// allocation tests, where sockets would only add noise.
+#[derive(Debug, Default)]
+pub struct Frames(pub std::collections::VecDeque<Bytes>);
+
+impl http_body::Body for Frames {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+/// A production chat-completions request on `meter`, its response body `frames` wrapped in the
+/// metering body exactly as the proxy wraps an upstream's body.
+pub fn metered_chat_body(
+    frames: impl IntoIterator<Item = Bytes>,
+    meter: &std::sync::Arc<crate::meter::Meter>,
+    injected: super::rewrite::Injected,
+) -> super::body::MeteredBody<Frames> {
+    use super::body::{MeteredBody, Metering, MeteringOptions};
+    use super::classify::Route;
+    let request = meter.begin(
+        crate::meter::RequestLabels {
+            route: Route::ChatCompletions,
+            source: crate::meter::record::Source::Production,
+            model: std::sync::Arc::from("m"),
+            upstream: std::sync::Arc::from("u"),
+            tag: None,
+        },
+        tokio::time::Instant::now(),
+    );
+    let metering = Metering::new(
+        request,
+        MeteringOptions {
+            route: Route::ChatCompletions,
+            event_stream: true,
+            injected,
+            max_event_bytes: 1 << 16,
+            max_body_bytes: 1 << 16,
+        },
+    );
+    MeteredBody::new(Frames(frames.into_iter().collect()), Some(metering))
+}

@@ -107,6 +107,12 @@ impl SseScanner {
             }
             if byte != b'\n' && byte != b'\r' {
                 self.at_line_start = false;
+                // Skip the rest of the line in one search instead of byte by byte.
+                let rest = chunk.get(i..).unwrap_or_default();
+                i += rest
+                    .iter()
+                    .position(|&b| b == b'\n' || b == b'\r')
+                    .unwrap_or(rest.len());
                 continue;
             }
             if byte == b'\r' {

@@ -107,6 +107,8 @@ type Handler = Arc<dyn Fn(&Received) -> Script + Send + Sync>;
 pub struct ScriptedUpstream {
     pub addr: SocketAddr,
     pub received: Arc<Mutex<Vec<Received>>>,
+    /// Body bytes handed to hyper so far (across all responses).
+    pub sent: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -136,6 +138,8 @@ impl ScriptedUpstream {
         let received: Arc<Mutex<Vec<Received>>> = Arc::default();
         let handler: Handler = Arc::new(handler);
         let log = Arc::clone(&received);
+        let sent: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let sent_total = Arc::clone(&sent);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -143,11 +147,13 @@ impl ScriptedUpstream {
                 };
                 let handler = Arc::clone(&handler);
                 let log = Arc::clone(&log);
+                let sent = Arc::clone(&sent_total);
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                         let handler = Arc::clone(&handler);
                         let log = Arc::clone(&log);
-                        async move { Ok::<_, Infallible>(respond(request, handler, log).await) }
+                        let sent = Arc::clone(&sent);
+                        async move { Ok::<_, Infallible>(respond(request, handler, log, sent).await) }
                     });
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), service)
@@ -158,8 +164,14 @@ impl ScriptedUpstream {
         Self {
             addr,
             received,
+            sent,
             task,
         }
+    }
+
+    /// Body bytes the upstream has handed to hyper so far.
+    pub fn sent_bytes(&self) -> usize {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn url(&self) -> String {
@@ -175,6 +187,7 @@ async fn respond(
     request: Request<Incoming>,
     handler: Handler,
     log: Arc<Mutex<Vec<Received>>>,
+    sent: Arc<std::sync::atomic::AtomicUsize>,
 ) -> Response<ChannelBody> {
     let (parts, body) = request.into_parts();
     let body = body
@@ -205,10 +218,12 @@ async fn respond(
                 Step::Wait(d) => tokio::time::sleep(d).await,
                 Step::Until(d) => tokio::time::sleep_until(body_start + d).await,
                 Step::Send(bytes) => {
+                    let len = bytes.len();
                     if tx.send(Ok(Frame::data(bytes))).await.is_err() {
                         *disconnected.lock().unwrap() = Some(Instant::now());
                         return;
                     }
+                    sent.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
                 }
             }
         }

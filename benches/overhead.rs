@@ -1,0 +1,522 @@
+//! End-to-end overhead of the proxy, against baselines measured in the same run:
+//!
+//! 1. **Added latency.** N concurrent SSE streams from an in-process upstream whose events carry
+//!    their own send time (same process, same clock as the client): each event's lateness
+//!    (receive − send) direct to the upstream vs through `tokentap serve` (a child process,
+//!    release build). The difference of the distributions is what tokentap adds, per frame and
+//!    to the first token.
+//! 2. **CPU per forwarded event** of tokentap vs nginx (`proxy_buffering off`) forwarding the
+//!    same streams, from /proc/<pid>/stat (nginx: master + workers). Skipped without nginx.
+//! 3. **Memory per idle in-flight stream** (RSS delta of the proxy process / streams), and
+//!    **10,000 concurrent streams held**.
+//!
+//! Run: `cargo bench --bench overhead` (scripts/bench.sh overhead). Environment knobs:
+//! `OVERHEAD_STREAMS` (1000), `OVERHEAD_EVENTS` (100), `OVERHEAD_INTERVAL_MS` (20),
+//! `OVERHEAD_IDLE` (2000), `OVERHEAD_HELD` (10000).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The in-process upstream: `/v1/chat/completions?events=E&interval_ms=I&ttft_ms=T&idle=1`.
+/// Each content event carries `"sent_ns":<ns since EPOCH>`; with `idle=1` it sends one role
+/// chunk and then nothing until the client goes away.
+async fn upstream(epoch: Instant) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |r: Request<Incoming>| respond(r, epoch));
+                let mut builder =
+                    hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder.http2().max_concurrent_streams(100_000);
+                let _ = builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+async fn respond(
+    request: Request<Incoming>,
+    epoch: Instant,
+) -> Result<Response<ChannelBody>, Infallible> {
+    let query = request.uri().query().unwrap_or("").to_string();
+    let param = |key: &str, default: u64| {
+        query
+            .split('&')
+            .find_map(|kv| {
+                kv.strip_prefix(&format!("{key}="))
+                    .and_then(|v| v.parse().ok())
+            })
+            .unwrap_or(default)
+    };
+    let (events, interval, ttft, idle) = (
+        param("events", 100),
+        param("interval_ms", 20),
+        param("ttft_ms", 50),
+        param("idle", 0) == 1,
+    );
+    let body = request
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let continuous = body
+        .windows(28)
+        .any(|w| w == b"\"continuous_usage_stats\":true");
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let role = Bytes::from_static(b"data: {\"id\":\"b\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n");
+        if tx.send(Ok(Frame::data(role))).await.is_err() {
+            return;
+        }
+        if idle {
+            tx.closed().await;
+            return;
+        }
+        let start = Instant::now() + Duration::from_millis(ttft);
+        for i in 0..events {
+            let due = start + Duration::from_millis(interval * i);
+            tokio::time::sleep_until(due).await;
+            let sent = Instant::now().duration_since(epoch).as_nanos();
+            let usage = if continuous {
+                format!(",\"usage\":{{\"prompt_tokens\":100,\"total_tokens\":{},\"completion_tokens\":{}}}", 101 + i, i + 1)
+            } else {
+                String::new()
+            };
+            let event = format!(
+                "data: {{\"id\":\"b\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" tok\"}},\"finish_reason\":null}}]{usage},\"sent_ns\":{sent}}}\n\n"
+            );
+            if tx.send(Ok(Frame::data(Bytes::from(event)))).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx
+            .send(Ok(Frame::data(Bytes::from_static(b"data: [DONE]\n\n"))))
+            .await;
+    });
+    let mut response = Response::new(ChannelBody(rx));
+    response
+        .headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    Ok(response)
+}
+
+struct ChannelBody(mpsc::Receiver<Result<Frame<Bytes>, Infallible>>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// A `tokentap serve` child process; killed on drop.
+struct Proxy {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn wait_for_port(addr: SocketAddr) {
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("nothing listens on {addr}");
+}
+
+async fn start_proxy(upstream: SocketAddr, upstream_http2: bool) -> Proxy {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        .args([
+            "serve",
+            "--upstream",
+            &format!("http://{upstream}"),
+            "--listen",
+            &addr.to_string(),
+        ])
+        .args(["--admin", &format!("127.0.0.1:{}", free_port())])
+        .env("TOKENTAP_STORE__DATA_DIR", "")
+        .env(
+            "TOKENTAP_UPSTREAM__HTTP2",
+            if upstream_http2 { "true" } else { "false" },
+        )
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_port(addr).await;
+    Proxy { child, addr }
+}
+
+/// nginx with `proxy_buffering off` in front of `upstream`; `None` when nginx is not installed.
+struct Nginx {
+    child: Child,
+    addr: SocketAddr,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn start_nginx(upstream: SocketAddr) -> Option<Nginx> {
+    let binary = ["/usr/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())?;
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let dir = std::env::temp_dir().join(format!("tokentap-nginx-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let config = format!(
+        "worker_processes 2;\ndaemon off;\nmaster_process on;\npid {dir}/nginx.pid;\nerror_log {dir}/logs/error.log warn;\nevents {{ worker_connections 20000; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {dir}/body;\n  proxy_temp_path {dir}/proxy;\n  upstream up {{ server {upstream}; keepalive 1024; }}\n  server {{\n    listen {addr};\n    location / {{\n      proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_request_buffering off;\n      proxy_read_timeout 3600s;\n    }}\n  }}\n}}\n",
+        dir = dir.display()
+    );
+    std::fs::write(dir.join("nginx.conf"), config).unwrap();
+    let child = Command::new(binary)
+        .args([
+            "-c",
+            &dir.join("nginx.conf").display().to_string(),
+            "-p",
+            &dir.display().to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    wait_for_port(addr).await;
+    Some(Nginx { child, addr, dir })
+}
+
+/// CPU seconds (user + system) used so far by `pid` and its children processes (nginx workers).
+fn cpu_seconds(pid: u32) -> f64 {
+    let ticks = |pid: u32| -> u64 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return 0;
+        };
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        fields
+            .get(11)
+            .and_then(|u| u.parse::<u64>().ok())
+            .unwrap_or(0)
+            + fields
+                .get(12)
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0)
+    };
+    let mut total = ticks(pid);
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(pid) {
+                total += ticks(child);
+            }
+        }
+    }
+    total as f64 / 100.0 // USER_HZ
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[derive(Default)]
+struct StreamResult {
+    ttft_us: Vec<u64>,
+    lateness_us: Vec<u64>,
+    events: u64,
+    failures: u64,
+}
+
+const BODY: &str = r#"{"model":"bench","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"hi"}]}"#;
+
+/// Runs `streams` concurrent streams against `target`; lateness is measured per content event.
+async fn run_streams(
+    target: SocketAddr,
+    streams: u64,
+    events: u64,
+    interval: u64,
+    epoch: Instant,
+) -> StreamResult {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(usize::MAX)
+        .build_http();
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    for i in 0..streams {
+        let client = client.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            // Spread the starts over one interval so events are not all due at the same instant.
+            tokio::time::sleep(Duration::from_micros(i * interval * 1000 / streams.max(1))).await;
+            let uri = format!("http://{target}/v1/chat/completions?events={events}&interval_ms={interval}&ttft_ms=50");
+            let sent = Instant::now();
+            let mut out = StreamResult::default();
+            let Ok(response) = client
+                .request(
+                    Request::post(uri)
+                        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+                        .unwrap(),
+                )
+                .await
+            else {
+                out.failures += 1;
+                let _ = tx.send(out);
+                return;
+            };
+            let mut body = response.into_body();
+            let mut first = true;
+            let mut carry = Vec::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                let now = Instant::now();
+                carry.extend_from_slice(&data);
+                while let Some(end) = carry.windows(2).position(|w| w == b"\n\n") {
+                    let event: Vec<u8> = carry.drain(..end + 2).collect();
+                    let text = String::from_utf8_lossy(&event);
+                    if let Some(pos) = text.find("\"sent_ns\":") {
+                        let digits: String = text[pos + 10..]
+                            .chars()
+                            .take_while(char::is_ascii_digit)
+                            .collect();
+                        let sent_ns: u128 = digits.parse().unwrap_or(0);
+                        let recv_ns = now.duration_since(epoch).as_nanos();
+                        out.lateness_us
+                            .push((recv_ns.saturating_sub(sent_ns) / 1000) as u64);
+                        out.events += 1;
+                        if first {
+                            out.ttft_us
+                                .push(now.duration_since(sent).as_micros() as u64);
+                            first = false;
+                        }
+                    }
+                }
+            }
+            let _ = tx.send(out);
+        });
+    }
+    drop(tx);
+    let mut all = StreamResult::default();
+    while let Some(r) = rx.recv().await {
+        all.ttft_us.extend(r.ttft_us);
+        all.lateness_us.extend(r.lateness_us);
+        all.events += r.events;
+        all.failures += r.failures;
+    }
+    all
+}
+
+fn quantile(values: &mut [u64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_unstable();
+    let index = ((values.len() - 1) as f64 * q).round() as usize;
+    values[index] as f64 / 1000.0 // ms
+}
+
+/// Opens `streams` idle streams (headers + role chunk, then silence) and returns the handles
+/// that keep them open and how many got their role chunk.
+async fn hold_idle(target: SocketAddr, streams: u64) -> (Vec<tokio::task::JoinHandle<()>>, u64) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(usize::MAX)
+        .build_http();
+    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let mut handles = Vec::new();
+    for _ in 0..streams {
+        let client = client.clone();
+        let tx = tx.clone();
+        handles.push(tokio::spawn(async move {
+            let uri = format!("http://{target}/v1/chat/completions?idle=1");
+            let Ok(response) = client
+                .request(
+                    Request::post(uri)
+                        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+                        .unwrap(),
+                )
+                .await
+            else {
+                return;
+            };
+            let mut body = response.into_body();
+            if let Some(Ok(_)) = body.frame().await {
+                let _ = tx.send(());
+            }
+            let _ = body.frame().await; // hold until the bench ends
+        }));
+    }
+    drop(tx);
+    let mut opened = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while opened < streams {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(())) => opened += 1,
+            _ => break,
+        }
+    }
+    (handles, opened)
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let streams = env_or("OVERHEAD_STREAMS", 1000);
+        let events = env_or("OVERHEAD_EVENTS", 100);
+        let interval = env_or("OVERHEAD_INTERVAL_MS", 20);
+        let idle = env_or("OVERHEAD_IDLE", 2000);
+        let held = env_or("OVERHEAD_HELD", 10_000);
+        let epoch = Instant::now();
+        let upstream = upstream(epoch).await;
+        println!("overhead bench: {streams} streams × {events} events every {interval} ms (client, upstream and proxy share this machine)");
+
+        let proxy = start_proxy(upstream, false).await;
+        // Warm both paths (connections, allocator, page cache) before measuring either.
+        run_streams(upstream, streams.min(100), 10, interval, epoch).await;
+        run_streams(proxy.addr, streams.min(100), 10, interval, epoch).await;
+        let mut direct = run_streams(upstream, streams, events, interval, epoch).await;
+        let cpu_before = cpu_seconds(proxy.child.id());
+        let mut through = run_streams(proxy.addr, streams, events, interval, epoch).await;
+        let proxy_cpu = cpu_seconds(proxy.child.id()) - cpu_before;
+        println!("| path | events | failures | TTFT p50 ms | TTFT p99 ms | frame lateness p50 ms | p99 ms |");
+        println!("|---|---|---|---|---|---|---|");
+        for (name, r) in [("direct (baseline)", &mut direct), ("through tokentap", &mut through)] {
+            println!(
+                "| {name} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
+                r.events,
+                r.failures,
+                quantile(&mut r.ttft_us, 0.5),
+                quantile(&mut r.ttft_us, 0.99),
+                quantile(&mut r.lateness_us, 0.5),
+                quantile(&mut r.lateness_us, 0.99)
+            );
+        }
+        println!(
+            "added by tokentap: TTFT p50 {:+.3} ms, p99 {:+.3} ms; per frame p50 {:+.3} ms, p99 {:+.3} ms",
+            quantile(&mut through.ttft_us, 0.5) - quantile(&mut direct.ttft_us, 0.5),
+            quantile(&mut through.ttft_us, 0.99) - quantile(&mut direct.ttft_us, 0.99),
+            quantile(&mut through.lateness_us, 0.5) - quantile(&mut direct.lateness_us, 0.5),
+            quantile(&mut through.lateness_us, 0.99) - quantile(&mut direct.lateness_us, 0.99),
+        );
+        let per_event = |cpu: f64, events: u64| cpu * 1e6 / events.max(1) as f64;
+        println!("tokentap CPU: {proxy_cpu:.2} s for {} events = {:.1} µs/event", through.events, per_event(proxy_cpu, through.events));
+        match start_nginx(upstream).await {
+            Some(nginx) => {
+                let before = cpu_seconds(nginx.child.id());
+                let via_nginx = run_streams(nginx.addr, streams, events, interval, epoch).await;
+                let nginx_cpu = cpu_seconds(nginx.child.id()) - before;
+                println!(
+                    "nginx CPU (proxy_buffering off): {nginx_cpu:.2} s for {} events = {:.1} µs/event; tokentap/nginx = {:.2}",
+                    via_nginx.events,
+                    per_event(nginx_cpu, via_nginx.events),
+                    per_event(proxy_cpu, through.events) / per_event(nginx_cpu, via_nginx.events)
+                );
+            }
+            None => println!("nginx CPU: skipped (nginx not installed: apt-get install nginx-light)"),
+        }
+
+        // Memory per idle in-flight stream, HTTP/1.1 on both sides.
+        let base_rss = rss_kib(proxy.child.id());
+        let (handles, opened) = hold_idle(proxy.addr, idle).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rss = rss_kib(proxy.child.id());
+        println!(
+            "idle streams: {opened}/{idle} open; proxy RSS {base_rss} KiB → {rss} KiB = {:.1} KiB per idle in-flight stream",
+            (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64
+        );
+        for handle in handles {
+            handle.abort();
+        }
+        drop(proxy);
+
+        // 10,000 held: HTTP/1.1 from clients, HTTP/2 to the upstream (this machine's 20,000
+        // file descriptors per process would not fit 10,000 upstream sockets beside 10,000
+        // client sockets in one proxy process).
+        let proxy = start_proxy(upstream, true).await;
+        let base_rss = rss_kib(proxy.child.id());
+        let (handles, opened) = hold_idle(proxy.addr, held).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rss = rss_kib(proxy.child.id());
+        println!(
+            "held: {opened}/{held} concurrent streams open through one proxy; RSS {base_rss} KiB → {rss} KiB ({:.1} KiB per stream)",
+            (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64
+        );
+        for handle in handles {
+            handle.abort();
+        }
+    });
+}
