@@ -672,6 +672,29 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_zero_is_a_duration_from_any_layer() {
+        let config = ConfigLoader::new()
+            .text("[upstream]\nresponse_timeout = 0\n", "f")
+            .unwrap()
+            .env([("TOKENTAP_STORE__RETENTION".to_string(), "0".to_string())])
+            .unwrap()
+            .load()
+            .unwrap();
+        assert!(config.upstreams[0].response_timeout.is_zero());
+        assert!(config.store.retention.is_zero());
+        let error = ConfigLoader::new()
+            .env([(
+                "TOKENTAP_PROXY__SHUTDOWN_GRACE".to_string(),
+                "5".to_string(),
+            )])
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("no unit"), "{error}");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));

@@ -1,7 +1,22 @@
 //! The configuration as written: serde structs that deny unknown keys, with the defaults.
 //! `config/tokentap.toml` documents every key; a test checks that file equals these defaults.
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+
+/// A duration as written: `30s`, `500ms`, or a bare `0` (which TOML and the environment layer
+/// read as a number). Validation parses it (`config::parse_duration`).
+fn duration_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        Text(String),
+        Number(i64),
+    }
+    Ok(match Text::deserialize(deserializer)? {
+        Text::Text(text) => text,
+        Text::Number(n) => n.to_string(),
+    })
+}
 
 use crate::meter::buckets::{DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
 
@@ -23,7 +38,9 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct RawProxy {
     pub listen: String,
+    #[serde(deserialize_with = "duration_text")]
     pub shutdown_grace: String,
+    #[serde(deserialize_with = "duration_text")]
     pub header_read_timeout: String,
     pub max_header_bytes: u64,
     pub http2: bool,
@@ -57,8 +74,11 @@ pub struct RawUpstream {
     pub models: Vec<String>,
     pub path_prefix: Option<String>,
     pub default_model: String,
+    #[serde(deserialize_with = "duration_text")]
     pub connect_timeout: String,
+    #[serde(deserialize_with = "duration_text")]
     pub response_timeout: String,
+    #[serde(deserialize_with = "duration_text")]
     pub pool_idle_timeout: String,
     pub pool_max_idle: u64,
     pub http2: bool,
@@ -132,6 +152,7 @@ impl Default for RawMetering {
 pub struct RawTelemetry {
     pub otlp_endpoint: Option<String>,
     pub service_name: String,
+    #[serde(deserialize_with = "duration_text")]
     pub metric_interval: String,
 }
 
@@ -149,7 +170,9 @@ impl Default for RawTelemetry {
 #[serde(deny_unknown_fields, default)]
 pub struct RawStore {
     pub data_dir: Option<String>,
+    #[serde(deserialize_with = "duration_text")]
     pub snapshot_interval: String,
+    #[serde(deserialize_with = "duration_text")]
     pub retention: String,
 }
 
@@ -167,6 +190,7 @@ impl Default for RawStore {
 #[serde(deny_unknown_fields, default)]
 pub struct RawSweep {
     pub production_guard: u64,
+    #[serde(deserialize_with = "duration_text")]
     pub cell_duration: String,
     pub max_output: u64,
     pub kv_budget_tokens: u64,

@@ -1,0 +1,1875 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The files of `deploy/` checked against real tools and against each other.
+//!
+//! * `promtool` checks the rules and configs and runs the rules' unit tests.
+//! * A live run: the simulator and a proxy on loopback, a little traffic (two prompt lengths,
+//!   one and four at once, production and synthetic), and a real `prometheus` scraping the
+//!   admin listener with the bearer token and evaluating the recording rules every second.
+//!   Every PromQL expression of the Grafana dashboards is then run through its HTTP API with the
+//!   template variables substituted: each must be valid and return data, and the fleet figures
+//!   must agree with the proxy's own production matrix.
+//! * Compose files, Kubernetes manifests and provisioning files are read with a YAML-subset
+//!   reader (`deploy/yaml.rs`) and checked for what must hold between them (ports, names,
+//!   paths, probes, the sidecar arrangement); the configuration they carry is loaded with
+//!   tokentap's own config loader.
+//! * Where the tool exists: `systemd-analyze verify`, `kubectl kustomize`, `docker compose
+//!   config`, and PyYAML as a second reader. Each says so on stderr when it is skipped.
+//!
+//! No Docker engine runs here: images are never built by these tests.
+
+#[path = "deploy/yaml.rs"]
+mod yaml;
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use serde_json::Value;
+use tokentap::config::{Config, ConfigLoader};
+use tokentap::proxy::Synthetic;
+use tokentap::sim::{Profile, SimOptions, SimServer};
+use tokio::time::Instant;
+use yaml::Yaml;
+
+// ----------------------------------------------------------------------------- helpers
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn deploy(rel: &str) -> PathBuf {
+    repo().join("deploy").join(rel)
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+fn yaml_file(rel: &str) -> Yaml {
+    let path = deploy(rel);
+    yaml::parse(&read(&path), &path.display().to_string()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn yaml_documents(rel: &str) -> Vec<Yaml> {
+    let path = deploy(rel);
+    yaml::parse_all(&read(&path), &path.display().to_string()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `name` on the PATH.
+fn tool(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// `promtool` and `prometheus` come with Debian's `prometheus` package (.ci/run installs it).
+fn require_prometheus_tool(name: &str) -> PathBuf {
+    tool(name).unwrap_or_else(|| {
+        panic!(
+            "`{name}` is not on the PATH: install the `prometheus` package \
+             (Debian/Ubuntu: apt-get install prometheus), which brings prometheus and promtool; \
+             .ci/run installs it when missing"
+        )
+    })
+}
+
+fn skip(what: &str, why: &str) {
+    eprintln!("SKIPPED {what}: {why}");
+}
+
+struct Output {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(command: &mut Command) -> Output {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    Output {
+        ok: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(label: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir =
+            std::env::temp_dir().join(format!("tokentap-{label}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A child process killed (and reaped) on every path out of the test, panics included.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Loads a configuration the way `tokentap serve` does: TOML text, then environment variables.
+fn load_config(toml: &str, env: &[(String, String)]) -> Result<Config, String> {
+    ConfigLoader::new()
+        .text(toml, "deploy test")
+        .and_then(|loader| loader.env(env.iter().cloned()))
+        .and_then(ConfigLoader::load)
+        .map_err(|e| e.to_string())
+}
+
+// ----------------------------------------------------------------------------- promtool
+
+#[test]
+fn promtool_checks_the_rules_and_both_prometheus_configs() {
+    let promtool = require_prometheus_tool("promtool");
+    let rules = run(Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(deploy("prometheus/rules/tokentap.rules.yml")));
+    assert!(
+        rules.ok,
+        "promtool check rules:\n{}{}",
+        rules.stdout, rules.stderr
+    );
+
+    // --syntax-only: the credentials files named in them exist only inside the deployments.
+    let compose = run(Command::new(&promtool)
+        .args(["check", "config", "--syntax-only"])
+        .arg(deploy("prometheus/prometheus.yml")));
+    assert!(
+        compose.ok,
+        "promtool check config prometheus.yml:\n{}{}",
+        compose.stdout, compose.stderr
+    );
+
+    let kubernetes = run(Command::new(&promtool)
+        .args(["check", "config", "--syntax-only"])
+        .arg(deploy("prometheus/prometheus-kubernetes.yml")));
+    let output = format!("{}{}", kubernetes.stdout, kubernetes.stderr);
+    if !kubernetes.ok && output.contains("field kubernetes_sd_configs not found") {
+        // Debian builds Prometheus without Kubernetes discovery.
+        skip(
+            "promtool check config prometheus-kubernetes.yml",
+            "this promtool is built without kubernetes_sd_configs (Debian's is)",
+        );
+    } else {
+        assert!(
+            kubernetes.ok,
+            "promtool check config prometheus-kubernetes.yml:\n{output}"
+        );
+    }
+
+    // Both configs load exactly the shipped rule file, relative to themselves.
+    for rel in [
+        "prometheus/prometheus.yml",
+        "prometheus/prometheus-kubernetes.yml",
+    ] {
+        let config = yaml_file(rel);
+        assert_eq!(
+            config.at("rule_files").unwrap().strings(),
+            vec!["rules/tokentap.rules.yml"],
+            "{rel}"
+        );
+        let jobs = config.at("scrape_configs").unwrap().seq();
+        let tokentap = jobs
+            .iter()
+            .find(|job| job.str_at("job_name").starts_with("tokentap"))
+            .unwrap_or_else(|| {
+                panic!("{rel}: no job named tokentap* (the alerts match job=~\"tokentap.*\")")
+            });
+        assert_eq!(tokentap.str_at("authorization.type"), "Bearer", "{rel}");
+        assert!(
+            tokentap.at("authorization.credentials_file").is_some(),
+            "{rel}: the admin token"
+        );
+    }
+}
+
+#[test]
+fn promtool_unit_tests_of_the_rules_pass() {
+    let promtool = require_prometheus_tool("promtool");
+    let test = run(Command::new(&promtool)
+        .args(["test", "rules", "tokentap.rules.test.yml"])
+        .current_dir(deploy("prometheus/rules")));
+    assert!(
+        test.ok,
+        "promtool test rules:\n{}{}",
+        test.stdout, test.stderr
+    );
+    assert!(test.stdout.contains("SUCCESS"), "{}", test.stdout);
+}
+
+/// The rule groups as (name → expression) per group name.
+fn rule_groups(groups: &Yaml) -> BTreeMap<String, Vec<(String, String)>> {
+    groups
+        .seq()
+        .iter()
+        .map(|group| {
+            let rules = group
+                .at("rules")
+                .unwrap()
+                .seq()
+                .iter()
+                .map(|rule| {
+                    let name = rule
+                        .at("record")
+                        .or_else(|| rule.at("alert"))
+                        .and_then(Yaml::as_str)
+                        .unwrap()
+                        .to_string();
+                    (name, rule.str_at("expr").trim().to_string())
+                })
+                .collect();
+            (group.str_at("name").to_string(), rules)
+        })
+        .collect()
+}
+
+#[test]
+fn the_hour_window_rules_mirror_the_five_minute_ones() {
+    let rules = yaml_file("prometheus/rules/tokentap.rules.yml");
+    let groups = rule_groups(rules.at("groups").unwrap());
+    let five: Vec<(String, String)> = groups["tokentap-matrix-5m"]
+        .iter()
+        .filter(|(name, _)| !name.contains("p99") && !name.contains("ratio_rate5m"))
+        .cloned()
+        .collect();
+    let hour: Vec<(String, String)> = groups["tokentap-matrix-1h"]
+        .iter()
+        .map(|(name, expr)| (name.replace("1h", "5m"), expr.replace("1h", "5m")))
+        .collect();
+    assert_eq!(
+        five, hour,
+        "tokentap-matrix-1h must be tokentap-matrix-5m with the window changed"
+    );
+}
+
+#[test]
+fn the_prometheusrule_is_the_rules_file() {
+    let rules = yaml_file("prometheus/rules/tokentap.rules.yml");
+    let resource = yaml_file("kubernetes/prometheusrule.yaml");
+    assert_eq!(resource.str_at("kind"), "PrometheusRule");
+    assert_eq!(
+        resource.at("spec.groups"),
+        rules.at("groups"),
+        "deploy/kubernetes/prometheusrule.yaml is out of date: regenerate it with the command in its header"
+    );
+}
+
+// ----------------------------------------------------------------------------- compose
+
+/// Replaces compose's `${VAR}`, `${VAR:-default}` and `${VAR:?message}` with `values[VAR]`,
+/// else the default; a missing required variable is an error.
+fn interpolate(text: &str, values: &BTreeMap<&str, &str>) -> Result<String, String> {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let end = rest[start..].find('}').ok_or("unterminated ${")? + start;
+        let inner = &rest[start + 2..end];
+        let (name, op) = match inner.find([':', '-', '?']) {
+            Some(i) => (&inner[..i], &inner[i..]),
+            None => (inner, ""),
+        };
+        let value = match (values.get(name), op) {
+            (Some(v), _) => v.to_string(),
+            (None, op) if op.starts_with(":-") || op.starts_with('-') => op
+                .trim_start_matches(':')
+                .trim_start_matches('-')
+                .to_string(),
+            (None, op) if op.contains('?') => return Err(format!("{name} is required: {op}")),
+            (None, _) => String::new(),
+        };
+        out.push_str(&value);
+        rest = &rest[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// KEY=VALUE lines (comments and blanks skipped).
+fn env_lines(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (k, v) = l
+                .split_once('=')
+                .unwrap_or_else(|| panic!("not KEY=VALUE: {l}"));
+            (k.trim().to_string(), v.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_compose_stack_holds_together() {
+    let compose = yaml_file("docker-compose.yml");
+    let services: Vec<&str> = compose
+        .at("services")
+        .unwrap()
+        .entries()
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(services, ["sglang", "tokentap", "prometheus", "grafana"]);
+
+    // sglang: the real image, metrics on, a GPU reserved, not published.
+    let sglang = compose.at("services.sglang").unwrap();
+    assert!(sglang.str_at("image").contains("lmsys/sglang"));
+    let command = sglang.at("command").unwrap().strings();
+    assert!(command.contains(&"--enable-metrics"), "{command:?}");
+    assert_eq!(
+        command[command.iter().position(|a| *a == "--port").unwrap() + 1],
+        "30000"
+    );
+    assert_eq!(
+        sglang
+            .at("deploy.resources.reservations.devices.0.capabilities")
+            .unwrap()
+            .strings(),
+        ["gpu"]
+    );
+    assert!(
+        sglang.at("ports").is_none(),
+        "clients must go through tokentap"
+    );
+
+    // tokentap: built from deploy/Dockerfile with the repository as context.
+    let tokentap = compose.at("services.tokentap").unwrap();
+    let context = deploy(tokentap.str_at("build.context"));
+    assert!(
+        context.join("Cargo.toml").is_file(),
+        "build context {} holds no Cargo.toml",
+        context.display()
+    );
+    assert!(context.join(tokentap.str_at("build.dockerfile")).is_file());
+    assert_eq!(
+        tokentap.str_at("environment.TOKENTAP_UPSTREAM__URL"),
+        "http://sglang:30000"
+    );
+    let ports = tokentap.at("ports").unwrap().strings();
+    assert!(ports.contains(&"8000:8000"), "{ports:?}");
+    assert!(
+        ports.contains(&"127.0.0.1:9464:9464"),
+        "admin stays on the host's loopback: {ports:?}"
+    );
+
+    // The environment tokentap gets is a valid configuration, and needs the token.
+    let env_of = |values: &BTreeMap<&str, &str>| -> Result<Vec<(String, String)>, String> {
+        let mut env = dockerfile_env();
+        for (k, v) in tokentap.at("environment").unwrap().entries() {
+            env.push((k.clone(), interpolate(v.as_str().unwrap(), values)?));
+        }
+        Ok(env)
+    };
+    let with_token = BTreeMap::from([("TOKENTAP_ADMIN_TOKEN", "s3cret")]);
+    let config = load_config("", &env_of(&with_token).unwrap()).unwrap();
+    assert_eq!(config.admin.token.as_deref(), Some("s3cret"));
+    let upstream = &config.upstreams[0].url;
+    assert_eq!(
+        (upstream.host(), upstream.port_u16()),
+        (Some("sglang"), Some(30000))
+    );
+    let missing = env_of(&BTreeMap::new()).unwrap_err();
+    assert!(missing.contains("TOKENTAP_ADMIN_TOKEN"), "{missing}");
+
+    // Prometheus gets the same token as a secret file, where prometheus.yml reads it.
+    assert_eq!(
+        compose.str_at("secrets.tokentap_admin_token.environment"),
+        "TOKENTAP_ADMIN_TOKEN"
+    );
+    let prometheus = compose.at("services.prometheus").unwrap();
+    assert_eq!(
+        prometheus.at("secrets").unwrap().strings(),
+        ["tokentap_admin_token"]
+    );
+    let scrape = yaml_file("prometheus/prometheus.yml");
+    let job = scrape
+        .at("scrape_configs")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|j| j.str_at("job_name") == "tokentap")
+        .unwrap();
+    assert_eq!(
+        job.str_at("authorization.credentials_file"),
+        "/run/secrets/tokentap_admin_token"
+    );
+    assert_eq!(
+        job.at("static_configs.0.targets").unwrap().strings(),
+        ["tokentap:9464"]
+    );
+    let sglang_job = scrape
+        .at("scrape_configs")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|j| j.str_at("job_name") == "sglang")
+        .unwrap();
+    assert_eq!(
+        sglang_job.at("static_configs.0.targets").unwrap().strings(),
+        ["sglang:30000"]
+    );
+
+    // Every bind mount's source exists, and lands where the configs expect it.
+    let mut mounts = BTreeMap::new();
+    for (name, service) in compose.at("services").unwrap().entries() {
+        for volume in service.at("volumes").map(Yaml::strings).unwrap_or_default() {
+            let parts: Vec<&str> = volume.split(':').collect();
+            if parts[0].starts_with("./") {
+                assert!(
+                    deploy(parts[0]).exists(),
+                    "{name}: {} does not exist",
+                    parts[0]
+                );
+                mounts.insert(parts[1].to_string(), parts[0].to_string());
+            }
+        }
+    }
+    assert_eq!(
+        mounts["/etc/prometheus/prometheus.yml"],
+        "./prometheus/prometheus.yml"
+    );
+    assert_eq!(mounts["/etc/prometheus/rules"], "./prometheus/rules");
+    let provider = yaml_file("grafana/provisioning/dashboards/tokentap.yml");
+    let dashboards_path = provider.str_at("providers.0.options.path");
+    assert_eq!(mounts[dashboards_path], "./grafana/dashboards");
+    let home =
+        compose.str_at("services.grafana.environment.GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH");
+    let home_file = home
+        .strip_prefix(dashboards_path)
+        .unwrap()
+        .trim_start_matches('/');
+    assert!(
+        deploy("grafana/dashboards").join(home_file).is_file(),
+        "{home}"
+    );
+    let datasource = yaml_file("grafana/provisioning/datasources/prometheus.yml");
+    assert_eq!(
+        datasource.str_at("datasources.0.url"),
+        "http://prometheus:9090"
+    );
+    assert_eq!(datasource.str_at("datasources.0.type"), "prometheus");
+
+    // .env.example names every variable the compose files require.
+    let example = env_lines(&read(&deploy(".env.example")));
+    let defined: BTreeSet<&str> = example.iter().map(|(k, _)| k.as_str()).collect();
+    for file in ["docker-compose.yml", "docker-compose.sim.yml"] {
+        let text = read(&deploy(file));
+        for piece in text.split("${").skip(1) {
+            let name: String = piece
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            assert!(
+                defined.contains(name.as_str()),
+                "{file} uses ${{{name}}}, which .env.example does not list"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_simulator_override_replaces_only_sglang() {
+    let sim = yaml_file("docker-compose.sim.yml");
+    let services: Vec<&str> = sim
+        .at("services")
+        .unwrap()
+        .entries()
+        .iter()
+        .map(|(k, _)| k.as_str())
+        .collect();
+    assert_eq!(services, ["sglang"]);
+    let sglang = sim.at("services.sglang").unwrap();
+    assert_eq!(sglang.str_at("image"), "tokentap:local");
+    assert_eq!(sglang.str_at("build.dockerfile"), "deploy/Dockerfile");
+    let command = sglang.at("command").unwrap().strings();
+    assert_eq!(command[..3], ["simulate", "--listen", "0.0.0.0:30000"]);
+    assert_eq!(
+        sglang.at("deploy"),
+        Some(&Yaml::Null),
+        "the GPU reservation is reset"
+    );
+    // The built-in default profile named there exists.
+    let profile = interpolate(
+        command[command.iter().position(|a| *a == "--profile").unwrap() + 1],
+        &BTreeMap::new(),
+    )
+    .unwrap();
+    Profile::builtin(&profile)
+        .unwrap_or_else(|e| panic!("docker-compose.sim.yml names profile {profile}: {e}"));
+    // tokentap's own argument parser accepts the command line.
+    let argv = std::iter::once("tokentap".to_string()).chain(
+        command
+            .iter()
+            .map(|a| interpolate(a, &BTreeMap::new()).unwrap()),
+    );
+    <tokentap::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn docker_compose_validates_both_files_when_available() {
+    let Some(docker) = tool("docker") else {
+        return skip("docker compose config", "no docker client on the PATH");
+    };
+    if !run(Command::new(&docker).args(["compose", "version"])).ok {
+        return skip(
+            "docker compose config",
+            "the docker client has no compose plugin",
+        );
+    }
+    let check = run(Command::new(&docker)
+        .args([
+            "compose",
+            "-f",
+            "docker-compose.yml",
+            "-f",
+            "docker-compose.sim.yml",
+            "config",
+            "--quiet",
+        ])
+        .env("TOKENTAP_ADMIN_TOKEN", "t")
+        .env("GRAFANA_ADMIN_PASSWORD", "p")
+        .current_dir(repo().join("deploy")));
+    assert!(
+        check.ok,
+        "docker compose config:\n{}{}",
+        check.stdout, check.stderr
+    );
+}
+
+/// The Dockerfile's instructions, continuation lines joined, comments dropped.
+fn dockerfile_instructions() -> Vec<String> {
+    read(&deploy("Dockerfile"))
+        .replace("\\\n", " ")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The TOKENTAP_* variables the image's ENV sets.
+fn dockerfile_env() -> Vec<(String, String)> {
+    let instructions = dockerfile_instructions();
+    let env_line = instructions.iter().find(|l| l.starts_with("ENV ")).unwrap();
+    env_line[4..]
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| k.starts_with("TOKENTAP_"))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// (source file, file it compiles in) for every `include_str!` / `include_bytes!` under `dir`.
+fn compiled_in_files(dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(compiled_in_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = read(&path);
+            for macro_call in ["include_str!(\"", "include_bytes!(\""] {
+                for piece in text.split(macro_call).skip(1) {
+                    let relative = &piece[..piece.find('"').unwrap()];
+                    let target = path.parent().unwrap().join(relative);
+                    let target = target
+                        .canonicalize()
+                        .unwrap_or_else(|e| panic!("{}: {relative}: {e}", path.display()));
+                    out.push((path.clone(), target));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_dockerfile_builds_from_what_the_repository_has() {
+    let instructions = dockerfile_instructions();
+    let froms: Vec<&String> = instructions
+        .iter()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert_eq!(froms.len(), 2, "a builder stage and a runtime stage");
+    assert!(
+        froms[0].contains("rust:")
+            && froms[0].contains("bookworm")
+            && froms[0].ends_with("AS builder")
+    );
+    assert!(froms[1].starts_with("FROM debian:bookworm-slim"));
+    assert!(instructions
+        .iter()
+        .any(|l| l.contains("cargo build --release --locked")));
+    // Every COPY from the context names something the build context has, and the ignore file
+    // lets it through.
+    let ignore = read(&deploy("Dockerfile.dockerignore"));
+    for copy in instructions
+        .iter()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from="))
+    {
+        let parts: Vec<&str> = copy.split_whitespace().collect();
+        for source in &parts[1..parts.len() - 1] {
+            assert!(
+                repo().join(source).exists(),
+                "{copy}: {source} is not in the repository"
+            );
+            let included = ignore
+                .lines()
+                .filter_map(|l| l.strip_prefix('!'))
+                .any(|kept| *source == kept || source.starts_with(&format!("{kept}/")));
+            assert!(
+                included,
+                "Dockerfile.dockerignore does not let {source} into the build context"
+            );
+        }
+    }
+    // What the sources compile in (include_str!) is inside what the builder stage copies;
+    // files under tests/ are compiled only into unit tests, never into the release binary.
+    let copied: Vec<&str> = instructions
+        .iter()
+        .filter(|l| l.starts_with("COPY ") && !l.contains("--from="))
+        .flat_map(|l| {
+            let parts: Vec<&str> = l.split_whitespace().collect();
+            parts[1..parts.len() - 1].to_vec()
+        })
+        .collect();
+    for (file, included) in compiled_in_files(&repo().join("src")) {
+        let rel = included
+            .strip_prefix(repo())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if rel.starts_with("tests/") {
+            continue;
+        }
+        assert!(
+            copied
+                .iter()
+                .any(|c| rel == *c || rel.starts_with(&format!("{c}/"))),
+            "{} compiles in {rel}, which deploy/Dockerfile does not copy",
+            file.display()
+        );
+    }
+    let user = instructions
+        .iter()
+        .find(|l| l.starts_with("USER "))
+        .expect("a USER");
+    assert!(
+        !user.contains(" 0") && !user.contains("root"),
+        "runs as non-root: {user}"
+    );
+    assert!(instructions.contains(&"EXPOSE 8000 9464".to_string()));
+    let health = instructions
+        .iter()
+        .find(|l| l.starts_with("HEALTHCHECK"))
+        .expect("a HEALTHCHECK");
+    assert!(
+        health.contains("/healthz") && health.contains("9464"),
+        "{health}"
+    );
+    // The ENV configuration is a valid configuration once a token is given.
+    let mut env = dockerfile_env();
+    let without = load_config("", &env).unwrap_err();
+    assert!(without.contains("admin.token"), "{without}");
+    env.push(("TOKENTAP_ADMIN__TOKEN".into(), "t".into()));
+    let config = load_config("", &env).unwrap();
+    assert_eq!(config.proxy.listen.port(), 8000);
+    assert_eq!(config.admin.listen.port(), 9464);
+}
+
+// ----------------------------------------------------------------------------- kubernetes
+
+fn by_kind(documents: &[Yaml]) -> BTreeMap<String, Yaml> {
+    documents
+        .iter()
+        .map(|d| (d.str_at("kind").to_string(), d.clone()))
+        .collect()
+}
+
+#[test]
+fn the_kubernetes_sidecar_holds_together() {
+    let mut kinds = BTreeMap::new();
+    let kustomization = yaml_file("kubernetes/kustomization.yaml");
+    let mut files: Vec<String> = kustomization
+        .at("resources")
+        .unwrap()
+        .strings()
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    files.extend(
+        [
+            "servicemonitor.yaml",
+            "prometheusrule.yaml",
+            "secret.example.yaml",
+        ]
+        .map(String::from),
+    );
+    for file in &files {
+        kinds.extend(by_kind(&yaml_documents(&format!("kubernetes/{file}"))));
+    }
+    let names: Vec<&str> = kinds.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "ConfigMap",
+            "Deployment",
+            "PrometheusRule",
+            "Secret",
+            "Service",
+            "ServiceMonitor"
+        ]
+    );
+
+    let deployment = &kinds["Deployment"];
+    let pod = deployment.at("spec.template").unwrap();
+    let selector = deployment.at("spec.selector.matchLabels").unwrap();
+    for (key, value) in selector.entries() {
+        assert_eq!(
+            pod.at("metadata.labels").unwrap().get(key),
+            Some(value),
+            "pod labels match the selector"
+        );
+    }
+    let containers = pod.at("spec.containers").unwrap().seq();
+    let container = |name: &str| {
+        containers
+            .iter()
+            .find(|c| c.str_at("name") == name)
+            .unwrap()
+    };
+    let tokentap = container("tokentap");
+    let sglang = container("sglang");
+
+    // sglang only on the pod's loopback, with metrics, on a GPU.
+    let args = sglang.at("args").unwrap().strings();
+    let arg = |flag: &str| args[args.iter().position(|a| *a == flag).unwrap() + 1];
+    assert_eq!(arg("--host"), "127.0.0.1");
+    assert_eq!(arg("--port"), "30000");
+    assert!(args.contains(&"--enable-metrics"));
+    assert!(sglang.at("ports").is_none(), "sglang exposes no port");
+    assert_eq!(
+        sglang
+            .at("resources.limits")
+            .unwrap()
+            .get("nvidia.com/gpu")
+            .and_then(Yaml::as_str),
+        Some("1")
+    );
+    assert!(
+        sglang.at("lifecycle.preStop").is_some(),
+        "sglang outlives tokentap's drain"
+    );
+
+    // tokentap: the probes on the admin port, resources, non-root, the token from the Secret.
+    let port_of = |name: &str| {
+        tokentap
+            .at("ports")
+            .unwrap()
+            .seq()
+            .iter()
+            .find(|p| p.str_at("name") == name)
+            .unwrap()
+            .str_at("containerPort")
+            .to_string()
+    };
+    assert_eq!(port_of("http"), "8000");
+    assert_eq!(port_of("metrics"), "9464");
+    assert_eq!(tokentap.str_at("readinessProbe.httpGet.path"), "/readyz");
+    assert_eq!(tokentap.str_at("livenessProbe.httpGet.path"), "/healthz");
+    assert_eq!(tokentap.str_at("readinessProbe.httpGet.port"), "metrics");
+    assert_eq!(tokentap.str_at("livenessProbe.httpGet.port"), "metrics");
+    for container in [tokentap, sglang] {
+        assert!(
+            container.at("resources.requests.cpu").is_some(),
+            "{}: cpu request",
+            container.str_at("name")
+        );
+        assert!(
+            container.at("resources.requests.memory").is_some(),
+            "{}: memory request",
+            container.str_at("name")
+        );
+    }
+    assert_eq!(tokentap.str_at("securityContext.runAsNonRoot"), "true");
+    let secret = &kinds["Secret"];
+    let token_env = tokentap
+        .at("env")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|e| e.str_at("name") == "TOKENTAP_ADMIN__TOKEN")
+        .unwrap();
+    assert_eq!(
+        token_env.str_at("valueFrom.secretKeyRef.name"),
+        secret.str_at("metadata.name")
+    );
+    assert!(secret
+        .at(&format!(
+            "stringData.{}",
+            token_env.str_at("valueFrom.secretKeyRef.key")
+        ))
+        .is_some());
+
+    // The ConfigMap's tokentap.toml, mounted where --config points, is a valid configuration
+    // whose upstream is sglang on loopback; without the Secret it refuses to start.
+    let config_map = &kinds["ConfigMap"];
+    let mount = tokentap
+        .at("volumeMounts")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|m| m.str_at("name") == "tokentap-config")
+        .unwrap();
+    let volume = pod
+        .at("spec.volumes")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|v| v.str_at("name") == "tokentap-config")
+        .unwrap();
+    assert_eq!(
+        volume.str_at("configMap.name"),
+        config_map.str_at("metadata.name")
+    );
+    let args = tokentap.at("args").unwrap().strings();
+    let config_path = args[args.iter().position(|a| *a == "--config").unwrap() + 1];
+    let file = config_path
+        .strip_prefix(mount.str_at("mountPath"))
+        .unwrap()
+        .trim_start_matches('/');
+    let toml = config_map
+        .at("data")
+        .unwrap()
+        .get(file)
+        .and_then(Yaml::as_str)
+        .unwrap();
+    let token = vec![("TOKENTAP_ADMIN__TOKEN".to_string(), "t".to_string())];
+    let config = load_config(toml, &token).unwrap();
+    let upstream = &config.upstreams[0].url;
+    assert_eq!(
+        (upstream.host(), upstream.port_u16()),
+        (Some("127.0.0.1"), Some(30000))
+    );
+    assert_eq!(config.proxy.listen.port(), 8000);
+    assert_eq!(config.admin.listen.port(), 9464);
+    assert!(load_config(toml, &[]).unwrap_err().contains("admin.token"));
+    let data_dir = config.store.data_dir.clone().unwrap();
+    assert!(
+        tokentap
+            .at("volumeMounts")
+            .unwrap()
+            .seq()
+            .iter()
+            .any(|m| Path::new(m.str_at("mountPath")) == data_dir),
+        "the store directory {} is a volume (the root filesystem is read-only)",
+        data_dir.display()
+    );
+    let grace: u64 = pod
+        .str_at("spec.terminationGracePeriodSeconds")
+        .parse()
+        .unwrap();
+    assert!(
+        config.proxy.shutdown_grace < Duration::from_secs(grace),
+        "the drain fits the grace period"
+    );
+
+    // The Service sends clients to tokentap, never to sglang; the scrape annotations name the admin port.
+    let service = &kinds["Service"];
+    for (key, value) in service.at("spec.selector").unwrap().entries() {
+        assert_eq!(pod.at("metadata.labels").unwrap().get(key), Some(value));
+    }
+    let targets: Vec<&str> = service
+        .at("spec.ports")
+        .unwrap()
+        .seq()
+        .iter()
+        .map(|p| p.str_at("targetPort"))
+        .collect();
+    assert_eq!(targets, ["http", "metrics"]);
+    let annotations = pod.at("metadata.annotations").unwrap();
+    let annotation = |key: &str| {
+        annotations
+            .get(key)
+            .and_then(Yaml::as_str)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(annotation("prometheus.io/scrape"), "true");
+    assert_eq!(annotation("prometheus.io/port"), port_of("metrics"));
+    assert_eq!(annotation("prometheus.io/path"), "/metrics");
+
+    // The ServiceMonitor selects the Service and scrapes its metrics port with the Secret.
+    let monitor = &kinds["ServiceMonitor"];
+    for (key, value) in monitor.at("spec.selector.matchLabels").unwrap().entries() {
+        assert_eq!(service.at("metadata.labels").unwrap().get(key), Some(value));
+    }
+    assert!(
+        service.str_at("metadata.name").starts_with("tokentap"),
+        "job label = Service name, matched by the alerts"
+    );
+    let endpoint = &monitor.at("spec.endpoints").unwrap().seq()[0];
+    assert_eq!(endpoint.str_at("port"), "metrics");
+    assert_eq!(
+        endpoint.str_at("authorization.credentials.name"),
+        secret.str_at("metadata.name")
+    );
+}
+
+#[test]
+fn kustomize_renders_the_manifests_when_available() {
+    let Some(kubectl) = tool("kubectl") else {
+        return skip("kubectl kustomize", "no kubectl on the PATH");
+    };
+    let render = run(Command::new(kubectl)
+        .arg("kustomize")
+        .arg(deploy("kubernetes")));
+    assert!(
+        render.ok,
+        "kubectl kustomize deploy/kubernetes:\n{}",
+        render.stderr
+    );
+    let documents = yaml::parse_all(&render.stdout, "kustomize output").unwrap();
+    let kinds: BTreeSet<&str> = documents.iter().map(|d| d.str_at("kind")).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["ConfigMap", "Deployment", "Service"])
+    );
+    assert!(render
+        .stdout
+        .contains("image: registry.example.com/tokentap:0.1.0"));
+}
+
+// ----------------------------------------------------------------------------- systemd
+
+#[test]
+fn the_systemd_unit_and_its_environment_file_are_valid() {
+    let unit = read(&deploy("systemd/tokentap.service"));
+    for directive in [
+        "DynamicUser=yes",
+        "ProtectSystem=strict",
+        "StateDirectory=tokentap",
+        "NoNewPrivileges=yes",
+    ] {
+        assert!(unit.lines().any(|l| l == directive), "missing {directive}");
+    }
+    // Environment= lines of the unit, then the env file: a valid configuration.
+    let mut env: Vec<(String, String)> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("Environment="))
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| k.starts_with("TOKENTAP_"))
+        .map(|(k, v)| (k.to_string(), v.replace("%S", "/var/lib")))
+        .collect();
+    env.extend(env_lines(&read(&deploy("systemd/tokentap.env.example"))));
+    let config = load_config("", &env).unwrap();
+    assert_eq!(
+        config.store.data_dir.as_deref(),
+        Some(Path::new("/var/lib/tokentap"))
+    );
+    assert!(config.admin.token.is_some());
+
+    let Some(analyze) = tool("systemd-analyze") else {
+        return skip(
+            "systemd-analyze verify",
+            "systemd-analyze is not on the PATH",
+        );
+    };
+    // Verify a copy whose ExecStart is the binary just built (verify checks it is executable)
+    // and whose environment file may be absent.
+    let dir = TempDir::new("systemd");
+    let copy = unit
+        .replace(
+            "ExecStart=/usr/local/bin/tokentap",
+            &format!("ExecStart={}", env!("CARGO_BIN_EXE_tokentap")),
+        )
+        .replace("EnvironmentFile=/etc/", "EnvironmentFile=-/etc/");
+    let path = dir.0.join("tokentap.service");
+    std::fs::write(&path, copy).unwrap();
+    let verify = run(Command::new(analyze).arg("verify").arg(&path));
+    let complaints: Vec<&str> = verify
+        .stderr
+        .lines()
+        .filter(|l| l.contains("tokentap.service"))
+        .collect();
+    assert!(
+        verify.ok && complaints.is_empty(),
+        "systemd-analyze verify:\n{}{}",
+        verify.stdout,
+        verify.stderr
+    );
+}
+
+// ----------------------------------------------------------------------------- YAML readers
+
+#[test]
+fn the_yaml_reader_agrees_with_pyyaml_when_available() {
+    let script = r#"
+import json, sys
+try:
+    import yaml
+except ImportError:
+    print("NO-PYYAML")
+    sys.exit(0)
+class Loader(yaml.SafeLoader):
+    pass
+Loader.add_constructor("!reset", lambda loader, node: None)
+def override(loader, node):
+    if isinstance(node, yaml.MappingNode):
+        return loader.construct_mapping(node, deep=True)
+    if isinstance(node, yaml.SequenceNode):
+        return loader.construct_sequence(node, deep=True)
+    return loader.construct_scalar(node)
+Loader.add_constructor("!override", override)
+def norm(v):
+    if v is None: return None
+    if isinstance(v, bool): return "true" if v else "false"
+    if isinstance(v, (int, float)): return repr(v)
+    if isinstance(v, list): return [norm(x) for x in v]
+    if isinstance(v, dict): return {str(norm(k)): norm(x) for k, x in v.items()}
+    return v
+out = {}
+for path in sys.argv[1:]:
+    with open(path) as f:
+        out[path] = [norm(d) for d in yaml.load_all(f, Loader=Loader) if d is not None]
+print(json.dumps(out))
+"#;
+    let Some(python) = tool("python3") else {
+        return skip("PyYAML comparison", "no python3 on the PATH");
+    };
+    let mut files = Vec::new();
+    for dir in [
+        "",
+        "prometheus",
+        "prometheus/rules",
+        "grafana/provisioning/datasources",
+        "grafana/provisioning/dashboards",
+        "kubernetes",
+    ] {
+        for entry in std::fs::read_dir(deploy(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yml" | "yaml")
+            ) {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() >= 14, "{files:?}");
+    let output = run(Command::new(python).arg("-c").arg(script).args(&files));
+    assert!(output.ok, "python3:\n{}", output.stderr);
+    if output.stdout.trim() == "NO-PYYAML" {
+        return skip(
+            "PyYAML comparison",
+            "python3 has no yaml module (pip install pyyaml to enable it)",
+        );
+    }
+    let theirs: Value = serde_json::from_str(&output.stdout).unwrap();
+    for path in &files {
+        let ours = yaml::parse_all(&read(path), &path.display().to_string())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ours = Value::Array(ours.iter().map(Yaml::to_json).collect());
+        let key = path.to_str().unwrap();
+        assert_eq!(
+            ours, theirs[key],
+            "{key}: the test's YAML reader and PyYAML disagree"
+        );
+    }
+}
+
+// ----------------------------------------------------------------------------- Grafana
+
+/// Every dashboard, parsed.
+fn dashboards() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(deploy("grafana/dashboards")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let json: Value =
+            serde_json::from_str(&read(&path)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        out.push((name, json));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// (panel title, target) of every panel that queries, rows included.
+fn panel_targets(dashboard: &Value) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    fn walk(panels: &[Value], out: &mut Vec<(String, Value)>) {
+        for panel in panels {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                out.push((
+                    panel["title"].as_str().unwrap_or("").to_string(),
+                    target.clone(),
+                ));
+            }
+            walk(
+                panel["panels"].as_array().map(Vec::as_slice).unwrap_or(&[]),
+                out,
+            );
+        }
+    }
+    walk(dashboard["panels"].as_array().unwrap(), &mut out);
+    out
+}
+
+#[test]
+fn the_dashboards_are_well_formed() {
+    let all = dashboards();
+    assert_eq!(
+        all.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["tokentap-matrix.json", "tokentap-proxy.json"]
+    );
+    let mut uids = BTreeSet::new();
+    for (name, dashboard) in &all {
+        assert!(
+            uids.insert(dashboard["uid"].as_str().unwrap().to_string()),
+            "{name}: duplicate uid"
+        );
+        let variables: BTreeSet<&str> = dashboard["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            variables.contains("datasource"),
+            "{name}: a datasource variable, so imports work elsewhere"
+        );
+        let mut ids = BTreeSet::new();
+        for panel in dashboard["panels"].as_array().unwrap() {
+            let title = panel["title"].as_str().unwrap();
+            assert!(
+                ids.insert(panel["id"].as_u64().unwrap()),
+                "{name}: duplicate panel id at {title}"
+            );
+            let grid = &panel["gridPos"];
+            assert!(
+                grid["x"].as_u64().unwrap() + grid["w"].as_u64().unwrap() <= 24,
+                "{name}: {title} is wider than the grid"
+            );
+            if panel["type"] != "row" {
+                assert_eq!(
+                    panel["datasource"]["uid"], "${datasource}",
+                    "{name}: {title}"
+                );
+                assert!(
+                    panel["description"].as_str().is_some_and(|d| d.len() > 20),
+                    "{name}: {title} explains itself"
+                );
+            }
+        }
+        for (title, target) in panel_targets(dashboard) {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: {title}: a target without expr"));
+            for used in template_variables(expr) {
+                assert!(
+                    variables.contains(used.as_str()) || used.starts_with("__"),
+                    "{name}: {title} uses ${used}, which the dashboard does not define"
+                );
+            }
+        }
+    }
+}
+
+/// Names of `$name` and `${name}` / `${name:format}` in an expression (`$1` of label_replace is not one).
+fn template_variables(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find('$') {
+        rest = &rest[at + 1..];
+        let braced = rest.starts_with('{');
+        let body = if braced { &rest[1..] } else { rest };
+        let name: String = body
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        {
+            out.insert(name);
+        }
+    }
+    out
+}
+
+/// The expression with Grafana's substitutions made.
+fn substitute(expr: &str, values: &BTreeMap<&str, String>) -> String {
+    let mut out = String::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, consumed) = if let Some(body) = after.strip_prefix('{') {
+            let end = body.find('}').unwrap();
+            (body[..end].split(':').next().unwrap().to_string(), end + 2)
+        } else {
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let len = name.len();
+            (name, len)
+        };
+        match values.get(name.as_str()) {
+            Some(value) => {
+                out.push_str(value);
+                rest = &after[consumed..];
+            }
+            None => {
+                out.push('$');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+// ----------------------------------------------------------------------------- live Prometheus
+
+/// The simulator profile for the live test: 100 tok/s per stream at any batch size and a
+/// near-instant prefill, so the cells' figures are known and no prefill stalls decode.
+const LIVE_PROFILE: &str = r#"
+[model]
+served_model_name = "deploy/sim"
+model_path = "deploy/sim"
+context_length = 131072
+reasoning = false
+
+[labels]
+engine = "sglang"
+engine_version = "simulated"
+source = "tests/deploy_tests.rs"
+
+[capacity]
+kv_tokens = 4000000
+max_running_requests = 256
+chunked_prefill_size = 65536
+
+[prefill]
+contexts = [1024]
+tok_s = [2000000.0]
+
+[decode]
+tokens_per_step = 1.0
+contexts = [1024]
+batch_sizes = [1, 256]
+per_request_tok_s = [[100.0, 100.0]]
+
+[cached_ttft]
+contexts = [1024]
+batch_sizes = [1]
+ms = [[15.0]]
+"#;
+
+const ADMIN_TOKEN: &str = "deploy-test-token";
+const MODEL: &str = "deploy/sim";
+
+fn form_encode(value: &str) -> String {
+    let mut out = String::new();
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+struct PrometheusApi {
+    base: String,
+}
+
+impl PrometheusApi {
+    /// POSTs a form to the HTTP API; returns the `data` of a successful answer or the error.
+    async fn call(&self, path: &str, form: &[(&str, String)]) -> Result<Value, String> {
+        let body: Vec<String> = form
+            .iter()
+            .map(|(k, v)| format!("{k}={}", form_encode(v)))
+            .collect();
+        let request = Request::post(format!("{}{path}", self.base))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Full::new(Bytes::from(body.join("&"))))
+            .unwrap();
+        let response = common::send(request).await;
+        let json: Value = serde_json::from_str(&response.text()).map_err(|e| {
+            format!(
+                "HTTP {}: not JSON ({e}): {}",
+                response.status,
+                response.text()
+            )
+        })?;
+        if json["status"] == "success" {
+            Ok(json["data"].clone())
+        } else {
+            Err(format!("{}: {}", json["errorType"], json["error"]))
+        }
+    }
+
+    /// Whether `/-/ready` answers 200 (connection errors are "not yet").
+    async fn ready(&self) -> bool {
+        let request = Request::get(format!("{}/-/ready", self.base))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), common::client().request(request)).await,
+            Ok(Ok(response)) if response.status() == 200
+        )
+    }
+
+    async fn instant(&self, query: &str) -> Result<Vec<Value>, String> {
+        let data = self
+            .call("/api/v1/query", &[("query", query.to_string())])
+            .await?;
+        Ok(data["result"].as_array().cloned().unwrap_or_default())
+    }
+
+    async fn range(&self, query: &str, seconds: u64) -> Result<Vec<Value>, String> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let data = self
+            .call(
+                "/api/v1/query_range",
+                &[
+                    ("query", query.to_string()),
+                    ("start", format!("{:.3}", now - seconds as f64)),
+                    ("end", format!("{now:.3}")),
+                    ("step", "2".to_string()),
+                ],
+            )
+            .await?;
+        Ok(data["result"].as_array().cloned().unwrap_or_default())
+    }
+}
+
+/// Finite values of an instant or range result.
+fn finite_values(result: &[Value]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for series in result {
+        let points: Vec<&Value> = match series["values"].as_array() {
+            Some(values) => values.iter().collect(),
+            None => vec![&series["value"]],
+        };
+        for point in points {
+            if let Some(v) = point[1].as_str().and_then(|s| s.parse::<f64>().ok()) {
+                if v.is_finite() {
+                    out.push(v);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The value of the series whose labels include all of `labels`, if finite.
+fn value_where(result: &[Value], labels: &[(&str, &str)]) -> Option<f64> {
+    result
+        .iter()
+        .find(|s| labels.iter().all(|(k, v)| s["metric"][*k] == *v))
+        .and_then(|s| s["value"][1].as_str()?.parse::<f64>().ok())
+        .filter(|v| v.is_finite())
+}
+
+/// Starts `prometheus` on a free loopback port with `config`; retries if the port was taken
+/// between choosing and binding it.
+async fn start_prometheus(binary: &Path, dir: &Path, config: &Path) -> (ChildGuard, PrometheusApi) {
+    let mut last_log = String::new();
+    for attempt in 0..3 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log_path = dir.join(format!("prometheus-{attempt}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(binary)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join(format!("data-{attempt}")).display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut guard = ChildGuard(child);
+        let api = PrometheusApi {
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = guard.0.try_wait() {
+                break;
+            }
+            if api.ready().await {
+                return (guard, api);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        last_log = read(&log_path);
+        if !last_log.contains("address already in use") {
+            break;
+        }
+    }
+    panic!("prometheus did not become ready:\n{last_log}");
+}
+
+/// Polls `query` until `done` holds for its result, within `limit`.
+async fn wait_for(
+    api: &PrometheusApi,
+    query: &str,
+    limit: Duration,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let result = api
+            .instant(query)
+            .await
+            .unwrap_or_else(|e| panic!("{query}: {e}"));
+        if done(&result) {
+            return result;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "waited {limit:?} for {query}; last result: {result:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn completion_body(prompt_tokens: usize, max_tokens: u64) -> String {
+    // The simulator counts ceil(bytes / 4) tokens in a text prompt.
+    serde_json::json!({
+        "model": MODEL,
+        "prompt": "abcd".repeat(prompt_tokens),
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "stream": true,
+    })
+    .to_string()
+}
+
+/// One client: back-to-back streaming requests until `until` (bounded in count too).
+async fn client_loop(
+    server: Arc<tokentap::serve::ProxyServer>,
+    prompt_tokens: usize,
+    synthetic: bool,
+    until: Instant,
+) {
+    for _ in 0..200 {
+        if Instant::now() >= until {
+            return;
+        }
+        let body = completion_body(prompt_tokens, 40);
+        if synthetic {
+            // The sweep's way in: the Synthetic extension, set in-process only.
+            let mut request = Request::post("/v1/completions")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap();
+            request.extensions_mut().insert(Synthetic { tag: None });
+            let response = Arc::clone(&server.proxy).handle(request).await;
+            assert_eq!(response.status(), 200);
+            let bytes =
+                tokio::time::timeout(Duration::from_secs(30), response.into_body().collect())
+                    .await
+                    .expect("a synthetic stream within 30 s")
+                    .expect("a synthetic stream")
+                    .to_bytes();
+            assert!(bytes.ends_with(b"data: [DONE]\n\n"));
+        } else {
+            let response = common::post(
+                &format!("http://{}/v1/completions", server.proxy_addr),
+                &body,
+            )
+            .await;
+            assert_eq!(response.status, 200, "{}", response.text());
+            assert!(response.text().ends_with("data: [DONE]\n\n"));
+        }
+    }
+}
+
+/// Runs `clients` (prompt tokens, synthetic) at once for `seconds`.
+async fn phase(
+    server: &Arc<tokentap::serve::ProxyServer>,
+    clients: &[(usize, bool)],
+    seconds: u64,
+) {
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let tasks: Vec<_> = clients
+        .iter()
+        .map(|&(prompt, synthetic)| {
+            tokio::spawn(client_loop(Arc::clone(server), prompt, synthetic, until))
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
+    let started = Instant::now();
+    let prometheus = require_prometheus_tool("prometheus");
+
+    let profile = Profile::from_toml_str(LIVE_PROFILE, "the live deploy test profile").unwrap();
+    let sim = SimServer::start(profile, SimOptions::default())
+        .await
+        .unwrap();
+    let (server, _records) = common::proxy(
+        &sim.base_url(),
+        &format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n"),
+    )
+    .await;
+    let server = Arc::new(server);
+    // Without the token, /metrics is refused: a scrape that works proves Prometheus sends it.
+    assert_eq!(
+        common::get(&format!("http://{}/metrics", server.admin_addr))
+            .await
+            .status,
+        401
+    );
+
+    let dir = TempDir::new("prometheus");
+    let token_file = dir.0.join("tokentap-admin-token");
+    std::fs::write(&token_file, ADMIN_TOKEN).unwrap();
+    // The shipped prometheus.yml and rules, with the scrape and evaluation intervals at 1 s and
+    // the compose service addresses and secret path replaced by the loopback ones.
+    let config_file = dir.0.join("prometheus.yml");
+    let mut config = read(&deploy("prometheus/prometheus.yml"));
+    for (from, to) in [
+        ("scrape_interval: 15s", "scrape_interval: 1s".to_string()),
+        (
+            "evaluation_interval: 15s",
+            "evaluation_interval: 1s".to_string(),
+        ),
+        (
+            "/run/secrets/tokentap_admin_token",
+            token_file.display().to_string(),
+        ),
+        ("\"tokentap:9464\"", format!("\"{}\"", server.admin_addr)),
+        ("\"sglang:30000\"", format!("\"{}\"", sim.addr)),
+    ] {
+        assert!(
+            config.contains(from),
+            "deploy/prometheus/prometheus.yml no longer contains `{from}`: update this test"
+        );
+        config = config.replace(from, &to);
+    }
+    std::fs::write(&config_file, config).unwrap();
+    std::fs::create_dir_all(dir.0.join("rules")).unwrap();
+    std::fs::copy(
+        deploy("prometheus/rules/tokentap.rules.yml"),
+        dir.0.join("rules/tokentap.rules.yml"),
+    )
+    .unwrap();
+    let check = run(Command::new(require_prometheus_tool("promtool"))
+        .args(["check", "config"])
+        .arg(&config_file));
+    assert!(check.ok, "{}{}", check.stdout, check.stderr);
+    let (_prometheus, api) = start_prometheus(&prometheus, &dir.0, &config_file).await;
+
+    // Both targets scraped (tokentap's with the token) before any traffic, so the first
+    // requests' counters are seen rising. (The config's self-scrape job points elsewhere.)
+    wait_for(
+        &api,
+        "up{job=~\"tokentap|sglang\"} == 1",
+        Duration::from_secs(20),
+        |r| r.len() == 2,
+    )
+    .await;
+
+    // Traffic: one stream at 1,000 prompt tokens (8K, concurrency 1); then four at once, two at
+    // 1,000 and two at 12,000 prompt tokens (8K and 16K, concurrency 4); then one synthetic
+    // stream at 1,000 (8K, 1). Each phase spans several scrapes.
+    phase(&server, &[(1000, false)], 4).await;
+    phase(
+        &server,
+        &[(1000, false), (1000, false), (12000, false), (12000, false)],
+        4,
+    )
+    .await;
+    phase(&server, &[(1000, true)], 3).await;
+    let traffic_done = Instant::now();
+
+    // The recording rules produce the matrix cells.
+    let cells = [
+        ("8K", "1", "production"),
+        ("8K", "4", "production"),
+        ("16K", "4", "production"),
+        ("8K", "1", "synthetic"),
+    ];
+    let totals = wait_for(
+        &api,
+        "cell:tokentap_total_tokens_per_second:rate5m",
+        Duration::from_secs(20),
+        |r| {
+            cells.iter().all(|(context, concurrency, source)| {
+                value_where(
+                    r,
+                    &[
+                        ("context_bucket", context),
+                        ("concurrency_bucket", concurrency),
+                        ("source", source),
+                    ],
+                )
+                .is_some()
+            })
+        },
+    )
+    .await;
+
+    // Every dashboard query, with every value of the custom variables.
+    let model_values = api
+        .instant("count by (model) (tokentap_requests_total)")
+        .await
+        .unwrap();
+    assert!(
+        model_values.iter().any(|s| s["metric"]["model"] == MODEL),
+        "{model_values:?}"
+    );
+    let mut failures = Vec::new();
+    let mut queries = 0;
+    let mut key_panels_seen = BTreeSet::new();
+    for (name, dashboard) in dashboards() {
+        let variables = dashboard["templating"]["list"].as_array().unwrap().clone();
+        // Template variable queries: label_values(selector, label) must list values.
+        for variable in variables.iter().filter(|v| v["type"] == "query") {
+            let query = variable["query"].as_str().unwrap();
+            let inner = query
+                .strip_prefix("label_values(")
+                .and_then(|q| q.strip_suffix(')'))
+                .unwrap();
+            let (selector, label) = inner.rsplit_once(',').unwrap();
+            let result = api
+                .instant(&format!("count by ({}) ({selector})", label.trim()))
+                .await;
+            queries += 1;
+            match result {
+                Ok(r) if !r.is_empty() => {}
+                other => failures.push(format!(
+                    "{name}: variable {}: {query}: {other:?}",
+                    variable["name"]
+                )),
+            }
+        }
+        // Every combination of the custom variables' options.
+        let mut combinations: Vec<BTreeMap<&str, String>> = vec![BTreeMap::from([
+            ("datasource", "unused".to_string()),
+            ("__rate_interval", "1m".to_string()),
+            ("__interval", "2s".to_string()),
+            ("__range", "5m".to_string()),
+        ])];
+        for variable in &variables {
+            let var = variable["name"].as_str().unwrap();
+            let options: Vec<String> = match variable["type"].as_str().unwrap() {
+                "custom" => variable["query"]
+                    .as_str()
+                    .unwrap()
+                    .split(',')
+                    .map(str::to_string)
+                    .collect(),
+                "query" if variable["includeAll"] == true => {
+                    vec![variable["allValue"].as_str().unwrap().to_string()]
+                }
+                "query" if var == "model" => vec![MODEL.to_string()],
+                "datasource" => continue,
+                other => panic!(
+                    "{name}: variable {var} of type {other}: teach the test to substitute it"
+                ),
+            };
+            combinations = combinations
+                .into_iter()
+                .flat_map(|base| {
+                    options.iter().map(move |option| {
+                        let mut next = base.clone();
+                        next.insert(var, option.clone());
+                        next
+                    })
+                })
+                .collect();
+        }
+        for (title, target) in panel_targets(&dashboard) {
+            let mut had_data = false;
+            for values in &combinations {
+                let expr = substitute(target["expr"].as_str().unwrap(), values);
+                assert!(
+                    template_variables(&expr).is_empty(),
+                    "{name}: {title}: unsubstituted variable in {expr}"
+                );
+                queries += 1;
+                let result = if target["instant"] == true {
+                    api.instant(&expr).await
+                } else {
+                    api.range(&expr, 90).await
+                };
+                match result {
+                    Err(error) => failures.push(format!("{name}: {title}: {expr}: {error}")),
+                    Ok(result) => {
+                        if !finite_values(&result).is_empty() {
+                            had_data = true;
+                        }
+                        // The key panels, under their default variable values.
+                        let defaults = values.get("source").is_none_or(|s| s == "production");
+                        if defaults && title.starts_with("Total tok/s (") {
+                            let window = &values["window"];
+                            for (context, concurrency) in
+                                [("   8K", "1"), ("   8K", "4"), ("  16K", "4")]
+                            {
+                                assert!(
+                                    value_where(&result, &[("context", context), ("concurrency_bucket", concurrency)]).is_some_and(|v| v > 0.0),
+                                    "{title} with window {window}: no cell ({context}, {concurrency}) in {result:?}"
+                                );
+                            }
+                            key_panels_seen.insert(format!("heat map {window}"));
+                        }
+                        if defaults && title == "TTFT p50 by context" {
+                            let contexts: BTreeSet<&str> = result
+                                .iter()
+                                .filter_map(|s| s["metric"]["context_bucket"].as_str())
+                                .collect();
+                            assert_eq!(contexts, BTreeSet::from(["16K", "8K"]), "{title}");
+                            assert!(
+                                finite_values(&result).iter().all(|v| *v > 0.0 && *v < 5.0),
+                                "{title}: {result:?}"
+                            );
+                            key_panels_seen.insert("TTFT by context".to_string());
+                        }
+                    }
+                }
+            }
+            if !had_data {
+                failures.push(format!(
+                    "{name}: {title}: `{}` returned no data for any variable value",
+                    target["expr"]
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {queries} dashboard queries failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(
+        key_panels_seen,
+        BTreeSet::from([
+            "heat map 1h".to_string(),
+            "heat map 5m".to_string(),
+            "TTFT by context".to_string()
+        ])
+    );
+
+    // The fleet figures follow the in-process production matrix's definitions: the same
+    // cells agree with the proxy's own /matrix (generously: Prometheus counts every completion
+    // token where the matrix counts decode tokens, and misses each series' first increase).
+    let matrix = common::send(
+        Request::get(format!(
+            "http://{}/matrix?window=all&format=json",
+            server.admin_addr
+        ))
+        .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(matrix.status, 200);
+    let matrix: Value = serde_json::from_str(&matrix.text()).unwrap();
+    let per_request = api
+        .instant("cell:tokentap_request_tokens_per_second:rate5m")
+        .await
+        .unwrap();
+    let mut compared = Vec::new();
+    for (context, tokens, concurrency) in [("8K", 8192, 1), ("8K", 8192, 4), ("16K", 16384, 4)] {
+        let cell = matrix["decode"]
+            .as_array()
+            .or_else(|| matrix["cells"].as_array())
+            .expect("the matrix document's decode cells")
+            .iter()
+            .find(|c| c["context_tokens"] == tokens && c["concurrency"] == concurrency)
+            .unwrap_or_else(|| panic!("no production cell ({context}, {concurrency}) in /matrix"));
+        let labels = [
+            ("context_bucket", context),
+            ("concurrency_bucket", &*concurrency.to_string()),
+            ("source", "production"),
+        ];
+        let prometheus_total = value_where(&totals, &labels).unwrap();
+        let prometheus_per_request = value_where(&per_request, &labels).unwrap();
+        let matrix_total = cell["total_tok_s"].as_f64().unwrap();
+        let matrix_per_request = cell["per_request_tok_s"].as_f64().unwrap();
+        compared.push(format!(
+            "({context}, {concurrency}): total {prometheus_total:.1} vs {matrix_total:.1}, per request {prometheus_per_request:.1} vs {matrix_per_request:.1}"
+        ));
+        for (what, ours, theirs) in [
+            ("total tok/s", prometheus_total, matrix_total),
+            (
+                "per-request tok/s",
+                prometheus_per_request,
+                matrix_per_request,
+            ),
+        ] {
+            let ratio = ours / theirs;
+            assert!(
+                (0.75..=1.33).contains(&ratio),
+                "({context}, {concurrency}) {what}: Prometheus {ours:.1} vs /matrix {theirs:.1}"
+            );
+        }
+    }
+    // No alert fires on healthy traffic.
+    let firing = api.instant("ALERTS{alertstate=\"firing\"}").await.unwrap();
+    assert!(firing.is_empty(), "{firing:?}");
+    eprintln!(
+        "live deploy test: {queries} queries, Prometheus vs /matrix {}; traffic done at {:?}, all done at {:?}",
+        compared.join("; "),
+        traffic_done.duration_since(started),
+        started.elapsed()
+    );
+
+    drop(_prometheus);
+    if let Ok(server) = Arc::try_unwrap(server) {
+        server.shutdown().await;
+    }
+    sim.shutdown().await;
+}
