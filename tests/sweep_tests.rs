@@ -865,12 +865,14 @@ async fn a_matrix_round_trips_through_the_simulator_and_a_sweep() {
                     "{name} {column}: {got:?} vs {wanted:?}"
                 );
             }
-            // TTFT of C cache hits also carries the time C large request bodies take to be
-            // parsed one after another (tens of ms in a debug build on 2 shared cores; the
-            // release benchmark in docs/benchmarks.md is within 3%).
+            // TTFT of a cache hit also carries the time the proxy and the simulator take to
+            // parse a request of `context` token ids: ~0.5 ms per 1K tokens in a debug build,
+            // more on 2 loaded cores (GLM 64K × 8: 281–299 ms against the seed's 260 ms when
+            // idle; the release benchmark in docs/benchmarks.md is within 3%).
             let (ttft, want_ttft) = (cell.ttft_ms.unwrap(), want.ttft_ms.unwrap());
+            let parse_allowance = 20.0 + cell.context_tokens as f64 / 1000.0;
             assert!(
-                (ttft - want_ttft).abs() <= (want_ttft * 0.15).max(30.0),
+                (ttft - want_ttft).abs() <= (want_ttft * 0.10).max(parse_allowance),
                 "{name} TTFT {ttft} vs {want_ttft}"
             );
         }
