@@ -339,7 +339,7 @@ pub fn side_by_side_markdown(synthetic: &MatrixDoc, production: Option<&MatrixDo
     levels.sort_unstable();
     levels.dedup();
     let mut out = String::from(
-        "## Synthetic sweep · production traffic\n\nPer-request tok/s, synthetic · production (production TTFT includes the cold prefill the sweep's cache hits skip). Production requests sit in the row of their prompt length (up to the context) and the column of their average number of active requests.\n\n| Context |",
+        "## Synthetic sweep · production traffic\n\nPer-request tok/s, synthetic · production. Production requests sit in the row of their prompt length (up to the context) and the column of their average number of active requests. The sweep's streams hit the prompt cache; the ordinary requests arrive with cold prompts whose prefill stalls everyone's decode, so production runs slower where requests overlap.\n\n| Context |",
     );
     for level in &levels {
         let _ = write!(out, " {level} |");
