@@ -884,3 +884,58 @@ async fn a_matrix_round_trips_through_the_simulator_and_a_sweep() {
         sim.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn production_arriving_mid_cell_interrupts_it_and_the_cell_is_measured_again() {
+    let sim = sim(STEP).await;
+    let server = proxy_with_token(&sim.base_url(), "[sweep]\nproduction_guard = 0\n").await;
+    let (code, body) = admin(
+        &server,
+        "POST",
+        "/sweeps",
+        Some(TOKEN),
+        r#"{"contexts": ["4K"], "concurrency": [2], "cell_duration": "3s"}"#,
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    wait_status(&server, &id, "the window", Duration::from_secs(30), |s| {
+        s["progress"]["current"]["phase"] == "window"
+    })
+    .await;
+    // A production request arrives in the middle of the window and lasts a while.
+    let url = format!("http://{}/v1/completions", server.proxy_addr);
+    let production = tokio::spawn(async move {
+        common::post(
+            &url,
+            r#"{"model":"step3p7","prompt":"hi","max_tokens":100,"ignore_eos":true,"stream":true}"#,
+        )
+        .await
+    });
+    let paused = wait_status(&server, &id, "paused", Duration::from_secs(10), |s| {
+        s["state"] == "paused"
+    })
+    .await;
+    assert_eq!(
+        paused["matrix"]["decode"][0]["status"], "Not run",
+        "the interrupted window counts for nothing"
+    );
+    assert_eq!(production.await.unwrap().status, 200);
+    let done = wait_status(&server, &id, "finished", Duration::from_secs(60), |s| {
+        s["state"] == "finished"
+    })
+    .await;
+    let cell = &done["matrix"]["decode"][0];
+    assert_eq!(cell["status"], "Valid", "{done:#}");
+    assert!(
+        (cell["measured_for_s"].as_f64().unwrap() - 3.0).abs() < 0.2,
+        "a whole window: {cell}"
+    );
+    let notes = done["matrix"]["metadata"]["notes"].to_string();
+    assert!(
+        notes.contains("4K × 2 was interrupted by production traffic"),
+        "{notes}"
+    );
+    assert!(notes.contains("Paused"), "{notes}");
+    server.shutdown().await;
+}

@@ -1,6 +1,7 @@
 //! The admin listener: health, readiness, Prometheus metrics, the matrix (`matrix`), the page
-//! (`page`) and (as it lands) the sweep API. Bound to loopback by default; with `admin.token`
-//! set, everything but `/healthz` and `/readyz` needs `Authorization: Bearer <token>`.
+//! (`page`) and the sweep API (`sweeps`, which always needs the token). Bound to loopback by
+//! default; with `admin.token` set, everything but `/healthz` and `/readyz` needs
+//! `Authorization: Bearer <token>`.
 //!
 //! This file routes and checks the token; each endpoint family lives in its own file.
 

@@ -89,10 +89,12 @@ pub struct SweepArgs {
     /// /tokenize).
     #[arg(long, value_enum, value_name = "MODE")]
     pub prompt: Option<PromptMode>,
-    /// Directory for matrix.json, matrix.html and matrix.md. Default tokentap-sweep-<id>.
+    /// Directory for matrix.json, matrix.html and matrix.md. Default tokentap-sweep-ID (the
+    /// sweep's id).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Configuration file ([sweep] defaults; with --target also [upstream] and [metering]).
+    /// Configuration file: its sweep section gives the defaults; with --target its upstream and
+    /// metering sections apply too.
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
     /// No progress line on stderr.
