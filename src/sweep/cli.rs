@@ -150,7 +150,8 @@ pub async fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
     finish(&args, &status)
 }
 
-/// Prints the matrix and writes the files; the exit code says how the sweep ended.
+/// Prints the matrix and writes the files; the exit code says how the sweep ended (0 finished
+/// with at least one valid measurement, 130 cancelled, 1 otherwise).
 fn finish(args: &SweepArgs, status: &SweepStatus) -> anyhow::Result<ExitCode> {
     let Some(matrix) = &status.matrix else {
         bail!(
@@ -167,8 +168,14 @@ fn finish(args: &SweepArgs, status: &SweepStatus) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from(format!("tokentap-sweep-{}", status.id)));
     let written = write_matrix(&dir, "matrix", matrix)?;
     eprintln!("tokentap sweep: {}", written.join(", "));
+    let measured = matrix.prefill.iter().any(|r| r.status.is_valid())
+        || matrix.decode.iter().any(|c| c.status.is_valid());
     Ok(match status.state {
-        SweepState::Finished => ExitCode::SUCCESS,
+        SweepState::Finished if measured => ExitCode::SUCCESS,
+        SweepState::Finished => {
+            eprintln!("tokentap sweep: no measurement succeeded (every row is an Error)");
+            ExitCode::FAILURE
+        }
         SweepState::Cancelled => ExitCode::from(EXIT_CANCELLED),
         _ => ExitCode::FAILURE,
     })

@@ -35,6 +35,7 @@ pub async fn discover(proxy: &Arc<Proxy>) -> ServerFacts {
         get_ok(proxy, "/metrics", DISCOVERY_TIMEOUT),
     );
 
+    facts.answered = models.is_some() || server_info.is_some() || metrics.is_some();
     if let Some(models) = models.as_ref().and_then(|a| a.json()) {
         apply_models(&mut facts, &models);
     }
@@ -44,11 +45,11 @@ pub async fn discover(proxy: &Arc<Proxy>) -> ServerFacts {
         apply_server_info(&mut facts, path, &info);
     }
     if facts.engine_version.is_none() {
-        if let Some(version) = get_ok(proxy, "/version", DISCOVERY_TIMEOUT)
-            .await
-            .and_then(|a| a.json())
-        {
-            facts.engine_version = text(&version, "version");
+        if let Some(version) = get_ok(proxy, "/version", DISCOVERY_TIMEOUT).await {
+            facts.answered = true;
+            if let Some(version) = version.json() {
+                facts.engine_version = text(&version, "version");
+            }
         }
     }
     facts

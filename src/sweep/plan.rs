@@ -179,6 +179,9 @@ pub struct ServerFacts {
     pub kv_source: Option<String>,
     /// The engine's running-requests gauge answers on `/metrics`.
     pub has_running_gauge: bool,
+    /// Any of the discovery requests got a successful answer.
+    #[serde(default)]
+    pub answered: bool,
     /// Labels a server may offer (the simulator does).
     pub hardware: Option<String>,
     pub gpu_count: Option<u32>,
@@ -221,6 +224,8 @@ pub enum PlanError {
     NoContextLength,
     #[error("the server reports no model (/v1/models); give `model` explicitly")]
     NoModel,
+    #[error("the server answered none of /v1/models, /server_info, /get_server_info, /metrics, /version through the proxy: is it running at the upstream URL?")]
+    Unreachable,
     #[error("contexts: {context} + max_output {max_output} reaches the server's context length {context_length}; the largest decode context is {top} (context length − max output − {TOP_CONTEXT_MARGIN})", context = context_label(*.context), top = context_label(*.top))]
     ContextTooLong {
         context: u64,
@@ -249,6 +254,7 @@ impl Plan {
         let model = match request.model.as_deref().map(str::trim) {
             Some("") => return Err(bad("model", "must not be empty".into())),
             Some(model) => model.to_owned(),
+            None if !facts.answered => return Err(PlanError::Unreachable),
             None => facts.served_model.clone().ok_or(PlanError::NoModel)?,
         };
         let max_output = request.max_output.unwrap_or(config.max_output);
@@ -317,6 +323,9 @@ impl Plan {
                 (contexts, false)
             }
             None => {
+                if !facts.answered {
+                    return Err(PlanError::Unreachable);
+                }
                 let top = top.ok_or(PlanError::NoContextLength)?;
                 let cap = match &request.max_context {
                     Some(value) => value.resolve("max_context")?,
@@ -496,6 +505,7 @@ mod tests {
             context_length: Some(262_144),
             kv_budget_tokens: Some(622_592),
             kv_source: Some("sglang /server_info max_total_num_tokens".into()),
+            answered: true,
             ..ServerFacts::default()
         }
     }
@@ -622,6 +632,15 @@ mod tests {
         };
         let plan = Plan::resolve(&request, &step_facts(), &configured).unwrap();
         assert_eq!(plan.kv_budget_tokens, Some(50_000));
+    }
+
+    #[test]
+    fn a_silent_server_is_named_as_such() {
+        let facts = ServerFacts::default();
+        assert_eq!(
+            Plan::resolve(&SweepRequest::default(), &facts, &config()),
+            Err(PlanError::Unreachable)
+        );
     }
 
     #[test]

@@ -1209,6 +1209,7 @@ mod tests {
             served_model: Some("step3p7".into()),
             context_length: Some(262_144),
             kv_budget_tokens: Some(622_592),
+            answered: true,
             ..ServerFacts::default()
         };
         let config = SweepConfig {
