@@ -11,8 +11,9 @@
 //!    **10,000 concurrent streams held**.
 //!
 //! Run: `cargo bench --bench overhead` (scripts/bench.sh overhead). Environment knobs:
-//! `OVERHEAD_STREAMS` (1000), `OVERHEAD_EVENTS` (100), `OVERHEAD_INTERVAL_MS` (20),
-//! `OVERHEAD_IDLE` (2000), `OVERHEAD_HELD` (10000).
+//! `OVERHEAD_STREAMS` (1000), `OVERHEAD_EVENTS` (200), `OVERHEAD_INTERVAL_MS` (50),
+//! `OVERHEAD_IDLE` (2000), `OVERHEAD_HELD` (10000), `OVERHEAD_RAMP_MS` (1000, the spread of stream
+//! starts).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::convert::Infallible;
@@ -299,7 +300,18 @@ struct StreamResult {
     failures: u64,
 }
 
-const BODY: &str = r#"{"model":"bench","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"hi"}]}"#;
+/// The client asks for per-chunk usage itself, so the upstream sends the same bytes to every
+/// proxy (tokentap then injects and strips nothing; `OVERHEAD_INJECT=1` measures injection).
+const BODY: &str = r#"{"model":"bench","stream":true,"max_tokens":4096,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"messages":[{"role":"user","content":"hi"}]}"#;
+const BODY_WITHOUT_OPTIONS: &str = r#"{"model":"bench","stream":true,"max_tokens":4096,"messages":[{"role":"user","content":"hi"}]}"#;
+
+fn body() -> &'static str {
+    if env_or("OVERHEAD_INJECT", 0) == 1 {
+        BODY_WITHOUT_OPTIONS
+    } else {
+        BODY
+    }
+}
 
 /// Runs `streams` concurrent streams against `target`; lateness is measured per content event.
 async fn run_streams(
@@ -309,6 +321,7 @@ async fn run_streams(
     interval: u64,
     epoch: Instant,
 ) -> StreamResult {
+    let ramp_ms = env_or("OVERHEAD_RAMP_MS", 1000);
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(usize::MAX)
         .build_http();
@@ -317,15 +330,15 @@ async fn run_streams(
         let client = client.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
-            // Spread the starts over one interval so events are not all due at the same instant.
-            tokio::time::sleep(Duration::from_micros(i * interval * 1000 / streams.max(1))).await;
+            // Spread the starts over the ramp so connects do not all land in the same instant.
+            tokio::time::sleep(Duration::from_micros(i * ramp_ms * 1000 / streams.max(1))).await;
             let uri = format!("http://{target}/v1/chat/completions?events={events}&interval_ms={interval}&ttft_ms=50");
             let sent = Instant::now();
             let mut out = StreamResult::default();
             let Ok(response) = client
                 .request(
                     Request::post(uri)
-                        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+                        .body(Full::new(Bytes::from_static(body().as_bytes())))
                         .unwrap(),
                 )
                 .await
@@ -403,7 +416,7 @@ async fn hold_idle(target: SocketAddr, streams: u64) -> (Vec<tokio::task::JoinHa
             let Ok(response) = client
                 .request(
                     Request::post(uri)
-                        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+                        .body(Full::new(Bytes::from_static(body().as_bytes())))
                         .unwrap(),
                 )
                 .await
@@ -436,8 +449,8 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         let streams = env_or("OVERHEAD_STREAMS", 1000);
-        let events = env_or("OVERHEAD_EVENTS", 100);
-        let interval = env_or("OVERHEAD_INTERVAL_MS", 20);
+        let events = env_or("OVERHEAD_EVENTS", 200);
+        let interval = env_or("OVERHEAD_INTERVAL_MS", 50);
         let idle = env_or("OVERHEAD_IDLE", 2000);
         let held = env_or("OVERHEAD_HELD", 10_000);
         let epoch = Instant::now();
