@@ -14,12 +14,10 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use common::*;
 use tokentap::aggregate::CellAccumulator;
-use tokentap::config::ConfigLoader;
 use tokentap::matrix::doc::{CellStatus, DecodeCell, MatrixDoc};
 use tokentap::matrix::import::parse_json;
 use tokentap::meter::record::RequestRecord;
 use tokentap::serve::ProxyServer;
-use tokio::net::TcpListener;
 
 /// Time to first token the scripted upstream keeps.
 const TTFT: Duration = Duration::from_millis(200);
@@ -84,19 +82,7 @@ fn chat(prompt_tokens: u64, max_tokens: u64) -> String {
 
 /// A proxy on 127.0.0.1:0 with this config text (upstream and store given by the caller).
 async fn start_proxy(config_text: &str) -> (ProxyServer, Arc<Records>) {
-    let config = ConfigLoader::new()
-        .text(config_text, "test.toml")
-        .unwrap()
-        .load()
-        .unwrap();
-    let proxy_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let server = ProxyServer::start_on(config, proxy_listener, admin_listener)
-        .await
-        .unwrap();
-    let records = Arc::new(Records::default());
-    server.proxy.meter.add_sink(records.clone());
-    (server, records)
+    common::proxy_from_config(config_text).await
 }
 
 /// Runs `streams` simultaneous requests of `prompt_tokens` and returns how many content

@@ -158,16 +158,7 @@ async fn running(sim: &SimHandle) -> f64 {
 
 /// A proxy on 127.0.0.1:0 from a whole configuration text.
 async fn start_proxy(config: &str) -> tokentap::serve::ProxyServer {
-    let config = tokentap::config::ConfigLoader::new()
-        .text(config, "sweep-test.toml")
-        .unwrap()
-        .load()
-        .unwrap();
-    let proxy_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    tokentap::serve::ProxyServer::start_on(config, proxy_listener, admin_listener)
-        .await
-        .unwrap()
+    common::proxy_from_config(config).await.0
 }
 
 /// A proxy with the admin token set (sweeps need it) and `extra` config.

@@ -88,14 +88,7 @@ impl Drop for Pki {
 }
 
 async fn start(config_text: &str) -> ProxyServer {
-    let config = ConfigLoader::new()
-        .text(config_text, "tls-test.toml")
-        .unwrap()
-        .load()
-        .unwrap();
-    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let admin = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    ProxyServer::start_on(config, proxy, admin).await.unwrap()
+    proxy_from_config(config_text).await.0
 }
 
 /// One HTTPS request over a fresh TLS connection with `config`; returns (version, body).

@@ -293,7 +293,14 @@ impl Renderer {
     }
 
     fn chunk_head(&self, out: &mut String, object: &str) {
-        out.push_str("data: {\"id\":");
+        out.push_str("data: ");
+        self.object_head(out, object);
+    }
+
+    /// `{"id":…,"object":"<object>","created":…,"model":` — how every OpenAI-shaped body and
+    /// chunk begins.
+    fn object_head(&self, out: &mut String, object: &str) {
+        out.push_str("{\"id\":");
         push_json_str(out, &self.spec.id);
         out.push_str(",\"object\":\"");
         out.push_str(object);
@@ -641,14 +648,7 @@ impl Renderer {
             (Route::Messages, _) => self.messages_body(&mut out, &finish),
             (Route::Responses, _) => self.responses_body(&mut out, &finish),
             (Route::Chat, Dialect::Sglang) => {
-                let _ = write!(out, "{{\"id\":");
-                push_json_str(&mut out, &self.spec.id);
-                let _ = write!(
-                    out,
-                    ",\"object\":\"chat.completion\",\"created\":{},\"model\":",
-                    self.spec.created
-                );
-                push_json_str(&mut out, &self.spec.model);
+                self.object_head(&mut out, "chat.completion");
                 out.push_str(
                     ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":",
                 );
@@ -668,14 +668,7 @@ impl Renderer {
                 out.push_str(",\"metadata\":{\"weight_version\":\"default\"}}");
             }
             (Route::Completion, Dialect::Sglang) => {
-                out.push_str("{\"id\":");
-                push_json_str(&mut out, &self.spec.id);
-                let _ = write!(
-                    out,
-                    ",\"object\":\"text_completion\",\"created\":{},\"model\":",
-                    self.spec.created
-                );
-                push_json_str(&mut out, &self.spec.model);
+                self.object_head(&mut out, "text_completion");
                 out.push_str(",\"choices\":[{\"index\":0,\"text\":");
                 let mut text = self.reasoning.clone();
                 text.push_str(&self.content);
@@ -689,14 +682,7 @@ impl Renderer {
                 out.push('}');
             }
             (Route::Chat, Dialect::Vllm) => {
-                out.push_str("{\"id\":");
-                push_json_str(&mut out, &self.spec.id);
-                let _ = write!(
-                    out,
-                    ",\"object\":\"chat.completion\",\"created\":{},\"model\":",
-                    self.spec.created
-                );
-                push_json_str(&mut out, &self.spec.model);
+                self.object_head(&mut out, "chat.completion");
                 out.push_str(
                     ",\"choices\":[{\"index\":0,\"message\":{\"role\":\"assistant\",\"content\":",
                 );
@@ -724,14 +710,7 @@ impl Renderer {
                 out.push_str(",\"prompt_logprobs\":null,\"prompt_token_ids\":null,\"prompt_text\":null,\"kv_transfer_params\":null,\"ec_transfer_params\":null,\"metrics\":null}");
             }
             (Route::Completion, Dialect::Vllm) => {
-                out.push_str("{\"id\":");
-                push_json_str(&mut out, &self.spec.id);
-                let _ = write!(
-                    out,
-                    ",\"object\":\"text_completion\",\"created\":{},\"model\":",
-                    self.spec.created
-                );
-                push_json_str(&mut out, &self.spec.model);
+                self.object_head(&mut out, "text_completion");
                 out.push_str(",\"choices\":[{\"index\":0,\"text\":");
                 let mut text = self.reasoning.clone();
                 text.push_str(&self.content);

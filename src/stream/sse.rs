@@ -176,18 +176,13 @@ impl SseScanner {
                 oversized: true,
                 terminator_tail: false,
             });
-        } else if self.carrying {
-            self.carry.extend_from_slice(piece);
-            let event = parse_fields(&self.carry, &mut self.joined);
-            on_block(Block {
-                start_in_chunk,
-                end_in_chunk: end,
-                event,
-                oversized: false,
-                terminator_tail: false,
-            });
         } else {
-            let event = parse_fields(piece, &mut self.joined);
+            let event = if self.carrying {
+                self.carry.extend_from_slice(piece);
+                parse_fields(&self.carry, &mut self.joined)
+            } else {
+                parse_fields(piece, &mut self.joined)
+            };
             on_block(Block {
                 start_in_chunk,
                 end_in_chunk: end,

@@ -281,9 +281,16 @@ impl Records {
 
 /// A proxy on 127.0.0.1:0 in front of `upstream`, with `extra` TOML appended to its config.
 pub async fn proxy(upstream: &str, extra: &str) -> (ProxyServer, Arc<Records>) {
-    let text = format!("[upstream]\nurl = \"{upstream}\"\n[store]\ndata_dir = \"\"\n{extra}\n");
+    proxy_from_config(&format!(
+        "[upstream]\nurl = \"{upstream}\"\n[store]\ndata_dir = \"\"\n{extra}\n"
+    ))
+    .await
+}
+
+/// A proxy on 127.0.0.1:0 (data and admin) from this whole config text, with a record collector.
+pub async fn proxy_from_config(text: &str) -> (ProxyServer, Arc<Records>) {
     let config = ConfigLoader::new()
-        .text(&text, "test.toml")
+        .text(text, "test.toml")
         .unwrap()
         .load()
         .unwrap();
