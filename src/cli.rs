@@ -20,6 +20,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// (Help texts use `<PLACEHOLDER>` as command-line help does, not HTML.)
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the metering proxy in front of an upstream inference server.

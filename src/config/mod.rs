@@ -3,7 +3,7 @@
 //!
 //! Two phases (tensorzero's `UninitializedConfig::load()`): the layers are merged into one TOML
 //! table and deserialised into `raw` structs that deny unknown keys (errors name the key path
-//! via `serde_path_to_error`), then [`Config::from_raw`] validates values and cross-field rules
+//! via `serde_path_to_error`), then `Config::from_raw` validates values and cross-field rules
 //! into typed settings. Every error names the key, where it came from, and what was wrong.
 
 mod raw;

@@ -1,6 +1,6 @@
 //! The per-request record: what was measured and what is derived from it (SPEC §3).
 //!
-//! A record is built once, when a request ends, from its [`Timeline`] and the upstream's
+//! A record is built once, when a request ends, from its [`Timeline`](super::timeline::Timeline) and the upstream's
 //! usage, and handed to every [`super::RecordSink`] (Prometheus, matrix aggregators,
 //! OpenTelemetry, sweeps). Derived values follow the seed tool's definitions:
 //! TTFT = first token − request head in; TBT = (last token − first token) / (completion − 1);
