@@ -20,7 +20,7 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// (Help texts use `<PLACEHOLDER>` as command-line help does, not HTML.)
+/// The commands. Their help texts write `<PLACEHOLDER>` as command-line help does (not HTML).
 #[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
