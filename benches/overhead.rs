@@ -13,7 +13,8 @@
 //! Run: `cargo bench --bench overhead` (scripts/bench.sh overhead). Environment knobs:
 //! `OVERHEAD_STREAMS` (1000), `OVERHEAD_EVENTS` (200), `OVERHEAD_INTERVAL_MS` (50),
 //! `OVERHEAD_IDLE` (2000), `OVERHEAD_HELD` (10000), `OVERHEAD_RAMP_MS` (1000, the spread of stream
-//! starts).
+//! starts). `OVERHEAD_SOAK_SECS=600` runs only the soak: 1,000 clients streaming back to back
+//! through the proxy for that long, its RSS sampled every 30 s.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::convert::Infallible;
@@ -442,6 +443,44 @@ async fn hold_idle(target: SocketAddr, streams: u64) -> (Vec<tokio::task::JoinHa
     (handles, opened)
 }
 
+/// Soak: `streams` clients each run back-to-back streams through the proxy for `seconds`;
+/// the proxy's RSS is sampled every `every`. Returns the samples (seconds since start, KiB).
+async fn soak(proxy: &Proxy, streams: u64, seconds: u64, every: Duration) -> (Vec<(u64, u64)>, u64) {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let target = proxy.addr;
+    let mut tasks = Vec::new();
+    for i in 0..streams {
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_micros(i * 1_000_000 / streams.max(1))).await;
+            let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+            let mut completed = 0u64;
+            while Instant::now() < deadline {
+                let uri = format!("http://{target}/v1/chat/completions?events=100&interval_ms=50&ttft_ms=20");
+                let Ok(response) = client.request(Request::post(uri).body(Full::new(Bytes::from_static(body().as_bytes()))).unwrap()).await else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                let mut body = response.into_body();
+                while let Some(Ok(_)) = body.frame().await {}
+                completed += 1;
+            }
+            completed
+        }));
+    }
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    while Instant::now() < deadline {
+        samples.push((start.elapsed().as_secs(), rss_kib(proxy.child.id())));
+        tokio::time::sleep(every).await;
+    }
+    let mut completed = 0;
+    for task in tasks {
+        completed += task.await.unwrap_or(0);
+    }
+    samples.push((start.elapsed().as_secs(), rss_kib(proxy.child.id())));
+    (samples, completed)
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -453,8 +492,21 @@ fn main() {
         let interval = env_or("OVERHEAD_INTERVAL_MS", 50);
         let idle = env_or("OVERHEAD_IDLE", 2000);
         let held = env_or("OVERHEAD_HELD", 10_000);
+        let soak_seconds = env_or("OVERHEAD_SOAK_SECS", 0);
         let epoch = Instant::now();
         let upstream = upstream(epoch).await;
+        if soak_seconds > 0 {
+            let proxy = start_proxy(upstream, false).await;
+            println!("soak: {streams} clients running back-to-back 5 s streams through tokentap for {soak_seconds} s");
+            let (samples, completed) = soak(&proxy, streams, soak_seconds, Duration::from_secs(30)).await;
+            for (at, kib) in &samples {
+                println!("  t = {at:>4} s   proxy RSS {kib} KiB");
+            }
+            let first_full = samples.get(1).map_or(0, |s| s.1);
+            let last = samples.last().map_or(0, |s| s.1);
+            println!("soak: {completed} streams completed; RSS after the first 30 s {first_full} KiB, at the end {last} KiB ({:+.1}%)", (last as f64 / first_full.max(1) as f64 - 1.0) * 100.0);
+            return;
+        }
         println!("overhead bench: {streams} streams × {events} events every {interval} ms (client, upstream and proxy share this machine)");
 
         let proxy = start_proxy(upstream, false).await;
