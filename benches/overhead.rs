@@ -445,7 +445,12 @@ async fn hold_idle(target: SocketAddr, streams: u64) -> (Vec<tokio::task::JoinHa
 
 /// Soak: `streams` clients each run back-to-back streams through the proxy for `seconds`;
 /// the proxy's RSS is sampled every `every`. Returns the samples (seconds since start, KiB).
-async fn soak(proxy: &Proxy, streams: u64, seconds: u64, every: Duration) -> (Vec<(u64, u64)>, u64) {
+async fn soak(
+    proxy: &Proxy,
+    streams: u64,
+    seconds: u64,
+    every: Duration,
+) -> (Vec<(u64, u64)>, u64) {
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let target = proxy.addr;
     let mut tasks = Vec::new();
@@ -455,8 +460,17 @@ async fn soak(proxy: &Proxy, streams: u64, seconds: u64, every: Duration) -> (Ve
             let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
             let mut completed = 0u64;
             while Instant::now() < deadline {
-                let uri = format!("http://{target}/v1/chat/completions?events=100&interval_ms=50&ttft_ms=20");
-                let Ok(response) = client.request(Request::post(uri).body(Full::new(Bytes::from_static(body().as_bytes()))).unwrap()).await else {
+                let uri = format!(
+                    "http://{target}/v1/chat/completions?events=100&interval_ms=50&ttft_ms=20"
+                );
+                let Ok(response) = client
+                    .request(
+                        Request::post(uri)
+                            .body(Full::new(Bytes::from_static(body().as_bytes())))
+                            .unwrap(),
+                    )
+                    .await
+                else {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 };

@@ -688,7 +688,13 @@ async fn a_slow_client_holds_the_upstream_back_instead_of_filling_memory() {
 async fn named_upstreams_are_chosen_by_path_prefix_then_model() {
     let answer = |name: &'static str| {
         move |r: &Received| {
-            Script::json(200, &format!(r#"{{"upstream":"{name}","path":"{}","usage":{{"prompt_tokens":3,"completion_tokens":2}}}}"#, r.path))
+            Script::json(
+                200,
+                &format!(
+                    r#"{{"upstream":"{name}","path":"{}","usage":{{"prompt_tokens":3,"completion_tokens":2}}}}"#,
+                    r.path
+                ),
+            )
         }
     };
     let default = ScriptedUpstream::start(answer("default")).await;
@@ -705,16 +711,35 @@ async fn named_upstreams_are_chosen_by_path_prefix_then_model() {
     .await;
     let base = format!("http://{}", server.proxy_addr);
     let cases = [
-        ("/v1/chat/completions", r#"{"model":"other"}"#, "default", "/v1/chat/completions"),
-        ("/v1/chat/completions", r#"{"model":"Qwen/Qwen3-8B"}"#, "qwen", "/v1/chat/completions"),
-        ("/b/v1/chat/completions?x=1", r#"{"model":"Qwen/Qwen3-8B"}"#, "b", "/v1/chat/completions?x=1"),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"other"}"#,
+            "default",
+            "/v1/chat/completions",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"Qwen/Qwen3-8B"}"#,
+            "qwen",
+            "/v1/chat/completions",
+        ),
+        (
+            "/b/v1/chat/completions?x=1",
+            r#"{"model":"Qwen/Qwen3-8B"}"#,
+            "b",
+            "/v1/chat/completions?x=1",
+        ),
         ("/b", "", "b", "/"),
         ("/bb/v1/models", "", "default", "/bb/v1/models"),
     ];
     for (path, body, upstream, seen) in cases {
         let response = post(&format!("{base}{path}"), body).await;
         let answer: serde_json::Value = serde_json::from_slice(&response.bytes()).unwrap();
-        assert_eq!((answer["upstream"].as_str(), answer["path"].as_str()), (Some(upstream), Some(seen)), "{path} {body}");
+        assert_eq!(
+            (answer["upstream"].as_str(), answer["path"].as_str()),
+            (Some(upstream), Some(seen)),
+            "{path} {body}"
+        );
     }
     let records = records.wait_for(3).await;
     let upstreams: Vec<&str> = records.iter().map(|r| &*r.upstream).collect();
@@ -724,12 +749,28 @@ async fn named_upstreams_are_chosen_by_path_prefix_then_model() {
 
 #[tokio::test]
 async fn upstream_5xx_answers_pass_through_and_count_as_upstream_errors() {
-    let upstream = ScriptedUpstream::start(|_| Script::json(503, r#"{"object":"error","message":"overloaded","code":503}"#)).await;
+    let upstream = ScriptedUpstream::start(|_| {
+        Script::json(
+            503,
+            r#"{"object":"error","message":"overloaded","code":503}"#,
+        )
+    })
+    .await;
     let (server, records) = proxy(&upstream.url(), "").await;
-    let response = post(&format!("http://{}/v1/chat/completions", server.proxy_addr), CHAT).await;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        CHAT,
+    )
+    .await;
     assert_eq!(response.status, 503);
-    assert_eq!(response.text(), r#"{"object":"error","message":"overloaded","code":503}"#);
+    assert_eq!(
+        response.text(),
+        r#"{"object":"error","message":"overloaded","code":503}"#
+    );
     let record = &records.wait_for(1).await[0];
-    assert_eq!((record.outcome, record.status), (Outcome::UpstreamError, 503));
+    assert_eq!(
+        (record.outcome, record.status),
+        (Outcome::UpstreamError, 503)
+    );
     server.shutdown().await;
 }
