@@ -495,6 +495,19 @@ async fn soak(
     (samples, completed)
 }
 
+/// Opens `streams` idle streams through `proxy`, reads its RSS before and with them open, then
+/// closes them: (streams opened, RSS before, RSS with them open), in KiB.
+async fn idle_rss(proxy: &Proxy, streams: u64) -> (u64, u64, u64) {
+    let base = rss_kib(proxy.child.id());
+    let (handles, opened) = hold_idle(proxy.addr, streams).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let with_streams = rss_kib(proxy.child.id());
+    for handle in handles {
+        handle.abort();
+    }
+    (opened, base, with_streams)
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -569,33 +582,21 @@ fn main() {
         }
 
         // Memory per idle in-flight stream, HTTP/1.1 on both sides.
-        let base_rss = rss_kib(proxy.child.id());
-        let (handles, opened) = hold_idle(proxy.addr, idle).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let rss = rss_kib(proxy.child.id());
+        let (opened, base_rss, rss) = idle_rss(&proxy, idle).await;
         println!(
             "idle streams: {opened}/{idle} open; proxy RSS {base_rss} KiB → {rss} KiB = {:.1} KiB per idle in-flight stream",
             (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64
         );
-        for handle in handles {
-            handle.abort();
-        }
         drop(proxy);
 
         // 10,000 held: HTTP/1.1 from clients, HTTP/2 to the upstream (this machine's 20,000
         // file descriptors per process would not fit 10,000 upstream sockets beside 10,000
         // client sockets in one proxy process).
         let proxy = start_proxy(upstream, true).await;
-        let base_rss = rss_kib(proxy.child.id());
-        let (handles, opened) = hold_idle(proxy.addr, held).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let rss = rss_kib(proxy.child.id());
+        let (opened, base_rss, rss) = idle_rss(&proxy, held).await;
         println!(
             "held: {opened}/{held} concurrent streams open through one proxy; RSS {base_rss} KiB → {rss} KiB ({:.1} KiB per stream)",
             (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64
         );
-        for handle in handles {
-            handle.abort();
-        }
     });
 }

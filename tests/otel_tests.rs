@@ -91,22 +91,3 @@ async fn spans_and_genai_metrics_reach_the_collector() {
         );
     }
 }
-
-#[tokio::test]
-async fn nothing_is_exported_without_an_endpoint() {
-    let upstream = ScriptedUpstream::start(|_| {
-        Script::json(
-            200,
-            r#"{"usage":{"prompt_tokens":1,"completion_tokens":1}}"#,
-        )
-    })
-    .await;
-    let (server, records) = proxy(&upstream.url(), "").await;
-    post(
-        &format!("http://{}/v1/chat/completions", server.proxy_addr),
-        r#"{"model":"m"}"#,
-    )
-    .await;
-    records.wait_for(1).await;
-    server.shutdown().await;
-}

@@ -274,12 +274,7 @@ async fn every_end_of_a_stream_is_recorded_once_with_its_outcome() {
     assert!(records.iter().all(|r| r.completion_tokens >= 1));
     // The hang-up reached the upstream at once.
     let hung = upstream.requests().into_iter().last().unwrap();
-    for _ in 0..100 {
-        if hung.disconnected.lock().unwrap().is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_disconnect(&hung).await;
     assert!(
         hung.disconnected.lock().unwrap().is_some(),
         "upstream never saw the client go"
@@ -306,12 +301,7 @@ async fn a_client_that_leaves_before_the_first_token_cancels_the_upstream_reques
     let record = &records.wait_for(1).await[0];
     assert_eq!(record.outcome, Outcome::ClientAborted);
     let hung = upstream.requests().into_iter().last().unwrap();
-    for _ in 0..100 {
-        if hung.disconnected.lock().unwrap().is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_disconnect(&hung).await;
     assert!(hung.disconnected.lock().unwrap().is_some());
     server.shutdown().await;
 }
@@ -773,4 +763,14 @@ async fn upstream_5xx_answers_pass_through_and_count_as_upstream_errors() {
         (Outcome::UpstreamError, 503)
     );
     server.shutdown().await;
+}
+
+/// Waits (at most a second) until the upstream saw its peer go away.
+async fn wait_for_disconnect(received: &Received) {
+    for _ in 0..100 {
+        if received.disconnected.lock().unwrap().is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }

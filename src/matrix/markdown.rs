@@ -10,10 +10,11 @@
 use super::doc::MatrixDoc;
 use super::import::{is_delimiter_row, numbered_lines, split_table_row, ImportError, Line};
 use super::page::{
-    self, apply_fact, apply_title, grid_cell_parts, measurement_header, measurement_rows,
-    parse_measurement_row, status_legends, ttft_note, MeasurementRow, ALL_CAPTION, DECODE_CAPTION,
-    FACT_SECTIONS, MEASUREMENT_COLUMNS, PAGE_TITLE, PREFILL_CAPTION, PROMPT_TOKENS_COLUMN,
-    SECTION_ALL, SECTION_DECODE, SECTION_LAUNCH, SECTION_NOTES, SECTION_PREFILL,
+    self, apply_fact, apply_title, grid_cell_parts, measurement_header,
+    measurement_header_has_prompt_tokens, measurement_rows, parse_measurement_row, status_legends,
+    ttft_note, MeasurementRow, ALL_CAPTION, DECODE_CAPTION, FACT_SECTIONS, MEASUREMENT_COLUMNS,
+    PAGE_TITLE, PREFILL_CAPTION, SECTION_ALL, SECTION_DECODE, SECTION_LAUNCH, SECTION_NOTES,
+    SECTION_PREFILL,
 };
 use super::redact::redact_launch_command;
 use super::units::{context_label, format_ms_whole, format_rate, or_missing};
@@ -384,18 +385,7 @@ fn parse_measurements(
 ) -> Result<usize, ImportError> {
     let header_line = lines[start.min(lines.len().saturating_sub(1))];
     let header = split_table_row(header_line.text, true).unwrap_or_default();
-    let standard: Vec<String> = MEASUREMENT_COLUMNS
-        .iter()
-        .map(|c| (*c).to_owned())
-        .collect();
-    let with_prompt_tokens = if header == standard {
-        false
-    } else if header.len() == standard.len() + 1
-        && header[..standard.len()] == standard[..]
-        && header.last().map(String::as_str) == Some(PROMPT_TOKENS_COLUMN)
-    {
-        true
-    } else {
+    let Some(with_prompt_tokens) = measurement_header_has_prompt_tokens(&header) else {
         return Err(expected(
             header_line,
             &format!("the table header | {} |", MEASUREMENT_COLUMNS.join(" | ")),

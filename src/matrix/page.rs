@@ -58,6 +58,23 @@ pub const MEASUREMENT_COLUMNS: [&str; 12] = [
 /// The optional 13th column, present when any row knows its real prompt length.
 pub const PROMPT_TOKENS_COLUMN: &str = "Prompt tokens";
 
+/// Reads an "All measurements" header: `Some(false)` for the standard columns, `Some(true)` when
+/// the optional Prompt tokens column follows them, `None` for anything else.
+pub fn measurement_header_has_prompt_tokens(header: &[String]) -> Option<bool> {
+    let standard = header.len() >= MEASUREMENT_COLUMNS.len()
+        && header
+            .iter()
+            .zip(MEASUREMENT_COLUMNS)
+            .all(|(got, want)| got == want);
+    match header.len() - MEASUREMENT_COLUMNS.len().min(header.len()) {
+        0 if standard => Some(false),
+        1 if standard && header.last().map(String::as_str) == Some(PROMPT_TOKENS_COLUMN) => {
+            Some(true)
+        }
+        _ => None,
+    }
+}
+
 /// The title line: `<model> on <hardware>`.
 pub fn title(metadata: &Metadata) -> String {
     let model = metadata.model.title_name().unwrap_or("Unknown model");

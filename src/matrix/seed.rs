@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use super::doc::{MatrixDoc, Metadata, Source};
 use super::import::{is_delimiter_row, numbered_lines, split_table_row, ImportError, Line};
 use super::page::{
-    self, apply_fact, apply_title, grid_cell_parts, model_path_from_command, parse_measurement_row,
-    MeasurementRow, ALL_CAPTION, DECODE_CAPTION, FACT_SECTIONS, MEASUREMENT_COLUMNS, PAGE_TITLE,
-    PREFILL_CAPTION, PROMPT_TOKENS_COLUMN, SECTION_ALL, SECTION_DECODE, SECTION_ENGINE,
-    SECTION_HARDWARE, SECTION_LAUNCH, SECTION_PREFILL, SECTION_RUN,
+    self, apply_fact, apply_title, grid_cell_parts, measurement_header_has_prompt_tokens,
+    model_path_from_command, parse_measurement_row, MeasurementRow, ALL_CAPTION, DECODE_CAPTION,
+    FACT_SECTIONS, MEASUREMENT_COLUMNS, PAGE_TITLE, PREFILL_CAPTION, SECTION_ALL, SECTION_DECODE,
+    SECTION_ENGINE, SECTION_HARDWARE, SECTION_LAUNCH, SECTION_PREFILL, SECTION_RUN,
 };
 use super::redact::redact_launch_command;
 use super::units::{context_label, format_ms_whole, format_rate_compact, parse_context, MISSING};
@@ -255,18 +255,7 @@ fn parse_measurements(
     last_number: usize,
 ) -> Result<(), ImportError> {
     let (header_line, header) = caption_and_header(section, ALL_CAPTION, last_number)?;
-    let standard: Vec<String> = MEASUREMENT_COLUMNS
-        .iter()
-        .map(|c| (*c).to_owned())
-        .collect();
-    let with_prompt_tokens = if header == standard {
-        false
-    } else if header.len() == standard.len() + 1
-        && header[..standard.len()] == standard[..]
-        && header.last().map(String::as_str) == Some(PROMPT_TOKENS_COLUMN)
-    {
-        true
-    } else {
+    let Some(with_prompt_tokens) = measurement_header_has_prompt_tokens(&header) else {
         return Err(expected(
             header_line,
             &format!("the header | {} |", MEASUREMENT_COLUMNS.join(" | ")),
