@@ -88,7 +88,9 @@ impl Drop for Pki {
 }
 
 async fn start(config_text: &str) -> ProxyServer {
-    proxy_from_config(config_text).await.0
+    proxy_from_config(&format!("{config_text}\n[store]\ndata_dir = \"\"\n"))
+        .await
+        .0
 }
 
 /// One HTTPS request over a fresh TLS connection with `config`; returns (version, body).

@@ -156,10 +156,21 @@ impl Store {
         connection
             .busy_timeout(Duration::from_secs(5))
             .map_err(open_error)?;
-        // WAL: readers (the CLI, the admin page) never block the snapshot writer.
-        let _mode: String = connection
-            .query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))
-            .map_err(open_error)?;
+        // WAL: readers (the CLI, the admin page) never block the snapshot writer. Switching the
+        // journal mode while another process opens the same file can answer "database is locked"
+        // without consulting the busy timeout, so it is retried for a bounded while.
+        let mut attempts = 0;
+        let _mode: String = loop {
+            match connection.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0)) {
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy && attempts < 100 =>
+                {
+                    attempts += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                result => break result.map_err(open_error)?,
+            }
+        };
         let version: i64 = connection
             .query_row("PRAGMA user_version", [], |row| row.get(0))
             .map_err(open_error)?;
