@@ -294,7 +294,7 @@ async fn https_upstreams_are_verified_against_the_configured_ca() {
 async fn tls_misconfiguration_is_a_clear_start_up_error() {
     let config = ConfigLoader::new()
         .text(
-            "[tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n",
+            "[tls]\ncert = \"/nonexistent/cert.pem\"\nkey = \"/nonexistent/key.pem\"\n[store]\ndata_dir = \"\"\n",
             "t.toml",
         )
         .unwrap()
