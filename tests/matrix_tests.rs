@@ -323,6 +323,8 @@ fn a_code_built_document_round_trips_through_markdown() {
     cell.output_tokens = Some(12_000);
     cell.measured_for_s = Some(30.02);
     cell.prompt_tokens = Some(8_192);
+    cell.prefill_overlap_share = Some(0.1234);
+    cell.overlapping_prefills = Some(1.5);
     doc.decode.push(cell);
     doc.decode.push(DecodeCell::status_only(
         8192,
@@ -340,9 +342,28 @@ fn a_code_built_document_round_trips_through_markdown() {
         .contains("sk-"));
 
     let md = markdown::render_markdown(&doc);
-    assert!(md.contains("| Prompt tokens |"), "{md}");
+    assert!(
+        md.contains("| Prompt tokens | Prefill overlap | Overlapping prefills |"),
+        "{md}"
+    );
+    assert!(md.contains("| 8,192 | 12.3% | 1.50 |"), "{md}");
     let imported = parse_any(&md).unwrap();
     assert_eq!(markdown::render_markdown(&imported), md);
+    let cell = imported.cell(8192, 4).unwrap();
+    assert!((cell.prefill_overlap_share.unwrap() - 0.123).abs() < 1e-12);
+    assert_eq!(cell.overlapping_prefills, Some(1.5));
+    // A page written before the interference columns existed still imports, without them.
+    let mut older = doc.clone();
+    for cell in &mut older.decode {
+        cell.prefill_overlap_share = None;
+        cell.overlapping_prefills = None;
+    }
+    let older_md = markdown::render_markdown(&older);
+    assert!(!older_md.contains("Prefill overlap"), "{older_md}");
+    assert_eq!(
+        markdown::render_markdown(&parse_any(&older_md).unwrap()),
+        older_md
+    );
     // Markdown keeps the page's precision; JSON keeps everything.
     assert_eq!(imported.cell(8192, 4).unwrap().total_tok_s, Some(400.1));
     assert_eq!(imported.metadata, doc.metadata);
@@ -1129,6 +1150,12 @@ fn documents() -> impl Strategy<Value = MatrixDoc> {
                     cell.output_tokens = output;
                     cell.measured_for_s = ttft.map(|_| 30.0);
                     cell.prompt_tokens = output.filter(|o| o % 3 == 0);
+                    // Prefill interference (optional columns), on some cells only.
+                    cell.prefill_overlap_share = ttft
+                        .filter(|_| output.is_some_and(|o| o % 2 == 0))
+                        .map(|t| (t % 1000.0) / 1000.0);
+                    cell.overlapping_prefills =
+                        cell.prefill_overlap_share.and(total.map(|t| t % 9.0));
                 }
                 doc.decode.push(cell);
             }

@@ -155,6 +155,53 @@ pub struct CellAccumulator {
     pub ttft: QuantileSketch,
     /// Time between tokens, seconds per token, weighted by decode tokens.
     pub tbt: QuantileSketch,
+    /// Prefill interference of own-cell requests.
+    pub interference: InterferenceSum,
+}
+
+/// Prefill interference summed over requests (docs/metrics.md): the production aggregator
+/// and the sweep's cells both use it, so the column means the same in either matrix.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct InterferenceSum {
+    /// Σ completion tokens of requests with a figure (the weights of the share).
+    pub tokens: u64,
+    /// Σ share × completion tokens.
+    pub share_tokens: f64,
+    /// Requests with a figure, and Σ their overlapping prefills.
+    pub requests: u64,
+    pub overlapping_prefills: u64,
+}
+
+impl InterferenceSum {
+    /// Adds a record's figures; records without a decode interval carry none.
+    pub fn add(&mut self, record: &RequestRecord) {
+        if let (Some(share), Some(overlapping)) =
+            (record.prefill_overlap_share, record.overlapping_prefills)
+        {
+            let weight = record.completion_tokens.max(1);
+            self.tokens += weight;
+            self.share_tokens += share * weight as f64;
+            self.requests += 1;
+            self.overlapping_prefills += u64::from(overlapping);
+        }
+    }
+
+    pub fn merge(&mut self, other: &InterferenceSum) {
+        self.tokens += other.tokens;
+        self.share_tokens += other.share_tokens;
+        self.requests += other.requests;
+        self.overlapping_prefills += other.overlapping_prefills;
+    }
+
+    /// Token-weighted mean share of decode overlapped by other requests' prefill (0–1).
+    pub fn share(&self) -> Option<f64> {
+        (self.tokens > 0).then(|| (self.share_tokens / self.tokens as f64).clamp(0.0, 1.0))
+    }
+
+    /// Mean number of other requests' prefills overlapping a request's decode.
+    pub fn mean_overlapping_prefills(&self) -> Option<f64> {
+        (self.requests > 0).then(|| self.overlapping_prefills as f64 / self.requests as f64)
+    }
 }
 
 impl CellAccumulator {
@@ -192,6 +239,7 @@ impl CellAccumulator {
             self.prompt_tokens += prompt;
             self.prompt_requests += 1;
         }
+        self.interference.add(record);
     }
 
     /// Adds a whole request to this cell regardless of the levels it lived through: for a
@@ -226,6 +274,7 @@ impl CellAccumulator {
         self.prompt_requests += other.prompt_requests;
         self.ttft.merge(&other.ttft);
         self.tbt.merge(&other.tbt);
+        self.interference.merge(&other.interference);
     }
 
     fn failures(&self) -> u64 {
@@ -287,6 +336,8 @@ impl CellAccumulator {
             measured_for_s: measured_for,
             prompt_tokens: (self.prompt_requests > 0)
                 .then(|| (self.prompt_tokens as f64 / self.prompt_requests as f64).round() as u64),
+            prefill_overlap_share: self.interference.share(),
+            overlapping_prefills: self.interference.mean_overlapping_prefills(),
         }
     }
 }
@@ -600,6 +651,8 @@ pub(crate) mod test_records {
             per_request_tokens_per_second: None,
             prefill_tokens_per_second: None,
             average_active_requests: average_active,
+            prefill_overlap_share: None,
+            overlapping_prefills: None,
             context_bucket: contexts.context_bucket(prompt.unwrap_or(0)),
             concurrency_bucket: concurrency.concurrency_bucket(average_active),
             itl: LocalHistogram::new(&BOUNDS),

@@ -5,7 +5,7 @@ use super::page::{PHASE_DECODE, PHASE_PREFILL};
 use super::units::context_label;
 
 /// Column names of [`render_csv`], in order.
-pub const CSV_COLUMNS: [&str; 14] = [
+pub const CSV_COLUMNS: [&str; 16] = [
     "phase",
     "context",
     "context_tokens",
@@ -20,6 +20,8 @@ pub const CSV_COLUMNS: [&str; 14] = [
     "output_tokens",
     "measured_for_s",
     "prompt_tokens",
+    "prefill_overlap_share",
+    "overlapping_prefills",
 ];
 
 fn quote(field: &str) -> String {
@@ -59,6 +61,8 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
             String::new(),
             String::new(),
             count(row.prompt_tokens),
+            String::new(),
+            String::new(),
         ]);
     }
     let mut decode: Vec<_> = doc.decode.iter().collect();
@@ -79,6 +83,8 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
             count(cell.output_tokens),
             number(cell.measured_for_s),
             count(cell.prompt_tokens),
+            number(cell.prefill_overlap_share),
+            number(cell.overlapping_prefills),
         ]);
     }
     let mut out = String::new();

@@ -204,6 +204,14 @@ pub struct DecodeCell {
     /// Prompt tokens the server reported per request, when known.
     #[serde(default)]
     pub prompt_tokens: Option<u64>,
+    /// Prefill interference: the token-weighted mean share (0–1) of each request's decode
+    /// interval during which at least one other request to the same server and model was in
+    /// prefill (head in → first token). Absent in documents that predate it.
+    #[serde(default)]
+    pub prefill_overlap_share: Option<f64>,
+    /// Mean number of other requests' prefills that overlapped a request's decode interval.
+    #[serde(default)]
+    pub overlapping_prefills: Option<f64>,
 }
 
 /// Outcome of one measurement. In JSON and on the page it is the text `Valid`, `Over capacity`,
@@ -343,6 +351,8 @@ impl DecodeCell {
             output_tokens: None,
             measured_for_s: None,
             prompt_tokens: None,
+            prefill_overlap_share: None,
+            overlapping_prefills: None,
         }
     }
 
@@ -357,6 +367,8 @@ impl DecodeCell {
             || self.output_tokens.is_some()
             || self.measured_for_s.is_some()
             || self.prompt_tokens.is_some()
+            || self.prefill_overlap_share.is_some()
+            || self.overlapping_prefills.is_some()
     }
 }
 
@@ -367,6 +379,12 @@ pub enum ValidationError {
     Schema { found: String },
     #[error("{item}: {field} must be a finite number ≥ 0, found {value}")]
     BadNumber {
+        item: String,
+        field: &'static str,
+        value: f64,
+    },
+    #[error("{item}: {field} is a share and must lie in 0–1, found {value}")]
+    NotAShare {
         item: String,
         field: &'static str,
         value: f64,
@@ -535,6 +553,15 @@ impl DecodeCell {
             self.average_active_requests,
         )?;
         check_number(&item, "measured_for_s", self.measured_for_s)?;
+        check_number(&item, "prefill_overlap_share", self.prefill_overlap_share)?;
+        if let Some(share) = self.prefill_overlap_share.filter(|share| *share > 1.0) {
+            return Err(ValidationError::NotAShare {
+                item,
+                field: "prefill_overlap_share",
+                value: share,
+            });
+        }
+        check_number(&item, "overlapping_prefills", self.overlapping_prefills)?;
         check_skipped(&item, &self.status, self.has_figures())
     }
 }

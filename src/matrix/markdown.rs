@@ -10,11 +10,10 @@
 use super::doc::MatrixDoc;
 use super::import::{is_delimiter_row, numbered_lines, split_table_row, ImportError, Line};
 use super::page::{
-    self, apply_fact, apply_title, grid_cell_parts, measurement_header,
-    measurement_header_has_prompt_tokens, measurement_rows, parse_measurement_row, status_legends,
-    ttft_note, MeasurementRow, ALL_CAPTION, DECODE_CAPTION, FACT_SECTIONS, MEASUREMENT_COLUMNS,
-    PAGE_TITLE, PREFILL_CAPTION, SECTION_ALL, SECTION_DECODE, SECTION_LAUNCH, SECTION_NOTES,
-    SECTION_PREFILL,
+    self, apply_fact, apply_title, grid_cell_parts, measurement_header, measurement_header_columns,
+    measurement_rows, parse_measurement_row, status_legends, ttft_note, MeasurementRow,
+    ALL_CAPTION, DECODE_CAPTION, FACT_SECTIONS, MEASUREMENT_COLUMNS, PAGE_TITLE, PREFILL_CAPTION,
+    SECTION_ALL, SECTION_DECODE, SECTION_LAUNCH, SECTION_NOTES, SECTION_PREFILL,
 };
 use super::redact::redact_launch_command;
 use super::units::{context_label, format_ms_whole, format_rate, or_missing};
@@ -385,7 +384,7 @@ fn parse_measurements(
 ) -> Result<usize, ImportError> {
     let header_line = lines[start.min(lines.len().saturating_sub(1))];
     let header = split_table_row(header_line.text, true).unwrap_or_default();
-    let Some(with_prompt_tokens) = measurement_header_has_prompt_tokens(&header) else {
+    let Some(optional_columns) = measurement_header_columns(&header) else {
         return Err(expected(
             header_line,
             &format!("the table header | {} |", MEASUREMENT_COLUMNS.join(" | ")),
@@ -414,12 +413,11 @@ fn parse_measurements(
                 &format!("a table row of {} cells ending with `|`", header.len()),
             )
         })?;
-        let row = parse_measurement_row(&cells, with_prompt_tokens).map_err(|source| {
-            ImportError::Row {
+        let row =
+            parse_measurement_row(&cells, optional_columns).map_err(|source| ImportError::Row {
                 line: line.number,
                 source,
-            }
-        })?;
+            })?;
         let (key, what) = match &row {
             MeasurementRow::Prefill(row) => (
                 (true, row.context_tokens, 0),

@@ -6,9 +6,9 @@
 //! both directions. Pure: no I/O, no markup (callers escape for their format).
 use super::doc::{CellStatus, DecodeCell, Fact, MatrixDoc, Metadata, PrefillRow, Source};
 use super::units::{
-    context_label, format_count, format_decimal, format_ms_tenths, format_ms_whole, format_rate,
-    format_seconds_tenths, or_missing, parse_context, parse_count, parse_decimal, parse_optional,
-    parse_rate, parse_with_unit, ValueError,
+    context_label, format_count, format_decimal, format_ms_tenths, format_ms_whole, format_percent,
+    format_rate, format_seconds_tenths, or_missing, parse_context, parse_count, parse_decimal,
+    parse_optional, parse_percent, parse_rate, parse_with_unit, ValueError,
 };
 
 pub const PAGE_TITLE: &str = "Speed test matrix";
@@ -57,22 +57,68 @@ pub const MEASUREMENT_COLUMNS: [&str; 12] = [
 ];
 /// The optional 13th column, present when any row knows its real prompt length.
 pub const PROMPT_TOKENS_COLUMN: &str = "Prompt tokens";
+/// The optional interference columns, present when any cell measured prefill interference.
+pub const PREFILL_OVERLAP_COLUMN: &str = "Prefill overlap";
+pub const OVERLAPPING_PREFILLS_COLUMN: &str = "Overlapping prefills";
 
-/// Reads an "All measurements" header: `Some(false)` for the standard columns, `Some(true)` when
-/// the optional Prompt tokens column follows them, `None` for anything else.
-pub fn measurement_header_has_prompt_tokens(header: &[String]) -> Option<bool> {
+/// Which optional columns follow the standard ones, in this order: Prompt tokens, then
+/// Prefill overlap and Overlapping prefills. Pages written before a column existed simply lack it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OptionalColumns {
+    pub prompt_tokens: bool,
+    pub interference: bool,
+}
+
+impl OptionalColumns {
+    /// The columns `doc` needs.
+    pub fn of(doc: &MatrixDoc) -> OptionalColumns {
+        OptionalColumns {
+            prompt_tokens: has_prompt_tokens(doc),
+            interference: has_interference(doc),
+        }
+    }
+
+    /// Their headers, in table order.
+    pub fn headers(self) -> Vec<&'static str> {
+        let mut headers = Vec::new();
+        if self.prompt_tokens {
+            headers.push(PROMPT_TOKENS_COLUMN);
+        }
+        if self.interference {
+            headers.push(PREFILL_OVERLAP_COLUMN);
+            headers.push(OVERLAPPING_PREFILLS_COLUMN);
+        }
+        headers
+    }
+}
+
+/// Reads an "All measurements" header: the optional columns that follow the standard ones, or
+/// `None` when the header is anything else.
+pub fn measurement_header_columns(header: &[String]) -> Option<OptionalColumns> {
     let standard = header.len() >= MEASUREMENT_COLUMNS.len()
         && header
             .iter()
             .zip(MEASUREMENT_COLUMNS)
             .all(|(got, want)| got == want);
-    match header.len() - MEASUREMENT_COLUMNS.len().min(header.len()) {
-        0 if standard => Some(false),
-        1 if standard && header.last().map(String::as_str) == Some(PROMPT_TOKENS_COLUMN) => {
-            Some(true)
-        }
-        _ => None,
+    if !standard {
+        return None;
     }
+    let tail: Vec<&str> = header
+        .iter()
+        .skip(MEASUREMENT_COLUMNS.len())
+        .map(String::as_str)
+        .collect();
+    [false, true]
+        .into_iter()
+        .flat_map(|prompt_tokens| {
+            [false, true]
+                .into_iter()
+                .map(move |interference| OptionalColumns {
+                    prompt_tokens,
+                    interference,
+                })
+        })
+        .find(|columns| columns.headers() == tail)
 }
 
 /// The title line: `<model> on <hardware>`.
@@ -526,9 +572,18 @@ pub fn has_prompt_tokens(doc: &MatrixDoc) -> bool {
         || doc.decode.iter().any(|cell| cell.prompt_tokens.is_some())
 }
 
-/// The "All measurements" rows as page text, prefill rows first, each with 12 or 13 cells.
+/// Whether the table needs the optional interference columns.
+pub fn has_interference(doc: &MatrixDoc) -> bool {
+    doc.decode
+        .iter()
+        .any(|cell| cell.prefill_overlap_share.is_some() || cell.overlapping_prefills.is_some())
+}
+
+/// The "All measurements" rows as page text, prefill rows first, each with the 12 standard
+/// cells and the optional ones [`OptionalColumns::of`] `doc` asks for.
 pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
-    let with_prompt_tokens = has_prompt_tokens(doc);
+    let columns = OptionalColumns::of(doc);
+    let with_prompt_tokens = columns.prompt_tokens;
     let mut prefill: Vec<&PrefillRow> = doc.prefill.iter().collect();
     prefill.sort_by_key(|row| row.context_tokens);
     let mut decode: Vec<&DecodeCell> = doc.decode.iter().collect();
@@ -553,6 +608,10 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
         if with_prompt_tokens {
             cells.push(or_missing(row.prompt_tokens, format_count));
         }
+        if columns.interference {
+            cells.push(missing());
+            cells.push(missing());
+        }
         rows.push(cells);
     }
     for cell in decode {
@@ -573,6 +632,12 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
         if with_prompt_tokens {
             cells.push(or_missing(cell.prompt_tokens, format_count));
         }
+        if columns.interference {
+            cells.push(or_missing(cell.prefill_overlap_share, format_percent));
+            cells.push(or_missing(cell.overlapping_prefills, |v| {
+                format_decimal(v, 2)
+            }));
+        }
         rows.push(cells);
     }
     rows
@@ -581,9 +646,7 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
 /// The header of the "All measurements" table for `doc`.
 pub fn measurement_header(doc: &MatrixDoc) -> Vec<&'static str> {
     let mut header = MEASUREMENT_COLUMNS.to_vec();
-    if has_prompt_tokens(doc) {
-        header.push(PROMPT_TOKENS_COLUMN);
-    }
+    header.extend(OptionalColumns::of(doc).headers());
     header
 }
 
@@ -616,9 +679,10 @@ pub enum RowError {
 /// Parses one row of the "All measurements" table (cells already split and unescaped).
 pub fn parse_measurement_row(
     cells: &[String],
-    with_prompt_tokens: bool,
+    columns: OptionalColumns,
 ) -> Result<MeasurementRow, RowError> {
-    let expected = if with_prompt_tokens { 13 } else { 12 };
+    let optional = columns.headers();
+    let expected = MEASUREMENT_COLUMNS.len() + optional.len();
     if cells.len() != expected {
         return Err(RowError::ColumnCount {
             expected,
@@ -628,6 +692,11 @@ pub fn parse_measurement_row(
     let column = |index: usize| {
         MEASUREMENT_COLUMNS
             .get(index)
+            .or_else(|| {
+                index
+                    .checked_sub(MEASUREMENT_COLUMNS.len())
+                    .and_then(|i| optional.get(i))
+            })
             .copied()
             .unwrap_or(PROMPT_TOKENS_COLUMN)
     };
@@ -651,14 +720,29 @@ pub fn parse_measurement_row(
     let status = CellStatus::parse(cell(3)).ok_or_else(|| RowError::UnknownStatus {
         found: cell(3).to_owned(),
     })?;
-    let prompt_tokens = if with_prompt_tokens {
+    let prompt_tokens = if columns.prompt_tokens {
         parse_optional(cell(12), parse_count).map_err(value(12))?
     } else {
         None
     };
+    let interference_at = MEASUREMENT_COLUMNS.len() + usize::from(columns.prompt_tokens);
+    let (overlap_share, overlapping) = if columns.interference {
+        (
+            parse_optional(cell(interference_at), parse_percent).map_err(value(interference_at))?,
+            parse_optional(cell(interference_at + 1), parse_decimal)
+                .map_err(value(interference_at + 1))?,
+        )
+    } else {
+        (None, None)
+    };
     match cell(0) {
         PHASE_PREFILL => {
-            for index in [5, 7, 8, 10, 11] {
+            let interference_cells = if columns.interference {
+                vec![interference_at, interference_at + 1]
+            } else {
+                Vec::new()
+            };
+            for index in [5, 7, 8, 10, 11].into_iter().chain(interference_cells) {
                 if cell(index) != super::units::MISSING {
                     return Err(RowError::NotForPrefill {
                         column: column(index),
@@ -690,6 +774,8 @@ pub fn parse_measurement_row(
             measured_for_s: parse_optional(cell(11), |t| parse_with_unit(t, "s"))
                 .map_err(value(11))?,
             prompt_tokens,
+            prefill_overlap_share: overlap_share,
+            overlapping_prefills: overlapping,
         })),
         other => Err(RowError::UnknownPhase {
             found: other.to_owned(),

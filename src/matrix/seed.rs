@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use super::doc::{MatrixDoc, Metadata, Source};
 use super::import::{is_delimiter_row, numbered_lines, split_table_row, ImportError, Line};
 use super::page::{
-    self, apply_fact, apply_title, grid_cell_parts, measurement_header_has_prompt_tokens,
+    self, apply_fact, apply_title, grid_cell_parts, measurement_header_columns,
     model_path_from_command, parse_measurement_row, MeasurementRow, ALL_CAPTION, DECODE_CAPTION,
     FACT_SECTIONS, MEASUREMENT_COLUMNS, PAGE_TITLE, PREFILL_CAPTION, SECTION_ALL, SECTION_DECODE,
     SECTION_ENGINE, SECTION_HARDWARE, SECTION_LAUNCH, SECTION_PREFILL, SECTION_RUN,
@@ -255,7 +255,7 @@ fn parse_measurements(
     last_number: usize,
 ) -> Result<(), ImportError> {
     let (header_line, header) = caption_and_header(section, ALL_CAPTION, last_number)?;
-    let Some(with_prompt_tokens) = measurement_header_has_prompt_tokens(&header) else {
+    let Some(optional_columns) = measurement_header_columns(&header) else {
         return Err(expected(
             header_line,
             &format!("the header | {} |", MEASUREMENT_COLUMNS.join(" | ")),
@@ -284,12 +284,11 @@ fn parse_measurements(
                 &format!("a table row of {} cells ending with `|`", header.len()),
             )
         })?;
-        let row = parse_measurement_row(&cells, with_prompt_tokens).map_err(|source| {
-            ImportError::Row {
+        let row =
+            parse_measurement_row(&cells, optional_columns).map_err(|source| ImportError::Row {
                 line: line.number,
                 source,
-            }
-        })?;
+            })?;
         let key = match &row {
             MeasurementRow::Prefill(row) => (true, row.context_tokens, 0),
             MeasurementRow::Decode(cell) => (false, cell.context_tokens, cell.concurrency),

@@ -80,6 +80,22 @@ pub fn format_decimal(value: f64, places: usize) -> String {
     group_thousands(&format!("{value:.places$}"))
 }
 
+/// A share (0–1) as a percentage with one decimal: `12.3%`.
+pub fn format_percent(share: f64) -> String {
+    format!("{}%", format_decimal(share * 100.0, 1))
+}
+
+/// Parses `12.3%` back into a share (0.123).
+pub fn parse_percent(text: &str) -> Result<f64, ValueError> {
+    const EXPECTED: &str = "a percentage like 12.3%";
+    let number = text
+        .strip_suffix('%')
+        .ok_or_else(|| value_error(EXPECTED, text))?;
+    parse_decimal(number)
+        .map(|percent| percent / 100.0)
+        .map_err(|_| value_error(EXPECTED, text))
+}
+
 /// An integer count with thousands separators: `5,110`.
 pub fn format_count(value: u64) -> String {
     group_thousands(&value.to_string())
@@ -261,6 +277,19 @@ mod tests {
         assert_eq!(parse_context("1500"), Ok(1500));
         for bad in ["", "K", "8.5K", "-8K", "8k", "99999999999999999999K"] {
             assert!(parse_context(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn percentages_round_trip() {
+        assert_eq!(format_percent(0.123), "12.3%");
+        assert_eq!(format_percent(0.0), "0.0%");
+        assert_eq!(format_percent(1.0), "100.0%");
+        for text in ["12.3%", "0.0%", "100.0%", "0.1%", "99.9%", "12.2%"] {
+            assert_eq!(format_percent(parse_percent(text).unwrap()), text);
+        }
+        for bad in ["", "%", "12.3", "x%", "12.3 %"] {
+            assert!(parse_percent(bad).is_err(), "{bad}");
         }
     }
 

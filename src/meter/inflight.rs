@@ -1,10 +1,20 @@
-//! Live concurrency: the in-flight count per (upstream, model) and its time integral.
+//! Live concurrency and prefill interference per (upstream, model): the in-flight count, the
+//! count of requests in their prefill phase, and their exact time integrals.
 //!
 //! A request's *average active requests* is the time-weighted mean of the in-flight count
 //! over its decode interval (first token → last token). Each tracker keeps the exact integral
 //! ∫count·dt, updated under a short lock only when a request enters or leaves, so the mean
 //! over any interval is (area(end) − area(start)) / (end − start) with no sampling error. The
-//! per-event hot path only reads the atomic count (no lock).
+//! per-event hot path only reads (no lock).
+//!
+//! *Prefill interference* works the same way. A request is in prefill from its head in to its
+//! first token. The tracker keeps the number of requests in prefill, how many prefills ever
+//! began, and ∫[prefilling ≥ 1]·dt. A request reads them at its first token (just after
+//! leaving prefill itself, so its own prefill is never counted) and at each later token, and
+//! gets, exactly and without per-event work: the share of its decode interval during which
+//! another request was in prefill, and how many prefills overlapped that interval (those in
+//! progress at its first token plus those begun before its last). Leaving prefill is a change
+//! like entering: one short writer lock per request at its first token, never per event.
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
@@ -29,6 +39,36 @@ pub struct InflightTracker {
     since_ns: AtomicU64,
     /// ∫count·dt up to `since_ns`, in request-seconds, as f64 bits.
     area_bits: AtomicU64,
+    /// Requests between head in and first token.
+    prefilling: AtomicU32,
+    /// Prefills begun since creation (monotonic).
+    prefill_starts: AtomicU64,
+    /// ∫[prefilling ≥ 1]·dt up to `since_ns`, in seconds, as f64 bits.
+    prefill_busy_bits: AtomicU64,
+}
+
+/// One consistent reading of a tracker's integrals at an instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TrackerReading {
+    /// ∫inflight·dt, request-seconds.
+    pub inflight_area: f64,
+    /// ∫[prefilling ≥ 1]·dt, seconds.
+    pub prefill_busy: f64,
+    /// Requests in prefill now.
+    pub prefilling: u32,
+    /// Prefills begun so far.
+    pub prefill_starts: u64,
+}
+
+/// The raw fields a seqlock read copies.
+#[derive(Clone, Copy)]
+struct Snapshot {
+    count: u32,
+    since: u64,
+    area: f64,
+    prefilling: u32,
+    prefill_starts: u64,
+    prefill_busy: f64,
 }
 
 impl InflightTracker {
@@ -40,6 +80,20 @@ impl InflightTracker {
             count: AtomicU32::new(0),
             since_ns: AtomicU64::new(0),
             area_bits: AtomicU64::new(0f64.to_bits()),
+            prefilling: AtomicU32::new(0),
+            prefill_starts: AtomicU64::new(0),
+            prefill_busy_bits: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    fn load(&self) -> Snapshot {
+        Snapshot {
+            count: self.count.load(Ordering::Relaxed),
+            since: self.since_ns.load(Ordering::Relaxed),
+            area: f64::from_bits(self.area_bits.load(Ordering::Relaxed)),
+            prefilling: self.prefilling.load(Ordering::Relaxed),
+            prefill_starts: self.prefill_starts.load(Ordering::Relaxed),
+            prefill_busy: f64::from_bits(self.prefill_busy_bits.load(Ordering::Relaxed)),
         }
     }
 
@@ -55,9 +109,21 @@ impl InflightTracker {
     /// ∫count·dt from creation up to `now` (which must not precede the last change), in
     /// request-seconds. Lock-free.
     pub fn area_at(&self, now: Instant) -> f64 {
+        self.reading(now).inflight_area
+    }
+
+    /// Every integral at `now` (which must not precede the last change), read consistently.
+    /// Lock-free: retries a read that overlapped a writer.
+    pub fn reading(&self, now: Instant) -> TrackerReading {
         let now_ns = self.nanos(now);
-        let integrate = |count: u32, since: u64, area: f64| {
-            area + f64::from(count) * (now_ns.saturating_sub(since) as f64 / 1e9)
+        let integrate = |s: Snapshot| {
+            let elapsed = now_ns.saturating_sub(s.since) as f64 / 1e9;
+            TrackerReading {
+                inflight_area: s.area + f64::from(s.count) * elapsed,
+                prefill_busy: s.prefill_busy + if s.prefilling > 0 { elapsed } else { 0.0 },
+                prefilling: s.prefilling,
+                prefill_starts: s.prefill_starts,
+            }
         };
         for _ in 0..1024 {
             let before = self.sequence.load(Ordering::Acquire);
@@ -65,69 +131,137 @@ impl InflightTracker {
                 std::hint::spin_loop();
                 continue;
             }
-            let count = self.count.load(Ordering::Relaxed);
-            let since = self.since_ns.load(Ordering::Relaxed);
-            let area = f64::from_bits(self.area_bits.load(Ordering::Relaxed));
+            let snapshot = self.load();
             fence(Ordering::Acquire);
             if self.sequence.load(Ordering::Relaxed) == before {
-                return integrate(count, since, area);
+                return integrate(snapshot);
             }
         }
         // A writer kept being preempted mid-publish: wait for it the slow way.
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
-        integrate(
-            self.count.load(Ordering::Relaxed),
-            self.since_ns.load(Ordering::Relaxed),
-            f64::from_bits(self.area_bits.load(Ordering::Relaxed)),
-        )
+        integrate(self.load())
     }
 
-    fn change(&self, now: Instant, delta: i32) {
+    /// Applies `inflight` and `prefill` deltas at `now` and returns the reading just after.
+    fn change(&self, now: Instant, inflight: i32, prefill: i32) -> TrackerReading {
         let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         let now_ns = self.nanos(now);
-        let count = self.count.load(Ordering::Relaxed);
-        let since = self.since_ns.load(Ordering::Relaxed);
-        let area = f64::from_bits(self.area_bits.load(Ordering::Relaxed));
-        let elapsed = now_ns.saturating_sub(since) as f64 / 1e9;
+        let old = self.load();
+        let elapsed = now_ns.saturating_sub(old.since) as f64 / 1e9;
+        let area = old.area + f64::from(old.count) * elapsed;
+        let prefill_busy = old.prefill_busy + if old.prefilling > 0 { elapsed } else { 0.0 };
+        let prefilling = old.prefilling.saturating_add_signed(prefill);
+        let prefill_starts = old.prefill_starts + u64::from(prefill > 0);
         let sequence = self.sequence.load(Ordering::Relaxed);
         self.sequence
             .store(sequence.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
-        self.area_bits.store(
-            (area + f64::from(count) * elapsed).to_bits(),
-            Ordering::Relaxed,
-        );
-        self.since_ns.store(since.max(now_ns), Ordering::Relaxed);
+        self.area_bits.store(area.to_bits(), Ordering::Relaxed);
+        self.prefill_busy_bits
+            .store(prefill_busy.to_bits(), Ordering::Relaxed);
+        self.since_ns
+            .store(old.since.max(now_ns), Ordering::Relaxed);
         self.count
-            .store(count.saturating_add_signed(delta), Ordering::Relaxed);
+            .store(old.count.saturating_add_signed(inflight), Ordering::Relaxed);
+        self.prefilling.store(prefilling, Ordering::Relaxed);
+        self.prefill_starts.store(prefill_starts, Ordering::Relaxed);
         self.sequence
             .store(sequence.wrapping_add(2), Ordering::Release);
+        TrackerReading {
+            inflight_area: area,
+            prefill_busy,
+            prefilling,
+            prefill_starts,
+        }
     }
 
-    /// Counts a request in; it is counted out when the guard drops.
+    /// Counts a request in, in its prefill phase; it is counted out of prefill by
+    /// [`InflightGuard::end_prefill`] and out of everything when the guard drops.
     pub fn enter(self: &Arc<Self>, now: Instant) -> InflightGuard {
-        self.change(now, 1);
+        self.change(now, 1, 1);
         InflightGuard {
             tracker: Arc::clone(self),
+            in_prefill: true,
         }
+    }
+
+    /// Requests in their prefill phase now.
+    pub fn prefilling(&self) -> u32 {
+        self.prefilling.load(Ordering::Relaxed)
     }
 }
 
-/// Holds one unit of the in-flight count; every path out of a request drops it.
+/// Holds one unit of the in-flight count (and, until the first token, of the prefill count);
+/// every path out of a request drops it.
 #[derive(Debug)]
 pub struct InflightGuard {
     tracker: Arc<InflightTracker>,
+    in_prefill: bool,
 }
 
 impl InflightGuard {
     pub fn tracker(&self) -> &Arc<InflightTracker> {
         &self.tracker
     }
+
+    /// Whether this request is still in its prefill phase (no token yet).
+    pub fn in_prefill(&self) -> bool {
+        self.in_prefill
+    }
+
+    /// Ends this request's prefill phase at `now` (its first token) and returns the reading
+    /// just after, so the request's own prefill is not among the ones it sees. Later calls
+    /// only read.
+    pub fn end_prefill(&mut self, now: Instant) -> TrackerReading {
+        if std::mem::take(&mut self.in_prefill) {
+            self.tracker.change(now, 0, -1)
+        } else {
+            self.tracker.reading(now)
+        }
+    }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.tracker.change(Instant::now(), -1);
+        let prefill = if self.in_prefill { -1 } else { 0 };
+        self.tracker.change(Instant::now(), -1, prefill);
+    }
+}
+
+/// What one request reads of the prefill integrals over its decode interval.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct InterferenceSpan {
+    /// The reading at the first token (after leaving prefill), if there was one.
+    first: Option<TrackerReading>,
+    /// The reading at the latest token.
+    last: TrackerReading,
+}
+
+impl InterferenceSpan {
+    /// Notes the reading taken at a token event.
+    pub fn at_token(&mut self, reading: TrackerReading) {
+        if self.first.is_none() {
+            self.first = Some(reading);
+        }
+        self.last = reading;
+    }
+
+    /// The share of a `decode_seconds` decode interval during which at least one other
+    /// request was in prefill, and the number of prefills that overlapped it; `None` without
+    /// a decode interval (fewer than two token events, or no time between them).
+    pub fn result(&self, decode_seconds: f64) -> Option<(f64, u32)> {
+        let first = self.first?;
+        if decode_seconds <= 0.0 || !decode_seconds.is_finite() {
+            return None;
+        }
+        let busy = (self.last.prefill_busy - first.prefill_busy).max(0.0);
+        let share = (busy / decode_seconds).clamp(0.0, 1.0);
+        let begun = self
+            .last
+            .prefill_starts
+            .saturating_sub(first.prefill_starts);
+        let overlapped = u64::from(first.prefilling).saturating_add(begun);
+        Some((share, u32::try_from(overlapped).unwrap_or(u32::MAX)))
     }
 }
 
@@ -182,5 +316,44 @@ mod tests {
         drop(a);
         assert_eq!(tracker.current(), 0);
         assert_eq!(registry.total(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn prefill_interference_is_exact_and_excludes_the_request_itself() {
+        let registry = InflightRegistry::default();
+        let tracker = registry.tracker(&Arc::from("u"), &Arc::from("m"));
+        let t0 = Instant::now();
+        let at = |s: f64| t0 + Duration::from_secs_f64(s);
+        // A: head in at 0, first token at 1, last token at 5.
+        let mut a = tracker.enter(at(0.0));
+        let mut a_span = InterferenceSpan::default();
+        a_span.at_token(a.end_prefill(at(1.0)));
+        assert_eq!(tracker.prefilling(), 0);
+        // B: head in at 2, first token at 3 (A sees 1 s of it), last token at 4.
+        let mut b = tracker.enter(at(2.0));
+        assert_eq!(tracker.prefilling(), 1);
+        let mut b_span = InterferenceSpan::default();
+        b_span.at_token(b.end_prefill(at(3.0)));
+        // C: head in at 3.5, never answers, gone at 4.5 (A sees 1 s, B sees 0.5 s).
+        let c = tracker.enter(at(3.5));
+        b_span.at_token(b.end_prefill(at(4.0)));
+        tokio::time::advance(Duration::from_secs_f64(4.5)).await;
+        drop(c);
+        assert_eq!(tracker.prefilling(), 0);
+        a_span.at_token(tracker.reading(at(5.0)));
+
+        let (share, overlapped) = a_span.result(4.0).unwrap();
+        assert!((share - 0.5).abs() < 1e-9, "{share}");
+        assert_eq!(overlapped, 2);
+        // B's own prefill (2 → 3) is not counted: only C's 0.5 s of its 1 s decode.
+        let (share, overlapped) = b_span.result(1.0).unwrap();
+        assert!((share - 0.5).abs() < 1e-9, "{share}");
+        assert_eq!(overlapped, 1);
+        // A single token: no decode interval, no figure.
+        let mut single = InterferenceSpan::default();
+        single.at_token(tracker.reading(at(5.0)));
+        assert_eq!(single.result(0.0), None);
+        drop((a, b));
+        assert_eq!(tracker.current(), 0);
     }
 }

@@ -21,7 +21,7 @@ use crate::stream::classify::{Route, Usage};
 use crate::telemetry::names::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
 
 use buckets::Ladder;
-use inflight::{InflightGuard, InflightRegistry};
+use inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
 use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord, Source};
 use timeline::Timeline;
 
@@ -131,6 +131,7 @@ impl Meter {
             status: 0,
             streaming: false,
             inflight_at_head: tracker.current(),
+            interference: InterferenceSpan::default(),
         }
     }
 
@@ -165,6 +166,8 @@ pub struct RequestMeter {
     pub status: u16,
     pub streaming: bool,
     inflight_at_head: u32,
+    /// The prefill integrals read at the first and the latest token.
+    interference: InterferenceSpan,
     /// Present until the record is published.
     guard: Option<InflightGuard>,
 }
@@ -180,17 +183,23 @@ impl std::fmt::Debug for RequestMeter {
 
 impl RequestMeter {
     /// Records an event that carried `tokens` tokens of output at `now`. No allocation, no
-    /// lock: atomic reads of the in-flight count and its integral, and field updates.
+    /// lock: atomic reads of the in-flight count and the tracker's integrals, and field
+    /// updates. (The first token also ends this request's prefill phase: one short writer
+    /// lock per request, like entering and leaving.)
     pub fn token_event(&mut self, now: Instant, tokens: u64) {
-        let Some(guard) = &self.guard else {
+        let Some(guard) = &mut self.guard else {
             return;
         };
-        let tracker = guard.tracker();
-        let inflight = tracker.current();
+        let reading = if guard.in_prefill() {
+            guard.end_prefill(now)
+        } else {
+            guard.tracker().reading(now)
+        };
+        self.interference.at_token(reading);
+        let inflight = guard.tracker().current();
         let bucket = self.meter.concurrency.concurrency_bucket_of_count(inflight);
-        let area = tracker.area_at(now);
         self.timeline
-            .token_event(now, tokens, inflight, bucket, area);
+            .token_event(now, tokens, inflight, bucket, reading.inflight_area);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
             c.fetch_add(tokens.max(1), Ordering::Relaxed);
         }
@@ -236,6 +245,9 @@ impl RequestMeter {
             _ if timeline.first_token.is_some() => f64::from(timeline.inflight_at_first_token),
             _ => f64::from(self.inflight_at_head),
         };
+        let interference = self
+            .interference
+            .result(decode_time.map_or(0.0, |d| d.as_secs_f64()));
         drop(guard);
         if let Some(c) = self
             .meter
@@ -280,6 +292,8 @@ impl RequestMeter {
             per_request_tokens_per_second: tbt.map(|t| 1.0 / t.as_secs_f64()),
             prefill_tokens_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, ttft),
             average_active_requests,
+            prefill_overlap_share: interference.map(|(share, _)| share),
+            overlapping_prefills: interference.map(|(_, count)| count),
             context_bucket: meter
                 .contexts
                 .context_bucket(usage.prompt_tokens.unwrap_or(0)),

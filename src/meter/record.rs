@@ -108,6 +108,12 @@ pub struct RequestRecord {
     pub prefill_tokens_per_second: Option<f64>,
     /// Time-weighted mean in-flight count (same upstream and model) over the decode interval.
     pub average_active_requests: f64,
+    /// Share (0–1) of the decode interval during which at least one other request to the
+    /// same upstream and model was in prefill (head in → first token); `None` without a
+    /// decode interval.
+    pub prefill_overlap_share: Option<f64>,
+    /// Prefills of other requests that overlapped the decode interval.
+    pub overlapping_prefills: Option<u32>,
     pub context_bucket: usize,
     pub concurrency_bucket: usize,
     pub itl: LocalHistogram,

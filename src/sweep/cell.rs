@@ -7,11 +7,14 @@
 //! * Average active requests: mean of the server's running gauge sampled in the window, else
 //!   the mean of the records' own time-weighted averages.
 //! * Completed requests: streams that finished by themselves inside the window.
+//! * Prefill overlap and overlapping prefills: the production aggregator's sums
+//!   ([`InterferenceSum`]) over the cell's stream records.
 //! * Prefill: the scout's (prompt − cached) ÷ TTFT and its TTFT.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::aggregate::cell::InterferenceSum;
 use crate::matrix::{CellStatus, DecodeCell, PrefillRow};
 use crate::meter::record::{Outcome, RequestRecord};
 
@@ -100,6 +103,10 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
         Some(m.running_samples.iter().sum::<f64>() / m.running_samples.len() as f64)
     };
     let prompt_tokens = most_common(m.records.iter().filter_map(|r| r.prompt_tokens));
+    let mut interference = InterferenceSum::default();
+    for record in &with_tokens {
+        interference.add(record);
+    }
     DecodeCell {
         context_tokens: m.context,
         concurrency: m.concurrency,
@@ -113,6 +120,8 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
         output_tokens: Some(m.window_tokens),
         measured_for_s: Some(window_s),
         prompt_tokens,
+        prefill_overlap_share: interference.share(),
+        overlapping_prefills: interference.mean_overlapping_prefills(),
     }
 }
 
@@ -212,6 +221,8 @@ mod tests {
             per_request_tokens_per_second: Some(1.0 / tbt.as_secs_f64()),
             prefill_tokens_per_second: None,
             average_active_requests: active,
+            prefill_overlap_share: None,
+            overlapping_prefills: None,
             context_bucket: 0,
             concurrency_bucket: 0,
             itl: LocalHistogram::new(&[]),

@@ -124,7 +124,8 @@ pub struct RunnerInput {
 
 /// How one attempt at a cell ended.
 enum CellRun {
-    Measured(DecodeCell),
+    /// Boxed: a cell is far larger than the other variants.
+    Measured(Box<DecodeCell>),
     /// Production traffic rose above the guard during the cell.
     Interrupted(u64),
     Cancelled,
@@ -300,7 +301,7 @@ impl Runner {
                             let extra = began.elapsed().as_secs_f64()
                                 - cell.measured_for_s.unwrap_or(self.plan.cell_duration_s);
                             self.clock.cell_overheads.push(extra.max(0.0));
-                            break cell;
+                            break *cell;
                         }
                         CellRun::Cancelled => break 'steps,
                         CellRun::Interrupted(production) => {
@@ -706,7 +707,7 @@ impl Runner {
             for tag in &tags {
                 self.records.take(tag);
             }
-            return CellRun::Measured(decode_cell(&CellMeasurement {
+            return CellRun::Measured(Box::new(decode_cell(&CellMeasurement {
                 context,
                 concurrency,
                 window: Duration::ZERO,
@@ -716,7 +717,7 @@ impl Runner {
                 records: Vec::new(),
                 failures: shared.failures(),
                 streams: tags.len(),
-            }));
+            })));
         }
 
         // The window.
@@ -810,7 +811,7 @@ impl Runner {
                 self.note(note);
             }
         }
-        CellRun::Measured(cell)
+        CellRun::Measured(Box::new(cell))
     }
 
     /// Cancel or production above the guard, checked at every tick.

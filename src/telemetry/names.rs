@@ -19,6 +19,8 @@ pub const TOKENS_TOTAL: &str = "tokentap_tokens_total";
 pub const DECODE_SECONDS: &str = "tokentap_decode_seconds";
 pub const AVERAGE_ACTIVE_REQUESTS: &str = "tokentap_average_active_requests";
 pub const INFLIGHT_REQUESTS: &str = "tokentap_inflight_requests";
+pub const PREFILL_OVERLAP: &str = "tokentap_prefill_overlap_ratio";
+pub const OVERLAPPING_PREFILLS: &str = "tokentap_overlapping_prefills";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
@@ -37,6 +39,8 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (DECODE_SECONDS, "Decode time (first to last token) of each request, split by the concurrency bucket in force when each token event arrived, in seconds; its _sum is request-seconds of decode per cell."),
     (AVERAGE_ACTIVE_REQUESTS, "Per request, the time-weighted mean number of in-flight requests (same upstream and model) during its decode."),
     (INFLIGHT_REQUESTS, "Metered requests in flight."),
+    (PREFILL_OVERLAP, "Per request, the share (0-1) of its decode (first to last token) during which another request to the same upstream and model was in prefill (head in to first token); weighted by completion tokens, so _sum / _count is the matrix's token-weighted mean."),
+    (OVERLAPPING_PREFILLS, "Per request, the number of other requests' prefills that overlapped its decode."),
 ];
 
 /// Latency buckets for TTFT and request duration: 5 ms … 20 min (1M-token prefills take minutes).
@@ -79,6 +83,13 @@ pub static ACTIVE_BUCKETS: [f64; 19] = [
     256.0, 512.0, 1024.0,
 ];
 
+/// Shares (prefill overlap): 0 … 1, fine near 0 where warm steady traffic lives.
+pub static SHARE_BUCKETS: [f64; 11] = [0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0];
+
+/// Overlapping prefills per request: 0 … 256.
+pub static OVERLAP_COUNT_BUCKETS: [f64; 11] =
+    [0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0, 64.0, 256.0];
+
 /// The buckets of every histogram.
 pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (TIME_TO_FIRST_TOKEN, &LATENCY_BUCKETS),
@@ -93,4 +104,6 @@ pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (PROXY_OVERHEAD, &OVERHEAD_BUCKETS),
     (DECODE_SECONDS, &LATENCY_BUCKETS),
     (AVERAGE_ACTIVE_REQUESTS, &ACTIVE_BUCKETS),
+    (PREFILL_OVERLAP, &SHARE_BUCKETS),
+    (OVERLAPPING_PREFILLS, &OVERLAP_COUNT_BUCKETS),
 ];

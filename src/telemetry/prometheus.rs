@@ -45,6 +45,8 @@ struct CellHandles {
     completion_tokens: Counter,
     decode_seconds: Histogram,
     average_active: Histogram,
+    prefill_overlap: Histogram,
+    overlapping_prefills: Histogram,
     outcomes: [Counter; Outcome::ALL.len()],
 }
 
@@ -211,6 +213,8 @@ impl PrometheusMetrics {
             completion_tokens: counter(TOKENS_TOTAL, Some(("type", "completion"))),
             decode_seconds: histogram(DECODE_SECONDS),
             average_active: histogram(AVERAGE_ACTIVE_REQUESTS),
+            prefill_overlap: histogram(PREFILL_OVERLAP),
+            overlapping_prefills: histogram(OVERLAPPING_PREFILLS),
             outcomes: Outcome::ALL.map(|o| counter(REQUESTS_TOTAL, Some(("outcome", o.label())))),
         });
         cells.insert(key, Arc::clone(&handles));
@@ -288,6 +292,13 @@ impl RecordSink for PrometheusMetrics {
         flush(&cell.itl, &r.itl);
         if r.decode_time.is_some() {
             cell.average_active.record(r.average_active_requests);
+        }
+        if let Some(share) = r.prefill_overlap_share {
+            let weight = usize::try_from(r.completion_tokens.max(1)).unwrap_or(usize::MAX);
+            cell.prefill_overlap.record_many(share, weight);
+        }
+        if let Some(overlapping) = r.overlapping_prefills {
+            cell.overlapping_prefills.record(f64::from(overlapping));
         }
         // Completion tokens and decode seconds by the concurrency in force when they were
         // emitted: the production matrix's cells, summable across replicas.
