@@ -41,6 +41,9 @@ pub struct Fragment {
     pub decode_seconds: f64,
     /// Mean in-flight count while at this level.
     pub average_active: f64,
+    /// Of `decode_seconds`, the seconds during which another request was in prefill; `None`
+    /// when the record carries no interference figure.
+    pub prefill_busy_seconds: Option<f64>,
 }
 
 /// Splits a record over the concurrency levels it lived through, from its `split` arrays.
@@ -60,6 +63,9 @@ pub fn fragments(record: &RequestRecord, concurrency: &Ladder) -> Vec<(usize, Fr
                 decode_tokens: 0.0,
                 decode_seconds: split.seconds.iter().sum(),
                 average_active: record.average_active_requests,
+                prefill_busy_seconds: record
+                    .prefill_overlap_share
+                    .map(|_| record.prefill_busy.iter().sum()),
             },
         )];
     }
@@ -81,6 +87,9 @@ pub fn fragments(record: &RequestRecord, concurrency: &Ladder) -> Vec<(usize, Fr
                 decode_tokens: tokens as f64 * decode_share,
                 decode_seconds: seconds.max(0.0),
                 average_active: average_active_at(record, bucket, concurrency),
+                prefill_busy_seconds: record
+                    .prefill_overlap_share
+                    .map(|_| record.prefill_busy.get(bucket).copied().unwrap_or(0.0)),
             },
         ));
     }
@@ -155,47 +164,66 @@ pub struct CellAccumulator {
     pub ttft: QuantileSketch,
     /// Time between tokens, seconds per token, weighted by decode tokens.
     pub tbt: QuantileSketch,
-    /// Prefill interference of own-cell requests.
+    /// Prefill interference: decode time under other prefills from the fragments, overlapping
+    /// prefills from own-cell requests.
     pub interference: InterferenceSum,
 }
 
 /// Prefill interference summed over requests (docs/metrics.md): the production aggregator
 /// and the sweep's cells both use it, so the column means the same in either matrix.
+///
+/// The share is weighted by decode time, not tokens: a stalled request emits fewer tokens per
+/// second, so token weights would under-count exactly the time the stalls cost, and
+/// (1 − share) would no longer predict the cell's decode speed.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct InterferenceSum {
-    /// Σ completion tokens of requests with a figure (the weights of the share).
-    pub tokens: u64,
-    /// Σ share × completion tokens.
-    pub share_tokens: f64,
+    /// Σ decode seconds (request-seconds) of requests that carry the figure.
+    pub decode_seconds: f64,
+    /// Σ of those seconds during which another request was in prefill.
+    pub busy_seconds: f64,
     /// Requests with a figure, and Σ their overlapping prefills.
     pub requests: u64,
     pub overlapping_prefills: u64,
 }
 
 impl InterferenceSum {
-    /// Adds a record's figures; records without a decode interval carry none.
+    /// Adds a whole record (a sweep's cell holds whole requests); records without a decode
+    /// interval carry no figure.
     pub fn add(&mut self, record: &RequestRecord) {
-        if let (Some(share), Some(overlapping)) =
-            (record.prefill_overlap_share, record.overlapping_prefills)
-        {
-            let weight = record.completion_tokens.max(1);
-            self.tokens += weight;
-            self.share_tokens += share * weight as f64;
+        if let (Some(share), Some(decode)) = (record.prefill_overlap_share, record.decode_time) {
+            let decode = decode.as_secs_f64();
+            self.add_decode(decode, share * decode);
+        }
+        self.add_count(record);
+    }
+
+    /// Adds `decode_seconds` of decode, `busy_seconds` of them under another prefill.
+    pub fn add_decode(&mut self, decode_seconds: f64, busy_seconds: f64) {
+        if decode_seconds > 0.0 && busy_seconds.is_finite() {
+            self.decode_seconds += decode_seconds;
+            self.busy_seconds += busy_seconds.clamp(0.0, decode_seconds);
+        }
+    }
+
+    /// Counts a record's overlapping prefills.
+    pub fn add_count(&mut self, record: &RequestRecord) {
+        if let Some(overlapping) = record.overlapping_prefills {
             self.requests += 1;
             self.overlapping_prefills += u64::from(overlapping);
         }
     }
 
     pub fn merge(&mut self, other: &InterferenceSum) {
-        self.tokens += other.tokens;
-        self.share_tokens += other.share_tokens;
+        self.decode_seconds += other.decode_seconds;
+        self.busy_seconds += other.busy_seconds;
         self.requests += other.requests;
         self.overlapping_prefills += other.overlapping_prefills;
     }
 
-    /// Token-weighted mean share of decode overlapped by other requests' prefill (0–1).
+    /// Share (0–1) of the decode time during which another request was in prefill.
     pub fn share(&self) -> Option<f64> {
-        (self.tokens > 0).then(|| (self.share_tokens / self.tokens as f64).clamp(0.0, 1.0))
+        (self.decode_seconds > 0.0)
+            .then(|| (self.busy_seconds / self.decode_seconds).clamp(0.0, 1.0))
     }
 
     /// Mean number of other requests' prefills overlapping a request's decode.
@@ -211,6 +239,9 @@ impl CellAccumulator {
         self.decode_tokens += fragment.decode_tokens;
         self.decode_seconds += fragment.decode_seconds;
         self.active_seconds += fragment.average_active * fragment.decode_seconds;
+        if let Some(busy) = fragment.prefill_busy_seconds {
+            self.interference.add_decode(fragment.decode_seconds, busy);
+        }
         if fragment.decode_tokens > 0.0 && fragment.decode_seconds > 0.0 {
             self.tbt.add(
                 fragment.decode_seconds / fragment.decode_tokens,
@@ -239,7 +270,7 @@ impl CellAccumulator {
             self.prompt_tokens += prompt;
             self.prompt_requests += 1;
         }
-        self.interference.add(record);
+        self.interference.add_count(record);
     }
 
     /// Adds a whole request to this cell regardless of the levels it lived through: for a
@@ -256,6 +287,9 @@ impl CellAccumulator {
             decode_tokens,
             decode_seconds,
             average_active: record.average_active_requests,
+            prefill_busy_seconds: record
+                .prefill_overlap_share
+                .map(|share| share * decode_seconds),
         });
         self.add_request_end(record);
     }
@@ -653,6 +687,7 @@ pub(crate) mod test_records {
             average_active_requests: average_active,
             prefill_overlap_share: None,
             overlapping_prefills: None,
+            prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
             context_bucket: contexts.context_bucket(prompt.unwrap_or(0)),
             concurrency_bucket: concurrency.concurrency_bucket(average_active),
             itl: LocalHistogram::new(&BOUNDS),

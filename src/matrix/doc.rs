@@ -204,9 +204,9 @@ pub struct DecodeCell {
     /// Prompt tokens the server reported per request, when known.
     #[serde(default)]
     pub prompt_tokens: Option<u64>,
-    /// Prefill interference: the token-weighted mean share (0–1) of each request's decode
-    /// interval during which at least one other request to the same server and model was in
-    /// prefill (head in → first token). Absent in documents that predate it.
+    /// Prefill interference: the share (0–1) of the cell's decode time (request-seconds) during
+    /// which at least one other request to the same server and model was in prefill (head in →
+    /// first token). Absent in documents that predate it.
     #[serde(default)]
     pub prefill_overlap_share: Option<f64>,
     /// Mean number of other requests' prefills that overlapped a request's decode interval.

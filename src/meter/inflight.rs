@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::time::Instant;
 
+use super::buckets::MAX_LADDER;
+
 /// In-flight tracking for one (upstream, model).
 ///
 /// Writers (a request entering or leaving) serialise on a mutex and publish the integral
@@ -229,19 +231,34 @@ impl Drop for InflightGuard {
 }
 
 /// What one request reads of the prefill integrals over its decode interval.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct InterferenceSpan {
     /// The reading at the first token (after leaving prefill), if there was one.
     first: Option<TrackerReading>,
     /// The reading at the latest token.
     last: TrackerReading,
+    /// Seconds of each gap under another prefill, by the concurrency bucket of the event that
+    /// ended the gap (the same split as the timeline's decode seconds).
+    pub busy_by_bucket: [f64; MAX_LADDER],
+}
+
+impl Default for InterferenceSpan {
+    fn default() -> Self {
+        Self {
+            first: None,
+            last: TrackerReading::default(),
+            busy_by_bucket: [0.0; MAX_LADDER],
+        }
+    }
 }
 
 impl InterferenceSpan {
-    /// Notes the reading taken at a token event.
-    pub fn at_token(&mut self, reading: TrackerReading) {
+    /// Notes the reading taken at a token event whose concurrency bucket is `bucket`.
+    pub fn at_token(&mut self, reading: TrackerReading, bucket: usize) {
         if self.first.is_none() {
             self.first = Some(reading);
+        } else if let Some(busy) = self.busy_by_bucket.get_mut(bucket) {
+            *busy += (reading.prefill_busy - self.last.prefill_busy).max(0.0);
         }
         self.last = reading;
     }
@@ -327,31 +344,34 @@ mod tests {
         // A: head in at 0, first token at 1, last token at 5.
         let mut a = tracker.enter(at(0.0));
         let mut a_span = InterferenceSpan::default();
-        a_span.at_token(a.end_prefill(at(1.0)));
+        a_span.at_token(a.end_prefill(at(1.0)), 0);
         assert_eq!(tracker.prefilling(), 0);
         // B: head in at 2, first token at 3 (A sees 1 s of it), last token at 4.
         let mut b = tracker.enter(at(2.0));
         assert_eq!(tracker.prefilling(), 1);
         let mut b_span = InterferenceSpan::default();
-        b_span.at_token(b.end_prefill(at(3.0)));
+        b_span.at_token(b.end_prefill(at(3.0)), 0);
         // C: head in at 3.5, never answers, gone at 4.5 (A sees 1 s, B sees 0.5 s).
         let c = tracker.enter(at(3.5));
-        b_span.at_token(b.end_prefill(at(4.0)));
+        b_span.at_token(b.end_prefill(at(4.0)), 1);
         tokio::time::advance(Duration::from_secs_f64(4.5)).await;
         drop(c);
         assert_eq!(tracker.prefilling(), 0);
-        a_span.at_token(tracker.reading(at(5.0)));
+        a_span.at_token(tracker.reading(at(5.0)), 1);
 
         let (share, overlapped) = a_span.result(4.0).unwrap();
         assert!((share - 0.5).abs() < 1e-9, "{share}");
         assert_eq!(overlapped, 2);
+        // A's one gap (1 → 5) ended at bucket 1: all 2 s of overlap go there.
+        assert!((a_span.busy_by_bucket[1] - 2.0).abs() < 1e-9);
+        assert_eq!(a_span.busy_by_bucket[0], 0.0);
         // B's own prefill (2 → 3) is not counted: only C's 0.5 s of its 1 s decode.
         let (share, overlapped) = b_span.result(1.0).unwrap();
         assert!((share - 0.5).abs() < 1e-9, "{share}");
         assert_eq!(overlapped, 1);
         // A single token: no decode interval, no figure.
         let mut single = InterferenceSpan::default();
-        single.at_token(tracker.reading(at(5.0)));
+        single.at_token(tracker.reading(at(5.0)), 0);
         assert_eq!(single.result(0.0), None);
         drop((a, b));
         assert_eq!(tracker.current(), 0);

@@ -195,9 +195,9 @@ impl RequestMeter {
         } else {
             guard.tracker().reading(now)
         };
-        self.interference.at_token(reading);
         let inflight = guard.tracker().current();
         let bucket = self.meter.concurrency.concurrency_bucket_of_count(inflight);
+        self.interference.at_token(reading, bucket);
         self.timeline
             .token_event(now, tokens, inflight, bucket, reading.inflight_area);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
@@ -294,6 +294,7 @@ impl RequestMeter {
             average_active_requests,
             prefill_overlap_share: interference.map(|(share, _)| share),
             overlapping_prefills: interference.map(|(_, count)| count),
+            prefill_busy: self.interference.busy_by_bucket,
             context_bucket: meter
                 .contexts
                 .context_bucket(usage.prompt_tokens.unwrap_or(0)),

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::stream::classify::Route;
 
+use super::buckets::MAX_LADDER;
 use super::timeline::{ConcurrencySplit, LocalHistogram};
 
 /// Where a request came from. Synthetic requests are the sweep's own; they are never mixed
@@ -114,6 +115,9 @@ pub struct RequestRecord {
     pub prefill_overlap_share: Option<f64>,
     /// Prefills of other requests that overlapped the decode interval.
     pub overlapping_prefills: Option<u32>,
+    /// Seconds of the decode gaps during which another request was in prefill, by the
+    /// concurrency bucket in force when each gap's token event arrived (as `split.seconds`).
+    pub prefill_busy: [f64; MAX_LADDER],
     pub context_bucket: usize,
     pub concurrency_bucket: usize,
     pub itl: LocalHistogram,

@@ -223,6 +223,7 @@ mod tests {
             average_active_requests: active,
             prefill_overlap_share: None,
             overlapping_prefills: None,
+            prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
             context_bucket: 0,
             concurrency_bucket: 0,
             itl: LocalHistogram::new(&[]),

@@ -21,6 +21,7 @@ pub const AVERAGE_ACTIVE_REQUESTS: &str = "tokentap_average_active_requests";
 pub const INFLIGHT_REQUESTS: &str = "tokentap_inflight_requests";
 pub const PREFILL_OVERLAP: &str = "tokentap_prefill_overlap_ratio";
 pub const OVERLAPPING_PREFILLS: &str = "tokentap_overlapping_prefills";
+pub const PREFILL_BUSY_SECONDS: &str = "tokentap_prefill_busy_seconds";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
@@ -39,8 +40,9 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (DECODE_SECONDS, "Decode time (first to last token) of each request, split by the concurrency bucket in force when each token event arrived, in seconds; its _sum is request-seconds of decode per cell."),
     (AVERAGE_ACTIVE_REQUESTS, "Per request, the time-weighted mean number of in-flight requests (same upstream and model) during its decode."),
     (INFLIGHT_REQUESTS, "Metered requests in flight."),
-    (PREFILL_OVERLAP, "Per request, the share (0-1) of its decode (first to last token) during which another request to the same upstream and model was in prefill (head in to first token); weighted by completion tokens, so _sum / _count is the matrix's token-weighted mean."),
+    (PREFILL_OVERLAP, "Per request, the share (0-1) of its decode (first to last token) during which another request to the same upstream and model was in prefill (head in to first token)."),
     (OVERLAPPING_PREFILLS, "Per request, the number of other requests' prefills that overlapped its decode."),
+    (PREFILL_BUSY_SECONDS, "Decode time during which another request was in prefill, split by concurrency bucket like tokentap_decode_seconds, in seconds; its _sum divided by tokentap_decode_seconds_sum is the matrix's Prefill overlap."),
 ];
 
 /// Latency buckets for TTFT and request duration: 5 ms … 20 min (1M-token prefills take minutes).
@@ -106,4 +108,5 @@ pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (AVERAGE_ACTIVE_REQUESTS, &ACTIVE_BUCKETS),
     (PREFILL_OVERLAP, &SHARE_BUCKETS),
     (OVERLAPPING_PREFILLS, &OVERLAP_COUNT_BUCKETS),
+    (PREFILL_BUSY_SECONDS, &LATENCY_BUCKETS),
 ];

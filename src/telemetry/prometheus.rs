@@ -47,6 +47,7 @@ struct CellHandles {
     average_active: Histogram,
     prefill_overlap: Histogram,
     overlapping_prefills: Histogram,
+    prefill_busy: Histogram,
     outcomes: [Counter; Outcome::ALL.len()],
 }
 
@@ -215,6 +216,7 @@ impl PrometheusMetrics {
             average_active: histogram(AVERAGE_ACTIVE_REQUESTS),
             prefill_overlap: histogram(PREFILL_OVERLAP),
             overlapping_prefills: histogram(OVERLAPPING_PREFILLS),
+            prefill_busy: histogram(PREFILL_BUSY_SECONDS),
             outcomes: Outcome::ALL.map(|o| counter(REQUESTS_TOTAL, Some(("outcome", o.label())))),
         });
         cells.insert(key, Arc::clone(&handles));
@@ -294,8 +296,7 @@ impl RecordSink for PrometheusMetrics {
             cell.average_active.record(r.average_active_requests);
         }
         if let Some(share) = r.prefill_overlap_share {
-            let weight = usize::try_from(r.completion_tokens.max(1)).unwrap_or(usize::MAX);
-            cell.prefill_overlap.record_many(share, weight);
+            cell.prefill_overlap.record(share);
         }
         if let Some(overlapping) = r.overlapping_prefills {
             cell.overlapping_prefills.record(f64::from(overlapping));
@@ -326,6 +327,10 @@ impl RecordSink for PrometheusMetrics {
             };
             split.completion_tokens.increment(tokens);
             split.decode_seconds.record(seconds);
+            if r.prefill_overlap_share.is_some() {
+                let busy = r.prefill_busy.get(bucket).copied().unwrap_or(0.0);
+                split.prefill_busy.record(busy);
+            }
         }
     }
 }
