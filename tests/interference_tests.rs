@@ -190,7 +190,8 @@ async fn per_request_speed_falls_with_prefill_interference_as_chunked_prefill_pr
         .text();
     assert!(
         metrics.contains("tokentap_prefill_overlap_ratio_bucket")
-            && metrics.contains("tokentap_overlapping_prefills_sum"),
+            && metrics.contains("tokentap_overlapping_prefills_sum")
+            && metrics.contains("tokentap_prefill_busy_seconds_sum"),
         "{metrics}"
     );
 

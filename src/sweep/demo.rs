@@ -1,8 +1,15 @@
 //! `tokentap demo`: the first command of the README. With no arguments it starts the simulator
 //! (a seed profile) and the proxy in-process on loopback ephemeral ports, runs a short sweep
-//! through the proxy's admin-side manager, sends a burst of mixed ordinary requests through the
-//! proxy's data listener, prints the synthetic matrix and the production figures side by side,
-//! writes an HTML report, and says what to open and what to try next.
+//! through the proxy's admin-side manager, then sends ordinary client traffic through the proxy's
+//! data listener in two phases, each measured by its own production aggregator:
+//!
+//! * **steady**: a few sweep cells reproduced by plain clients (same prompt length, same number
+//!   of streams, warm prompt); the report marks where they agree with the sweep within 5 %;
+//! * **mixed**: a burst of cold prompts of many lengths at changing concurrency; the report puts
+//!   each cell's measured prefill interference beside its gap to the sweep.
+//!
+//! Comparisons are made only between columns that mean the same on both sides, with their
+//! definitions beside the tables. It writes an HTML report and says what to open and try next.
 //!
 //! Everything it starts is stopped before it returns (unless `--keep-running`, until Ctrl-C).
 
@@ -23,18 +30,21 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::cli::{follow_local, write_matrix};
+use super::discover::gauge_sum;
 use super::plan::{DurationValue, SweepRequest, TokensValue};
 use super::prompt::{filler_text, mix};
 use super::status::SweepState;
-use crate::aggregate::Window;
+use crate::aggregate::{ProductionMatrix, Window};
 use crate::config::ConfigLoader;
-use crate::matrix::diff::diff;
 use crate::matrix::html::{
     facts_fragment, grid_fragment, measurements_fragment, page, prefill_fragment,
-    ratio_grid_fragment,
 };
-use crate::matrix::units::context_label;
-use crate::matrix::{render_markdown, MatrixDoc};
+use crate::matrix::markdown::escape as md_escape;
+use crate::matrix::svg::xml_escape;
+use crate::matrix::units::{context_label, format_percent, MISSING};
+use crate::matrix::{render_markdown, DecodeCell, MatrixDoc};
+use crate::meter::record::Source;
+use crate::meter::{Meter, RecordSink};
 use crate::serve::ProxyServer;
 use crate::sim::{Profile, SimOptions, SimServer};
 
@@ -67,10 +77,13 @@ pub struct DemoArgs {
     /// Measurement window per cell.
     #[arg(long, value_name = "DURATION", default_value = "3s")]
     pub cell_duration: String,
-    /// Ordinary ("production") requests sent through the proxy after the sweep: chat and
-    /// completions, streaming and not, prompts of 1.5K–24K tokens, at concurrency 1, 2, 4, 8.
+    /// Ordinary ("production") requests of the mixed phase: chat and completions, streaming,
+    /// cold prompts of 1.5K–24K tokens, at concurrency 1, 2, 4, 8.
     #[arg(long, value_name = "N", default_value_t = 40)]
     pub requests: usize,
+    /// How long each steady-phase cell's streams are held open.
+    #[arg(long, value_name = "DURATION", default_value = "4s")]
+    pub steady_duration: String,
     /// Directory for report.html and the synthetic matrix (json, md, html).
     #[arg(long, value_name = "DIR", default_value = "tokentap-demo")]
     pub out: PathBuf,
@@ -86,6 +99,8 @@ pub struct DemoArgs {
 /// `tokentap demo`.
 pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let began = Instant::now();
+    let steady_hold = crate::config::parse_duration(&args.steady_duration)
+        .map_err(|error| anyhow::anyhow!("--steady-duration: {error}"))?;
     let profile = Profile::load(&args.profile)
         .with_context(|| format!("loading simulator profile `{}`", args.profile))?;
     let profile_name = profile.model.served_model_name.clone();
@@ -150,7 +165,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .map_err(|error| anyhow::anyhow!(crate::proxy::error::error_chain(&error)))?;
     eprintln!();
     eprintln!(
-        "1/3 Synthetic sweep {id}. While it runs:\n    curl -s -H 'Authorization: Bearer {token}' http://{}/sweeps/{id}",
+        "1/4 Synthetic sweep {id}. While it runs:\n    curl -s -H 'Authorization: Bearer {token}' http://{}/sweeps/{id}",
         server.admin_addr
     );
     let status = follow_local(&manager, &id, true).await?;
@@ -171,39 +186,93 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| profile_name.clone());
 
-    // 2. The burst of ordinary traffic.
+    // 2. Steady traffic: ordinary clients reproduce a few of the sweep's cells.
+    let cells = steady_cells(&synthetic);
     eprintln!();
     eprintln!(
-        "2/3 {} ordinary requests through http://{} (chat and completions, streaming and not, concurrency 1 → 8)",
+        "2/4 Steady traffic through http://{}: plain clients hold the streams of {} sweep cells (same prompt length, same number of streams, warm prompt) for {}",
+        server.proxy_addr,
+        cells.len(),
+        args.steady_duration
+    );
+    let steady_phase = Phase::begin(&server);
+    let mut steady_failures = 0;
+    for &(context, concurrency) in &cells {
+        wait_until_server_idle(&sim.base_url()).await;
+        let (warm, failed) = steady_cell(
+            &sim.base_url(),
+            server.proxy_addr,
+            &model,
+            context,
+            concurrency,
+            steady_hold,
+        )
+        .await;
+        if !warm || failed > 0 {
+            steady_failures += 1;
+            eprintln!(
+                "    {} × {concurrency}: {}{failed} streams failed",
+                context_label(context),
+                if warm {
+                    ""
+                } else {
+                    "warming the prompt failed; "
+                }
+            );
+        }
+        wait_until_idle(&server.proxy.meter).await;
+    }
+    wait_until_server_idle(&sim.base_url()).await;
+    let steady = steady_phase.end(&server, &model);
+
+    // 3. Mixed traffic: cold prompts of many lengths at changing concurrency.
+    eprintln!();
+    eprintln!(
+        "3/4 Mixed traffic: {} ordinary requests through http://{} (chat and completions, cold prompts of 1.5K–24K tokens, concurrency 1 → 8)",
         args.requests, server.proxy_addr
     );
+    let mixed_phase = Phase::begin(&server);
     let burst = burst(server.proxy_addr, &model, args.requests).await;
+    wait_until_idle(&server.proxy.meter).await;
+    let mixed = mixed_phase.end(&server, &model);
     eprintln!(
         "    {} answered 200, {} failed, in {:.1} s",
         burst.ok,
         burst.failed,
         burst.elapsed.as_secs_f64()
     );
-    // The production matrix: the proxy's aggregator over everything since start.
+    // Everything the proxy measured since start, as /matrix shows it.
     let production = server
         .production
         .matrix(Window::All, Some(&model), SystemTime::now());
 
-    // 3. The matrices and the report.
+    // 4. The matrices and the report.
+    let report = DemoReport {
+        synthetic: &synthetic,
+        steady: steady.as_ref(),
+        mixed: mixed.as_ref(),
+        steady_cells: &cells,
+    };
     println!("{}", render_markdown(&synthetic));
-    println!("{}", side_by_side_markdown(&synthetic, production.as_ref()));
+    println!("{}", report.markdown());
     let mut written = write_matrix(&args.out, "synthetic", &synthetic)?;
-    if let Some(production) = &production {
-        written.extend(write_matrix(&args.out, "production", production)?);
+    for (stem, doc) in [
+        ("production", production.as_ref()),
+        ("steady", steady.as_ref()),
+        ("mixed", mixed.as_ref()),
+    ] {
+        if let Some(doc) = doc {
+            written.extend(write_matrix(&args.out, stem, doc)?);
+        }
     }
-    let report = args.out.join("report.html");
-    std::fs::write(&report, report_html(&synthetic, production.as_ref()))
-        .with_context(|| format!("cannot write {}", report.display()))?;
+    let report_path = args.out.join("report.html");
+    std::fs::write(&report_path, report.html())
+        .with_context(|| format!("cannot write {}", report_path.display()))?;
     eprintln!();
-    eprintln!("3/3 Done in {:.0} s.", began.elapsed().as_secs_f64());
+    eprintln!("4/4 Done in {:.0} s.", began.elapsed().as_secs_f64());
     eprintln!(
-        "    Open {} in a browser (heat map, charts, every measurement).",
-        report.display()
+        "    Open {} in a browser (heat map, charts, both phases beside the sweep, every measurement).",
+        report_path.display()
     );
     eprintln!("    Also written: {}", written.join(", "));
     eprintln!();
@@ -228,7 +297,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     server.shutdown().await;
     sim.shutdown().await;
     Ok(
-        if status.state == SweepState::Finished && burst.failed == 0 {
+        if status.state == SweepState::Finished && burst.failed == 0 && steady_failures == 0 {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
@@ -245,8 +314,9 @@ pub struct BurstSummary {
 }
 
 /// Ordinary client traffic: four phases at concurrency 1, 2, 4 and 8; chat and completions,
-/// streaming and not, prompts of about 1.5K to 24K tokens (the simulator counts 4 bytes a
-/// token), 32 to 128 output tokens.
+/// streaming, cold prompts of about 1.5K to 24K tokens (the simulator counts 4 bytes a token),
+/// 32 to 128 output tokens. All stream: the proxy sees a non-streaming response's first token
+/// only at its end, so it would count as one long prefill in everyone's interference figure.
 pub async fn burst(proxy: SocketAddr, model: &str, requests: usize) -> BurstSummary {
     let began = Instant::now();
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
@@ -306,103 +376,579 @@ fn burst_body(model: &str, index: usize) -> String {
     let pick = mix(index as u64);
     let tokens = SIZES.get((pick % 5) as usize).copied().unwrap_or(1_500);
     let max_tokens = OUTPUTS.get((pick >> 8) as usize % 3).copied().unwrap_or(64);
-    let stream = (pick >> 16) % 3 != 0;
     let text = filler_text(&format!("demo-user-{index}"), tokens as u64, tokens * 4);
     let text = serde_json::Value::String(text);
     let model = serde_json::Value::String(model.to_owned());
     if index % 2 == 0 {
         format!(
-            "{{\"model\":{model},\"messages\":[{{\"role\":\"user\",\"content\":{text}}}],\"max_tokens\":{max_tokens},\"stream\":{stream}}}"
+            "{{\"model\":{model},\"messages\":[{{\"role\":\"user\",\"content\":{text}}}],\"max_tokens\":{max_tokens},\"stream\":true}}"
         )
     } else {
         format!(
-            "{{\"model\":{model},\"prompt\":{text},\"max_tokens\":{max_tokens},\"stream\":{stream}}}"
+            "{{\"model\":{model},\"prompt\":{text},\"max_tokens\":{max_tokens},\"stream\":true}}"
         )
     }
 }
 
-fn rate(value: Option<f64>) -> String {
-    value.map_or_else(|| "—".to_owned(), |v| format!("{v:.1}"))
+/// The sweep cells the steady phase reproduces: 8K × 1, 8K × 4 and 16K × 2 when the sweep has
+/// them valid (the default sweep does), else its first three valid cells.
+pub fn steady_cells(synthetic: &MatrixDoc) -> Vec<(u64, u32)> {
+    let valid = |context: u64, concurrency: u32| {
+        synthetic
+            .cell(context, concurrency)
+            .is_some_and(|cell| cell.status.is_valid() && cell.per_request_tok_s.is_some())
+    };
+    let preferred: Vec<(u64, u32)> = [(8192, 1), (8192, 4), (16384, 2)]
+        .into_iter()
+        .filter(|&(context, concurrency)| valid(context, concurrency))
+        .collect();
+    if !preferred.is_empty() {
+        return preferred;
+    }
+    synthetic
+        .decode
+        .iter()
+        .filter(|cell| valid(cell.context_tokens, cell.concurrency))
+        .map(|cell| (cell.context_tokens, cell.concurrency))
+        .take(3)
+        .collect()
 }
 
-/// Per-request tok/s, synthetic · production, by context × concurrency: the rows and columns
-/// of both documents together.
-pub fn side_by_side_markdown(synthetic: &MatrixDoc, production: Option<&MatrixDoc>) -> String {
-    let mut contexts = synthetic.contexts();
-    let mut levels = synthetic.concurrencies();
-    if let Some(production) = production {
-        contexts.extend(production.contexts());
-        levels.extend(production.concurrencies());
+/// One phase's own production aggregator, fed by the proxy's meter while the phase runs, so
+/// each phase's cells hold only its own requests.
+struct Phase {
+    matrix: Arc<ProductionMatrix>,
+    sink: Arc<dyn RecordSink>,
+}
+
+impl Phase {
+    fn begin(server: &ProxyServer) -> Phase {
+        let matrix = ProductionMatrix::new(
+            server.production.contexts().clone(),
+            server.production.concurrency().clone(),
+            Source::Production,
+        );
+        let sink: Arc<dyn RecordSink> = matrix.clone();
+        server.proxy.meter.add_sink(Arc::clone(&sink));
+        Phase { matrix, sink }
     }
-    contexts.sort_unstable();
-    contexts.dedup();
-    levels.sort_unstable();
-    levels.dedup();
-    let mut out = String::from(
-        "## Synthetic sweep · production traffic\n\nPer-request tok/s, synthetic · production. Production requests sit in the row of their prompt length (up to the context) and the column of their average number of active requests. The sweep's streams hit the prompt cache; the ordinary requests arrive with cold prompts whose prefill stalls everyone's decode, so production runs slower where requests overlap.\n\n| Context |",
-    );
-    for level in &levels {
-        let _ = write!(out, " {level} |");
+
+    fn end(self, server: &ProxyServer, model: &str) -> Option<MatrixDoc> {
+        server.proxy.meter.remove_sink(&self.sink);
+        self.matrix
+            .matrix(Window::All, Some(model), SystemTime::now())
     }
-    out.push_str("\n|---|");
-    for _ in &levels {
-        out.push_str("---:|");
+}
+
+/// Waits (at most 10 s) until no production request is in flight, so one phase's last records
+/// are published before the next begins and its streams do not count in the next one's
+/// concurrency.
+async fn wait_until_idle(meter: &Meter) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while meter.inflight(Source::Production) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    out.push('\n');
-    let figure = |doc: Option<&MatrixDoc>, context: u64, level: u32| match doc
-        .and_then(|d| d.cell(context, level))
-    {
-        Some(cell) if cell.status.is_valid() => rate(cell.per_request_tok_s),
-        Some(cell) => cell.status.to_string(),
-        None => "—".to_owned(),
+}
+
+/// Waits (at most 10 s) until the simulator reports no running or queued request: the proxy
+/// counts a stream out when its client goes away, the server a moment later, and a request it
+/// still holds would count in the next cell's batch (as the sweep's drain barrier avoids).
+async fn wait_until_server_idle(simulator: &str) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let Ok(request) =
+            Request::get(format!("{simulator}/metrics")).body(Full::new(Bytes::new()))
+        else {
+            return;
+        };
+        let page = async {
+            let response = client.request(request).await.ok()?;
+            let body = response.into_body().collect().await.ok()?.to_bytes();
+            Some(String::from_utf8_lossy(&body).into_owned())
+        };
+        let Some(text) = tokio::time::timeout(Duration::from_secs(5), page)
+            .await
+            .ok()
+            .flatten()
+        else {
+            return;
+        };
+        let held: f64 = [
+            "sglang:num_running_reqs",
+            "sglang:num_queue_reqs",
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+        ]
+        .iter()
+        .filter_map(|name| gauge_sum(&text, name))
+        .sum();
+        if held <= 0.0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A token-id prompt of exactly `len` tokens: the same for every stream of a cell, so after
+/// one warming request every stream hits the prompt cache, as the sweep's streams do.
+fn steady_body(model: &str, len: u64, max_tokens: u64) -> String {
+    let ids: Vec<String> = (0..len)
+        .map(|i| (1000 + (i * 7919 + len) % 50_000).to_string())
+        .collect();
+    let model = serde_json::Value::String(model.to_owned());
+    format!(
+        "{{\"model\":{model},\"prompt\":[{}],\"max_tokens\":{max_tokens},\"ignore_eos\":true,\"stream\":true}}",
+        ids.join(",")
+    )
+}
+
+/// One steady cell: warms the prompt straight at the simulator (as the sweep's scout does, so
+/// the warming request is not production traffic), then holds `concurrency` streams through the
+/// proxy for `hold`, reading every byte, and goes away, as an application that cancels does.
+/// Returns whether warming worked and how many streams failed.
+async fn steady_cell(
+    simulator: &str,
+    proxy: SocketAddr,
+    model: &str,
+    context: u64,
+    concurrency: u32,
+    hold: Duration,
+) -> (bool, usize) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let post = |uri: String, body: String| {
+        Request::post(uri)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
     };
-    for context in contexts {
-        let _ = write!(out, "| {} |", context_label(context));
-        for &level in &levels {
-            let _ = write!(
-                out,
-                " {} · {} |",
-                figure(Some(synthetic), context, level),
-                figure(production, context, level)
-            );
+    let warmed = match post(
+        format!("{simulator}/v1/completions"),
+        steady_body(model, context, 1),
+    ) {
+        Ok(request) => {
+            let exchange = async {
+                let response = client.request(request).await.ok()?;
+                let ok = response.status().is_success();
+                response.into_body().collect().await.ok()?;
+                Some(ok)
+            };
+            tokio::time::timeout(Duration::from_secs(60), exchange)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or(false)
+        }
+        Err(_) => false,
+    };
+    let mut streams = JoinSet::new();
+    for _ in 0..concurrency {
+        let Ok(request) = post(
+            format!("http://{proxy}/v1/completions"),
+            steady_body(model, context, 4096),
+        ) else {
+            continue;
+        };
+        let client = client.clone();
+        streams.spawn(async move {
+            let Ok(response) = client.request(request).await else {
+                return false;
+            };
+            if !response.status().is_success() {
+                return false;
+            }
+            let mut body = response.into_body();
+            let deadline = Instant::now() + hold;
+            while let Ok(Some(frame)) = tokio::time::timeout_at(deadline, body.frame()).await {
+                if frame.is_err() {
+                    return false;
+                }
+            }
+            true
+        });
+    }
+    let mut failed = concurrency as usize - streams.len();
+    while let Some(outcome) = streams.join_next().await {
+        if !matches!(outcome, Ok(true)) {
+            failed += 1;
+        }
+    }
+    (warmed, failed)
+}
+
+/// Relative tolerance within which a steady cell agrees with the sweep.
+pub const AGREEMENT: f64 = 0.05;
+
+/// What the columns of the comparison tables mean; printed beside them.
+pub const DEFINITIONS: [&str; 7] = [
+    "Per-request tok/s: 1 ÷ TBT of one stream, median over the cell's streams.",
+    "TBT: (last token − first token) ÷ (completion tokens − 1), median.",
+    "TTFT: request head in → first token at the proxy, median. The sweep warms the prompt cache first; the steady clients warm theirs the same way; the mixed requests arrive cold, so their TTFT includes their prefill.",
+    "Total tok/s (steady phase only): output tokens per second across the cell's simultaneous streams. It means the same on both sides only when every request of the cell has the same prompt length and runs through the whole window, as in the sweep and the steady phase; mixed traffic does not, so it is not compared there.",
+    "Prefill overlap: the share of the cell's decode time (each request's first → last token) during which at least one other request to the same server was in prefill (head in → first token), measured by the proxy for every request.",
+    "Mean per-request tok/s: decode tokens per request-second of decode, Total tok/s ÷ Average active requests; a server that pauses decoding while it prefills (chunked prefill, as the simulator models sglang) gives sweep × (1 − overlap): the sweep's undisturbed speed slowed by the stalls alone.",
+    "Overlapping prefills: mean number of other requests' prefills that overlapped a request's decode.",
+];
+
+/// A column compared between the sweep and production.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Compared {
+    PerRequest,
+    Tbt,
+    Ttft,
+    Total,
+}
+
+impl Compared {
+    fn of(self, cell: &DecodeCell) -> Option<f64> {
+        match self {
+            Compared::PerRequest => cell.per_request_tok_s,
+            Compared::Tbt => cell.tbt_ms,
+            Compared::Ttft => cell.ttft_ms,
+            Compared::Total => cell.total_tok_s,
+        }
+    }
+
+    fn format(self, value: f64) -> String {
+        match self {
+            Compared::PerRequest | Compared::Total => format!("{value:.1}"),
+            Compared::Tbt => format!("{value:.1} ms"),
+            Compared::Ttft => format!("{value:.0} ms"),
+        }
+    }
+
+    /// "sweep · production (×ratio)" and the ratio.
+    fn pair(self, sweep: &DecodeCell, production: &DecodeCell) -> (String, Option<f64>) {
+        match (self.of(sweep), self.of(production)) {
+            (Some(a), Some(b)) if a > 0.0 => (
+                format!("{} · {} (×{:.3})", self.format(a), self.format(b), b / a),
+                Some(b / a),
+            ),
+            (a, b) => (
+                format!(
+                    "{} · {}",
+                    a.map_or_else(|| MISSING.to_owned(), |v| self.format(v)),
+                    b.map_or_else(|| MISSING.to_owned(), |v| self.format(v))
+                ),
+                None,
+            ),
+        }
+    }
+}
+
+/// A production cell's mean per-request decode speed (decode tokens per request-second: Total
+/// tok/s ÷ Average active requests) beside what the sweep's speed and the cell's prefill overlap
+/// predict for a server that pauses decoding to prefill, with their ratio.
+fn explained(sweep: &DecodeCell, production: &DecodeCell) -> String {
+    let mean = production
+        .total_tok_s
+        .zip(production.average_active_requests)
+        .filter(|(_, active)| *active > 0.0)
+        .map(|(total, active)| total / active);
+    let predicted = sweep
+        .per_request_tok_s
+        .zip(production.prefill_overlap_share)
+        .map(|(speed, overlap)| speed * (1.0 - overlap));
+    match (mean, predicted) {
+        (Some(mean), Some(predicted)) if predicted > 0.0 => {
+            format!("{mean:.1} · {predicted:.1} (×{:.3})", mean / predicted)
+        }
+        (mean, predicted) => format!(
+            "{} · {}",
+            mean.map_or_else(|| MISSING.to_owned(), |v| format!("{v:.1}")),
+            predicted.map_or_else(|| MISSING.to_owned(), |v| format!("{v:.1}"))
+        ),
+    }
+}
+
+fn interference_text(cell: &DecodeCell) -> (String, String) {
+    (
+        cell.prefill_overlap_share
+            .map_or_else(|| MISSING.to_owned(), format_percent),
+        cell.overlapping_prefills
+            .map_or_else(|| MISSING.to_owned(), |v| format!("{v:.2}")),
+    )
+}
+
+/// A table as header and rows of plain text, rendered to Markdown or HTML.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TextTable {
+    pub header: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl TextTable {
+    fn markdown(&self) -> String {
+        let line = |cells: &[String]| {
+            let escaped: Vec<String> = cells.iter().map(|c| md_escape(c)).collect();
+            format!("| {} |\n", escaped.join(" | "))
+        };
+        let mut out = line(&self.header);
+        out.push('|');
+        for index in 0..self.header.len() {
+            out.push_str(if index == 0 { "---|" } else { "---:|" });
         }
         out.push('\n');
+        for row in &self.rows {
+            out.push_str(&line(row));
+        }
+        out
     }
-    if production.is_none() {
-        out.push_str("\nNo production request was measured.\n");
+
+    fn html(&self) -> String {
+        let mut out = String::from("<table class=\"measurements\"><thead><tr>");
+        for column in &self.header {
+            let _ = write!(out, "<th>{}</th>", xml_escape(column));
+        }
+        out.push_str("</tr></thead><tbody>");
+        for row in &self.rows {
+            out.push_str("<tr>");
+            for (index, cell) in row.iter().enumerate() {
+                let class = if index > 0 { " class=\"num\"" } else { "" };
+                let _ = write!(out, "<td{class}>{}</td>", xml_escape(cell));
+            }
+            out.push_str("</tr>");
+        }
+        out.push_str("</tbody></table>");
+        out
     }
-    out
 }
 
-/// The demo's report: both matrices side by side, their ratio, and every measurement.
-pub fn report_html(synthetic: &MatrixDoc, production: Option<&MatrixDoc>) -> String {
-    let production_panel = match production {
-        Some(doc) => grid_fragment(doc),
-        None => "<p class=\"note\">No production request was measured.</p>".to_owned(),
-    };
-    let ratio = production
-        .map(|doc| {
-            format!(
-                "<p class=\"note\">A = synthetic, B = production. The sweep's streams hit the prompt cache; the ordinary requests arrive cold and their prefill stalls everyone's decode, so production runs slower at higher concurrency.</p>{}",
-                ratio_grid_fragment(&diff(synthetic, doc))
+/// The demo's findings: the sweep, and each phase's production cells beside it.
+pub struct DemoReport<'a> {
+    pub synthetic: &'a MatrixDoc,
+    pub steady: Option<&'a MatrixDoc>,
+    pub mixed: Option<&'a MatrixDoc>,
+    pub steady_cells: &'a [(u64, u32)],
+}
+
+impl DemoReport<'_> {
+    /// Steady cells beside the sweep's: per-request tok/s, TBT, TTFT and total tok/s, each
+    /// marked ✓ within 5 %, and the cells' prefill overlap (≈ 0: nothing cold arrives).
+    pub fn steady_table(&self) -> (TextTable, usize) {
+        let mut table = TextTable {
+            header: [
+                "Cell",
+                "Per-request tok/s sweep · production",
+                "TBT",
+                "TTFT",
+                "Total tok/s",
+                "Prefill overlap",
+                "Within 5 %",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            rows: Vec::new(),
+        };
+        let mut agreeing = 0;
+        for &(context, concurrency) in self.steady_cells {
+            let label = format!("{} × {concurrency}", context_label(context));
+            let sweep = self.synthetic.cell(context, concurrency);
+            let production = self.steady.and_then(|doc| doc.cell(context, concurrency));
+            let (Some(sweep), Some(production)) = (sweep, production) else {
+                table.rows.push(vec![
+                    label,
+                    "no production cell (the streams failed or landed elsewhere)".to_owned(),
+                ]);
+                continue;
+            };
+            let mut row = vec![label];
+            let mut all_within = true;
+            for column in [
+                Compared::PerRequest,
+                Compared::Tbt,
+                Compared::Ttft,
+                Compared::Total,
+            ] {
+                let (text, ratio) = column.pair(sweep, production);
+                all_within &= ratio.is_some_and(|r| (r - 1.0).abs() <= AGREEMENT);
+                row.push(text);
+            }
+            row.push(interference_text(production).0);
+            row.push(if all_within { "✓" } else { "✗" }.to_owned());
+            agreeing += usize::from(all_within);
+            table.rows.push(row);
+        }
+        (table, agreeing)
+    }
+
+    /// Mixed cells beside the sweep's cell of the same context and concurrency: the columns that
+    /// mean the same on both sides, and the cell's measured prefill interference.
+    pub fn mixed_table(&self) -> TextTable {
+        let mut table = TextTable {
+            header: [
+                "Cell",
+                "Requests",
+                "Per-request tok/s sweep · production",
+                "Prefill overlap",
+                "Overlapping prefills",
+                "Mean per-request tok/s production · sweep × (1 − overlap)",
+                "TBT",
+                "TTFT",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            rows: Vec::new(),
+        };
+        let Some(mixed) = self.mixed else {
+            return table;
+        };
+        for production in &mixed.decode {
+            let (context, concurrency) = (production.context_tokens, production.concurrency);
+            let Some(sweep) = self
+                .synthetic
+                .cell(context, concurrency)
+                .filter(|cell| cell.status.is_valid())
+            else {
+                continue;
+            };
+            let (overlap, overlapping) = interference_text(production);
+            table.rows.push(vec![
+                format!("{} × {concurrency}", context_label(context)),
+                production
+                    .completed_requests
+                    .map_or_else(|| MISSING.to_owned(), |n| n.to_string()),
+                Compared::PerRequest.pair(sweep, production).0,
+                overlap,
+                overlapping,
+                explained(sweep, production),
+                Compared::Tbt.pair(sweep, production).0,
+                Compared::Ttft.pair(sweep, production).0,
+            ]);
+        }
+        table
+    }
+
+    /// The comparison in Markdown, definitions under the tables.
+    pub fn markdown(&self) -> String {
+        let (steady, agreeing) = self.steady_table();
+        let mut out = String::from("## Steady traffic · the sweep\n\n");
+        let _ = writeln!(
+            out,
+            "Plain clients reproduce sweep cells: same prompt length, same number of streams, warm prompt. {agreeing} of {} cells agree with the sweep within 5 % on every compared column.\n",
+            self.steady_cells.len()
+        );
+        out.push_str(&steady.markdown());
+        out.push_str("\n## Mixed traffic · the sweep\n\n");
+        out.push_str("Cold prompts of many lengths at changing concurrency. Each request sits in the row of its prompt length and the column of its average number of active requests (prefilling ones included). Where the mean per-request speed matches sweep × (1 − overlap), the gap to the sweep is the time other requests' prefills held the decode up.\n\n");
+        let mixed = self.mixed_table();
+        if mixed.rows.is_empty() {
+            out.push_str("No mixed cell shares a context and concurrency with the sweep.\n");
+        } else {
+            out.push_str(&mixed.markdown());
+        }
+        out.push_str("\nDefinitions (the same for the sweep and production):\n\n");
+        for definition in DEFINITIONS {
+            let _ = writeln!(out, "- {}", md_escape(definition));
+        }
+        out
+    }
+
+    /// The demo's HTML report: the sweep, both phases beside it, definitions, every measurement.
+    pub fn html(&self) -> String {
+        let (steady, agreeing) = self.steady_table();
+        let mixed = self.mixed_table();
+        let definitions: String = DEFINITIONS
+            .iter()
+            .map(|d| format!("<li>{}</li>", xml_escape(d)))
+            .collect();
+        let all = |doc: Option<&MatrixDoc>| {
+            doc.map_or_else(
+                || "<p class=\"note\">No request was measured.</p>".to_owned(),
+                measurements_fragment,
             )
-        })
-        .unwrap_or_default();
-    let production_table = production.map(measurements_fragment).unwrap_or_default();
-    let body = format!(
-        "<h1>tokentap demo</h1><p class=\"note\">A simulated sglang server behind the tokentap proxy: a synthetic sweep and ordinary traffic, both measured by the proxy's metering path.</p>{}<div style=\"display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start\"><div><h2>Synthetic sweep</h2>{}</div><div><h2>Production traffic</h2>{}</div></div>{ratio}{}<h2>Synthetic: all measurements</h2>{}<h2>Production: all measurements</h2>{production_table}",
-        facts_fragment(synthetic),
-        grid_fragment(synthetic),
-        production_panel,
-        prefill_fragment(synthetic),
-        measurements_fragment(synthetic),
-    );
-    page("tokentap demo", &body)
+        };
+        let body = format!(
+            "<h1>tokentap demo</h1><p class=\"note\">A simulated sglang server behind the tokentap proxy: a synthetic sweep, then ordinary traffic in two phases, all measured by the proxy's metering path.</p>{facts}<h2>Synthetic sweep</h2>{grid}{prefill}\
+<h2>Steady traffic · the sweep</h2><p class=\"note\">Plain clients reproduce sweep cells: same prompt length, same number of streams, warm prompt. {agreeing} of {cells} cells agree within 5 % on every compared column.</p>{steady}\
+<h2>Mixed traffic · the sweep</h2><p class=\"note\">Cold prompts of many lengths at changing concurrency. Each request sits in the row of its prompt length and the column of its average number of active requests (prefilling ones included). Where the mean per-request speed matches sweep × (1 − overlap), the gap to the sweep is the time other requests' prefills held the decode up.</p>{mixed}\
+<h3>Definitions (the same for the sweep and production)</h3><ul class=\"note\">{definitions}</ul>\
+<h2>Synthetic: all measurements</h2>{synthetic_all}<h2>Steady traffic: all measurements</h2>{steady_all}<h2>Mixed traffic: all measurements</h2>{mixed_all}",
+            facts = facts_fragment(self.synthetic),
+            grid = grid_fragment(self.synthetic),
+            prefill = prefill_fragment(self.synthetic),
+            cells = self.steady_cells.len(),
+            steady = steady.html(),
+            mixed = mixed.html(),
+            synthetic_all = measurements_fragment(self.synthetic),
+            steady_all = all(self.steady),
+            mixed_all = all(self.mixed),
+        );
+        page("tokentap demo", &body)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn cell(context: u64, concurrency: u32, speed: f64, overlap: Option<f64>) -> DecodeCell {
+        let mut cell =
+            DecodeCell::status_only(context, concurrency, crate::matrix::CellStatus::Valid);
+        cell.per_request_tok_s = Some(speed);
+        cell.tbt_ms = Some(1000.0 / speed);
+        cell.ttft_ms = Some(100.0);
+        cell.total_tok_s = Some(speed * f64::from(concurrency));
+        cell.average_active_requests = Some(f64::from(concurrency));
+        cell.prefill_overlap_share = overlap;
+        cell.overlapping_prefills = overlap.map(|s| s * 10.0);
+        cell
+    }
+
+    fn doc(cells: Vec<DecodeCell>) -> MatrixDoc {
+        let mut doc = MatrixDoc::new(crate::matrix::Metadata::default());
+        doc.decode = cells;
+        doc
+    }
+
+    #[test]
+    fn the_report_marks_agreement_and_puts_interference_beside_the_gap() {
+        let synthetic = doc(vec![
+            cell(8192, 1, 118.5, Some(0.0)),
+            cell(8192, 4, 77.7, Some(0.01)),
+            cell(16384, 2, 86.3, Some(0.0)),
+        ]);
+        assert_eq!(
+            steady_cells(&synthetic),
+            vec![(8192, 1), (8192, 4), (16384, 2)]
+        );
+        // 8K × 1 agrees (within 5 % everywhere); 8K × 4 is 10 % slow.
+        let steady = doc(vec![
+            cell(8192, 1, 117.0, Some(0.0)),
+            cell(8192, 4, 70.0, Some(0.0)),
+        ]);
+        let mixed = doc(vec![
+            cell(8192, 4, 40.0, Some(0.45)),
+            cell(65536, 1, 50.0, None),
+        ]);
+        let cells = steady_cells(&synthetic);
+        let report = DemoReport {
+            synthetic: &synthetic,
+            steady: Some(&steady),
+            mixed: Some(&mixed),
+            steady_cells: &cells,
+        };
+        let (table, agreeing) = report.steady_table();
+        assert_eq!(agreeing, 1);
+        assert_eq!(table.rows[0].last().unwrap(), "✓");
+        assert_eq!(table.rows[1].last().unwrap(), "✗");
+        assert!(table.rows[2][1].starts_with("no production cell"));
+        // Only cells the sweep also has are compared; 1 − overlap stands beside the ratio.
+        let mixed_table = report.mixed_table();
+        assert_eq!(mixed_table.rows.len(), 1);
+        let row = &mixed_table.rows[0];
+        assert_eq!(row[2], "77.7 · 40.0 (×0.515)");
+        assert_eq!(row[3], "45.0%");
+        // Mean 160 ÷ 4 = 40.0 against 77.7 × 0.55 = 42.7.
+        assert_eq!(row[5], "40.0 · 42.7 (×0.936)");
+        let md = report.markdown();
+        assert!(md.contains("1 of 3 cells agree"), "{md}");
+        assert!(
+            md.contains("Prefill overlap: the share of the cell's decode time"),
+            "{md}"
+        );
+        let html = report.html();
+        assert!(html.contains("<td class=\"num\">45.0%</td>"), "{html}");
+    }
 
     #[test]
     fn burst_bodies_are_json() {
