@@ -753,6 +753,51 @@ mod tests {
     }
 
     #[test]
+    fn prefill_overlap_follows_the_decode_time_it_stalled() {
+        let (contexts, concurrency) = ladders();
+        let mut matrix = MatrixAccumulator::default();
+        let tbt = Duration::from_millis(10);
+        // 51 tokens alone (bucket 0, 0.5 s, none of it under another prefill), then 100 tokens
+        // at level 2 (bucket 1, 1 s, 0.4 s of it under another request's prefill).
+        let mut r = record(
+            Some(8000),
+            &[(0, 51), (1, 100)],
+            Duration::ZERO,
+            tbt,
+            1.5,
+            Outcome::Ok,
+        );
+        r.prefill_busy[1] = 0.4;
+        r.prefill_overlap_share = Some(0.4 / 1.5);
+        r.overlapping_prefills = Some(3);
+        matrix.add_record(&r, &concurrency);
+        // A request without the figure (one token event) changes no share.
+        let mut single = record(Some(8000), &[(1, 1)], Duration::ZERO, tbt, 2.0, Outcome::Ok);
+        single.prefill_overlap_share = None;
+        matrix.add_record(&single, &concurrency);
+        let doc = matrix.to_doc(&contexts, &concurrency, Default::default());
+        doc.validate().unwrap();
+        let alone = doc.cell(8192, 1).unwrap();
+        let paired = doc.cell(8192, 2).unwrap();
+        assert_eq!(alone.prefill_overlap_share, Some(0.0));
+        assert!(
+            close(paired.prefill_overlap_share.unwrap(), 0.4, 1e-9),
+            "{paired:?}"
+        );
+        // The overlapping prefills belong to the request's own cell (level 2: 1.5 rounds up).
+        assert_eq!(paired.overlapping_prefills, Some(3.0));
+        assert_eq!(alone.overlapping_prefills, None);
+        // The sweep's way (whole requests): the share over the whole decode.
+        let mut whole = CellAccumulator::default();
+        whole.add_whole_request(&r);
+        let cell = whole.to_cell(8192, 2);
+        assert!(
+            close(cell.prefill_overlap_share.unwrap(), 0.4 / 1.5, 1e-9),
+            "{cell:?}"
+        );
+    }
+
+    #[test]
     fn a_request_spanning_levels_splits_its_tokens_and_time() {
         let (contexts, concurrency) = ladders();
         let mut matrix = MatrixAccumulator::default();
