@@ -61,10 +61,12 @@ pub enum Command {
     /// Start here: simulator + proxy + a short sweep + ordinary traffic, then both matrices.
     ///
     /// Starts a simulated sglang server (a profile calibrated from a published matrix) and the
-    /// proxy in front of it on loopback, runs a short synthetic sweep through the proxy, sends
-    /// a burst of ordinary requests through its data listener, prints the synthetic matrix
-    /// and the production figures side by side, writes an HTML report, and tells you what to
-    /// open and what to try next. About a minute and a half with the defaults.
+    /// proxy in front of it on loopback, runs a short synthetic sweep through the proxy, then
+    /// sends ordinary requests through its data listener: steady streams that reproduce a few
+    /// sweep cells (the report marks their agreement within 5 %), then a burst of cold prompts
+    /// (the report puts each cell's measured prefill interference beside its gap to the
+    /// sweep). Writes an HTML report and tells you what to open and what to try next. About a
+    /// minute and a half with the defaults.
     Demo(crate::sweep::demo::DemoArgs),
 }
 
