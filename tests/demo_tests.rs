@@ -53,18 +53,23 @@ async fn a_small_demo_shows_steady_agreement_and_measured_interference() {
             cell(&synthetic, context, concurrency),
             cell(&steady, context, concurrency),
         );
-        for (column, got, want) in [
+        // TTFT is a cache hit of a few hundred ms, the median of a handful of requests, and an
+        // ordinary client's TTFT also holds its body upload, which the sweep's in-process
+        // requests skip: on a loaded 2-core machine it has moved by up to 14 % between runs
+        // while the decode figures stayed within 1 %. It gets the wider tolerance.
+        for (column, got, want, tolerance) in [
             (
                 "per-request tok/s",
                 got.per_request_tok_s,
                 want.per_request_tok_s,
+                0.05,
             ),
-            ("TBT", got.tbt_ms, want.tbt_ms),
-            ("TTFT", got.ttft_ms, want.ttft_ms),
-            ("total tok/s", got.total_tok_s, want.total_tok_s),
+            ("TBT", got.tbt_ms, want.tbt_ms, 0.05),
+            ("TTFT", got.ttft_ms, want.ttft_ms, 0.20),
+            ("total tok/s", got.total_tok_s, want.total_tok_s, 0.05),
         ] {
             assert!(
-                within(got, want, 0.05),
+                within(got, want, tolerance),
                 "{context} × {concurrency} {column}: steady {got:?}, sweep {want:?}"
             );
         }
