@@ -1067,6 +1067,11 @@ impl ServeProcess {
             .env("TOKENTAP_STORE__DATA_DIR", "")
             .env("RUST_LOG", "info")
             .envs(env.iter().map(|(k, v)| (k, v)))
+            // The shared environment may hold values that are not UTF-8; not tokentap's either.
+            .env(
+                "TOKENTAP_DEPLOY_TEST_BYTES",
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"\xff\xfe"),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -1094,9 +1099,9 @@ impl ServeProcess {
     /// The first stderr line containing `needle`, or `None` once the process has ended without
     /// one. Bounded: a minute, then the test fails with what was printed.
     fn wait_for_line(&mut self, needle: &str) -> Option<String> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
                     self.seen.push(line.clone());
@@ -1117,13 +1122,13 @@ impl ServeProcess {
 
     /// The exit status, once stderr has closed (bounded like `wait_for_line`).
     fn exit_status(&mut self) -> std::process::ExitStatus {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(status) = self.child.0.try_wait().unwrap() {
                 return status;
             }
             assert!(
-                std::time::Instant::now() < deadline,
+                Instant::now() < deadline,
                 "tokentap did not exit within 60 s"
             );
             std::thread::sleep(Duration::from_millis(20));
