@@ -58,7 +58,7 @@ impl ServeArgs {
         if let Some(path) = &self.config {
             loader = loader.file(path)?;
         }
-        loader = loader.env(std::env::vars())?;
+        loader = loader.process_env()?;
         if let Some(url) = &self.upstream {
             loader = loader.flag(
                 "upstream",

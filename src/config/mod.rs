@@ -116,26 +116,22 @@ impl ConfigLoader {
         Ok(self)
     }
 
-    /// Applies `TOKENTAP_<SECTION>__<KEY>=value` overrides from `vars` (pass
-    /// `std::env::vars()`). The value is read as a TOML value when it parses as one (numbers,
-    /// booleans, arrays), else as a string. `TOKENTAP_CONFIG` and `TOKENTAP_LOG` are not keys.
+    /// Applies `TOKENTAP_<SECTION>__<KEY>=value` overrides from `vars`. The value is read as a
+    /// TOML value when it parses as one (numbers, booleans, arrays), else as a string.
+    ///
+    /// Only names with a `__` after the prefix are tokentap's: the environment is shared, and
+    /// other `TOKENTAP_*` names belong to someone else (`TOKENTAP_BIN` in a script, the
+    /// `TOKENTAP_SERVICE_HOST` / `TOKENTAP_PORT_8000_TCP` service links Kubernetes injects for a
+    /// Service named `tokentap`, `TOKENTAP_ADMIN_TOKEN` in a compose `.env`), so they are ignored.
+    /// A name of tokentap's form that is malformed (`TOKENTAP__KEY`, `TOKENTAP_A__B__C`) is an
+    /// error, and an unknown section or key fails at [`ConfigLoader::load`], naming the variable.
     pub fn env(
         mut self,
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
         for (var, value) in vars {
-            let Some(rest) = var.strip_prefix("TOKENTAP_") else {
+            let Some((section, key)) = tokentap_key(&var) else {
                 continue;
-            };
-            if matches!(rest, "CONFIG" | "LOG") {
-                continue;
-            }
-            let Some((section, key)) = rest.split_once("__") else {
-                return Err(ConfigError::Env {
-                    var,
-                    message: "expected TOKENTAP_<SECTION>__<KEY>, e.g. TOKENTAP_PROXY__LISTEN"
-                        .into(),
-                });
             };
             if section.is_empty() || key.is_empty() || key.contains("__") {
                 return Err(ConfigError::Env {
@@ -151,6 +147,31 @@ impl ConfigLoader {
             self.set(&section, &key, parse_scalar(&value), origin);
         }
         Ok(self)
+    }
+
+    /// [`ConfigLoader::env`] over the process environment, which may hold names and values that
+    /// are not UTF-8 (`std::env::vars` would panic on them). Such variables are skipped unless
+    /// they are of tokentap's form, which is then an error naming the variable.
+    pub fn process_env(self) -> Result<Self, ConfigError> {
+        let mut vars = Vec::new();
+        for (name, value) in std::env::vars_os() {
+            match (name.into_string(), value.into_string()) {
+                (Ok(name), Ok(value)) => vars.push((name, value)),
+                (name, _) => {
+                    let name = match name {
+                        Ok(name) => name,
+                        Err(name) => name.to_string_lossy().into_owned(),
+                    };
+                    if tokentap_key(&name).is_some() {
+                        return Err(ConfigError::Env {
+                            var: name,
+                            message: "its name or value is not UTF-8".into(),
+                        });
+                    }
+                }
+            }
+        }
+        self.env(vars)
     }
 
     /// Sets one key from a command-line flag.
@@ -185,6 +206,17 @@ impl ConfigLoader {
                 origins.error(&key, message)
             })?;
         Config::from_raw(raw, &origins)
+    }
+}
+
+/// `(SECTION, KEY)` of a `TOKENTAP_<SECTION>__<KEY>` name (either may be empty or hold a further
+/// `__`: the caller rejects those); `None` for any other name, which is not tokentap's.
+fn tokentap_key(var: &str) -> Option<(&str, &str)> {
+    let rest = var.strip_prefix("TOKENTAP_")?;
+    match rest.strip_prefix('_') {
+        // `TOKENTAP__KEY`: the `__` follows the prefix's own underscore, the section is empty.
+        Some(key) => Some(("", key)),
+        None => rest.split_once("__"),
     }
 }
 
@@ -639,11 +671,60 @@ mod tests {
                 assert!(error.contains(var), "{var}={value}: {error}");
             }
         }
-        let error = ConfigLoader::new()
-            .env([("TOKENTAP_PROXY".to_string(), "x".to_string())])
-            .unwrap_err()
-            .to_string();
-        assert!(error.contains("TOKENTAP_PROXY"), "{error}");
+        for malformed in [
+            "TOKENTAP__LISTEN",
+            "TOKENTAP_PROXY__",
+            "TOKENTAP_PROXY__LISTEN__X",
+        ] {
+            let error = ConfigLoader::new()
+                .env([(malformed.to_string(), "x".to_string())])
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(malformed), "{error}");
+        }
+    }
+
+    #[test]
+    fn other_tokentap_variables_are_not_ours() {
+        // Kubernetes' service links for a Service `tokentap` with ports `proxy` and `metrics`,
+        // a compose `.env` name and a script's own variable: none is a key, none is an error.
+        let foreign = [
+            ("TOKENTAP_SERVICE_HOST", "10.0.0.7"),
+            ("TOKENTAP_SERVICE_PORT", "8000"),
+            ("TOKENTAP_SERVICE_PORT_PROXY", "8000"),
+            ("TOKENTAP_SERVICE_PORT_METRICS", "9464"),
+            ("TOKENTAP_PORT", "tcp://10.0.0.7:8000"),
+            ("TOKENTAP_PORT_8000_TCP", "tcp://10.0.0.7:8000"),
+            ("TOKENTAP_PORT_8000_TCP_PROTO", "tcp"),
+            ("TOKENTAP_PORT_8000_TCP_PORT", "8000"),
+            ("TOKENTAP_PORT_8000_TCP_ADDR", "10.0.0.7"),
+            ("TOKENTAP_ADMIN_TOKEN", "not-this-one"),
+            ("TOKENTAP_BIN", "/usr/local/bin/tokentap"),
+            ("TOKENTAP_PROXY", "x"),
+        ];
+        let config = ConfigLoader::new()
+            .env(foreign.map(|(k, v)| (k.to_string(), v.to_string())))
+            .unwrap()
+            .load()
+            .unwrap();
+        let defaults = ConfigLoader::new().load().unwrap();
+        assert_eq!(config.proxy.listen, defaults.proxy.listen);
+        assert_eq!(
+            config.admin.token, None,
+            "TOKENTAP_ADMIN_TOKEN is not admin.token"
+        );
+        // The same names beside a real key: the key still applies.
+        let config = ConfigLoader::new()
+            .env(
+                foreign
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into_iter()
+                    .chain([("TOKENTAP_ADMIN__TOKEN".to_string(), "t".to_string())]),
+            )
+            .unwrap()
+            .load()
+            .unwrap();
+        assert!(config.admin.token.is_some());
     }
 
     #[test]

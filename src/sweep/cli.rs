@@ -1,10 +1,9 @@
 //! `tokentap sweep`: standalone (`--target URL`, through an in-process instance of the proxy's
-//! data path) or on a running proxy (`--admin URL`, through its admin API). Shows a progress line
+//! data path) or on a running proxy (`--admin URL`, through its admin API). Shows progress
 //! with the current cell and an ETA on stderr, then prints the matrix as Markdown on stdout and
 //! writes it as JSON, HTML and Markdown files. Ctrl-C cancels the sweep (its streams are
 //! aborted) and still writes what was measured.
 
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,6 +19,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::manager::SweepManager;
 use super::plan::{DurationValue, PromptMode, SweepRequest, TokensValue};
+pub use super::progress::ProgressLine;
 use super::status::{SweepState, SweepStatus};
 use crate::config::{Config, ConfigLoader};
 use crate::matrix::{html::render_html, render_json, render_markdown, MatrixDoc};
@@ -128,7 +128,7 @@ impl SweepArgs {
         if let Some(path) = &self.config {
             loader = loader.file(path)?;
         }
-        loader = loader.env(std::env::vars())?;
+        loader = loader.process_env()?;
         if let Some(url) = &self.target {
             loader = loader.flag(
                 "upstream",
@@ -196,50 +196,6 @@ pub fn write_matrix(dir: &Path, stem: &str, matrix: &MatrixDoc) -> anyhow::Resul
         written.push(path.display().to_string());
     }
     Ok(written)
-}
-
-/// Renders progress on stderr: one rewritten line on a terminal, a line per step otherwise.
-#[derive(Debug)]
-pub struct ProgressLine {
-    enabled: bool,
-    terminal: bool,
-    last: String,
-}
-
-impl ProgressLine {
-    pub fn new(enabled: bool) -> Self {
-        Self {
-            enabled,
-            terminal: std::io::stderr().is_terminal(),
-            last: String::new(),
-        }
-    }
-
-    pub fn show(&mut self, status: &SweepStatus) {
-        if !self.enabled {
-            return;
-        }
-        let line = status.progress_line();
-        let mut stderr = std::io::stderr().lock();
-        if self.terminal {
-            let _ = write!(stderr, "\r\x1b[2K{line}");
-            let _ = stderr.flush();
-        } else {
-            // Without a terminal, one line per step (not per ETA tick).
-            let key = line.split(" · ETA").next().unwrap_or(&line).to_owned();
-            let key = key.split(" · elapsed").next().unwrap_or(&key).to_owned();
-            if key != self.last {
-                let _ = writeln!(stderr, "{line}");
-                self.last = key;
-            }
-        }
-    }
-
-    pub fn done(&mut self) {
-        if self.enabled && self.terminal {
-            eprintln!();
-        }
-    }
 }
 
 async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {

@@ -13,7 +13,7 @@
 //! Code map: `plan` (request → resolved plan, pure), `discover` (what the server says about
 //! itself), `prompt` (token-id and calibrated text prompts), `driver` (one stream: send,
 //! read, detect errors and output loops), `cell` (records + window → matrix cells, pure),
-//! `runner` (the procedure), `status` (progress and the JSON of `GET /sweeps/{id}`),
+//! `runner` (the procedure), `status` (progress and the JSON of `GET /sweeps/{id}`), `progress` (the progress line on stderr),
 //! `store` (persistence seam over the shared SQLite store), `manager` (one at a time, cancel, follow), `cli`
 //! (`tokentap sweep`), `demo` (`tokentap demo`).
 
@@ -25,6 +25,7 @@ pub mod discover;
 pub mod driver;
 pub mod manager;
 pub mod plan;
+pub mod progress;
 pub mod prompt;
 pub mod runner;
 pub mod status;

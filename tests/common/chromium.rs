@@ -11,7 +11,7 @@ pub fn dump_dom(target: &str, profile: &Path) -> String {
     let chromium = ["chromium", "chromium-browser"]
         .into_iter()
         .find(|name| Command::new(name).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()))
-        .unwrap_or_else(|| panic!("headless Chromium is needed for this test: install Debian's `chromium` package (apt-get install chromium); .ci/run installs it when missing"));
+        .unwrap_or_else(|| panic!("headless Chromium is needed for this test: install Debian's `chromium` package (apt-get install chromium); scripts/test (the README's test command) installs it when missing"));
     let mut child = Command::new(chromium)
         .args([
             "--headless",
