@@ -25,6 +25,17 @@ use inflight::{InflightGuard, InflightRegistry};
 use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord, Source};
 use timeline::Timeline;
 
+/// Most tokens one SSE event may carry. Speculative decoding and sglang's `stream_interval`
+/// put a handful to a few dozen tokens in an event; no real server sends thousands. A larger
+/// jump in the upstream's `completion_tokens` is clamped to this and flagged (the request's
+/// count becomes approximate and `Meter::clamped_counts` goes up), so one absurd number costs
+/// the same as any other event.
+pub const MAX_TOKENS_PER_EVENT: u64 = 4096;
+
+/// Most tokens one request may report, prompt or completion (16.7 M: above every context
+/// window served today). Larger usage numbers are clamped to this and flagged.
+pub const MAX_TOKENS_PER_REQUEST: u64 = 1 << 24;
+
 /// Receives every finished record. Called on the request's own task when it ends: keep it
 /// short and never block (take a brief lock, bump counters, try_send to a channel).
 pub trait RecordSink: Send + Sync {
@@ -45,6 +56,9 @@ pub struct Meter {
     live_tokens: [AtomicU64; 2],
     /// Metered requests in flight per source (the sweep's production guard reads it).
     inflight_by_source: [AtomicI64; 2],
+    /// Token counts from upstreams that no real server could send, clamped (see
+    /// [`MAX_TOKENS_PER_EVENT`], [`MAX_TOKENS_PER_REQUEST`]).
+    clamped_counts: AtomicU64,
 }
 
 impl std::fmt::Debug for Meter {
@@ -65,7 +79,13 @@ impl Meter {
             sinks: RwLock::new(Vec::new()),
             live_tokens: [AtomicU64::new(0), AtomicU64::new(0)],
             inflight_by_source: [AtomicI64::new(0), AtomicI64::new(0)],
+            clamped_counts: AtomicU64::new(0),
         })
+    }
+
+    /// How many implausible token counts from upstreams were clamped since start.
+    pub fn clamped_counts(&self) -> u64 {
+        self.clamped_counts.load(Ordering::Relaxed)
     }
 
     pub fn contexts(&self) -> &Ladder {
@@ -131,6 +151,7 @@ impl Meter {
             status: 0,
             streaming: false,
             inflight_at_head: tracker.current(),
+            clamped: false,
         }
     }
 
@@ -165,6 +186,8 @@ pub struct RequestMeter {
     pub status: u16,
     pub streaming: bool,
     inflight_at_head: u32,
+    /// A token count of this request was clamped: its record is marked approximate.
+    clamped: bool,
     /// Present until the record is published.
     guard: Option<InflightGuard>,
 }
@@ -182,6 +205,7 @@ impl RequestMeter {
     /// Records an event that carried `tokens` tokens of output at `now`. No allocation, no
     /// lock: atomic reads of the in-flight count and its integral, and field updates.
     pub fn token_event(&mut self, now: Instant, tokens: u64) {
+        let tokens = self.plausible(tokens, MAX_TOKENS_PER_EVENT);
         let Some(guard) = &self.guard else {
             return;
         };
@@ -199,6 +223,7 @@ impl RequestMeter {
     /// Records tokens the upstream reported without visible output (partial UTF-8 held back,
     /// a swallowed `<think>` marker): they count for throughput, not for first/last token.
     pub fn silent_tokens(&mut self, tokens: u64) {
+        let tokens = self.plausible(tokens, MAX_TOKENS_PER_EVENT);
         let Some(guard) = &self.guard else {
             return;
         };
@@ -207,12 +232,25 @@ impl RequestMeter {
             .concurrency
             .concurrency_bucket_of_count(guard.tracker().current());
         if let Some(t) = self.timeline.split.tokens.get_mut(bucket) {
-            *t += tokens;
+            *t = t.saturating_add(tokens);
         }
-        self.timeline.streamed_tokens += tokens;
+        self.timeline.streamed_tokens = self.timeline.streamed_tokens.saturating_add(tokens);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
             c.fetch_add(tokens, Ordering::Relaxed);
         }
+    }
+
+    /// `count` if a real server could have sent it, else `max`, flagged. O(1) whatever the
+    /// number: a count from the network is never looped over.
+    fn plausible(&mut self, count: u64, max: u64) -> u64 {
+        if count <= max {
+            return count;
+        }
+        if !self.clamped {
+            self.clamped = true;
+            self.meter.clamped_counts.fetch_add(1, Ordering::Relaxed);
+        }
+        max
     }
 
     /// True once the record has been published.
@@ -222,6 +260,28 @@ impl RequestMeter {
 
     /// Publishes the record. Later calls (and the drop) do nothing.
     pub fn finish(&mut self, outcome: Outcome, usage: Usage, completion_tokens: u64, exact: bool) {
+        if self.guard.is_none() {
+            return;
+        }
+        let completion_tokens = self.plausible(completion_tokens, MAX_TOKENS_PER_REQUEST);
+        let usage = Usage {
+            prompt_tokens: usage
+                .prompt_tokens
+                .map(|n| self.plausible(n, MAX_TOKENS_PER_REQUEST)),
+            completion_tokens: usage
+                .completion_tokens
+                .map(|n| self.plausible(n, MAX_TOKENS_PER_REQUEST)),
+            cached_tokens: usage
+                .cached_tokens
+                .map(|n| self.plausible(n, MAX_TOKENS_PER_REQUEST)),
+        };
+        if self.clamped {
+            tracing::debug!(
+                upstream = %self.labels.upstream,
+                "implausible token count from the upstream clamped; the record is approximate"
+            );
+        }
+        let exact = exact && !self.clamped;
         let Some(guard) = self.guard.take() else {
             return;
         };

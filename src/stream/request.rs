@@ -4,6 +4,10 @@
 //! max tokens and `stream_options`. Injection edits the JSON text in place (insert or flip the
 //! two `stream_options` flags) instead of re-serialising, so every other byte the client sent —
 //! key order, spacing, unknown fields — reaches the upstream unchanged.
+//!
+//! Fields are read as the server reads them (last duplicate key wins, escaped key names
+//! decoded: see [`super::json`]). Where tokentap cannot be sure how the server will read the
+//! body — it is not strictly valid JSON — it injects nothing, so it strips nothing either.
 
 use super::classify::Route;
 use super::json::{self, Span};
@@ -72,6 +76,11 @@ pub fn inject_usage(body: &[u8], facts: &RequestFacts) -> Option<(Vec<u8>, Injec
         continuous_usage: !facts.continuous_usage,
     };
     if !injected.any() {
+        return None;
+    }
+    // A body a strict parser rejects (NaN, trailing commas, nesting past 128 levels, broken
+    // escapes) may be read differently by the server, or refused: leave it as sent.
+    if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
         return None;
     }
     let start = json::skip_ws(body, 0);
@@ -214,6 +223,69 @@ mod tests {
             r#"{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#
         );
         let (_, _) = inject(r#"{"stream":true,"stream_options":null}"#);
+    }
+
+    #[test]
+    fn duplicate_keys_are_read_as_the_server_reads_them() {
+        // Python's json keeps the last `stream_options`: the client asked for usage.
+        let body =
+            br#"{"stream":true,"stream_options":{},"stream_options":{"include_usage":true}}"#;
+        let facts = inspect(Route::ChatCompletions, body).unwrap();
+        assert!(facts.include_usage, "the last stream_options wins");
+        let (edited, injected) = inject_usage(body, &facts).unwrap();
+        assert!(
+            !injected.include_usage,
+            "the client's include_usage is never stripped"
+        );
+        assert!(injected.continuous_usage);
+        assert_eq!(
+            String::from_utf8(edited).unwrap(),
+            r#"{"stream":true,"stream_options":{},"stream_options":{"continuous_usage_stats":true,"include_usage":true}}"#
+        );
+        // The reverse order: the client's last word is no usage, so both are injected.
+        let body =
+            br#"{"stream":true,"stream_options":{"include_usage":true},"stream_options":{}}"#;
+        let facts = inspect(Route::ChatCompletions, body).unwrap();
+        assert!(!facts.include_usage);
+        let (_, injected) = inject_usage(body, &facts).unwrap();
+        assert!(injected.include_usage && injected.continuous_usage);
+        // `"stream":false` after `"stream":true`: not a stream.
+        let facts = inspect(Route::ChatCompletions, br#"{"stream":true,"stream":false}"#).unwrap();
+        assert!(!facts.stream);
+    }
+
+    #[test]
+    fn escaped_key_names_are_decoded() {
+        let body = br#"{"stream":true,"stream\u005foptions":{"include\u005fusage":true}}"#;
+        let facts = inspect(Route::ChatCompletions, body).unwrap();
+        assert!(facts.include_usage);
+        let (edited, injected) = inject_usage(body, &facts).unwrap();
+        assert!(!injected.include_usage && injected.continuous_usage);
+        let parsed: serde_json::Value = serde_json::from_slice(&edited).unwrap();
+        assert_eq!(parsed["stream_options"]["include_usage"], true);
+        assert_eq!(parsed["stream_options"]["continuous_usage_stats"], true);
+        assert_eq!(
+            parsed.as_object().unwrap().len(),
+            2,
+            "no second stream_options added"
+        );
+    }
+
+    #[test]
+    fn bodies_a_strict_parser_rejects_are_left_alone() {
+        for body in [
+            &br#"{"stream":true,"temperature":NaN}"#[..],
+            br#"{"stream":true,"messages":[1,],"x":1}"#,
+            br#"{"stream":true,"bad":"\x"}"#,
+        ] {
+            let facts = inspect(Route::ChatCompletions, body).unwrap();
+            assert_eq!(
+                inject_usage(body, &facts),
+                None,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]

@@ -19,6 +19,8 @@ pub const TOKENS_TOTAL: &str = "tokentap_tokens_total";
 pub const DECODE_SECONDS: &str = "tokentap_decode_seconds";
 pub const AVERAGE_ACTIVE_REQUESTS: &str = "tokentap_average_active_requests";
 pub const INFLIGHT_REQUESTS: &str = "tokentap_inflight_requests";
+pub const FAULTS_TOTAL: &str = "tokentap_faults_total";
+pub const CLAMPED_COUNTS_TOTAL: &str = "tokentap_clamped_token_counts_total";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
@@ -37,6 +39,8 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (DECODE_SECONDS, "Decode time (first to last token) of each request, split by the concurrency bucket in force when each token event arrived, in seconds; its _sum is request-seconds of decode per cell."),
     (AVERAGE_ACTIVE_REQUESTS, "Per request, the time-weighted mean number of in-flight requests (same upstream and model) during its decode."),
     (INFLIGHT_REQUESTS, "Metered requests in flight."),
+    (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff); docs/operations.md."),
+    (CLAMPED_COUNTS_TOTAL, "Requests with a token count from the upstream that no real server could send, clamped (their records are approximate)."),
 ];
 
 /// Latency buckets for TTFT and request duration: 5 ms … 20 min (1M-token prefills take minutes).
