@@ -237,6 +237,7 @@ impl ProxyServer {
             faults: Arc::clone(&proxy.faults),
         };
         let admin_options = ServerOptions {
+            header_read_timeout: config.proxy.header_read_timeout,
             max_connections: config.admin.max_connections,
             ..ServerOptions::plain("admin")
         };

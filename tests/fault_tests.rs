@@ -362,7 +362,8 @@ async fn stalled_request_bodies_end_at_their_timeouts_with_a_408() {
     let (answer, _) = stalled_body(server.proxy_addr, "/upload", 100, b"0123456789").await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 
-    assert_eq!(server.proxy.faults.get(Fault::BodyTimeout), 3);
+    assert_eq!(server.proxy.faults.get(Fault::BodyIdleTimeout), 2);
+    assert_eq!(server.proxy.faults.get(Fault::BodyReadTimeout), 1);
     assert_eq!(
         upstream
             .requests()

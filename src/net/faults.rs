@@ -11,9 +11,10 @@ pub enum Fault {
     /// A connection sent no complete first request head (TLS handshake and HTTP/1 vs HTTP/2
     /// detection included) within `header_read_timeout`; closed.
     HeaderTimeout,
-    /// A request body stalled longer than `body_idle_timeout` between frames, or a metered
-    /// body took longer than `body_read_timeout` in all.
-    BodyTimeout,
+    /// A request body went silent longer than `body_idle_timeout` between frames (answered 408).
+    BodyIdleTimeout,
+    /// A metered request body took longer than `body_read_timeout` in all (answered 408).
+    BodyReadTimeout,
     /// The upstream sent no response head within its `response_timeout` (answered 504).
     UpstreamTimeout,
     /// The upstream's response body went silent longer than its `stream_idle_timeout`.
@@ -26,9 +27,10 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 7] = [
         Fault::HeaderTimeout,
-        Fault::BodyTimeout,
+        Fault::BodyIdleTimeout,
+        Fault::BodyReadTimeout,
         Fault::UpstreamTimeout,
         Fault::UpstreamStalled,
         Fault::ConnectionLimit,
@@ -38,7 +40,8 @@ impl Fault {
     pub fn label(self) -> &'static str {
         match self {
             Fault::HeaderTimeout => "header_timeout",
-            Fault::BodyTimeout => "body_timeout",
+            Fault::BodyIdleTimeout => "body_idle_timeout",
+            Fault::BodyReadTimeout => "body_read_timeout",
             Fault::UpstreamTimeout => "upstream_timeout",
             Fault::UpstreamStalled => "upstream_stalled",
             Fault::ConnectionLimit => "connection_limit",
@@ -49,11 +52,12 @@ impl Fault {
     fn index(self) -> usize {
         match self {
             Fault::HeaderTimeout => 0,
-            Fault::BodyTimeout => 1,
-            Fault::UpstreamTimeout => 2,
-            Fault::UpstreamStalled => 3,
-            Fault::ConnectionLimit => 4,
-            Fault::AcceptBackoff => 5,
+            Fault::BodyIdleTimeout => 1,
+            Fault::BodyReadTimeout => 2,
+            Fault::UpstreamTimeout => 3,
+            Fault::UpstreamStalled => 4,
+            Fault::ConnectionLimit => 5,
+            Fault::AcceptBackoff => 6,
         }
     }
 }

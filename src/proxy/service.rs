@@ -230,7 +230,7 @@ impl Proxy {
     {
         Box::pin(
             IdleTimeout::new(body.map_err(Into::into), self.limits.idle)
-                .counted(&self.faults, Fault::BodyTimeout)
+                .counted(&self.faults, Fault::BodyIdleTimeout)
                 .map_err(IdleError::into_box),
         )
     }
@@ -267,7 +267,7 @@ impl Proxy {
         let read = read_limited(body, self.metering.max_parse_bytes, &self.body_budget);
         let bytes = match tokio::time::timeout(self.limits.metered_total, read).await {
             Err(_elapsed) => {
-                self.faults.add(Fault::BodyTimeout);
+                self.faults.add(Fault::BodyReadTimeout);
                 let error = ProxyError::BodyTimeout {
                     after: self.limits.metered_total,
                     limit: "in all, proxy.body_read_timeout",

@@ -39,7 +39,7 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (DECODE_SECONDS, "Decode time (first to last token) of each request, split by the concurrency bucket in force when each token event arrived, in seconds; its _sum is request-seconds of decode per cell."),
     (AVERAGE_ACTIVE_REQUESTS, "Per request, the time-weighted mean number of in-flight requests (same upstream and model) during its decode."),
     (INFLIGHT_REQUESTS, "Metered requests in flight."),
-    (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff); docs/operations.md."),
+    (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_idle_timeout, body_read_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff); docs/operations.md."),
     (CLAMPED_COUNTS_TOTAL, "Requests with a token count from the upstream that no real server could send, clamped (their records are approximate)."),
 ];
 
