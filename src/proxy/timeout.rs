@@ -1,13 +1,15 @@
 //! Idle timeouts on bodies: the longest silence tolerated between frames of a client's
 //! request body or an upstream's response body.
 //!
-//! A frame only stores the time it arrived (one clock read, no timer operation); the timer is
-//! created the first time the body waits (one allocation per body, keeping the body `Unpin`)
-//! and moved forward lazily, when the body is waiting and the timer's deadline is older than
-//! the last frame allows. Moving a tokio timer later is lock-free, so the per-event cost stays
-//! a clock read. When the silence exceeds the limit the body ends with [`Stalled`], which the
-//! metering body records as its own outcome and hyper turns into an aborted response (the
-//! client sees the bytes sent so far, then a broken stream, never a clean end).
+//! Silence is counted only while someone is waiting for the body: from the first poll that
+//! finds it empty after a frame. Time during which nobody polled (the other side was slow to
+//! take what came before: a slow client reading a stream, a slow upstream reading an upload)
+//! is backpressure, not a stall. Per frame the cost is one clock read when the body next
+//! waits; the timer is created the first time the body waits (one allocation per body, keeping
+//! the body `Unpin`) and moved later lazily, which is lock-free in tokio. When the silence
+//! exceeds the limit the body ends with [`Stalled`], which the metering body records as its own
+//! outcome and hyper turns into an aborted response (the client sees the bytes sent so far,
+//! then a broken stream, never a clean end).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -83,7 +85,8 @@ pin_project! {
         inner: B,
         timer: Option<Pin<Box<Sleep>>>,
         idle: Duration,
-        last_frame: Instant,
+        // When the current wait began (`None` while frames are coming).
+        waiting_since: Option<Instant>,
         stalled: bool,
         // Where a stall is counted, and as which fault.
         faults: Option<(Arc<FaultCounters>, Fault)>,
@@ -93,12 +96,11 @@ pin_project! {
 impl<B> IdleTimeout<B> {
     /// Must be polled inside a tokio runtime (the timer registers with it).
     pub fn new(inner: B, idle: Duration) -> Self {
-        let now = Instant::now();
         Self {
             inner,
             timer: None,
             idle,
-            last_frame: now,
+            waiting_since: None,
             stalled: false,
             faults: None,
         }
@@ -124,15 +126,14 @@ impl<B: Body<Data = Bytes>> Body for IdleTimeout<B> {
             return Poll::Ready(None);
         }
         if let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) {
-            if !this.idle.is_zero() {
-                *this.last_frame = Instant::now();
-            }
+            *this.waiting_since = None;
             return Poll::Ready(frame.map(|frame| frame.map_err(IdleError::Inner)));
         }
         if this.idle.is_zero() {
             return Poll::Pending;
         }
-        let deadline = *this.last_frame + *this.idle;
+        let since = *this.waiting_since.get_or_insert_with(Instant::now);
+        let deadline = since + *this.idle;
         let timer = this
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
@@ -230,6 +231,33 @@ mod tests {
         // Paused time: exactly the last frame (20 ms) plus the idle limit.
         assert_eq!(start.elapsed(), Duration::from_millis(2_020));
         assert!(body.frame().await.is_none(), "nothing after the stall");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn time_nobody_waited_is_backpressure_not_silence() {
+        let mut body = IdleTimeout::new(paced(&[(10, "a"), (1_500, "b")]), Duration::from_secs(1));
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "a"
+        );
+        // The reader is busy for 5 s (longer than the idle limit) before asking again.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert!(
+            matches!(error, IdleError::Stalled(_)),
+            "1.5 s of waiting is a stall"
+        );
+        let mut body = IdleTimeout::new(paced(&[(10, "a"), (900, "b")]), Duration::from_secs(1));
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "a"
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "b",
+            "0.9 s of waiting after 5 s of not asking is not a stall"
+        );
     }
 
     #[tokio::test(start_paused = true)]
