@@ -243,7 +243,7 @@ impl ProxyServer {
         };
         metrics.watch_faults("proxy", Arc::clone(&proxy.faults));
         metrics.watch_faults("admin", Arc::clone(&admin_options.faults));
-        metrics.watch_clamped_counts(Arc::clone(&proxy.meter));
+        metrics.watch_clamped_counts(&proxy.meter);
         let service = ProxyService::new(Arc::clone(&proxy));
         let data_task = tokio::spawn(net::serve(
             proxy_listener,

@@ -6,7 +6,7 @@
 //! its per-request histograms are flushed bucket by bucket (`record_many`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, Unit};
@@ -75,7 +75,8 @@ enum Watched {
         handles: [Counter; Fault::ALL.len()],
     },
     Clamped {
-        meter: Arc<Meter>,
+        // Weak: the meter holds this sink, so a strong reference would keep both alive.
+        meter: Weak<Meter>,
         handle: Counter,
     },
 }
@@ -132,11 +133,14 @@ impl PrometheusMetrics {
     }
 
     /// Shows the meter's clamped token counts as `tokentap_clamped_token_counts_total`.
-    pub fn watch_clamped_counts(&self, meter: Arc<Meter>) {
+    pub fn watch_clamped_counts(&self, meter: &Arc<Meter>) {
         let handle = self
             .recorder
             .register_counter(&Key::from_name(CLAMPED_COUNTS_TOTAL), &METADATA);
-        self.watch(Watched::Clamped { meter, handle });
+        self.watch(Watched::Clamped {
+            meter: Arc::downgrade(meter),
+            handle,
+        });
     }
 
     fn watch(&self, watched: Watched) {
@@ -160,7 +164,11 @@ impl PrometheusMetrics {
                         handle.absolute(counters.get(*fault));
                     }
                 }
-                Watched::Clamped { meter, handle } => handle.absolute(meter.clamped_counts()),
+                Watched::Clamped { meter, handle } => {
+                    if let Some(meter) = meter.upgrade() {
+                        handle.absolute(meter.clamped_counts());
+                    }
+                }
             }
         }
         let mut out = Vec::with_capacity(64 * 1024);
