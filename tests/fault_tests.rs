@@ -110,18 +110,27 @@ async fn a_u64_max_usage_jump_is_clamped_flagged_and_costs_microseconds() {
         upstream: Arc::from("u"),
         tag: None,
     };
-    let mut request = meter.begin(labels, Instant::now());
-    let started = Instant::now();
-    request.token_event(Instant::now(), 1);
-    request.token_event(Instant::now() + Duration::from_millis(5), u64::MAX);
-    let usage = Usage {
-        prompt_tokens: Some(u64::MAX),
-        completion_tokens: Some(u64::MAX),
-        cached_tokens: Some(u64::MAX),
+    // One request whose last event jumps by `jump` tokens; returns what it cost.
+    let request = |jump: u64| {
+        let mut request = meter.begin(labels.clone(), Instant::now());
+        let started = Instant::now();
+        request.token_event(Instant::now(), 1);
+        request.token_event(Instant::now() + Duration::from_millis(5), jump);
+        let total = jump.saturating_add(1);
+        let usage = Usage {
+            prompt_tokens: Some(total),
+            completion_tokens: Some(total),
+            cached_tokens: Some(0),
+        };
+        request.finish(Outcome::Ok, usage, total, true);
+        started.elapsed()
     };
-    request.finish(Outcome::Ok, usage, u64::MAX, true);
-    let cost = started.elapsed();
-    eprintln!("figure: a u64::MAX usage jump (event + record + Prometheus flush) cost {cost:?}");
+    request(1); // registers the metric handles of this label set
+    let plain = request(1);
+    let cost = request(u64::MAX);
+    eprintln!(
+        "figure: a u64::MAX usage jump (event + record + Prometheus flush) cost {cost:?}; a 2-token request {plain:?}"
+    );
     assert!(cost < Duration::from_secs(1), "{cost:?}");
     assert_eq!(meter.clamped_counts(), 1, "one request, flagged once");
     let text = metrics.render();
@@ -188,6 +197,7 @@ async fn silent_sockets_and_bare_http2_prefaces_are_closed_at_the_header_timeout
     let (server, _) = proxy_with(&upstream.url(), "header_read_timeout = \"1s\"", "").await;
     const SILENT: usize = 800;
     const PREFACES: usize = 200;
+    const ADMIN: usize = 50;
     let opened = Instant::now();
     let mut sockets = Vec::new();
     for i in 0..SILENT + PREFACES {
@@ -199,6 +209,10 @@ async fn silent_sockets_and_bare_http2_prefaces_are_closed_at_the_header_timeout
                 .unwrap();
         }
         sockets.push(socket);
+    }
+    // The admin listener has the same deadline.
+    for _ in 0..ADMIN {
+        sockets.push(TcpStream::connect(server.admin_addr).await.unwrap());
     }
     // They do not keep anyone else out.
     still_serves(&server).await;
@@ -216,8 +230,8 @@ async fn silent_sockets_and_bare_http2_prefaces_are_closed_at_the_header_timeout
         last = last.max(closed);
     }
     eprintln!(
-        "figure: {} silent sockets (incl. {PREFACES} bare HTTP/2 prefaces) all closed {:?} after the first was opened (header timeout 1 s)",
-        SILENT + PREFACES,
+        "figure: {} silent sockets (incl. {PREFACES} bare HTTP/2 prefaces, {ADMIN} on the admin listener) all closed {:?} after the first was opened (header timeout 1 s)",
+        SILENT + PREFACES + ADMIN,
         last - opened
     );
     assert_eq!(
@@ -232,6 +246,15 @@ async fn silent_sockets_and_bare_http2_prefaces_are_closed_at_the_header_timeout
             &["listener=\"proxy\"", "fault=\"header_timeout\""]
         ),
         Some((SILENT + PREFACES) as f64),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "tokentap_faults_total",
+            &["listener=\"admin\"", "fault=\"header_timeout\""]
+        ),
+        Some(ADMIN as f64),
         "{text}"
     );
     still_serves(&server).await;
