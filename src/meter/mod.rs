@@ -26,11 +26,12 @@ use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord, Source};
 use timeline::Timeline;
 
 /// Most tokens one SSE event may carry. Speculative decoding and sglang's `stream_interval`
-/// put a handful to a few dozen tokens in an event; no real server sends thousands. A larger
+/// put a handful to a few dozen tokens in an event; no real server sends a thousand. A larger
 /// jump in the upstream's `completion_tokens` is clamped to this and flagged (the request's
 /// count becomes approximate and `Meter::clamped_counts` goes up), so one absurd number costs
-/// the same as any other event.
-pub const MAX_TOKENS_PER_EVENT: u64 = 4096;
+/// what a plausible event costs: its inter-token latency is flushed as one histogram sample
+/// per token, and this bounds them.
+pub const MAX_TOKENS_PER_EVENT: u64 = 1024;
 
 /// Most tokens one request may report, prompt or completion (16.7 M: above every context
 /// window served today). Larger usage numbers are clamped to this and flagged.
