@@ -219,6 +219,25 @@ pub fn member(json: &[u8], start: usize, key: &[u8]) -> Option<Member> {
     members(json, start).filter(|m| key_is(json, m, key)).last()
 }
 
+/// The last member named by each of `keys` (decoded) in the object at `start`, found in one
+/// pass: reading several fields of a large request body costs one walk over it, not one per
+/// field.
+pub fn last_members<const N: usize>(
+    json: &[u8],
+    start: usize,
+    keys: [&[u8]; N],
+) -> [Option<Member>; N] {
+    let mut found = [None; N];
+    for member in members(json, start) {
+        for (slot, key) in found.iter_mut().zip(keys) {
+            if key_is(json, &member, key) {
+                *slot = Some(member);
+            }
+        }
+    }
+    found
+}
+
 /// How many members of the object at `start` are named `key` (decoded).
 pub fn member_count(json: &[u8], start: usize, key: &[u8]) -> usize {
     members(json, start)

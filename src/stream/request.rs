@@ -7,7 +7,9 @@
 //!
 //! Fields are read as the server reads them (last duplicate key wins, escaped key names
 //! decoded: see [`super::json`]). Where tokentap cannot be sure how the server will read the
-//! body — it is not strictly valid JSON — it injects nothing, so it strips nothing either.
+//! body — the walk over its top-level members stops before the closing brace, so a later
+//! member could be one the server reads — it injects nothing, so it strips nothing either. (A
+//! body the server's parser rejects outright gets an error answer, which is never rewritten.)
 
 use super::classify::Route;
 use super::json::{self, Span};
@@ -36,30 +38,42 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
     if body.get(start) != Some(&b'{') || json::value_end(body, start).is_none() {
         return None;
     }
-    let get = |key: &[u8]| json::get(body, start, key);
-    let is_true = |span: Option<Span>| span.is_some_and(|s| s.bytes(body) == b"true");
-    let number = |span: Option<Span>| span.and_then(|s| json::as_u64(body, s));
-    let stream_options = get(b"stream_options");
-    let option = |key: &[u8]| stream_options.and_then(|o| json::get(body, o.start, key));
-    let max_tokens = match route {
-        Route::ChatCompletions => {
-            number(get(b"max_completion_tokens")).or(number(get(b"max_tokens")))
-        }
-        Route::Completions | Route::Messages => number(get(b"max_tokens")),
-        Route::Generate => number(json::path(
+    // One walk over the top-level object for every field (the prompt may be megabytes).
+    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid] =
+        json::last_members(
             body,
             start,
-            &[b"sampling_params", b"max_new_tokens"],
-        )),
-        Route::Responses => number(get(b"max_output_tokens")),
+            [
+                b"model",
+                b"stream",
+                b"max_completion_tokens",
+                b"max_tokens",
+                b"max_output_tokens",
+                b"stream_options",
+                b"sampling_params",
+                b"rid",
+            ],
+        )
+        .map(|member| member.map(|m| m.value));
+    let is_true = |span: Option<Span>| span.is_some_and(|s| s.bytes(body) == b"true");
+    let number = |span: Option<Span>| span.and_then(|s| json::as_u64(body, s));
+    let option = |key: &[u8]| stream_options.and_then(|o| json::get(body, o.start, key));
+    let max_tokens_field = max_tokens;
+    let max_tokens = match route {
+        Route::ChatCompletions => number(max_completion_tokens).or(number(max_tokens_field)),
+        Route::Completions | Route::Messages => number(max_tokens_field),
+        Route::Generate => {
+            number(sampling_params.and_then(|p| json::get(body, p.start, b"max_new_tokens")))
+        }
+        Route::Responses => number(max_output_tokens),
     };
     Some(RequestFacts {
-        model: get(b"model").and_then(|s| decode_string(body, s)),
-        stream: is_true(get(b"stream")),
+        model: model.and_then(|s| decode_string(body, s)),
+        stream: is_true(stream),
         max_tokens,
         include_usage: is_true(option(b"include_usage")),
         continuous_usage: is_true(option(b"continuous_usage_stats")),
-        rid: get(b"rid").and_then(|s| decode_string(body, s)),
+        rid: rid.and_then(|s| decode_string(body, s)),
     })
 }
 
@@ -78,13 +92,16 @@ pub fn inject_usage(body: &[u8], facts: &RequestFacts) -> Option<(Vec<u8>, Injec
     if !injected.any() {
         return None;
     }
-    // A body a strict parser rejects (NaN, trailing commas, nesting past 128 levels, broken
-    // escapes) may be read differently by the server, or refused: leave it as sent.
-    if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
-        return None;
-    }
     let start = json::skip_ws(body, 0);
     let end = json::value_end(body, start)?;
+    // Every top-level member must have been read: if the walk stopped early (a member tokentap
+    // cannot parse), a `stream_options` after it would be the server's and not ours to judge.
+    let walked = json::members(body, start)
+        .last()
+        .map_or(start + 1, |member| member.value.end);
+    if json::skip_ws(body, walked) + 1 != end {
+        return None;
+    }
     let wanted: &[(&[u8], bool)] = &[
         (b"include_usage", injected.include_usage),
         (b"continuous_usage_stats", injected.continuous_usage),
@@ -272,11 +289,11 @@ mod tests {
     }
 
     #[test]
-    fn bodies_a_strict_parser_rejects_are_left_alone() {
+    fn bodies_whose_members_cannot_all_be_read_are_left_alone() {
         for body in [
-            &br#"{"stream":true,"temperature":NaN}"#[..],
-            br#"{"stream":true,"messages":[1,],"x":1}"#,
-            br#"{"stream":true,"bad":"\x"}"#,
+            &br#"{"stream":true,"a" 1,"stream_options":{"include_usage":false}}"#[..],
+            br#"{"stream":true,"a":1,,"stream_options":{}}"#,
+            br#"{"stream":true,5:1,"stream_options":{}}"#,
         ] {
             let facts = inspect(Route::ChatCompletions, body).unwrap();
             assert_eq!(
