@@ -20,7 +20,7 @@ use crate::config::{Config, ConfigLoader};
 use crate::meter::record::Source;
 use crate::meter::Meter;
 use crate::net::{self, ServerOptions, ShutdownTrigger};
-use crate::proxy::service::ModelLabels;
+use crate::proxy::service::{BodyBudget, BodyLimits, ModelLabels};
 use crate::proxy::upstream::{Router, Upstream};
 use crate::proxy::{Proxy, ProxyService};
 use crate::store::Store;
@@ -233,7 +233,17 @@ impl ProxyServer {
             http2: config.proxy.http2,
             tls,
             grace: config.proxy.shutdown_grace,
+            max_connections: config.proxy.max_connections,
+            faults: Arc::clone(&proxy.faults),
         };
+        let admin_options = ServerOptions {
+            header_read_timeout: config.proxy.header_read_timeout,
+            max_connections: config.admin.max_connections,
+            ..ServerOptions::plain("admin")
+        };
+        metrics.watch_faults("proxy", Arc::clone(&proxy.faults));
+        metrics.watch_faults("admin", Arc::clone(&admin_options.faults));
+        metrics.watch_clamped_counts(&proxy.meter);
         let service = ProxyService::new(Arc::clone(&proxy));
         let data_task = tokio::spawn(net::serve(
             proxy_listener,
@@ -244,7 +254,7 @@ impl ProxyServer {
         let admin_service = admin::service(Arc::clone(&admin));
         let admin_task = tokio::spawn(net::serve(
             admin_listener,
-            ServerOptions::plain("admin"),
+            admin_options,
             move |_peer| admin_service.clone(),
             admin_shutdown,
         ));
@@ -304,5 +314,11 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         meter,
         metering: config.metering.clone(),
         models: ModelLabels::new(config.metering.max_models),
+        limits: BodyLimits {
+            idle: config.proxy.body_idle_timeout,
+            metered_total: config.proxy.body_read_timeout,
+        },
+        body_budget: BodyBudget::new(config.metering.max_buffered_bytes),
+        faults: Arc::default(),
     }))
 }

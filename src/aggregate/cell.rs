@@ -154,7 +154,7 @@ pub struct CellAccumulator {
     /// Requests whose own cell this is that ended `ok`.
     pub completed: u64,
     /// Failed requests by outcome (index of [`Outcome::ALL`]).
-    pub failed: [u64; 5],
+    pub failed: [u64; Outcome::ALL.len()],
     /// Requests whose own cell this is that the client aborted.
     pub client_aborted: u64,
     /// Σ prompt tokens and count of requests whose own cell this is that reported them.

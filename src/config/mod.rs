@@ -274,6 +274,12 @@ pub struct ProxyConfig {
     pub max_header_bytes: usize,
     pub http2: bool,
     pub tls: Option<ListenerTls>,
+    /// Longest gap between frames of a client's request body.
+    pub body_idle_timeout: Duration,
+    /// Most time to read a metered request body (up to the parse limit) in all.
+    pub body_read_timeout: Duration,
+    /// Most connections open at once on the data listener.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -299,6 +305,8 @@ pub struct UpstreamConfig {
     /// Longest wait for the response head; zero waits forever (sglang sends headers only at
     /// the first token, which can take minutes for a 1M-token prompt).
     pub response_timeout: Duration,
+    /// Longest gap between frames of the response body; zero waits forever.
+    pub stream_idle_timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle: usize,
     pub http2: bool,
@@ -312,12 +320,17 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
     /// Bearer token; required when the admin listener is not on loopback, and for sweeps.
     pub token: Option<String>,
+    /// Most connections open at once on the admin listener.
+    pub max_connections: usize,
 }
 
 #[derive(Debug, Clone)]
 pub struct MeteringConfig {
     pub inject_usage: bool,
     pub max_parse_bytes: usize,
+    /// Most bytes of metered request bodies held at once while they are being read, over all
+    /// requests; past it bodies are forwarded as they stream, unmetered.
+    pub max_buffered_bytes: usize,
     pub max_event_bytes: usize,
     pub contexts: Ladder,
     pub concurrency: Ladder,
@@ -406,7 +419,18 @@ impl Config {
             max_header_bytes: nonzero("proxy.max_header_bytes", raw.proxy.max_header_bytes)?,
             http2: raw.proxy.http2,
             tls,
+            body_idle_timeout: duration("proxy.body_idle_timeout", &raw.proxy.body_idle_timeout)?,
+            body_read_timeout: duration("proxy.body_read_timeout", &raw.proxy.body_read_timeout)?,
+            max_connections: nonzero("proxy.max_connections", raw.proxy.max_connections)?,
         };
+        for (key, value) in [
+            ("proxy.body_idle_timeout", proxy.body_idle_timeout),
+            ("proxy.body_read_timeout", proxy.body_read_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(err(key, "must be greater than zero".into()));
+            }
+        }
         if proxy.header_read_timeout.is_zero() {
             return Err(err(
                 "proxy.header_read_timeout",
@@ -442,6 +466,7 @@ impl Config {
         let admin = AdminConfig {
             listen: addr("admin.listen", &raw.admin.listen)?,
             token: raw.admin.token.filter(|t| !t.is_empty()),
+            max_connections: nonzero("admin.max_connections", raw.admin.max_connections)?,
         };
         if !admin.listen.ip().is_loopback() && admin.token.is_none() {
             return Err(err(
@@ -460,6 +485,10 @@ impl Config {
         let metering = MeteringConfig {
             inject_usage: raw.metering.inject_usage,
             max_parse_bytes: nonzero("metering.max_parse_bytes", raw.metering.max_parse_bytes)?,
+            max_buffered_bytes: nonzero(
+                "metering.max_buffered_bytes",
+                raw.metering.max_buffered_bytes,
+            )?,
             max_event_bytes: nonzero("metering.max_event_bytes", raw.metering.max_event_bytes)?,
             contexts,
             concurrency,
@@ -527,14 +556,16 @@ impl Config {
 }
 
 fn http_uri(key: &str, text: &str, origins: &Origins) -> Result<Uri, ConfigError> {
+    // Messages show the URL without its secrets: they end up in logs and terminals.
+    let shown = crate::net::redact::redact_url(text);
     let uri: Uri = text
         .parse()
-        .map_err(|e| origins.error(key, format!("`{text}` is not a URL: {e}")))?;
+        .map_err(|e| origins.error(key, format!("`{shown}` is not a URL: {e}")))?;
     match uri.scheme_str() {
         Some("http") | Some("https") if uri.authority().is_some() => Ok(uri),
         _ => Err(origins.error(
             key,
-            format!("`{text}` must be an http:// or https:// URL with a host"),
+            format!("`{shown}` must be an http:// or https:// URL with a host"),
         )),
     }
 }
@@ -548,7 +579,17 @@ fn upstream(
     let key = |k: &str| format!("{prefix}.{k}");
     let err = |k: &str, m: String| origins.error(&key(k), m);
     let duration = |k: &str, v: &str| parse_duration(v).map_err(|m| err(k, m));
-    let url = http_uri(&key("url"), &raw.url, origins)?;
+    let mut url = http_uri(&key("url"), &raw.url, origins)?;
+    // Userinfo is never sent (hyper does not turn it into credentials), so it is dropped here
+    // and the URL kept is safe to show in answers, logs and traces.
+    if let Some(stripped) = crate::net::redact::without_userinfo(&url) {
+        tracing::warn!(
+            upstream = %raw.name,
+            url = %stripped,
+            "credentials in the upstream URL are not used and have been removed"
+        );
+        url = stripped;
+    }
     if url.query().is_some() {
         return Err(err("url", "must not have a query string".into()));
     }
@@ -592,6 +633,7 @@ fn upstream(
         default_model: raw.default_model.clone(),
         connect_timeout: duration("connect_timeout", &raw.connect_timeout)?,
         response_timeout: duration("response_timeout", &raw.response_timeout)?,
+        stream_idle_timeout: duration("stream_idle_timeout", &raw.stream_idle_timeout)?,
         pool_idle_timeout: duration("pool_idle_timeout", &raw.pool_idle_timeout)?,
         pool_max_idle: usize::try_from(raw.pool_max_idle)
             .map_err(|_| err("pool_max_idle", "too large".into()))?,

@@ -44,6 +44,11 @@ pub struct RawProxy {
     pub header_read_timeout: String,
     pub max_header_bytes: u64,
     pub http2: bool,
+    #[serde(deserialize_with = "duration_text")]
+    pub body_idle_timeout: String,
+    #[serde(deserialize_with = "duration_text")]
+    pub body_read_timeout: String,
+    pub max_connections: u64,
 }
 
 impl Default for RawProxy {
@@ -54,6 +59,9 @@ impl Default for RawProxy {
             header_read_timeout: "10s".into(),
             max_header_bytes: 64 * 1024,
             http2: true,
+            body_idle_timeout: "10s".into(),
+            body_read_timeout: "60s".into(),
+            max_connections: 4096,
         }
     }
 }
@@ -79,6 +87,8 @@ pub struct RawUpstream {
     #[serde(deserialize_with = "duration_text")]
     pub response_timeout: String,
     #[serde(deserialize_with = "duration_text")]
+    pub stream_idle_timeout: String,
+    #[serde(deserialize_with = "duration_text")]
     pub pool_idle_timeout: String,
     pub pool_max_idle: u64,
     pub http2: bool,
@@ -96,7 +106,8 @@ impl Default for RawUpstream {
             path_prefix: None,
             default_model: "default".into(),
             connect_timeout: "5s".into(),
-            response_timeout: "0".into(),
+            response_timeout: "600s".into(),
+            stream_idle_timeout: "120s".into(),
             pool_idle_timeout: "90s".into(),
             pool_max_idle: 1024,
             http2: false,
@@ -112,6 +123,7 @@ impl Default for RawUpstream {
 pub struct RawAdmin {
     pub listen: String,
     pub token: Option<String>,
+    pub max_connections: u64,
 }
 
 impl Default for RawAdmin {
@@ -119,6 +131,7 @@ impl Default for RawAdmin {
         Self {
             listen: "127.0.0.1:9464".into(),
             token: None,
+            max_connections: 256,
         }
     }
 }
@@ -128,6 +141,7 @@ impl Default for RawAdmin {
 pub struct RawMetering {
     pub inject_usage: bool,
     pub max_parse_bytes: u64,
+    pub max_buffered_bytes: u64,
     pub max_event_bytes: u64,
     pub context_buckets: Vec<u64>,
     pub concurrency_buckets: Vec<u64>,
@@ -139,6 +153,7 @@ impl Default for RawMetering {
         Self {
             inject_usage: true,
             max_parse_bytes: 8 << 20,
+            max_buffered_bytes: 256 << 20,
             max_event_bytes: 1 << 20,
             context_buckets: DEFAULT_CONTEXTS.to_vec(),
             concurrency_buckets: DEFAULT_CONCURRENCY.to_vec(),

@@ -25,6 +25,18 @@ use inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
 use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord, Source};
 use timeline::Timeline;
 
+/// Most tokens one SSE event may carry. Speculative decoding and sglang's `stream_interval`
+/// put a handful to a few dozen tokens in an event; no real server sends a thousand. A larger
+/// jump in the upstream's `completion_tokens` is clamped to this and flagged (the request's
+/// count becomes approximate and `Meter::clamped_counts` goes up), so one absurd number costs
+/// what a plausible event costs: its inter-token latency is flushed as one histogram sample
+/// per token, and this bounds them.
+pub const MAX_TOKENS_PER_EVENT: u64 = 1024;
+
+/// Most tokens one request may report, prompt or completion (16.7 M: above every context
+/// window served today). Larger usage numbers are clamped to this and flagged.
+pub const MAX_TOKENS_PER_REQUEST: u64 = 1 << 24;
+
 /// Receives every finished record. Called on the request's own task when it ends: keep it
 /// short and never block (take a brief lock, bump counters, try_send to a channel).
 pub trait RecordSink: Send + Sync {
@@ -45,6 +57,9 @@ pub struct Meter {
     live_tokens: [AtomicU64; 2],
     /// Metered requests in flight per source (the sweep's production guard reads it).
     inflight_by_source: [AtomicI64; 2],
+    /// Token counts from upstreams that no real server could send, clamped (see
+    /// [`MAX_TOKENS_PER_EVENT`], [`MAX_TOKENS_PER_REQUEST`]).
+    clamped_counts: AtomicU64,
 }
 
 impl std::fmt::Debug for Meter {
@@ -65,7 +80,13 @@ impl Meter {
             sinks: RwLock::new(Vec::new()),
             live_tokens: [AtomicU64::new(0), AtomicU64::new(0)],
             inflight_by_source: [AtomicI64::new(0), AtomicI64::new(0)],
+            clamped_counts: AtomicU64::new(0),
         })
+    }
+
+    /// How many implausible token counts from upstreams were clamped since start.
+    pub fn clamped_counts(&self) -> u64 {
+        self.clamped_counts.load(Ordering::Relaxed)
     }
 
     pub fn contexts(&self) -> &Ladder {
@@ -132,6 +153,7 @@ impl Meter {
             streaming: false,
             inflight_at_head: tracker.current(),
             interference: InterferenceSpan::default(),
+            clamped: false,
         }
     }
 
@@ -168,6 +190,8 @@ pub struct RequestMeter {
     inflight_at_head: u32,
     /// The prefill integrals read at the first and the latest token.
     interference: InterferenceSpan,
+    /// A token count of this request was clamped: its record is marked approximate.
+    clamped: bool,
     /// Present until the record is published.
     guard: Option<InflightGuard>,
 }
@@ -187,6 +211,7 @@ impl RequestMeter {
     /// updates. (The first token also ends this request's prefill phase: one short writer
     /// lock per request, like entering and leaving.)
     pub fn token_event(&mut self, now: Instant, tokens: u64) {
+        let tokens = self.plausible(tokens, MAX_TOKENS_PER_EVENT);
         let Some(guard) = &mut self.guard else {
             return;
         };
@@ -208,6 +233,7 @@ impl RequestMeter {
     /// Records tokens the upstream reported without visible output (partial UTF-8 held back,
     /// a swallowed `<think>` marker): they count for throughput, not for first/last token.
     pub fn silent_tokens(&mut self, tokens: u64) {
+        let tokens = self.plausible(tokens, MAX_TOKENS_PER_EVENT);
         let Some(guard) = &self.guard else {
             return;
         };
@@ -216,12 +242,25 @@ impl RequestMeter {
             .concurrency
             .concurrency_bucket_of_count(guard.tracker().current());
         if let Some(t) = self.timeline.split.tokens.get_mut(bucket) {
-            *t += tokens;
+            *t = t.saturating_add(tokens);
         }
-        self.timeline.streamed_tokens += tokens;
+        self.timeline.streamed_tokens = self.timeline.streamed_tokens.saturating_add(tokens);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
             c.fetch_add(tokens, Ordering::Relaxed);
         }
+    }
+
+    /// `count` if a real server could have sent it, else `max`, flagged. O(1) whatever the
+    /// number: a count from the network is never looped over.
+    fn plausible(&mut self, count: u64, max: u64) -> u64 {
+        if count <= max {
+            return count;
+        }
+        if !self.clamped {
+            self.clamped = true;
+            self.meter.clamped_counts.fetch_add(1, Ordering::Relaxed);
+        }
+        max
     }
 
     /// True once the record has been published.
@@ -231,6 +270,28 @@ impl RequestMeter {
 
     /// Publishes the record. Later calls (and the drop) do nothing.
     pub fn finish(&mut self, outcome: Outcome, usage: Usage, completion_tokens: u64, exact: bool) {
+        if self.guard.is_none() {
+            return;
+        }
+        let completion_tokens = self.plausible(completion_tokens, MAX_TOKENS_PER_REQUEST);
+        let usage = Usage {
+            prompt_tokens: usage
+                .prompt_tokens
+                .map(|n| self.plausible(n, MAX_TOKENS_PER_REQUEST)),
+            completion_tokens: usage
+                .completion_tokens
+                .map(|n| self.plausible(n, MAX_TOKENS_PER_REQUEST)),
+            cached_tokens: usage
+                .cached_tokens
+                .map(|n| self.plausible(n, MAX_TOKENS_PER_REQUEST)),
+        };
+        if self.clamped {
+            tracing::debug!(
+                upstream = %self.labels.upstream,
+                "implausible token count from the upstream clamped; the record is approximate"
+            );
+        }
+        let exact = exact && !self.clamped;
         let Some(guard) = self.guard.take() else {
             return;
         };

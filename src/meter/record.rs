@@ -53,15 +53,19 @@ pub enum Outcome {
     UpstreamAborted,
     /// The upstream did not answer within the configured time.
     Timeout,
+    /// The upstream's response went silent mid-body for longer than `stream_idle_timeout`;
+    /// tokentap ended it (a stalling server, not a client giving up).
+    UpstreamStalled,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 5] = [
+    pub const ALL: [Outcome; 6] = [
         Outcome::Ok,
         Outcome::UpstreamError,
         Outcome::ClientAborted,
         Outcome::UpstreamAborted,
         Outcome::Timeout,
+        Outcome::UpstreamStalled,
     ];
 
     pub fn label(self) -> &'static str {
@@ -71,6 +75,7 @@ impl Outcome {
             Outcome::ClientAborted => "client_aborted",
             Outcome::UpstreamAborted => "upstream_aborted",
             Outcome::Timeout => "timeout",
+            Outcome::UpstreamStalled => "upstream_stalled",
         }
     }
 }

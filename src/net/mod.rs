@@ -1,7 +1,11 @@
 //! Listeners: accepting TCP (and TLS) connections, serving HTTP/1.1 and HTTP/2 on them with
 //! hyper, and shutting down gracefully. Shared by the data listener, the admin listener and
-//! the simulator. Owns every connection task it spawns.
+//! the simulator. Owns every connection task it spawns, and the limits that keep a hostile
+//! peer from holding them: the first-request deadline (TLS handshake, protocol detection and
+//! request head together), the connection limit, and the back-off when descriptors run out.
 
+pub mod faults;
+pub mod redact;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -15,10 +19,14 @@ use http_body::Body;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
+
+use faults::{Fault, FaultCounters};
 
 /// Fires shutdown for every listener holding a [`Shutdown`] from it.
 #[derive(Debug)]
@@ -90,14 +98,22 @@ pub async fn os_signal() {
 /// How a listener serves its connections.
 #[derive(Clone)]
 pub struct ServerOptions {
-    /// Name used in logs ("proxy", "admin", "simulator").
+    /// Name used in logs and fault counters ("proxy", "admin", "simulator").
     pub name: &'static str,
+    /// Time from accept to a complete first request head: TLS handshake, HTTP/1 vs HTTP/2
+    /// detection (an HTTP/2 preface alone does not count) and the head itself. Later request
+    /// heads on an HTTP/1 keep-alive connection get the same time from hyper.
     pub header_read_timeout: Duration,
     pub max_header_bytes: usize,
     pub http2: bool,
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// After shutdown, connections still open this long are closed.
     pub grace: Duration,
+    /// Most connections open at once. At the limit the listener stops accepting (newcomers
+    /// wait in the kernel's backlog) until one closes; open connections are never dropped.
+    pub max_connections: usize,
+    /// Where this listener counts the faults it cuts short.
+    pub faults: Arc<FaultCounters>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -106,9 +122,13 @@ impl std::fmt::Debug for ServerOptions {
             .field("name", &self.name)
             .field("http2", &self.http2)
             .field("tls", &self.tls.is_some())
+            .field("max_connections", &self.max_connections)
             .finish_non_exhaustive()
     }
 }
+
+/// Connection limit of listeners built with [`ServerOptions::plain`] (admin, simulator).
+pub const PLAIN_MAX_CONNECTIONS: usize = 1024;
 
 impl ServerOptions {
     /// Plain HTTP/1.1 + h2c with conservative limits (admin, simulator, tests).
@@ -120,7 +140,88 @@ impl ServerOptions {
             http2: true,
             tls: None,
             grace: Duration::from_secs(5),
+            max_connections: PLAIN_MAX_CONNECTIONS,
+            faults: Arc::default(),
         }
+    }
+}
+
+/// First pause after accepting failed for lack of resources, doubled up to [`BACKOFF_MAX`].
+const BACKOFF_START: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+/// The accept loop's back-off when the process runs out of descriptors (EMFILE, ENFILE) or
+/// buffers: retrying at once would spin and log thousands of times a second, so it pauses,
+/// longer each time, and says so once per episode.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    /// Failures in the current episode (0: accepting works).
+    failures: u64,
+    delay: Duration,
+}
+
+impl AcceptBackoff {
+    /// Whether an accept error concerns one connection only (it went away before we took
+    /// it): those are skipped at once. Every other error means the listener itself cannot
+    /// accept now, EMFILE included.
+    fn is_per_connection(error: &std::io::Error) -> bool {
+        use std::io::ErrorKind;
+        matches!(
+            error.kind(),
+            ErrorKind::ConnectionAborted
+                | ErrorKind::ConnectionReset
+                | ErrorKind::Interrupted
+                | ErrorKind::WouldBlock
+        )
+    }
+
+    /// The pause after a failed accept, logging the first failure of an episode.
+    fn failed(&mut self, listener: &'static str, error: &std::io::Error) -> Duration {
+        self.failures += 1;
+        if self.failures == 1 {
+            self.delay = BACKOFF_START;
+            tracing::warn!(
+                listener,
+                %error,
+                "cannot accept connections; backing off until it works again"
+            );
+        } else {
+            self.delay = (self.delay * 2).min(BACKOFF_MAX);
+        }
+        self.delay
+    }
+
+    /// An accept worked: ends the episode, saying so if there was one.
+    fn accepted(&mut self, listener: &'static str) {
+        if self.failures > 0 {
+            tracing::warn!(
+                listener,
+                failures = self.failures,
+                "accepting connections again"
+            );
+            self.failures = 0;
+        }
+    }
+}
+
+/// Tells the connection task that a request head arrived (hyper calls the service once per
+/// request), which ends the first-request deadline.
+struct FirstRequest<S> {
+    inner: S,
+    seen: Arc<Notify>,
+}
+
+impl<S, R> hyper::service::Service<R> for FirstRequest<S>
+where
+    S: hyper::service::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn call(&self, request: R) -> Self::Future {
+        self.seen.notify_one();
+        self.inner.call(request)
     }
 }
 
@@ -152,54 +253,97 @@ pub async fn serve<M, S, B>(
     }
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(options.max_connections.max(1)));
+    let mut backoff = AcceptBackoff::default();
+    let mut at_limit = false;
     loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(accepted) => accepted,
-                    Err(error) => {
-                        // EMFILE and friends: back off briefly instead of spinning.
-                        tracing::warn!(listener = options.name, %error, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let service = make_service(peer);
-                let builder = builder.clone();
-                let watcher = graceful.watcher();
-                let acceptor = acceptor.clone();
-                let handshake_timeout = options.header_read_timeout;
-                let name = options.name;
-                tokio::spawn(async move {
-                    let result = match acceptor {
-                        None => {
-                            let conn = builder.serve_connection(TokioIo::new(stream), service);
-                            watcher.watch(conn.into_owned()).await
+        // A free slot first: at the limit, stop accepting until a connection closes.
+        let permit = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                options.faults.add(Fault::ConnectionLimit);
+                if !at_limit {
+                    at_limit = true;
+                    tracing::warn!(
+                        listener = options.name,
+                        limit = options.max_connections,
+                        "connection limit reached; accepting paused until a connection closes"
+                    );
+                }
+                tokio::select! {
+                    permit = Arc::clone(&slots).acquire_owned() => match permit {
+                        Ok(permit) => permit,
+                        Err(_) => break, // the semaphore is never closed
+                    },
+                    _ = shutdown.wait() => break,
+                }
+            }
+        };
+        if at_limit && slots.available_permits() > 0 {
+            at_limit = false;
+            tracing::info!(listener = options.name, "below the connection limit again");
+        }
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.wait() => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) if AcceptBackoff::is_per_connection(&error) => {
+                tracing::debug!(listener = options.name, %error, "a connection went away before it was accepted");
+                continue;
+            }
+            Err(error) => {
+                options.faults.add(Fault::AcceptBackoff);
+                let pause = backoff.failed(options.name, &error);
+                // The slot goes back while we wait: nothing holds it.
+                drop(permit);
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => continue,
+                    _ = shutdown.wait() => break,
+                }
+            }
+        };
+        backoff.accepted(options.name);
+        let _ = stream.set_nodelay(true);
+        let deadline = Instant::now() + options.header_read_timeout;
+        let seen = Arc::new(Notify::new());
+        let service = FirstRequest {
+            inner: make_service(peer),
+            seen: Arc::clone(&seen),
+        };
+        let connection = Connection {
+            builder: builder.clone(),
+            watcher: graceful.watcher(),
+            deadline,
+            seen,
+            faults: Arc::clone(&options.faults),
+            name: options.name,
+            peer,
+            _slot: permit,
+        };
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            match acceptor {
+                None => connection.serve(stream, service).await,
+                Some(acceptor) => {
+                    let tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await
+                    {
+                        Ok(Ok(tls)) => tls,
+                        Ok(Err(error)) => {
+                            tracing::debug!(listener = connection.name, peer = %connection.peer, %error, "TLS handshake failed");
+                            return;
                         }
-                        Some(acceptor) => {
-                            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                                Ok(Ok(tls)) => tls,
-                                Ok(Err(error)) => {
-                                    tracing::debug!(listener = name, %peer, %error, "TLS handshake failed");
-                                    return;
-                                }
-                                Err(_) => {
-                                    tracing::debug!(listener = name, %peer, "TLS handshake timed out");
-                                    return;
-                                }
-                            };
-                            let conn = builder.serve_connection(TokioIo::new(tls), service);
-                            watcher.watch(conn.into_owned()).await
+                        Err(_) => {
+                            connection.faults.add(Fault::HeaderTimeout);
+                            tracing::debug!(listener = connection.name, peer = %connection.peer, "TLS handshake timed out");
+                            return;
                         }
                     };
-                    if let Err(error) = result {
-                        tracing::debug!(listener = name, %peer, error = %error, "connection ended with an error");
-                    }
-                });
+                    connection.serve(tls, service).await;
+                }
             }
-            _ = shutdown.wait() => break,
-        }
+        });
     }
     drop(listener);
     tracing::info!(listener = options.name, grace = ?options.grace, "stopped accepting; draining connections");
@@ -207,6 +351,60 @@ pub async fn serve<M, S, B>(
         _ = graceful.shutdown() => {}
         _ = tokio::time::sleep(options.grace) => {
             tracing::warn!(listener = options.name, "grace period over; closing remaining connections");
+        }
+    }
+}
+
+/// One accepted connection and what bounds it.
+struct Connection {
+    builder: auto::Builder<TokioExecutor>,
+    watcher: Watcher,
+    /// When the first request head must have arrived.
+    deadline: Instant,
+    seen: Arc<Notify>,
+    faults: Arc<FaultCounters>,
+    name: &'static str,
+    peer: SocketAddr,
+    /// The listener's connection slot, given back when the connection ends.
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    /// Serves HTTP on `io` until the connection ends; closes it if no request head arrives by
+    /// the deadline. hyper's own header timeout starts only once HTTP/1 is detected, so a peer
+    /// that sends nothing, or only an HTTP/2 preface, is bounded here.
+    async fn serve<I, S, B>(self, io: I, service: FirstRequest<S>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let conn = self
+            .builder
+            .serve_connection(TokioIo::new(io), service)
+            .into_owned();
+        let conn = self.watcher.watch(conn);
+        tokio::pin!(conn);
+        let ended_early = tokio::select! {
+            biased;
+            result = &mut conn => Some(result),
+            _ = self.seen.notified() => None,
+            _ = tokio::time::sleep_until(self.deadline) => {
+                self.faults.add(Fault::HeaderTimeout);
+                tracing::debug!(listener = self.name, peer = %self.peer, "no request head within the header read timeout; closed");
+                return;
+            }
+        };
+        let result = match ended_early {
+            Some(result) => result,
+            None => conn.await,
+        };
+        if let Err(error) = result {
+            tracing::debug!(listener = self.name, peer = %self.peer, error = %error, "connection ended with an error");
         }
     }
 }

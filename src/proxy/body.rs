@@ -4,11 +4,10 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use super::timeout::{IdleError, UpstreamBody};
+use crate::stream::body::MeteredBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use hyper::body::Incoming;
-
-use crate::stream::body::MeteredBody;
 
 /// Errors of a client request body, whatever its origin.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -98,8 +97,8 @@ impl Body for RequestBody {
 
 /// The body sent to the client.
 pub enum ResponseBody {
-    /// The upstream's body, measured on metered routes.
-    Upstream(MeteredBody<Incoming>),
+    /// The upstream's body under its idle timeout, measured on metered routes.
+    Upstream(MeteredBody<UpstreamBody>),
     /// An answer tokentap wrote itself (errors, admin pages).
     Local(Option<Bytes>),
 }
@@ -124,12 +123,12 @@ impl ResponseBody {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = IdleError<hyper::Error>;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx),
             ResponseBody::Local(bytes) => Poll::Ready(

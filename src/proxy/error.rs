@@ -2,7 +2,7 @@
 //!
 //! tokentap answers for itself only when the upstream could not: 502 when it is unreachable
 //! or broke before answering, 504 when it did not answer in time, 400 when the client's body
-//! could not be read. The JSON body names the upstream and the cause so an operator can act
+//! could not be read, 408 when it did not arrive in time. The JSON body names the upstream and the cause so an operator can act
 //! on it; it never echoes request headers (API keys stay out of responses and logs).
 
 use std::sync::Arc;
@@ -31,6 +31,12 @@ pub enum ProxyError {
     BadUpstreamUri { upstream: Arc<str>, cause: String },
     #[error("cannot read the request body: {cause}")]
     ClientBody { cause: String },
+    #[error("the request body was not received in time ({after:?} {limit})")]
+    BodyTimeout {
+        after: Duration,
+        /// Which limit: the idle gap or the whole metered body.
+        limit: &'static str,
+    },
 }
 
 /// Joins an error and its sources: "client error (Connect): tcp connect error: Connection refused".
@@ -62,6 +68,7 @@ impl ProxyError {
             }
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -69,7 +76,9 @@ impl ProxyError {
     pub fn outcome(&self) -> Outcome {
         match self {
             ProxyError::Timeout { .. } => Outcome::Timeout,
-            ProxyError::ClientBody { .. } => Outcome::ClientAborted,
+            ProxyError::ClientBody { .. } | ProxyError::BodyTimeout { .. } => {
+                Outcome::ClientAborted
+            }
             _ => Outcome::UpstreamError,
         }
     }
@@ -80,6 +89,7 @@ impl ProxyError {
             ProxyError::Timeout { .. } => "upstream_timeout",
             ProxyError::BadUpstreamUri { .. } => "bad_upstream_uri",
             ProxyError::ClientBody { .. } => "bad_request_body",
+            ProxyError::BodyTimeout { .. } => "request_body_timeout",
         }
     }
 
@@ -88,7 +98,7 @@ impl ProxyError {
             ProxyError::Upstream { upstream, .. }
             | ProxyError::Timeout { upstream, .. }
             | ProxyError::BadUpstreamUri { upstream, .. } => Some(upstream),
-            ProxyError::ClientBody { .. } => None,
+            ProxyError::ClientBody { .. } | ProxyError::BodyTimeout { .. } => None,
         }
     }
 

@@ -5,7 +5,9 @@
 //! learn the model and whether it streams, usage options may be injected, and the response
 //! body is wrapped in the metering body. Bodies over the limit, bodies that are not JSON and
 //! every other route pass through unmeasured. Nothing on this path ever rejects a request on
-//! tokentap's account except a body the client failed to send.
+//! tokentap's account except a body the client failed to send (or sent too slowly: request
+//! bodies are under an idle timeout, metered ones also under a total one). Upstream response
+//! bodies are under the upstream's idle timeout; a stall ends them as `upstream_stalled`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -13,20 +15,24 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{header, HeaderValue, Method, Request, Response, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use super::body::{BoxError, DynBody, RequestBody, ResponseBody};
 use super::error::{error_chain, ProxyError};
 use super::headers::{is_event_stream, remove_hop_by_hop};
+use super::timeout::{is_stall, IdleError, IdleTimeout};
 use super::upstream::{Router, Upstream};
 use crate::config::MeteringConfig;
 use crate::meter::record::Source;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
+use crate::net::faults::{Fault, FaultCounters};
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
 use crate::stream::classify::Route;
 use crate::stream::request::{inject_usage, inspect};
@@ -88,6 +94,57 @@ pub struct Proxy {
     pub meter: Arc<Meter>,
     pub metering: MeteringConfig,
     pub models: ModelLabels,
+    pub limits: BodyLimits,
+    pub body_budget: BodyBudget,
+    /// The data listener's fault counters (timeouts the proxy cuts short count here too).
+    pub faults: Arc<FaultCounters>,
+}
+
+/// The memory metered request bodies may hold while being read, over all requests, in KiB
+/// permits. A body that would take more is forwarded as it streams, unmetered: many slow
+/// clients cannot make tokentap hold more than this.
+#[derive(Debug)]
+pub struct BodyBudget {
+    kib: Semaphore,
+}
+
+impl BodyBudget {
+    pub fn new(bytes: usize) -> Self {
+        Self {
+            kib: Semaphore::new((bytes / 1024).clamp(1, Semaphore::MAX_PERMITS)),
+        }
+    }
+
+    /// Grows `held` to cover `bytes`; false if the budget cannot.
+    fn cover<'a>(&'a self, held: &mut Option<SemaphorePermit<'a>>, bytes: usize) -> bool {
+        let needed = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        let have = held.as_ref().map_or(0, |p| p.num_permits());
+        let Some(more) = needed.checked_sub(u32::try_from(have).unwrap_or(u32::MAX)) else {
+            return true;
+        };
+        if more == 0 {
+            return true;
+        }
+        match self.kib.try_acquire_many(more) {
+            Ok(permit) => {
+                match held {
+                    Some(held) => held.merge(permit),
+                    None => *held = Some(permit),
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// How long tokentap waits for a client's request body.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyLimits {
+    /// Longest gap between frames of any request body.
+    pub idle: Duration,
+    /// Most time to read a metered body up to the parse limit.
+    pub metered_total: Duration,
 }
 
 /// The data path as a tower `Service`, generic over the client body type so the sweep engine
@@ -126,19 +183,20 @@ where
     }
 }
 
-/// A body read as far as the parse limit allows.
+/// A body read as far as the parse limit and the buffer budget allow.
 enum ReadBody {
     Complete(Bytes),
-    /// Longer than the limit: what was read, and the rest still streaming.
+    /// Longer than the limit, or than the budget allowed: what was read, and the rest still
+    /// streaming.
     TooLong(Bytes, DynBody),
 }
 
-async fn read_limited<B>(body: B, limit: usize) -> Result<ReadBody, BoxError>
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let mut body = Box::pin(body.map_err(Into::into));
+async fn read_limited(
+    mut body: DynBody,
+    limit: usize,
+    budget: &BodyBudget,
+) -> Result<ReadBody, BoxError> {
+    let mut held = None;
     let mut buffer = BytesMut::new();
     let mut first: Option<Bytes> = None;
     while let Some(frame) = body.frame().await {
@@ -154,7 +212,7 @@ where
             buffer.extend_from_slice(&data);
         }
         let read = first.as_ref().map_or(buffer.len(), Bytes::len);
-        if read > limit {
+        if read > limit || !budget.cover(&mut held, read) {
             let prefix = first.unwrap_or_else(|| buffer.freeze());
             return Ok(ReadBody::TooLong(prefix, body));
         }
@@ -163,6 +221,20 @@ where
 }
 
 impl Proxy {
+    /// The client's body under the idle timeout, boxed once for either use (read for metering
+    /// or streamed upstream).
+    fn client_body<B>(&self, body: B) -> DynBody
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Box::pin(
+            IdleTimeout::new(body.map_err(Into::into), self.limits.idle)
+                .counted(&self.faults, Fault::BodyIdleTimeout)
+                .map_err(IdleError::into_box),
+        )
+    }
+
     /// Forwards one request and measures it when it is on a metered route.
     pub async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Response<ResponseBody>
     where
@@ -173,6 +245,7 @@ impl Proxy {
         let (mut parts, body) = request.into_parts();
         let synthetic = parts.extensions.remove::<Synthetic>();
         let path = parts.uri.path().to_string();
+        let body = self.client_body(body);
         let (mut upstream, upstream_path) = match self.router.by_path(&path) {
             Some((upstream, rest)) => (Arc::clone(upstream), rest.to_string()),
             None => (Arc::clone(self.router.default_upstream()), path.clone()),
@@ -184,20 +257,33 @@ impl Proxy {
         let Some(route) = route else {
             let body = RequestBody::Stream {
                 prefix: None,
-                rest: Box::pin(body.map_err(Into::into)),
+                rest: body,
             };
             return self
                 .forward(parts, body, &upstream, &upstream_path, None)
                 .await;
         };
 
-        let bytes = match read_limited(body, self.metering.max_parse_bytes).await {
+        let read = read_limited(body, self.metering.max_parse_bytes, &self.body_budget);
+        let bytes = match tokio::time::timeout(self.limits.metered_total, read).await {
+            Err(_elapsed) => {
+                self.faults.add(Fault::BodyReadTimeout);
+                let error = ProxyError::BodyTimeout {
+                    after: self.limits.metered_total,
+                    limit: "in all, proxy.body_read_timeout",
+                };
+                tracing::debug!(path, %error, "request body too slow");
+                return error.into_response();
+            }
+            Ok(read) => read,
+        };
+        let bytes = match bytes {
             Ok(ReadBody::Complete(bytes)) => bytes,
             Ok(ReadBody::TooLong(prefix, rest)) => {
                 tracing::debug!(
                     path,
                     limit = self.metering.max_parse_bytes,
-                    "request body over the parse limit: forwarded unmetered"
+                    "request body over the parse limit or the buffer budget: forwarded unmetered"
                 );
                 let body = RequestBody::Stream {
                     prefix: Some(prefix),
@@ -206,6 +292,9 @@ impl Proxy {
                 return self
                     .forward(parts, body, &upstream, &upstream_path, None)
                     .await;
+            }
+            Err(error) if is_stall(error.as_ref()) => {
+                return self.body_stalled().into_response();
             }
             Err(error) => return ProxyError::client_body(error).into_response(),
         };
@@ -277,6 +366,14 @@ impl Proxy {
         .await
     }
 
+    /// The answer to a request body that went silent (counted where it stalled).
+    fn body_stalled(&self) -> ProxyError {
+        ProxyError::BodyTimeout {
+            after: self.limits.idle,
+            limit: "between frames, proxy.body_idle_timeout",
+        }
+    }
+
     async fn forward(
         &self,
         mut parts: http::request::Parts,
@@ -322,6 +419,10 @@ impl Proxy {
         };
         let response = match result {
             Ok(Ok(response)) => response,
+            Ok(Err(error)) if is_stall(&error) => {
+                // The client's streamed body went silent while hyper was sending it.
+                return fail(self.body_stalled(), metered);
+            }
             Ok(Err(error)) => {
                 let error = ProxyError::Upstream {
                     upstream: Arc::clone(&upstream.name),
@@ -332,6 +433,7 @@ impl Proxy {
                 return fail(error, metered);
             }
             Err(_elapsed) => {
+                self.faults.add(Fault::UpstreamTimeout);
                 let error = ProxyError::Timeout {
                     upstream: Arc::clone(&upstream.name),
                     url: upstream.url(),
@@ -343,6 +445,8 @@ impl Proxy {
         };
 
         let (mut parts, incoming) = response.into_parts();
+        let incoming = IdleTimeout::new(incoming, upstream.config.stream_idle_timeout)
+            .counted(&self.faults, Fault::UpstreamStalled);
         remove_hop_by_hop(&mut parts.headers);
         let metering = metered.map(|m| {
             let MeteredRequest {

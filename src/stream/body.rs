@@ -322,9 +322,21 @@ impl<B: Body> MeteredBody<B> {
     }
 }
 
+/// How an error of the wrapped body ends a metered request: an upstream abort, unless the
+/// error says otherwise (the proxy's idle timer reports a stall).
+pub trait BodyFailure {
+    fn outcome(&self) -> Outcome {
+        Outcome::UpstreamAborted
+    }
+}
+
+impl BodyFailure for std::convert::Infallible {}
+impl BodyFailure for hyper::Error {}
+
 impl<B> Body for MeteredBody<B>
 where
     B: Body<Data = Bytes>,
+    B::Error: BodyFailure,
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -376,7 +388,7 @@ where
                 },
                 Some(Err(error)) => {
                     if !metering.is_finished() {
-                        metering.finish(Outcome::UpstreamAborted);
+                        metering.finish(error.outcome());
                     }
                     if let Some(rewriter) = &mut metering.rewriter {
                         let held = std::mem::take(&mut rewriter.held);

@@ -6,6 +6,12 @@
 //! positions into that same slice, never recurses (nesting is tracked with a counter, so
 //! hostile depth cannot overflow the stack) and returns `None` on anything malformed. It
 //! validates only as much as it needs: a payload that is not JSON yields `None`, not a panic.
+//!
+//! It reads JSON the way the servers behind tokentap do (Python's `json`, under pydantic,
+//! sglang and vLLM): key names are compared after decoding their escapes
+//! (`"stream\u005foptions"` is `stream_options`), and when a key occurs twice in an object the
+//! last one wins. Reading a request differently from the server would make tokentap inject or
+//! strip usage the client did or did not ask for.
 
 /// The byte span `[start, end)` of one JSON value inside a payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,13 +213,116 @@ impl Iterator for Elements<'_> {
     }
 }
 
-/// The member `key` (given without quotes, compared byte for byte with the raw key) of the
-/// object at `start`.
+/// The member `key` (given without quotes and escapes) of the object at `start`: the last one
+/// whose decoded name is `key`, as the server's parser reads it.
 pub fn member(json: &[u8], start: usize, key: &[u8]) -> Option<Member> {
-    members(json, start).find(|m| {
-        json.get(m.key.start + 1..m.key.end - 1)
-            .is_some_and(|raw| raw == key)
-    })
+    members(json, start).filter(|m| key_is(json, m, key)).last()
+}
+
+/// The last member named by each of `keys` (decoded) in the object at `start`, found in one
+/// pass: reading several fields of a large request body costs one walk over it, not one per
+/// field.
+pub fn last_members<const N: usize>(
+    json: &[u8],
+    start: usize,
+    keys: [&[u8]; N],
+) -> [Option<Member>; N] {
+    let mut found = [None; N];
+    for member in members(json, start) {
+        for (slot, key) in found.iter_mut().zip(keys) {
+            if key_is(json, &member, key) {
+                *slot = Some(member);
+            }
+        }
+    }
+    found
+}
+
+/// How many members of the object at `start` are named `key` (decoded).
+pub fn member_count(json: &[u8], start: usize, key: &[u8]) -> usize {
+    members(json, start)
+        .filter(|m| key_is(json, m, key))
+        .count()
+}
+
+fn key_is(json: &[u8], member: &Member, key: &[u8]) -> bool {
+    json.get(member.key.start + 1..member.key.end - 1)
+        .is_some_and(|raw| decodes_to(raw, key))
+}
+
+/// Whether the contents of a JSON string as written (`raw`, between the quotes) decode to
+/// `expected`. Decodes escapes on the fly (`\n`, `\u005f`, surrogate pairs), allocating
+/// nothing; a malformed escape or a lone surrogate never equals anything.
+pub fn decodes_to(raw: &[u8], expected: &[u8]) -> bool {
+    if !raw.contains(&b'\\') {
+        return raw == expected;
+    }
+    let mut i = 0;
+    let mut j = 0;
+    while let Some(&byte) = raw.get(i) {
+        if byte != b'\\' {
+            if expected.get(j) != Some(&byte) {
+                return false;
+            }
+            i += 1;
+            j += 1;
+            continue;
+        }
+        let Some((decoded, consumed)) = escape_at(raw, i) else {
+            return false;
+        };
+        let mut utf8 = [0u8; 4];
+        let encoded = decoded.encode_utf8(&mut utf8).as_bytes();
+        if expected.get(j..j + encoded.len()) != Some(encoded) {
+            return false;
+        }
+        i += consumed;
+        j += encoded.len();
+    }
+    j == expected.len()
+}
+
+/// The character of the escape whose backslash is at `raw[at]`, and its length as written.
+fn escape_at(raw: &[u8], at: usize) -> Option<(char, usize)> {
+    let simple = match *raw.get(at + 1)? {
+        b'"' => '"',
+        b'\\' => '\\',
+        b'/' => '/',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'n' => '\n',
+        b'r' => '\r',
+        b't' => '\t',
+        b'u' => {
+            let high = hex4(raw, at + 2)?;
+            if !(0xD800..0xDC00).contains(&high) {
+                // A BMP character, or a lone low surrogate (`from_u32` refuses it).
+                return Some((char::from_u32(high)?, 6));
+            }
+            // A surrogate pair: `\uD83D\uDE00`.
+            if raw.get(at + 6..at + 8) != Some(b"\\u") {
+                return None;
+            }
+            let low = hex4(raw, at + 8)?;
+            if !(0xDC00..0xE000).contains(&low) {
+                return None;
+            }
+            let code = 0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00);
+            return Some((char::from_u32(code)?, 12));
+        }
+        _ => return None,
+    };
+    Some((simple, 2))
+}
+
+/// Four hex digits at `raw[at..at + 4]`.
+fn hex4(raw: &[u8], at: usize) -> Option<u32> {
+    let digits = raw.get(at..at + 4)?;
+    let mut value = 0;
+    for &digit in digits {
+        value = value * 16 + char::from(digit).to_digit(16)?;
+    }
+    Some(value)
 }
 
 /// The value span of `key` in the object at `start`.
@@ -261,12 +370,14 @@ pub fn is_empty_array(json: &[u8], span: Span) -> bool {
     span.bytes(json).first() == Some(&b'[') && elements(json, span.start).next().is_none()
 }
 
-/// True if the span holds a string that equals `expected` byte for byte (no unescaping).
+/// True if the span holds a string that decodes to `expected`.
 pub fn string_eq(json: &[u8], span: Span, expected: &[u8]) -> bool {
     let raw = span.bytes(json);
-    raw.len() == expected.len() + 2
+    raw.len() >= 2
         && raw.first() == Some(&b'"')
-        && raw.get(1..raw.len() - 1) == Some(expected)
+        && raw
+            .get(1..raw.len() - 1)
+            .is_some_and(|contents| decodes_to(contents, expected))
 }
 
 /// Reads a non-negative integer (a JSON number without sign, fraction or exponent; a
@@ -391,6 +502,67 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(input)
             );
+        }
+    }
+
+    #[test]
+    fn the_last_of_duplicate_keys_wins_as_in_python() {
+        let json = br#"{"a":1,"b":2,"a":3}"#;
+        assert_eq!(as_u64(json, top(json, b"a").unwrap()), Some(3));
+        assert_eq!(member_count(json, 0, b"a"), 2);
+        let nested = br#"{"o":{},"o":{"k":true}}"#;
+        assert_eq!(
+            path(nested, 0, &[b"o", b"k"]).unwrap().bytes(nested),
+            b"true"
+        );
+    }
+
+    #[test]
+    fn key_names_are_compared_after_decoding_escapes() {
+        let json = br#"{"stream\u005foptions":{"include\u005Fusage":true},"\"q\"":1,"\ud83d\ude00":2,"t\tab":3}"#;
+        assert_eq!(
+            path(json, 0, &[b"stream_options", b"include_usage"])
+                .unwrap()
+                .bytes(json),
+            b"true"
+        );
+        assert_eq!(as_u64(json, top(json, b"\"q\"").unwrap()), Some(1));
+        assert_eq!(
+            as_u64(json, top(json, "\u{1F600}".as_bytes()).unwrap()),
+            Some(2)
+        );
+        assert_eq!(as_u64(json, top(json, b"t\tab").unwrap()), Some(3));
+        // Malformed escapes and lone surrogates equal nothing; nothing panics.
+        for raw in [
+            &br"\u00"[..],
+            br"\x",
+            br"\ud83d",
+            br"\ud83d\u0041",
+            br"\",
+            br"\u12G4",
+            br"\udc00",
+        ] {
+            assert!(!decodes_to(raw, b"x"));
+            assert!(!decodes_to(raw, b""));
+        }
+        let stop = br#""message\u005fstop""#;
+        let span = Span {
+            start: 0,
+            end: stop.len(),
+        };
+        assert!(string_eq(stop, span, b"message_stop"));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decoding_never_panics_and_agrees_with_serde(raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24)) {
+            let _ = decodes_to(&raw, b"stream_options");
+            let mut quoted = vec![b'"'];
+            quoted.extend_from_slice(&raw);
+            quoted.push(b'"');
+            if let Ok(decoded) = serde_json::from_slice::<String>(&quoted) {
+                proptest::prop_assert!(decodes_to(&raw, decoded.as_bytes()));
+            }
         }
     }
 

@@ -4,6 +4,12 @@
 //! max tokens and `stream_options`. Injection edits the JSON text in place (insert or flip the
 //! two `stream_options` flags) instead of re-serialising, so every other byte the client sent —
 //! key order, spacing, unknown fields — reaches the upstream unchanged.
+//!
+//! Fields are read as the server reads them (last duplicate key wins, escaped key names
+//! decoded: see [`super::json`]). Where tokentap cannot be sure how the server will read the
+//! body — the walk over its top-level members stops before the closing brace, so a later
+//! member could be one the server reads — it injects nothing, so it strips nothing either. (A
+//! body the server's parser rejects outright gets an error answer, which is never rewritten.)
 
 use super::classify::Route;
 use super::json::{self, Span};
@@ -32,30 +38,42 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
     if body.get(start) != Some(&b'{') || json::value_end(body, start).is_none() {
         return None;
     }
-    let get = |key: &[u8]| json::get(body, start, key);
-    let is_true = |span: Option<Span>| span.is_some_and(|s| s.bytes(body) == b"true");
-    let number = |span: Option<Span>| span.and_then(|s| json::as_u64(body, s));
-    let stream_options = get(b"stream_options");
-    let option = |key: &[u8]| stream_options.and_then(|o| json::get(body, o.start, key));
-    let max_tokens = match route {
-        Route::ChatCompletions => {
-            number(get(b"max_completion_tokens")).or(number(get(b"max_tokens")))
-        }
-        Route::Completions | Route::Messages => number(get(b"max_tokens")),
-        Route::Generate => number(json::path(
+    // One walk over the top-level object for every field (the prompt may be megabytes).
+    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid] =
+        json::last_members(
             body,
             start,
-            &[b"sampling_params", b"max_new_tokens"],
-        )),
-        Route::Responses => number(get(b"max_output_tokens")),
+            [
+                b"model",
+                b"stream",
+                b"max_completion_tokens",
+                b"max_tokens",
+                b"max_output_tokens",
+                b"stream_options",
+                b"sampling_params",
+                b"rid",
+            ],
+        )
+        .map(|member| member.map(|m| m.value));
+    let is_true = |span: Option<Span>| span.is_some_and(|s| s.bytes(body) == b"true");
+    let number = |span: Option<Span>| span.and_then(|s| json::as_u64(body, s));
+    let option = |key: &[u8]| stream_options.and_then(|o| json::get(body, o.start, key));
+    let max_tokens_field = max_tokens;
+    let max_tokens = match route {
+        Route::ChatCompletions => number(max_completion_tokens).or(number(max_tokens_field)),
+        Route::Completions | Route::Messages => number(max_tokens_field),
+        Route::Generate => {
+            number(sampling_params.and_then(|p| json::get(body, p.start, b"max_new_tokens")))
+        }
+        Route::Responses => number(max_output_tokens),
     };
     Some(RequestFacts {
-        model: get(b"model").and_then(|s| decode_string(body, s)),
-        stream: is_true(get(b"stream")),
+        model: model.and_then(|s| decode_string(body, s)),
+        stream: is_true(stream),
         max_tokens,
         include_usage: is_true(option(b"include_usage")),
         continuous_usage: is_true(option(b"continuous_usage_stats")),
-        rid: get(b"rid").and_then(|s| decode_string(body, s)),
+        rid: rid.and_then(|s| decode_string(body, s)),
     })
 }
 
@@ -76,6 +94,14 @@ pub fn inject_usage(body: &[u8], facts: &RequestFacts) -> Option<(Vec<u8>, Injec
     }
     let start = json::skip_ws(body, 0);
     let end = json::value_end(body, start)?;
+    // Every top-level member must have been read: if the walk stopped early (a member tokentap
+    // cannot parse), a `stream_options` after it would be the server's and not ours to judge.
+    let walked = json::members(body, start)
+        .last()
+        .map_or(start + 1, |member| member.value.end);
+    if json::skip_ws(body, walked) + 1 != end {
+        return None;
+    }
     let wanted: &[(&[u8], bool)] = &[
         (b"include_usage", injected.include_usage),
         (b"continuous_usage_stats", injected.continuous_usage),
@@ -214,6 +240,69 @@ mod tests {
             r#"{"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#
         );
         let (_, _) = inject(r#"{"stream":true,"stream_options":null}"#);
+    }
+
+    #[test]
+    fn duplicate_keys_are_read_as_the_server_reads_them() {
+        // Python's json keeps the last `stream_options`: the client asked for usage.
+        let body =
+            br#"{"stream":true,"stream_options":{},"stream_options":{"include_usage":true}}"#;
+        let facts = inspect(Route::ChatCompletions, body).unwrap();
+        assert!(facts.include_usage, "the last stream_options wins");
+        let (edited, injected) = inject_usage(body, &facts).unwrap();
+        assert!(
+            !injected.include_usage,
+            "the client's include_usage is never stripped"
+        );
+        assert!(injected.continuous_usage);
+        assert_eq!(
+            String::from_utf8(edited).unwrap(),
+            r#"{"stream":true,"stream_options":{},"stream_options":{"continuous_usage_stats":true,"include_usage":true}}"#
+        );
+        // The reverse order: the client's last word is no usage, so both are injected.
+        let body =
+            br#"{"stream":true,"stream_options":{"include_usage":true},"stream_options":{}}"#;
+        let facts = inspect(Route::ChatCompletions, body).unwrap();
+        assert!(!facts.include_usage);
+        let (_, injected) = inject_usage(body, &facts).unwrap();
+        assert!(injected.include_usage && injected.continuous_usage);
+        // `"stream":false` after `"stream":true`: not a stream.
+        let facts = inspect(Route::ChatCompletions, br#"{"stream":true,"stream":false}"#).unwrap();
+        assert!(!facts.stream);
+    }
+
+    #[test]
+    fn escaped_key_names_are_decoded() {
+        let body = br#"{"stream":true,"stream\u005foptions":{"include\u005fusage":true}}"#;
+        let facts = inspect(Route::ChatCompletions, body).unwrap();
+        assert!(facts.include_usage);
+        let (edited, injected) = inject_usage(body, &facts).unwrap();
+        assert!(!injected.include_usage && injected.continuous_usage);
+        let parsed: serde_json::Value = serde_json::from_slice(&edited).unwrap();
+        assert_eq!(parsed["stream_options"]["include_usage"], true);
+        assert_eq!(parsed["stream_options"]["continuous_usage_stats"], true);
+        assert_eq!(
+            parsed.as_object().unwrap().len(),
+            2,
+            "no second stream_options added"
+        );
+    }
+
+    #[test]
+    fn bodies_whose_members_cannot_all_be_read_are_left_alone() {
+        for body in [
+            &br#"{"stream":true,"a" 1,"stream_options":{"include_usage":false}}"#[..],
+            br#"{"stream":true,"a":1,,"stream_options":{}}"#,
+            br#"{"stream":true,5:1,"stream_options":{}}"#,
+        ] {
+            let facts = inspect(Route::ChatCompletions, body).unwrap();
+            assert_eq!(
+                inject_usage(body, &facts),
+                None,
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]

@@ -297,6 +297,8 @@ impl Admin {
         body: Option<String>,
     ) -> anyhow::Result<(StatusCode, Bytes)> {
         let url = format!("{}{path}", self.base);
+        // Messages show the URL without userinfo or query values.
+        let shown = crate::net::redact::redact_url(&url);
         let mut builder = Request::builder().method(method.clone()).uri(&url);
         if let Some(token) = &self.token {
             builder = builder.header(header::AUTHORIZATION, format!("Bearer {token}"));
@@ -306,7 +308,7 @@ impl Admin {
         }
         let request = builder
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .with_context(|| format!("{url} is not a usable URL"))?;
+            .with_context(|| format!("{shown} is not a usable URL"))?;
         let exchange = async {
             let response = self.client.request(request).await?;
             let status = response.status();
@@ -315,8 +317,8 @@ impl Admin {
         };
         tokio::time::timeout(Duration::from_secs(30), exchange)
             .await
-            .with_context(|| format!("{method} {url}: no answer within 30 s"))?
-            .with_context(|| format!("{method} {url}"))
+            .with_context(|| format!("{method} {shown}: no answer within 30 s"))?
+            .with_context(|| format!("{method} {shown}"))
     }
 
     /// The error message of an admin answer.

@@ -29,7 +29,7 @@ pub enum CallError {
         method: Method,
         path: String,
         #[source]
-        source: hyper::Error,
+        source: crate::proxy::timeout::IdleError<hyper::Error>,
     },
     #[error("{method} {path}: cannot build the request")]
     Build {

@@ -22,6 +22,8 @@ pub const INFLIGHT_REQUESTS: &str = "tokentap_inflight_requests";
 pub const PREFILL_OVERLAP: &str = "tokentap_prefill_overlap_ratio";
 pub const OVERLAPPING_PREFILLS: &str = "tokentap_overlapping_prefills";
 pub const PREFILL_BUSY_SECONDS: &str = "tokentap_prefill_busy_seconds";
+pub const FAULTS_TOTAL: &str = "tokentap_faults_total";
+pub const CLAMPED_COUNTS_TOTAL: &str = "tokentap_clamped_token_counts_total";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
@@ -43,6 +45,8 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (PREFILL_OVERLAP, "Per request, the share (0-1) of its decode (first to last token) during which another request to the same upstream and model was in prefill (head in to first token)."),
     (OVERLAPPING_PREFILLS, "Per request, the number of other requests' prefills that overlapped its decode."),
     (PREFILL_BUSY_SECONDS, "Decode time during which another request was in prefill, split by concurrency bucket like tokentap_decode_seconds, in seconds; its _sum divided by tokentap_decode_seconds_sum is the matrix's Prefill overlap."),
+    (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_idle_timeout, body_read_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff); docs/operations.md."),
+    (CLAMPED_COUNTS_TOTAL, "Requests with a token count from the upstream that no real server could send, clamped (their records are approximate)."),
 ];
 
 /// Latency buckets for TTFT and request duration: 5 ms … 20 min (1M-token prefills take minutes).

@@ -78,7 +78,8 @@ impl OtelSink {
         };
         let base = endpoint.to_string().trim_end_matches('/').to_string();
         let error = |source| OtelError {
-            endpoint: base.clone(),
+            // The endpoint may carry credentials (userinfo, a token in the query).
+            endpoint: crate::net::redact::redact_url(&base),
             source,
         };
         let resource = Resource::builder()

@@ -6,7 +6,7 @@
 //! its per-request histograms are flushed bucket by bucket (`record_many`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, Unit};
@@ -17,7 +17,9 @@ use metrics_exporter_prometheus::{
 use crate::meter::buckets::Ladder;
 use crate::meter::record::{Outcome, RequestRecord, Source};
 use crate::meter::timeline::LocalHistogram;
+use crate::meter::Meter;
 use crate::meter::{RecordSink, RequestLabels};
+use crate::net::faults::{Fault, FaultCounters};
 use crate::stream::classify::Route;
 
 use super::names::*;
@@ -65,6 +67,21 @@ pub struct PrometheusMetrics {
     concurrency: Ladder,
     cells: Mutex<HashMap<CellKey, Arc<CellHandles>>>,
     bases: Mutex<HashMap<BaseKey, Arc<BaseHandles>>>,
+    /// Counts kept as atomics elsewhere (listeners, the meter), copied in at each render.
+    watched: Mutex<Vec<Watched>>,
+}
+
+/// An outside count and the exporter counter showing it.
+enum Watched {
+    Faults {
+        counters: Arc<FaultCounters>,
+        handles: [Counter; Fault::ALL.len()],
+    },
+    Clamped {
+        // Weak: the meter holds this sink, so a strong reference would keep both alive.
+        meter: Weak<Meter>,
+        handle: Counter,
+    },
 }
 
 impl std::fmt::Debug for PrometheusMetrics {
@@ -99,11 +116,64 @@ impl PrometheusMetrics {
             concurrency,
             cells: Mutex::new(HashMap::new()),
             bases: Mutex::new(HashMap::new()),
+            watched: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// Shows a listener's fault counters as `tokentap_faults_total{listener, fault}`.
+    pub fn watch_faults(&self, listener: &'static str, counters: Arc<FaultCounters>) {
+        let handles = Fault::ALL.map(|fault| {
+            let key = Key::from_parts(
+                FAULTS_TOTAL,
+                vec![
+                    Label::new("listener", listener),
+                    Label::new("fault", fault.label()),
+                ],
+            );
+            self.recorder.register_counter(&key, &METADATA)
+        });
+        self.watch(Watched::Faults { counters, handles });
+    }
+
+    /// Shows the meter's clamped token counts as `tokentap_clamped_token_counts_total`.
+    pub fn watch_clamped_counts(&self, meter: &Arc<Meter>) {
+        let handle = self
+            .recorder
+            .register_counter(&Key::from_name(CLAMPED_COUNTS_TOTAL), &METADATA);
+        self.watch(Watched::Clamped {
+            meter: Arc::downgrade(meter),
+            handle,
+        });
+    }
+
+    fn watch(&self, watched: Watched) {
+        self.watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(watched);
     }
 
     /// The text exposition, for `/metrics`.
     pub fn render(&self) -> String {
+        for watched in self
+            .watched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            match watched {
+                Watched::Faults { counters, handles } => {
+                    for (fault, handle) in Fault::ALL.iter().zip(handles) {
+                        handle.absolute(counters.get(*fault));
+                    }
+                }
+                Watched::Clamped { meter, handle } => {
+                    if let Some(meter) = meter.upgrade() {
+                        handle.absolute(meter.clamped_counts());
+                    }
+                }
+            }
+        }
         let mut out = Vec::with_capacity(64 * 1024);
         if self.handle.render_to_write(&mut out).is_err() {
             return String::new();
@@ -224,10 +294,32 @@ impl PrometheusMetrics {
     }
 }
 
+/// Most samples one request's histogram adds to the exporter. `record_many` pushes one sample
+/// per count (the exporter keeps raw samples until upkeep), so a count is never handed over
+/// unbounded: above this, buckets are down-sampled in proportion (each non-empty bucket keeps
+/// at least one sample). 16,384 covers every request up to that many tokens exactly and costs
+/// well under a millisecond when an upstream reports an absurd count.
+pub const MAX_SAMPLES_PER_FLUSH: u64 = 16_384;
+
 fn flush(histogram: &Histogram, local: &LocalHistogram) {
+    let total = local.count();
     for (mean, count) in local.buckets() {
-        histogram.record_many(mean, usize::try_from(count).unwrap_or(usize::MAX));
+        histogram.record_many(mean, flushed_samples(count, total));
     }
+}
+
+/// Samples flushed for a bucket of `count` out of `total`: exact up to
+/// [`MAX_SAMPLES_PER_FLUSH`], proportional above it. O(1), never more than the cap per bucket.
+fn flushed_samples(count: u64, total: u64) -> usize {
+    let samples = if total <= MAX_SAMPLES_PER_FLUSH {
+        count
+    } else {
+        let scaled = u128::from(count) * u128::from(MAX_SAMPLES_PER_FLUSH) / u128::from(total);
+        u64::try_from(scaled)
+            .unwrap_or(MAX_SAMPLES_PER_FLUSH)
+            .max(1)
+    };
+    usize::try_from(samples.min(MAX_SAMPLES_PER_FLUSH)).unwrap_or(0)
 }
 
 impl RecordSink for PrometheusMetrics {

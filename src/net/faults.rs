@@ -1,0 +1,101 @@
+//! Counters of the faults a listener and its data path cut short: timeouts, limits and accept
+//! back-off. Plain atomics bumped where the fault happens (one relaxed add, no lock), read by
+//! the Prometheus sink when `/metrics` is scraped (`tokentap_faults_total{listener, fault}`).
+//! The fault set is a closed enum, so the label set stays bounded.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A fault tokentap cut short, each with its own setting (docs/operations.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// A connection sent no complete first request head (TLS handshake and HTTP/1 vs HTTP/2
+    /// detection included) within `header_read_timeout`; closed.
+    HeaderTimeout,
+    /// A request body went silent longer than `body_idle_timeout` between frames (answered 408).
+    BodyIdleTimeout,
+    /// A metered request body took longer than `body_read_timeout` in all (answered 408).
+    BodyReadTimeout,
+    /// The upstream sent no response head within its `response_timeout` (answered 504).
+    UpstreamTimeout,
+    /// The upstream's response body went silent longer than its `stream_idle_timeout`.
+    UpstreamStalled,
+    /// The listener reached `max_connections` and stopped accepting until one closed.
+    ConnectionLimit,
+    /// Accepting failed for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM);
+    /// the accept loop backed off.
+    AcceptBackoff,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 7] = [
+        Fault::HeaderTimeout,
+        Fault::BodyIdleTimeout,
+        Fault::BodyReadTimeout,
+        Fault::UpstreamTimeout,
+        Fault::UpstreamStalled,
+        Fault::ConnectionLimit,
+        Fault::AcceptBackoff,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Fault::HeaderTimeout => "header_timeout",
+            Fault::BodyIdleTimeout => "body_idle_timeout",
+            Fault::BodyReadTimeout => "body_read_timeout",
+            Fault::UpstreamTimeout => "upstream_timeout",
+            Fault::UpstreamStalled => "upstream_stalled",
+            Fault::ConnectionLimit => "connection_limit",
+            Fault::AcceptBackoff => "accept_backoff",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Fault::HeaderTimeout => 0,
+            Fault::BodyIdleTimeout => 1,
+            Fault::BodyReadTimeout => 2,
+            Fault::UpstreamTimeout => 3,
+            Fault::UpstreamStalled => 4,
+            Fault::ConnectionLimit => 5,
+            Fault::AcceptBackoff => 6,
+        }
+    }
+}
+
+/// Fault counts of one listener (and, for the data listener, its proxy).
+#[derive(Debug, Default)]
+pub struct FaultCounters {
+    counts: [AtomicU64; Fault::ALL.len()],
+}
+
+impl FaultCounters {
+    pub fn add(&self, fault: Fault) {
+        if let Some(count) = self.counts.get(fault.index()) {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn get(&self, fault: Fault) -> u64 {
+        self.counts
+            .get(fault.index())
+            .map_or(0, |count| count.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_fault_has_its_own_counter() {
+        let counters = FaultCounters::default();
+        for (n, fault) in Fault::ALL.into_iter().enumerate() {
+            for _ in 0..=n {
+                counters.add(fault);
+            }
+        }
+        for (n, fault) in Fault::ALL.into_iter().enumerate() {
+            assert_eq!(counters.get(fault), n as u64 + 1, "{}", fault.label());
+        }
+    }
+}
