@@ -63,6 +63,28 @@ fn decode_string(body: &[u8], span: Span) -> Option<String> {
     serde_json::from_slice::<String>(span.bytes(body)).ok()
 }
 
+/// What tokentap injects into a streamed request on `route` (the body to forward and what was
+/// added), or `None` to forward it as sent. `server_sends_usage` says the upstream sends the
+/// final usage chunk to every stream unasked (sglang `--stream-response-default-include-usage`,
+/// vLLM `--enable-force-include-usage`): the client then gets that chunk without tokentap too,
+/// so tokentap does not count it as added and does not strip it.
+pub fn injection(
+    route: Route,
+    body: &[u8],
+    facts: &RequestFacts,
+    server_sends_usage: bool,
+) -> Option<(Vec<u8>, Injected)> {
+    if !facts.stream || !route.accepts_stream_options() {
+        return None;
+    }
+    if server_sends_usage && !facts.include_usage {
+        let mut facts = facts.clone();
+        facts.include_usage = true;
+        return inject_usage(body, &facts);
+    }
+    inject_usage(body, facts)
+}
+
 /// Adds whatever of `stream_options.include_usage` / `continuous_usage_stats` the request
 /// lacks. Returns the new body and what was added, or `None` when nothing needs adding (or the
 /// body cannot be edited safely, in which case it is forwarded as sent).
