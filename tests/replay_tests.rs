@@ -8,6 +8,8 @@
 //! up without touching this file; no engine is needed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -401,6 +403,84 @@ fn server_default_usage_reaches_the_client() {
         "{client}"
     );
     assert_eq!(record.completion_tokens, 8);
+}
+
+/// An sglang started with `--stream-response-default-include-usage`: says so in `/server_info`
+/// and sends the usage chunk to every stream; per-chunk usage only when asked.
+fn sglang_with_default_usage(request: &common::Received) -> common::Script {
+    if request.path == "/server_info" {
+        return common::Script::json(
+            200,
+            r#"{"stream_response_default_include_usage":true,"version":"0.5.6"}"#,
+        );
+    }
+    let body: Value = serde_json::from_slice(&request.body).unwrap_or_default();
+    let continuous = body["stream_options"]["continuous_usage_stats"] == true;
+    let usage = |c: u64| {
+        format!(
+            r#""usage":{{"prompt_tokens":5,"total_tokens":{},"completion_tokens":{c}}}"#,
+            5 + c
+        )
+    };
+    let chunk = |content: &str, c: u64| {
+        let tail = if continuous {
+            format!(",{}", usage(c))
+        } else {
+            String::new()
+        };
+        common::data(&format!(
+            r#"{{"id":"x","choices":[{{"index":0,"delta":{{"content":"{content}"}},"finish_reason":null}}]{tail}}}"#
+        ))
+    };
+    common::Script::sse(vec![
+        chunk("a", 1),
+        chunk("b", 2),
+        common::data(r#"{"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#),
+        common::data(&format!(r#"{{"id":"x","choices":[],{}}}"#, usage(2))),
+        common::Step::Send(Bytes::from_static(b"data: [DONE]\n\n")),
+    ])
+}
+
+#[tokio::test]
+async fn usage_an_sglang_sends_unasked_is_discovered_and_left_to_the_client() {
+    let upstream = common::ScriptedUpstream::start(sglang_with_default_usage).await;
+    let (server, records) = common::proxy(&upstream.url(), "").await;
+    // Discovery asks at start-up; wait (bounded) until the answer is in.
+    let default = Arc::clone(server.proxy.router.default_upstream());
+    for _ in 0..500 {
+        if default.sends_usage_unasked() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        default.sends_usage_unasked(),
+        "discovered from /server_info"
+    );
+    let body = r#"{"model":"m","stream":true,"messages":[]}"#;
+    let through = common::post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        body,
+    )
+    .await;
+    let direct = common::post(&format!("{}/v1/chat/completions", upstream.url()), body).await;
+    assert_eq!(through.text(), direct.text());
+    assert!(through.text().contains(r#""choices":[],"usage""#));
+    // tokentap added only what the server does not send by itself.
+    let forwarded = upstream
+        .requests()
+        .into_iter()
+        .find(|r| r.path == "/v1/chat/completions")
+        .unwrap();
+    let forwarded: Value = serde_json::from_slice(&forwarded.body).unwrap();
+    assert_eq!(
+        forwarded["stream_options"],
+        serde_json::json!({"continuous_usage_stats": true})
+    );
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.completion_tokens, 2);
+    assert!(record.completion_exact);
+    server.shutdown().await;
 }
 
 // ---- SSE framings ----
