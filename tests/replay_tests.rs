@@ -444,7 +444,11 @@ fn sglang_with_default_usage(request: &common::Received) -> common::Script {
 #[tokio::test]
 async fn usage_an_sglang_sends_unasked_is_discovered_and_left_to_the_client() {
     let upstream = common::ScriptedUpstream::start(sglang_with_default_usage).await;
-    let (server, records) = common::proxy(&upstream.url(), "").await;
+    let (server, records) = common::proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"auto\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
     // Discovery asks at start-up; wait (bounded) until the answer is in.
     let default = Arc::clone(server.proxy.router.default_upstream());
     for _ in 0..500 {
