@@ -244,6 +244,7 @@ impl ProxyServer {
         metrics.watch_faults("proxy", Arc::clone(&proxy.faults));
         metrics.watch_faults("admin", Arc::clone(&admin_options.faults));
         metrics.watch_clamped_counts(&proxy.meter);
+        crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
         let service = ProxyService::new(Arc::clone(&proxy));
         let data_task = tokio::spawn(net::serve(
             proxy_listener,

@@ -6,6 +6,7 @@
 //! wait is bounded.
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -1348,9 +1349,17 @@ fn without_wall_clock(bytes: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_bytes_through_the_proxy_equal_the_bytes_direct() {
     // Two simulators with the same seed see the same requests in the same order, so ids and
-    // text agree; one is reached through the proxy (usage injection on, the default).
-    let direct = start(Profile::builtin(GLM).unwrap(), Dialect::Sglang).await;
-    let behind = start(Profile::builtin(GLM).unwrap(), Dialect::Sglang).await;
+    // text agree; one is reached through the proxy (usage injection on, the default). The
+    // vLLM dialect moves `system_fingerprint` to the usage chunk when usage is asked for, as
+    // vLLM does: the proxy must give it back to the finish chunk it strips usage from.
+    for dialect in [Dialect::Sglang, Dialect::Vllm] {
+        client_bytes_through_the_proxy_equal_the_bytes_direct_in(dialect).await;
+    }
+}
+
+async fn client_bytes_through_the_proxy_equal_the_bytes_direct_in(dialect: Dialect) {
+    let direct = start(Profile::builtin(GLM).unwrap(), dialect).await;
+    let behind = start(Profile::builtin(GLM).unwrap(), dialect).await;
     let (server, records) = common::proxy(&behind.base_url(), "").await;
     let proxied = format!("http://{}", server.proxy_addr);
     let client = client();
@@ -1386,17 +1395,70 @@ async fn client_bytes_through_the_proxy_equal_the_bytes_direct() {
         assert_eq!(
             without_wall_clock(&a.raw),
             without_wall_clock(&b.raw),
-            "case {i} {path}: the client sees other bytes through the proxy"
+            "{dialect:?} case {i} {path}: the client sees other bytes through the proxy"
         );
         let record = &records.wait_for(i + 1).await[i];
-        assert!(
-            record.completion_exact,
-            "case {i} {path}: counts from usage"
+        // vLLM ignores continuous_usage_stats without include_usage, and tokentap cannot add
+        // include_usage there without changing what the client gets: counts are estimates.
+        let vllm_continuous_only = dialect == Dialect::Vllm
+            && body["stream_options"] == json!({"continuous_usage_stats": true});
+        assert_eq!(
+            record.completion_exact, !vllm_continuous_only,
+            "{dialect:?} case {i} {path}: counts from usage"
         );
     }
     // The upstream really got the injected options on the first chat request.
     let first = &records.wait_for(cases.len()).await[0];
     assert_eq!(first.completion_tokens, 40);
+    server.shutdown().await;
+}
+
+/// sglang with `--stream-response-default-include-usage` sends usage to clients that never asked;
+/// tokentap learns it from `/server_info` and leaves that usage to the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_the_server_sends_by_default_reaches_the_client_through_the_proxy() {
+    let options = SimOptions {
+        seed: 7,
+        stream_response_default_include_usage: true,
+        ..SimOptions::default()
+    };
+    let direct = SimServer::start(Profile::builtin(GLM).unwrap(), options.clone())
+        .await
+        .unwrap();
+    let behind = SimServer::start(Profile::builtin(GLM).unwrap(), options)
+        .await
+        .unwrap();
+    let (server, records) = common::proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"auto\"\n[store]\ndata_dir = \"\"\n",
+        behind.base_url()
+    ))
+    .await;
+    let upstream = Arc::clone(server.proxy.router.default_upstream());
+    for _ in 0..500 {
+        if upstream.sends_usage_unasked() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(upstream.sends_usage_unasked(), "learnt from /server_info");
+    let body = json!({"model": "m", "max_tokens": 20, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let client = client();
+    let a = record(
+        &client,
+        &direct.base_url(),
+        "/v1/chat/completions",
+        &body,
+        None,
+    )
+    .await;
+    let proxied = format!("http://{}", server.proxy_addr);
+    let b = record(&client, &proxied, "/v1/chat/completions", &body, None).await;
+    let (a, b) = (without_wall_clock(&a.raw), without_wall_clock(&b.raw));
+    assert!(a.contains("\"choices\":[],\"usage\""), "{a}");
+    assert_eq!(a, b, "the client sees other bytes through the proxy");
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.completion_tokens, 20);
+    assert!(record.completion_exact);
     server.shutdown().await;
 }
 

@@ -8,5 +8,6 @@ pub mod headers;
 pub mod service;
 pub mod timeout;
 pub mod upstream;
+pub mod usage_unasked;
 
 pub use service::{Proxy, ProxyService, Synthetic};

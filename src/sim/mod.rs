@@ -60,6 +60,13 @@ pub struct SimOptions {
     pub served_model_name: Option<String>,
     /// sglang `--enable-cache-report`: fill `prompt_tokens_details.cached_tokens`.
     pub enable_cache_report: bool,
+    /// A vocabulary of this many ids: `/tokenize` answers ids below it, and a prompt with a
+    /// larger id is refused as the engine refuses it (vLLM: status 200, then an error event).
+    /// `None`: every id is valid.
+    pub vocab_size: Option<u64>,
+    /// sglang `--stream-response-default-include-usage`: every stream gets the final usage
+    /// chunk, asked or not, and `/server_info` says so.
+    pub stream_response_default_include_usage: bool,
 }
 
 /// Why the simulator could not run.
@@ -245,6 +252,15 @@ pub struct SimulateArgs {
     /// usage. Default: off, as in sglang.
     #[arg(long)]
     pub enable_cache_report: bool,
+    /// Serve a vocabulary of N token ids, like a tiny real model: /tokenize answers ids
+    /// below N, and a prompt with an id of N or more is refused the way the dialect's
+    /// server refuses it (vLLM: 200, then an error event in the stream). Default: no limit.
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<u64>,
+    /// Like sglang's --stream-response-default-include-usage: send the final usage chunk to
+    /// every stream, asked or not (and say so in /server_info). Default: off, as in sglang.
+    #[arg(long)]
+    pub stream_response_default_include_usage: bool,
     /// Override the profile's KV capacity in tokens (max_total_num_tokens). Default: the
     /// profile's `capacity.kv_tokens`.
     #[arg(long, value_name = "TOKENS")]
@@ -329,6 +345,8 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         dialect: args.dialect,
         served_model_name: args.served_model_name.clone(),
         enable_cache_report: args.enable_cache_report,
+        vocab_size: args.vocab_size,
+        stream_response_default_include_usage: args.stream_response_default_include_usage,
     };
     if let Some(streams) = args.measure_lag {
         let report = lag::measure(
