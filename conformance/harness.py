@@ -173,6 +173,12 @@ class Engine:
     def url(self):
         return f"http://127.0.0.1:{self.port}"
 
+    def attach(self):
+        """Uses an engine already serving on the port (started by hand, kept running)."""
+        if not self.ready():
+            raise RuntimeError(f"--attach: nothing serving {MODEL_NAME} on {self.url}")
+        self.version = self.ask_version()
+
     def ready(self):
         status, _, body = http_call(self.port, "GET", "/v1/models", timeout=5)
         return status == 200 and MODEL_NAME.encode() in body
@@ -201,8 +207,11 @@ class Vllm(Engine):
         ]
         self.proc = Proc("vllm", argv, self.log_dir, env=env)
         wait_until("vllm serve", self.ready, 900, self.proc)
+        self.version = self.ask_version()
+
+    def ask_version(self):
         status, _, body = http_call(self.port, "GET", "/version", timeout=5)
-        self.version = json.loads(body).get("version", "unknown").split("+")[0] if status == 200 else "unknown"
+        return json.loads(body).get("version", "unknown").split("+")[0] if status == 200 else "unknown"
 
 
 class LlamaCpp(Engine):
@@ -221,10 +230,14 @@ class LlamaCpp(Engine):
         ]
         self.proc = Proc("llamacpp", argv, self.log_dir, env={"HF_HUB_OFFLINE": "1"})
         wait_until("llama.cpp server", self.ready, 300, self.proc)
+        self.version = self.ask_version()
+
+    def ask_version(self):
+        python = os.path.join(self.home, "venv-llamacpp", "bin", "python")
         out = subprocess.run(
             [python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True, text=True
         )
-        self.version = out.stdout.strip() or "unknown"
+        return out.stdout.strip() or "unknown"
 
 
 ENGINES = {"vllm": (Vllm, 18100), "llamacpp": (LlamaCpp, 18200)}
@@ -547,6 +560,9 @@ def run_sglang_bench(home, port, label, out_dir, input_len, output_len, prompts,
         "--random-output-len", str(output_len), "--random-range-ratio", "1.0",
         "--num-prompts", str(prompts), "--max-concurrency", str(concurrency), "--seed", str(seed),
         "--output-file", path, "--output-details",
+        # No warm-up request: the engine is warm already, and request and token counts then
+        # compare one to one with the engine's and tokentap's.
+        "--warmup-requests", "0",
     ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")
     log = path.replace(".jsonl", ".log")
@@ -651,6 +667,10 @@ def bench_checks(pair, has_engine_metrics):
     checks["client_itl_mean_ms"] = tc.get("mean_itl_ms")
     checks["itl_over_client"] = ratio(tap_itl_ms, tc.get("mean_itl_ms"))
     checks["output_tokens_exact"] = tap.get("completion_tokens") == tc.get("output_tokens")
+    if has_engine_metrics and t.get("engine"):
+        checks["output_tokens_exact"] = checks["output_tokens_exact"] and (
+            tap.get("completion_tokens") == t["engine"].get("generation_tokens")
+        )
     checks["tokentap_completion_tokens"] = tap.get("completion_tokens")
     checks["client_output_tokens"] = tc.get("output_tokens")
     checks["requests_exact"] = tap.get("requests_ok") == tc.get("completed") == tap.get("requests")
@@ -677,18 +697,65 @@ def bench_checks(pair, has_engine_metrics):
     return checks
 
 
+def first_event_ms(port, route, body):
+    """Client-side time from sending a streamed request to the first SSE data line, in ms."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        data = json.dumps(body).encode()
+        started = time.perf_counter()
+        conn.request("POST", route, body=data, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        while True:
+            line = resp.readline()
+            if not line:
+                return None
+            if line.startswith(b"data:"):
+                first = (time.perf_counter() - started) * 1000
+                resp.read()
+                return first
+    finally:
+        conn.close()
+
+
+def ttft_probe(engine, tap, pairs):
+    """What tokentap adds to the time to the first event, with nothing else running.
+
+    One streamed chat request at a time, alternating direct and through (so load drifts on the
+    shared machine hit both sides alike); the medians and the median of per-pair differences.
+    """
+    body = {
+        "model": MODEL_NAME, "messages": [{"role": "user", "content": "Time to first token, please."}],
+        "max_tokens": 4, "temperature": 0, "stream": True,
+    }
+    direct, through = [], []
+    for i in range(pairs):
+        order = ((engine.port, direct), (tap.port, through))
+        for port, into in order if i % 2 == 0 else reversed(order):
+            ms = first_event_ms(port, "/v1/chat/completions", body)
+            if ms is not None:
+                into.append(ms)
+    diffs = [t - d for d, t in zip(direct, through)]
+    return {
+        "pairs": pairs,
+        "direct_median_ms": statistics.median(direct) if direct else None,
+        "through_median_ms": statistics.median(through) if through else None,
+        "added_median_ms": statistics.median(diffs) if diffs else None,
+        "within_1ms": bool(diffs) and abs(statistics.median(diffs)) <= 1.0,
+    }
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. The sweep
 
 
-def run_sweep(binary, engine, out_dir, contexts, concurrency, cell_duration, max_output):
+def run_sweep(binary, engine, out_dir, contexts, concurrency, cell_duration, max_output, prompt=None):
     sweep_dir = os.path.join(out_dir, f"sweep-{engine.key}")
     shutil.rmtree(sweep_dir, ignore_errors=True)
     argv = [
         binary, "sweep", "--target", engine.url, "--contexts", ",".join(map(str, contexts)),
         "--concurrency", ",".join(map(str, concurrency)), "--cell-duration", cell_duration,
         "--max-output", str(max_output), "--out", sweep_dir, "--quiet",
-    ]
+    ] + (["--prompt", prompt] if prompt else [])
     env = dict(os.environ, TOKENTAP_STORE__DATA_DIR="")
     log = os.path.join(out_dir, f"sweep-{engine.key}.log")
     started = time.monotonic()
@@ -703,24 +770,21 @@ def run_sweep(binary, engine, out_dir, contexts, concurrency, cell_duration, max
 
 
 def sweep_cells(matrix):
-    """(context tokens, concurrency, status, per-request tok/s, ttft s) for every decode cell.
-
-    Reads the matrix document leniently: field names are looked up, not assumed.
-    """
-    cells = []
-
-    def walk(node):
-        if isinstance(node, dict):
-            if "concurrency" in node and ("status" in node or "per_request_tps" in node):
-                cells.append(node)
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(matrix)
-    return cells
+    """One row per decode cell of the sweep's matrix document (schema tokentap.matrix/v1)."""
+    rows = []
+    for cell in (matrix or {}).get("decode", []):
+        rows.append(
+            {
+                "context": cell.get("context_tokens"),
+                "concurrency": cell.get("concurrency"),
+                "status": cell.get("status"),
+                "per_request_tps": cell.get("per_request_tok_s"),
+                "ttft_ms": cell.get("ttft_ms"),
+                "tbt_ms": cell.get("tbt_ms"),
+                "average_active_requests": cell.get("average_active_requests"),
+            }
+        )
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -777,6 +841,14 @@ def render_markdown(results):
                     f"| {c['case']} | {'/'.join(map(str, c['status']))} | {fmt(c['bytes_equal'])} | {fmt(c['engine_deterministic'])} ({c.get('attempts')}) | "
                     f"{c['difference'] or ''} | {c.get('engine_changes_with_usage') or ''} | {u.get('prompt_tokens', '–')}/{u.get('completion_tokens', '–')} |"
                 )
+            out.append("")
+        probe = eng.get("ttft_probe")
+        if probe:
+            out.append("### What tokentap adds to the first event (one request at a time)")
+            out.append("")
+            out.append(f"{probe['pairs']} streamed chat requests each way, alternating: client time to the first SSE event, median direct "
+                       f"{fmt(probe['direct_median_ms'])} ms, through {fmt(probe['through_median_ms'])} ms; median of the per-pair "
+                       f"differences **{fmt(probe['added_median_ms'])} ms** (bar 1 ms: {fmt(probe['within_1ms'])}).")
             out.append("")
         for bname, pair in (eng.get("bench") or {}).items():
             ch = pair.get("checks", {})
@@ -837,6 +909,7 @@ def main():
     ap.add_argument("--out", required=True, help="results directory")
     ap.add_argument("--engines", default="vllm,llamacpp")
     ap.add_argument("--parts", default="cases,bench,sweep", help="any of cases,bench,sweep")
+    ap.add_argument("--attach", action="store_true", help="use engines already serving on their ports")
     ap.add_argument("--no-fixtures", action="store_true", help="do not write tests/fixtures/engines")
     ap.add_argument("--bench-prompts", type=int, default=40)
     ap.add_argument("--bench-concurrency", type=int, default=4)
@@ -846,6 +919,7 @@ def main():
     ap.add_argument("--sweep-concurrency", default="1,2,4,8")
     ap.add_argument("--sweep-cell-duration", default="10s")
     ap.add_argument("--sweep-max-output", type=int, default=256)
+    ap.add_argument("--sweep-prompt", default=None, help="token-ids, text or auto; default: tokentap's default")
     args = ap.parse_args()
 
     os.makedirs(args.out, exist_ok=True)
@@ -876,7 +950,7 @@ def main():
         tap = None
         try:
             print(f"[{key}] starting the engine", flush=True)
-            engine.start()
+            engine.attach() if args.attach else engine.start()
             eng["version"] = engine.version
             tap = Tokentap(args.binary, engine.url, port + 1, port + 2, logs, f"tokentap-{key}")
             if "cases" in parts:
@@ -885,6 +959,9 @@ def main():
                 eng["cases"] = run_cases(engine, tap, root, today)
                 save()
             if "bench" in parts:
+                print(f"[{key}] TTFT probe: one request at a time, direct and through alternating", flush=True)
+                eng["ttft_probe"] = ttft_probe(engine, tap, 40)
+                save()
                 eng["bench"] = {}
                 load = dict(
                     input_len=args.bench_input, output_len=args.bench_output,
@@ -906,20 +983,23 @@ def main():
                 print(f"[{key}] tokentap sweep --target", flush=True)
                 contexts = [int(x) for x in args.sweep_contexts.split(",")]
                 conc = [int(x) for x in args.sweep_concurrency.split(",")]
-                sw = run_sweep(args.binary, engine, args.out, contexts, conc, args.sweep_cell_duration, args.sweep_max_output)
+                sw = run_sweep(
+                    args.binary, engine, args.out, contexts, conc, args.sweep_cell_duration,
+                    args.sweep_max_output, args.sweep_prompt,
+                )
                 sw["command"] = (
                     f"tokentap sweep --target {engine.url} --contexts {args.sweep_contexts} --concurrency "
                     f"{args.sweep_concurrency} --cell-duration {args.sweep_cell_duration} --max-output {args.sweep_max_output}"
+                    + (f" --prompt {args.sweep_prompt}" if args.sweep_prompt else "")
                 )
-                sw["cells"] = []
-                for cell in sweep_cells(sw.get("matrix")):
-                    sw["cells"].append(sweep_cell_row(cell))
+                sw["cells"] = sweep_cells(sw.get("matrix"))
+                sw["notes"] = ((sw.get("matrix") or {}).get("metadata") or {}).get("notes", [])
                 eng["sweep"] = sw
                 save()
                 if "bench" in parts and sw["cells"]:
                     print(f"[{key}] vllm bench serve at the sweep's cells", flush=True)
                     for row in sw["cells"]:
-                        if not isinstance(row.get("context"), int) or not isinstance(row.get("concurrency"), int):
+                        if row.get("status") != "Valid":
                             continue
                         c = row["concurrency"]
                         r = run_vllm_bench(
@@ -943,26 +1023,6 @@ def main():
             save()
     save()
     print(open(os.path.join(args.out, "results.md")).read())
-
-
-def sweep_cell_row(cell):
-    def pick(*names):
-        for n in names:
-            if n in cell and cell[n] is not None:
-                return cell[n]
-        return None
-
-    ctx = pick("context_tokens", "context")
-    status = pick("status")
-    if isinstance(status, dict):
-        status = status.get("kind") or json.dumps(status)
-    return {
-        "context": ctx,
-        "concurrency": pick("concurrency"),
-        "status": status,
-        "per_request_tps": pick("per_request_tps", "per_request_tok_s", "per_request_tokens_per_second"),
-        "ttft_s": pick("ttft_s", "ttft"),
-    }
 
 
 if __name__ == "__main__":
