@@ -164,6 +164,11 @@ def counter_delta(before, after, name, label_filter=None):
 class Engine:
     """How to start one engine and what it honours."""
 
+    case_prefix = "live-"
+    sends_usage_unasked = False
+    # The engine's name in fixture folders (tests/fixtures/engines/<fixture_name>-<version>).
+    fixture_name = None
+
     def __init__(self, key, home, port, log_dir):
         self.key, self.home, self.port, self.log_dir = key, home, port, log_dir
         self.proc = None
@@ -188,6 +193,7 @@ class Vllm(Engine):
     label = "vLLM"
     has_metrics = True
     honours_ignore_eos = True
+    extra_args = []
 
     def start(self):
         venv = os.path.join(self.home, "venv-vllm")
@@ -204,14 +210,24 @@ class Vllm(Engine):
             os.path.join(venv, "bin", "vllm"), "serve", os.path.join(self.home, "models", "tiny", "hf"),
             "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", MODEL_NAME,
             "--dtype", "bfloat16", "--max-model-len", "2048", "--seed", "0",
-        ]
-        self.proc = Proc("vllm", argv, self.log_dir, env=env)
+        ] + self.extra_args
+        self.proc = Proc(self.key, argv, self.log_dir, env=env)
         wait_until("vllm serve", self.ready, 900, self.proc)
         self.version = self.ask_version()
 
     def ask_version(self):
         status, _, body = http_call(self.port, "GET", "/version", timeout=5)
         return json.loads(body).get("version", "unknown").split("+")[0] if status == 200 else "unknown"
+
+
+class VllmForceUsage(Vllm):
+    """vLLM with --enable-force-include-usage: usage goes to clients that never asked for it."""
+
+    label = "vLLM --enable-force-include-usage"
+    fixture_name = "vllm"
+    extra_args = ["--enable-force-include-usage"]
+    case_prefix = "live-force-usage-"
+    sends_usage_unasked = True
 
 
 class LlamaCpp(Engine):
@@ -240,7 +256,11 @@ class LlamaCpp(Engine):
         return out.stdout.strip() or "unknown"
 
 
-ENGINES = {"vllm": (Vllm, 18100), "llamacpp": (LlamaCpp, 18200)}
+ENGINES = {
+    "vllm": (Vllm, 18100),
+    "llamacpp": (LlamaCpp, 18200),
+    "vllm-force-usage": (VllmForceUsage, 18300),
+}
 
 
 class Tokentap:
@@ -287,7 +307,7 @@ def cases(engine):
     out = []
     for route_name, route, base in (("chat", "/v1/chat/completions", chat), ("completions", "/v1/completions", comp)):
         for mode, extra in modes:
-            out.append((f"live-{route_name}-{mode}", route, dict(base, **extra)))
+            out.append((f"{engine.case_prefix}{route_name}-{mode}", route, dict(base, **extra)))
     return out
 
 
@@ -450,7 +470,7 @@ def capture_case(engine, tap, route, body):
 
 def run_cases(engine, tap, fixture_root, today):
     results = []
-    folder = os.path.join(fixture_root, f"{engine.key}-{engine.version}")
+    folder = os.path.join(fixture_root, f"{engine.fixture_name or engine.key}-{engine.version}")
     for name, route, body in cases(engine):
         stream = bool(body.get("stream"))
         cap = capture_case(engine, tap, route, body)
@@ -486,7 +506,7 @@ def run_cases(engine, tap, fixture_root, today):
             "version": engine.version,
             "route": route,
             "stream": stream,
-            "server_sends_usage_unasked": False,
+            "server_sends_usage_unasked": engine.sends_usage_unasked,
             "captured": today,
             "notes": (
                 f"Live capture by conformance/harness.py: {engine.label} {engine.version}, model "
@@ -578,7 +598,11 @@ def run_sglang_bench(home, port, label, out_dir, input_len, output_len, prompts,
 def bench_pair(engine, tap, runner, out_dir, **load):
     """Direct then through at the same load, with metric scrapes around each run."""
     pair = {}
-    for label, port in (("direct", engine.port), ("through", tap.port)):
+    base_seed = load.pop("seed")
+    for n, (label, port) in enumerate((("direct", engine.port), ("through", tap.port))):
+        # Same lengths and count, other prompts: with the same seed the second run's prompts
+        # would be prefix-cache hits from the first and its TTFT would not be comparable.
+        load["seed"] = base_seed + n
         e0 = scrape(engine.port) if engine.has_metrics else ""
         t0 = tap.metrics()
         started = time.monotonic()
@@ -748,8 +772,8 @@ def ttft_probe(engine, tap, pairs):
 # 3. The sweep
 
 
-def run_sweep(binary, engine, out_dir, contexts, concurrency, cell_duration, max_output, prompt=None):
-    sweep_dir = os.path.join(out_dir, f"sweep-{engine.key}")
+def run_sweep(binary, engine, out_dir, contexts, concurrency, cell_duration, max_output, prompt=None, tag="all"):
+    sweep_dir = os.path.join(out_dir, f"sweep-{engine.key}-{tag}")
     shutil.rmtree(sweep_dir, ignore_errors=True)
     argv = [
         binary, "sweep", "--target", engine.url, "--contexts", ",".join(map(str, contexts)),
@@ -757,7 +781,7 @@ def run_sweep(binary, engine, out_dir, contexts, concurrency, cell_duration, max
         "--max-output", str(max_output), "--out", sweep_dir, "--quiet",
     ] + (["--prompt", prompt] if prompt else [])
     env = dict(os.environ, TOKENTAP_STORE__DATA_DIR="")
-    log = os.path.join(out_dir, f"sweep-{engine.key}.log")
+    log = sweep_dir + ".log"
     started = time.monotonic()
     with open(log, "wb") as f:
         rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=3600).returncode
@@ -876,15 +900,15 @@ def render_markdown(results):
             out.append("")
         sw = eng.get("sweep")
         if sw:
-            out.append("### tokentap sweep --target (default prompt mode)")
+            out.append("### tokentap sweep --target" + (" (default prompt mode)" if "--prompt" not in sw.get("command", "") else ""))
             out.append("")
             out.append(f"`{sw.get('command', '')}`: exit {sw.get('exit_code')}, {fmt(sw.get('wall_s'), 0)} s.")
             out.append("")
             if sw.get("cells"):
-                out.append("| context | concurrency | status | per-request tok/s (sweep) | vllm bench serve 1000/TPOT | ratio | within 10 % |")
-                out.append("|---|---|---|---|---|---|---|")
+                out.append("| context | concurrency | status | per-request tok/s | one-cell sweep: status, per-request tok/s | vllm bench serve right after: 1000 ÷ median TPOT | ratio | within 10 % |")
+                out.append("|---|---|---|---|---|---|---|---|")
                 for c in sw["cells"]:
-                    out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('per_request_tps'), 1)} | {fmt(c.get('bench_tps'), 1)} | {fmt(c.get('ratio'), 3)} | {fmt(c.get('within_10pct'))} |")
+                    out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('per_request_tps'), 1)} | {c.get('pair_status') or '–'}, {fmt(c.get('pair_tps'), 1)} | {fmt(c.get('bench_tps'), 1)} | {fmt(c.get('ratio'), 3)} | {fmt(c.get('within_10pct'))} |")
                 out.append("")
             elif sw.get("error"):
                 out.append(f"Failed: {sw['error']}")
@@ -997,19 +1021,29 @@ def main():
                 eng["sweep"] = sw
                 save()
                 if "bench" in parts and sw["cells"]:
-                    print(f"[{key}] vllm bench serve at the sweep's cells", flush=True)
+                    # Per-request tok/s against `vllm bench serve`: the machine's load drifts over
+                    # minutes, so each Valid cell is measured again as a one-cell sweep and the
+                    # client runs right after it at the same prompt length and concurrency.
+                    print(f"[{key}] one-cell sweeps, each followed by vllm bench serve", flush=True)
                     for row in sw["cells"]:
                         if row.get("status") != "Valid":
                             continue
-                        c = row["concurrency"]
+                        ctx, c = row["context"], row["concurrency"]
+                        one = run_sweep(
+                            args.binary, engine, args.out, [ctx], [c], args.sweep_cell_duration,
+                            args.sweep_max_output, args.sweep_prompt, tag=f"{ctx}-c{c}",
+                        )
+                        cell = next(iter(sweep_cells(one.get("matrix"))), {})
                         r = run_vllm_bench(
                             args.home, port=engine.port, label="sweepcell", out_dir=args.out,
-                            input_len=row["context"], output_len=args.sweep_max_output,
-                            prompts=max(2 * c, 4), concurrency=c, seed=2, route="completions",
+                            input_len=ctx, output_len=args.sweep_max_output,
+                            prompts=max(2 * c, 4), concurrency=c, seed=100 + c, route="completions",
                         )
-                        tpot = (r or {}).get("mean_tpot_ms")
+                        tpot = (r or {}).get("median_tpot_ms")
+                        row["pair_status"] = cell.get("status")
+                        row["pair_tps"] = cell.get("per_request_tps")
                         row["bench_tps"] = 1000.0 / tpot if tpot else None
-                        row["ratio"] = ratio(row.get("per_request_tps"), row["bench_tps"])
+                        row["ratio"] = ratio(row["pair_tps"], row["bench_tps"])
                         row["within_10pct"] = row["ratio"] is not None and abs(row["ratio"] - 1) <= 0.10
                         save()
         except Exception as e:  # the run goes on with the next engine; the report says what failed
