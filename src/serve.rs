@@ -234,6 +234,7 @@ impl ProxyServer {
             tls,
             grace: config.proxy.shutdown_grace,
         };
+        crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
         let service = ProxyService::new(Arc::clone(&proxy));
         let data_task = tokio::spawn(net::serve(
             proxy_listener,

@@ -930,3 +930,56 @@ async fn production_arriving_mid_cell_interrupts_it_and_the_cell_is_measured_aga
     assert!(notes.contains("Paused"), "{notes}");
     server.shutdown().await;
 }
+
+/// A vLLM serving a tiny model (vocabulary 1,024, like the conformance harness's): vLLM answers
+/// 200 and puts "Token id … is out of vocabulary" inside the stream. The default prompt mode
+/// must still give an all-Valid sweep: token ids drawn from what `/tokenize` produced, or —
+/// when the vocabulary cannot be learnt — text, after the refusal inside the 200 stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_prompts_work_on_a_tiny_vocabulary() {
+    for (vocab, expected_note) in [
+        (1024, "Token-id prompts draw from"),
+        // Eight ids are too few to draw prompts from: the 1000–9999 ids are refused in-stream.
+        (
+            8,
+            "refused a token-id prompt (error event in the stream: Token id",
+        ),
+    ] {
+        let sim = SimServer::start(
+            Profile::builtin(STEP).unwrap(),
+            SimOptions {
+                seed: 5,
+                dialect: tokentap::sim::Dialect::Vllm,
+                vocab_size: Some(vocab),
+                ..SimOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let (server, _) = proxy(&sim.base_url(), "").await;
+        let plan = request(json!({
+            "contexts": [1000, 2000],
+            "concurrency": [1, 2],
+            "cell_duration": "1s",
+        }));
+        let status = run_sweep(&server, plan, Duration::from_secs(90)).await;
+        assert_eq!(status.state, SweepState::Finished, "{status:#?}");
+        let matrix = status.matrix.unwrap();
+        let notes = &matrix.metadata.notes;
+        assert!(
+            notes.iter().any(|n| n.contains(expected_note)),
+            "vocabulary {vocab}: {notes:#?}"
+        );
+        for row in &matrix.prefill {
+            assert_eq!(row.status, CellStatus::Valid, "vocabulary {vocab}: {row:?}");
+        }
+        for cell in &matrix.decode {
+            assert_eq!(
+                cell.status,
+                CellStatus::Valid,
+                "vocabulary {vocab}: {cell:?}"
+            );
+        }
+        server.shutdown().await;
+    }
+}

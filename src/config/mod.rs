@@ -273,6 +273,17 @@ pub struct UpstreamConfig {
     pub tls_ca: Option<PathBuf>,
     pub tls_client_cert: Option<PathBuf>,
     pub tls_client_key: Option<PathBuf>,
+    /// Whether the server sends the final usage chunk to streams that did not ask for it.
+    pub sends_usage_unasked: UsageUnasked,
+}
+
+/// Whether an upstream sends usage to streams that did not ask (`sends_usage_unasked`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageUnasked {
+    /// Ask the server where it says so (sglang `/server_info`); until it answers, no.
+    Auto,
+    Yes,
+    No,
 }
 
 #[derive(Debug, Clone)]
@@ -552,6 +563,17 @@ fn upstream(
     if raw.name.is_empty() || raw.name.len() > 64 {
         return Err(err("name", "must be 1 to 64 characters".into()));
     }
+    let sends_usage_unasked = match raw.sends_usage_unasked.as_str() {
+        "auto" => UsageUnasked::Auto,
+        "yes" => UsageUnasked::Yes,
+        "no" => UsageUnasked::No,
+        other => {
+            return Err(err(
+                "sends_usage_unasked",
+                format!("`{other}` must be \"auto\", \"yes\" or \"no\""),
+            ))
+        }
+    };
     Ok(UpstreamConfig {
         name: raw.name.clone(),
         url,
@@ -567,6 +589,7 @@ fn upstream(
         tls_ca: raw.tls_ca.as_ref().map(PathBuf::from),
         tls_client_cert: tls_client.0,
         tls_client_key: tls_client.1,
+        sends_usage_unasked,
     })
 }
 

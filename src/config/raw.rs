@@ -85,6 +85,7 @@ pub struct RawUpstream {
     pub tls_ca: Option<String>,
     pub tls_client_cert: Option<String>,
     pub tls_client_key: Option<String>,
+    pub sends_usage_unasked: String,
 }
 
 impl Default for RawUpstream {
@@ -103,6 +104,7 @@ impl Default for RawUpstream {
             tls_ca: None,
             tls_client_cert: None,
             tls_client_key: None,
+            sends_usage_unasked: "auto".into(),
         }
     }
 }

@@ -197,7 +197,8 @@ impl RequestMeter {
     }
 
     /// Records tokens the upstream reported without visible output (partial UTF-8 held back,
-    /// a swallowed `<think>` marker): they count for throughput, not for first/last token.
+    /// a swallowed `<think>` marker): they count for throughput and share the next output
+    /// event's gap in ITL, but are never the first or last token (SPEC §3).
     pub fn silent_tokens(&mut self, tokens: u64) {
         let Some(guard) = &self.guard else {
             return;
@@ -209,7 +210,7 @@ impl RequestMeter {
         if let Some(t) = self.timeline.split.tokens.get_mut(bucket) {
             *t += tokens;
         }
-        self.timeline.streamed_tokens += tokens;
+        self.timeline.silent_tokens(tokens);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
             c.fetch_add(tokens, Ordering::Relaxed);
         }

@@ -125,8 +125,13 @@ pub struct Timeline {
     pub token_events: u64,
     /// Tokens carried by those events (exact with per-chunk usage).
     pub streamed_tokens: u64,
-    /// Inter-token latency: each gap divided over the tokens of the event that ended it.
+    /// Inter-token latency, per token: the gap between two output events divided over every
+    /// token delivered since the earlier one (silent tokens included), each token one sample
+    /// (docs/metrics.md "ITL").
     pub itl: LocalHistogram,
+    /// Tokens delivered without visible output since the last output event: the next output
+    /// event's gap is shared among them too.
+    pub pending_silent: u64,
     /// Time spent inside tokentap per forwarded frame.
     pub frame_overhead: LocalHistogram,
     pub frames: u64,
@@ -156,6 +161,7 @@ impl Timeline {
             token_events: 0,
             streamed_tokens: 0,
             itl: LocalHistogram::new(itl_bounds),
+            pending_silent: 0,
             frame_overhead: LocalHistogram::new(overhead_bounds),
             frames: 0,
             split: ConcurrencySplit::default(),
@@ -176,6 +182,8 @@ impl Timeline {
         area: f64,
     ) {
         let tokens = tokens.max(1);
+        // Silent tokens before the first output event belong to the time to first token.
+        let silent = std::mem::take(&mut self.pending_silent);
         match self.last_token {
             None => {
                 self.first_token = Some(now);
@@ -184,7 +192,8 @@ impl Timeline {
             }
             Some(last) => {
                 let gap = now.saturating_duration_since(last).as_secs_f64();
-                self.itl.record(gap / tokens as f64, tokens);
+                let delivered = tokens + silent;
+                self.itl.record(gap / delivered as f64, delivered);
                 if let Some(seconds) = self.split.seconds.get_mut(bucket) {
                     *seconds += gap;
                 }
@@ -196,6 +205,13 @@ impl Timeline {
         self.area_at_last_token = area;
         self.last_token = Some(now);
         self.token_events += 1;
+        self.streamed_tokens += tokens;
+    }
+
+    /// Records tokens delivered at `now` without visible output (held-back partial UTF-8, a
+    /// swallowed marker): they count for throughput and share the next output event's gap.
+    pub fn silent_tokens(&mut self, tokens: u64) {
+        self.pending_silent += tokens;
         self.streamed_tokens += tokens;
     }
 
@@ -243,6 +259,30 @@ mod tests {
         assert_eq!(buckets[0].1, 3);
         assert_eq!(buckets[1], (5.0, 1));
         assert_eq!(h.count(), 4);
+    }
+
+    #[test]
+    fn itl_is_per_token_and_silent_tokens_share_the_next_gap() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut timeline = Timeline::new(t0, &BOUNDS, &BOUNDS);
+        timeline.silent_tokens(1); // before the first output: part of TTFT
+        timeline.token_event(ms(10), 1, 1, 0, 0.0);
+        timeline.token_event(ms(13), 1, 1, 0, 0.0);
+        timeline.silent_tokens(1); // vLLM's `"content":""` while it holds back partial UTF-8
+        timeline.silent_tokens(1);
+        timeline.token_event(ms(22), 1, 1, 0, 0.0);
+        // 1 + 3 tokens after the first output event, over 12 ms of decode.
+        assert_eq!(timeline.itl.count(), 4);
+        let sum: f64 = timeline
+            .itl
+            .buckets()
+            .map(|(mean, n)| mean * n as f64)
+            .sum();
+        assert!((sum - 0.012).abs() < 1e-9, "ITL sum {sum} = decode time");
+        assert_eq!(timeline.decode_time(), Some(Duration::from_millis(12)));
+        assert_eq!(timeline.streamed_tokens, 6);
+        assert_eq!(timeline.pending_silent, 0);
     }
 
     #[test]

@@ -6,5 +6,6 @@ pub mod error;
 pub mod headers;
 pub mod service;
 pub mod upstream;
+pub mod usage_unasked;
 
 pub use service::{Proxy, ProxyService, Synthetic};

@@ -29,7 +29,7 @@ use crate::meter::record::Source;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
 use crate::stream::classify::Route;
-use crate::stream::request::{inject_usage, inspect};
+use crate::stream::request::{injection, inspect};
 use crate::stream::rewrite::Injected;
 
 /// Marks a request as the sweep's own (set in-process only: clients cannot set it).
@@ -232,8 +232,10 @@ impl Proxy {
 
         let mut bytes = bytes;
         let mut injected = Injected::default();
-        if self.metering.inject_usage && facts.stream && route.accepts_stream_options() {
-            if let Some((edited, added)) = inject_usage(&bytes, &facts) {
+        if self.metering.inject_usage {
+            if let Some((edited, added)) =
+                injection(route, &bytes, &facts, upstream.sends_usage_unasked())
+            {
                 bytes = Bytes::from(edited);
                 injected = added;
                 if let Ok(length) = HeaderValue::try_from(bytes.len().to_string()) {

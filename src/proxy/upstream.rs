@@ -4,6 +4,7 @@
 //! https:// upstreams. Routing: a matching `path_prefix` wins (the prefix is stripped), then a
 //! `models` match on a metered request's JSON `model`, else the default upstream.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http::uri::{PathAndQuery, Uri};
@@ -13,7 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::RequestBody;
-use crate::config::UpstreamConfig;
+use crate::config::{UpstreamConfig, UsageUnasked};
 use crate::net::tls::{client_config, TlsError};
 
 /// The pooled client type of every upstream.
@@ -27,6 +28,9 @@ pub struct Upstream {
     pub client: UpstreamClient,
     /// The default model label (interned once).
     pub default_model: Arc<str>,
+    /// The server sends usage to streams that did not ask (configured, or discovered by
+    /// `usage_unasked`).
+    pub usage_unasked: AtomicBool,
 }
 
 impl Upstream {
@@ -60,6 +64,7 @@ impl Upstream {
         Ok(Self {
             name: Arc::from(config.name.as_str()),
             default_model: Arc::from(config.default_model.as_str()),
+            usage_unasked: AtomicBool::new(config.sends_usage_unasked == UsageUnasked::Yes),
             config,
             client,
         })
@@ -73,6 +78,11 @@ impl Upstream {
         let mut parts = base.clone().into_parts();
         parts.path_and_query = Some(PathAndQuery::try_from(joined)?);
         Ok(Uri::from_parts(parts)?)
+    }
+
+    /// True if the server sends the final usage chunk to streams that did not ask for it.
+    pub fn sends_usage_unasked(&self) -> bool {
+        self.usage_unasked.load(Ordering::Relaxed)
     }
 
     /// The upstream URL for messages (no credentials are ever part of it).

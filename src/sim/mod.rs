@@ -60,6 +60,10 @@ pub struct SimOptions {
     pub served_model_name: Option<String>,
     /// sglang `--enable-cache-report`: fill `prompt_tokens_details.cached_tokens`.
     pub enable_cache_report: bool,
+    /// A vocabulary of this many ids: `/tokenize` answers ids below it, and a prompt with a
+    /// larger id is refused as the engine refuses it (vLLM: status 200, then an error event).
+    /// `None`: every id is valid.
+    pub vocab_size: Option<u64>,
 }
 
 /// Why the simulator could not run.
@@ -245,6 +249,11 @@ pub struct SimulateArgs {
     /// usage. Default: off, as in sglang.
     #[arg(long)]
     pub enable_cache_report: bool,
+    /// Serve a vocabulary of N token ids, like a tiny real model: /tokenize answers ids
+    /// below N, and a prompt with an id of N or more is refused the way the dialect's
+    /// server refuses it (vLLM: 200, then an error event in the stream). Default: no limit.
+    #[arg(long, value_name = "N")]
+    pub vocab_size: Option<u64>,
     /// Override the profile's KV capacity in tokens (max_total_num_tokens). Default: the
     /// profile's `capacity.kv_tokens`.
     #[arg(long, value_name = "TOKENS")]
@@ -329,6 +338,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         dialect: args.dialect,
         served_model_name: args.served_model_name.clone(),
         enable_cache_report: args.enable_cache_report,
+        vocab_size: args.vocab_size,
     };
     if let Some(streams) = args.measure_lag {
         let report = lag::measure(

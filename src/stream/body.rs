@@ -23,7 +23,7 @@ use crate::meter::record::Outcome;
 use crate::meter::RequestMeter;
 
 use super::classify::{EventClassifier, Route};
-use super::rewrite::{edit_for_block, Edit, Injected};
+use super::rewrite::{decide, restorable_members, Edit, Injected, KeySet};
 use super::sse::SseScanner;
 
 /// How the response body is read.
@@ -51,6 +51,161 @@ struct Rewriter {
     /// The previous block was dropped (its CRLF's stray LF must go too).
     previous_dropped: bool,
     limit: usize,
+    /// A finish chunk, already edited, held until the next event (see `rewrite`): its pieces,
+    /// then any comment blocks that followed it. Empty when nothing is held.
+    finish: VecDeque<Bytes>,
+    /// Index in `finish` of the piece that starts with the finish chunk's closing `}`.
+    finish_close: usize,
+    finish_keys: KeySet,
+}
+
+/// Most pieces a held finish chunk may gather (its own, restored members, trailing comments)
+/// before it is let go regardless: the hold is bounded.
+const MAX_FINISH_PIECES: usize = 16;
+
+impl Rewriter {
+    fn holding(&self) -> bool {
+        !self.finish.is_empty()
+    }
+
+    /// Forwards the held finish chunk (and what was held after it).
+    fn release(&mut self, queue: &mut VecDeque<Bytes>) {
+        queue.extend(self.finish.drain(..));
+    }
+
+    /// Puts the members of the dropped usage chunk `src[start..end]` that belong in the held
+    /// finish chunk back into it, then forwards it.
+    fn restore_and_release(
+        &mut self,
+        queue: &mut VecDeque<Bytes>,
+        src: &Bytes,
+        start: usize,
+        end: usize,
+        payload: &[u8],
+    ) {
+        let raw = src.get(start..end).unwrap_or_default();
+        let mut at = self.finish_close;
+        for (from, to) in restorable_members(raw, payload, &self.finish_keys) {
+            if at > self.finish.len() || self.finish.len() + 2 > MAX_FINISH_PIECES {
+                break;
+            }
+            self.finish.insert(at, Bytes::from_static(b","));
+            self.finish
+                .insert(at + 1, src.slice(start + from..start + to));
+            at += 2;
+        }
+        self.release(queue);
+    }
+
+    /// Handles one complete block `src[start..end]` whose data is `payload`. In-frame blocks
+    /// that are kept as they are stay where they are (`cursor` is not moved past them), so a
+    /// frame with nothing to edit is forwarded whole; a block from a copy (`in_frame` false)
+    /// is always queued.
+    #[allow(clippy::too_many_arguments)]
+    fn on_block(
+        &mut self,
+        queue: &mut VecDeque<Bytes>,
+        src: &Bytes,
+        start: usize,
+        end: usize,
+        payload: Option<&[u8]>,
+        in_frame: bool,
+        cursor: &mut usize,
+    ) {
+        let raw = src.get(start..end).unwrap_or_default();
+        let decision = payload.map(|p| decide(raw, p, self.injected));
+        if self.holding() {
+            match decision {
+                None if self.finish.len() < MAX_FINISH_PIECES => {
+                    // A comment or other data-less block after the finish chunk: it stays
+                    // after it.
+                    if in_frame {
+                        push_slice(queue, src, *cursor, start);
+                    }
+                    push_slice(&mut self.finish, src, start, end);
+                    *cursor = end;
+                    return;
+                }
+                Some(d) if d.edit == Edit::Drop => {
+                    if let Some(payload) = payload {
+                        self.restore_and_release(queue, src, start, end, payload);
+                    }
+                }
+                _ => self.release(queue),
+            }
+        }
+        let Some(decision) = decision else {
+            if !in_frame {
+                push_slice(queue, src, start, end);
+            }
+            return;
+        };
+        self.previous_dropped = decision.edit == Edit::Drop;
+        if decision.hold {
+            if in_frame {
+                push_slice(queue, src, *cursor, start);
+            }
+            self.finish_close = push_edited(
+                &mut self.finish,
+                src,
+                start,
+                end,
+                decision.edit,
+                Some(decision.close),
+            );
+            self.finish_keys = decision.keys;
+            *cursor = end;
+            return;
+        }
+        if in_frame {
+            if decision.edit == Edit::Keep {
+                return;
+            }
+            push_slice(queue, src, *cursor, start);
+        }
+        push_edited(queue, src, start, end, decision.edit, None);
+        *cursor = end;
+    }
+}
+
+/// Queues the pieces of `src[start..end]` with `edit` applied (its ranges relative to
+/// `start`), without copying. With `split` (a raw offset relative to `start`, after the edited
+/// range), the last piece is cut there; returns the index in `out` of the piece that starts at
+/// `split`.
+fn push_edited(
+    out: &mut VecDeque<Bytes>,
+    src: &Bytes,
+    start: usize,
+    end: usize,
+    edit: Edit,
+    split: Option<usize>,
+) -> usize {
+    let (head, tail) = match edit {
+        Edit::Drop => return out.len(),
+        Edit::Keep => (None, start),
+        Edit::Remove { start: a, end: b } => (Some((start + a, false)), start + b),
+        Edit::ReplaceWithNull { start: a, end: b } => (Some((start + a, true)), start + b),
+    };
+    if let Some((head_end, null)) = head {
+        push_slice(out, src, start, head_end);
+        if null {
+            out.push_back(Bytes::from_static(b"null"));
+        }
+    }
+    // The split point (a closing `}`) follows every member, so it lies in the last piece.
+    let cut = split.map(|s| (start + s).clamp(tail, end));
+    match cut {
+        Some(cut) => {
+            push_slice(out, src, tail, cut);
+            let index = out.len();
+            push_slice(out, src, cut, end);
+            index
+        }
+        None => {
+            push_slice(out, src, tail, end);
+            out.len()
+        }
+    }
 }
 
 /// Per-request metering state carried by the body.
@@ -103,6 +258,9 @@ impl Metering {
             passthrough: false,
             previous_dropped: false,
             limit: options.max_event_bytes,
+            finish: VecDeque::with_capacity(MAX_FINISH_PIECES),
+            finish_close: 0,
+            finish_keys: KeySet::default(),
         });
         let mut meter = meter;
         meter.streaming = options.event_stream;
@@ -161,35 +319,29 @@ impl Metering {
                     let end = block.end_in_chunk;
                     last_end = end;
                     let dropped_before = std::mem::take(&mut rewriter.previous_dropped);
+                    let payload = if block.oversized {
+                        None
+                    } else {
+                        block.event.data
+                    };
                     match block.start_in_chunk {
                         Some(start) if block.terminator_tail => {
+                            // The LF of the previous block's CRLF: it goes where that block
+                            // went.
                             if dropped_before {
                                 push_slice(queue, &data, cursor, start);
+                                cursor = end;
+                            } else if rewriter.holding() {
+                                push_slice(queue, &data, cursor, start);
+                                push_slice(&mut rewriter.finish, &data, start, end);
                                 cursor = end;
                             }
                         }
                         Some(start) => {
-                            let raw = data.get(start..end).unwrap_or_default();
-                            let edit = edit_for_block(raw, rewriter.injected);
-                            rewriter.previous_dropped = edit == Edit::Drop;
-                            match edit {
-                                Edit::Keep => {}
-                                Edit::Drop => {
-                                    push_slice(queue, &data, cursor, start);
-                                    cursor = end;
-                                }
-                                Edit::Remove { start: a, end: b } => {
-                                    push_slice(queue, &data, cursor, start + a);
-                                    cursor = start + b;
-                                }
-                                Edit::ReplaceWithNull { start: a, end: b } => {
-                                    push_slice(queue, &data, cursor, start + a);
-                                    queue.push_back(Bytes::from_static(b"null"));
-                                    cursor = start + b;
-                                }
-                            }
+                            rewriter.on_block(queue, &data, start, end, payload, true, &mut cursor);
                         }
                         None if rewriter.passthrough => {
+                            rewriter.release(queue);
                             push_slice(queue, &data, cursor, end);
                             cursor = end;
                             rewriter.passthrough = false;
@@ -199,13 +351,18 @@ impl Metering {
                             rewriter
                                 .held
                                 .extend_from_slice(data.get(..end).unwrap_or_default());
-                            let edit = edit_for_block(&rewriter.held, rewriter.injected);
-                            rewriter.previous_dropped = edit == Edit::Drop;
-                            let edited = super::rewrite::apply(&rewriter.held, edit);
-                            if !edited.is_empty() {
-                                queue.push_back(Bytes::from(edited));
-                            }
+                            let copy = Bytes::copy_from_slice(&rewriter.held);
                             rewriter.held.clear();
+                            let mut copy_cursor = 0;
+                            rewriter.on_block(
+                                queue,
+                                &copy,
+                                0,
+                                copy.len(),
+                                payload,
+                                false,
+                                &mut copy_cursor,
+                            );
                             cursor = end;
                         }
                     }
@@ -225,6 +382,7 @@ impl Metering {
                         push_slice(queue, &data, complete_end, data.len());
                     } else if rewriter.held.len() + tail.len() > rewriter.limit {
                         // Too big to hold: forward what we held and the rest of this event as is.
+                        rewriter.release(queue);
                         let held = std::mem::take(&mut rewriter.held);
                         if !held.is_empty() {
                             queue.push_back(Bytes::from(held));
@@ -261,6 +419,7 @@ impl Metering {
         };
         self.finish(outcome);
         if let Some(rewriter) = &mut self.rewriter {
+            rewriter.release(&mut self.queue);
             let held = std::mem::take(&mut rewriter.held);
             if !held.is_empty() {
                 self.queue.push_back(Bytes::from(held));
@@ -379,6 +538,7 @@ where
                         metering.finish(Outcome::UpstreamAborted);
                     }
                     if let Some(rewriter) = &mut metering.rewriter {
+                        rewriter.release(&mut metering.queue);
                         let held = std::mem::take(&mut rewriter.held);
                         if !held.is_empty() {
                             metering.queue.push_back(Bytes::from(held));
@@ -403,7 +563,10 @@ where
                     && self.pending_error.is_none()
                     && self.pending_trailers.is_none()
                     && (self.inner_done || self.inner.is_end_stream())
-                    && metering.rewriter.as_ref().is_none_or(|r| r.held.is_empty())
+                    && metering
+                        .rewriter
+                        .as_ref()
+                        .is_none_or(|r| r.held.is_empty() && !r.holding())
             }
         }
     }
@@ -490,6 +653,48 @@ mod tests {
             s.push_str(&format!(": keep-alive{nl2}data: [DONE]{nl2}"));
         }
         (injected, plain)
+    }
+
+    /// A vLLM-shaped tail: the finish chunk, a keep-alive comment, the usage chunk carrying
+    /// `system_fingerprint`, `[DONE]` — cut at every byte, with CRLF so that cuts fall between
+    /// the CR and LF of the held chunk's terminator too.
+    #[test]
+    fn held_finish_chunk_gets_the_fingerprint_back_in_every_split() {
+        let upstream = concat!(
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}],\"usage\":{\"completion_tokens\":1}}\r\n\r\n",
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"},\"finish_reason\":\"length\"}],\"usage\":{\"completion_tokens\":2}}\r\n\r\n",
+            ": keep-alive\r\n\r\n",
+            "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"completion_tokens\":2},\"system_fingerprint\":\"fp\"}\r\n\r\n",
+            "data: [DONE]\r\n\r\n",
+        );
+        let expected = concat!(
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\r\n\r\n",
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"},\"finish_reason\":\"length\"}],\"system_fingerprint\":\"fp\"}\r\n\r\n",
+            ": keep-alive\r\n\r\n",
+            "data: [DONE]\r\n\r\n",
+        );
+        let both = Injected {
+            include_usage: true,
+            continuous_usage: true,
+        };
+        let bytes = upstream.as_bytes();
+        for a in 0..=bytes.len() {
+            for b in [a, a + 1, a + 7, bytes.len()] {
+                let b = b.clamp(a, bytes.len());
+                let frames: Vec<Bytes> = [&bytes[..a], &bytes[a..b], &bytes[b..]]
+                    .into_iter()
+                    .filter(|p| !p.is_empty())
+                    .map(Bytes::copy_from_slice)
+                    .collect();
+                let (client, record) = run(frames, both);
+                assert_eq!(
+                    String::from_utf8(client).unwrap(),
+                    expected,
+                    "cuts at {a} and {b}"
+                );
+                assert_eq!(record.completion_tokens, 2);
+            }
+        }
     }
 
     proptest! {

@@ -63,6 +63,35 @@ fn decode_string(body: &[u8], span: Span) -> Option<String> {
     serde_json::from_slice::<String>(span.bytes(body)).ok()
 }
 
+/// What tokentap injects into a streamed request on `route` (the body to forward and what was
+/// added), or `None` to forward it as sent. `server_sends_usage` says the upstream sends the
+/// final usage chunk to every stream unasked (sglang `--stream-response-default-include-usage`,
+/// vLLM `--enable-force-include-usage`): the client then gets that chunk without tokentap too,
+/// so tokentap does not count it as added and does not strip it.
+pub fn injection(
+    route: Route,
+    body: &[u8],
+    facts: &RequestFacts,
+    server_sends_usage: bool,
+) -> Option<(Vec<u8>, Injected)> {
+    if !facts.stream || !route.accepts_stream_options() {
+        return None;
+    }
+    if facts.continuous_usage && !facts.include_usage && !server_sends_usage {
+        // The client asked for per-chunk usage only. sglang sends it (exact counts without
+        // help); vLLM sends it only with include_usage, so adding include_usage would make
+        // vLLM add usage the client would not have had, and nothing in the stream says which
+        // engine it is. Forward as sent: on vLLM the counts are then approximate.
+        return None;
+    }
+    if server_sends_usage && !facts.include_usage {
+        let mut facts = facts.clone();
+        facts.include_usage = true;
+        return inject_usage(body, &facts);
+    }
+    inject_usage(body, facts)
+}
+
 /// Adds whatever of `stream_options.include_usage` / `continuous_usage_stats` the request
 /// lacks. Returns the new body and what was added, or `None` when nothing needs adding (or the
 /// body cannot be edited safely, in which case it is forwarded as sent).
@@ -158,6 +187,36 @@ mod tests {
         assert_eq!(parsed["stream_options"]["include_usage"], true);
         assert_eq!(parsed["stream_options"]["continuous_usage_stats"], true);
         (text, injected)
+    }
+
+    #[test]
+    fn injection_adds_only_what_neither_client_nor_server_provides() {
+        let decide = |body: &str, server_sends_usage: bool| {
+            let facts = inspect(Route::ChatCompletions, body.as_bytes()).unwrap();
+            injection(
+                Route::ChatCompletions,
+                body.as_bytes(),
+                &facts,
+                server_sends_usage,
+            )
+            .map(|(_, injected)| injected)
+        };
+        let plain = r#"{"stream":true,"messages":[]}"#;
+        let both = Injected {
+            include_usage: true,
+            continuous_usage: true,
+        };
+        let continuous = Injected {
+            include_usage: false,
+            continuous_usage: true,
+        };
+        assert_eq!(decide(plain, false), Some(both));
+        assert_eq!(decide(plain, true), Some(continuous));
+        let continuous_only =
+            r#"{"stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[]}"#;
+        assert_eq!(decide(continuous_only, false), None);
+        assert_eq!(decide(continuous_only, true), None);
+        assert_eq!(decide(r#"{"stream":false,"messages":[]}"#, false), None);
     }
 
     #[test]

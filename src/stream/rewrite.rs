@@ -5,8 +5,21 @@
 //! usage chunk with `"choices":[]` appears and chunks carry a `usage` member. This module
 //! decides, for one raw SSE block, how to give the client what it would have received without
 //! injection: keep the block, drop it, remove the `usage` member, or put back the `"usage":null`
-//! the serializer would have written. Decisions are byte ranges into the block; the body
+//! the serializer would have written. Decisions are byte ranges into the raw block; the body
 //! wrapper applies them with `Bytes::slice`, so nothing is copied for blocks inside one frame.
+//!
+//! Some engines change more than usage when usage is asked for: vLLM moves
+//! `system_fingerprint` from the finish chunk to the usage chunk (fixtures
+//! `tests/fixtures/engines/vllm-0.32.0/`). So when the final usage chunk will be dropped, a
+//! block that finishes a choice is marked to be *held* until the next event: if that event is
+//! the dropped usage chunk, its members that are neither per-chunk bookkeeping (`id`,
+//! `object`, `created`, `model`, `choices`, `usage`) nor already in the finish chunk are put
+//! back at the end of the finish chunk ([`restorable_members`]), where the un-injected stream
+//! carries them.
+//!
+//! Decisions are made on the event's data (the `data:` lines joined, as the scanner gives it)
+//! and mapped back to the raw block, so any valid framing is handled: LF, CRLF or lone CR,
+//! comments, `data:` with or without its space, one event over several `data:` lines.
 //!
 //! Which serializers write `"usage":null` and which omit the key (protocols.md §1, §5):
 //! sglang's msgspec chat chunks omit it; its pydantic chat chunks (tool calls, recognisable by
@@ -31,7 +44,7 @@ impl Injected {
     }
 }
 
-/// The edit to apply to one raw block; ranges are offsets into the block.
+/// The edit to apply to one raw block; ranges are offsets into the raw block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Edit {
     Keep,
@@ -48,62 +61,179 @@ pub enum Edit {
     },
 }
 
-/// Decides the edit for one raw block (its lines and terminating blank line).
-pub fn edit_for_block(block: &[u8], injected: Injected) -> Edit {
-    if !injected.any() {
-        return Edit::Keep;
+/// Most top-level keys remembered of a held finish chunk (more are simply not remembered, so a
+/// member the usage chunk carries could then be restored beside an existing one: no engine's
+/// finish chunk comes near this).
+const MAX_HELD_KEYS: usize = 24;
+
+/// The top-level keys of a held finish chunk, as hashes in a fixed array (no allocation).
+#[derive(Debug, Clone, Copy)]
+pub struct KeySet {
+    hashes: [u64; MAX_HELD_KEYS],
+    len: usize,
+}
+
+impl Default for KeySet {
+    fn default() -> Self {
+        Self {
+            hashes: [0; MAX_HELD_KEYS],
+            len: 0,
+        }
     }
-    let Some(payload_start) = single_data_payload(block) else {
-        return Edit::Keep;
+}
+
+impl KeySet {
+    fn insert(&mut self, key: &[u8]) {
+        if let Some(slot) = self.hashes.get_mut(self.len) {
+            *slot = key_hash(key);
+            self.len += 1;
+        }
+    }
+
+    fn contains(&self, key: &[u8]) -> bool {
+        let hash = key_hash(key);
+        self.hashes
+            .get(..self.len)
+            .unwrap_or_default()
+            .contains(&hash)
+    }
+}
+
+/// FNV-1a over the raw key bytes (quotes included): keys are compared as written.
+fn key_hash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Everything decided about one block.
+#[derive(Debug, Clone, Copy)]
+pub struct Decision {
+    pub edit: Edit,
+    /// Hold this finish chunk until the next event: the dropped usage chunk may carry members
+    /// that belong here (see the module doc).
+    pub hold: bool,
+    /// Raw offset of the payload's closing `}` (where restored members go) when `hold`.
+    pub close: usize,
+    /// The finish chunk's top-level keys when `hold`.
+    pub keys: KeySet,
+}
+
+impl Decision {
+    const KEEP: Decision = Decision {
+        edit: Edit::Keep,
+        hold: false,
+        close: 0,
+        keys: KeySet {
+            hashes: [0; MAX_HELD_KEYS],
+            len: 0,
+        },
     };
-    let start = json::skip_ws(block, payload_start);
-    if block.get(start) != Some(&b'{') {
-        return Edit::Keep; // `[DONE]`, or not JSON: never touched
+}
+
+/// Decides the edit for one raw block (its lines and terminating blank line). `payload` is the
+/// event's data as the scanner joined it.
+pub fn decide(block: &[u8], payload: &[u8], injected: Injected) -> Decision {
+    if !injected.any() {
+        return Decision::KEEP;
+    }
+    let start = json::skip_ws(payload, 0);
+    if payload.get(start) != Some(&b'{') {
+        return Decision::KEEP; // `[DONE]`, or not JSON: never touched
     }
     // One pass over the top-level members: this runs for every event of a rewritten stream.
     let mut usage = None;
     let mut choices = None;
-    for member in json::members(block, start) {
-        match member.key.bytes(block) {
+    let mut keys = KeySet::default();
+    for member in json::members(payload, start) {
+        let key = member.key.bytes(payload);
+        match key {
             b"\"usage\"" => usage = Some(member),
             b"\"choices\"" => choices = Some(member.value),
             _ => {}
         }
+        keys.insert(key);
     }
-    let Some(usage) = usage else {
-        return Edit::Keep;
-    };
-    if json::is_null(block, usage.value) {
-        return Edit::Keep;
-    }
-    let no_choices = choices.is_none_or(|c| json::is_empty_array(block, c));
-    if no_choices {
+    let no_choices = choices.is_none_or(|c| json::is_empty_array(payload, c));
+    let usage = usage.filter(|u| !json::is_null(payload, u.value));
+    let edit = match usage {
+        None => Edit::Keep,
         // The final usage chunk. Other `choices: []` chunks (sglang's sglext) carry no usage
-        // and were kept above.
-        return if injected.include_usage {
-            Edit::Drop
-        } else {
-            Edit::Keep
-        };
-    }
-    if !injected.continuous_usage {
-        return Edit::Keep;
-    }
-    if writes_null_usage(block, start, choices) {
-        Edit::ReplaceWithNull {
-            start: usage.value.start,
-            end: usage.value.end,
+        // and are kept.
+        Some(_) if no_choices && injected.include_usage => Edit::Drop,
+        Some(_) if no_choices || !injected.continuous_usage => Edit::Keep,
+        Some(usage) => {
+            let (from, to, null) = if writes_null_usage(payload, start, choices) {
+                (usage.value.start, usage.value.end, true)
+            } else {
+                let (from, to) = member_removal_range(payload, usage);
+                (from, to, false)
+            };
+            match (raw_offset(block, from), raw_offset(block, to)) {
+                (Some(start), Some(end)) if start <= end && null => {
+                    Edit::ReplaceWithNull { start, end }
+                }
+                (Some(start), Some(end)) if start <= end => Edit::Remove { start, end },
+                _ => Edit::Keep,
+            }
         }
+    };
+    let finishes = injected.include_usage
+        && choices.is_some_and(|c| {
+            json::elements(payload, c.start).any(|choice| {
+                json::get(payload, choice.start, b"finish_reason")
+                    .is_some_and(|f| !json::is_null(payload, f))
+            })
+        });
+    let close = if finishes {
+        json::value_end(payload, start)
+            .and_then(|end| end.checked_sub(1))
+            .and_then(|brace| raw_offset(block, brace))
     } else {
-        let (start, end) = member_removal_range(block, usage);
-        Edit::Remove { start, end }
+        None
+    };
+    Decision {
+        edit,
+        hold: close.is_some(),
+        close: close.unwrap_or(0),
+        keys,
     }
 }
 
-/// Offset of the payload of the block's only `data:` line; `None` for blocks with no data or
-/// several data lines (left untouched: no OpenAI-compatible server writes those).
-fn single_data_payload(block: &[u8]) -> Option<usize> {
-    let mut found = None;
+/// The raw ranges of the members of a (dropped) usage chunk that the un-injected stream
+/// carries in the finish chunk instead: every member but the per-chunk bookkeeping and those
+/// `held` already has. Each range runs from the key to the end of the value.
+pub fn restorable_members<'a>(
+    block: &'a [u8],
+    payload: &'a [u8],
+    held: &'a KeySet,
+) -> impl Iterator<Item = (usize, usize)> + 'a {
+    let start = json::skip_ws(payload, 0);
+    json::members(payload, start).filter_map(move |member| {
+        let key = member.key.bytes(payload);
+        let bookkeeping = matches!(
+            key,
+            b"\"id\""
+                | b"\"object\""
+                | b"\"created\""
+                | b"\"model\""
+                | b"\"choices\""
+                | b"\"usage\""
+        );
+        if bookkeeping || held.contains(key) {
+            return None;
+        }
+        let from = raw_offset(block, member.key.start)?;
+        let to = raw_offset(block, member.value.end)?;
+        (from < to).then_some((from, to))
+    })
+}
+
+/// Maps an offset into the joined data of `block` (its `data:` values joined with `\n`) to
+/// the raw offset of the same byte; the end of a line's value maps to the raw end of that
+/// value. `None` if the offset lies past the data.
+pub fn raw_offset(block: &[u8], joined: usize) -> Option<usize> {
+    let mut consumed = 0usize; // joined bytes before the current data line's value
     let mut line_start = 0usize;
     while line_start < block.len() {
         let line_end = block
@@ -112,52 +242,64 @@ fn single_data_payload(block: &[u8]) -> Option<usize> {
             .position(|&b| b == b'\n' || b == b'\r')
             .map_or(block.len(), |p| line_start + p);
         let line = block.get(line_start..line_end)?;
-        if let Some(rest) = line.strip_prefix(b"data:") {
-            if found.is_some() {
-                return None;
+        if let Some(rest) = line.strip_prefix(b"data") {
+            // `data` alone is a data line with an empty value; `data:` / `data: ` otherwise.
+            let value_start = match rest.first() {
+                None => Some(line_end),
+                Some(b':') => Some(line_start + 5 + usize::from(rest.get(1) == Some(&b' '))),
+                Some(_) => None, // another field whose name starts with "data"
+            };
+            if let Some(value_start) = value_start {
+                let len = line_end - value_start;
+                if joined <= consumed + len {
+                    return Some(value_start + (joined - consumed));
+                }
+                consumed += len + 1; // the `\n` that joins it to the next data line
             }
-            let skip = usize::from(rest.first() == Some(&b' '));
-            found = Some(line_start + 5 + skip);
         }
-        line_start = line_end + 1;
+        let mut next = line_end + 1;
+        if block.get(line_end) == Some(&b'\r') && block.get(line_end + 1) == Some(&b'\n') {
+            next += 1;
+        }
+        line_start = next;
     }
-    found
+    None
 }
 
 /// True if the serializer that wrote this chunk writes `"usage":null` when there is no usage.
-fn writes_null_usage(block: &[u8], start: usize, choices: Option<json::Span>) -> bool {
+fn writes_null_usage(payload: &[u8], start: usize, choices: Option<json::Span>) -> bool {
     let Some(choices) = choices else {
         return false;
     };
-    let completion = json::get(block, start, b"object")
-        .is_some_and(|o| json::string_eq(block, o, b"text_completion"));
-    json::elements(block, choices.start).any(|choice| {
+    let completion = json::get(payload, start, b"object")
+        .is_some_and(|o| json::string_eq(payload, o, b"text_completion"));
+    json::elements(payload, choices.start).any(|choice| {
         if completion {
-            json::get(block, choice.start, b"matched_stop").is_some()
+            json::get(payload, choice.start, b"matched_stop").is_some()
         } else {
-            json::path(block, choice.start, &[b"delta", b"role"])
-                .is_some_and(|role| json::is_null(block, role))
+            json::path(payload, choice.start, &[b"delta", b"role"])
+                .is_some_and(|role| json::is_null(payload, role))
         }
     })
 }
 
 /// The range that removes `member` together with one adjoining comma.
-fn member_removal_range(block: &[u8], member: json::Member) -> (usize, usize) {
+fn member_removal_range(payload: &[u8], member: json::Member) -> (usize, usize) {
     let mut before = member.key.start;
     while before > 0
-        && block
+        && payload
             .get(before - 1)
             .is_some_and(|b| b.is_ascii_whitespace())
     {
         before -= 1;
     }
-    if before > 0 && block.get(before - 1) == Some(&b',') {
+    if before > 0 && payload.get(before - 1) == Some(&b',') {
         return (before - 1, member.value.end);
     }
     // First member: take the comma after it instead.
-    let after = json::skip_ws(block, member.value.end);
-    if block.get(after) == Some(&b',') {
-        (member.key.start, json::skip_ws(block, after + 1))
+    let after = json::skip_ws(payload, member.value.end);
+    if payload.get(after) == Some(&b',') {
+        (member.key.start, json::skip_ws(payload, after + 1))
     } else {
         (member.key.start, member.value.end)
     }
@@ -185,18 +327,28 @@ pub fn apply(block: &[u8], edit: Edit) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stream::sse::SseScanner;
 
     const BOTH: Injected = Injected {
         include_usage: true,
         continuous_usage: true,
     };
 
+    /// The decision for one complete block, with its data joined by the real scanner.
+    fn decision(block: &str, injected: Injected) -> Decision {
+        let mut scanner = SseScanner::new(1 << 16);
+        let mut out = Decision::KEEP;
+        scanner.feed(block.as_bytes(), |b| {
+            if let Some(payload) = b.event.data {
+                out = decide(block.as_bytes(), payload, injected);
+            }
+        });
+        out
+    }
+
     fn rewrite(block: &str, injected: Injected) -> String {
-        String::from_utf8(apply(
-            block.as_bytes(),
-            edit_for_block(block.as_bytes(), injected),
-        ))
-        .unwrap()
+        let edit = decision(block, injected).edit;
+        String::from_utf8(apply(block.as_bytes(), edit)).unwrap()
     }
 
     #[test]
@@ -233,6 +385,49 @@ mod tests {
             continuous_usage: true,
         };
         assert_eq!(rewrite(block, continuous_only), block);
+    }
+
+    #[test]
+    fn finish_chunks_are_held_only_when_the_usage_chunk_will_be_dropped() {
+        let finish = "data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"},\"finish_reason\":\"length\"}],\"usage\":{\"completion_tokens\":8}}\n\n";
+        let d = decision(finish, BOTH);
+        assert!(d.hold);
+        assert_eq!(&finish[d.close..], "}\n\n");
+        let continuous_only = Injected {
+            include_usage: false,
+            continuous_usage: true,
+        };
+        assert!(!decision(finish, continuous_only).hold);
+        let unfinished = finish.replace("\"length\"", "null");
+        assert!(!decision(&unfinished, BOTH).hold);
+    }
+
+    #[test]
+    fn usage_chunk_gives_back_what_the_finish_chunk_lacks() {
+        let finish = "data: {\"id\":\"a\",\"choices\":[{\"index\":0,\"finish_reason\":\"length\"}],\"service_tier\":null}\n\n";
+        let usage = "data: {\"id\":\"a\",\"object\":\"x\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"completion_tokens\":8},\"system_fingerprint\":\"fp\",\"service_tier\":null}\n\n";
+        let held = decision(finish, BOTH);
+        let payload = usage.strip_prefix("data: ").unwrap().trim_end();
+        let restored: Vec<&str> =
+            restorable_members(usage.as_bytes(), payload.as_bytes(), &held.keys)
+                .map(|(a, b)| &usage[a..b])
+                .collect();
+        assert_eq!(restored, ["\"system_fingerprint\":\"fp\""]);
+    }
+
+    #[test]
+    fn edits_map_back_through_any_framing() {
+        // One event over three `data:` lines, CRLF, no space after the colon, a comment inside.
+        let block = "data:{\"id\":\"a\",\r\n: note\r\ndata: \"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}],\"usage\":{\"completion_tokens\":1}\r\ndata:}\r\n\r\n";
+        assert_eq!(
+            rewrite(block, BOTH),
+            "data:{\"id\":\"a\",\r\n: note\r\ndata: \"choices\":[{\"index\":0,\"delta\":{\"content\":\"x\"}}]\r\ndata:}\r\n\r\n"
+        );
+        let lone_cr = "data: {\"choices\":[{\"index\":0}],\"usage\":{\"completion_tokens\":1}}\r\r";
+        assert_eq!(
+            rewrite(lone_cr, BOTH),
+            "data: {\"choices\":[{\"index\":0}]}\r\r"
+        );
     }
 
     #[test]

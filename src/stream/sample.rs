@@ -1,5 +1,6 @@
 //! Sample event streams in the exact shapes sglang sends, one frame per event as its HTTP
-//! server writes them. Used by the benchmarks, the allocation tests and the examples in docs.
+//! server writes them, and the metered body around a prepared upstream body. Used by the
+//! benchmarks, the allocation tests, the replay tests and the examples in docs.
 
 use bytes::Bytes;
 
@@ -81,11 +82,31 @@ pub fn metered_chat_body(
     meter: &std::sync::Arc<crate::meter::Meter>,
     injected: super::rewrite::Injected,
 ) -> super::body::MeteredBody<Frames> {
+    metered_body(
+        super::classify::Route::ChatCompletions,
+        200,
+        true,
+        frames,
+        meter,
+        injected,
+    )
+}
+
+/// A production request on `route` whose upstream answered `status` with `frames` (an event
+/// stream when `event_stream`), wrapped in the metering body exactly as the proxy wraps an
+/// upstream's body: the replay tests feed real engine captures through it.
+pub fn metered_body(
+    route: super::classify::Route,
+    status: u16,
+    event_stream: bool,
+    frames: impl IntoIterator<Item = Bytes>,
+    meter: &std::sync::Arc<crate::meter::Meter>,
+    injected: super::rewrite::Injected,
+) -> super::body::MeteredBody<Frames> {
     use super::body::{MeteredBody, Metering, MeteringOptions};
-    use super::classify::Route;
-    let request = meter.begin(
+    let mut request = meter.begin(
         crate::meter::RequestLabels {
-            route: Route::ChatCompletions,
+            route,
             source: crate::meter::record::Source::Production,
             model: std::sync::Arc::from("m"),
             upstream: std::sync::Arc::from("u"),
@@ -93,11 +114,12 @@ pub fn metered_chat_body(
         },
         tokio::time::Instant::now(),
     );
+    request.status = status;
     let metering = Metering::new(
         request,
         MeteringOptions {
-            route: Route::ChatCompletions,
-            event_stream: true,
+            route,
+            event_stream,
             injected,
             max_event_bytes: 1 << 16,
             max_body_bytes: 1 << 16,

@@ -3,9 +3,12 @@
 //! * **Token ids** (sglang and vLLM `/v1/completions` `prompt: [ids]`, sent verbatim with no
 //!   BOS or template): 16 ids derived from the run id, then a body seeded by the run and the
 //!   context, so no two contexts share more than the run prefix and no two runs share
-//!   anything (every scout is cold). Ids stay in 1000–9999: valid in every common vocabulary,
-//!   and four digits keep a 1M-token prompt near 5 MB of JSON, under the proxy's default
-//!   parse limit.
+//!   anything (every scout is cold). The ids are drawn from the served vocabulary: a pool
+//!   harvested once per run from the server's own `/tokenize` of filler text (so a model with
+//!   a 1,024-token vocabulary gets ids below 1,024), preferring ids below 10,000 so that a
+//!   1M-token prompt stays near 5 MB of JSON, under the proxy's default parse limit. Without
+//!   `/tokenize` the ids are 1000–9999 (valid in every common vocabulary), and `--prompt auto`
+//!   falls back to text if the server refuses them.
 //! * **Text**, for servers without token-id input: `[BENCH_<run>_CTX_<ctx>] ` and filler
 //!   words, cut to the length the server's `/tokenize` says is exactly the target (a bracketed
 //!   search on the character length; a few requests), or the closest below it.
@@ -60,25 +63,43 @@ pub fn run_seed(run_id: &str) -> u64 {
     })
 }
 
-/// `tokens` ids: the run prefix, then a body seeded by (run, context).
-pub fn token_ids(run_seed: u64, context: u64, tokens: u64) -> impl Iterator<Item = u64> {
+/// Fewest distinct ids a harvested pool must have to be used (the run prefix alone draws 16).
+pub const MIN_POOL: usize = 16;
+/// With at least this many harvested ids below 10,000, only those are used (short JSON).
+const PREFERRED_SHORT_IDS: usize = 64;
+
+/// `tokens` ids: the run prefix, then a body seeded by (run, context); drawn from `pool` (ids
+/// the server's tokenizer produced) when there is one, else from 1000–9999.
+pub fn token_ids<'a>(
+    run_seed: u64,
+    context: u64,
+    tokens: u64,
+    pool: Option<&'a [u64]>,
+) -> impl Iterator<Item = u64> + 'a {
     let body_seed = mix(run_seed ^ mix(context));
+    let pool = pool.filter(|p| !p.is_empty());
     (0..tokens).map(move |i| {
         let seed = if (i as usize) < RUN_PREFIX_TOKENS {
             mix(run_seed.wrapping_add(i))
         } else {
             mix(body_seed.wrapping_add(i))
         };
-        ID_BASE + seed % ID_SPAN
+        match pool {
+            Some(pool) => pool
+                .get((seed % pool.len() as u64) as usize)
+                .copied()
+                .unwrap_or(ID_BASE),
+            None => ID_BASE + seed % ID_SPAN,
+        }
     })
 }
 
-/// The token-id prompt for `context`, `tokens` long.
-pub fn token_id_prompt(run_seed: u64, context: u64, tokens: u64) -> Prompt {
+/// The token-id prompt for `context`, `tokens` long, from `pool` (see [`token_ids`]).
+pub fn token_id_prompt(run_seed: u64, context: u64, tokens: u64, pool: Option<&[u64]>) -> Prompt {
     use std::fmt::Write as _;
     let mut json = String::with_capacity(tokens as usize * 5 + 2);
     json.push('[');
-    for (i, id) in token_ids(run_seed, context, tokens).enumerate() {
+    for (i, id) in token_ids(run_seed, context, tokens, pool).enumerate() {
         if i > 0 {
             json.push(',');
         }
@@ -146,11 +167,67 @@ pub async fn tokenize(
     text: &str,
     target: u64,
 ) -> Result<u64, CalibrationError> {
+    let value = tokenize_value(proxy, model, text, target, true).await?;
+    value
+        .get("count")
+        .and_then(Value::as_u64)
+        .or_else(|| {
+            value
+                .get("tokens")
+                .and_then(Value::as_array)
+                .map(|t| t.len() as u64)
+        })
+        .ok_or(CalibrationError::NoCount)
+}
+
+/// Token ids of the served vocabulary, harvested from the server's `/tokenize` of this run's
+/// filler text (without special tokens): distinct and sorted, only those below 10,000 when
+/// there are enough of them. An error when the server cannot tokenize or gives too few ids.
+pub async fn token_id_pool(
+    proxy: &Arc<Proxy>,
+    model: &str,
+    run_id: &str,
+) -> Result<Vec<u64>, CalibrationError> {
+    // Filler words and digits: a few hundred distinct ids on a real tokenizer.
+    let mut text = filler_text(run_id, 0, 3000);
+    for n in 0..200u32 {
+        text.push_str(&format!(" {n}{}", n * 7919 % 1000));
+    }
+    let value = tokenize_value(proxy, model, &text, 0, false).await?;
+    let mut ids: Vec<u64> = value
+        .get("tokens")
+        .and_then(Value::as_array)
+        .ok_or(CalibrationError::NoCount)?
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.iter().filter(|&&id| id < 10_000).count() >= PREFERRED_SHORT_IDS {
+        ids.retain(|&id| id < 10_000);
+    }
+    if ids.len() < MIN_POOL {
+        return Err(CalibrationError::NoCount);
+    }
+    Ok(ids)
+}
+
+/// `POST /tokenize` of `text`; the answer's JSON.
+async fn tokenize_value(
+    proxy: &Arc<Proxy>,
+    model: &str,
+    text: &str,
+    target: u64,
+    special_tokens: bool,
+) -> Result<Value, CalibrationError> {
     let mut body = String::with_capacity(text.len() + 64);
     body.push_str("{\"model\":");
     push_json_string(&mut body, model);
     body.push_str(",\"prompt\":");
     push_json_string(&mut body, text);
+    if !special_tokens {
+        body.push_str(",\"add_special_tokens\":false");
+    }
     body.push('}');
     let answer = call(
         proxy,
@@ -170,18 +247,7 @@ pub async fn tokenize(
             body: text,
         });
     }
-    let value: Value =
-        serde_json::from_slice(&answer.body).map_err(|_| CalibrationError::NoCount)?;
-    value
-        .get("count")
-        .and_then(Value::as_u64)
-        .or_else(|| {
-            value
-                .get("tokens")
-                .and_then(Value::as_array)
-                .map(|t| t.len() as u64)
-        })
-        .ok_or(CalibrationError::NoCount)
+    serde_json::from_slice(&answer.body).map_err(|_| CalibrationError::NoCount)
 }
 
 /// A text prompt whose `/tokenize` count is `target` (or the closest below it).
@@ -261,22 +327,34 @@ mod tests {
     #[test]
     fn token_prompts_share_only_the_run_prefix() {
         let seed = run_seed("run-a");
-        let a: Vec<u64> = token_ids(seed, 8192, 64).collect();
-        let b: Vec<u64> = token_ids(seed, 16384, 64).collect();
-        let other_run: Vec<u64> = token_ids(run_seed("run-b"), 8192, 64).collect();
+        let a: Vec<u64> = token_ids(seed, 8192, 64, None).collect();
+        let b: Vec<u64> = token_ids(seed, 16384, 64, None).collect();
+        let other_run: Vec<u64> = token_ids(run_seed("run-b"), 8192, 64, None).collect();
         assert_eq!(a[..RUN_PREFIX_TOKENS], b[..RUN_PREFIX_TOKENS]);
         assert_ne!(a[RUN_PREFIX_TOKENS..], b[RUN_PREFIX_TOKENS..]);
         assert_ne!(a[..RUN_PREFIX_TOKENS], other_run[..RUN_PREFIX_TOKENS]);
         assert!(a
             .iter()
             .all(|&id| (ID_BASE..ID_BASE + ID_SPAN).contains(&id)));
-        let prompt = token_id_prompt(seed, 8192, 8192);
+        let prompt = token_id_prompt(seed, 8192, 8192, None);
         let parsed: Vec<u64> = serde_json::from_str(&prompt.json).unwrap();
         assert_eq!(parsed.len(), 8192);
         assert_eq!(parsed[..64], a[..]);
         // A 1M-token prompt stays under the proxy's 8 MiB parse limit.
-        let largest = token_id_prompt(seed, 1 << 20, (1 << 20) - 2);
+        let largest = token_id_prompt(seed, 1 << 20, (1 << 20) - 2, None);
         assert!(largest.json.len() < 8 << 20, "{}", largest.json.len());
+    }
+
+    #[test]
+    fn pooled_ids_come_from_the_pool_only() {
+        let pool: Vec<u64> = (0..40).map(|i| i * 25).collect(); // a 1,000-id vocabulary
+        let seed = run_seed("run-a");
+        let ids: Vec<u64> = token_ids(seed, 256, 512, Some(&pool)).collect();
+        assert!(ids.iter().all(|id| pool.contains(id)));
+        assert!(ids.iter().any(|&id| id != ids[0]), "not one id repeated");
+        let other: Vec<u64> = token_ids(seed, 512, 512, Some(&pool)).collect();
+        assert_eq!(ids[..RUN_PREFIX_TOKENS], other[..RUN_PREFIX_TOKENS]);
+        assert_ne!(ids[RUN_PREFIX_TOKENS..], other[RUN_PREFIX_TOKENS..]);
     }
 
     #[test]

@@ -30,7 +30,9 @@ use super::client::{call, get_ok, push_json_string};
 use super::discover::gauge_sum;
 use super::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
 use super::plan::{EngineKind, Plan, PrefillTarget, PromptMode, ServerFacts};
-use super::prompt::{calibrated_text_prompt, run_seed, token_id_prompt, Prompt, PromptKind};
+use super::prompt::{
+    calibrated_text_prompt, run_seed, token_id_pool, token_id_prompt, Prompt, PromptKind,
+};
 use super::status::{CurrentStep, StatusCell, StepPhase, SweepState};
 use crate::aggregate::wallclock::format_rfc3339 as rfc3339;
 use crate::matrix::units::context_label;
@@ -157,6 +159,8 @@ struct Runner {
     prompt_kind: PromptKind,
     /// A token-id request has succeeded, so a later refusal is about something else (length).
     token_ids_work: bool,
+    /// Token ids of the served vocabulary (from `/tokenize`), drawn for token-id prompts.
+    id_pool: Option<Arc<[u64]>>,
     matrix: MatrixDoc,
     clock: Clock,
 }
@@ -193,6 +197,7 @@ pub async fn run(input: RunnerInput) -> MatrixDoc {
             PromptMode::Auto | PromptMode::TokenIds => PromptKind::TokenIds,
         },
         token_ids_work: false,
+        id_pool: None,
         plan: input.plan,
         facts: input.facts,
         guard: input.production_guard,
@@ -204,10 +209,32 @@ pub async fn run(input: RunnerInput) -> MatrixDoc {
         matrix,
         clock,
     };
+    if runner.prompt_kind == PromptKind::TokenIds {
+        runner.harvest_token_ids().await;
+    }
     runner.run().await
 }
 
 impl Runner {
+    /// Learns which token ids the served model has (its `/tokenize`), so that token-id prompts
+    /// are valid on any vocabulary, not only on the large ones where 1000–9999 are.
+    async fn harvest_token_ids(&mut self) {
+        match token_id_pool(&self.proxy, &self.plan.model, &self.id).await {
+            Ok(pool) => {
+                self.note(format!(
+                    "Token-id prompts draw from {} ids the server's /tokenize produced ({}–{})",
+                    pool.len(),
+                    pool.first().copied().unwrap_or_default(),
+                    pool.last().copied().unwrap_or_default()
+                ));
+                self.id_pool = Some(Arc::from(pool));
+            }
+            Err(error) => self.note(format!(
+                "Token-id prompts use ids 1000–9999: no vocabulary from /tokenize ({error})"
+            )),
+        }
+    }
+
     fn cancelled(&self) -> bool {
         *self.cancel.borrow()
     }
@@ -431,9 +458,12 @@ impl Runner {
 
     async fn make_prompt(&self, step: PrefillTarget) -> Result<Prompt, String> {
         match self.prompt_kind {
-            PromptKind::TokenIds => {
-                Ok(token_id_prompt(self.seed, step.context, step.prompt_tokens))
-            }
+            PromptKind::TokenIds => Ok(token_id_prompt(
+                self.seed,
+                step.context,
+                step.prompt_tokens,
+                self.id_pool.as_deref(),
+            )),
             PromptKind::Text => calibrated_text_prompt(
                 &self.proxy,
                 &self.plan.model,
@@ -473,7 +503,9 @@ impl Runner {
             match end {
                 StreamEnd::Stopped => return Err("cancelled".to_owned()),
                 StreamEnd::Failed(reason) => {
-                    let refused = reason.starts_with("HTTP 400") || reason.starts_with("HTTP 422");
+                    // A refusal: a 4xx, or (vLLM) a 200 whose stream is only an error event.
+                    let refused = reason.starts_with("HTTP 4")
+                        || reason.starts_with("error event in the stream");
                     if self.plan.prompt == PromptMode::Auto
                         && self.prompt_kind == PromptKind::TokenIds
                         && !self.token_ids_work
