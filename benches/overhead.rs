@@ -96,6 +96,7 @@ async fn respond(
     let continuous = body
         .windows(28)
         .any(|w| w == b"\"continuous_usage_stats\":true");
+    let include_usage = body.windows(20).any(|w| w == b"\"include_usage\":true");
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         let role = Bytes::from_static(b"data: {\"id\":\"b\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n");
@@ -116,10 +117,24 @@ async fn respond(
             } else {
                 String::new()
             };
+            // The last event finishes the choice, as engines send it.
+            let finish = if i + 1 == events {
+                "\"length\""
+            } else {
+                "null"
+            };
             let event = format!(
-                "data: {{\"id\":\"b\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" tok\"}},\"finish_reason\":null}}]{usage},\"sent_ns\":{sent}}}\n\n"
+                "data: {{\"id\":\"b\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" tok\"}},\"finish_reason\":{finish}}}]{usage},\"sent_ns\":{sent}}}\n\n"
             );
             if tx.send(Ok(Frame::data(Bytes::from(event)))).await.is_err() {
+                return;
+            }
+        }
+        if include_usage {
+            // vLLM's usage chunk, written right after the finish chunk as a frame of its own
+            // (tokentap holds the finish chunk until it arrives when it injected the usage).
+            let usage = format!("data: {{\"id\":\"b\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{{\"prompt_tokens\":100,\"total_tokens\":{},\"completion_tokens\":{events}}},\"system_fingerprint\":\"fp\"}}\n\n", 100 + events);
+            if tx.send(Ok(Frame::data(Bytes::from(usage)))).await.is_err() {
                 return;
             }
         }
@@ -297,6 +312,8 @@ fn rss_kib(pid: u32) -> u64 {
 struct StreamResult {
     ttft_us: Vec<u64>,
     lateness_us: Vec<u64>,
+    /// Lateness of each stream's finish event alone (held by tokentap when it injected usage).
+    finish_lateness_us: Vec<u64>,
     events: u64,
     failures: u64,
 }
@@ -367,8 +384,11 @@ async fn run_streams(
                             .collect();
                         let sent_ns: u128 = digits.parse().unwrap_or(0);
                         let recv_ns = now.duration_since(epoch).as_nanos();
-                        out.lateness_us
-                            .push((recv_ns.saturating_sub(sent_ns) / 1000) as u64);
+                        let late = (recv_ns.saturating_sub(sent_ns) / 1000) as u64;
+                        out.lateness_us.push(late);
+                        if text.contains("\"finish_reason\":\"length\"") {
+                            out.finish_lateness_us.push(late);
+                        }
                         out.events += 1;
                         if first {
                             out.ttft_us
@@ -386,6 +406,7 @@ async fn run_streams(
     while let Some(r) = rx.recv().await {
         all.ttft_us.extend(r.ttft_us);
         all.lateness_us.extend(r.lateness_us);
+        all.finish_lateness_us.extend(r.finish_lateness_us);
         all.events += r.events;
         all.failures += r.failures;
     }
@@ -563,6 +584,13 @@ fn main() {
             quantile(&mut through.ttft_us, 0.99) - quantile(&mut direct.ttft_us, 0.99),
             quantile(&mut through.lateness_us, 0.5) - quantile(&mut direct.lateness_us, 0.5),
             quantile(&mut through.lateness_us, 0.99) - quantile(&mut direct.lateness_us, 0.99),
+        );
+        println!(
+            "finish event lateness (held until the next event when tokentap injected usage): direct p50 {:.3} ms, p99 {:.3} ms; through tokentap p50 {:.3} ms, p99 {:.3} ms",
+            quantile(&mut direct.finish_lateness_us, 0.5),
+            quantile(&mut direct.finish_lateness_us, 0.99),
+            quantile(&mut through.finish_lateness_us, 0.5),
+            quantile(&mut through.finish_lateness_us, 0.99),
         );
         let per_event = |cpu: f64, events: u64| cpu * 1e6 / events.max(1) as f64;
         println!("tokentap CPU: {proxy_cpu:.2} s for {} events = {:.1} µs/event", through.events, per_event(proxy_cpu, through.events));

@@ -520,7 +520,7 @@ fn framing(events: usize) -> impl Strategy<Value = Framing> {
         proptest::collection::vec(
             prop_oneof![
                 3 => Just(vec![]),
-                1 => proptest::collection::vec(0usize..12, 1..4),
+                1 => proptest::collection::vec(0usize..40, 1..5),
             ],
             events,
         ),
@@ -546,7 +546,8 @@ fn payloads(body: &[u8]) -> Vec<String> {
         .collect()
 }
 
-/// Byte offsets just after the commas that end top-level members of a JSON object payload.
+/// Byte offsets just after the commas of a JSON payload (outside strings, at any depth): where a
+/// server could break an event into several `data:` lines without changing its JSON.
 fn member_ends(payload: &str) -> Vec<usize> {
     let (mut depth, mut in_string, mut escaped) = (0i32, false, false);
     let mut ends = Vec::new();
@@ -564,7 +565,7 @@ fn member_ends(payload: &str) -> Vec<usize> {
             b'"' => in_string = true,
             b'{' | b'[' => depth += 1,
             b'}' | b']' => depth -= 1,
-            b',' if depth == 1 => ends.push(i + 1),
+            b',' if depth >= 1 => ends.push(i + 1),
             _ => {}
         }
     }

@@ -144,15 +144,12 @@ pub fn decide(block: &[u8], payload: &[u8], injected: Injected) -> Decision {
     // One pass over the top-level members: this runs for every event of a rewritten stream.
     let mut usage = None;
     let mut choices = None;
-    let mut keys = KeySet::default();
     for member in json::members(payload, start) {
-        let key = member.key.bytes(payload);
-        match key {
+        match member.key.bytes(payload) {
             b"\"usage\"" => usage = Some(member),
             b"\"choices\"" => choices = Some(member.value),
             _ => {}
         }
-        keys.insert(key);
     }
     let no_choices = choices.is_none_or(|c| json::is_empty_array(payload, c));
     let usage = usage.filter(|u| !json::is_null(payload, u.value));
@@ -192,6 +189,13 @@ pub fn decide(block: &[u8], payload: &[u8], injected: Injected) -> Decision {
     } else {
         None
     };
+    // The keys are only needed for a held chunk (once per choice): a second pass then.
+    let mut keys = KeySet::default();
+    if close.is_some() {
+        for member in json::members(payload, start) {
+            keys.insert(member.key.bytes(payload));
+        }
+    }
     Decision {
         edit,
         hold: close.is_some(),
