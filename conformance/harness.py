@@ -94,6 +94,13 @@ def http_call(port, method, path, body=None, headers=None, timeout=300):
         conn.close()
 
 
+def port_in_use(port):
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_until(what, check, timeout, proc=None):
     """Polls check() every half second until it is truthy; bounded by timeout."""
     deadline = time.monotonic() + timeout
@@ -251,7 +258,10 @@ class LlamaCpp(Engine):
         argv = [
             python, launcher, "--model", os.path.join(self.home, "models", "tiny", "model.gguf"),
             "--model_alias", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
-            "--n_ctx", "2048", "--interrupt_requests", "False", "--n_threads", "2", "--seed", "0",
+            "--n_ctx", "2048", "--interrupt_requests", "False", "--seed", "0",
+            # One thread: two threads meet at a spinning barrier every op, and on a shared,
+            # loaded machine a descheduled partner turns 10 ms tokens into 1 s tokens.
+            "--n_threads", "1", "--n_threads_batch", "1",
         ]
         self.proc = Proc("llamacpp", argv, self.log_dir, env={"HF_HUB_OFFLINE": "1"})
         wait_until("llama.cpp server", self.ready, 300, self.proc)
@@ -1034,7 +1044,15 @@ def main():
         tap = None
         try:
             print(f"[{key}] starting the engine", flush=True)
-            engine.attach() if args.attach else engine.start()
+            if args.attach:
+                engine.attach()
+            else:
+                # A leftover server on the port would answer the readiness check in place of
+                # the one being started, and everything after would measure it instead.
+                for busy in (engine.port, port + 1, port + 2):
+                    if port_in_use(busy):
+                        raise RuntimeError(f"port {busy} is in use: stop what listens there or use --attach")
+                engine.start()
             eng["version"] = engine.version
             tap = Tokentap(args.binary, engine.url, port + 1, port + 2, logs, f"tokentap-{key}")
             if "cases" in parts:
