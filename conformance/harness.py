@@ -173,6 +173,7 @@ class Engine:
 
     case_prefix = "live-"
     sends_usage_unasked = False
+    tokentap_env = {}
 
     def bench_extra_body(self, output_len):
         """Fields the benchmark clients must add for this engine (None: the clients' own body)."""
@@ -239,6 +240,8 @@ class VllmForceUsage(Vllm):
     extra_args = ["--enable-force-include-usage"]
     case_prefix = "live-force-usage-"
     sends_usage_unasked = True
+    # vLLM does not say over HTTP that it sends usage unasked; tokentap is told so (config).
+    tokentap_env = {"TOKENTAP_UPSTREAM__SENDS_USAGE_UNASKED": "yes"}
 
 
 class LlamaCpp(Engine):
@@ -283,7 +286,7 @@ ENGINES = {
 
 
 class Tokentap:
-    def __init__(self, binary, upstream_url, port, admin_port, log_dir, name):
+    def __init__(self, binary, upstream_url, port, admin_port, log_dir, name, extra_env=None):
         self.port, self.admin_port = port, admin_port
         env = {
             "TOKENTAP_PROXY__LISTEN": f"127.0.0.1:{port}",
@@ -291,6 +294,7 @@ class Tokentap:
             "TOKENTAP_STORE__DATA_DIR": "",
             "RUST_LOG": "warn",
         }
+        env.update(extra_env or {})
         self.proc = Proc(name, [binary, "serve", "--upstream", upstream_url], log_dir, env=env)
         wait_until(
             "tokentap serve",
@@ -1054,7 +1058,9 @@ def main():
                         raise RuntimeError(f"port {busy} is in use: stop what listens there or use --attach")
                 engine.start()
             eng["version"] = engine.version
-            tap = Tokentap(args.binary, engine.url, port + 1, port + 2, logs, f"tokentap-{key}")
+            tap = Tokentap(
+                args.binary, engine.url, port + 1, port + 2, logs, f"tokentap-{key}", engine.tokentap_env
+            )
             if "cases" in parts:
                 print(f"[{key}] plain requests on every metered route", flush=True)
                 root = os.path.join(args.out, "fixtures") if args.no_fixtures else fixture_root
