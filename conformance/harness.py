@@ -528,7 +528,7 @@ def run_cases(engine, tap, fixture_root, today):
         case_dir = os.path.join(folder, name)
         os.makedirs(case_dir, exist_ok=True)
         meta = {
-            "engine": engine.key,
+            "engine": engine.fixture_name or engine.key,
             "version": engine.version,
             "route": route,
             "stream": stream,
