@@ -6,6 +6,7 @@
 //! wait is bounded.
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -1409,6 +1410,55 @@ async fn client_bytes_through_the_proxy_equal_the_bytes_direct_in(dialect: Diale
     // The upstream really got the injected options on the first chat request.
     let first = &records.wait_for(cases.len()).await[0];
     assert_eq!(first.completion_tokens, 40);
+    server.shutdown().await;
+}
+
+/// sglang with `--stream-response-default-include-usage` sends usage to clients that never asked;
+/// tokentap learns it from `/server_info` and leaves that usage to the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_the_server_sends_by_default_reaches_the_client_through_the_proxy() {
+    let options = SimOptions {
+        seed: 7,
+        stream_response_default_include_usage: true,
+        ..SimOptions::default()
+    };
+    let direct = SimServer::start(Profile::builtin(GLM).unwrap(), options.clone())
+        .await
+        .unwrap();
+    let behind = SimServer::start(Profile::builtin(GLM).unwrap(), options)
+        .await
+        .unwrap();
+    let (server, records) = common::proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"auto\"\n[store]\ndata_dir = \"\"\n",
+        behind.base_url()
+    ))
+    .await;
+    let upstream = Arc::clone(server.proxy.router.default_upstream());
+    for _ in 0..500 {
+        if upstream.sends_usage_unasked() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(upstream.sends_usage_unasked(), "learnt from /server_info");
+    let body = json!({"model": "m", "max_tokens": 20, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let client = client();
+    let a = record(
+        &client,
+        &direct.base_url(),
+        "/v1/chat/completions",
+        &body,
+        None,
+    )
+    .await;
+    let proxied = format!("http://{}", server.proxy_addr);
+    let b = record(&client, &proxied, "/v1/chat/completions", &body, None).await;
+    let (a, b) = (without_wall_clock(&a.raw), without_wall_clock(&b.raw));
+    assert!(a.contains("\"choices\":[],\"usage\""), "{a}");
+    assert_eq!(a, b, "the client sees other bytes through the proxy");
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.completion_tokens, 20);
+    assert!(record.completion_exact);
     server.shutdown().await;
 }
 

@@ -977,10 +977,16 @@ where
         Route::Responses => parse_responses(&body),
         Route::Chat | Route::Completion => parse_openai(&body, route, dialect),
     };
-    let parsed = match parsed {
+    let mut parsed = match parsed {
         Ok(parsed) => parsed,
         Err(error) => return error.response(dialect, route),
     };
+    if state.options.stream_response_default_include_usage
+        && parsed.stream
+        && matches!(route, Route::Chat | Route::Completion)
+    {
+        parsed.include_usage = true;
+    }
     drop(body);
     let max_new_tokens = match validate_lengths(state, &parsed) {
         Ok(n) => n,
@@ -1222,6 +1228,7 @@ fn server_info(state: &AppState) -> Response<SimBody> {
         "speculative_algorithm": speculative,
         "stream_interval": 1,
         "enable_cache_report": state.options.enable_cache_report,
+        "stream_response_default_include_usage": state.options.stream_response_default_include_usage,
         "random_seed": state.options.seed,
         "launch_command": format!("tokentap simulate --profile {}", p.model.served_model_name),
         "status": "ready",

@@ -64,6 +64,9 @@ pub struct SimOptions {
     /// larger id is refused as the engine refuses it (vLLM: status 200, then an error event).
     /// `None`: every id is valid.
     pub vocab_size: Option<u64>,
+    /// sglang `--stream-response-default-include-usage`: every stream gets the final usage
+    /// chunk, asked or not, and `/server_info` says so.
+    pub stream_response_default_include_usage: bool,
 }
 
 /// Why the simulator could not run.
@@ -254,6 +257,10 @@ pub struct SimulateArgs {
     /// server refuses it (vLLM: 200, then an error event in the stream). Default: no limit.
     #[arg(long, value_name = "N")]
     pub vocab_size: Option<u64>,
+    /// Like sglang's --stream-response-default-include-usage: send the final usage chunk to
+    /// every stream, asked or not (and say so in /server_info). Default: off, as in sglang.
+    #[arg(long)]
+    pub stream_response_default_include_usage: bool,
     /// Override the profile's KV capacity in tokens (max_total_num_tokens). Default: the
     /// profile's `capacity.kv_tokens`.
     #[arg(long, value_name = "TOKENS")]
@@ -339,6 +346,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         served_model_name: args.served_model_name.clone(),
         enable_cache_report: args.enable_cache_report,
         vocab_size: args.vocab_size,
+        stream_response_default_include_usage: args.stream_response_default_include_usage,
     };
     if let Some(streams) = args.measure_lag {
         let report = lag::measure(

@@ -86,12 +86,16 @@ impl Rewriter {
         let raw = src.get(start..end).unwrap_or_default();
         let mut at = self.finish_close;
         for (from, to) in restorable_members(raw, payload, &self.finish_keys) {
-            if at > self.finish.len() || self.finish.len() + 2 > MAX_FINISH_PIECES {
+            let (from, to) = (start + from, start + to);
+            if at > self.finish.len()
+                || self.finish.len() + 2 > MAX_FINISH_PIECES
+                || from >= to
+                || to > src.len()
+            {
                 break;
             }
             self.finish.insert(at, Bytes::from_static(b","));
-            self.finish
-                .insert(at + 1, src.slice(start + from..start + to));
+            self.finish.insert(at + 1, src.slice(from..to));
             at += 2;
         }
         self.release(queue);

@@ -141,32 +141,42 @@ pub fn decide(block: &[u8], payload: &[u8], injected: Injected) -> Decision {
     if payload.get(start) != Some(&b'{') {
         return Decision::KEEP; // `[DONE]`, or not JSON: never touched
     }
-    // One pass over the top-level members: this runs for every event of a rewritten stream.
+    // One pass over the top-level members and at most one over the choices: this runs for
+    // every event of a rewritten stream.
     let mut usage = None;
     let mut choices = None;
+    let mut object = None;
     for member in json::members(payload, start) {
         match member.key.bytes(payload) {
             b"\"usage\"" => usage = Some(member),
             b"\"choices\"" => choices = Some(member.value),
+            b"\"object\"" => object = Some(member.value),
             _ => {}
         }
     }
     let no_choices = choices.is_none_or(|c| json::is_empty_array(payload, c));
     let usage = usage.filter(|u| !json::is_null(payload, u.value));
+    let strip_member = usage.is_some() && !no_choices && injected.continuous_usage;
+    let completion = object.is_some_and(|o| json::string_eq(payload, o, b"text_completion"));
+    let facts = match choices {
+        Some(c) if strip_member || injected.include_usage => scan_choices(payload, c, completion),
+        _ => ChoiceFacts::default(),
+    };
+    let map = RawMap::new(block, payload);
     let edit = match usage {
         None => Edit::Keep,
         // The final usage chunk. Other `choices: []` chunks (sglang's sglext) carry no usage
         // and are kept.
         Some(_) if no_choices && injected.include_usage => Edit::Drop,
-        Some(_) if no_choices || !injected.continuous_usage => Edit::Keep,
+        Some(_) if !strip_member => Edit::Keep,
         Some(usage) => {
-            let (from, to, null) = if writes_null_usage(payload, start, choices) {
+            let (from, to, null) = if facts.writes_null_usage {
                 (usage.value.start, usage.value.end, true)
             } else {
                 let (from, to) = member_removal_range(payload, usage);
                 (from, to, false)
             };
-            match (raw_offset(block, from), raw_offset(block, to)) {
+            match (map.raw(block, from), map.raw(block, to)) {
                 (Some(start), Some(end)) if start <= end && null => {
                     Edit::ReplaceWithNull { start, end }
                 }
@@ -175,17 +185,10 @@ pub fn decide(block: &[u8], payload: &[u8], injected: Injected) -> Decision {
             }
         }
     };
-    let finishes = injected.include_usage
-        && choices.is_some_and(|c| {
-            json::elements(payload, c.start).any(|choice| {
-                json::get(payload, choice.start, b"finish_reason")
-                    .is_some_and(|f| !json::is_null(payload, f))
-            })
-        });
-    let close = if finishes {
+    let close = if injected.include_usage && facts.finishes {
         json::value_end(payload, start)
             .and_then(|end| end.checked_sub(1))
-            .and_then(|brace| raw_offset(block, brace))
+            .and_then(|brace| map.raw(block, brace))
     } else {
         None
     };
@@ -201,6 +204,58 @@ pub fn decide(block: &[u8], payload: &[u8], injected: Injected) -> Decision {
         hold: close.is_some(),
         close: close.unwrap_or(0),
         keys,
+    }
+}
+
+/// What the choices of a chunk say, read in one pass.
+#[derive(Debug, Clone, Copy, Default)]
+struct ChoiceFacts {
+    /// Some choice has a non-null `finish_reason`.
+    finishes: bool,
+    /// The serializer that wrote this chunk writes `"usage":null` when there is no usage.
+    writes_null_usage: bool,
+}
+
+fn scan_choices(payload: &[u8], choices: json::Span, completion: bool) -> ChoiceFacts {
+    let mut facts = ChoiceFacts::default();
+    for choice in json::elements(payload, choices.start) {
+        for member in json::members(payload, choice.start) {
+            match member.key.bytes(payload) {
+                b"\"finish_reason\"" => facts.finishes |= !json::is_null(payload, member.value),
+                b"\"matched_stop\"" if completion => facts.writes_null_usage = true,
+                b"\"delta\"" if !completion => {
+                    facts.writes_null_usage |= json::get(payload, member.value.start, b"role")
+                        .is_some_and(|role| json::is_null(payload, role));
+                }
+                _ => {}
+            }
+        }
+    }
+    facts
+}
+
+/// Maps offsets in an event's joined data to offsets in its raw block. When the data lies
+/// inside the block (one `data:` line, scanned in place: nearly every event) that is one
+/// addition; otherwise the block's lines are walked ([`raw_offset`]).
+#[derive(Debug, Clone, Copy)]
+struct RawMap {
+    base: Option<usize>,
+}
+
+impl RawMap {
+    fn new(block: &[u8], payload: &[u8]) -> Self {
+        let (b, p) = (block.as_ptr() as usize, payload.as_ptr() as usize);
+        let inside = p >= b && p + payload.len() <= b + block.len();
+        Self {
+            base: inside.then(|| p - b),
+        }
+    }
+
+    fn raw(self, block: &[u8], joined: usize) -> Option<usize> {
+        match self.base {
+            Some(base) => Some(base + joined).filter(|&raw| raw <= block.len()),
+            None => raw_offset(block, joined),
+        }
     }
 }
 
@@ -268,23 +323,6 @@ pub fn raw_offset(block: &[u8], joined: usize) -> Option<usize> {
         line_start = next;
     }
     None
-}
-
-/// True if the serializer that wrote this chunk writes `"usage":null` when there is no usage.
-fn writes_null_usage(payload: &[u8], start: usize, choices: Option<json::Span>) -> bool {
-    let Some(choices) = choices else {
-        return false;
-    };
-    let completion = json::get(payload, start, b"object")
-        .is_some_and(|o| json::string_eq(payload, o, b"text_completion"));
-    json::elements(payload, choices.start).any(|choice| {
-        if completion {
-            json::get(payload, choice.start, b"matched_stop").is_some()
-        } else {
-            json::path(payload, choice.start, &[b"delta", b"role"])
-                .is_some_and(|role| json::is_null(payload, role))
-        }
-    })
 }
 
 /// The range that removes `member` together with one adjoining comma.
