@@ -174,6 +174,7 @@ class Engine:
     case_prefix = "live-"
     sends_usage_unasked = False
     tokentap_env = {}
+    load_defaults = {}
 
     def bench_extra_body(self, output_len):
         """Fields the benchmark clients must add for this engine (None: the clients' own body)."""
@@ -248,6 +249,10 @@ class LlamaCpp(Engine):
     label = "llama.cpp (llama-cpp-python server)"
     has_metrics = False
     honours_ignore_eos = False
+    load_defaults = {
+        "bench_prompts": 16, "bench_input": 128, "bench_output": 32,
+        "sweep_contexts": "256", "sweep_concurrency": "1,2", "sweep_max_output": 64,
+    }
 
     def bench_extra_body(self, output_len):
         # The clients send max_completion_tokens, which llama-cpp-python ignores: without
@@ -276,6 +281,26 @@ class LlamaCpp(Engine):
             [python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True, text=True
         )
         return out.stdout.strip() or "unknown"
+
+
+# The load each engine gets unless a flag says otherwise: sized so that a run ends in minutes on
+# 2 cores (llama-cpp-python serves one request at a time at ~80 ms a token here).
+LOAD_DEFAULTS = {
+    "bench_prompts": 40, "bench_concurrency": 4, "bench_input": 256, "bench_output": 128,
+    "sweep_contexts": "256,512", "sweep_concurrency": "1,2,4,8", "sweep_cell_duration": "10s",
+    "sweep_max_output": 256,
+}
+
+
+def engine_args(args, engine):
+    """args with every load flag left out filled from the engine's defaults, then LOAD_DEFAULTS."""
+    import copy
+
+    filled = copy.copy(args)
+    for key, value in LOAD_DEFAULTS.items():
+        if getattr(filled, key) is None:
+            setattr(filled, key, engine.load_defaults.get(key, value))
+    return filled
 
 
 ENGINES = {
@@ -998,14 +1023,15 @@ def main():
     )
     ap.add_argument("--attach", action="store_true", help="use engines already serving on their ports")
     ap.add_argument("--no-fixtures", action="store_true", help="do not write tests/fixtures/engines")
-    ap.add_argument("--bench-prompts", type=int, default=40)
-    ap.add_argument("--bench-concurrency", type=int, default=4)
-    ap.add_argument("--bench-input", type=int, default=256)
-    ap.add_argument("--bench-output", type=int, default=128)
-    ap.add_argument("--sweep-contexts", default="256,512")
-    ap.add_argument("--sweep-concurrency", default="1,2,4,8")
-    ap.add_argument("--sweep-cell-duration", default="10s")
-    ap.add_argument("--sweep-max-output", type=int, default=256)
+    ap.add_argument("--bench-prompts", type=int)
+    ap.add_argument("--bench-concurrency", type=int)
+    ap.add_argument("--bench-input", type=int)
+    ap.add_argument("--bench-output", type=int)
+    ap.add_argument("--sweep-contexts")
+    ap.add_argument("--sweep-concurrency")
+    ap.add_argument("--sweep-cell-duration")
+    ap.add_argument("--sweep-max-output", type=int)
+    ap.epilog = "Load flags left out take the engine's defaults (LOAD_DEFAULTS, Engine.load_defaults)."
     ap.add_argument("--sweep-prompt", default=None, help="token-ids, text or auto; default: tokentap's default")
     args = ap.parse_args()
 
@@ -1058,6 +1084,7 @@ def main():
                         raise RuntimeError(f"port {busy} is in use: stop what listens there or use --attach")
                 engine.start()
             eng["version"] = engine.version
+            eargs = engine_args(args, engine)
             tap = Tokentap(
                 args.binary, engine.url, port + 1, port + 2, logs, f"tokentap-{key}", engine.tokentap_env
             )
@@ -1074,34 +1101,34 @@ def main():
                 save()
                 eng["bench"] = {}
                 load = dict(
-                    input_len=args.bench_input, output_len=args.bench_output,
-                    prompts=args.bench_prompts, concurrency=args.bench_concurrency, seed=1,
-                    extra_body=engine.bench_extra_body(args.bench_output),
+                    input_len=eargs.bench_input, output_len=eargs.bench_output,
+                    prompts=eargs.bench_prompts, concurrency=eargs.bench_concurrency, seed=1,
+                    extra_body=engine.bench_extra_body(eargs.bench_output),
                 )
                 print(f"[{key}] vllm bench serve direct and through", flush=True)
-                name = f"vllm bench serve, chat, {args.bench_prompts} requests, concurrency {args.bench_concurrency}, {args.bench_input} in / {args.bench_output} out"
+                name = f"vllm bench serve, chat, {eargs.bench_prompts} requests, concurrency {eargs.bench_concurrency}, {eargs.bench_input} in / {eargs.bench_output} out"
                 eng["bench"][name] = bench_pair(
                     engine, tap, lambda **kw: run_vllm_bench(args.home, **kw), args.out, **load
                 )
                 save()
                 print(f"[{key}] sglang serving benchmark direct and through", flush=True)
-                name = f"sglang.benchmark.serving (vllm-chat), {args.bench_prompts} requests, concurrency {args.bench_concurrency}, {args.bench_input} in / {args.bench_output} out"
+                name = f"sglang.benchmark.serving (vllm-chat), {eargs.bench_prompts} requests, concurrency {eargs.bench_concurrency}, {eargs.bench_input} in / {eargs.bench_output} out"
                 eng["bench"][name] = bench_pair(
                     engine, tap, lambda **kw: run_sglang_bench(args.home, **kw), args.out, **load
                 )
                 save()
             if "sweep" in parts:
                 print(f"[{key}] tokentap sweep --target", flush=True)
-                contexts = [int(x) for x in args.sweep_contexts.split(",")]
-                conc = [int(x) for x in args.sweep_concurrency.split(",")]
+                contexts = [int(x) for x in eargs.sweep_contexts.split(",")]
+                conc = [int(x) for x in eargs.sweep_concurrency.split(",")]
                 sw = run_sweep(
-                    args.binary, engine, args.out, contexts, conc, args.sweep_cell_duration,
-                    args.sweep_max_output, args.sweep_prompt,
+                    args.binary, engine, args.out, contexts, conc, eargs.sweep_cell_duration,
+                    eargs.sweep_max_output, eargs.sweep_prompt,
                 )
                 sw["command"] = (
-                    f"tokentap sweep --target {engine.url} --contexts {args.sweep_contexts} --concurrency "
-                    f"{args.sweep_concurrency} --cell-duration {args.sweep_cell_duration} --max-output {args.sweep_max_output}"
-                    + (f" --prompt {args.sweep_prompt}" if args.sweep_prompt else "")
+                    f"tokentap sweep --target {engine.url} --contexts {eargs.sweep_contexts} --concurrency "
+                    f"{eargs.sweep_concurrency} --cell-duration {eargs.sweep_cell_duration} --max-output {eargs.sweep_max_output}"
+                    + (f" --prompt {eargs.sweep_prompt}" if eargs.sweep_prompt else "")
                 )
                 sw["cells"] = sweep_cells(sw.get("matrix"))
                 sw["notes"] = ((sw.get("matrix") or {}).get("metadata") or {}).get("notes", [])
@@ -1117,13 +1144,13 @@ def main():
                             continue
                         ctx, c = row["context"], row["concurrency"]
                         one = run_sweep(
-                            args.binary, engine, args.out, [ctx], [c], args.sweep_cell_duration,
-                            args.sweep_max_output, args.sweep_prompt, tag=f"{ctx}-c{c}",
+                            args.binary, engine, args.out, [ctx], [c], eargs.sweep_cell_duration,
+                            eargs.sweep_max_output, eargs.sweep_prompt, tag=f"{ctx}-c{c}",
                         )
                         cell = next(iter(sweep_cells(one.get("matrix"))), {})
                         r = run_vllm_bench(
                             args.home, port=engine.port, label="sweepcell", out_dir=args.out,
-                            input_len=ctx, output_len=args.sweep_max_output,
+                            input_len=ctx, output_len=eargs.sweep_max_output,
                             prompts=max(2 * c, 4), concurrency=c, seed=100 + c, route="completions",
                         )
                         tpot = (r or {}).get("median_tpot_ms")
