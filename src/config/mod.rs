@@ -16,6 +16,7 @@ use std::time::Duration;
 use http::Uri;
 
 use crate::meter::buckets::Ladder;
+use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
 
 pub use raw::RawConfig;
 
@@ -291,6 +292,8 @@ pub struct MeteringConfig {
     pub concurrency: Ladder,
     /// Distinct model labels kept before further models are labelled `other`.
     pub max_models: usize,
+    /// SLO targets per model (`[slo]`); none by default.
+    pub slo: SloPolicy,
 }
 
 #[derive(Debug, Clone)]
@@ -432,6 +435,7 @@ impl Config {
             contexts,
             concurrency,
             max_models: nonzero("metering.max_models", raw.metering.max_models)?,
+            slo: slo_policy(&raw.slo, &err)?,
         };
 
         let otlp_endpoint = match raw.telemetry.otlp_endpoint.as_deref() {
@@ -492,6 +496,48 @@ impl Config {
             sweep,
         })
     }
+}
+
+/// Validates `[slo]`: each target a positive duration (`500ms`, `2s`, `1m`).
+fn slo_policy(
+    raw: &raw::RawSlo,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<SloPolicy, ConfigError> {
+    let targets = |prefix: &str, t: &raw::RawSloTargets| -> Result<SloTargets, ConfigError> {
+        let one = |name: &str, text: &Option<String>| {
+            text.as_deref()
+                .map(|text| {
+                    parse_target(text.trim()).ok_or_else(|| {
+                        err(
+                            &format!("{prefix}{name}"),
+                            format!("`{text}` is not a positive duration like 500ms, 2s or 1m"),
+                        )
+                    })
+                })
+                .transpose()
+        };
+        Ok(SloTargets {
+            ttft: one("ttft", &t.ttft)?,
+            tbt: one("tbt", &t.tbt)?,
+            e2e: one("e2e", &t.e2e)?,
+        })
+    };
+    let default = targets(
+        "slo.",
+        &raw::RawSloTargets {
+            ttft: raw.ttft.clone(),
+            tbt: raw.tbt.clone(),
+            e2e: raw.e2e.clone(),
+        },
+    )?;
+    let mut models = std::collections::BTreeMap::new();
+    for (model, table) in &raw.models {
+        models.insert(
+            model.clone(),
+            targets(&format!("slo.models.\"{model}\"."), table)?,
+        );
+    }
+    Ok(SloPolicy { default, models })
 }
 
 fn http_uri(key: &str, text: &str, origins: &Origins) -> Result<Uri, ConfigError> {

@@ -9,6 +9,7 @@
 pub mod buckets;
 pub mod inflight;
 pub mod record;
+pub mod slo;
 pub mod timeline;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -23,6 +24,7 @@ use crate::telemetry::names::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
 use buckets::Ladder;
 use inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
 use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord, Source};
+use slo::{ResolvedSlo, SloFigures};
 use timeline::Timeline;
 
 /// Receives every finished record. Called on the request's own task when it ends: keep it
@@ -132,6 +134,7 @@ impl Meter {
             streaming: false,
             inflight_at_head: tracker.current(),
             interference: InterferenceSpan::default(),
+            slo: ResolvedSlo::default(),
         }
     }
 
@@ -170,6 +173,8 @@ pub struct RequestMeter {
     interference: InterferenceSpan,
     /// Present until the record is published.
     guard: Option<InflightGuard>,
+    /// The request's SLO targets (none unless the proxy resolved some).
+    pub slo: ResolvedSlo,
 }
 
 impl std::fmt::Debug for RequestMeter {
@@ -262,6 +267,13 @@ impl RequestMeter {
         }
         let ttft = timeline.since_head(timeline.first_token);
         let tbt = time_between_tokens(decode_time, completion_tokens);
+        let duration = now.saturating_duration_since(timeline.head_in);
+        let slo = self.slo.targets.judge(&SloFigures {
+            outcome,
+            time_to_first_token: ttft,
+            time_between_tokens: tbt,
+            duration,
+        });
         let meter = &self.meter;
         let request_overhead = timeline.upstream_sent.map(|sent| {
             let from = timeline.body_read.unwrap_or(timeline.head_in);
@@ -280,7 +292,7 @@ impl RequestMeter {
             time_to_headers: timeline.since_head(timeline.response_head),
             time_to_first_byte: timeline.since_head(timeline.first_byte),
             time_to_first_token: ttft,
-            duration: now.saturating_duration_since(timeline.head_in),
+            duration,
             decode_time,
             prompt_tokens: usage.prompt_tokens,
             cached_tokens: usage.cached_tokens,
@@ -295,6 +307,8 @@ impl RequestMeter {
             prefill_overlap_share: interference.map(|(share, _)| share),
             overlapping_prefills: interference.map(|(_, count)| count),
             prefill_busy: self.interference.busy_by_bucket,
+            slo,
+            slo_header_invalid: self.slo.header_invalid,
             context_bucket: meter
                 .contexts
                 .context_bucket(usage.prompt_tokens.unwrap_or(0)),
