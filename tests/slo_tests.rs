@@ -93,14 +93,18 @@ fn sum_of(metrics: &str, name: &str, filter: &str) -> f64 {
         .sum()
 }
 
-/// A short sweep (8K × 2, 2 s) through the proxy; its one decode cell.
-async fn sweep_cell(server: &ProxyServer) -> DecodeCell {
-    let plan: SweepRequest = serde_json::from_value(json!({
+/// A short sweep (8K × 2, 2 s) through the proxy, with its own SLO targets if `slo` is set
+/// (`tokentap sweep --slo`); its one decode cell.
+async fn sweep_cell(server: &ProxyServer, slo: Option<&str>) -> DecodeCell {
+    let mut plan = json!({
         "contexts": [CONTEXT],
         "concurrency": [2],
         "cell_duration": "2s",
-    }))
-    .unwrap();
+    });
+    if let Some(slo) = slo {
+        plan["slo"] = json!(slo);
+    }
+    let plan: SweepRequest = serde_json::from_value(plan).unwrap();
     let id = server.admin.sweeps.start(plan).await.unwrap();
     let status = tokio::time::timeout(
         Duration::from_secs(120),
@@ -188,10 +192,15 @@ async fn tight_targets_give_no_attainment_and_no_goodput_and_a_header_overrides_
     );
 
     // The sweep's cell, measured by the same proxy (same configured targets): none met.
-    let cell = sweep_cell(&server).await;
+    let cell = sweep_cell(&server, None).await;
     eprintln!("tight sweep cell: {cell:?}");
     assert_eq!(cell.slo_attainment, Some(0.0), "{cell:?}");
     assert_eq!(cell.goodput_tok_s, Some(0.0), "{cell:?}");
+    // A sweep with its own targets (sent as the header) is judged by them instead.
+    let cell = sweep_cell(&server, Some(LOOSE_HEADER)).await;
+    eprintln!("sweep cell with loose targets of its own: {cell:?}");
+    assert_eq!(cell.slo_attainment, Some(1.0), "{cell:?}");
+    assert_eq!(cell.goodput_tok_s, cell.total_tok_s, "{cell:?}");
     server.shutdown().await;
 }
 
@@ -244,7 +253,7 @@ async fn loose_targets_give_full_attainment_and_goodput_equal_to_total() {
         "{text}"
     );
 
-    let cell = sweep_cell(&server).await;
+    let cell = sweep_cell(&server, None).await;
     eprintln!("loose sweep cell: {cell:?}");
     assert_eq!(cell.slo_attainment, Some(1.0), "{cell:?}");
     assert_eq!(cell.goodput_tok_s, cell.total_tok_s, "{cell:?}");

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, Request};
+use http::{header, HeaderValue, Request};
+
+use crate::meter::slo::SLO_HEADER;
 use http_body_util::{BodyExt, Full};
 use serde::Deserialize;
 use tokio::sync::watch;
@@ -54,6 +56,8 @@ pub struct StreamRequest {
     pub path: &'static str,
     pub body: Bytes,
     pub tag: Arc<str>,
+    /// Sent as `x-tokentap-slo` (the sweep's own targets), so the proxy judges the stream by it.
+    pub slo_header: Option<HeaderValue>,
 }
 
 /// Counters the runner reads while streams run.
@@ -98,9 +102,11 @@ pub async fn drive(
     mut phase: watch::Receiver<StreamPhase>,
     signals: Arc<StreamSignals>,
 ) -> StreamEnd {
-    let built = Request::post(request.path)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(request.body));
+    let mut builder = Request::post(request.path).header(header::CONTENT_TYPE, "application/json");
+    if let Some(slo) = request.slo_header {
+        builder = builder.header(SLO_HEADER, slo);
+    }
+    let built = builder.body(Full::new(request.body));
     let mut http_request = match built {
         Ok(r) => r,
         Err(error) => return StreamEnd::Failed(format!("cannot build the request: {error}")),
