@@ -741,6 +741,53 @@ mod tests {
     }
 
     #[test]
+    fn slo_targets_per_model_and_from_the_environment() {
+        let ms = Duration::from_millis;
+        let config = ConfigLoader::new()
+            .text(
+                "[slo]\nttft = \"2s\"\n[slo.models.\"a/b\"]\ntbt = \"30ms\"\n[slo.models.exempt]\n",
+                "x.toml",
+            )
+            .unwrap()
+            .env([("TOKENTAP_SLO__E2E".to_string(), "1m".to_string())])
+            .unwrap()
+            .load()
+            .unwrap();
+        let slo = &config.metering.slo;
+        assert_eq!(slo.default.ttft, Some(ms(2000)));
+        assert_eq!(slo.default.e2e, Some(ms(60_000)));
+        let model = slo.for_model(Some("a/b"));
+        assert_eq!(
+            (model.ttft, model.tbt, model.e2e),
+            (None, Some(ms(30)), None)
+        );
+        assert!(!slo.for_model(Some("exempt")).is_set());
+        assert_eq!(slo.for_model(Some("other")), slo.default);
+        // Off by default.
+        assert!(!Config::defaults().unwrap().metering.slo.default.is_set());
+        for (text, key) in [
+            ("[slo]\nttft = \"0ms\"\n", "slo.ttft"),
+            ("[slo]\ntbt = \"fast\"\n", "slo.tbt"),
+            ("[slo.models.m]\ne2e = \"5\"\n", "slo.models.\"m\".e2e"),
+        ] {
+            let error = ConfigLoader::new()
+                .text(text, "x.toml")
+                .unwrap()
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(key), "{text}: {error}");
+        }
+        let error = ConfigLoader::new()
+            .text("[slo]\nlatency = \"1s\"\n", "x.toml")
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("latency"), "{error}");
+    }
+
+    #[test]
     fn durations() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));

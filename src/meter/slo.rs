@@ -288,6 +288,16 @@ mod tests {
         assert!(!policy.resolve(Some("m"), Some(b"none")).targets.is_set());
     }
 
+    proptest::proptest! {
+        /// Any bytes: a result, never a panic; whatever parses is within the bound.
+        #[test]
+        fn any_header_value_is_read_or_refused(value in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            if SloTargets::parse_header(&value).is_ok() {
+                proptest::prop_assert!(value.len() <= MAX_SLO_HEADER_BYTES);
+            }
+        }
+    }
+
     #[test]
     fn verdicts() {
         let targets = SloTargets {
