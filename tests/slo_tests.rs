@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use common::{client, get, proxy};
+use common::{client, get, proxy, send, Script, ScriptedUpstream};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 use tokentap::aggregate::Window;
@@ -241,6 +241,19 @@ async fn loose_targets_give_full_attainment_and_goodput_equal_to_total() {
         html.contains("SLO attainment") && html.contains("100.0%"),
         "{html}"
     );
+    // The admin endpoint serves the same columns in every format.
+    let admin = format!("http://{}/matrix", server.admin_addr);
+    let md = get(&format!("{admin}?format=md")).await.text();
+    assert!(md.contains("| SLO attainment | Goodput tok/s |"), "{md}");
+    assert!(md.contains("| 100.0% |"), "{md}");
+    let json = get(&format!("{admin}?format=json")).await.text();
+    assert!(json.contains("\"slo_attainment\": 1.0"), "{json}");
+    assert!(json.contains("\"goodput_tok_s\""), "{json}");
+    let html = get(&format!("{admin}?format=html")).await.text();
+    assert!(html.contains("SLO attainment"), "{html}");
+    let csv = get(&format!("{admin}?format=csv")).await.text();
+    assert!(csv.contains("slo_attainment,goodput_tok_s"), "{csv}");
+
     let text = metrics(&server).await;
     assert_eq!(
         sum_of(&text, "tokentap_slo_requests_total", "slo=\"met\"") as u64,
@@ -257,5 +270,55 @@ async fn loose_targets_give_full_attainment_and_goodput_equal_to_total() {
     eprintln!("loose sweep cell: {cell:?}");
     assert_eq!(cell.slo_attainment, Some(1.0), "{cell:?}");
     assert_eq!(cell.goodput_tok_s, cell.total_tok_s, "{cell:?}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_header_is_forwarded_untouched_and_a_failed_request_misses() {
+    let upstream = ScriptedUpstream::start(|r| {
+        if r.body.windows(4).any(|w| w == b"fail") {
+            Script::json(500, r#"{"error":"boom"}"#)
+        } else {
+            Script::json(
+                200,
+                r#"{"choices":[{"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
+            )
+        }
+    })
+    .await;
+    let (server, records) = proxy(&upstream.url(), "[slo]\ne2e = \"10m\"\n").await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let request = |content: &str, slo: &str| {
+        http::Request::post(&url)
+            .header("content-type", "application/json")
+            .header("x-tokentap-slo", slo)
+            .body(Full::new(Bytes::from(format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"{content}"}}]}}"#
+            ))))
+            .unwrap()
+    };
+    assert_eq!(send(request("ok", "e2e=1m, ttft=30s")).await.status, 200);
+    assert_eq!(send(request("fail", "e2e=1m")).await.status, 500);
+    assert_eq!(send(request("ok", "ttft=never")).await.status, 200);
+    let all = records.wait_for(3).await;
+    assert_eq!(
+        verdicts(&all),
+        [SloVerdict::Met, SloVerdict::Missed, SloVerdict::Met]
+    );
+    assert_eq!(
+        all.iter().map(|r| r.slo_header_invalid).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    // Every header value reached the upstream exactly as the client sent it, bad one included.
+    let sent: Vec<_> = upstream
+        .requests()
+        .iter()
+        .map(|r| r.headers.get("x-tokentap-slo").cloned())
+        .collect();
+    assert_eq!(
+        sent,
+        ["e2e=1m, ttft=30s", "e2e=1m", "ttft=never"]
+            .map(|v| Some(http::HeaderValue::from_static(v)))
+    );
     server.shutdown().await;
 }

@@ -268,9 +268,11 @@ impl RequestMeter {
         let ttft = timeline.since_head(timeline.first_token);
         let tbt = time_between_tokens(decode_time, completion_tokens);
         let duration = now.saturating_duration_since(timeline.head_in);
+        // A non-streamed answer reaches the client whole: its first token arrives at the end.
+        let client_ttft = ttft.or((!self.streaming && completion_tokens > 0).then_some(duration));
         let slo = self.slo.targets.judge(&SloFigures {
             outcome,
-            time_to_first_token: ttft,
+            time_to_first_token: client_ttft,
             time_between_tokens: tbt,
             duration,
         });
