@@ -12,13 +12,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request};
-
-use crate::meter::slo::SLO_HEADER;
 use http_body_util::{BodyExt, Full};
 use serde::Deserialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::meter::slo::SLO_HEADER;
 use crate::proxy::{Proxy, Synthetic};
 
 /// Largest SSE event the driver keeps while looking for its end.
