@@ -1786,7 +1786,8 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
         .unwrap();
     let (server, _records) = common::proxy(
         &sim.base_url(),
-        &format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n"),
+        // A loose SLO, so every request is judged and the SLO panels have data.
+        &format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[slo]\ne2e = \"10m\"\n"),
     )
     .await;
     let server = Arc::new(server);

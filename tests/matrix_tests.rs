@@ -325,6 +325,8 @@ fn a_code_built_document_round_trips_through_markdown() {
     cell.prompt_tokens = Some(8_192);
     cell.prefill_overlap_share = Some(0.1234);
     cell.overlapping_prefills = Some(1.5);
+    cell.slo_attainment = Some(0.875);
+    cell.goodput_tok_s = Some(350.1);
     doc.decode.push(cell);
     doc.decode.push(DecodeCell::status_only(
         8192,
@@ -346,20 +348,35 @@ fn a_code_built_document_round_trips_through_markdown() {
         md.contains("| Prompt tokens | Prefill overlap | Overlapping prefills |"),
         "{md}"
     );
-    assert!(md.contains("| 8,192 | 12.3% | 1.50 |"), "{md}");
+    assert!(
+        md.contains("| Overlapping prefills | SLO attainment | Goodput tok/s |"),
+        "{md}"
+    );
+    assert!(
+        md.contains("| 8,192 | 12.3% | 1.50 | 87.5% | 350.1 |"),
+        "{md}"
+    );
     let imported = parse_any(&md).unwrap();
     assert_eq!(markdown::render_markdown(&imported), md);
     let cell = imported.cell(8192, 4).unwrap();
     assert!((cell.prefill_overlap_share.unwrap() - 0.123).abs() < 1e-12);
     assert_eq!(cell.overlapping_prefills, Some(1.5));
-    // A page written before the interference columns existed still imports, without them.
+    assert_eq!(cell.slo_attainment, Some(0.875));
+    assert_eq!(cell.goodput_tok_s, Some(350.1));
+    let csv = tokentap::matrix::csv::render_csv(&doc);
+    assert!(csv.contains(",0.875,350.1"), "{csv}");
+    // A page written before the interference and SLO columns existed still imports, without
+    // them.
     let mut older = doc.clone();
     for cell in &mut older.decode {
         cell.prefill_overlap_share = None;
         cell.overlapping_prefills = None;
+        cell.slo_attainment = None;
+        cell.goodput_tok_s = None;
     }
     let older_md = markdown::render_markdown(&older);
     assert!(!older_md.contains("Prefill overlap"), "{older_md}");
+    assert!(!older_md.contains("SLO attainment"), "{older_md}");
     assert_eq!(
         markdown::render_markdown(&parse_any(&older_md).unwrap()),
         older_md
@@ -1156,6 +1173,11 @@ fn documents() -> impl Strategy<Value = MatrixDoc> {
                         .map(|t| (t % 1000.0) / 1000.0);
                     cell.overlapping_prefills =
                         cell.prefill_overlap_share.and(total.map(|t| t % 9.0));
+                    // SLO attainment and goodput (optional columns), on other cells.
+                    cell.slo_attainment = tbt
+                        .filter(|_| output.is_some_and(|o| o % 5 < 2))
+                        .map(|t| (t % 100.0) / 100.0);
+                    cell.goodput_tok_s = cell.slo_attainment.and(total.map(|t| t / 2.0));
                 }
                 doc.decode.push(cell);
             }

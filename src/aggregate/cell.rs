@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use crate::matrix::doc::{CellStatus, DecodeCell, PrefillRow};
 use crate::meter::buckets::Ladder;
 use crate::meter::record::{Outcome, RequestRecord};
+use crate::meter::slo::SloVerdict;
 
 use super::sketch::QuantileSketch;
 
@@ -44,6 +45,8 @@ pub struct Fragment {
     /// Of `decode_seconds`, the seconds during which another request was in prefill; `None`
     /// when the record carries no interference figure.
     pub prefill_busy_seconds: Option<f64>,
+    /// The request met every SLO target set for it (its tokens count towards goodput).
+    pub slo_met: bool,
 }
 
 /// Splits a record over the concurrency levels it lived through, from its `split` arrays.
@@ -66,6 +69,7 @@ pub fn fragments(record: &RequestRecord, concurrency: &Ladder) -> Vec<(usize, Fr
                 prefill_busy_seconds: record
                     .prefill_overlap_share
                     .map(|_| record.prefill_busy.iter().sum()),
+                slo_met: record.slo == SloVerdict::Met,
             },
         )];
     }
@@ -90,6 +94,7 @@ pub fn fragments(record: &RequestRecord, concurrency: &Ladder) -> Vec<(usize, Fr
                 prefill_busy_seconds: record
                     .prefill_overlap_share
                     .map(|_| record.prefill_busy.get(bucket).copied().unwrap_or(0.0)),
+                slo_met: record.slo == SloVerdict::Met,
             },
         ));
     }
@@ -167,6 +172,56 @@ pub struct CellAccumulator {
     /// Prefill interference: decode time under other prefills from the fragments, overlapping
     /// prefills from own-cell requests.
     pub interference: InterferenceSum,
+    /// SLO verdicts of own-cell requests, and the decode tokens of requests that met theirs.
+    pub slo: SloSum,
+}
+
+/// SLO attainment and goodput summed over requests (docs/metrics.md); the production
+/// aggregator and the sweep's cells both use it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SloSum {
+    /// Requests that met every target set for them.
+    pub met: u64,
+    /// Requests that missed a target (or failed).
+    pub missed: u64,
+    /// Tokens of the requests that met their targets, counted like the cell's total tok/s
+    /// counts its tokens (so goodput ÷ total tok/s is their share of the output).
+    pub met_tokens: f64,
+}
+
+impl SloSum {
+    /// Counts a request's verdict (requests without targets are not counted).
+    pub fn add_verdict(&mut self, verdict: SloVerdict) {
+        match verdict {
+            SloVerdict::Met => self.met += 1,
+            SloVerdict::Missed => self.missed += 1,
+            SloVerdict::Unset => {}
+        }
+    }
+
+    pub fn merge(&mut self, other: &SloSum) {
+        self.met += other.met;
+        self.missed += other.missed;
+        self.met_tokens += other.met_tokens;
+    }
+
+    /// Share (0–1) of requests with targets that met all of them; `None` when none had any.
+    pub fn attainment(&self) -> Option<f64> {
+        let judged = self.met + self.missed;
+        (judged > 0).then(|| self.met as f64 / judged as f64)
+    }
+
+    /// Goodput: `total_tok_s` scaled to the met requests' share of `tokens` (the tokens
+    /// `total_tok_s` was computed from); `None` when no request had targets.
+    pub fn goodput(&self, total_tok_s: Option<f64>, tokens: f64) -> Option<f64> {
+        self.attainment()?;
+        let total = total_tok_s?;
+        if tokens > 0.0 {
+            Some(total * (self.met_tokens / tokens).clamp(0.0, 1.0))
+        } else {
+            Some(0.0)
+        }
+    }
 }
 
 /// Prefill interference summed over requests (docs/metrics.md): the production aggregator
@@ -242,6 +297,9 @@ impl CellAccumulator {
         if let Some(busy) = fragment.prefill_busy_seconds {
             self.interference.add_decode(fragment.decode_seconds, busy);
         }
+        if fragment.slo_met {
+            self.slo.met_tokens += fragment.decode_tokens;
+        }
         if fragment.decode_tokens > 0.0 && fragment.decode_seconds > 0.0 {
             self.tbt.add(
                 fragment.decode_seconds / fragment.decode_tokens,
@@ -271,6 +329,7 @@ impl CellAccumulator {
             self.prompt_requests += 1;
         }
         self.interference.add_count(record);
+        self.slo.add_verdict(record.slo);
     }
 
     /// Adds a whole request to this cell regardless of the levels it lived through: for a
@@ -290,6 +349,7 @@ impl CellAccumulator {
             prefill_busy_seconds: record
                 .prefill_overlap_share
                 .map(|share| share * decode_seconds),
+            slo_met: record.slo == SloVerdict::Met,
         });
         self.add_request_end(record);
     }
@@ -309,6 +369,7 @@ impl CellAccumulator {
         self.ttft.merge(&other.ttft);
         self.tbt.merge(&other.tbt);
         self.interference.merge(&other.interference);
+        self.slo.merge(&other.slo);
     }
 
     fn failures(&self) -> u64 {
@@ -354,13 +415,14 @@ impl CellAccumulator {
         } else {
             CellStatus::Valid
         };
+        let total_tok_s = measured_for
+            .filter(|m| *m > 0.0)
+            .map(|m| self.decode_tokens / m);
         DecodeCell {
             context_tokens,
             concurrency,
             status,
-            total_tok_s: measured_for
-                .filter(|m| *m > 0.0)
-                .map(|m| self.decode_tokens / m),
+            total_tok_s,
             per_request_tok_s: tbt.filter(|t| *t > 0.0).map(|t| 1.0 / t),
             ttft_ms: self.ttft.median().map(|s| s * 1000.0),
             tbt_ms: tbt.map(|s| s * 1000.0),
@@ -372,6 +434,8 @@ impl CellAccumulator {
                 .then(|| (self.prompt_tokens as f64 / self.prompt_requests as f64).round() as u64),
             prefill_overlap_share: self.interference.share(),
             overlapping_prefills: self.interference.mean_overlapping_prefills(),
+            slo_attainment: self.slo.attainment(),
+            goodput_tok_s: self.slo.goodput(total_tok_s, self.decode_tokens),
         }
     }
 }
@@ -688,6 +752,8 @@ pub(crate) mod test_records {
             prefill_overlap_share: None,
             overlapping_prefills: None,
             prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
+            slo: crate::meter::slo::SloVerdict::Unset,
+            slo_header_invalid: false,
             context_bucket: contexts.context_bucket(prompt.unwrap_or(0)),
             concurrency_bucket: concurrency.concurrency_bucket(average_active),
             itl: LocalHistogram::new(&BOUNDS),
@@ -795,6 +861,46 @@ mod tests {
             close(cell.prefill_overlap_share.unwrap(), 0.4 / 1.5, 1e-9),
             "{cell:?}"
         );
+    }
+
+    #[test]
+    fn slo_attainment_counts_own_cell_requests_and_goodput_their_tokens() {
+        use crate::meter::slo::SloVerdict;
+        let (contexts, concurrency) = ladders();
+        let tbt = Duration::from_millis(10);
+        let single = |verdict: SloVerdict, tokens: u64| {
+            let mut r = record(Some(8000), &[(0, tokens)], tbt, tbt, 1.0, Outcome::Ok);
+            r.slo = verdict;
+            r
+        };
+        // No targets anywhere: no figure, so the columns stay absent.
+        let mut matrix = MatrixAccumulator::default();
+        matrix.add_record(&single(SloVerdict::Unset, 101), &concurrency);
+        let doc = matrix.to_doc(&contexts, &concurrency, Default::default());
+        let cell = doc.cell(8192, 1).unwrap();
+        assert_eq!((cell.slo_attainment, cell.goodput_tok_s), (None, None));
+        // One met (101 tokens), three missed (101 each): attainment 1/4, goodput 1/4 of total.
+        matrix.add_record(&single(SloVerdict::Met, 101), &concurrency);
+        for _ in 0..3 {
+            matrix.add_record(&single(SloVerdict::Missed, 101), &concurrency);
+        }
+        let doc = matrix.to_doc(&contexts, &concurrency, Default::default());
+        doc.validate().unwrap();
+        let cell = doc.cell(8192, 1).unwrap();
+        assert_eq!(cell.slo_attainment, Some(0.25));
+        let (goodput, total) = (cell.goodput_tok_s.unwrap(), cell.total_tok_s.unwrap());
+        assert!(close(goodput, total / 5.0, 1e-9), "{cell:?}");
+        // All met: goodput is the total; none met: zero.
+        for (verdict, share) in [(SloVerdict::Met, 1.0), (SloVerdict::Missed, 0.0)] {
+            let mut whole = CellAccumulator::default();
+            for _ in 0..3 {
+                whole.add_whole_request(&single(verdict, 101));
+            }
+            let cell = whole.to_cell(8192, 1);
+            assert_eq!(cell.slo_attainment, Some(share));
+            let total = cell.total_tok_s.unwrap();
+            assert!(close(cell.goodput_tok_s.unwrap(), total * share, 1e-9));
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ use std::time::Duration;
 use http::Uri;
 
 use crate::meter::buckets::Ladder;
+use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
 
 pub use raw::RawConfig;
 
@@ -347,6 +348,8 @@ pub struct MeteringConfig {
     pub concurrency: Ladder,
     /// Distinct model labels kept before further models are labelled `other`.
     pub max_models: usize,
+    /// SLO targets per model (`[slo]`); none by default.
+    pub slo: SloPolicy,
 }
 
 #[derive(Debug, Clone)]
@@ -504,6 +507,7 @@ impl Config {
             contexts,
             concurrency,
             max_models: nonzero("metering.max_models", raw.metering.max_models)?,
+            slo: slo_policy(&raw.slo, &err)?,
         };
 
         let otlp_endpoint = match raw.telemetry.otlp_endpoint.as_deref() {
@@ -564,6 +568,48 @@ impl Config {
             sweep,
         })
     }
+}
+
+/// Validates `[slo]`: each target a positive duration (`500ms`, `2s`, `1m`).
+fn slo_policy(
+    raw: &raw::RawSlo,
+    err: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<SloPolicy, ConfigError> {
+    let targets = |prefix: &str, t: &raw::RawSloTargets| -> Result<SloTargets, ConfigError> {
+        let one = |name: &str, text: &Option<String>| {
+            text.as_deref()
+                .map(|text| {
+                    parse_target(text.trim()).ok_or_else(|| {
+                        err(
+                            &format!("{prefix}{name}"),
+                            format!("`{text}` is not a positive duration like 500ms, 2s or 1m"),
+                        )
+                    })
+                })
+                .transpose()
+        };
+        Ok(SloTargets {
+            ttft: one("ttft", &t.ttft)?,
+            tbt: one("tbt", &t.tbt)?,
+            e2e: one("e2e", &t.e2e)?,
+        })
+    };
+    let default = targets(
+        "slo.",
+        &raw::RawSloTargets {
+            ttft: raw.ttft.clone(),
+            tbt: raw.tbt.clone(),
+            e2e: raw.e2e.clone(),
+        },
+    )?;
+    let mut models = std::collections::BTreeMap::new();
+    for (model, table) in &raw.models {
+        models.insert(
+            model.clone(),
+            targets(&format!("slo.models.\"{model}\"."), table)?,
+        );
+    }
+    Ok(SloPolicy { default, models })
 }
 
 fn http_uri(key: &str, text: &str, origins: &Origins) -> Result<Uri, ConfigError> {
@@ -838,6 +884,53 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("no unit"), "{error}");
+    }
+
+    #[test]
+    fn slo_targets_per_model_and_from_the_environment() {
+        let ms = Duration::from_millis;
+        let config = ConfigLoader::new()
+            .text(
+                "[slo]\nttft = \"2s\"\n[slo.models.\"a/b\"]\ntbt = \"30ms\"\n[slo.models.exempt]\n",
+                "x.toml",
+            )
+            .unwrap()
+            .env([("TOKENTAP_SLO__E2E".to_string(), "1m".to_string())])
+            .unwrap()
+            .load()
+            .unwrap();
+        let slo = &config.metering.slo;
+        assert_eq!(slo.default.ttft, Some(ms(2000)));
+        assert_eq!(slo.default.e2e, Some(ms(60_000)));
+        let model = slo.for_model(Some("a/b"));
+        assert_eq!(
+            (model.ttft, model.tbt, model.e2e),
+            (None, Some(ms(30)), None)
+        );
+        assert!(!slo.for_model(Some("exempt")).is_set());
+        assert_eq!(slo.for_model(Some("other")), slo.default);
+        // Off by default.
+        assert!(!Config::defaults().unwrap().metering.slo.default.is_set());
+        for (text, key) in [
+            ("[slo]\nttft = \"0ms\"\n", "slo.ttft"),
+            ("[slo]\ntbt = \"fast\"\n", "slo.tbt"),
+            ("[slo.models.m]\ne2e = \"5\"\n", "slo.models.\"m\".e2e"),
+        ] {
+            let error = ConfigLoader::new()
+                .text(text, "x.toml")
+                .unwrap()
+                .load()
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains(key), "{text}: {error}");
+        }
+        let error = ConfigLoader::new()
+            .text("[slo]\nlatency = \"1s\"\n", "x.toml")
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("latency"), "{error}");
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub struct RawConfig {
     pub telemetry: RawTelemetry,
     pub store: RawStore,
     pub sweep: RawSweep,
+    pub slo: RawSlo,
 }
 
 #[derive(Debug, Deserialize)]
@@ -222,4 +223,23 @@ impl Default for RawSweep {
             kv_budget_tokens: 0,
         }
     }
+}
+
+/// SLO targets as written: durations, each optional (absent = not set).
+#[derive(Debug, Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSloTargets {
+    pub ttft: Option<String>,
+    pub tbt: Option<String>,
+    pub e2e: Option<String>,
+}
+
+/// `[slo]`: the default targets, and `[slo.models."<model>"]` tables that replace them.
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSlo {
+    pub ttft: Option<String>,
+    pub tbt: Option<String>,
+    pub e2e: Option<String>,
+    pub models: std::collections::BTreeMap<String, RawSloTargets>,
 }

@@ -5,7 +5,7 @@ use super::page::{PHASE_DECODE, PHASE_PREFILL};
 use super::units::context_label;
 
 /// Column names of [`render_csv`], in order.
-pub const CSV_COLUMNS: [&str; 16] = [
+pub const CSV_COLUMNS: [&str; 18] = [
     "phase",
     "context",
     "context_tokens",
@@ -22,6 +22,8 @@ pub const CSV_COLUMNS: [&str; 16] = [
     "prompt_tokens",
     "prefill_overlap_share",
     "overlapping_prefills",
+    "slo_attainment",
+    "goodput_tok_s",
 ];
 
 fn quote(field: &str) -> String {
@@ -63,6 +65,8 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
             count(row.prompt_tokens),
             String::new(),
             String::new(),
+            String::new(),
+            String::new(),
         ]);
     }
     let mut decode: Vec<_> = doc.decode.iter().collect();
@@ -85,6 +89,8 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
             count(cell.prompt_tokens),
             number(cell.prefill_overlap_share),
             number(cell.overlapping_prefills),
+            number(cell.slo_attainment),
+            number(cell.goodput_tok_s),
         ]);
     }
     let mut out = String::new();

@@ -212,6 +212,14 @@ pub struct DecodeCell {
     /// Mean number of other requests' prefills that overlapped a request's decode interval.
     #[serde(default)]
     pub overlapping_prefills: Option<f64>,
+    /// SLO attainment: share (0–1) of the cell's requests with SLO targets that met all of
+    /// them. Absent when no request had targets (and in documents that predate it).
+    #[serde(default)]
+    pub slo_attainment: Option<f64>,
+    /// Goodput: output tok/s of the requests that met their SLO targets, over the same window
+    /// as `total_tok_s`. Absent when no request had targets.
+    #[serde(default)]
+    pub goodput_tok_s: Option<f64>,
 }
 
 /// Outcome of one measurement. In JSON and on the page it is the text `Valid`, `Over capacity`,
@@ -353,6 +361,8 @@ impl DecodeCell {
             prompt_tokens: None,
             prefill_overlap_share: None,
             overlapping_prefills: None,
+            slo_attainment: None,
+            goodput_tok_s: None,
         }
     }
 
@@ -369,6 +379,8 @@ impl DecodeCell {
             || self.prompt_tokens.is_some()
             || self.prefill_overlap_share.is_some()
             || self.overlapping_prefills.is_some()
+            || self.slo_attainment.is_some()
+            || self.goodput_tok_s.is_some()
     }
 }
 
@@ -562,6 +574,15 @@ impl DecodeCell {
             });
         }
         check_number(&item, "overlapping_prefills", self.overlapping_prefills)?;
+        check_number(&item, "slo_attainment", self.slo_attainment)?;
+        if let Some(share) = self.slo_attainment.filter(|share| *share > 1.0) {
+            return Err(ValidationError::NotAShare {
+                item,
+                field: "slo_attainment",
+                value: share,
+            });
+        }
+        check_number(&item, "goodput_tok_s", self.goodput_tok_s)?;
         check_skipped(&item, &self.status, self.has_figures())
     }
 }

@@ -60,13 +60,18 @@ pub const PROMPT_TOKENS_COLUMN: &str = "Prompt tokens";
 /// The optional interference columns, present when any cell measured prefill interference.
 pub const PREFILL_OVERLAP_COLUMN: &str = "Prefill overlap";
 pub const OVERLAPPING_PREFILLS_COLUMN: &str = "Overlapping prefills";
+/// The optional SLO columns, present when any cell had requests with SLO targets.
+pub const SLO_ATTAINMENT_COLUMN: &str = "SLO attainment";
+pub const GOODPUT_COLUMN: &str = "Goodput tok/s";
 
 /// Which optional columns follow the standard ones, in this order: Prompt tokens, then
-/// Prefill overlap and Overlapping prefills. Pages written before a column existed simply lack it.
+/// Prefill overlap and Overlapping prefills, then SLO attainment and Goodput tok/s. Pages
+/// written before a column existed simply lack it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OptionalColumns {
     pub prompt_tokens: bool,
     pub interference: bool,
+    pub slo: bool,
 }
 
 impl OptionalColumns {
@@ -75,6 +80,7 @@ impl OptionalColumns {
         OptionalColumns {
             prompt_tokens: has_prompt_tokens(doc),
             interference: has_interference(doc),
+            slo: has_slo(doc),
         }
     }
 
@@ -87,6 +93,10 @@ impl OptionalColumns {
         if self.interference {
             headers.push(PREFILL_OVERLAP_COLUMN);
             headers.push(OVERLAPPING_PREFILLS_COLUMN);
+        }
+        if self.slo {
+            headers.push(SLO_ATTAINMENT_COLUMN);
+            headers.push(GOODPUT_COLUMN);
         }
         headers
     }
@@ -108,15 +118,11 @@ pub fn measurement_header_columns(header: &[String]) -> Option<OptionalColumns> 
         .skip(MEASUREMENT_COLUMNS.len())
         .map(String::as_str)
         .collect();
-    [false, true]
-        .into_iter()
-        .flat_map(|prompt_tokens| {
-            [false, true]
-                .into_iter()
-                .map(move |interference| OptionalColumns {
-                    prompt_tokens,
-                    interference,
-                })
+    (0u8..8)
+        .map(|bits| OptionalColumns {
+            prompt_tokens: bits & 1 != 0,
+            interference: bits & 2 != 0,
+            slo: bits & 4 != 0,
         })
         .find(|columns| columns.headers() == tail)
 }
@@ -579,6 +585,13 @@ pub fn has_interference(doc: &MatrixDoc) -> bool {
         .any(|cell| cell.prefill_overlap_share.is_some() || cell.overlapping_prefills.is_some())
 }
 
+/// Whether the table needs the optional SLO columns.
+pub fn has_slo(doc: &MatrixDoc) -> bool {
+    doc.decode
+        .iter()
+        .any(|cell| cell.slo_attainment.is_some() || cell.goodput_tok_s.is_some())
+}
+
 /// The "All measurements" rows as page text, prefill rows first, each with the 12 standard
 /// cells and the optional ones [`OptionalColumns::of`] `doc` asks for.
 pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
@@ -612,6 +625,10 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
             cells.push(missing());
             cells.push(missing());
         }
+        if columns.slo {
+            cells.push(missing());
+            cells.push(missing());
+        }
         rows.push(cells);
     }
     for cell in decode {
@@ -637,6 +654,10 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
             cells.push(or_missing(cell.overlapping_prefills, |v| {
                 format_decimal(v, 2)
             }));
+        }
+        if columns.slo {
+            cells.push(or_missing(cell.slo_attainment, format_percent));
+            cells.push(or_missing(cell.goodput_tok_s, format_rate));
         }
         rows.push(cells);
     }
@@ -735,14 +756,25 @@ pub fn parse_measurement_row(
     } else {
         (None, None)
     };
+    let slo_at = interference_at + 2 * usize::from(columns.interference);
+    let (slo_attainment, goodput) = if columns.slo {
+        (
+            parse_optional(cell(slo_at), parse_percent).map_err(value(slo_at))?,
+            parse_optional(cell(slo_at + 1), parse_rate).map_err(value(slo_at + 1))?,
+        )
+    } else {
+        (None, None)
+    };
     match cell(0) {
         PHASE_PREFILL => {
-            let interference_cells = if columns.interference {
-                vec![interference_at, interference_at + 1]
-            } else {
-                Vec::new()
-            };
-            for index in [5, 7, 8, 10, 11].into_iter().chain(interference_cells) {
+            let mut decode_only = vec![5, 7, 8, 10, 11];
+            if columns.interference {
+                decode_only.extend([interference_at, interference_at + 1]);
+            }
+            if columns.slo {
+                decode_only.extend([slo_at, slo_at + 1]);
+            }
+            for index in decode_only {
                 if cell(index) != super::units::MISSING {
                     return Err(RowError::NotForPrefill {
                         column: column(index),
@@ -776,6 +808,8 @@ pub fn parse_measurement_row(
             prompt_tokens,
             prefill_overlap_share: overlap_share,
             overlapping_prefills: overlapping,
+            slo_attainment,
+            goodput_tok_s: goodput,
         })),
         other => Err(RowError::UnknownPhase {
             found: other.to_owned(),

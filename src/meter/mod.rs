@@ -9,6 +9,7 @@
 pub mod buckets;
 pub mod inflight;
 pub mod record;
+pub mod slo;
 pub mod timeline;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -23,6 +24,7 @@ use crate::telemetry::names::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
 use buckets::Ladder;
 use inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
 use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord, Source};
+use slo::{ResolvedSlo, SloFigures};
 use timeline::Timeline;
 
 /// Most tokens one SSE event may carry. Speculative decoding and sglang's `stream_interval`
@@ -154,6 +156,7 @@ impl Meter {
             inflight_at_head: tracker.current(),
             interference: InterferenceSpan::default(),
             clamped: false,
+            slo: ResolvedSlo::default(),
         }
     }
 
@@ -194,6 +197,8 @@ pub struct RequestMeter {
     clamped: bool,
     /// Present until the record is published.
     guard: Option<InflightGuard>,
+    /// The request's SLO targets (none unless the proxy resolved some).
+    pub slo: ResolvedSlo,
 }
 
 impl std::fmt::Debug for RequestMeter {
@@ -324,6 +329,15 @@ impl RequestMeter {
         }
         let ttft = timeline.since_head(timeline.first_token);
         let tbt = time_between_tokens(decode_time, completion_tokens);
+        let duration = now.saturating_duration_since(timeline.head_in);
+        // A non-streamed answer reaches the client whole: its first token arrives at the end.
+        let client_ttft = ttft.or((!self.streaming && completion_tokens > 0).then_some(duration));
+        let slo = self.slo.targets.judge(&SloFigures {
+            outcome,
+            time_to_first_token: client_ttft,
+            time_between_tokens: tbt,
+            duration,
+        });
         let meter = &self.meter;
         let request_overhead = timeline.upstream_sent.map(|sent| {
             let from = timeline.body_read.unwrap_or(timeline.head_in);
@@ -342,7 +356,7 @@ impl RequestMeter {
             time_to_headers: timeline.since_head(timeline.response_head),
             time_to_first_byte: timeline.since_head(timeline.first_byte),
             time_to_first_token: ttft,
-            duration: now.saturating_duration_since(timeline.head_in),
+            duration,
             decode_time,
             prompt_tokens: usage.prompt_tokens,
             cached_tokens: usage.cached_tokens,
@@ -357,6 +371,8 @@ impl RequestMeter {
             prefill_overlap_share: interference.map(|(share, _)| share),
             overlapping_prefills: interference.map(|(_, count)| count),
             prefill_busy: self.interference.busy_by_bucket,
+            slo,
+            slo_header_invalid: self.slo.header_invalid,
             context_bucket: meter
                 .contexts
                 .context_bucket(usage.prompt_tokens.unwrap_or(0)),

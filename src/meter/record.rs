@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime};
 use crate::stream::classify::Route;
 
 use super::buckets::MAX_LADDER;
+use super::slo::SloVerdict;
 use super::timeline::{ConcurrencySplit, LocalHistogram};
 
 /// Where a request came from. Synthetic requests are the sweep's own; they are never mixed
@@ -120,6 +121,10 @@ pub struct RequestRecord {
     pub prefill_overlap_share: Option<f64>,
     /// Prefills of other requests that overlapped the decode interval.
     pub overlapping_prefills: Option<u32>,
+    /// How the request fared against its SLO targets (configured or from its header).
+    pub slo: SloVerdict,
+    /// The request's `x-tokentap-slo` header could not be read (and was ignored).
+    pub slo_header_invalid: bool,
     /// Seconds of the decode gaps during which another request was in prefill, by the
     /// concurrency bucket in force when each gap's token event arrived (as `split.seconds`).
     pub prefill_busy: [f64; MAX_LADDER],

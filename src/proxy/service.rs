@@ -31,6 +31,7 @@ use super::timeout::{is_stall, IdleError, IdleTimeout};
 use super::upstream::{Router, Upstream};
 use crate::config::MeteringConfig;
 use crate::meter::record::Source;
+use crate::meter::slo::SLO_HEADER;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
 use crate::net::faults::{Fault, FaultCounters};
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
@@ -353,6 +354,11 @@ impl Proxy {
         );
         meter.timeline.body_read = Some(body_read);
         meter.max_tokens = facts.max_tokens;
+        // Once per request, off the hot path; the header is forwarded like any other.
+        meter.slo = self.metering.slo.resolve(
+            facts.model.as_deref(),
+            parts.headers.get(SLO_HEADER).map(HeaderValue::as_bytes),
+        );
         let metered = MeteredRequest {
             meter,
             route,

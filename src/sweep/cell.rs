@@ -9,14 +9,17 @@
 //! * Completed requests: streams that finished by themselves inside the window.
 //! * Prefill overlap and overlapping prefills: the production aggregator's sums
 //!   ([`InterferenceSum`]) over the cell's stream records.
+//! * SLO attainment: share of the cell's streams with targets that met them all ([`SloSum`]);
+//!   goodput: total tok/s × the met streams' share of the streams' completion tokens.
 //! * Prefill: the scout's (prompt − cached) ÷ TTFT and its TTFT.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::aggregate::cell::InterferenceSum;
+use crate::aggregate::cell::{InterferenceSum, SloSum};
 use crate::matrix::{CellStatus, DecodeCell, PrefillRow};
 use crate::meter::record::{Outcome, RequestRecord};
+use crate::meter::slo::SloVerdict;
 
 /// What the runner gathered for one decode cell.
 #[derive(Debug, Clone)]
@@ -104,14 +107,21 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
     };
     let prompt_tokens = most_common(m.records.iter().filter_map(|r| r.prompt_tokens));
     let mut interference = InterferenceSum::default();
+    let mut slo = SloSum::default();
     for record in &with_tokens {
         interference.add(record);
+        slo.add_verdict(record.slo);
+        if record.slo == SloVerdict::Met {
+            slo.met_tokens += record.completion_tokens as f64;
+        }
     }
+    let record_tokens: u64 = with_tokens.iter().map(|r| r.completion_tokens).sum();
+    let total_tok_s = (window_s > 0.0).then(|| m.window_tokens as f64 / window_s);
     DecodeCell {
         context_tokens: m.context,
         concurrency: m.concurrency,
         status: CellStatus::Valid,
-        total_tok_s: (window_s > 0.0).then(|| m.window_tokens as f64 / window_s),
+        total_tok_s,
         per_request_tok_s: per_request,
         ttft_ms: ttft,
         tbt_ms: tbt,
@@ -122,6 +132,8 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
         prompt_tokens,
         prefill_overlap_share: interference.share(),
         overlapping_prefills: interference.mean_overlapping_prefills(),
+        slo_attainment: slo.attainment(),
+        goodput_tok_s: slo.goodput(total_tok_s, record_tokens as f64),
     }
 }
 
@@ -224,6 +236,8 @@ mod tests {
             prefill_overlap_share: None,
             overlapping_prefills: None,
             prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
+            slo: SloVerdict::Unset,
+            slo_header_invalid: false,
             context_bucket: 0,
             concurrency_bucket: 0,
             itl: LocalHistogram::new(&[]),

@@ -89,6 +89,11 @@ pub struct SweepArgs {
     /// /tokenize).
     #[arg(long, value_enum, value_name = "MODE")]
     pub prompt: Option<PromptMode>,
+    /// SLO targets for the sweep's streams, e.g. ttft=500ms,tbt=50ms,e2e=30s (sent as the
+    /// x-tokentap-slo header, replacing the configured [slo] targets); the matrix then shows
+    /// SLO attainment and goodput per cell. Default: the configured targets, if any.
+    #[arg(long, value_name = "TARGETS")]
+    pub slo: Option<String>,
     /// Directory for matrix.json, matrix.html and matrix.md. Default tokentap-sweep-ID (the
     /// sweep's id).
     #[arg(long, value_name = "DIR")]
@@ -120,6 +125,7 @@ impl SweepArgs {
             full_context_prefill: self.full_context_prefill,
             model: self.model.clone(),
             prompt: self.prompt,
+            slo: self.slo.clone(),
         }
     }
 

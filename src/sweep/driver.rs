@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, Request};
+use http::{header, HeaderValue, Request};
 use http_body_util::{BodyExt, Full};
 use serde::Deserialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::meter::slo::SLO_HEADER;
 use crate::proxy::{Proxy, Synthetic};
 
 /// Largest SSE event the driver keeps while looking for its end.
@@ -54,6 +55,8 @@ pub struct StreamRequest {
     pub path: &'static str,
     pub body: Bytes,
     pub tag: Arc<str>,
+    /// Sent as `x-tokentap-slo` (the sweep's own targets), so the proxy judges the stream by it.
+    pub slo_header: Option<HeaderValue>,
 }
 
 /// Counters the runner reads while streams run.
@@ -98,9 +101,11 @@ pub async fn drive(
     mut phase: watch::Receiver<StreamPhase>,
     signals: Arc<StreamSignals>,
 ) -> StreamEnd {
-    let built = Request::post(request.path)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(request.body));
+    let mut builder = Request::post(request.path).header(header::CONTENT_TYPE, "application/json");
+    if let Some(slo) = request.slo_header {
+        builder = builder.header(SLO_HEADER, slo);
+    }
+    let built = builder.body(Full::new(request.body));
     let mut http_request = match built {
         Ok(r) => r,
         Err(error) => return StreamEnd::Failed(format!("cannot build the request: {error}")),

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{parse_duration, SweepConfig};
 use crate::matrix::units::{context_label, parse_context};
+use crate::meter::slo::SloTargets;
 
 /// Smallest context of the default ladder (8K).
 pub const DEFAULT_MIN_CONTEXT: u64 = 8 << 10;
@@ -119,6 +120,11 @@ pub struct SweepRequest {
     /// How prompts of exact length are built. Default `auto`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt: Option<PromptMode>,
+    /// SLO targets for the sweep's streams, in the `x-tokentap-slo` header's syntax
+    /// (`ttft=500ms,tbt=50ms,e2e=30s`, or `none`); sent as that header, so they replace the
+    /// configured `[slo]` targets. Default: the configured ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo: Option<String>,
 }
 
 /// Which inference engine answers (decides abort and metric names).
@@ -213,6 +219,8 @@ pub struct Plan {
     pub kv_source: String,
     pub prompt: PromptMode,
     pub engine: EngineKind,
+    /// The `x-tokentap-slo` header value of every stream (validated), if the request set one.
+    pub slo_header: Option<String>,
 }
 
 /// A plan that cannot run; each names the field at fault.
@@ -256,6 +264,18 @@ impl Plan {
             Some(model) => model.to_owned(),
             None if !facts.answered => return Err(PlanError::Unreachable),
             None => facts.served_model.clone().ok_or(PlanError::NoModel)?,
+        };
+        let slo_header = match request.slo.as_deref().map(str::trim) {
+            Some(text) => {
+                SloTargets::parse_header(text.as_bytes()).map_err(|error| {
+                    bad(
+                        "slo",
+                        format!("`{text}`: {error} (write e.g. ttft=500ms,tbt=50ms,e2e=30s)"),
+                    )
+                })?;
+                Some(text.to_owned())
+            }
+            None => None,
         };
         let max_output = request.max_output.unwrap_or(config.max_output);
         if max_output == 0 {
@@ -406,6 +426,7 @@ impl Plan {
             kv_source,
             prompt: request.prompt.unwrap_or_default(),
             engine: facts.engine,
+            slo_header,
         })
     }
 
@@ -632,6 +653,24 @@ mod tests {
         };
         let plan = Plan::resolve(&request, &step_facts(), &configured).unwrap();
         assert_eq!(plan.kv_budget_tokens, Some(50_000));
+    }
+
+    #[test]
+    fn slo_targets_are_checked_and_kept_as_the_header_value() {
+        let request = SweepRequest {
+            slo: Some(" ttft=500ms,tbt=50ms ".into()),
+            ..SweepRequest::default()
+        };
+        let plan = Plan::resolve(&request, &step_facts(), &config()).unwrap();
+        assert_eq!(plan.slo_header.as_deref(), Some("ttft=500ms,tbt=50ms"));
+        let plan = Plan::resolve(&SweepRequest::default(), &step_facts(), &config()).unwrap();
+        assert_eq!(plan.slo_header, None);
+        let request = SweepRequest {
+            slo: Some("ttft=soon".into()),
+            ..SweepRequest::default()
+        };
+        let error = Plan::resolve(&request, &step_facts(), &config()).unwrap_err();
+        assert!(error.to_string().starts_with("slo: `ttft=soon`"), "{error}");
     }
 
     #[test]

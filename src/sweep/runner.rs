@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::Method;
+use http::{HeaderValue, Method};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -450,6 +450,11 @@ impl Runner {
     /// How the requests of this sweep look for `prompt`.
     fn template(&self, prompt: &Prompt, max_tokens: u64) -> RequestTemplate {
         RequestTemplate {
+            slo_header: self
+                .plan
+                .slo_header
+                .as_deref()
+                .and_then(|text| HeaderValue::from_str(text).ok()),
             model_json: self.model_json.clone(),
             prompt: prompt.clone(),
             max_tokens,
@@ -575,10 +580,12 @@ impl Runner {
     /// One request to its end (the scout), cancellable.
     async fn one_request(&self, prompt: &Prompt, max_tokens: u64, rid: Arc<str>) -> StreamEnd {
         let (phase_tx, phase_rx) = watch::channel(StreamPhase::Running);
+        let template = self.template(prompt, max_tokens);
         let request = StreamRequest {
             path: "/v1/completions",
-            body: self.template(prompt, max_tokens).body(&rid),
+            body: template.body(&rid),
             tag: Arc::clone(&rid),
+            slo_header: template.slo_header,
         };
         let signals = Arc::new(StreamSignals::default());
         let stream = drive(Arc::clone(&self.proxy), request, phase_rx, signals);
@@ -1065,6 +1072,8 @@ impl CellShared {
 
 /// How a slot builds its requests.
 struct RequestTemplate {
+    /// The `x-tokentap-slo` value every stream carries (the plan's), if any.
+    slo_header: Option<HeaderValue>,
     model_json: String,
     prompt: Prompt,
     max_tokens: u64,
@@ -1121,6 +1130,7 @@ async fn run_slot(
             path: "/v1/completions",
             body: template.body(&tag),
             tag: Arc::clone(&tag),
+            slo_header: template.slo_header.clone(),
         };
         let end = drive(
             Arc::clone(&proxy),

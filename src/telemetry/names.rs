@@ -24,6 +24,9 @@ pub const OVERLAPPING_PREFILLS: &str = "tokentap_overlapping_prefills";
 pub const PREFILL_BUSY_SECONDS: &str = "tokentap_prefill_busy_seconds";
 pub const FAULTS_TOTAL: &str = "tokentap_faults_total";
 pub const CLAMPED_COUNTS_TOTAL: &str = "tokentap_clamped_token_counts_total";
+pub const SLO_REQUESTS_TOTAL: &str = "tokentap_slo_requests_total";
+pub const SLO_GOODPUT_TOKENS_TOTAL: &str = "tokentap_slo_goodput_tokens_total";
+pub const SLO_HEADER_INVALID_TOTAL: &str = "tokentap_slo_header_invalid_total";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
@@ -44,6 +47,9 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (INFLIGHT_REQUESTS, "Metered requests in flight."),
     (PREFILL_OVERLAP, "Per request, the share (0-1) of its decode (first to last token) during which another request to the same upstream and model was in prefill (head in to first token)."),
     (OVERLAPPING_PREFILLS, "Per request, the number of other requests' prefills that overlapped its decode."),
+    (SLO_REQUESTS_TOTAL, "Requests with SLO targets (configured per model or from the x-tokentap-slo header) by verdict: met (every target met) or missed; counted at the request's own cell. met / (met + missed) is the matrix's SLO attainment."),
+    (SLO_GOODPUT_TOKENS_TOTAL, "Completion tokens of requests that met their SLO targets, split by concurrency bucket like tokentap_tokens_total{type=\"completion\"}; its rate is the matrix's goodput."),
+    (SLO_HEADER_INVALID_TOTAL, "Requests whose x-tokentap-slo header could not be read; it was ignored and the configured targets applied."),
     (PREFILL_BUSY_SECONDS, "Decode time during which another request was in prefill, split by concurrency bucket like tokentap_decode_seconds, in seconds; its _sum divided by tokentap_decode_seconds_sum is the matrix's Prefill overlap."),
     (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_idle_timeout, body_read_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff); docs/operations.md."),
     (CLAMPED_COUNTS_TOTAL, "Requests with a token count from the upstream that no real server could send, clamped (their records are approximate)."),

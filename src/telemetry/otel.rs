@@ -247,6 +247,10 @@ impl RecordSink for OtelSink {
         if let Some(rate) = r.prefill_tokens_per_second {
             attributes.push(KeyValue::new("tokentap.prefill_tokens_per_second", rate));
         }
+        if r.slo != crate::meter::slo::SloVerdict::Unset {
+            // met / missed against the request's SLO targets (docs/metrics.md).
+            attributes.push(KeyValue::new("tokentap.slo", r.slo.label()));
+        }
         if r.outcome != Outcome::Ok {
             attributes.push(KeyValue::new("error.type", r.outcome.label()));
         }

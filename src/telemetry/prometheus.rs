@@ -16,6 +16,7 @@ use metrics_exporter_prometheus::{
 
 use crate::meter::buckets::Ladder;
 use crate::meter::record::{Outcome, RequestRecord, Source};
+use crate::meter::slo::SloVerdict;
 use crate::meter::timeline::LocalHistogram;
 use crate::meter::Meter;
 use crate::meter::{RecordSink, RequestLabels};
@@ -53,10 +54,19 @@ struct CellHandles {
     outcomes: [Counter; Outcome::ALL.len()],
 }
 
+/// SLO series of one cell, registered only once a request with targets reaches it, so
+/// deployments without SLOs export no such series.
+struct SloHandles {
+    /// By [`SloVerdict::JUDGED`] order: met, missed.
+    requests: [Counter; SloVerdict::JUDGED.len()],
+    goodput_tokens: Counter,
+}
+
 struct BaseHandles {
     inflight: Gauge,
     overhead_request: Histogram,
     overhead_frame: Histogram,
+    slo_header_invalid: Counter,
 }
 
 /// The Prometheus sink and renderer of one proxy instance.
@@ -69,6 +79,7 @@ pub struct PrometheusMetrics {
     bases: Mutex<HashMap<BaseKey, Arc<BaseHandles>>>,
     /// Counts kept as atomics elsewhere (listeners, the meter), copied in at each render.
     watched: Mutex<Vec<Watched>>,
+    slo_cells: Mutex<HashMap<CellKey, Arc<SloHandles>>>,
 }
 
 /// An outside count and the exporter counter showing it.
@@ -115,6 +126,7 @@ impl PrometheusMetrics {
             contexts,
             concurrency,
             cells: Mutex::new(HashMap::new()),
+            slo_cells: Mutex::new(HashMap::new()),
             bases: Mutex::new(HashMap::new()),
             watched: Mutex::new(Vec::new()),
         }))
@@ -240,6 +252,9 @@ impl PrometheusMetrics {
                 &with(PROXY_OVERHEAD, Some(Label::new("phase", "frame"))),
                 &METADATA,
             ),
+            slo_header_invalid: self
+                .recorder
+                .register_counter(&with(SLO_HEADER_INVALID_TOTAL, None), &METADATA),
         });
         bases.insert(key, Arc::clone(&handles));
         handles
@@ -301,6 +316,79 @@ impl PrometheusMetrics {
 /// well under a millisecond when an upstream reports an absurd count.
 pub const MAX_SAMPLES_PER_FLUSH: u64 = 16_384;
 
+impl PrometheusMetrics {
+    fn slo_cell(&self, key: CellKey) -> Arc<SloHandles> {
+        let mut cells = self
+            .slo_cells
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(handles) = cells.get(&key) {
+            return Arc::clone(handles);
+        }
+        let mut labels = self.base_labels(&key.0, &key.1, key.2, key.3);
+        labels.push(Label::new(
+            "context_bucket",
+            self.contexts.label(key.4).to_string(),
+        ));
+        labels.push(Label::new(
+            "concurrency_bucket",
+            self.concurrency.label(key.5).to_string(),
+        ));
+        let counter = |name: &'static str, extra: Option<Label>| {
+            let mut labels = labels.clone();
+            labels.extend(extra);
+            self.recorder
+                .register_counter(&Key::from_parts(name, labels), &METADATA)
+        };
+        let handles = Arc::new(SloHandles {
+            requests: SloVerdict::JUDGED
+                .map(|v| counter(SLO_REQUESTS_TOTAL, Some(Label::new("slo", v.label())))),
+            goodput_tokens: counter(SLO_GOODPUT_TOKENS_TOTAL, None),
+        });
+        cells.insert(key, Arc::clone(&handles));
+        handles
+    }
+
+    /// SLO counters: the verdict at the request's own cell, a met request's tokens split by
+    /// concurrency bucket like the completion tokens.
+    fn record_slo(&self, r: &RequestRecord) {
+        let Some(verdict) = SloVerdict::JUDGED.iter().position(|v| *v == r.slo) else {
+            return;
+        };
+        let key = |bucket: usize| {
+            (
+                Arc::clone(&r.model),
+                Arc::clone(&r.upstream),
+                r.route,
+                r.source,
+                r.context_bucket,
+                bucket,
+            )
+        };
+        if let Some(counter) = self
+            .slo_cell(key(r.concurrency_bucket))
+            .requests
+            .get(verdict)
+        {
+            counter.increment(1);
+        }
+        if r.slo != SloVerdict::Met {
+            return;
+        }
+        if r.split.total_tokens() == 0 {
+            self.slo_cell(key(r.concurrency_bucket))
+                .goodput_tokens
+                .increment(r.completion_tokens);
+            return;
+        }
+        for (bucket, &tokens) in r.split.tokens.iter().enumerate() {
+            if tokens > 0 {
+                self.slo_cell(key(bucket)).goodput_tokens.increment(tokens);
+            }
+        }
+    }
+}
+
 fn flush(histogram: &Histogram, local: &LocalHistogram) {
     let total = local.count();
     for (mean, count) in local.buckets() {
@@ -345,6 +433,10 @@ impl RecordSink for PrometheusMetrics {
             base.overhead_request.record(overhead.as_secs_f64());
         }
         flush(&base.overhead_frame, &r.frame_overhead);
+        if r.slo_header_invalid {
+            base.slo_header_invalid.increment(1);
+        }
+        self.record_slo(r);
 
         let cell = self.cell((
             Arc::clone(&r.model),
