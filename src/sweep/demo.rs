@@ -32,6 +32,7 @@ use tokio::time::Instant;
 use super::cli::{follow_local, write_matrix};
 use super::discover::gauge_sum;
 use super::plan::{DurationValue, SweepRequest, TokensValue};
+use super::progress::ProgressLine;
 use super::prompt::{filler_text, mix};
 use super::status::SweepState;
 use crate::aggregate::{ProductionMatrix, Window};
@@ -197,7 +198,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     );
     let steady_phase = Phase::begin(&server);
     let mut steady_failures = 0;
-    for &(context, concurrency) in &cells {
+    let mut progress = ProgressLine::new(true);
+    for (done, &(context, concurrency)) in cells.iter().enumerate() {
+        progress.message(
+            &format!(
+                "steady: {} × {concurrency}, {} streams for {}",
+                context_label(context),
+                concurrency,
+                args.steady_duration
+            ),
+            Some((done, cells.len())),
+        );
         wait_until_server_idle(&sim.base_url()).await;
         let (warm, failed) = steady_cell(
             &sim.base_url(),
@@ -210,6 +221,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .await;
         if !warm || failed > 0 {
             steady_failures += 1;
+            progress.done();
             eprintln!(
                 "    {} × {concurrency}: {}{failed} streams failed",
                 context_label(context),
@@ -222,6 +234,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         }
         wait_until_idle(&server.proxy.meter).await;
     }
+    progress.done();
     wait_until_server_idle(&sim.base_url()).await;
     let steady = steady_phase.end(&server, &model);
 
@@ -232,7 +245,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         args.requests, server.proxy_addr
     );
     let mixed_phase = Phase::begin(&server);
-    let burst = burst(server.proxy_addr, &model, args.requests).await;
+    let mut progress = ProgressLine::new(true);
+    let burst = burst(server.proxy_addr, &model, args.requests, &mut progress).await;
+    progress.done();
     wait_until_idle(&server.proxy.meter).await;
     let mixed = mixed_phase.end(&server, &model);
     eprintln!(
@@ -317,7 +332,13 @@ pub struct BurstSummary {
 /// streaming, cold prompts of about 1.5K to 24K tokens (the simulator counts 4 bytes a token),
 /// 32 to 128 output tokens. All stream: the proxy sees a non-streaming response's first token
 /// only at its end, so it would count as one long prefill in everyone's interference figure.
-pub async fn burst(proxy: SocketAddr, model: &str, requests: usize) -> BurstSummary {
+/// `progress` shows the requests answered so far (one live line on a terminal).
+pub async fn burst(
+    proxy: SocketAddr,
+    model: &str,
+    requests: usize,
+    progress: &mut ProgressLine,
+) -> BurstSummary {
     let began = Instant::now();
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let mut summary = BurstSummary::default();
@@ -364,6 +385,16 @@ pub async fn burst(proxy: SocketAddr, model: &str, requests: usize) -> BurstSumm
                 Some(_) => summary.failed += 1,
                 None => {}
             }
+            let answered = summary.ok + summary.failed;
+            progress.message(
+                // The part before " · elapsed" names the phase: plain output prints one line
+                // per concurrency level, a terminal redraws the count.
+                &format!(
+                    "mixed: up to {concurrency} at once · elapsed {:.0} s, {answered} of {requests} answered",
+                    began.elapsed().as_secs_f64()
+                ),
+                Some((answered, requests)),
+            );
         }
     }
     summary.elapsed = began.elapsed();
