@@ -90,7 +90,7 @@ pub struct SweepArgs {
     #[arg(long, value_enum, value_name = "MODE")]
     pub prompt: Option<PromptMode>,
     /// SLO targets for the sweep's streams, e.g. ttft=500ms,tbt=50ms,e2e=30s (sent as the
-    /// x-tokentap-slo header, replacing the configured [slo] targets); the matrix then shows
+    /// x-tokentap-slo header, replacing the configured `[slo]` targets); the matrix then shows
     /// SLO attainment and goodput per cell. Default: the configured targets, if any.
     #[arg(long, value_name = "TARGETS")]
     pub slo: Option<String>,
