@@ -260,11 +260,8 @@ impl PrometheusMetrics {
         handles
     }
 
-    fn cell(&self, key: CellKey) -> Arc<CellHandles> {
-        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(handles) = cells.get(&key) {
-            return Arc::clone(handles);
-        }
+    /// The labels of one cell: the base labels plus its context and concurrency buckets.
+    fn cell_labels(&self, key: &CellKey) -> Vec<Label> {
         let mut labels = self.base_labels(&key.0, &key.1, key.2, key.3);
         labels.push(Label::new(
             "context_bucket",
@@ -274,6 +271,15 @@ impl PrometheusMetrics {
             "concurrency_bucket",
             self.concurrency.label(key.5).to_string(),
         ));
+        labels
+    }
+
+    fn cell(&self, key: CellKey) -> Arc<CellHandles> {
+        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(handles) = cells.get(&key) {
+            return Arc::clone(handles);
+        }
+        let labels = self.cell_labels(&key);
         let key_of = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
             let mut labels = labels.clone();
             if let Some((k, v)) = extra {
@@ -325,15 +331,7 @@ impl PrometheusMetrics {
         if let Some(handles) = cells.get(&key) {
             return Arc::clone(handles);
         }
-        let mut labels = self.base_labels(&key.0, &key.1, key.2, key.3);
-        labels.push(Label::new(
-            "context_bucket",
-            self.contexts.label(key.4).to_string(),
-        ));
-        labels.push(Label::new(
-            "concurrency_bucket",
-            self.concurrency.label(key.5).to_string(),
-        ));
+        let labels = self.cell_labels(&key);
         let counter = |name: &'static str, extra: Option<Label>| {
             let mut labels = labels.clone();
             labels.extend(extra);
