@@ -451,6 +451,75 @@ async fn failing_streams_mark_their_cells_error_and_the_sweep_finishes() {
     server.shutdown().await;
 }
 
+/// A vLLM-like server whose first generated token is silent: a partial UTF-8 byte it holds
+/// back (`"text":""`) that only the per-chunk usage counts, after `PREFILL_MS` of prefill.
+async fn silent_first_token_upstream() -> ScriptedUpstream {
+    ScriptedUpstream::start(|received| match received.path.as_str() {
+        "/v1/models" => Script::json(200, r#"{"data":[{"id":"bytes","max_model_len":32768}]}"#),
+        "/v1/completions" => {
+            let body: Value = serde_json::from_slice(&received.body).unwrap();
+            let max_tokens = body["max_tokens"].as_u64().unwrap();
+            let prompt = body["prompt"].as_array().map_or(0, Vec::len);
+            let chunk = |n: u64, text: &str| {
+                let finish = if n == max_tokens { "\"length\"" } else { "null" };
+                data(&format!(
+                    r#"{{"id":"cmpl-x","object":"text_completion","choices":[{{"index":0,"text":"{text}","finish_reason":{finish}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{n},"total_tokens":{}}}}}"#,
+                    prompt as u64 + n
+                ))
+            };
+            let mut steps = vec![wait_ms(PREFILL_MS), chunk(1, "")];
+            for n in 2..=max_tokens.min(400) {
+                steps.push(wait_ms(5));
+                steps.push(chunk(n, " x"));
+            }
+            let mut script = Script::sse(steps);
+            if max_tokens <= 400 {
+                script.steps.push(data(&format!(
+                    r#"{{"id":"cmpl-x","object":"text_completion","choices":[],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{n},"total_tokens":{}}}}}"#,
+                    prompt as u64 + max_tokens,
+                    n = max_tokens
+                )));
+                script.steps.push(data("[DONE]"));
+            } else {
+                script.end = common::End::Hang;
+            }
+            script
+        }
+        _ => Script::json(404, r#"{"detail":"Not Found"}"#),
+    })
+    .await
+}
+
+const PREFILL_MS: u64 = 150;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scout_whose_only_token_is_silent_still_times_prefill() {
+    // Finding 5 (docs/conformance.md): the scout asks for one token; when vLLM sends it as
+    // `"text":""` (counted only by usage), the prefill row must still be measured.
+    let upstream = silent_first_token_upstream().await;
+    let (server, _) = proxy(&upstream.url(), "").await;
+    let plan = request(json!({
+        "contexts": [1024],
+        "concurrency": [1],
+        "cell_duration": "1s",
+        "kv_budget_tokens": 100000,
+    }));
+    let status = run_sweep(&server, plan, Duration::from_secs(60)).await;
+    assert_eq!(status.state, SweepState::Finished, "{status:#?}");
+    let matrix = status.matrix.unwrap();
+    let prefill = &matrix.prefill[0];
+    assert_eq!(prefill.status, CellStatus::Valid, "{prefill:?}");
+    // Prefill ends with the silent token, after the server's prefill wait (a lower bound only:
+    // the machine may be slow, never fast).
+    let ttft = prefill.ttft_ms.unwrap();
+    assert!(ttft >= PREFILL_MS as f64, "{prefill:?}");
+    assert_eq!(prefill.prompt_tokens, Some(1024));
+    assert!(prefill.prompt_tok_s.unwrap() > 0.0, "{prefill:?}");
+    let cell = matrix.cell(1024, 1).unwrap();
+    assert_eq!(cell.status, CellStatus::Valid, "{cell:?}");
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_output_loop_marks_the_cell_error() {
     let upstream = ScriptedUpstream::start(|received| match received.path.as_str() {
