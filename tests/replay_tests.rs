@@ -23,7 +23,7 @@ use tokentap::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
 use tokentap::meter::record::{Outcome, RequestRecord};
 use tokentap::meter::{Meter, RecordSink};
 use tokentap::stream::classify::Route;
-use tokentap::stream::request::{injection, inspect};
+use tokentap::stream::request::{injection, inspect, ServerUsage};
 use tokentap::stream::rewrite::Injected;
 use tokentap::stream::sample::metered_body;
 
@@ -34,7 +34,9 @@ struct Case {
     route: Route,
     status: u16,
     stream: bool,
-    server_sends_usage_unasked: bool,
+    /// What the server sends unasked (`meta.server_sends_usage_unasked`: vLLM's force flag
+    /// sends usage on every chunk, sglang's default-usage flag only the final chunk).
+    server_usage: ServerUsage,
     /// `"shape"`: direct and upstream come from different generations (mask generated text).
     shape_only: bool,
     request: Vec<u8>,
@@ -85,9 +87,14 @@ fn load(dir: &Path) -> Case {
             .unwrap_or_else(|| panic!("{}: unmetered route {route_path}", dir.display())),
         status: meta["status"].as_u64().map_or(200, |s| s as u16),
         stream: meta["stream"].as_bool().expect("meta.stream"),
-        server_sends_usage_unasked: meta["server_sends_usage_unasked"]
-            .as_bool()
-            .unwrap_or(false),
+        server_usage: match (
+            meta["server_sends_usage_unasked"].as_bool(),
+            meta["engine"].as_str(),
+        ) {
+            (Some(true), Some("vllm")) => ServerUsage::EveryChunk,
+            (Some(true), _) => ServerUsage::Final,
+            _ => ServerUsage::OnlyAsked,
+        },
         shape_only: meta["compare"].as_str() == Some("shape"),
         request: read("request.json"),
         direct: read("direct.body"),
@@ -114,13 +121,8 @@ impl Case {
     /// What tokentap injects into this request, decided by the proxy's own code.
     fn injected(&self) -> Injected {
         let facts = inspect(self.route, &self.request).expect("request.json is a JSON object");
-        injection(
-            self.route,
-            &self.request,
-            &facts,
-            self.server_sends_usage_unasked,
-        )
-        .map_or(Injected::default(), |(_, injected)| injected)
+        injection(self.route, &self.request, &facts, self.server_usage)
+            .map_or(Injected::default(), |(_, injected)| injected)
     }
 
     fn event_stream(&self) -> bool {
@@ -388,7 +390,7 @@ fn server_default_usage_reaches_the_client() {
         .into_iter()
         .find(|c| c.name == "vllm-0.32.0/chat-stream")
         .unwrap();
-    case.server_sends_usage_unasked = true;
+    case.server_usage = ServerUsage::Final;
     assert_eq!(
         case.injected(),
         Injected {
@@ -452,13 +454,14 @@ async fn usage_an_sglang_sends_unasked_is_discovered_and_left_to_the_client() {
     // Discovery asks at start-up; wait (bounded) until the answer is in.
     let default = Arc::clone(server.proxy.router.default_upstream());
     for _ in 0..500 {
-        if default.sends_usage_unasked() {
+        if default.server_usage() == ServerUsage::Final {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert!(
-        default.sends_usage_unasked(),
+    assert_eq!(
+        default.server_usage(),
+        ServerUsage::Final,
         "discovered from /server_info"
     );
     let body = r#"{"model":"m","stream":true,"messages":[]}"#;

@@ -15,6 +15,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tokentap::sim::{Dialect, Profile, SimHandle, SimOptions, SimServer};
+use tokentap::stream::request::ServerUsage;
 use tokio::time::Instant;
 
 const GLM: &str = "glm-5.3-flash-nvfp4-4x-rtx-pro-6000";
@@ -1435,12 +1436,16 @@ async fn usage_the_server_sends_by_default_reaches_the_client_through_the_proxy(
     .await;
     let upstream = Arc::clone(server.proxy.router.default_upstream());
     for _ in 0..500 {
-        if upstream.sends_usage_unasked() {
+        if upstream.server_usage() == ServerUsage::Final {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(upstream.sends_usage_unasked(), "learnt from /server_info");
+    assert_eq!(
+        upstream.server_usage(),
+        ServerUsage::Final,
+        "learnt from /server_info"
+    );
     let body = json!({"model": "m", "max_tokens": 20, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let client = client();
     let a = record(

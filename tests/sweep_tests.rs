@@ -451,6 +451,75 @@ async fn failing_streams_mark_their_cells_error_and_the_sweep_finishes() {
     server.shutdown().await;
 }
 
+/// A vLLM-like server whose first generated token is silent: a partial UTF-8 byte it holds
+/// back (`"text":""`) that only the per-chunk usage counts, after `PREFILL_MS` of prefill.
+async fn silent_first_token_upstream() -> ScriptedUpstream {
+    ScriptedUpstream::start(|received| match received.path.as_str() {
+        "/v1/models" => Script::json(200, r#"{"data":[{"id":"bytes","max_model_len":32768}]}"#),
+        "/v1/completions" => {
+            let body: Value = serde_json::from_slice(&received.body).unwrap();
+            let max_tokens = body["max_tokens"].as_u64().unwrap();
+            let prompt = body["prompt"].as_array().map_or(0, Vec::len);
+            let chunk = |n: u64, text: &str| {
+                let finish = if n == max_tokens { "\"length\"" } else { "null" };
+                data(&format!(
+                    r#"{{"id":"cmpl-x","object":"text_completion","choices":[{{"index":0,"text":"{text}","finish_reason":{finish}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{n},"total_tokens":{}}}}}"#,
+                    prompt as u64 + n
+                ))
+            };
+            let mut steps = vec![wait_ms(PREFILL_MS), chunk(1, "")];
+            for n in 2..=max_tokens.min(400) {
+                steps.push(wait_ms(5));
+                steps.push(chunk(n, " x"));
+            }
+            let mut script = Script::sse(steps);
+            if max_tokens <= 400 {
+                script.steps.push(data(&format!(
+                    r#"{{"id":"cmpl-x","object":"text_completion","choices":[],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{n},"total_tokens":{}}}}}"#,
+                    prompt as u64 + max_tokens,
+                    n = max_tokens
+                )));
+                script.steps.push(data("[DONE]"));
+            } else {
+                script.end = common::End::Hang;
+            }
+            script
+        }
+        _ => Script::json(404, r#"{"detail":"Not Found"}"#),
+    })
+    .await
+}
+
+const PREFILL_MS: u64 = 150;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scout_whose_only_token_is_silent_still_times_prefill() {
+    // Finding 5 (docs/conformance.md): the scout asks for one token; when vLLM sends it as
+    // `"text":""` (counted only by usage), the prefill row must still be measured.
+    let upstream = silent_first_token_upstream().await;
+    let (server, _) = proxy(&upstream.url(), "").await;
+    let plan = request(json!({
+        "contexts": [1024],
+        "concurrency": [1],
+        "cell_duration": "1s",
+        "kv_budget_tokens": 100000,
+    }));
+    let status = run_sweep(&server, plan, Duration::from_secs(60)).await;
+    assert_eq!(status.state, SweepState::Finished, "{status:#?}");
+    let matrix = status.matrix.unwrap();
+    let prefill = &matrix.prefill[0];
+    assert_eq!(prefill.status, CellStatus::Valid, "{prefill:?}");
+    // Prefill ends with the silent token, after the server's prefill wait (a lower bound only:
+    // the machine may be slow, never fast).
+    let ttft = prefill.ttft_ms.unwrap();
+    assert!(ttft >= PREFILL_MS as f64, "{prefill:?}");
+    assert_eq!(prefill.prompt_tokens, Some(1024));
+    assert!(prefill.prompt_tok_s.unwrap() > 0.0, "{prefill:?}");
+    let cell = matrix.cell(1024, 1).unwrap();
+    assert_eq!(cell.status, CellStatus::Valid, "{cell:?}");
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_output_loop_marks_the_cell_error() {
     let upstream = ScriptedUpstream::start(|received| match received.path.as_str() {
@@ -774,6 +843,110 @@ async fn auto_prompts_fall_back_to_calibrated_text_when_token_ids_are_refused() 
         matrix.metadata.notes
     );
     server.shutdown().await;
+}
+
+/// A server like llama-cpp-python: `/v1/completions` takes string prompts only and answers a
+/// token-id prompt with HTTP 500; no usage in streams; its tokenizer counts 3 bytes a token
+/// plus BOS. With `extras`, it has llama-cpp-python's `/extras/tokenize` (and never
+/// `/tokenize`); without, no tokenizer endpoint at all, so only an unstreamed answer's usage
+/// counts a prompt. `tokenize_calls` counts the tokenizer requests it answered.
+async fn llama_cpp_python_like(extras: bool, tokenize_calls: Arc<AtomicUsize>) -> ScriptedUpstream {
+    ScriptedUpstream::start(move |received| {
+        let body: Value = serde_json::from_slice(&received.body).unwrap_or(Value::Null);
+        let tokens = |text: &str| text.len().div_ceil(3) as u64 + 1;
+        match received.path.as_str() {
+            "/v1/models" => Script::json(200, r#"{"object":"list","data":[{"id":"gguf","object":"model","owned_by":"me"}]}"#),
+            "/extras/tokenize" if extras => {
+                tokenize_calls.fetch_add(1, Ordering::SeqCst);
+                let count = tokens(body["input"].as_str().unwrap());
+                let ids: Vec<u64> = (0..count).map(|i| 1 + i % 500).collect();
+                Script::json(200, &json!({ "tokens": ids }).to_string())
+            }
+            "/v1/completions" => {
+                let Some(prompt) = body["prompt"].as_str() else {
+                    return Script::json(500, r#"{"error":{"message":"1 validation error for CreateCompletionRequest","type":"internal_server_error"}}"#);
+                };
+                let max_tokens = body["max_tokens"].as_u64().unwrap();
+                if body["stream"] != true {
+                    return Script::json(200, &json!({
+                        "id": "cmpl-x", "object": "text_completion", "model": "gguf",
+                        "choices": [{"text": " t", "index": 0, "logprobs": null, "finish_reason": "length"}],
+                        "usage": {"prompt_tokens": tokens(prompt), "completion_tokens": 1, "total_tokens": tokens(prompt) + 1},
+                    }).to_string());
+                }
+                let mut steps = Vec::new();
+                for n in 1..=max_tokens.min(300) {
+                    let finish = if n == max_tokens { "\"length\"" } else { "null" };
+                    steps.push(data(&format!(
+                        r#"{{"id":"cmpl-x","object":"text_completion","created":1,"model":"gguf","choices":[{{"text":" t{n}","index":0,"logprobs":null,"finish_reason":{finish}}}]}}"#
+                    )));
+                    steps.push(wait_ms(5));
+                }
+                let mut script = Script::sse(steps);
+                if max_tokens <= 300 {
+                    script.steps.push(data("[DONE]"));
+                } else {
+                    script.end = common::End::Hang;
+                }
+                script
+            }
+            _ => Script::json(404, r#"{"detail":"Not Found"}"#),
+        }
+    })
+    .await
+}
+
+/// Runs a one-context sweep with `--prompt auto` against `upstream` and checks the prefill row
+/// and the cell are measured with a text prompt of the calibrated length.
+async fn auto_prompt_sweep_is_valid(upstream: &ScriptedUpstream) {
+    let (server, _) = proxy(&upstream.url(), "").await;
+    let plan = request(json!({
+        "model": "gguf",
+        "contexts": [600],
+        "concurrency": [1],
+        "cell_duration": "1s",
+        "kv_budget_tokens": 0,
+    }));
+    let status = run_sweep(&server, plan, Duration::from_secs(60)).await;
+    assert_eq!(status.state, SweepState::Finished, "{status:#?}");
+    let matrix = status.matrix.unwrap();
+    let notes = &matrix.metadata.notes;
+    assert_eq!(
+        matrix.prefill[0].status,
+        CellStatus::Valid,
+        "{:?} {notes:?}",
+        matrix.prefill
+    );
+    let cell = matrix.cell(600, 1).unwrap();
+    assert_eq!(cell.status, CellStatus::Valid, "{cell:?} {notes:?}");
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("refused a token-id prompt (HTTP 500")),
+        "{notes:?}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_prompts_on_llama_cpp_python_fall_back_on_500_and_use_extras_tokenize() {
+    // Finding 8 (docs/conformance.md): a 500 to the first token-id prompt is a refusal too, and
+    // text calibration uses /extras/tokenize when /tokenize is missing.
+    let tokenize_calls = Arc::new(AtomicUsize::new(0));
+    let upstream = llama_cpp_python_like(true, Arc::clone(&tokenize_calls)).await;
+    auto_prompt_sweep_is_valid(&upstream).await;
+    assert!(
+        tokenize_calls.load(Ordering::SeqCst) >= 2,
+        "calibrated by /extras/tokenize"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_prompts_without_a_tokenizer_are_calibrated_by_a_probe_requests_usage() {
+    let tokenize_calls = Arc::new(AtomicUsize::new(0));
+    let upstream = llama_cpp_python_like(false, Arc::clone(&tokenize_calls)).await;
+    auto_prompt_sweep_is_valid(&upstream).await;
+    assert_eq!(tokenize_calls.load(Ordering::SeqCst), 0);
 }
 
 /// Issue 4's round trip: a published matrix → `simulate --from-matrix` → a sweep through

@@ -734,6 +734,7 @@ pub(crate) mod test_records {
             time_to_headers: Some(ttft),
             time_to_first_byte: Some(ttft),
             time_to_first_token: (completion > 0).then_some(ttft),
+            time_to_first_delivery: (completion > 0).then_some(ttft),
             duration: ttft + decode,
             decode_time: (completion > 0).then_some(decode),
             prompt_tokens: prompt,

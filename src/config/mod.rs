@@ -314,16 +314,22 @@ pub struct UpstreamConfig {
     pub tls_ca: Option<PathBuf>,
     pub tls_client_cert: Option<PathBuf>,
     pub tls_client_key: Option<PathBuf>,
-    /// Whether the server sends the final usage chunk to streams that did not ask for it.
+    /// What usage the server sends to streams that did not ask for it.
     pub sends_usage_unasked: UsageUnasked,
 }
 
 /// Whether an upstream sends usage to streams that did not ask (`sends_usage_unasked`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UsageUnasked {
-    /// Ask the server where it says so (sglang `/server_info`); until it answers, no.
+    /// Ask the server where it says so (sglang `/server_info`: then [`Self::Final`]); until it
+    /// answers, no.
     Auto,
-    Yes,
+    /// `"final"`: the final usage chunk only (sglang `--stream-response-default-include-usage`).
+    Final,
+    /// `"every_chunk"` (or its alias `"yes"`): usage on every chunk and a final usage chunk
+    /// (vLLM `--enable-force-include-usage`). tokentap then adds nothing to streamed requests,
+    /// which is byte-safe on either engine; `"final"` keeps exact per-chunk counts on sglang.
+    EveryChunk,
     No,
 }
 
@@ -684,12 +690,15 @@ fn upstream(
     }
     let sends_usage_unasked = match raw.sends_usage_unasked.as_str() {
         "auto" => UsageUnasked::Auto,
-        "yes" => UsageUnasked::Yes,
+        "final" => UsageUnasked::Final,
+        "every_chunk" | "yes" => UsageUnasked::EveryChunk,
         "no" => UsageUnasked::No,
         other => {
             return Err(err(
                 "sends_usage_unasked",
-                format!("`{other}` must be \"auto\", \"yes\" or \"no\""),
+                format!(
+                    "`{other}` must be \"auto\", \"final\", \"every_chunk\", \"yes\" or \"no\""
+                ),
             ))
         }
     };
@@ -727,6 +736,28 @@ mod tests {
             .unwrap();
         let defaults = Config::defaults().unwrap();
         assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
+    }
+
+    #[test]
+    fn usage_unasked_says_which_usage_and_yes_means_every_chunk() {
+        let parse = |value: &str| {
+            ConfigLoader::new()
+                .text(
+                    &format!("[upstream]\nsends_usage_unasked = \"{value}\"\n"),
+                    "x.toml",
+                )
+                .and_then(ConfigLoader::load)
+                .map(|config| config.upstreams.first().map(|u| u.sends_usage_unasked))
+        };
+        assert_eq!(parse("final").unwrap(), Some(UsageUnasked::Final));
+        assert_eq!(
+            parse("every_chunk").unwrap(),
+            Some(UsageUnasked::EveryChunk)
+        );
+        assert_eq!(parse("yes").unwrap(), Some(UsageUnasked::EveryChunk));
+        assert_eq!(parse("no").unwrap(), Some(UsageUnasked::No));
+        let error = parse("sometimes").unwrap_err().to_string();
+        assert!(error.contains("sends_usage_unasked"), "{error}");
     }
 
     #[test]

@@ -238,7 +238,7 @@ impl RequestMeter {
     /// Records tokens the upstream reported without visible output (partial UTF-8 held back,
     /// a swallowed `<think>` marker): they count for throughput and share the next output
     /// event's gap in ITL, but are never the first or last token (SPEC §3).
-    pub fn silent_tokens(&mut self, tokens: u64) {
+    pub fn silent_tokens(&mut self, now: Instant, tokens: u64) {
         let tokens = self.plausible(tokens, MAX_TOKENS_PER_EVENT);
         let Some(guard) = &self.guard else {
             return;
@@ -250,7 +250,7 @@ impl RequestMeter {
         if let Some(t) = self.timeline.split.tokens.get_mut(bucket) {
             *t = t.saturating_add(tokens);
         }
-        self.timeline.silent_tokens(tokens);
+        self.timeline.silent_tokens(now, tokens);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
             c.fetch_add(tokens, Ordering::Relaxed);
         }
@@ -356,6 +356,7 @@ impl RequestMeter {
             time_to_headers: timeline.since_head(timeline.response_head),
             time_to_first_byte: timeline.since_head(timeline.first_byte),
             time_to_first_token: ttft,
+            time_to_first_delivery: timeline.since_head(timeline.first_delivery),
             duration,
             decode_time,
             prompt_tokens: usage.prompt_tokens,

@@ -100,6 +100,10 @@ pub struct RequestRecord {
     pub time_to_headers: Option<Duration>,
     pub time_to_first_byte: Option<Duration>,
     pub time_to_first_token: Option<Duration>,
+    /// To the first event that delivered a token, visible or not (usage advanced): the end of
+    /// prefill even when the first token is silent (a partial UTF-8 byte). The sweep's scout
+    /// times prefill with it.
+    pub time_to_first_delivery: Option<Duration>,
     pub duration: Duration,
     /// First token → last token.
     pub decode_time: Option<Duration>,

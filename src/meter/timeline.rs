@@ -119,6 +119,9 @@ pub struct Timeline {
     pub response_head: Option<Instant>,
     pub first_byte: Option<Instant>,
     pub first_token: Option<Instant>,
+    /// The first event that delivered a token, visible or not (a silent token counts): when
+    /// prefill ended. Never later than `first_token`.
+    pub first_delivery: Option<Instant>,
     pub last_token: Option<Instant>,
     pub end: Option<Instant>,
     /// Events that carried output.
@@ -156,6 +159,7 @@ impl Timeline {
             response_head: None,
             first_byte: None,
             first_token: None,
+            first_delivery: None,
             last_token: None,
             end: None,
             token_events: 0,
@@ -182,6 +186,7 @@ impl Timeline {
         area: f64,
     ) {
         let tokens = tokens.max(1);
+        self.first_delivery.get_or_insert(now);
         // Silent tokens before the first output event belong to the time to first token.
         let silent = std::mem::take(&mut self.pending_silent);
         match self.last_token {
@@ -210,7 +215,10 @@ impl Timeline {
 
     /// Records tokens delivered at `now` without visible output (held-back partial UTF-8, a
     /// swallowed marker): they count for throughput and share the next output event's gap.
-    pub fn silent_tokens(&mut self, tokens: u64) {
+    pub fn silent_tokens(&mut self, now: Instant, tokens: u64) {
+        if tokens > 0 {
+            self.first_delivery.get_or_insert(now);
+        }
         self.pending_silent = self.pending_silent.saturating_add(tokens);
         self.streamed_tokens = self.streamed_tokens.saturating_add(tokens);
     }
@@ -266,11 +274,11 @@ mod tests {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let mut timeline = Timeline::new(t0, &BOUNDS, &BOUNDS);
-        timeline.silent_tokens(1); // before the first output: part of TTFT
+        timeline.silent_tokens(ms(4), 1); // before the first output: part of TTFT
         timeline.token_event(ms(10), 1, 1, 0, 0.0);
         timeline.token_event(ms(13), 1, 1, 0, 0.0);
-        timeline.silent_tokens(1); // vLLM's `"content":""` while it holds back partial UTF-8
-        timeline.silent_tokens(1);
+        timeline.silent_tokens(ms(16), 1); // vLLM's `"content":""` while it holds back partial UTF-8
+        timeline.silent_tokens(ms(19), 1);
         timeline.token_event(ms(22), 1, 1, 0, 0.0);
         // 1 + 3 tokens after the first output event, over 12 ms of decode.
         assert_eq!(timeline.itl.count(), 4);
@@ -283,6 +291,9 @@ mod tests {
         assert_eq!(timeline.decode_time(), Some(Duration::from_millis(12)));
         assert_eq!(timeline.streamed_tokens, 6);
         assert_eq!(timeline.pending_silent, 0);
+        // The silent first token ended prefill; the first visible one came later.
+        assert_eq!(timeline.first_delivery, Some(ms(4)));
+        assert_eq!(timeline.first_token, Some(ms(10)));
     }
 
     #[test]

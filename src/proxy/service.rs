@@ -323,8 +323,7 @@ impl Proxy {
         let mut bytes = bytes;
         let mut injected = Injected::default();
         if self.metering.inject_usage {
-            if let Some((edited, added)) =
-                injection(route, &bytes, &facts, upstream.sends_usage_unasked())
+            if let Some((edited, added)) = injection(route, &bytes, &facts, upstream.server_usage())
             {
                 bytes = Bytes::from(edited);
                 injected = added;

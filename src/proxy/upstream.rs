@@ -16,6 +16,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use super::body::RequestBody;
 use crate::config::{UpstreamConfig, UsageUnasked};
 use crate::net::tls::{client_config, TlsError};
+use crate::stream::request::ServerUsage;
 
 /// The pooled client type of every upstream.
 pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
@@ -28,8 +29,8 @@ pub struct Upstream {
     pub client: UpstreamClient,
     /// The default model label (interned once).
     pub default_model: Arc<str>,
-    /// The server sends usage to streams that did not ask (configured, or discovered by
-    /// `usage_unasked`).
+    /// The server sends the final usage chunk to streams that did not ask (configured
+    /// `"final"`, or discovered by `usage_unasked` for `"auto"`).
     pub usage_unasked: AtomicBool,
 }
 
@@ -64,7 +65,7 @@ impl Upstream {
         Ok(Self {
             name: Arc::from(config.name.as_str()),
             default_model: Arc::from(config.default_model.as_str()),
-            usage_unasked: AtomicBool::new(config.sends_usage_unasked == UsageUnasked::Yes),
+            usage_unasked: AtomicBool::new(config.sends_usage_unasked == UsageUnasked::Final),
             config,
             client,
         })
@@ -80,9 +81,19 @@ impl Upstream {
         Ok(Uri::from_parts(parts)?)
     }
 
-    /// True if the server sends the final usage chunk to streams that did not ask for it.
-    pub fn sends_usage_unasked(&self) -> bool {
-        self.usage_unasked.load(Ordering::Relaxed)
+    /// What the server sends to streams that did not ask for usage.
+    pub fn server_usage(&self) -> ServerUsage {
+        match self.config.sends_usage_unasked {
+            // Configured only: vLLM does not say so over HTTP, so discovery never sets it.
+            UsageUnasked::EveryChunk => ServerUsage::EveryChunk,
+            UsageUnasked::Final | UsageUnasked::Auto | UsageUnasked::No => {
+                if self.usage_unasked.load(Ordering::Relaxed) {
+                    ServerUsage::Final
+                } else {
+                    ServerUsage::OnlyAsked
+                }
+            }
+        }
     }
 
     /// The upstream URL for messages (no credentials are ever part of it).

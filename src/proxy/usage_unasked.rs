@@ -1,13 +1,15 @@
 //! Whether an upstream sends usage to streams that did not ask for it, and asking it.
 //!
-//! sglang `--stream-response-default-include-usage` and vLLM `--enable-force-include-usage`
-//! send the final usage chunk to every stream. tokentap must then leave that chunk to the client
-//! (it is the server's, not tokentap's injection): the proxy passes
-//! [`Upstream::sends_usage_unasked`] to `stream::request::injection`. The setting is per upstream
-//! (`sends_usage_unasked`); with `"auto"` a background task asks sglang, which says so in
-//! `/server_info` (`/get_server_info` before 0.4.7) as `stream_response_default_include_usage`,
-//! at start and every [`RECHECK`] (a restart may change the flag). vLLM does not expose its flag
-//! over HTTP: there `"auto"` stays no, and the operator sets `"yes"`.
+//! sglang `--stream-response-default-include-usage` sends the final usage chunk to every stream;
+//! vLLM `--enable-force-include-usage` sends usage on every chunk and the final usage chunk to
+//! every stream. tokentap must then leave that usage to the client (it is the server's, not
+//! tokentap's injection): the proxy passes [`Upstream::server_usage`] to
+//! `stream::request::injection`. The setting is per upstream (`sends_usage_unasked`: `"final"`,
+//! `"every_chunk"`); with `"auto"` a background task asks sglang, which says so in
+//! `/server_info` (`/get_server_info` before 0.4.7) as `stream_response_default_include_usage`
+//! (meaning `"final"`), at start and every [`RECHECK`] (a restart may change the flag). vLLM
+//! does not expose its flag over HTTP: there `"auto"` stays no, and the operator sets
+//! `"every_chunk"`.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};

@@ -314,7 +314,7 @@ impl Metering {
                         if facts.output {
                             meter.token_event(now, facts.tokens);
                         } else if facts.tokens > 0 {
-                            meter.silent_tokens(facts.tokens);
+                            meter.silent_tokens(now, facts.tokens);
                         }
                     }
                     let Some(rewriter) = rewriter.as_mut() else {

@@ -81,33 +81,51 @@ fn decode_string(body: &[u8], span: Span) -> Option<String> {
     serde_json::from_slice::<String>(span.bytes(body)).ok()
 }
 
+/// What a server sends to a streamed request that asked for no usage, by server flag. The two
+/// engines' flags differ, so tokentap must know which one it faces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ServerUsage {
+    /// Usage only when the request asks (both engines' default).
+    #[default]
+    OnlyAsked,
+    /// The final usage chunk to every stream; per-chunk usage still only when asked (sglang
+    /// `--stream-response-default-include-usage`).
+    Final,
+    /// Usage on every chunk plus the final usage chunk to every stream, whatever the request
+    /// asked (vLLM `--enable-force-include-usage`).
+    EveryChunk,
+}
+
 /// What tokentap injects into a streamed request on `route` (the body to forward and what was
-/// added), or `None` to forward it as sent. `server_sends_usage` says the upstream sends the
-/// final usage chunk to every stream unasked (sglang `--stream-response-default-include-usage`,
-/// vLLM `--enable-force-include-usage`): the client then gets that chunk without tokentap too,
-/// so tokentap does not count it as added and does not strip it.
+/// added), or `None` to forward it as sent. `server` is what the upstream sends unasked: what
+/// the client gets without tokentap too, so tokentap neither counts it as added nor strips it.
 pub fn injection(
     route: Route,
     body: &[u8],
     facts: &RequestFacts,
-    server_sends_usage: bool,
+    server: ServerUsage,
 ) -> Option<(Vec<u8>, Injected)> {
     if !facts.stream || !route.accepts_stream_options() {
         return None;
     }
-    if facts.continuous_usage && !facts.include_usage && !server_sends_usage {
-        // The client asked for per-chunk usage only. sglang sends it (exact counts without
-        // help); vLLM sends it only with include_usage, so adding include_usage would make
-        // vLLM add usage the client would not have had, and nothing in the stream says which
-        // engine it is. Forward as sent: on vLLM the counts are then approximate.
-        return None;
+    match server {
+        // The server already sends exact per-chunk counts to every stream: adding anything
+        // would only risk a difference from what the client gets direct.
+        ServerUsage::EveryChunk => None,
+        ServerUsage::Final if !facts.include_usage => {
+            let mut facts = facts.clone();
+            facts.include_usage = true;
+            inject_usage(body, &facts)
+        }
+        ServerUsage::OnlyAsked if facts.continuous_usage && !facts.include_usage => {
+            // The client asked for per-chunk usage only. sglang sends it (exact counts without
+            // help); vLLM sends it only with include_usage, so adding include_usage would make
+            // vLLM add usage the client would not have had, and nothing in the stream says which
+            // engine it is. Forward as sent: on vLLM the counts are then approximate.
+            None
+        }
+        ServerUsage::Final | ServerUsage::OnlyAsked => inject_usage(body, facts),
     }
-    if server_sends_usage && !facts.include_usage {
-        let mut facts = facts.clone();
-        facts.include_usage = true;
-        return inject_usage(body, &facts);
-    }
-    inject_usage(body, facts)
 }
 
 /// Adds whatever of `stream_options.include_usage` / `continuous_usage_stats` the request
@@ -217,15 +235,10 @@ mod tests {
 
     #[test]
     fn injection_adds_only_what_neither_client_nor_server_provides() {
-        let decide = |body: &str, server_sends_usage: bool| {
+        let decide = |body: &str, server: ServerUsage| {
             let facts = inspect(Route::ChatCompletions, body.as_bytes()).unwrap();
-            injection(
-                Route::ChatCompletions,
-                body.as_bytes(),
-                &facts,
-                server_sends_usage,
-            )
-            .map(|(_, injected)| injected)
+            injection(Route::ChatCompletions, body.as_bytes(), &facts, server)
+                .map(|(_, injected)| injected)
         };
         let plain = r#"{"stream":true,"messages":[]}"#;
         let both = Injected {
@@ -236,13 +249,23 @@ mod tests {
             include_usage: false,
             continuous_usage: true,
         };
-        assert_eq!(decide(plain, false), Some(both));
-        assert_eq!(decide(plain, true), Some(continuous));
+        assert_eq!(decide(plain, ServerUsage::OnlyAsked), Some(both));
+        assert_eq!(decide(plain, ServerUsage::Final), Some(continuous));
         let continuous_only =
             r#"{"stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[]}"#;
-        assert_eq!(decide(continuous_only, false), None);
-        assert_eq!(decide(continuous_only, true), None);
-        assert_eq!(decide(r#"{"stream":false,"messages":[]}"#, false), None);
+        assert_eq!(decide(continuous_only, ServerUsage::OnlyAsked), None);
+        assert_eq!(decide(continuous_only, ServerUsage::Final), None);
+        // vLLM --enable-force-include-usage already sends usage on every chunk: add nothing,
+        // whatever the client asked, so nothing of the server's is stripped.
+        let include_only =
+            r#"{"stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
+        for body in [plain, continuous_only, include_only] {
+            assert_eq!(decide(body, ServerUsage::EveryChunk), None, "{body}");
+        }
+        assert_eq!(
+            decide(r#"{"stream":false,"messages":[]}"#, ServerUsage::OnlyAsked),
+            None
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use crate::aggregate::cell::{InterferenceSum, SloSum};
 use crate::matrix::{CellStatus, DecodeCell, PrefillRow};
-use crate::meter::record::{Outcome, RequestRecord};
+use crate::meter::record::{prefill_rate, Outcome, RequestRecord};
 use crate::meter::slo::SloVerdict;
 
 /// What the runner gathered for one decode cell.
@@ -165,10 +165,18 @@ pub fn prefill_row(
             record.status
         ));
     }
-    let Some(ttft) = record.time_to_first_token else {
+    // Prefill ends with the first token delivered, visible or not: a scout's one token can be
+    // silent (vLLM's `"text":""` for a partial UTF-8 byte, counted only by usage).
+    let Some(ttft) = record.time_to_first_delivery.or(record.time_to_first_token) else {
         return failed("the scout request produced no token");
     };
-    let prompt_tok_s = record.prefill_tokens_per_second.or_else(|| {
+    // The record's own rate is timed to the first visible token: recomputed when that differs.
+    let rate = if record.time_to_first_token == Some(ttft) {
+        record.prefill_tokens_per_second
+    } else {
+        prefill_rate(record.prompt_tokens, record.cached_tokens, Some(ttft))
+    };
+    let prompt_tok_s = rate.or_else(|| {
         let prompt = record.prompt_tokens.unwrap_or(context) as f64;
         (ttft.as_secs_f64() > 0.0).then(|| prompt / ttft.as_secs_f64())
     });
@@ -221,6 +229,7 @@ mod tests {
             time_to_headers: None,
             time_to_first_byte: None,
             time_to_first_token: Some(Duration::from_millis(ttft_ms)),
+            time_to_first_delivery: Some(Duration::from_millis(ttft_ms)),
             duration: Duration::from_secs(3),
             decode_time: None,
             prompt_tokens: Some(8192),
@@ -317,6 +326,14 @@ mod tests {
         assert_eq!(row.status, CellStatus::Valid);
         assert_eq!(row.prompt_tok_s, Some(16_384.0));
         assert_eq!(row.ttft_ms, Some(500.0));
+        // The one token was silent: no visible first token, prefill still timed (1 fresh token).
+        let mut silent = (*r).clone();
+        silent.time_to_first_token = None;
+        silent.time_to_first_delivery = Some(Duration::from_millis(250));
+        let row = prefill_row(8192, Some(&silent), None);
+        assert_eq!(row.status, CellStatus::Valid);
+        assert_eq!(row.ttft_ms, Some(250.0));
+        assert_eq!(row.prompt_tok_s, Some(4.0));
         let failed = prefill_row(8192, None, Some("HTTP 400: too long"));
         assert_eq!(
             failed.status,

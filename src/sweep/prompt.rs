@@ -10,8 +10,10 @@
 //!   `/tokenize` the ids are 1000–9999 (valid in every common vocabulary), and `--prompt auto`
 //!   falls back to text if the server refuses them.
 //! * **Text**, for servers without token-id input: `[BENCH_<run>_CTX_<ctx>] ` and filler
-//!   words, cut to the length the server's `/tokenize` says is exactly the target (a bracketed
-//!   search on the character length; a few requests), or the closest below it.
+//!   words, cut to the length the server's tokenizer says is exactly the target (a bracketed
+//!   search on the character length; a few requests), or the closest below it. The tokenizer is
+//!   `/tokenize` (sglang, vLLM), else `/extras/tokenize` (llama-cpp-python), else — a server
+//!   with neither — the `prompt_tokens` the server reports for a probe request of the text.
 //!
 //! The prompt's JSON value is built once per context and shared by the scout and every stream.
 
@@ -142,32 +144,43 @@ pub fn filler_text(run_id: &str, context: u64, chars: usize) -> String {
 /// Why a text prompt could not be calibrated.
 #[derive(Debug, thiserror::Error)]
 pub enum CalibrationError {
-    #[error("POST /tokenize failed while calibrating a {target}-token prompt")]
+    #[error(
+        "POST /tokenize (or /extras/tokenize) failed while calibrating a {target}-token prompt"
+    )]
     Call {
         target: u64,
         #[source]
         source: super::client::CallError,
     },
-    #[error("POST /tokenize answered {status} while calibrating a {target}-token prompt: {body}")]
+    #[error("POST /tokenize (or /extras/tokenize) answered {status} while calibrating a {target}-token prompt: {body}")]
     Status {
         target: u64,
         status: u16,
         body: String,
     },
-    #[error("POST /tokenize answered without a token count (`count` or `tokens`)")]
+    #[error("the tokenizer answered without a token count (`count` or `tokens`)")]
     NoCount,
+    #[error("a probe request to count a {target}-token prompt failed: {reason}")]
+    Probe { target: u64, reason: String },
     #[error("the run prefix alone is {prefix} tokens, more than the {target} asked for")]
     TooShort { prefix: u64, target: u64 },
 }
 
-/// Counts the tokens of `text` with the server's `/tokenize`, through the proxy.
+/// Counts the tokens of `text` with the server's tokenizer endpoint, through the proxy; a
+/// server with none (both answer 404/405) counts it in a probe request's usage instead.
 pub async fn tokenize(
     proxy: &Arc<Proxy>,
     model: &str,
     text: &str,
     target: u64,
 ) -> Result<u64, CalibrationError> {
-    let value = tokenize_value(proxy, model, text, target, true).await?;
+    let value = match tokenize_value(proxy, model, text, target, true).await {
+        Ok(value) => value,
+        Err(CalibrationError::Status {
+            status: 404 | 405, ..
+        }) => return probe_prompt_tokens(proxy, model, text, target).await,
+        Err(error) => return Err(error),
+    };
     value
         .get("count")
         .and_then(Value::as_u64)
@@ -212,7 +225,9 @@ pub async fn token_id_pool(
     Ok(ids)
 }
 
-/// `POST /tokenize` of `text`; the answer's JSON.
+/// `POST /tokenize` of `text`, else (404/405: no such endpoint) llama-cpp-python's
+/// `POST /extras/tokenize` (`{"input": …}` → `{"tokens": […]}`, special tokens and BOS as its
+/// completions count them); the answer's JSON.
 async fn tokenize_value(
     proxy: &Arc<Proxy>,
     model: &str,
@@ -220,19 +235,52 @@ async fn tokenize_value(
     target: u64,
     special_tokens: bool,
 ) -> Result<Value, CalibrationError> {
+    match tokenize_at(proxy, model, text, target, special_tokens, "/tokenize").await {
+        Err(CalibrationError::Status {
+            status: 404 | 405, ..
+        }) => {
+            tokenize_at(
+                proxy,
+                model,
+                text,
+                target,
+                special_tokens,
+                "/extras/tokenize",
+            )
+            .await
+        }
+        other => other,
+    }
+}
+
+/// `POST path` of `text` in that endpoint's shape; the answer's JSON.
+async fn tokenize_at(
+    proxy: &Arc<Proxy>,
+    model: &str,
+    text: &str,
+    target: u64,
+    special_tokens: bool,
+    path: &'static str,
+) -> Result<Value, CalibrationError> {
     let mut body = String::with_capacity(text.len() + 64);
     body.push_str("{\"model\":");
     push_json_string(&mut body, model);
-    body.push_str(",\"prompt\":");
-    push_json_string(&mut body, text);
-    if !special_tokens {
-        body.push_str(",\"add_special_tokens\":false");
+    if path == "/tokenize" {
+        body.push_str(",\"prompt\":");
+        push_json_string(&mut body, text);
+        if !special_tokens {
+            body.push_str(",\"add_special_tokens\":false");
+        }
+    } else {
+        // llama-cpp-python's shape; it has no switch for special tokens.
+        body.push_str(",\"input\":");
+        push_json_string(&mut body, text);
     }
     body.push('}');
     let answer = call(
         proxy,
         Method::POST,
-        "/tokenize",
+        path,
         Some(Bytes::from(body)),
         Duration::from_secs(60),
     )
@@ -250,7 +298,50 @@ async fn tokenize_value(
     serde_json::from_slice(&answer.body).map_err(|_| CalibrationError::NoCount)
 }
 
-/// A text prompt whose `/tokenize` count is `target` (or the closest below it).
+/// The prompt tokens the server reports for `text` in a one-token, unstreamed completion: the
+/// count of last resort, for a server with no tokenizer endpoint (each probe is a prefill).
+async fn probe_prompt_tokens(
+    proxy: &Arc<Proxy>,
+    model: &str,
+    text: &str,
+    target: u64,
+) -> Result<u64, CalibrationError> {
+    let mut body = String::with_capacity(text.len() + 96);
+    body.push_str("{\"model\":");
+    push_json_string(&mut body, model);
+    body.push_str(",\"prompt\":");
+    push_json_string(&mut body, text);
+    body.push_str(",\"max_tokens\":1,\"temperature\":0,\"stream\":false}");
+    let probe_failed = |reason: String| CalibrationError::Probe { target, reason };
+    let answer = call(
+        proxy,
+        Method::POST,
+        "/v1/completions",
+        Some(Bytes::from(body)),
+        // As long as a scout may take: a minute plus the prompt at 500 tok/s.
+        Duration::from_secs(60 + target / 500),
+    )
+    .await
+    .map_err(|error| probe_failed(error.to_string()))?;
+    if !answer.ok() {
+        let mut text = answer.text();
+        text.truncate(300);
+        return Err(probe_failed(format!(
+            "HTTP {}: {text}",
+            answer.status.as_u16()
+        )));
+    }
+    answer
+        .json()
+        .and_then(|value| {
+            value
+                .pointer("/usage/prompt_tokens")
+                .and_then(Value::as_u64)
+        })
+        .ok_or_else(|| probe_failed("no usage.prompt_tokens in the answer".to_owned()))
+}
+
+/// A text prompt whose tokenizer count is `target` (or the closest below it).
 pub async fn calibrated_text_prompt(
     proxy: &Arc<Proxy>,
     model: &str,

@@ -223,7 +223,7 @@ impl Runner {
         match token_id_pool(&self.proxy, &self.plan.model, &self.id).await {
             Ok(pool) => {
                 self.note(format!(
-                    "Token-id prompts draw from {} ids the server's /tokenize produced ({}–{})",
+                    "Token-id prompts draw from {} ids the server's tokenizer produced ({}–{})",
                     pool.len(),
                     pool.first().copied().unwrap_or_default(),
                     pool.last().copied().unwrap_or_default()
@@ -231,7 +231,7 @@ impl Runner {
                 self.id_pool = Some(Arc::from(pool));
             }
             Err(error) => self.note(format!(
-                "Token-id prompts use ids 1000–9999: no vocabulary from /tokenize ({error})"
+                "Token-id prompts use ids 1000–9999: no vocabulary from /tokenize or /extras/tokenize ({error})"
             )),
         }
     }
@@ -509,8 +509,11 @@ impl Runner {
             match end {
                 StreamEnd::Stopped => return Err("cancelled".to_owned()),
                 StreamEnd::Failed(reason) => {
-                    // A refusal: a 4xx, or (vLLM) a 200 whose stream is only an error event.
+                    // A refusal: any 4xx/5xx (llama-cpp-python answers token ids with 500), or
+                    // (vLLM) a 200 whose stream is only an error event. Only the first token-id
+                    // request gets here, so a server fault is retried once, with text.
                     let refused = reason.starts_with("HTTP 4")
+                        || reason.starts_with("HTTP 5")
                         || reason.starts_with("error event in the stream");
                     if self.plan.prompt == PromptMode::Auto
                         && self.prompt_kind == PromptKind::TokenIds
@@ -521,7 +524,7 @@ impl Runner {
                         tried_text = true;
                         self.prompt_kind = PromptKind::Text;
                         self.note(format!(
-                            "The server refused a token-id prompt ({reason}); prompts are text calibrated with /tokenize"
+                            "The server refused a token-id prompt ({reason}); prompts are text calibrated with its tokenizer (/tokenize, /extras/tokenize, else a probe request's usage)"
                         ));
                         continue;
                     }
@@ -541,7 +544,7 @@ impl Runner {
                                 prompt.tokens,
                                 match prompt.kind {
                                     PromptKind::TokenIds => "token ids",
-                                    PromptKind::Text => "tokens by /tokenize",
+                                    PromptKind::Text => "tokens by its tokenizer",
                                 }
                             ));
                         }
