@@ -86,14 +86,7 @@ async fn production_cells_agree_with_the_synthetic_sweep() {
         "cell_duration": "3s",
     }))
     .unwrap();
-    let id = server.admin.sweeps.start(plan).await.unwrap();
-    let status = tokio::time::timeout(
-        Duration::from_secs(180),
-        server.admin.sweeps.follow(&id, |_| {}),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let status = common::run_sweep(&server, plan, Duration::from_secs(180)).await;
     assert_eq!(status.state, SweepState::Finished, "{status:#?}");
     let synthetic = status.matrix.unwrap();
 

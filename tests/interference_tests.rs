@@ -203,14 +203,7 @@ async fn per_request_speed_falls_with_prefill_interference_as_chunked_prefill_pr
         "cell_duration": "2s",
     }))
     .unwrap();
-    let id = server.admin.sweeps.start(plan).await.unwrap();
-    let status = tokio::time::timeout(
-        Duration::from_secs(120),
-        server.admin.sweeps.follow(&id, |_| {}),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let status = common::run_sweep(&server, plan, Duration::from_secs(120)).await;
     assert_eq!(status.state, SweepState::Finished, "{status:#?}");
     let synthetic = status.matrix.unwrap();
     for cell in &synthetic.decode {

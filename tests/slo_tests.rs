@@ -105,14 +105,7 @@ async fn sweep_cell(server: &ProxyServer, slo: Option<&str>) -> DecodeCell {
         plan["slo"] = json!(slo);
     }
     let plan: SweepRequest = serde_json::from_value(plan).unwrap();
-    let id = server.admin.sweeps.start(plan).await.unwrap();
-    let status = tokio::time::timeout(
-        Duration::from_secs(120),
-        server.admin.sweeps.follow(&id, |_| {}),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let status = common::run_sweep(server, plan, Duration::from_secs(120)).await;
     assert_eq!(status.state, SweepState::Finished, "{status:#?}");
     let matrix = status.matrix.unwrap();
     matrix.cell(CONTEXT, 2).cloned().unwrap()

@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{data, proxy, wait_ms, Script, ScriptedUpstream};
+use common::{data, proxy, run_sweep, wait_ms, Script, ScriptedUpstream};
 use serde_json::{json, Value};
 use tokentap::matrix::{CellStatus, MatrixDoc};
 use tokentap::sim::{Profile, SimHandle, SimOptions, SimServer};
 use tokentap::sweep::discover::gauge_sum;
-use tokentap::sweep::{SweepRequest, SweepState, SweepStatus};
+use tokentap::sweep::{SweepRequest, SweepState};
 use tokio::time::Instant;
 
 const STEP: &str = "step-3.7-flash-fp8-4x-rtx-pro-6000";
@@ -50,20 +50,6 @@ fn within(got: Option<f64>, want: Option<f64>, tolerance: f64) -> bool {
         (Some(got), Some(want)) => ((got - want) / want).abs() <= tolerance,
         _ => false,
     }
-}
-
-/// Runs a sweep through the manager of `server` and waits (bounded) for its end.
-async fn run_sweep(
-    server: &tokentap::serve::ProxyServer,
-    plan: SweepRequest,
-    limit: Duration,
-) -> SweepStatus {
-    let manager = &server.admin.sweeps;
-    let id = manager.start(plan).await.unwrap();
-    tokio::time::timeout(limit, manager.follow(&id, |_| {}))
-        .await
-        .expect("the sweep ends in time")
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

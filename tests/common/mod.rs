@@ -420,3 +420,17 @@ pub fn blocks(text: &str) -> Vec<Step> {
 pub fn queue<T>(items: impl IntoIterator<Item = T>) -> VecDeque<T> {
     items.into_iter().collect()
 }
+
+/// Runs a sweep through the manager of `server` and waits (bounded) for its end.
+pub async fn run_sweep(
+    server: &tokentap::serve::ProxyServer,
+    plan: tokentap::sweep::SweepRequest,
+    limit: Duration,
+) -> tokentap::sweep::SweepStatus {
+    let manager = &server.admin.sweeps;
+    let id = manager.start(plan).await.unwrap();
+    tokio::time::timeout(limit, manager.follow(&id, |_| {}))
+        .await
+        .expect("the sweep ends in time")
+        .unwrap()
+}
