@@ -1018,9 +1018,13 @@ async fn a_matrix_round_trips_through_the_simulator_and_a_sweep() {
             // TTFT of a cache hit also carries the time the proxy and the simulator take to
             // parse a request of `context` token ids: ~0.5 ms per 1K tokens in a debug build,
             // more on 2 loaded cores (GLM 64K × 8: 281–299 ms against the seed's 260 ms when
-            // idle; the release benchmark in docs/benchmarks.md is within 3%).
+            // idle; the release benchmark in docs/benchmarks.md is within 3%). A cell's C streams
+            // start together, so their parsing queues on the two cores: the median stream waits
+            // for about C/4 parses; C/8 of them (at least one) are allowed (GLM 64K × 16: 547 ms
+            // against 446 ms once in four idle runs with one).
             let (ttft, want_ttft) = (cell.ttft_ms.unwrap(), want.ttft_ms.unwrap());
-            let parse_allowance = 20.0 + cell.context_tokens as f64 / 1000.0;
+            let queued_parses = f64::from(cell.concurrency.div_ceil(8));
+            let parse_allowance = 20.0 + queued_parses * cell.context_tokens as f64 / 1000.0;
             assert!(
                 (ttft - want_ttft).abs() <= (want_ttft * 0.10).max(parse_allowance),
                 "{name} TTFT {ttft} vs {want_ttft}"
