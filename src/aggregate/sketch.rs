@@ -138,20 +138,36 @@ impl QuantileSketch {
     }
 
     /// The value at quantile `q` (0 ≤ q ≤ 1) of the weighted values: the bin holding the
-    /// point where the cumulative weight reaches q × total. `None` when empty.
+    /// point where the cumulative weight reaches q × total. When that point falls exactly on
+    /// the boundary between two bins (an even number of equal weights, for the median), the
+    /// mean of the two: the textbook median, which is what the sweep computes from its records,
+    /// so that a production cell and a sweep cell of the same requests report the same TTFT.
+    /// `None` when empty.
     pub fn quantile(&self, q: f64) -> Option<f64> {
         if self.is_empty() || !q.is_finite() {
             return None;
         }
-        let rank = q.clamp(0.0, 1.0) * self.total_weight;
+        let q = q.clamp(0.0, 1.0);
+        let rank = q * self.total_weight;
+        let on_boundary = |cumulative: f64| {
+            q > 0.0 && q < 1.0 && (cumulative - rank).abs() <= 1e-9 * self.total_weight
+        };
         let mut cumulative = self.zero_weight;
         if cumulative >= rank && self.zero_weight > 0.0 {
-            return Some(0.0);
+            return Some(match self.bins.first() {
+                Some(&(next, _)) if on_boundary(cumulative) => value_of(next) / 2.0,
+                _ => 0.0,
+            });
         }
-        for &(bin, weight) in &self.bins {
+        for (index, &(bin, weight)) in self.bins.iter().enumerate() {
             cumulative += weight;
             if cumulative >= rank {
-                return Some(value_of(bin));
+                return Some(match self.bins.get(index + 1) {
+                    Some(&(next, _)) if on_boundary(cumulative) => {
+                        (value_of(bin) + value_of(next)) / 2.0
+                    }
+                    _ => value_of(bin),
+                });
             }
         }
         self.bins.last().map(|&(bin, _)| value_of(bin))
@@ -178,6 +194,34 @@ mod tests {
                 "{value} → {median}"
             );
         }
+    }
+
+    #[test]
+    fn an_even_count_has_the_mean_of_the_middle_two_as_its_median() {
+        // Two streams of a cell: the sweep's median of [0.144, 0.164] is 0.154.
+        let mut sketch = QuantileSketch::new();
+        sketch.add(0.144, 1.0);
+        sketch.add(0.164, 1.0);
+        let median = sketch.median().unwrap();
+        assert!(
+            (median - 0.154).abs() <= 0.154 * RELATIVE_ACCURACY,
+            "{median}"
+        );
+        // Four values: the mean of the second and third.
+        sketch.add(0.100, 1.0);
+        sketch.add(0.300, 1.0);
+        let median = sketch.median().unwrap();
+        assert!(
+            (median - 0.154).abs() <= 0.154 * RELATIVE_ACCURACY,
+            "{median}"
+        );
+        // An odd count keeps the middle value.
+        sketch.add(0.500, 1.0);
+        let median = sketch.median().unwrap();
+        assert!(
+            (median - 0.164).abs() <= 0.164 * RELATIVE_ACCURACY,
+            "{median}"
+        );
     }
 
     #[test]
