@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::plan::{Plan, ServerFacts, SweepRequest};
-use crate::aggregate::wallclock::format_rfc3339;
+use crate::base::wallclock::format_rfc3339;
 use crate::matrix::units::context_label;
 use crate::matrix::MatrixDoc;
 

@@ -15,7 +15,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::SystemTime;
 
 use super::status::{SweepState, SweepStatus, SweepSummary};
-use crate::aggregate::wallclock::{format_rfc3339, parse_rfc3339};
+use crate::base::wallclock::{format_rfc3339, parse_rfc3339};
 use crate::store::{Store, StoreError, SweepRow, SweepState as RowState};
 
 /// Most sweeps `list` returns (newest first).

@@ -1,0 +1,28 @@
+//! Writing a JSON string literal into a buffer, for bodies built by hand (the simulator's
+//! responses, the sweep's requests).
+//!
+//! Hand-written because the simulator must write the exact bytes an engine writes (raw UTF-8,
+//! short escapes), into a buffer it reuses, without serde_json's intermediate `String`.
+
+use std::fmt::Write as _;
+
+/// Append `s` as a JSON string (compact, raw UTF-8 like orjson/msgspec/pydantic).
+pub fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
