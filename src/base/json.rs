@@ -26,3 +26,21 @@ pub fn push_json_string(out: &mut String, s: &str) {
     }
     out.push('"');
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sweep's request bodies were written by serde_json before; the bytes must not change.
+    #[test]
+    fn writes_what_serde_json_writes() {
+        let mut every_ascii: String = (0u8..0x80).map(char::from).collect();
+        every_ascii.push_str("é 日本 \u{2028} 🦀 \u{7f}");
+        for text in [every_ascii.as_str(), "", "plain", "a\"b\\c\nd"] {
+            let mut out = String::from("prefix:");
+            push_json_string(&mut out, text);
+            let expected = format!("prefix:{}", serde_json::to_string(text).unwrap());
+            assert_eq!(out, expected, "{text:?}");
+        }
+    }
+}
