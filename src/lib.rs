@@ -3,13 +3,13 @@
 
 pub mod admin;
 pub mod aggregate;
-pub mod cli;
+pub mod app;
+pub mod base;
 pub mod config;
 pub mod matrix;
 pub mod meter;
 pub mod net;
 pub mod proxy;
-pub mod serve;
 pub mod sim;
 pub mod store;
 pub mod stream;

@@ -1,5 +1,5 @@
-//! The `tokentap` binary: parse the command line and hand over to [`tokentap::cli::run`].
+//! The `tokentap` binary: parse the command line and hand over to [`tokentap::app::main`].
 
 fn main() -> std::process::ExitCode {
-    tokentap::cli::main()
+    tokentap::app::main()
 }

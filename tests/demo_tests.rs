@@ -6,8 +6,8 @@
 
 use std::process::ExitCode;
 
+use tokentap::app::demo::{run, steady_cells, DemoArgs, DEMO_PROFILE};
 use tokentap::matrix::{load, DecodeCell, MatrixDoc};
-use tokentap::sweep::demo::{run, steady_cells, DemoArgs, DEMO_PROFILE};
 
 fn within(got: Option<f64>, want: Option<f64>, tolerance: f64) -> bool {
     match (got, want) {

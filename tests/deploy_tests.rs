@@ -556,7 +556,7 @@ fn the_simulator_override_replaces_only_sglang() {
             .iter()
             .map(|a| interpolate(a, &BTreeMap::new()).unwrap()),
     );
-    <tokentap::cli::Cli as clap::Parser>::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+    <tokentap::app::Cli as clap::Parser>::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -1719,7 +1719,7 @@ fn completion_body(prompt_tokens: usize, max_tokens: u64) -> String {
 
 /// One client: back-to-back streaming requests until `until` (bounded in count too).
 async fn client_loop(
-    server: Arc<tokentap::serve::ProxyServer>,
+    server: Arc<tokentap::app::serve::ProxyServer>,
     prompt_tokens: usize,
     synthetic: bool,
     until: Instant,
@@ -1759,7 +1759,7 @@ async fn client_loop(
 
 /// Runs `clients` (prompt tokens, synthetic) at once for `seconds`.
 async fn phase(
-    server: &Arc<tokentap::serve::ProxyServer>,
+    server: &Arc<tokentap::app::serve::ProxyServer>,
     clients: &[(usize, bool)],
     seconds: u64,
 ) {

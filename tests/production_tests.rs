@@ -14,10 +14,10 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use common::*;
 use tokentap::aggregate::CellAccumulator;
+use tokentap::app::serve::ProxyServer;
 use tokentap::matrix::doc::{CellStatus, DecodeCell, MatrixDoc};
 use tokentap::matrix::import::parse_json;
 use tokentap::meter::record::RequestRecord;
-use tokentap::serve::ProxyServer;
 
 /// Time to first token the scripted upstream keeps.
 const TTFT: Duration = Duration::from_millis(200);
@@ -522,8 +522,7 @@ async fn snapshots_are_written_periodically_and_at_shutdown_and_survive_a_restar
         listing.lines().filter(|l| l.contains("\tm\t")).count() >= 2,
         "{listing}"
     );
-    let at =
-        tokentap::aggregate::wallclock::format_rfc3339(first.taken_at + Duration::from_millis(999));
+    let at = tokentap::base::wallclock::format_rfc3339(first.taken_at + Duration::from_millis(999));
     let rendered = std::process::Command::new(tokentap)
         .args(["matrix", "show", "--format", "json", "--at", &at, "--store"])
         .arg(&dir)

@@ -9,8 +9,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use http_body_util::{BodyExt, Full};
-use tokentap::meter::record::{Outcome, Source};
-use tokentap::stream::classify::Route;
+use tokentap::base::Route;
+use tokentap::base::Source;
+use tokentap::meter::record::Outcome;
 
 const PROMPT_TOKENS: u64 = 12;
 

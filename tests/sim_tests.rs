@@ -959,7 +959,8 @@ async fn a_speculative_seed_gives_several_tokens_per_event_at_the_seed_speed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_dialect_streams_are_read_exactly_by_the_proxy_scanner() {
-    use tokentap::stream::classify::{EventClassifier, Route as MeterRoute};
+    use tokentap::base::Route as MeterRoute;
+    use tokentap::stream::classify::EventClassifier;
     use tokentap::stream::sse::SseScanner;
 
     // GLM: reasoning first, then content, ~3 tokens per event (speculative decoding).
@@ -1597,8 +1598,8 @@ async fn the_proxy_measures_the_simulator_as_a_direct_client_does() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_measures_messages_and_responses_streams() {
+    use tokentap::base::Route as MeterRoute;
     use tokentap::meter::record::Outcome;
-    use tokentap::stream::classify::Route as MeterRoute;
 
     let sim = start(Profile::builtin(STEP).unwrap(), Dialect::Sglang).await;
     let (server, records) = common::proxy(&sim.base_url(), "").await;

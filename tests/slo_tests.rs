@@ -17,10 +17,10 @@ use common::{client, get, proxy, send, Script, ScriptedUpstream};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 use tokentap::aggregate::Window;
+use tokentap::app::serve::ProxyServer;
 use tokentap::matrix::{DecodeCell, MatrixDoc};
+use tokentap::meter::record::SloVerdict;
 use tokentap::meter::record::{Outcome, RequestRecord};
-use tokentap::meter::slo::SloVerdict;
-use tokentap::serve::ProxyServer;
 use tokentap::sim::{Profile, SimOptions, SimServer};
 use tokentap::sweep::{SweepRequest, SweepState};
 

@@ -143,18 +143,18 @@ async fn running(sim: &SimHandle) -> f64 {
 }
 
 /// A proxy on 127.0.0.1:0 from a whole configuration text.
-async fn start_proxy(config: &str) -> tokentap::serve::ProxyServer {
+async fn start_proxy(config: &str) -> tokentap::app::serve::ProxyServer {
     common::proxy_from_config(config).await.0
 }
 
 /// A proxy with the admin token set (sweeps need it) and `extra` config.
-async fn proxy_with_token(upstream: &str, extra: &str) -> tokentap::serve::ProxyServer {
+async fn proxy_with_token(upstream: &str, extra: &str) -> tokentap::app::serve::ProxyServer {
     let (server, _) = proxy(upstream, &format!("[admin]\ntoken = \"{TOKEN}\"\n{extra}")).await;
     server
 }
 
 async fn admin(
-    server: &tokentap::serve::ProxyServer,
+    server: &tokentap::app::serve::ProxyServer,
     method: &str,
     path: &str,
     token: Option<&str>,
@@ -181,7 +181,7 @@ async fn admin(
 
 /// Polls `GET /sweeps/{id}` until `check` holds (bounded).
 async fn wait_status(
-    server: &tokentap::serve::ProxyServer,
+    server: &tokentap::app::serve::ProxyServer,
     id: &str,
     what: &str,
     limit: Duration,
@@ -559,7 +559,7 @@ async fn production_above_the_guard_pauses_the_sweep() {
     while server
         .proxy
         .meter
-        .inflight(tokentap::meter::record::Source::Production)
+        .inflight(tokentap::base::Source::Production)
         == 0
     {
         assert!(Instant::now() < deadline);

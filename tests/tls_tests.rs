@@ -16,8 +16,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokentap::app::serve::ProxyServer;
 use tokentap::config::ConfigLoader;
-use tokentap::serve::ProxyServer;
 use tokio::net::TcpListener;
 
 /// A throwaway CA, a server certificate for 127.0.0.1/localhost and a client certificate.

@@ -1,43 +1,21 @@
 //! `GET /matrix?source=production|synthetic&window=…&format=json|md|csv|html|svg&model=…`:
 //! the production matrix over a window, or the latest synthetic one, in any rendering.
 //!
-//! Also owns [`LatestMatrix`], the slot the sweep engine fills with its latest synthetic
-//! matrix, and [`synthetic_matrix`], which falls back to the store's latest finished sweep.
+//! Also owns [`synthetic_matrix`]: the sweep engine's [`LatestMatrix`](crate::sweep::LatestMatrix) slot, else the store's
+//! latest finished sweep.
 //! Renders through `matrix::*`; computes nothing itself beyond choosing what to render.
 
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::{header, Request, Response, StatusCode};
 
 use crate::aggregate::{Window, DEFAULT_WINDOW};
-use crate::matrix::doc::{MatrixDoc, Metadata, Source as DocSource};
+use crate::base::Source;
+use crate::matrix::doc::{MatrixDoc, Metadata};
 use crate::proxy::body::ResponseBody;
 
 use super::{json_error, respond, AdminState};
-
-/// The latest synthetic matrix, shared between the sweep engine (writer) and the admin
-/// endpoints (readers). Cloning shares the slot.
-#[derive(Debug, Clone, Default)]
-pub struct LatestMatrix(Arc<RwLock<Option<Arc<MatrixDoc>>>>);
-
-impl LatestMatrix {
-    /// Publishes `doc` as the latest synthetic matrix (a partial one while a sweep runs).
-    pub fn set(&self, doc: MatrixDoc) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(doc));
-    }
-
-    pub fn clear(&self) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = None;
-    }
-
-    pub fn get(&self) -> Option<Arc<MatrixDoc>> {
-        self.0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-}
 
 /// The message when there is no synthetic matrix to show.
 pub const NO_SWEEP: &str = "no synthetic sweep has run yet: start one with `tokentap sweep --admin URL` (POST /sweeps); until then only the production matrix exists";
@@ -72,7 +50,7 @@ pub fn production_matrix(
         None if model.is_some() => None,
         None => {
             let mut metadata = Metadata::default();
-            metadata.run.source = Some(DocSource::Production);
+            metadata.run.source = Some(Source::Production);
             metadata.run.benchmark_tool = Some(format!("tokentap v{}", env!("CARGO_PKG_VERSION")));
             metadata.notes.push(format!(
                 "No production requests ended in the window ({}).",
@@ -170,7 +148,7 @@ pub fn percent_decode(text: &str) -> Option<String> {
 /// The query parameters `/matrix` and `/` understand, parsed and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MatrixQuery {
-    pub source: DocSource,
+    pub source: Source,
     pub window: Window,
     pub format: Option<Format>,
     pub model: Option<String>,
@@ -180,7 +158,7 @@ impl MatrixQuery {
     /// Parses a query string; the error names the parameter and what it accepts.
     pub fn parse(query: Option<&str>, allowed: &[&str]) -> Result<MatrixQuery, String> {
         let mut parsed = MatrixQuery {
-            source: DocSource::Production,
+            source: Source::Production,
             window: DEFAULT_WINDOW,
             format: None,
             model: None,
@@ -198,7 +176,7 @@ impl MatrixQuery {
             }
             match key {
                 "source" => {
-                    parsed.source = DocSource::parse(&value).ok_or_else(|| {
+                    parsed.source = Source::parse(&value).ok_or_else(|| {
                         format!("source `{value}`: expected production or synthetic")
                     })?;
                 }
@@ -235,7 +213,7 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         )
     });
     let doc = match query.source {
-        DocSource::Production => {
+        Source::Production => {
             match production_matrix(state, query.window, query.model.as_deref()) {
                 Some(doc) => Arc::new(doc),
                 None => {
@@ -250,7 +228,7 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
                 }
             }
         }
-        DocSource::Synthetic => match synthetic_matrix(state).await {
+        Source::Synthetic => match synthetic_matrix(state).await {
             Ok(Some(doc)) => doc,
             Ok(None) => return json_error(StatusCode::NOT_FOUND, NO_SWEEP),
             Err(error) => {
@@ -280,7 +258,7 @@ mod tests {
             &all,
         )
         .unwrap();
-        assert_eq!(q.source, DocSource::Synthetic);
+        assert_eq!(q.source, Source::Synthetic);
         assert_eq!(q.window, Window::Last(std::time::Duration::from_secs(300)));
         assert_eq!(q.format, Some(Format::Markdown));
         assert_eq!(q.model.as_deref(), Some("a/b c"));

@@ -17,14 +17,14 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 use crate::aggregate::ProductionMatrix;
-use crate::proxy::body::{BoxError, ResponseBody};
+use crate::proxy::body::ResponseBody;
+use crate::proxy::BoxError;
 use crate::proxy::Proxy;
 use crate::store::Store;
+use crate::sweep::LatestMatrix;
 use crate::telemetry::prometheus::PrometheusMetrics;
 
 pub mod sweeps;
-
-pub use matrix::LatestMatrix;
 
 /// What the admin endpoints read.
 #[derive(Debug)]

@@ -11,12 +11,12 @@ use std::time::SystemTime;
 
 use http::{Request, Response, StatusCode};
 
-use crate::aggregate::wallclock::format_rfc3339;
 use crate::aggregate::Window;
+use crate::base::escape::xml_escape as escape;
+use crate::base::wallclock::format_rfc3339;
 use crate::matrix::diff::diff;
 use crate::matrix::doc::MatrixDoc;
 use crate::matrix::html::{grid_fragment, measurements_fragment, page, ratio_grid_fragment};
-use crate::matrix::svg::xml_escape as escape;
 use crate::proxy::body::ResponseBody;
 
 use super::matrix::{percent_decode, production_matrix, synthetic_matrix, MatrixQuery, NO_SWEEP};

@@ -19,7 +19,8 @@ use http_body_util::{BodyExt, Limited};
 
 use super::{json_error, respond, unauthorized, AdminState};
 use crate::matrix::{html::render_html, render_json, render_markdown};
-use crate::proxy::body::{BoxError, ResponseBody};
+use crate::proxy::body::ResponseBody;
+use crate::proxy::BoxError;
 use crate::sweep::{CancelError, StartError, SweepRequest};
 
 /// Largest sweep plan accepted.

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 
 use crate::matrix::doc::{CellStatus, DecodeCell, PrefillRow};
 use crate::meter::buckets::Ladder;
+use crate::meter::record::SloVerdict;
 use crate::meter::record::{Outcome, RequestRecord};
-use crate::meter::slo::SloVerdict;
 
 use super::sketch::QuantileSketch;
 
@@ -684,9 +684,10 @@ pub(crate) mod test_records {
     use std::sync::Arc;
     use std::time::{Duration, SystemTime};
 
-    use crate::meter::record::{Outcome, RequestRecord, Source};
+    use crate::base::Route;
+    use crate::base::Source;
+    use crate::meter::record::{Outcome, RequestRecord};
     use crate::meter::timeline::{ConcurrencySplit, LocalHistogram};
-    use crate::stream::classify::Route;
 
     static BOUNDS: [f64; 1] = [1.0];
 
@@ -753,7 +754,7 @@ pub(crate) mod test_records {
             prefill_overlap_share: None,
             overlapping_prefills: None,
             prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
-            slo: crate::meter::slo::SloVerdict::Unset,
+            slo: crate::meter::record::SloVerdict::Unset,
             slo_header_invalid: false,
             context_bucket: contexts.context_bucket(prompt.unwrap_or(0)),
             concurrency_bucket: concurrency.concurrency_bucket(average_active),
@@ -866,7 +867,7 @@ mod tests {
 
     #[test]
     fn slo_attainment_counts_own_cell_requests_and_goodput_their_tokens() {
-        use crate::meter::slo::SloVerdict;
+        use crate::meter::record::SloVerdict;
         let (contexts, concurrency) = ladders();
         let tbt = Duration::from_millis(10);
         let single = |verdict: SloVerdict, tokens: u64| {

@@ -7,7 +7,6 @@
 //! - [`window`]: [`ProductionMatrix`], the record sink that keeps time slices and answers
 //!   "the matrix of the last hour".
 //! - [`snapshot`]: the task that writes the production matrix to the store every interval.
-//! - [`wallclock`]: RFC 3339 times.
 //!
 //! Nothing here keeps a list of requests: memory is bounded by slices × cells × sketch bins.
 //! The definitions of every column are in docs/metrics.md. This module never renders (the
@@ -16,7 +15,6 @@
 pub mod cell;
 pub mod sketch;
 pub mod snapshot;
-pub mod wallclock;
 pub mod window;
 
 pub use cell::{CellAccumulator, Fragment, MatrixAccumulator, PrefillAccumulator};

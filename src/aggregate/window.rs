@@ -9,17 +9,19 @@
 //! `record` takes one mutex for a few map lookups and sketch insertions.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::config::parse_duration;
-use crate::matrix::doc::{MatrixDoc, Metadata, Source as DocSource};
+use crate::base::duration::parse_duration;
+use crate::base::lock;
+use crate::base::Source;
+use crate::matrix::doc::{MatrixDoc, Metadata};
 use crate::meter::buckets::Ladder;
-use crate::meter::record::{RequestRecord, Source};
+use crate::meter::record::RequestRecord;
 use crate::meter::RecordSink;
 
 use super::cell::MatrixAccumulator;
-use super::wallclock::{format_rfc3339, unix_seconds};
+use crate::base::wallclock::{format_rfc3339, unix_seconds};
 
 /// Shortest window a production matrix can be asked for (the slice width).
 pub const MIN_WINDOW: Duration = Duration::from_secs(60);
@@ -217,7 +219,7 @@ impl ProductionMatrix {
         let mut single = MatrixAccumulator::default();
         single.add_record(record, &self.concurrency);
         let at = unix_seconds(ended).max(0.0) as u64;
-        let mut slices = self.slices.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slices = lock::lock(&self.slices);
         let Slices {
             minutes,
             hours,
@@ -236,7 +238,7 @@ impl ProductionMatrix {
 
     /// Every model's accumulated figures over `window` ending at `now`.
     pub fn window(&self, window: Window, now: SystemTime) -> Vec<WindowMatrix> {
-        let slices = self.slices.lock().unwrap_or_else(PoisonError::into_inner);
+        let slices = lock::lock(&self.slices);
         let mut merged = ByModel::new();
         let mut add = |models: &ByModel| {
             for (model, accumulator) in models {
@@ -324,12 +326,9 @@ impl ProductionMatrix {
     pub fn document(&self, window: &WindowMatrix, others: &[&str]) -> MatrixDoc {
         let mut metadata = Metadata::default();
         metadata.model.served_model = Some(one_line(&window.model));
-        metadata.run.source = Some(match self.source {
-            Source::Production => DocSource::Production,
-            Source::Synthetic => DocSource::Synthetic,
-        });
+        metadata.run.source = Some(self.source);
         metadata.run.benchmark_tool = Some(format!("tokentap v{}", env!("CARGO_PKG_VERSION")));
-        metadata.run.decode_test = Some(format!("{} traffic", capitalised(self.source.label())));
+        metadata.run.decode_test = Some(format!("{} traffic", capitalised(self.source.as_str())));
         metadata.run.prefill_mode = Some("Cold requests in the window".to_owned());
         let length = window
             .to
@@ -341,7 +340,7 @@ impl ProductionMatrix {
         metadata.notes.push(format!(
             "Aggregated from {} {} requests that ended in the window ({}).",
             window.accumulator.requests,
-            self.source.label(),
+            self.source.as_str(),
             window.window.label()
         ));
         if !others.is_empty() {
@@ -358,7 +357,7 @@ impl ProductionMatrix {
 
     /// Sketch bins held by every slice (memory accounting: 16 bytes each).
     pub fn sketch_bins(&self) -> usize {
-        let slices = self.slices.lock().unwrap_or_else(PoisonError::into_inner);
+        let slices = lock::lock(&self.slices);
         let count = |models: &ByModel| models.values().map(|m| m.sketch_bins()).sum::<usize>();
         slices
             .minutes
@@ -372,7 +371,7 @@ impl ProductionMatrix {
 
     /// Slices held (at most 120 minute slices and 25 hour slices).
     pub fn slice_count(&self) -> usize {
-        let slices = self.slices.lock().unwrap_or_else(PoisonError::into_inner);
+        let slices = lock::lock(&self.slices);
         slices.minutes.slices.len() + slices.hours.slices.len()
     }
 }

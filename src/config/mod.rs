@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use http::Uri;
 
+use crate::base::duration::parse_duration;
 use crate::meter::buckets::Ladder;
 use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
 
@@ -226,33 +227,6 @@ fn parse_scalar(value: &str) -> toml::Value {
         .ok()
         .and_then(|mut t| t.remove("v"))
         .unwrap_or_else(|| toml::Value::String(value.to_string()))
-}
-
-/// Parses `500ms`, `30s`, `5m`, `1h`, `0` (zero).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("`{text}` has no unit: write e.g. 500ms, 30s, 5m or 1h"))?;
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration: write e.g. 500ms, 30s, 5m or 1h"))?;
-    let seconds = match unit.trim() {
-        "ms" => number / 1000.0,
-        "s" => number,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{text}`: use ms, s, m or h"
-            ))
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is out of range"))
 }
 
 /// Validated configuration.

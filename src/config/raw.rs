@@ -4,7 +4,7 @@
 use serde::{Deserialize, Deserializer};
 
 /// A duration as written: `30s`, `500ms`, or a bare `0` (which TOML and the environment layer
-/// read as a number). Validation parses it (`config::parse_duration`).
+/// read as a number). Validation parses it (`base::duration::parse_duration`).
 fn duration_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]

@@ -8,6 +8,9 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::base::wallclock::is_rfc3339;
+pub use crate::base::Source;
+
 /// The schema tag every JSON document carries; bump it when a field changes meaning or is added.
 pub const SCHEMA: &str = "tokentap.matrix/v1";
 
@@ -117,33 +120,6 @@ pub struct RunInfo {
     pub started_at: Option<String>,
     /// RFC 3339 time the run or window ended.
     pub ended_at: Option<String>,
-}
-
-/// Where a matrix's figures come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Source {
-    /// Aggregated from real client traffic through the proxy.
-    Production,
-    /// Measured by a sweep (tokentap's own, or a published benchmark page).
-    Synthetic,
-}
-
-impl Source {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Source::Production => "production",
-            Source::Synthetic => "synthetic",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<Source> {
-        match text {
-            "production" => Some(Source::Production),
-            "synthetic" => Some(Source::Synthetic),
-            _ => None,
-        }
-    }
 }
 
 /// A fact with no dedicated field: which page section it sat in, its key and value.
@@ -742,77 +718,6 @@ fn check_time(field: &'static str, value: &str) -> Result<(), ValidationError> {
             field,
             value: value.to_owned(),
         })
-    }
-}
-
-/// Whether `value` is an RFC 3339 date-time (shape and field ranges; leap seconds allowed).
-pub fn is_rfc3339(value: &str) -> bool {
-    let bytes = value.as_bytes();
-    let digits = |range: std::ops::Range<usize>| -> Option<u32> {
-        let slice = bytes.get(range)?;
-        if slice.iter().all(u8::is_ascii_digit) {
-            Some(
-                slice
-                    .iter()
-                    .fold(0u32, |acc, b| acc * 10 + u32::from(b - b'0')),
-            )
-        } else {
-            None
-        }
-    };
-    let separator =
-        |index: usize, expected: &[u8]| bytes.get(index).is_some_and(|b| expected.contains(b));
-    let (Some(_year), Some(month), Some(day), Some(hour), Some(minute), Some(second)) = (
-        digits(0..4),
-        digits(5..7),
-        digits(8..10),
-        digits(11..13),
-        digits(14..16),
-        digits(17..19),
-    ) else {
-        return false;
-    };
-    if !(separator(4, b"-")
-        && separator(7, b"-")
-        && separator(10, b"Tt ")
-        && separator(13, b":")
-        && separator(16, b":"))
-    {
-        return false;
-    }
-    if !((1..=12).contains(&month)
-        && (1..=31).contains(&day)
-        && hour < 24
-        && minute < 60
-        && second <= 60)
-    {
-        return false;
-    }
-    let mut index = 19;
-    if bytes.get(index) == Some(&b'.') {
-        index += 1;
-        let start = index;
-        while bytes.get(index).is_some_and(u8::is_ascii_digit) {
-            index += 1;
-        }
-        if index == start {
-            return false;
-        }
-    }
-    match bytes.get(index) {
-        Some(b'Z' | b'z') => index + 1 == bytes.len(),
-        Some(b'+' | b'-') => {
-            let (Some(offset_hour), Some(offset_minute)) =
-                (digits(index + 1..index + 3), digits(index + 4..index + 6))
-            else {
-                return false;
-            };
-            separator(index + 3, b":")
-                && offset_hour < 24
-                && offset_minute < 60
-                && index + 6 == bytes.len()
-        }
-        _ => false,
     }
 }
 

@@ -3,10 +3,9 @@
 //! two matrices and what a simulator can infer from one.
 //!
 //! Everything here is pure (strings and structs in, strings and structs out) except `file`, which
-//! reads files for the CLI and other modules, and `cli`, the `tokentap matrix` command. Producers
+//! reads files for the commands and other modules (the `tokentap matrix` command is `app::matrix`). Producers
 //! (sweep engine, production aggregator) build a [`MatrixDoc`] in code and call
 //! [`MatrixDoc::validate`]; consumers render it with the functions re-exported here.
-pub mod cli;
 pub mod csv;
 pub mod diff;
 pub mod doc;

@@ -3,6 +3,8 @@
 //! well-formed XML with every text escaped; the HTML page inlines the same elements.
 use std::fmt::Write as _;
 
+pub use crate::base::escape::xml_escape;
+
 use super::doc::MatrixDoc;
 use super::units::{context_label, format_rate};
 
@@ -19,24 +21,6 @@ const PALETTE: [&str; 10] = [
     "#0072b2", "#e69f00", "#009e73", "#d55e00", "#cc79a7", "#56b4e9", "#b8a200", "#000000",
     "#7f3c8d", "#8c6d31",
 ];
-
-/// Escapes text for XML and HTML (element content and attribute values).
-pub fn xml_escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for ch in text.chars() {
-        match ch {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            // Control characters are not allowed in XML 1.0; a page never needs them.
-            c if c.is_control() && c != '\n' && c != '\t' => out.push('\u{fffd}'),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// A "nice" upper bound and step for a linear axis from 0 to at least `max`.
 fn nice_axis(max: f64) -> (f64, f64) {

@@ -18,9 +18,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
+
+use crate::base::lock;
 
 use super::buckets::MAX_LADDER;
 
@@ -140,13 +142,13 @@ impl InflightTracker {
             }
         }
         // A writer kept being preempted mid-publish: wait for it the slow way.
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writer = lock::lock(&self.writer);
         integrate(self.load())
     }
 
     /// Applies `inflight` and `prefill` deltas at `now` and returns the reading just after.
     fn change(&self, now: Instant, inflight: i32, prefill: i32) -> TrackerReading {
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writer = lock::lock(&self.writer);
         let now_ns = self.nanos(now);
         let old = self.load();
         let elapsed = now_ns.saturating_sub(old.since) as f64 / 1e9;
@@ -294,7 +296,7 @@ pub struct InflightRegistry {
 impl InflightRegistry {
     /// The tracker for (upstream, model), created on first use.
     pub fn tracker(&self, upstream: &Arc<str>, model: &Arc<str>) -> Arc<InflightTracker> {
-        let mut trackers = self.trackers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut trackers = lock::lock(&self.trackers);
         Arc::clone(
             trackers
                 .entry((Arc::clone(upstream), Arc::clone(model)))
@@ -304,7 +306,7 @@ impl InflightRegistry {
 
     /// Total in flight across every upstream and model.
     pub fn total(&self) -> u32 {
-        let trackers = self.trackers.lock().unwrap_or_else(PoisonError::into_inner);
+        let trackers = lock::lock(&self.trackers);
         trackers.values().map(|t| t.current()).sum()
     }
 }

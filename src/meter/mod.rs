@@ -6,6 +6,7 @@
 //! which publishes one [`RequestRecord`] when the request ends — exactly once, whichever way it
 //! ends (an explicit finish, or drop: a client that hung up).
 
+pub mod bounds;
 pub mod buckets;
 pub mod inflight;
 pub mod record;
@@ -13,17 +14,18 @@ pub mod slo;
 pub mod timeline;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use crate::stream::classify::{Route, Usage};
-use crate::telemetry::names::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
+use crate::base::lock;
+use crate::base::{Route, Source};
 
+use bounds::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
 use buckets::Ladder;
 use inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
-use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord, Source};
+use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord};
 use slo::{ResolvedSlo, SloFigures};
 use timeline::Timeline;
 
@@ -38,6 +40,14 @@ pub const MAX_TOKENS_PER_EVENT: u64 = 1024;
 /// Most tokens one request may report, prompt or completion (16.7 M: above every context
 /// window served today). Larger usage numbers are clamped to this and flagged.
 pub const MAX_TOKENS_PER_REQUEST: u64 = 1 << 24;
+
+/// Token counts reported by the upstream (any field may be missing).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+}
 
 /// Receives every finished record. Called on the request's own task when it ends: keep it
 /// short and never block (take a brief lock, bump counters, try_send to a channel).
@@ -101,18 +111,12 @@ impl Meter {
 
     /// Adds a sink; it sees every record finished from now on.
     pub fn add_sink(&self, sink: Arc<dyn RecordSink>) {
-        self.sinks
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(sink);
+        lock::write(&self.sinks).push(sink);
     }
 
     /// Removes a sink added earlier (compared by pointer).
     pub fn remove_sink(&self, sink: &Arc<dyn RecordSink>) {
-        self.sinks
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|s| !Arc::ptr_eq(s, sink));
+        lock::write(&self.sinks).retain(|s| !Arc::ptr_eq(s, sink));
     }
 
     /// Completion tokens seen so far in token events of `source`.
@@ -136,12 +140,7 @@ impl Meter {
         if let Some(c) = self.inflight_by_source.get(labels.source.index()) {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        for sink in self
-            .sinks
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
+        for sink in lock::read(&self.sinks).iter() {
             sink.started(&labels);
         }
         RequestMeter {
@@ -162,7 +161,7 @@ impl Meter {
 
     fn publish(&self, record: RequestRecord) -> Arc<RequestRecord> {
         let record = Arc::new(record);
-        let sinks = self.sinks.read().unwrap_or_else(PoisonError::into_inner);
+        let sinks = lock::read(&self.sinks);
         for sink in sinks.iter() {
             sink.record(&record);
         }
@@ -237,7 +236,7 @@ impl RequestMeter {
 
     /// Records tokens the upstream reported without visible output (partial UTF-8 held back,
     /// a swallowed `<think>` marker): they count for throughput and share the next output
-    /// event's gap in ITL, but are never the first or last token (SPEC §3).
+    /// event's gap in ITL, but are never the first or last token.
     pub fn silent_tokens(&mut self, now: Instant, tokens: u64) {
         let tokens = self.plausible(tokens, MAX_TOKENS_PER_EVENT);
         let Some(guard) = &self.guard else {

@@ -1,4 +1,5 @@
-//! The per-request record: what was measured and what is derived from it (SPEC §3).
+//! The per-request record: what was measured and what is derived from it, and the SLO
+//! verdict it carries.
 //!
 //! A record is built once, when a request ends, from its [`Timeline`](super::timeline::Timeline) and the upstream's
 //! usage, and handed to every [`super::RecordSink`] (Prometheus, matrix aggregators,
@@ -9,34 +10,32 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::stream::classify::Route;
+use crate::base::{Route, Source};
 
 use super::buckets::MAX_LADDER;
-use super::slo::SloVerdict;
 use super::timeline::{ConcurrencySplit, LocalHistogram};
 
-/// Where a request came from. Synthetic requests are the sweep's own; they are never mixed
-/// into production figures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Source {
-    Production,
-    Synthetic,
+/// How a finished request fared against its targets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum SloVerdict {
+    /// No target was set for this request.
+    #[default]
+    Unset,
+    /// Every set target was met.
+    Met,
+    /// At least one set target was missed, or the request failed.
+    Missed,
 }
 
-impl Source {
-    pub const ALL: [Source; 2] = [Source::Production, Source::Synthetic];
+impl SloVerdict {
+    /// The verdicts that count towards attainment, in label order.
+    pub const JUDGED: [SloVerdict; 2] = [SloVerdict::Met, SloVerdict::Missed];
 
     pub fn label(self) -> &'static str {
         match self {
-            Source::Production => "production",
-            Source::Synthetic => "synthetic",
-        }
-    }
-
-    pub fn index(self) -> usize {
-        match self {
-            Source::Production => 0,
-            Source::Synthetic => 1,
+            SloVerdict::Unset => "unset",
+            SloVerdict::Met => "met",
+            SloVerdict::Missed => "missed",
         }
     }
 }

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::record::Outcome;
+use super::record::{Outcome, SloVerdict};
 
 /// The request header a client may send to set its own targets, replacing the configured ones
 /// for that request: `x-tokentap-slo: ttft=500ms,tbt=50ms,e2e=30s` (any subset), or `none` for
@@ -27,31 +27,6 @@ pub struct SloTargets {
     pub tbt: Option<Duration>,
     /// End to end: request head in → response end.
     pub e2e: Option<Duration>,
-}
-
-/// How a finished request fared against its targets.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum SloVerdict {
-    /// No target was set for this request.
-    #[default]
-    Unset,
-    /// Every set target was met.
-    Met,
-    /// At least one set target was missed, or the request failed.
-    Missed,
-}
-
-impl SloVerdict {
-    /// The verdicts that count towards attainment, in label order.
-    pub const JUDGED: [SloVerdict; 2] = [SloVerdict::Met, SloVerdict::Missed];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            SloVerdict::Unset => "unset",
-            SloVerdict::Met => "met",
-            SloVerdict::Missed => "missed",
-        }
-    }
 }
 
 /// What the verdict is computed from (the record's own figures).

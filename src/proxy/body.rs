@@ -5,12 +5,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::timeout::{IdleError, UpstreamBody};
+use super::BoxError;
 use crate::stream::body::MeteredBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-
-/// Errors of a client request body, whatever its origin.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A streamed client body of any type (one allocation per request that needs it).
 pub type DynBody = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use http::{header, Response, StatusCode};
 
-use super::body::{BoxError, ResponseBody};
+use super::body::ResponseBody;
+use super::BoxError;
 use crate::meter::record::Outcome;
 
 #[derive(Debug, thiserror::Error)]

@@ -11,3 +11,7 @@ pub mod upstream;
 pub mod usage_unasked;
 
 pub use service::{Proxy, ProxyService, Synthetic};
+
+/// The error every body on the data path yields: whatever the client's or the upstream's body
+/// failed with, boxed so the request and response enums have one error type.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -24,18 +24,20 @@ use http_body_util::BodyExt;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
-use super::body::{BoxError, DynBody, RequestBody, ResponseBody};
+use super::body::{DynBody, RequestBody, ResponseBody};
 use super::error::{error_chain, ProxyError};
 use super::headers::{is_event_stream, remove_hop_by_hop};
 use super::timeout::{is_stall, IdleError, IdleTimeout};
 use super::upstream::{Router, Upstream};
+use super::BoxError;
+use crate::base::lock;
+use crate::base::Route;
+use crate::base::Source;
 use crate::config::MeteringConfig;
-use crate::meter::record::Source;
 use crate::meter::slo::SLO_HEADER;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
 use crate::net::faults::{Fault, FaultCounters};
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
-use crate::stream::classify::Route;
 use crate::stream::request::{injection, inspect};
 use crate::stream::rewrite::Injected;
 
@@ -65,18 +67,13 @@ impl ModelLabels {
     }
 
     pub fn label(&self, model: &str) -> Arc<str> {
-        if let Some(label) = self
-            .known
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(model)
-        {
+        if let Some(label) = lock::read(&self.known).get(model) {
             return Arc::clone(label);
         }
         if model.len() > 200 {
             return Arc::clone(&self.other);
         }
-        let mut known = self.known.write().unwrap_or_else(PoisonError::into_inner);
+        let mut known = lock::write(&self.known);
         if known.len() >= self.max {
             return Arc::clone(&self.other);
         }

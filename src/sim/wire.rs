@@ -11,6 +11,8 @@ use std::fmt::Write as _;
 
 use tokio::time::Instant;
 
+pub use crate::base::json::push_json_string as push_json_str;
+
 use super::scheduler::{Event, Finish};
 use super::text::FillerText;
 use super::Dialect;
@@ -733,27 +735,6 @@ impl Renderer {
         }
         out
     }
-}
-
-/// Append `s` as a JSON string (compact, raw UTF-8 like orjson/msgspec/pydantic).
-pub fn push_json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
 }
 
 pub fn unix_seconds() -> u64 {

@@ -7,15 +7,14 @@
 //! short (one statement under a mutex): call them from `spawn_blocking` on async paths. This
 //! module never decides *when* to write — the snapshot task and the sweep engine do.
 
-pub mod cli;
-
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::aggregate::wallclock::{from_unix_millis, unix_millis};
+use crate::base::lock;
+use crate::base::wallclock::{from_unix_millis, unix_millis};
 use crate::matrix::doc::MatrixDoc;
 use crate::matrix::import::{parse_json, ImportError};
 
@@ -216,9 +215,7 @@ impl Store {
     }
 
     fn connection(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.connection
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock::lock(&self.connection)
     }
 
     /// Inserts or replaces a sweep (by id).

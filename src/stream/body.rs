@@ -22,9 +22,10 @@ use tokio::time::Instant;
 use crate::meter::record::Outcome;
 use crate::meter::RequestMeter;
 
-use super::classify::{EventClassifier, Route};
+use super::classify::EventClassifier;
 use super::rewrite::{decide, restorable_members, Edit, Injected, KeySet};
 use super::sse::SseScanner;
+use crate::base::Route;
 
 /// How the response body is read.
 #[derive(Debug)]

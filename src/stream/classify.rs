@@ -6,74 +6,14 @@
 //! keeps the little per-stream state a dialect needs (cumulative usage per choice, the length
 //! of `/generate`'s cumulative text) in fixed arrays: no allocation, no I/O, no clock.
 //!
-//! First-token rule (SPEC §3): only non-empty generated output counts — content,
+//! First-token rule: only non-empty generated output counts — content,
 //! reasoning/reasoning_content, tool_calls, completion text, `/generate` text growth,
 //! `content_block_delta`, Responses `*.delta`. Role-only, empty, usage-only and keep-alive
 //! events never count.
 
 use super::json::{self, Span};
-
-/// The metered routes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Route {
-    /// `/v1/chat/completions`
-    ChatCompletions,
-    /// `/v1/completions`
-    Completions,
-    /// sglang native `/generate`
-    Generate,
-    /// Anthropic-style `/v1/messages`
-    Messages,
-    /// OpenAI Responses `/v1/responses`
-    Responses,
-}
-
-impl Route {
-    /// Every metered route, in label order.
-    pub const ALL: [Route; 5] = [
-        Route::ChatCompletions,
-        Route::Completions,
-        Route::Generate,
-        Route::Messages,
-        Route::Responses,
-    ];
-
-    /// The metered route for a request path, if any.
-    pub fn from_path(path: &str) -> Option<Route> {
-        match path.trim_end_matches('/') {
-            "/v1/chat/completions" => Some(Route::ChatCompletions),
-            "/v1/completions" => Some(Route::Completions),
-            "/generate" => Some(Route::Generate),
-            "/v1/messages" => Some(Route::Messages),
-            "/v1/responses" => Some(Route::Responses),
-            _ => None,
-        }
-    }
-
-    /// The Prometheus label value (a static string: no allocation when labelling).
-    pub fn label(self) -> &'static str {
-        match self {
-            Route::ChatCompletions => "chat_completions",
-            Route::Completions => "completions",
-            Route::Generate => "generate",
-            Route::Messages => "messages",
-            Route::Responses => "responses",
-        }
-    }
-
-    /// Whether `stream_options` usage injection applies to this route.
-    pub fn accepts_stream_options(self) -> bool {
-        matches!(self, Route::ChatCompletions | Route::Completions)
-    }
-}
-
-/// Token counts reported by the upstream (any field may be missing).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
-    pub cached_tokens: Option<u64>,
-}
+use crate::base::Route;
+use crate::meter::Usage;
 
 /// What one event means.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -11,9 +11,9 @@
 //! member could be one the server reads — it injects nothing, so it strips nothing either. (A
 //! body the server's parser rejects outright gets an error answer, which is never rewritten.)
 
-use super::classify::Route;
 use super::json::{self, Span};
 use super::rewrite::Injected;
+use crate::base::Route;
 
 /// The fields tokentap reads from a metered request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -83,7 +83,7 @@ pub fn metered_chat_body(
     injected: super::rewrite::Injected,
 ) -> super::body::MeteredBody<Frames> {
     metered_body(
-        super::classify::Route::ChatCompletions,
+        crate::base::Route::ChatCompletions,
         200,
         true,
         frames,
@@ -96,7 +96,7 @@ pub fn metered_chat_body(
 /// stream when `event_stream`), wrapped in the metering body exactly as the proxy wraps an
 /// upstream's body: the replay tests feed real engine captures through it.
 pub fn metered_body(
-    route: super::classify::Route,
+    route: crate::base::Route,
     status: u16,
     event_stream: bool,
     frames: impl IntoIterator<Item = Bytes>,
@@ -107,7 +107,7 @@ pub fn metered_body(
     let mut request = meter.begin(
         crate::meter::RequestLabels {
             route,
-            source: crate::meter::record::Source::Production,
+            source: crate::base::Source::Production,
             model: std::sync::Arc::from("m"),
             upstream: std::sync::Arc::from("u"),
             tag: None,

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use crate::aggregate::cell::{InterferenceSum, SloSum};
 use crate::matrix::{CellStatus, DecodeCell, PrefillRow};
+use crate::meter::record::SloVerdict;
 use crate::meter::record::{prefill_rate, Outcome, RequestRecord};
-use crate::meter::slo::SloVerdict;
 
 /// What the runner gathered for one decode cell.
 #[derive(Debug, Clone)]
@@ -209,9 +209,9 @@ fn most_common(values: impl Iterator<Item = u64>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meter::record::Source;
+    use crate::base::Route;
+    use crate::base::Source;
     use crate::meter::timeline::{ConcurrencySplit, LocalHistogram};
-    use crate::stream::classify::Route;
     use std::time::SystemTime;
 
     fn record(ttft_ms: u64, tbt_ms: f64, active: f64) -> Arc<RequestRecord> {

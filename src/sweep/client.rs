@@ -124,11 +124,3 @@ pub async fn get_ok(proxy: &Arc<Proxy>, path: &str, timeout: Duration) -> Option
         .ok()
         .filter(Answer::ok)
 }
-
-/// Appends `value` to `out` as a JSON string literal.
-pub fn push_json_string(out: &mut String, value: &str) {
-    match serde_json::to_string(value) {
-        Ok(quoted) => out.push_str(&quoted),
-        Err(_) => out.push_str("\"\""),
-    }
-}

@@ -13,12 +13,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 
 use super::discover::discover;
+use super::latest::LatestMatrix;
 use super::plan::{Plan, PlanError, SweepRequest};
 use super::prompt::mix;
 use super::runner::{run, RunnerInput};
 use super::status::{StatusCell, SweepState, SweepStatus, SweepSummary};
 use super::store::{MemoryStore, SweepStore};
-use crate::admin::LatestMatrix;
 use crate::config::SweepConfig;
 use crate::matrix::MatrixDoc;
 use crate::proxy::Proxy;

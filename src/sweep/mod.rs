@@ -1,7 +1,6 @@
-//! Synthetic matrix sweeps (SPEC §5): the plan, exact-length prompts, the runner that drives
-//! scouts and decode cells through the proxy's own metering path, the cell arithmetic, the
-//! manager behind `POST /sweeps` (one sweep at a time, persisted), and the `tokentap sweep` and
-//! `tokentap demo` commands.
+//! Synthetic matrix sweeps: the plan, exact-length prompts, the runner that drives scouts and
+//! decode cells through the proxy's own metering path, the cell arithmetic, and the manager
+//! behind `POST /sweeps` (one sweep at a time, persisted).
 //!
 //! Every synthetic request goes through [`crate::proxy::Proxy::handle`] tagged
 //! [`crate::proxy::Synthetic`], so the cells are computed from the same
@@ -14,15 +13,15 @@
 //! itself), `prompt` (token-id and calibrated text prompts), `driver` (one stream: send,
 //! read, detect errors and output loops), `cell` (records + window → matrix cells, pure),
 //! `runner` (the procedure), `status` (progress and the JSON of `GET /sweeps/{id}`), `progress` (the progress line on stderr),
-//! `store` (persistence seam over the shared SQLite store), `manager` (one at a time, cancel, follow), `cli`
-//! (`tokentap sweep`), `demo` (`tokentap demo`).
+//! `store` (persistence seam over the shared SQLite store), `latest` (the latest synthetic matrix,
+//! read by the admin endpoints), `manager` (one at a time, cancel, follow). The `tokentap sweep`
+//! and `tokentap demo` commands are `app::sweep` and `app::demo`.
 
 pub mod cell;
-pub mod cli;
 pub mod client;
-pub mod demo;
 pub mod discover;
 pub mod driver;
+pub mod latest;
 pub mod manager;
 pub mod plan;
 pub mod progress;
@@ -31,6 +30,7 @@ pub mod runner;
 pub mod status;
 pub mod store;
 
+pub use latest::LatestMatrix;
 pub use manager::{CancelError, StartError, SweepManager};
 pub use plan::{Plan, PlanError, PromptMode, ServerFacts, SweepRequest};
 pub use status::{Progress, SweepState, SweepStatus, SweepSummary};

@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{parse_duration, SweepConfig};
+use crate::base::duration::parse_duration;
+use crate::config::SweepConfig;
 use crate::matrix::units::{context_label, parse_context};
 use crate::meter::slo::SloTargets;
 

@@ -24,7 +24,8 @@ use bytes::Bytes;
 use http::Method;
 use serde_json::Value;
 
-use super::client::{call, push_json_string};
+use super::client::call;
+use crate::base::json::push_json_string;
 use crate::proxy::Proxy;
 
 /// Ids of the per-run prefix.

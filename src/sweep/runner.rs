@@ -26,7 +26,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::cell::{decode_cell, prefill_row, CellMeasurement};
-use super::client::{call, get_ok, push_json_string};
+use super::client::{call, get_ok};
 use super::discover::gauge_sum;
 use super::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
 use super::plan::{EngineKind, Plan, PrefillTarget, PromptMode, ServerFacts};
@@ -34,13 +34,15 @@ use super::prompt::{
     calibrated_text_prompt, run_seed, token_id_pool, token_id_prompt, Prompt, PromptKind,
 };
 use super::status::{CurrentStep, StatusCell, StepPhase, SweepState};
-use crate::aggregate::wallclock::format_rfc3339 as rfc3339;
+use crate::base::json::push_json_string;
+use crate::base::wallclock::format_rfc3339 as rfc3339;
+use crate::base::Source;
 use crate::matrix::units::context_label;
 use crate::matrix::{
     CellStatus, DecodeCell, Engine, Hardware, MatrixDoc, Metadata, ModelInfo, PrefillRow, RunInfo,
     Source as MatrixSource,
 };
-use crate::meter::record::{RequestRecord, Source};
+use crate::meter::record::RequestRecord;
 use crate::meter::RecordSink;
 use crate::proxy::Proxy;
 

@@ -3,13 +3,14 @@
 //! matrix), the summaries of `GET /sweeps`, and the shared cell the runner writes and the
 //! manager, the store and followers read.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::plan::{Plan, ServerFacts, SweepRequest};
-use crate::aggregate::wallclock::format_rfc3339;
+use crate::base::lock;
+use crate::base::wallclock::format_rfc3339;
 use crate::matrix::units::context_label;
 use crate::matrix::MatrixDoc;
 
@@ -241,16 +242,13 @@ impl StatusCell {
 
     /// A copy of the status now.
     pub fn snapshot(&self) -> SweepStatus {
-        self.status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock::lock(&self.status).clone()
     }
 
     /// Changes the status and tells followers.
     pub fn update<R>(&self, change: impl FnOnce(&mut SweepStatus) -> R) -> R {
         let result = {
-            let mut status = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut status = lock::lock(&self.status);
             let result = change(&mut status);
             status.updated_at = format_rfc3339(std::time::SystemTime::now());
             result
@@ -260,10 +258,7 @@ impl StatusCell {
     }
 
     pub fn state(&self) -> SweepState {
-        self.status
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .state
+        lock::lock(&self.status).state
     }
 
     /// A receiver that sees every change from now on.

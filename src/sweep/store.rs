@@ -11,11 +11,12 @@
 //! Calls are synchronous and short; the manager runs them on the blocking pool.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::SystemTime;
 
 use super::status::{SweepState, SweepStatus, SweepSummary};
-use crate::aggregate::wallclock::{format_rfc3339, parse_rfc3339};
+use crate::base::lock;
+use crate::base::wallclock::{format_rfc3339, parse_rfc3339};
 use crate::store::{Store, StoreError, SweepRow, SweepState as RowState};
 
 /// Most sweeps `list` returns (newest first).
@@ -42,15 +43,12 @@ pub struct MemoryStore {
 
 impl SweepStore for MemoryStore {
     fn put(&self, status: &SweepStatus) -> Result<(), StoreError> {
-        self.sweeps
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(status.id.clone(), status.clone());
+        lock::lock(&self.sweeps).insert(status.id.clone(), status.clone());
         Ok(())
     }
 
     fn list(&self) -> Result<Vec<SweepSummary>, StoreError> {
-        let sweeps = self.sweeps.lock().unwrap_or_else(PoisonError::into_inner);
+        let sweeps = lock::lock(&self.sweeps);
         let mut list: Vec<SweepSummary> = sweeps.values().map(SweepStatus::summary).collect();
         list.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
         list.truncate(LIST_LIMIT);
@@ -58,12 +56,7 @@ impl SweepStore for MemoryStore {
     }
 
     fn get(&self, id: &str) -> Result<Option<SweepStatus>, StoreError> {
-        Ok(self
-            .sweeps
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(id)
-            .cloned())
+        Ok(lock::lock(&self.sweeps).get(id).cloned())
     }
 }
 

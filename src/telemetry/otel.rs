@@ -22,11 +22,11 @@ use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProces
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
+use crate::base::Route;
 use crate::config::TelemetryConfig;
 use crate::meter::buckets::Ladder;
 use crate::meter::record::{Outcome, RequestRecord};
 use crate::meter::RecordSink;
-use crate::stream::classify::Route;
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot set up OpenTelemetry export to {endpoint}: {source}")]
@@ -118,7 +118,7 @@ impl OtelSink {
                 .f64_histogram(name)
                 .with_unit("s")
                 .with_description(description)
-                .with_boundaries(crate::telemetry::names::LATENCY_BUCKETS.to_vec())
+                .with_boundaries(crate::meter::bounds::LATENCY_BUCKETS.to_vec())
                 .build()
         };
         let instruments = Instruments {
@@ -126,7 +126,7 @@ impl OtelSink {
                 .u64_histogram("gen_ai.client.token.usage")
                 .with_unit("{token}")
                 .with_description("Input and output tokens per request")
-                .with_boundaries(crate::telemetry::names::TOKEN_COUNT_BUCKETS.to_vec())
+                .with_boundaries(crate::meter::bounds::TOKEN_COUNT_BUCKETS.to_vec())
                 .build(),
             operation_duration: seconds(
                 "gen_ai.client.operation.duration",
@@ -140,7 +140,7 @@ impl OtelSink {
                 .f64_histogram("gen_ai.server.time_per_output_token")
                 .with_unit("s")
                 .with_description("Time between tokens after the first")
-                .with_boundaries(crate::telemetry::names::TOKEN_GAP_BUCKETS.to_vec())
+                .with_boundaries(crate::meter::bounds::TOKEN_GAP_BUCKETS.to_vec())
                 .build(),
             request_duration: seconds(
                 "gen_ai.server.request.duration",
@@ -195,7 +195,7 @@ impl RecordSink for OtelSink {
             KeyValue::new("gen_ai.operation.name", op),
             KeyValue::new("gen_ai.request.model", r.model.to_string()),
             KeyValue::new("server.address", r.upstream.to_string()),
-            KeyValue::new("tokentap.source", r.source.label()),
+            KeyValue::new("tokentap.source", r.source.as_str()),
         ];
 
         let mut attributes = common.to_vec();
@@ -247,7 +247,7 @@ impl RecordSink for OtelSink {
         if let Some(rate) = r.prefill_tokens_per_second {
             attributes.push(KeyValue::new("tokentap.prefill_tokens_per_second", rate));
         }
-        if r.slo != crate::meter::slo::SloVerdict::Unset {
+        if r.slo != crate::meter::record::SloVerdict::Unset {
             // met / missed against the request's SLO targets (docs/metrics.md).
             attributes.push(KeyValue::new("tokentap.slo", r.slo.label()));
         }

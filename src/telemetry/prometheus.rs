@@ -6,7 +6,7 @@
 //! its per-request histograms are flushed bucket by bucket (`record_many`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, Unit};
@@ -14,14 +14,16 @@ use metrics_exporter_prometheus::{
     BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
 
+use crate::base::lock;
+use crate::base::Route;
+use crate::base::Source;
 use crate::meter::buckets::Ladder;
-use crate::meter::record::{Outcome, RequestRecord, Source};
-use crate::meter::slo::SloVerdict;
+use crate::meter::record::SloVerdict;
+use crate::meter::record::{Outcome, RequestRecord};
 use crate::meter::timeline::LocalHistogram;
 use crate::meter::Meter;
 use crate::meter::{RecordSink, RequestLabels};
 use crate::net::faults::{Fault, FaultCounters};
-use crate::stream::classify::Route;
 
 use super::names::*;
 
@@ -159,20 +161,12 @@ impl PrometheusMetrics {
     }
 
     fn watch(&self, watched: Watched) {
-        self.watched
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(watched);
+        lock::lock(&self.watched).push(watched);
     }
 
     /// The text exposition, for `/metrics`.
     pub fn render(&self) -> String {
-        for watched in self
-            .watched
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
+        for watched in lock::lock(&self.watched).iter() {
             match watched {
                 Watched::Faults { counters, handles } => {
                     for (fault, handle) in Fault::ALL.iter().zip(handles) {
@@ -225,12 +219,12 @@ impl PrometheusMetrics {
             Label::new("model", model.to_string()),
             Label::new("upstream", upstream.to_string()),
             Label::new("route", route.label()),
-            Label::new("source", source.label()),
+            Label::new("source", source.as_str()),
         ]
     }
 
     fn base(&self, key: BaseKey) -> Arc<BaseHandles> {
-        let mut bases = self.bases.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut bases = lock::lock(&self.bases);
         if let Some(handles) = bases.get(&key) {
             return Arc::clone(handles);
         }
@@ -275,7 +269,7 @@ impl PrometheusMetrics {
     }
 
     fn cell(&self, key: CellKey) -> Arc<CellHandles> {
-        let mut cells = self.cells.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut cells = lock::lock(&self.cells);
         if let Some(handles) = cells.get(&key) {
             return Arc::clone(handles);
         }
@@ -324,10 +318,7 @@ pub const MAX_SAMPLES_PER_FLUSH: u64 = 16_384;
 
 impl PrometheusMetrics {
     fn slo_cell(&self, key: CellKey) -> Arc<SloHandles> {
-        let mut cells = self
-            .slo_cells
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut cells = lock::lock(&self.slo_cells);
         if let Some(handles) = cells.get(&key) {
             return Arc::clone(handles);
         }

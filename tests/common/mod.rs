@@ -18,10 +18,10 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokentap::app::serve::ProxyServer;
 use tokentap::config::ConfigLoader;
 use tokentap::meter::record::RequestRecord;
 use tokentap::meter::RecordSink;
-use tokentap::serve::ProxyServer;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -423,7 +423,7 @@ pub fn queue<T>(items: impl IntoIterator<Item = T>) -> VecDeque<T> {
 
 /// Runs a sweep through the manager of `server` and waits (bounded) for its end.
 pub async fn run_sweep(
-    server: &tokentap::serve::ProxyServer,
+    server: &tokentap::app::serve::ProxyServer,
     plan: tokentap::sweep::SweepRequest,
     limit: Duration,
 ) -> tokentap::sweep::SweepStatus {

@@ -1,6 +1,9 @@
 //! Wall-clock times as RFC 3339 text (UTC) and back, for matrix metadata, the store and
 //! `matrix show --at`. Civil-date arithmetic after Howard Hinnant's `days_from_civil`, so no
 //! date crate is needed. Pure: no clock is read here.
+//!
+//! Hand-written because `humantime` reads only UTC times (no `±HH:MM` offset, which matrix
+//! documents may carry) and its formatter panics on a time before 1970.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -74,10 +77,81 @@ pub fn format_rfc3339(time: SystemTime) -> String {
     )
 }
 
+/// Whether `value` is an RFC 3339 date-time (shape and field ranges; leap seconds allowed).
+pub fn is_rfc3339(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<u32> {
+        let slice = bytes.get(range)?;
+        if slice.iter().all(u8::is_ascii_digit) {
+            Some(
+                slice
+                    .iter()
+                    .fold(0u32, |acc, b| acc * 10 + u32::from(b - b'0')),
+            )
+        } else {
+            None
+        }
+    };
+    let separator =
+        |index: usize, expected: &[u8]| bytes.get(index).is_some_and(|b| expected.contains(b));
+    let (Some(_year), Some(month), Some(day), Some(hour), Some(minute), Some(second)) = (
+        digits(0..4),
+        digits(5..7),
+        digits(8..10),
+        digits(11..13),
+        digits(14..16),
+        digits(17..19),
+    ) else {
+        return false;
+    };
+    if !(separator(4, b"-")
+        && separator(7, b"-")
+        && separator(10, b"Tt ")
+        && separator(13, b":")
+        && separator(16, b":"))
+    {
+        return false;
+    }
+    if !((1..=12).contains(&month)
+        && (1..=31).contains(&day)
+        && hour < 24
+        && minute < 60
+        && second <= 60)
+    {
+        return false;
+    }
+    let mut index = 19;
+    if bytes.get(index) == Some(&b'.') {
+        index += 1;
+        let start = index;
+        while bytes.get(index).is_some_and(u8::is_ascii_digit) {
+            index += 1;
+        }
+        if index == start {
+            return false;
+        }
+    }
+    match bytes.get(index) {
+        Some(b'Z' | b'z') => index + 1 == bytes.len(),
+        Some(b'+' | b'-') => {
+            let (Some(offset_hour), Some(offset_minute)) =
+                (digits(index + 1..index + 3), digits(index + 4..index + 6))
+            else {
+                return false;
+            };
+            separator(index + 3, b":")
+                && offset_hour < 24
+                && offset_minute < 60
+                && index + 6 == bytes.len()
+        }
+        _ => false,
+    }
+}
+
 /// Parses an RFC 3339 time (`2025-06-01T12:00:00Z`, optional fraction, `Z` or `±HH:MM`).
 pub fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let text = text.trim();
-    if !crate::matrix::doc::is_rfc3339(text) {
+    if !is_rfc3339(text) {
         return None;
     }
     let number = |range: std::ops::Range<usize>| text.get(range)?.parse::<i64>().ok();

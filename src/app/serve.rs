@@ -14,10 +14,10 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use crate::admin::{self, AdminState, LatestMatrix};
+use crate::admin::{self, AdminState};
 use crate::aggregate::{snapshot, ProductionMatrix};
+use crate::base::Source;
 use crate::config::{Config, ConfigLoader};
-use crate::meter::record::Source;
 use crate::meter::Meter;
 use crate::net::{self, ServerOptions, ShutdownTrigger};
 use crate::proxy::service::{BodyBudget, BodyLimits, ModelLabels};
@@ -194,7 +194,7 @@ impl ProxyServer {
         };
         let (trigger, shutdown) = net::shutdown_pair();
         let (admin_trigger, admin_shutdown) = net::shutdown_pair();
-        let synthetic = LatestMatrix::default();
+        let synthetic = crate::sweep::LatestMatrix::default();
         let sweep_store: Arc<dyn crate::sweep::SweepStore> = match &store {
             Some(store) => store.clone(),
             None => Arc::new(crate::sweep::MemoryStore::default()),

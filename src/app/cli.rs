@@ -1,7 +1,7 @@
 //! Command-line entry: argument parsing and dispatch to each command's `run`.
 //!
-//! Each command's arguments live in the module that owns the command; this file only
-//! wires them together, builds the tokio runtime and turns errors into exit codes.
+//! Each command's arguments live in its own module of `app`; this file only wires them
+//! together, builds the tokio runtime and turns errors into exit codes.
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -36,11 +36,11 @@ pub enum Command {
     /// :8000, admin on 127.0.0.1:9464). Every setting is documented in config/tokentap.toml and can
     /// be given as TOKENTAP_<SECTION>__<KEY> in the environment (e.g. TOKENTAP_ADMIN__TOKEN).
     /// SIGTERM or Ctrl-C stops accepting and lets streams finish within proxy.shutdown_grace.
-    Serve(crate::serve::ServeArgs),
+    Serve(super::serve::ServeArgs),
     /// Run a simulated sglang-compatible server (the embedded default upstream).
-    Simulate(crate::sim::SimulateArgs),
+    Simulate(super::simulate::SimulateArgs),
     /// Render, compare and import speed-test matrices.
-    Matrix(crate::matrix::cli::MatrixArgs),
+    Matrix(super::matrix::MatrixArgs),
     /// Run a synthetic matrix sweep against a server (--target) or a running proxy (--admin)
     ///
     /// The seed pages' methodology, measured by the proxy's own metering path. For each
@@ -57,7 +57,7 @@ pub enum Command {
     ///   tokentap sweep --target http://127.0.0.1:30000 --contexts 8K,32K --cell-duration 10s
     ///   tokentap sweep --admin http://127.0.0.1:9464 --token "$TOKEN"
     #[command(verbatim_doc_comment)]
-    Sweep(crate::sweep::cli::SweepArgs),
+    Sweep(super::sweep::SweepArgs),
     /// Start here: simulator + proxy + a short sweep + ordinary traffic, then both matrices.
     ///
     /// Starts a simulated sglang server (a profile calibrated from a published matrix) and the
@@ -67,7 +67,7 @@ pub enum Command {
     /// (the report puts each cell's measured prefill interference beside its gap to the
     /// sweep). Writes an HTML report and tells you what to open and what to try next. About a
     /// minute and a half with the defaults.
-    Demo(crate::sweep::demo::DemoArgs),
+    Demo(super::demo::DemoArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -92,11 +92,11 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match cli.command {
-            Command::Serve(args) => crate::serve::run(args).await,
-            Command::Simulate(args) => crate::sim::run(args).await,
-            Command::Matrix(args) => crate::matrix::cli::run(args).await,
-            Command::Sweep(args) => crate::sweep::cli::run(args).await,
-            Command::Demo(args) => crate::sweep::demo::run(args).await,
+            Command::Serve(args) => super::serve::run(args).await,
+            Command::Simulate(args) => super::simulate::run(args).await,
+            Command::Matrix(args) => super::matrix::run(args).await,
+            Command::Sweep(args) => super::sweep::run(args).await,
+            Command::Demo(args) => super::demo::run(args).await,
         }
     });
     match result {

@@ -17,12 +17,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::manager::SweepManager;
-use super::plan::{DurationValue, PromptMode, SweepRequest, TokensValue};
-pub use super::progress::ProgressLine;
-use super::status::{SweepState, SweepStatus};
 use crate::config::{Config, ConfigLoader};
 use crate::matrix::{html::render_html, render_json, render_markdown, MatrixDoc};
+use crate::sweep::manager::SweepManager;
+use crate::sweep::plan::{DurationValue, PromptMode, SweepRequest, TokensValue};
+use crate::sweep::progress::ProgressLine;
+use crate::sweep::status::{SweepState, SweepStatus};
 
 /// Exit code when the sweep was cancelled (Ctrl-C), as shells report SIGINT.
 pub const EXIT_CANCELLED: u8 = 130;
@@ -206,7 +206,7 @@ pub fn write_matrix(dir: &Path, stem: &str, matrix: &MatrixDoc) -> anyhow::Resul
 
 async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
     let config = args.load_config()?;
-    let proxy = crate::serve::build_proxy(&config)?;
+    let proxy = super::serve::build_proxy(&config)?;
     let manager = SweepManager::in_memory(proxy, config.sweep.clone());
     let id = manager
         .start(args.request())

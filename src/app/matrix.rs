@@ -1,6 +1,7 @@
 //! `tokentap matrix show|diff|import`: reads files, calls the pure renderers and the diff, writes
-//! the result, and turns a failed gate into exit code 3. The only place in `matrix/` that decides
-//! exit codes.
+//! the result, and turns a failed gate into exit code 3. `matrix/` itself stays pure and never
+//! decides an exit code.
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,8 +9,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 
-use super::diff::{self, DiffColumn, Gate};
-use super::file::load;
+use crate::matrix::diff::{self, DiffColumn, Gate};
+use crate::matrix::file::load;
 
 /// Exit code of `matrix diff` when the gate fails (1 is any other error, 2 a usage error).
 pub const EXIT_GATE_FAILED: u8 = 3;
@@ -155,27 +156,25 @@ fn write_output(output: Option<&Path>, text: &str) -> anyhow::Result<()> {
 
 fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
     let doc = match (&args.file, &args.store) {
-        (_, Some(dir)) => match crate::store::cli::snapshot_for_show(
-            dir,
-            args.at.as_deref(),
-            args.model.as_deref(),
-        )? {
-            Some(doc) => doc,
-            None => {
-                let listing = crate::store::cli::list_snapshots(dir, args.model.as_deref())?;
-                write_output(args.output.as_deref(), &listing)?;
-                return Ok(ExitCode::SUCCESS);
+        (_, Some(dir)) => {
+            match super::store::snapshot_for_show(dir, args.at.as_deref(), args.model.as_deref())? {
+                Some(doc) => doc,
+                None => {
+                    let listing = super::store::list_snapshots(dir, args.model.as_deref())?;
+                    write_output(args.output.as_deref(), &listing)?;
+                    return Ok(ExitCode::SUCCESS);
+                }
             }
-        },
+        }
         (Some(file), None) => load(file)?,
         (None, None) => anyhow::bail!("give a matrix file, or --store DIR"),
     };
     let text = match args.format {
-        ShowFormat::Md => super::markdown::render_markdown(&doc),
-        ShowFormat::Json => super::render_json(&doc),
-        ShowFormat::Csv => super::csv::render_csv(&doc),
-        ShowFormat::Html => super::html::render_html(&doc),
-        ShowFormat::Svg => super::svg::render_svg(&doc),
+        ShowFormat::Md => crate::matrix::markdown::render_markdown(&doc),
+        ShowFormat::Json => crate::matrix::render_json(&doc),
+        ShowFormat::Csv => crate::matrix::csv::render_csv(&doc),
+        ShowFormat::Html => crate::matrix::html::render_html(&doc),
+        ShowFormat::Svg => crate::matrix::svg::render_svg(&doc),
     };
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
@@ -183,7 +182,7 @@ fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
 
 fn import(args: &ImportArgs) -> anyhow::Result<ExitCode> {
     let doc = load(&args.file)?;
-    write_output(args.output.as_deref(), &super::render_json(&doc))?;
+    write_output(args.output.as_deref(), &crate::matrix::render_json(&doc))?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -207,7 +206,7 @@ fn diff_command(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let text = match args.format {
         DiffFormat::Md => diff::render_diff_markdown(&result),
         DiffFormat::Json => diff::render_diff_json(&result),
-        DiffFormat::Html => super::html::render_diff_html(&result),
+        DiffFormat::Html => crate::matrix::html::render_diff_html(&result),
     };
     write_output(args.output.as_deref(), &text)?;
     let gate = Gate {

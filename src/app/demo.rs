@@ -29,25 +29,25 @@ use hyper_util::rt::TokioExecutor;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::cli::{follow_local, write_matrix};
-use super::discover::gauge_sum;
-use super::plan::{DurationValue, SweepRequest, TokensValue};
-use super::progress::ProgressLine;
-use super::prompt::{filler_text, mix};
-use super::status::SweepState;
+use super::serve::ProxyServer;
+use super::sweep::{follow_local, write_matrix};
 use crate::aggregate::{ProductionMatrix, Window};
+use crate::base::escape::xml_escape;
+use crate::base::Source;
 use crate::config::ConfigLoader;
 use crate::matrix::html::{
     facts_fragment, grid_fragment, measurements_fragment, page, prefill_fragment,
 };
 use crate::matrix::markdown::escape as md_escape;
-use crate::matrix::svg::xml_escape;
 use crate::matrix::units::{context_label, format_percent, MISSING};
 use crate::matrix::{render_markdown, DecodeCell, MatrixDoc};
-use crate::meter::record::Source;
 use crate::meter::{Meter, RecordSink};
-use crate::serve::ProxyServer;
 use crate::sim::{Profile, SimOptions, SimServer};
+use crate::sweep::discover::gauge_sum;
+use crate::sweep::plan::{DurationValue, SweepRequest, TokensValue};
+use crate::sweep::progress::ProgressLine;
+use crate::sweep::prompt::{filler_text, mix};
+use crate::sweep::status::SweepState;
 
 /// The profile the demo simulates unless told otherwise (the seed page 003).
 pub const DEMO_PROFILE: &str = "step-3.7-flash-fp8-4x-rtx-pro-6000";
@@ -100,7 +100,7 @@ pub struct DemoArgs {
 /// `tokentap demo`.
 pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let began = Instant::now();
-    let steady_hold = crate::config::parse_duration(&args.steady_duration)
+    let steady_hold = crate::base::duration::parse_duration(&args.steady_duration)
         .map_err(|error| anyhow::anyhow!("--steady-duration: {error}"))?;
     let profile = Profile::load(&args.profile)
         .with_context(|| format!("loading simulator profile `{}`", args.profile))?;

@@ -7,10 +7,10 @@ use std::time::SystemTime;
 
 use anyhow::Context as _;
 
-use crate::aggregate::wallclock::{format_rfc3339, parse_rfc3339};
+use crate::base::wallclock::{format_rfc3339, parse_rfc3339};
 use crate::matrix::doc::MatrixDoc;
 
-use super::{Store, FILE_NAME};
+use crate::store::{Store, FILE_NAME};
 
 fn open_existing(dir: &Path) -> anyhow::Result<Store> {
     anyhow::ensure!(

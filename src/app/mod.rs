@@ -1,0 +1,22 @@
+//! The application layer: the `tokentap` command line and one module per command. Commands
+//! compose the domain modules below (proxy, meter, sweep, sim, matrix, store, admin…); no
+//! domain module imports anything from here.
+//!
+//! - [`cli`]: argument parsing, the runtime, exit codes.
+//! - [`serve`]: `tokentap serve`, and the wiring every command that runs a proxy shares
+//!   ([`serve::ProxyServer`]: config → proxy, meter, sinks, listeners, tasks, shutdown).
+//! - [`sweep`]: `tokentap sweep`.
+//! - [`simulate`]: `tokentap simulate`.
+//! - [`matrix`]: `tokentap matrix`.
+//! - [`demo`]: `tokentap demo`.
+//! - [`store`]: what `tokentap matrix show --store` reads from the store.
+
+pub mod cli;
+pub mod demo;
+pub mod matrix;
+pub mod serve;
+pub mod simulate;
+pub mod store;
+pub mod sweep;
+
+pub use cli::{main, Cli};

@@ -1,0 +1,46 @@
+//! Writing a JSON string literal into a buffer, for bodies built by hand (the simulator's
+//! responses, the sweep's requests).
+//!
+//! Hand-written because the simulator must write the exact bytes an engine writes (raw UTF-8,
+//! short escapes), into a buffer it reuses, without serde_json's intermediate `String`.
+
+use std::fmt::Write as _;
+
+/// Append `s` as a JSON string (compact, raw UTF-8 like orjson/msgspec/pydantic).
+pub fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The sweep's request bodies were written by serde_json before; the bytes must not change.
+    #[test]
+    fn writes_what_serde_json_writes() {
+        let mut every_ascii: String = (0u8..0x80).map(char::from).collect();
+        every_ascii.push_str("é 日本 \u{2028} 🦀 \u{7f}");
+        for text in [every_ascii.as_str(), "", "plain", "a\"b\\c\nd"] {
+            let mut out = String::from("prefix:");
+            push_json_string(&mut out, text);
+            let expected = format!("prefix:{}", serde_json::to_string(text).unwrap());
+            assert_eq!(out, expected, "{text:?}");
+        }
+    }
+}

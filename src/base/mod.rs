@@ -1,0 +1,15 @@
+//! The bottom layer: the vocabulary every domain shares ([`Route`], [`Source`]) and small
+//! helpers (wall clock, durations, JSON string writing, escaping, the poison-tolerant lock).
+//!
+//! It imports nothing from the rest of the crate, so any module may use it.
+
+pub mod duration;
+pub mod escape;
+pub mod json;
+pub mod lock;
+pub mod route;
+pub mod source;
+pub mod wallclock;
+
+pub use route::Route;
+pub use source::Source;

@@ -1,0 +1,420 @@
+//! The crate's layer rule, checked on the source text: a top-level module of `src/` imports
+//! only modules of lower layers (the order is the "Layers" block of ARCHITECTURE.md, read
+//! from there), and the files of one module never import each other in a cycle.
+//!
+//! An import is any `crate::<module>` path outside the file's `#[cfg(test)]` part, doc links
+//! included (rustdoc resolves them, so they are dependencies too). Inside a module, a file
+//! `m/x.rs` (or folder `m/x/`) imports its sibling `y` through `crate::m::y` or `super::y`;
+//! `m/mod.rs` is the module's face and no node of that graph.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// File cycles that other branches of issue 12 remove; the lead deletes each line when the
+/// branch named beside it is merged. A listed cycle that no longer exists fails the test, so
+/// the list cannot outlive the cycles.
+const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[
+    // Removed on branch `sweep`.
+    ("sweep", &["discover", "plan"]),
+    // Removed on branch `matrix`.
+    ("matrix", &["doc", "page"]),
+    // Removed on branch `matrix`.
+    ("matrix", &["import", "markdown", "seed"]),
+];
+
+/// One source file: its path below `src/` (with `/` separators) and its text.
+struct SourceFile {
+    path: String,
+    text: String,
+}
+
+fn read_tree(root: &Path) -> Vec<SourceFile> {
+    let mut files = Vec::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path: PathBuf = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let relative = path.strip_prefix(root).unwrap();
+                let parts: Vec<String> = relative
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                files.push(SourceFile {
+                    path: parts.join("/"),
+                    text: std::fs::read_to_string(&path).unwrap(),
+                });
+            }
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    files
+}
+
+/// The text a file compiles outside tests: everything before its first `#[cfg(test)]` line.
+fn non_test_part(text: &str) -> &str {
+    if text.starts_with("#[cfg(test)]") {
+        return "";
+    }
+    match text.find("\n#[cfg(test)]") {
+        Some(at) => &text[..at],
+        None => text,
+    }
+}
+
+/// Identifiers following `prefix` in `text` (`crate::` → `net`, `proxy`…).
+fn names_after<'a>(text: &'a str, prefix: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    text.match_indices(prefix).filter_map(move |(at, _)| {
+        // `xcrate::` is not `crate::`.
+        let before = text[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            return None;
+        }
+        let rest = &text[at + prefix.len()..];
+        let end = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        (end > 0).then(|| &rest[..end])
+    })
+}
+
+/// The module path of a file (`meter/record.rs` → [meter, record]; `proxy/mod.rs` → [proxy]).
+fn module_path(path: &str) -> Vec<&str> {
+    let mut parts: Vec<&str> = path.trim_end_matches(".rs").split('/').collect();
+    if parts.last() == Some(&"mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// Top-level module → the top-level modules it imports.
+fn module_imports(files: &[SourceFile]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut imports: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        if file.path == "lib.rs" || file.path == "main.rs" {
+            continue; // they declare the modules and call `app`; they belong to no layer
+        }
+        let module = module_path(&file.path);
+        let Some(top) = module.first() else {
+            continue;
+        };
+        let entry = imports.entry((*top).to_owned()).or_default();
+        for name in names_after(non_test_part(&file.text), "crate::") {
+            if name != *top {
+                entry.insert(name.to_owned());
+            }
+        }
+    }
+    imports
+}
+
+/// Every import from a module to one of the same or a higher layer, as readable lines; also
+/// every module missing from the layer table.
+fn layer_violations(
+    layers: &[Vec<String>],
+    imports: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<String> {
+    let rank: BTreeMap<&str, usize> = layers
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, layer)| layer.iter().map(move |m| (m.as_str(), rank)))
+        .collect();
+    let mut violations = Vec::new();
+    for (module, targets) in imports {
+        let Some(&own) = rank.get(module.as_str()) else {
+            violations.push(format!("`{module}` is in no layer of ARCHITECTURE.md"));
+            continue;
+        };
+        for target in targets {
+            match rank.get(target.as_str()) {
+                Some(&other) if other < own => {}
+                Some(_) => violations.push(format!(
+                    "`{module}` imports `{target}`, which is not in a lower layer"
+                )),
+                None => violations.push(format!(
+                    "`{module}` imports `{target}`, which is in no layer of ARCHITECTURE.md"
+                )),
+            }
+        }
+    }
+    violations
+}
+
+/// Per top-level module: child → the children it imports.
+fn file_imports(files: &[SourceFile]) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
+    let mut children: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in files {
+        let module = module_path(&file.path);
+        if module.len() >= 2 {
+            children
+                .entry(module[0].to_owned())
+                .or_default()
+                .insert(module[1].to_owned());
+        }
+    }
+    let mut graphs: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    for file in files {
+        let module = module_path(&file.path);
+        if module.len() < 2 {
+            continue;
+        }
+        let (top, child) = (module[0], module[1]);
+        let siblings = &children[top];
+        let text = non_test_part(&file.text);
+        let mut targets: BTreeSet<String> = names_after(text, &format!("crate::{top}::"))
+            .map(str::to_owned)
+            .collect();
+        // `super::` climbs one level per occurrence; only paths that land on `top` name a sibling.
+        for (at, _) in text.match_indices("super::") {
+            if text[..at].ends_with("super::") {
+                continue; // counted from the first `super::` of the chain
+            }
+            let mut depth = 0;
+            let mut rest = &text[at..];
+            while let Some(stripped) = rest.strip_prefix("super::") {
+                depth += 1;
+                rest = stripped;
+            }
+            if module.len() == depth + 1 {
+                let end = rest
+                    .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                    .unwrap_or(rest.len());
+                targets.insert(rest[..end].to_owned());
+            }
+        }
+        let graph = graphs.entry(top.to_owned()).or_default();
+        let edges = graph.entry(child.to_owned()).or_default();
+        edges.extend(
+            targets
+                .into_iter()
+                .filter(|target| target != child && siblings.contains(target)),
+        );
+    }
+    graphs
+}
+
+/// The strongly connected components with more than one node (Tarjan's algorithm).
+fn cycles(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
+    struct Search<'g> {
+        graph: &'g BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'g str, usize>,
+        low: BTreeMap<&'g str, usize>,
+        stack: Vec<&'g str>,
+        found: Vec<BTreeSet<String>>,
+    }
+    impl<'g> Search<'g> {
+        fn visit(&mut self, node: &'g str) {
+            let index = self.index.len();
+            self.index.insert(node, index);
+            self.low.insert(node, index);
+            self.stack.push(node);
+            for next in self.graph.get(node).into_iter().flatten() {
+                let next = next.as_str();
+                if !self.index.contains_key(next) {
+                    self.visit(next);
+                    let low = self.low[node].min(self.low[next]);
+                    self.low.insert(node, low);
+                } else if self.stack.contains(&next) {
+                    let low = self.low[node].min(self.index[next]);
+                    self.low.insert(node, low);
+                }
+            }
+            if self.low[node] == self.index[node] {
+                let mut component = BTreeSet::new();
+                while let Some(top) = self.stack.pop() {
+                    component.insert(top.to_owned());
+                    if top == node {
+                        break;
+                    }
+                }
+                if component.len() > 1 {
+                    self.found.push(component);
+                }
+            }
+        }
+    }
+    let mut search = Search {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
+    for node in graph.keys() {
+        if !search.index.contains_key(node.as_str()) {
+            search.visit(node);
+        }
+    }
+    search.found
+}
+
+/// Every file cycle as `module: a ↔ b`, sorted.
+fn file_cycles(files: &[SourceFile]) -> Vec<(String, BTreeSet<String>)> {
+    let mut all = Vec::new();
+    for (module, graph) in file_imports(files) {
+        for cycle in cycles(&graph) {
+            all.push((module.clone(), cycle));
+        }
+    }
+    all.sort();
+    all
+}
+
+/// The layers, lowest first, from the fenced block under "## Layers" in ARCHITECTURE.md
+/// (written top layer first, one layer per line, modules separated by spaces).
+fn layers_from_architecture(text: &str) -> Vec<Vec<String>> {
+    let section = text
+        .split("\n## Layers")
+        .nth(1)
+        .expect("ARCHITECTURE.md has a `## Layers` section");
+    let block = section
+        .split("```")
+        .nth(1)
+        .expect("the Layers section opens with a fenced block");
+    let mut layers: Vec<Vec<String>> = block
+        .lines()
+        .skip(1) // the fence's info string
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| line.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    layers.reverse();
+    layers
+}
+
+fn crate_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn no_module_imports_from_its_own_or_a_higher_layer() {
+    let architecture = std::fs::read_to_string(crate_root().join("ARCHITECTURE.md")).unwrap();
+    let layers = layers_from_architecture(&architecture);
+    assert!(layers.len() >= 3, "layers read: {layers:?}");
+    let files = read_tree(&crate_root().join("src"));
+    let violations = layer_violations(&layers, &module_imports(&files));
+    assert!(
+        violations.is_empty(),
+        "the layer rule of ARCHITECTURE.md is broken:\n{}",
+        violations.join("\n")
+    );
+}
+
+#[test]
+fn every_module_of_the_layers_exists_and_is_in_the_code_map() {
+    let architecture = std::fs::read_to_string(crate_root().join("ARCHITECTURE.md")).unwrap();
+    let src = crate_root().join("src");
+    for module in layers_from_architecture(&architecture).concat() {
+        assert!(
+            src.join(&module).join("mod.rs").is_file(),
+            "ARCHITECTURE.md's layers name `{module}`, which is no folder of src/"
+        );
+        assert!(
+            architecture.contains(&format!("`src/{module}/`")),
+            "`src/{module}/` is missing from ARCHITECTURE.md's code map"
+        );
+    }
+}
+
+#[test]
+fn no_file_cycle_within_a_module_beyond_the_known_ones() {
+    let found = file_cycles(&read_tree(&crate_root().join("src")));
+    let known: Vec<(String, BTreeSet<String>)> = KNOWN_FILE_CYCLES
+        .iter()
+        .map(|(module, files)| {
+            (
+                (*module).to_owned(),
+                files.iter().map(|f| (*f).to_owned()).collect(),
+            )
+        })
+        .collect();
+    let new: Vec<_> = found.iter().filter(|c| !known.contains(c)).collect();
+    assert!(new.is_empty(), "file import cycles: {new:?}");
+    let gone: Vec<_> = known.iter().filter(|c| !found.contains(c)).collect();
+    assert!(
+        gone.is_empty(),
+        "these cycles are gone: delete them from KNOWN_FILE_CYCLES: {gone:?}"
+    );
+}
+
+fn tree(files: &[(&str, &str)]) -> Vec<SourceFile> {
+    files
+        .iter()
+        .map(|(path, text)| SourceFile {
+            path: (*path).to_owned(),
+            text: (*text).to_owned(),
+        })
+        .collect()
+}
+
+#[test]
+fn the_checker_sees_an_upward_import_and_a_same_layer_import() {
+    let layers = layers_from_architecture(
+        "# A\n\n## Layers\n\n```text\napp\nproxy telemetry\nbase\n```\n\n## Next\n",
+    );
+    assert_eq!(
+        layers,
+        [vec!["base"], vec!["proxy", "telemetry"], vec!["app"]]
+    );
+    let files = tree(&[
+        ("lib.rs", "pub mod app;"),
+        ("base/mod.rs", "//! Uses [`crate::app`] in a doc link.\n"),
+        (
+            "proxy/mod.rs",
+            "use crate::base::Route;\nuse crate::telemetry::x;\n",
+        ),
+        (
+            "telemetry/mod.rs",
+            "#[cfg(test)]\nmod tests { use crate::app::x; }\n",
+        ),
+        (
+            "app/mod.rs",
+            "use crate::proxy::Proxy;\nfn f() { xcrate::base::y(); }\n",
+        ),
+    ]);
+    let imports = module_imports(&files);
+    assert_eq!(imports["app"], BTreeSet::from(["proxy".to_owned()]));
+    assert!(imports["telemetry"].is_empty(), "test modules do not count");
+    let violations = layer_violations(&layers, &imports);
+    assert_eq!(
+        violations,
+        [
+            "`base` imports `app`, which is not in a lower layer",
+            "`proxy` imports `telemetry`, which is not in a lower layer",
+        ]
+    );
+}
+
+#[test]
+fn the_checker_sees_file_cycles_through_super_and_crate_paths() {
+    let files = tree(&[
+        (
+            "meter/mod.rs",
+            "pub mod record; pub mod slo; pub mod timeline;",
+        ),
+        (
+            "meter/record.rs",
+            "use super::slo::Verdict;\nuse super::Meter;\n",
+        ),
+        ("meter/slo.rs", "use crate::meter::record::Outcome;\n"),
+        ("meter/timeline.rs", "use super::record::Outcome;\n"),
+        (
+            "proxy/body/mod.rs",
+            "use super::super::proxy::timeout::X;\n",
+        ),
+        ("proxy/body/inner.rs", "use super::super::timeout::X;\n"),
+        ("proxy/timeout.rs", "use super::body::BoxError;\n"),
+        ("proxy/error.rs", "use super::timeout::X;\n"),
+    ]);
+    let found = file_cycles(&files);
+    let set = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+    assert_eq!(
+        found,
+        [
+            ("meter".to_owned(), set(&["record", "slo"])),
+            ("proxy".to_owned(), set(&["body", "timeout"])),
+        ]
+    );
+}
