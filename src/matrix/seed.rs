@@ -1,6 +1,6 @@
-//! Importer for the seed page text format (the published pages in `shared/seeds/`): the text of
-//! an HTML page, where neighbouring elements run together (`NVFP48 contexts`, `170.434 ms TTFT`,
-//! `256K context9,11128,276 ms TTFT`).
+//! Importer for the seed page text format (the published pages; copies in
+//! `tests/fixtures/seeds/`): the text of an HTML page, where neighbouring elements run together
+//! (`NVFP48 contexts`, `170.434 ms TTFT`, `256K context9,11128,276 ms TTFT`).
 //!
 //! The "All measurements" table is unambiguous, so it is the source of truth; the title, the
 //! summary line, the prefill chart labels and the decode grid are then checked against what the
