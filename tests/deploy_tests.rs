@@ -8,8 +8,8 @@
 //!   Every PromQL expression of the Grafana dashboards is then run through its HTTP API with the
 //!   template variables substituted: each must be valid and return data, and the fleet figures
 //!   must agree with the proxy's own production matrix.
-//! * Compose files, Kubernetes manifests and provisioning files are read with a YAML-subset
-//!   reader (`deploy/yaml.rs`) and checked for what must hold between them (ports, names,
+//! * Compose files, Kubernetes manifests and provisioning files are read with `yaml-rust2`
+//!   (through `deploy/yaml.rs`, which keeps scalars as text) and checked for what must hold between them (ports, names,
 //!   paths, probes, the sidecar arrangement); the configuration they carry is loaded with
 //!   tokentap's own config loader.
 //! * `systemd-analyze verify`, `kubectl kustomize`, `docker compose config`, and PyYAML as a

@@ -17,10 +17,6 @@ use std::path::{Path, PathBuf};
 const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[
     // Removed on branch `sweep`.
     ("sweep", &["discover", "plan"]),
-    // Removed on branch `matrix`.
-    ("matrix", &["doc", "page"]),
-    // Removed on branch `matrix`.
-    ("matrix", &["import", "markdown", "seed"]),
 ];
 
 /// One source file: its path below `src/` (with `/` separators) and its text.

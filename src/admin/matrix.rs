@@ -121,28 +121,25 @@ impl Format {
 }
 
 /// Decodes `%XX` and `+` in a query value; `None` for bad escapes or non-UTF-8.
+///
+/// The crate passes a malformed escape through as text; a query naming a model that way is a
+/// mistake worth a 400, so every `%` must start a two-digit hex escape.
 pub fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&byte) = bytes.get(i) {
-        match byte {
-            b'%' => {
-                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            other => {
-                out.push(other);
-                i += 1;
-            }
-        }
+    let escapes_well_formed = text.split('%').skip(1).all(|after| {
+        after
+            .as_bytes()
+            .get(..2)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !escapes_well_formed {
+        return None;
     }
-    String::from_utf8(out).ok()
+    // A literal `+` arrives as `%2B`, so turning `+` into a space first is exact.
+    let spaced = text.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8()
+        .ok()
+        .map(std::borrow::Cow::into_owned)
 }
 
 /// The query parameters `/matrix` and `/` understand, parsed and checked.
@@ -278,5 +275,15 @@ mod tests {
         }
         assert_eq!(Format::from_accept("text/csv, */*"), Format::Csv);
         assert_eq!(Format::from_accept(""), Format::Json);
+    }
+
+    #[test]
+    fn percent_decoding_rejects_what_is_not_an_escape() {
+        assert_eq!(percent_decode("a%2Fb+c").as_deref(), Some("a/b c"));
+        assert_eq!(percent_decode("%2B%c3%a9").as_deref(), Some("+é"));
+        assert_eq!(percent_decode("plain").as_deref(), Some("plain"));
+        for bad in ["%zz", "%4", "a%", "%%41", "%FF", "%e9"] {
+            assert_eq!(percent_decode(bad), None, "{bad}");
+        }
     }
 }

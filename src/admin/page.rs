@@ -168,16 +168,17 @@ fn doc_line(doc: &MatrixDoc) -> String {
     parts.join(" · ")
 }
 
+/// What a model name keeps unescaped in a query string: letters, digits and `-._~/`.
+const QUERY_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
 /// Escapes a model name for a query string (the reverse of `percent_decode`).
 fn query_escape(text: &str) -> String {
-    let mut out = String::new();
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
-            out.push(char::from(byte));
-        } else {
-            let _ = write!(out, "%{byte:02X}");
-        }
-    }
+    let out = percent_encoding::utf8_percent_encode(text, QUERY_ESCAPED).to_string();
     debug_assert_eq!(percent_decode(&out).as_deref(), Some(text));
     out
 }

@@ -2,6 +2,8 @@
 //! renderers, the admin page, the demo report).
 
 /// Escapes text for XML and HTML (element content and attribute values).
+/// Hand-written: XML 1.0 forbids control characters, so they become U+FFFD; general escapers
+/// (quick-xml, html-escape) pass them through.
 pub fn xml_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for ch in text.chars() {

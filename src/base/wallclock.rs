@@ -78,6 +78,8 @@ pub fn format_rfc3339(time: SystemTime) -> String {
 }
 
 /// Whether `value` is an RFC 3339 date-time (shape and field ranges; leap seconds allowed).
+/// Hand-written because humantime's RFC 3339 parser takes only UTC (`Z`) times, and documents
+/// may carry offsets like `+02:00`.
 pub fn is_rfc3339(value: &str) -> bool {
     let bytes = value.as_bytes();
     let digits = |range: std::ops::Range<usize>| -> Option<u32> {

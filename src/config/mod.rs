@@ -230,7 +230,7 @@ fn parse_scalar(value: &str) -> toml::Value {
 }
 
 /// Validated configuration.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub proxy: ProxyConfig,
     pub upstreams: Vec<UpstreamConfig>,
@@ -241,7 +241,7 @@ pub struct Config {
     pub sweep: SweepConfig,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ProxyConfig {
     pub listen: SocketAddr,
     pub shutdown_grace: Duration,
@@ -257,7 +257,7 @@ pub struct ProxyConfig {
     pub max_connections: usize,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ListenerTls {
     pub cert: PathBuf,
     pub key: PathBuf,
@@ -265,7 +265,7 @@ pub struct ListenerTls {
     pub client_ca: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamConfig {
     pub name: String,
     /// Scheme and authority (and optional base path) requests are forwarded to.
@@ -307,7 +307,7 @@ pub enum UsageUnasked {
     No,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
     /// Bearer token; required when the admin listener is not on loopback, and for sweeps.
@@ -316,7 +316,7 @@ pub struct AdminConfig {
     pub max_connections: usize,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MeteringConfig {
     pub inject_usage: bool,
     pub max_parse_bytes: usize,
@@ -332,7 +332,7 @@ pub struct MeteringConfig {
     pub slo: SloPolicy,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TelemetryConfig {
     pub otlp_endpoint: Option<Uri>,
     pub service_name: String,
@@ -340,7 +340,7 @@ pub struct TelemetryConfig {
     pub metric_interval: Duration,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
     /// Directory of the SQLite store; `None` keeps nothing on disk.
     pub data_dir: Option<PathBuf>,
@@ -348,7 +348,7 @@ pub struct StoreConfig {
     pub retention: Duration,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SweepConfig {
     /// Pause a running sweep while more production requests than this are in flight.
     pub production_guard: u64,
@@ -709,7 +709,16 @@ mod tests {
             .load()
             .unwrap();
         let defaults = Config::defaults().unwrap();
-        assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
+        assert_eq!(from_file, defaults);
+        // The comparison sees the values the file sets: one changed value makes them differ.
+        let changed = text.replacen("max_connections = 4096", "max_connections = 4095", 1);
+        assert_ne!(changed, text, "the example sets proxy.max_connections");
+        let from_changed = ConfigLoader::new()
+            .text(&changed, "changed.toml")
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_ne!(from_changed, defaults);
     }
 
     #[test]

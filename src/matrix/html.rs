@@ -9,9 +9,11 @@ use std::fmt::Write as _;
 
 use super::diff::{format_ratio, grid_text, status_text, MatrixDiff};
 use super::doc::{CellStatus, MatrixDoc};
+use super::facts::{section_facts, FACT_SECTIONS};
 use super::page::{
     self, grid_cell_parts, measurement_header, measurement_rows, status_legends, ttft_note,
-    GridCellText, ALL_CAPTION, DECODE_CAPTION, FACT_SECTIONS, PAGE_TITLE, PREFILL_CAPTION,
+    GridCellText, ALL_CAPTION, DECODE_CAPTION, PAGE_TITLE, PREFILL_CAPTION, SECTION_LAUNCH,
+    SECTION_NOTES,
 };
 use super::svg::{decode_chart, prefill_chart, xml_escape as escape};
 use super::units::{context_label, format_ms_whole, format_rate, or_missing};
@@ -57,7 +59,7 @@ pub fn facts_fragment(doc: &MatrixDoc) -> String {
         escape(&page::summary_line(doc, " · "))
     );
     for section in FACT_SECTIONS {
-        let facts = page::facts(&doc.metadata, section);
+        let facts = section_facts(&doc.metadata, section);
         if facts.is_empty() {
             continue;
         }
@@ -71,12 +73,12 @@ pub fn facts_fragment(doc: &MatrixDoc) -> String {
     if let Some(command) = &doc.metadata.launch_command {
         let _ = write!(
             out,
-            "<h2>Launch command</h2><pre class=\"launch\"><code>{}</code></pre>",
+            "<h2>{SECTION_LAUNCH}</h2><pre class=\"launch\"><code>{}</code></pre>",
             escape(command)
         );
     }
     if !doc.metadata.notes.is_empty() {
-        out.push_str("<h2>Notes</h2><ul class=\"notes\">");
+        let _ = write!(out, "<h2>{SECTION_NOTES}</h2><ul class=\"notes\">");
         for note in &doc.metadata.notes {
             let _ = write!(out, "<li>{}</li>", escape(note));
         }

@@ -1,9 +1,9 @@
 //! What a matrix implies about the server that produced it, for `simulate --from-matrix`:
 //! the KV-cache budget bracketed by the Valid / Over capacity boundary, and the context length.
 //!
-//! The rule is the seed tool's (shared/reference/seed-tool.md): a cell is skipped as Over capacity
-//! when C × (context + max output) > KV budget. So every cell that ran (Valid or Error) needs at
-//! most the budget, and every Over capacity cell needs more than it. Pure functions.
+//! The rule is the one the benchmark that made the seed pages applies: a cell is skipped as Over
+//! capacity when C × (context + max output) > KV budget. So every cell that ran (Valid or Error)
+//! needs at most the budget, and every Over capacity cell needs more than it. Pure functions.
 use super::doc::{CellStatus, MatrixDoc};
 use super::units::context_label;
 

@@ -8,14 +8,15 @@
 //! → Markdown is byte-identical by construction), and a hand edit that makes the grid disagree
 //! with the table is reported at its line. Pure: strings in, strings out.
 use super::doc::MatrixDoc;
-use super::import::{is_delimiter_row, numbered_lines, split_table_row, ImportError, Line};
+use super::facts::{apply_fact, section_facts, FACT_SECTIONS};
 use super::page::{
-    self, apply_fact, apply_title, grid_cell_parts, measurement_header, measurement_header_columns,
+    self, apply_title, grid_cell_parts, measurement_header, measurement_header_columns,
     measurement_rows, parse_measurement_row, status_legends, ttft_note, MeasurementRow,
-    ALL_CAPTION, DECODE_CAPTION, FACT_SECTIONS, MEASUREMENT_COLUMNS, PAGE_TITLE, PREFILL_CAPTION,
-    SECTION_ALL, SECTION_DECODE, SECTION_LAUNCH, SECTION_NOTES, SECTION_PREFILL,
+    ALL_CAPTION, DECODE_CAPTION, MEASUREMENT_COLUMNS, PAGE_TITLE, PREFILL_CAPTION, SECTION_ALL,
+    SECTION_DECODE, SECTION_LAUNCH, SECTION_NOTES, SECTION_PREFILL,
 };
 use super::redact::redact_launch_command;
+use super::text_import::{is_delimiter_row, numbered_lines, split_table_row, ImportError, Line};
 use super::units::{context_label, format_ms_whole, format_rate, or_missing};
 
 /// Characters escaped with a backslash in Markdown text (table cells, facts, notes, title).
@@ -113,7 +114,7 @@ pub fn render_markdown(doc: &MatrixDoc) -> String {
         lines.push(String::new());
     }
     for section in FACT_SECTIONS {
-        let facts = page::facts(&doc.metadata, section);
+        let facts = section_facts(&doc.metadata, section);
         if facts.is_empty() {
             continue;
         }

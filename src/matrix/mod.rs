@@ -9,6 +9,7 @@
 pub mod csv;
 pub mod diff;
 pub mod doc;
+pub mod facts;
 pub mod file;
 pub mod html;
 pub mod import;
@@ -18,17 +19,20 @@ pub mod page;
 pub mod redact;
 pub mod seed;
 pub mod svg;
+pub mod text_import;
 pub mod units;
+pub mod validate;
 
 pub use diff::{diff, DiffColumn, MatrixDiff};
 pub use doc::{
     CellStatus, DecodeCell, Engine, Fact, Hardware, MatrixDoc, Metadata, ModelInfo, PrefillRow,
-    RunInfo, Source, ValidationError, SCHEMA,
+    RunInfo, Source, SCHEMA,
 };
 pub use file::{load, LoadError};
 pub use import::{parse_any, ImportError};
 pub use markdown::render_markdown;
 pub use redact::redact_launch_command;
+pub use validate::ValidationError;
 
 /// The stable JSON rendering (pretty-printed, fields in struct order, trailing newline).
 pub fn render_json(doc: &MatrixDoc) -> String {

@@ -1,6 +1,6 @@
-//! Importer for the seed page text format (the published pages in `shared/seeds/`): the text of
-//! an HTML page, where neighbouring elements run together (`NVFP48 contexts`, `170.434 ms TTFT`,
-//! `256K context9,11128,276 ms TTFT`).
+//! Importer for the seed page text format (the published pages; copies in
+//! `tests/fixtures/seeds/`): the text of an HTML page, where neighbouring elements run together
+//! (`NVFP48 contexts`, `170.434 ms TTFT`, `256K context9,11128,276 ms TTFT`).
 //!
 //! The "All measurements" table is unambiguous, so it is the source of truth; the title, the
 //! summary line, the prefill chart labels and the decode grid are then checked against what the
@@ -8,14 +8,14 @@
 use std::collections::HashMap;
 
 use super::doc::{MatrixDoc, Metadata, Source};
-use super::import::{is_delimiter_row, numbered_lines, split_table_row, ImportError, Line};
+use super::facts::{apply_fact, FACT_SECTIONS, SECTION_ENGINE, SECTION_HARDWARE, SECTION_RUN};
 use super::page::{
-    self, apply_fact, apply_title, grid_cell_parts, measurement_header_columns,
-    model_path_from_command, parse_measurement_row, MeasurementRow, ALL_CAPTION, DECODE_CAPTION,
-    FACT_SECTIONS, MEASUREMENT_COLUMNS, PAGE_TITLE, PREFILL_CAPTION, SECTION_ALL, SECTION_DECODE,
-    SECTION_ENGINE, SECTION_HARDWARE, SECTION_LAUNCH, SECTION_PREFILL, SECTION_RUN,
+    self, apply_title, grid_cell_parts, measurement_header_columns, model_path_from_command,
+    parse_measurement_row, MeasurementRow, ALL_CAPTION, DECODE_CAPTION, MEASUREMENT_COLUMNS,
+    PAGE_TITLE, PREFILL_CAPTION, SECTION_ALL, SECTION_DECODE, SECTION_LAUNCH, SECTION_PREFILL,
 };
 use super::redact::redact_launch_command;
+use super::text_import::{is_delimiter_row, numbered_lines, split_table_row, ImportError, Line};
 use super::units::{context_label, format_ms_whole, format_rate_compact, parse_context, MISSING};
 
 const SECTIONS: [&str; 7] = [
