@@ -1,5 +1,6 @@
-//! Synthetic matrix sweeps (SPEC §5): the plan, exact-length prompts, the runner that drives
-//! scouts and decode cells through the proxy's own metering path, the cell arithmetic, the
+//! Synthetic matrix sweeps (the seed tool's procedure): the plan, exact-length prompts, the
+//! runner that drives scouts and decode cells through the proxy's own metering path, the cell
+//! arithmetic, the
 //! manager behind `POST /sweeps` (one sweep at a time, persisted), and the `tokentap sweep` and
 //! `tokentap demo` commands.
 //!

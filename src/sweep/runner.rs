@@ -1,4 +1,4 @@
-//! The sweep procedure (SPEC §5, the seed tool's): for each context, ascending, a scout
+//! The sweep procedure (the seed tool's): for each context, ascending, a scout
 //! (`max_tokens` 1, cold prompt) gives the prefill row and warms the prompt cache; then for each
 //! concurrency, ascending, C identical `ignore_eos` streams; wait until the server reports C
 //! running (its gauge; else stream activity); a fixed window in which streams that finish are
