@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request};
@@ -27,6 +28,12 @@ pub const MAX_EVENT_BYTES: usize = 1 << 20;
 pub const LOOP_SPAN: usize = 4096;
 /// …whose period is at most a quarter of it (at least four identical repeats).
 pub const LOOP_MAX_PERIOD: usize = LOOP_SPAN / 4;
+/// Of an error response, the driver reads about this many bytes for its message…
+const ERROR_BODY_BYTES: usize = 2048;
+/// …for at most this long (an error body that trickles must not hold up the cell)…
+const ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// …and keeps this many bytes of the message (one line of a cell's status).
+const ERROR_MESSAGE_BYTES: usize = 200;
 
 /// What the runner wants streams to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,13 +134,13 @@ pub async fn drive(
             while let Some(Ok(frame)) = body.frame().await {
                 if let Ok(data) = frame.into_data() {
                     text.extend_from_slice(&data);
-                    if text.len() > 2048 {
+                    if text.len() > ERROR_BODY_BYTES {
                         break;
                     }
                 }
             }
         };
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+        let _ = tokio::time::timeout(ERROR_BODY_TIMEOUT, read).await;
         return StreamEnd::Failed(format!(
             "HTTP {}: {}",
             status.as_u16(),
@@ -190,8 +197,8 @@ fn error_message(body: &[u8]) -> String {
             .and_then(|m| m.as_str().map(str::to_owned))
     });
     let mut text = message.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
-    if text.len() > 200 {
-        let mut cut = 200;
+    if text.len() > ERROR_MESSAGE_BYTES {
+        let mut cut = ERROR_MESSAGE_BYTES;
         while !text.is_char_boundary(cut) {
             cut -= 1;
         }
