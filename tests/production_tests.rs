@@ -13,11 +13,11 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use common::*;
-use tokentap::aggregate::CellAccumulator;
 use tokentap::app::serve::ProxyServer;
 use tokentap::matrix::doc::{CellStatus, DecodeCell, MatrixDoc};
 use tokentap::matrix::import::parse_json;
 use tokentap::meter::record::RequestRecord;
+use tokentap::sweep::cell::{decode_cell, CellMeasurement};
 
 /// Time to first token the scripted upstream keeps.
 const TTFT: Duration = Duration::from_millis(200);
@@ -138,13 +138,25 @@ fn within(measured: Option<f64>, truth: f64, tolerance: f64, what: &str) {
     );
 }
 
-/// The cell a sweep would compute from the same records (every request wholly in its cell).
-fn sweep_style_cell(records: &[Arc<RequestRecord>], context: u64, concurrency: u32) -> DecodeCell {
-    let mut cell = CellAccumulator::default();
-    for record in records {
-        cell.add_whole_request(record);
-    }
-    cell.to_cell(context, concurrency)
+/// The cell the sweep's own arithmetic (`sweep::cell::decode_cell`) computes from the same
+/// records, as if its window had been the streams' common decode interval: the tokens after
+/// each stream's first, over their mean decode time (no gauge samples, so average active
+/// requests comes from the records).
+fn sweep_cell(records: &[Arc<RequestRecord>], context: u64, concurrency: u32) -> DecodeCell {
+    let decode_times: Vec<Duration> = records.iter().filter_map(|r| r.decode_time).collect();
+    assert_eq!(decode_times.len(), records.len(), "every stream decoded");
+    let window = decode_times.iter().sum::<Duration>() / u32::try_from(records.len()).unwrap();
+    decode_cell(&CellMeasurement {
+        context,
+        concurrency,
+        window,
+        window_tokens: records.iter().map(|r| r.completion_tokens - 1).sum(),
+        running_samples: Vec::new(),
+        completed_in_window: records.len() as u64,
+        records: records.to_vec(),
+        failures: Vec::new(),
+        streams: records.len(),
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -208,9 +220,12 @@ async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pai
         assert_eq!(cell.completed_requests, Some(streams as u64));
         assert_eq!(cell.prompt_tokens, Some(prompt));
 
-        // The same records through the sweep's path (whole requests in a known cell) agree.
+        // The same records through the sweep's own cell arithmetic agree with production.
         let these: Vec<_> = all.iter().skip(seen - streams).cloned().collect();
-        let sweep = sweep_style_cell(&these, context, streams as u32);
+        let sweep = sweep_cell(&these, context, streams as u32);
+        assert_eq!(sweep.status, CellStatus::Valid);
+        assert_eq!(sweep.completed_requests, Some(streams as u64));
+        assert_eq!(sweep.prompt_tokens, Some(prompt));
         for (name, production, synthetic) in [
             ("total tok/s", cell.total_tok_s, sweep.total_tok_s),
             (
@@ -220,12 +235,17 @@ async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pai
             ),
             ("TBT", cell.tbt_ms, sweep.tbt_ms),
             ("TTFT", cell.ttft_ms, sweep.ttft_ms),
+            (
+                "average active",
+                cell.average_active_requests,
+                sweep.average_active_requests,
+            ),
         ] {
             within(
                 production,
                 synthetic.unwrap(),
                 0.05,
-                &format!("{name} vs sweep-style"),
+                &format!("{name} vs the sweep's arithmetic"),
             );
         }
 

@@ -78,6 +78,13 @@ impl SseScanner {
         self.carrying || self.oversized
     }
 
+    /// True while the block in progress is being skipped because it grew past
+    /// `max_event_bytes` (its `oversized` block comes only when it ends), so a reader that
+    /// treats an oversized event as an error can stop before the block ends.
+    pub fn skipping_oversized(&self) -> bool {
+        self.oversized
+    }
+
     /// Scans `chunk`, calling `on_block` for every block that ends inside it, in order.
     pub fn feed(&mut self, chunk: &[u8], mut on_block: impl FnMut(Block<'_>)) {
         let mut block_start = 0usize;
@@ -369,5 +376,94 @@ mod tests {
         // The same, split so the big event straddles chunks.
         let (a, b) = big.as_bytes().split_at(50);
         assert_eq!(scan(&[a, b], 32), out);
+        // Skipping shows before the big event ends, and stops at its end.
+        let mut scanner = SseScanner::new(32);
+        scanner.feed(a, |_| {});
+        assert!(scanner.skipping_oversized());
+        scanner.feed(b, |_| {});
+        assert!(!scanner.skipping_oversized());
+    }
+
+    /// An event as the proptests write it: an optional name and its data lines.
+    type Written = (Option<String>, Vec<String>);
+
+    /// `events` in SSE framing with `ending` as every line end (LF, CRLF or lone CR).
+    fn render(events: &[Written], ending: &str) -> Vec<u8> {
+        let mut out = String::new();
+        for (name, lines) in events {
+            if let Some(name) = name {
+                out.push_str(&format!("event: {name}{ending}"));
+            }
+            for line in lines {
+                out.push_str(&format!("data: {line}{ending}"));
+            }
+            out.push_str(ending);
+        }
+        out.into_bytes()
+    }
+
+    /// Splits `bytes` at the given cut points (taken modulo its length, in any order).
+    fn split_at_cuts(bytes: &[u8], cuts: &[proptest::sample::Index]) -> Vec<Vec<u8>> {
+        let mut points: Vec<usize> = cuts.iter().map(|c| c.index(bytes.len() + 1)).collect();
+        points.push(0);
+        points.push(bytes.len());
+        points.sort_unstable();
+        points
+            .windows(2)
+            .filter_map(|w| bytes.get(w[0]..w[1]).map(<[u8]>::to_vec))
+            .collect()
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Whatever the line ending and however the stream is cut into chunks, the scanner
+        /// gives back exactly the events written, with their data lines joined by LF.
+        #[test]
+        fn written_events_come_back_whatever_the_ending_and_split(
+            events in proptest::collection::vec(
+                (
+                    proptest::option::of("[a-z_]{1,12}"),
+                    proptest::collection::vec("[ -~]{0,20}", 1..4),
+                ),
+                0..8,
+            ),
+            ending in proptest::sample::select(vec!["\n", "\r\n", "\r"]),
+            cuts in proptest::collection::vec(proptest::prelude::any::<proptest::sample::Index>(), 0..12),
+        ) {
+            let bytes = render(&events, ending);
+            let chunks = split_at_cuts(&bytes, &cuts);
+            let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+            let expected: Vec<(String, Option<String>, bool)> = events
+                .iter()
+                .map(|(name, lines)| {
+                    (name.clone().unwrap_or_default(), Some(lines.join("\n")), false)
+                })
+                .collect();
+            proptest::prop_assert_eq!(scan(&refs, 1 << 16), expected);
+        }
+
+        /// Arbitrary bytes in arbitrary chunks: no panic, every block lies inside its chunk,
+        /// and an event past the limit is reported oversized (never kept).
+        #[test]
+        fn arbitrary_bytes_are_scanned_within_bounds(
+            chunks in proptest::collection::vec(
+                proptest::collection::vec(proptest::sample::select(vec![b'\n', b'\r', b':', b' ', b'd', b'a', b't', b'x']), 0..48),
+                0..12,
+            ),
+            max in 1usize..64,
+        ) {
+            let mut scanner = SseScanner::new(max);
+            for chunk in &chunks {
+                let mut ok = true;
+                scanner.feed(chunk, |b| {
+                    ok &= b.end_in_chunk <= chunk.len()
+                        && b.start_in_chunk.is_none_or(|s| s <= b.end_in_chunk)
+                        && b.event.data.is_none_or(|d| d.len() <= max)
+                        && !(b.oversized && b.event.data.is_some());
+                });
+                proptest::prop_assert!(ok);
+            }
+        }
     }
 }

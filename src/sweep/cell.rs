@@ -1,4 +1,4 @@
-//! From measurements to matrix rows, the seed tool's arithmetic (SPEC §3, §5). Pure.
+//! From measurements to matrix rows, the seed tool's arithmetic. Pure.
 //!
 //! * Total tok/s = completion tokens seen by the proxy's live synthetic counter inside the
 //!   window ÷ window (the sum of usage increments, not chunks).

@@ -9,6 +9,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request};
@@ -19,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::meter::slo::SLO_HEADER;
 use crate::proxy::{Proxy, Synthetic};
+use crate::stream::sse::SseScanner;
 
 /// Largest SSE event the driver keeps while looking for its end.
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
@@ -26,6 +28,12 @@ pub const MAX_EVENT_BYTES: usize = 1 << 20;
 pub const LOOP_SPAN: usize = 4096;
 /// …whose period is at most a quarter of it (at least four identical repeats).
 pub const LOOP_MAX_PERIOD: usize = LOOP_SPAN / 4;
+/// Of an error response, the driver reads about this many bytes for its message…
+const ERROR_BODY_BYTES: usize = 2048;
+/// …for at most this long (an error body that trickles must not hold up the cell)…
+const ERROR_BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// …and keeps this many bytes of the message (one line of a cell's status).
+const ERROR_MESSAGE_BYTES: usize = 200;
 
 /// What the runner wants streams to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,13 +134,13 @@ pub async fn drive(
             while let Some(Ok(frame)) = body.frame().await {
                 if let Ok(data) = frame.into_data() {
                     text.extend_from_slice(&data);
-                    if text.len() > 2048 {
+                    if text.len() > ERROR_BODY_BYTES {
                         break;
                     }
                 }
             }
         };
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+        let _ = tokio::time::timeout(ERROR_BODY_TIMEOUT, read).await;
         return StreamEnd::Failed(format!(
             "HTTP {}: {}",
             status.as_u16(),
@@ -140,7 +148,7 @@ pub async fn drive(
         ));
     }
 
-    let mut reader = EventReader::default();
+    let mut scanner = SseScanner::new(MAX_EVENT_BYTES);
     let mut state = StreamState::default();
     loop {
         let frame = tokio::select! {
@@ -160,7 +168,7 @@ pub async fn drive(
                 let Ok(data) = frame.into_data() else {
                     continue;
                 };
-                if let Err(reason) = reader.push(&data, |event| state.event(event, &signals)) {
+                if let Err(reason) = read_events(&mut scanner, &data, &mut state, &signals) {
                     return StreamEnd::Failed(reason);
                 }
                 if let Some(reason) = state.failure.take() {
@@ -189,8 +197,8 @@ fn error_message(body: &[u8]) -> String {
             .and_then(|m| m.as_str().map(str::to_owned))
     });
     let mut text = message.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
-    if text.len() > 200 {
-        let mut cut = 200;
+    if text.len() > ERROR_MESSAGE_BYTES {
+        let mut cut = ERROR_MESSAGE_BYTES;
         while !text.is_char_boundary(cut) {
             cut -= 1;
         }
@@ -202,6 +210,31 @@ fn error_message(body: &[u8]) -> String {
     } else {
         text
     }
+}
+
+/// Feeds one frame to the scanner (the proxy's own: any split, LF, CRLF or lone CR) and hands
+/// each event's data to `state`. Errs on an event larger than [`MAX_EVENT_BYTES`], as soon as
+/// the scanner starts skipping it: the stream is not what the sweep asked for.
+fn read_events(
+    scanner: &mut SseScanner,
+    frame: &[u8],
+    state: &mut StreamState,
+    signals: &StreamSignals,
+) -> Result<(), String> {
+    let mut oversized = false;
+    scanner.feed(frame, |block| {
+        oversized |= block.oversized;
+        match block.event.data {
+            Some(data) if !data.is_empty() => state.event(data, signals),
+            _ => {} // comments, keep-alives, the LF completing a CRLF
+        }
+    });
+    if oversized || scanner.skipping_oversized() {
+        return Err(format!(
+            "an SSE event grew past {MAX_EVENT_BYTES} bytes without ending"
+        ));
+    }
+    Ok(())
 }
 
 /// What one stream has shown so far.
@@ -275,63 +308,6 @@ impl StreamState {
     }
 }
 
-/// Splits SSE bytes into `data:` payloads, whatever the framing.
-#[derive(Default)]
-pub struct EventReader {
-    buffer: Vec<u8>,
-}
-
-impl EventReader {
-    /// Feeds bytes; calls `on_data` with each complete event's data. Errors when one event
-    /// grows past [`MAX_EVENT_BYTES`].
-    pub fn push(&mut self, bytes: &[u8], mut on_data: impl FnMut(&[u8])) -> Result<(), String> {
-        self.buffer.extend_from_slice(bytes);
-        let mut start = 0;
-        while let Some((end, next)) = find_event_end(&self.buffer, start) {
-            let event = self.buffer.get(start..end).unwrap_or_default();
-            let mut data = Vec::new();
-            for line in event.split(|&b| b == b'\n') {
-                let line = line.strip_suffix(b"\r").unwrap_or(line);
-                if let Some(rest) = line.strip_prefix(b"data:") {
-                    if !data.is_empty() {
-                        data.push(b'\n');
-                    }
-                    data.extend_from_slice(rest.strip_prefix(b" ").unwrap_or(rest));
-                }
-            }
-            if !data.is_empty() {
-                on_data(&data);
-            }
-            start = next;
-        }
-        self.buffer.drain(..start.min(self.buffer.len()));
-        if self.buffer.len() > MAX_EVENT_BYTES {
-            return Err(format!(
-                "an SSE event grew past {MAX_EVENT_BYTES} bytes without ending"
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// The end of the event starting at `from` (a blank line, LF or CRLF) and where the next starts.
-fn find_event_end(buffer: &[u8], from: usize) -> Option<(usize, usize)> {
-    let rest = buffer.get(from..)?;
-    let mut i = 0;
-    while i < rest.len() {
-        if rest.get(i) == Some(&b'\n') {
-            if rest.get(i + 1) == Some(&b'\n') {
-                return Some((from + i, from + i + 2));
-            }
-            if rest.get(i + 1) == Some(&b'\r') && rest.get(i + 2) == Some(&b'\n') {
-                return Some((from + i, from + i + 3));
-            }
-        }
-        i += 1;
-    }
-    None
-}
-
 /// The output-loop check: after every [`LOOP_MAX_PERIOD`] new characters, is the last
 /// [`LOOP_SPAN`] of output periodic with a period ≤ [`LOOP_MAX_PERIOD`] (four or more
 /// identical repeats)? The smallest period comes from the KMP failure function, O(span).
@@ -390,22 +366,55 @@ pub fn smallest_period(s: &[u8], failure: &mut Vec<usize>) -> usize {
 mod tests {
     use super::*;
 
-    #[test]
-    fn events_split_across_frames_and_crlf() {
-        let mut reader = EventReader::default();
-        let mut seen = Vec::new();
-        for part in [
-            &b"data: {\"a\":1}\n"[..],
-            b"\ndata: [DO",
-            b"NE]\r\n\r\n: comment\n\n",
-        ] {
-            reader
-                .push(part, |d| seen.push(String::from_utf8_lossy(d).into_owned()))
-                .unwrap();
+    /// Data of every event `read_events` hands on, frame by frame.
+    fn read_all(frames: &[&[u8]]) -> (Vec<String>, Result<(), String>) {
+        let signals = StreamSignals::default();
+        let mut scanner = SseScanner::new(MAX_EVENT_BYTES);
+        let mut state = StreamState::default();
+        let mut result = Ok(());
+        for frame in frames {
+            result = read_events(&mut scanner, frame, &mut state, &signals);
+            if result.is_err() {
+                break;
+            }
         }
-        assert_eq!(seen, ["{\"a\":1}", "[DONE]"]);
-        let mut big = EventReader::default();
-        assert!(big.push(&vec![b'x'; MAX_EVENT_BYTES + 1], |_| {}).is_err());
+        let mut seen = Vec::new();
+        if state.saw_output {
+            seen.push(format!("output {}", state.output_chars));
+        }
+        if state.done {
+            seen.push("[DONE]".to_owned());
+        }
+        (seen, result)
+    }
+
+    #[test]
+    fn events_split_across_frames_in_every_line_ending() {
+        for ending in ["\n", "\r\n", "\r"] {
+            let stream = format!(
+                ": keep-alive{e}{e}data: {{\"choices\":[{{\"text\":\"abc\"}}]}}{e}{e}data: [DONE]{e}{e}",
+                e = ending
+            );
+            let bytes = stream.as_bytes();
+            for cut in 0..=bytes.len() {
+                let (a, b) = bytes.split_at(cut);
+                let (seen, result) = read_all(&[a, b]);
+                assert_eq!(result, Ok(()));
+                assert_eq!(seen, ["output 3", "[DONE]"], "{ending:?} split at {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_event_past_the_limit_fails_the_stream_before_it_ends() {
+        let mut frame = b"data: ".to_vec();
+        frame.resize(MAX_EVENT_BYTES + 1, b'x');
+        let (_, result) = read_all(&[&frame]);
+        assert!(result.unwrap_err().contains("grew past"));
+        // Whole in one frame, too.
+        frame.extend_from_slice(b"\n\n");
+        let (_, result) = read_all(&[&frame]);
+        assert!(result.is_err());
     }
 
     #[test]

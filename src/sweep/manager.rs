@@ -7,7 +7,9 @@
 //! nothing of HTTP or tokens (the admin layer checks those).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use crate::base::lock::lock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
@@ -125,9 +127,7 @@ impl SweepManager {
 
     /// The running sweep, if any.
     fn active(&self) -> Option<Arc<Active>> {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.current)
             .as_ref()
             .filter(|a| a.status.state().is_active())
             .cloned()
@@ -145,7 +145,7 @@ impl SweepManager {
             cancel: cancel_tx,
         });
         {
-            let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut current = lock(&self.current);
             if let Some(running) = current.as_ref().filter(|a| a.status.state().is_active()) {
                 return Err(StartError::Busy {
                     id: running.id.clone(),
@@ -163,7 +163,7 @@ impl SweepManager {
                     s.server = Some(facts);
                     s.error = Some(error.to_string());
                 });
-                let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut current = lock(&self.current);
                 if current.as_ref().is_some_and(|a| a.id == id) {
                     *current = None;
                 }
@@ -195,10 +195,7 @@ impl SweepManager {
             persister.abort();
             let state = status.state();
             if state == SweepState::Finished {
-                *manager
-                    .latest
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner) = Some(matrix);
+                *lock(&manager.latest) = Some(matrix);
             }
             manager.persist_now(&status).await;
             tracing::info!(sweep = %active.id, state = state.as_str(), "sweep ended");
@@ -254,13 +251,7 @@ impl SweepManager {
 
     /// The status of sweep `id`: live when it is the current one, else from the store.
     pub fn get(&self, id: &str) -> Option<SweepStatus> {
-        if let Some(current) = self
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .filter(|a| a.id == id)
-        {
+        if let Some(current) = lock(&self.current).as_ref().filter(|a| a.id == id) {
             return Some(current.status.snapshot());
         }
         match self.store.get(id) {
@@ -278,12 +269,7 @@ impl SweepManager {
             log_store_error(&error);
             Vec::new()
         });
-        if let Some(current) = self
-            .current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-        {
+        if let Some(current) = lock(&self.current).as_ref() {
             let live = current.status.snapshot().summary();
             match list.iter_mut().find(|s| s.id == live.id) {
                 Some(slot) => *slot = live,
@@ -300,17 +286,12 @@ impl SweepManager {
 
     /// The matrix of the latest finished sweep (this process's, or the newest stored).
     pub fn latest_matrix(&self) -> Option<MatrixDoc> {
-        self.latest
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.latest).clone()
     }
 
     /// Changes of the current sweep `id` (for followers such as the CLI progress line).
     pub fn subscribe(&self, id: &str) -> Option<watch::Receiver<u64>> {
-        self.current
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.current)
             .as_ref()
             .filter(|a| a.id == id)
             .map(|a| a.status.subscribe())

@@ -3,7 +3,7 @@
 //! resolved [`Plan`] the runner executes — contexts, concurrency levels, window, max output,
 //! KV budget, which cells are over capacity, and how long every prompt is.
 //!
-//! Pure: no I/O, no clock. Defaults follow the seed tool (SPEC §5): top context = context
+//! Pure: no I/O, no clock. Defaults follow the seed tool: top context = context
 //! length − max output − 1024, contexts doubling from 8K below it, concurrency 1…128 doubling,
 //! and a prefill row at the full context length. sglang refuses a request whose prompt plus
 //! `max_tokens` reaches the context length, and one of `max_req_input_len` (context − 5) tokens
@@ -167,7 +167,7 @@ impl EngineKind {
 }
 
 /// What the server says about itself (`/v1/models`, `/server_info` or `/get_server_info`,
-/// `/metrics`), found by [`super::discover`].
+/// `/metrics`); `discover.rs` asks for them (it depends on this file, not the reverse).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServerFacts {
     pub engine: EngineKind,

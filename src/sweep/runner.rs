@@ -1,4 +1,4 @@
-//! The sweep procedure (SPEC §5, the seed tool's): for each context, ascending, a scout
+//! The sweep procedure (the seed tool's): for each context, ascending, a scout
 //! (`max_tokens` 1, cold prompt) gives the prefill row and warms the prompt cache; then for each
 //! concurrency, ascending, C identical `ignore_eos` streams; wait until the server reports C
 //! running (its gauge; else stream activity); a fixed window in which streams that finish are
@@ -14,9 +14,11 @@
 //! from the proxy's records of the sweep's requests (collected by tag) and from its live
 //! synthetic token counter.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use crate::base::lock::lock;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -60,6 +62,43 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(30);
 const GAUGE_GRACE: Duration = Duration::from_secs(10);
 /// How often a cell interrupted by production traffic is tried again.
 const MAX_ATTEMPTS: usize = 3;
+/// How often the guard is looked at while the sweep is paused for production traffic.
+const GUARD_POLL: Duration = Duration::from_millis(100);
+/// After the last stream is stopped, how long a slot task may take to end before it is
+/// dropped.
+const DISCONNECT_LIMIT: Duration = Duration::from_secs(10);
+/// The one path every synthetic request goes to.
+const COMPLETIONS_PATH: &str = "/v1/completions";
+/// A scout asks for one output token: its time to first token is the prefill.
+const SCOUT_MAX_TOKENS: u64 = 1;
+/// A scout's request may take this long, plus its prompt at [`SLOWEST_PREFILL_TOK_S`]…
+const SCOUT_LIMIT_BASE: Duration = Duration::from_secs(60);
+/// …a prefill rate even a slow CPU server reaches.
+const SLOWEST_PREFILL_TOK_S: u64 = 500;
+/// The warm-up may take this long, plus [`WARM_UP_PREFILL_FACTOR`] × C × the scout's TTFT
+/// (capped at [`WARM_UP_PREFILL_MAX`])…
+const WARM_UP_LIMIT_BASE: Duration = Duration::from_secs(60);
+/// …twice every stream's prefill one after another: the streams start together, and a server
+/// may prefill them in turn…
+const WARM_UP_PREFILL_FACTOR: f64 = 2.0;
+/// …bounded (a day), so an absurd scout TTFT cannot overflow the limit.
+const WARM_UP_PREFILL_MAX: Duration = Duration::from_secs(24 * 3600);
+/// The scout TTFT the warm-up limit assumes when the scout gave none.
+const DEFAULT_SCOUT_TTFT: Duration = Duration::from_secs(1);
+/// The running gauge is sampled about this many times per window…
+const SAMPLES_PER_WINDOW: u32 = 30;
+/// …but not more often than this…
+const SAMPLE_EVERY_MIN: Duration = Duration::from_millis(100);
+/// …nor less often than this.
+const SAMPLE_EVERY_MAX: Duration = Duration::from_secs(1);
+/// ETA: seconds a cell takes beyond its window, until one has been measured.
+const DEFAULT_CELL_OVERHEAD_S: f64 = 1.5;
+/// ETA: the prefill rate assumed until a scout has measured one.
+const DEFAULT_PREFILL_TOK_S: f64 = 10_000.0;
+/// ETA: seconds a scout takes beyond its prefill (request set-up, its one output token).
+const SCOUT_OVERHEAD_S: f64 = 0.3;
+/// Room in a request body for everything but the prompt (model, options, rid).
+const BODY_FIELDS_BYTES: usize = 256;
 
 /// Collects the records of one sweep's requests (their tags start with its prefix).
 #[derive(Debug)]
@@ -78,10 +117,7 @@ impl RecordCollector {
 
     /// Removes and returns the record of the request tagged `tag`.
     pub fn take(&self, tag: &str) -> Option<Arc<RequestRecord>> {
-        self.records
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(tag)
+        lock(&self.records).remove(tag)
     }
 }
 
@@ -92,10 +128,7 @@ impl RecordSink for RecordCollector {
         }
         if let Some(tag) = &record.tag {
             if tag.starts_with(&self.prefix) {
-                self.records
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(Arc::clone(tag), Arc::clone(record));
+                lock(&self.records).insert(Arc::clone(tag), Arc::clone(record));
             }
         }
     }
@@ -256,16 +289,19 @@ impl Runner {
         let clock = &self.clock;
         let window = self.plan.cell_duration_s;
         let overhead = if clock.cell_overheads.is_empty() {
-            1.5
+            DEFAULT_CELL_OVERHEAD_S
         } else {
             clock.cell_overheads.iter().sum::<f64>() / clock.cell_overheads.len() as f64
         };
-        let rate = clock.prefill_tok_s.unwrap_or(10_000.0).max(1.0);
+        let rate = clock
+            .prefill_tok_s
+            .unwrap_or(DEFAULT_PREFILL_TOK_S)
+            .max(1.0);
         let eta = clock.cells_left as f64 * (window + overhead)
             + clock
                 .scouts_left
                 .iter()
-                .map(|&t| t as f64 / rate + 0.3)
+                .map(|&t| t as f64 / rate + SCOUT_OVERHEAD_S)
                 .sum::<f64>();
         let matrix = self.matrix.clone();
         let elapsed = clock.started.elapsed().as_secs_f64();
@@ -429,7 +465,7 @@ impl Runner {
             peak = peak.max(self.production());
             let mut cancel = self.cancel.clone();
             tokio::select! {
-                () = tokio::time::sleep(TICK * 2) => {}
+                () = tokio::time::sleep(GUARD_POLL) => {}
                 _ = cancel.changed() => {}
             }
         }
@@ -506,7 +542,9 @@ impl Runner {
                 }
             };
             let rid = self.rid(&format!("prefill-{}", step.context));
-            let end = self.one_request(&prompt, 1, Arc::clone(&rid)).await;
+            let end = self
+                .one_request(&prompt, SCOUT_MAX_TOKENS, Arc::clone(&rid))
+                .await;
             let record = self.records.take(&rid);
             match end {
                 StreamEnd::Stopped => return Err("cancelled".to_owned()),
@@ -587,7 +625,7 @@ impl Runner {
         let (phase_tx, phase_rx) = watch::channel(StreamPhase::Running);
         let template = self.template(prompt, max_tokens);
         let request = StreamRequest {
-            path: "/v1/completions",
+            path: COMPLETIONS_PATH,
             body: template.body(&rid),
             tag: Arc::clone(&rid),
             slo_header: template.slo_header,
@@ -596,8 +634,7 @@ impl Runner {
         let stream = drive(Arc::clone(&self.proxy), request, phase_rx, signals);
         tokio::pin!(stream);
         let mut cancel = self.cancel.clone();
-        // Generous: a minute plus the prompt at 500 tok/s (a slow CPU server still fits).
-        let limit = Duration::from_secs(60) + Duration::from_secs(prompt.tokens / 500);
+        let limit = SCOUT_LIMIT_BASE + Duration::from_secs(prompt.tokens / SLOWEST_PREFILL_TOK_S);
         let deadline = Instant::now() + limit;
         loop {
             tokio::select! {
@@ -665,92 +702,182 @@ impl Runner {
         Some((running, queued))
     }
 
-    /// One attempt at a decode cell.
+    /// One attempt at a decode cell, in three phases over one [`CellAttempt`]: warm-up (every
+    /// stream streaming and the server showing C running), the window, and the finish (abort,
+    /// drain barrier, the cell from the records). Cancel or production above the guard ends
+    /// the attempt early in either of the first two.
     async fn run_cell(
         &mut self,
         step: PrefillTarget,
         concurrency: u32,
         prompt: &Prompt,
     ) -> CellRun {
-        let context = step.context;
-        let streams = concurrency as usize;
+        let attempt = self.start_streams(step.context, concurrency, prompt);
+        if let Err(stop) = self.warm_up(&attempt).await {
+            return self.end_early(attempt, stop).await;
+        }
+        if attempt.shared.has_failed() {
+            return self.finish(attempt, None, prompt).await;
+        }
+        match self.window(&attempt).await {
+            Ok(window) => self.finish(attempt, Some(window), prompt).await,
+            Err(stop) => self.end_early(attempt, stop).await,
+        }
+    }
+
+    /// Starts the cell's C streams (each restarted when it completes while the cell runs).
+    fn start_streams(&self, context: u64, concurrency: u32, prompt: &Prompt) -> CellAttempt {
         let (phase_tx, phase_rx) = watch::channel(StreamPhase::Running);
         let shared = Arc::new(CellShared::default());
         let mut slots = JoinSet::new();
-        let max_output = self.plan.max_output;
-        for slot in 0..streams {
+        for slot in 0..concurrency as usize {
             let proxy = Arc::clone(&self.proxy);
             let shared = Arc::clone(&shared);
             let phase = phase_rx.clone();
             let prefix = format!("{}{context}x{concurrency}-", self.tag_prefix);
-            let template = self.template(prompt, max_output);
+            let template = self.template(prompt, self.plan.max_output);
             slots.spawn(async move {
                 run_slot(proxy, shared, phase, slot, prefix, template).await;
             });
         }
+        CellAttempt {
+            context,
+            concurrency,
+            phase_tx,
+            slots,
+            shared,
+        }
+    }
 
-        // Warm-up: every stream has produced output and the server reports C running.
+    /// Warm-up: waits until every stream has produced output and the server reports C running
+    /// (without a gauge, the first; with one that never gets there, [`GAUGE_GRACE`] more). A
+    /// warm-up that takes too long fails the cell (a failure the finish reports).
+    async fn warm_up(&mut self, attempt: &CellAttempt) -> Result<(), Stop> {
+        let (context, concurrency) = (attempt.context, attempt.concurrency);
+        let streams = concurrency as usize;
         let current = CurrentStep::new(StepPhase::WarmUp, context, Some(concurrency));
         self.publish(SweepState::Running, Some(current));
-        let warm_began = Instant::now();
-        let scout_ttft = self
+        let began = Instant::now();
+        let scout_ttft_s = self
             .matrix
             .prefill_row(context)
             .and_then(|r| r.ttft_ms)
-            .unwrap_or(1000.0)
-            / 1000.0;
-        let start_limit = Duration::from_secs(60)
-            + Duration::from_secs_f64((scout_ttft * streams as f64 * 2.0).min(24.0 * 3600.0));
+            .map_or(DEFAULT_SCOUT_TTFT.as_secs_f64(), |ms| ms / 1000.0);
+        let start_limit = WARM_UP_LIMIT_BASE
+            + Duration::from_secs_f64(
+                (scout_ttft_s * streams as f64 * WARM_UP_PREFILL_FACTOR)
+                    .min(WARM_UP_PREFILL_MAX.as_secs_f64()),
+            );
         let mut all_streaming_since: Option<Instant> = None;
         let mut gauge_peak = 0.0f64;
         loop {
-            if shared.has_failed() {
-                break;
+            if attempt.shared.has_failed() {
+                return Ok(());
             }
             if let Some(stop) = self.check_interrupts() {
-                return self
-                    .end_early(stop, phase_tx, slots, &shared, context, concurrency)
-                    .await;
+                return Err(stop);
             }
-            let streaming = shared.signals.first_outputs.load(Ordering::Relaxed);
+            let streaming = attempt.shared.signals.first_outputs.load(Ordering::Relaxed);
             if streaming >= streams {
                 let since = *all_streaming_since.get_or_insert_with(Instant::now);
-                match self.server_load().await {
-                    None => break,
-                    Some((running, _)) => {
-                        gauge_peak = gauge_peak.max(running);
-                        if running >= f64::from(concurrency) {
-                            break;
-                        }
-                        if since.elapsed() >= GAUGE_GRACE {
-                            self.note(format!(
-                                "{} × {concurrency}: every stream was streaming but the server reported at most {gauge_peak} running after {} s; measured anyway",
-                                context_label(context),
-                                GAUGE_GRACE.as_secs()
-                            ));
-                            break;
-                        }
-                    }
+                let Some((running, _)) = self.server_load().await else {
+                    return Ok(());
+                };
+                gauge_peak = gauge_peak.max(running);
+                if running >= f64::from(concurrency) {
+                    return Ok(());
+                }
+                if since.elapsed() >= GAUGE_GRACE {
+                    self.note(format!(
+                        "{} × {concurrency}: every stream was streaming but the server reported at most {gauge_peak} running after {} s; measured anyway",
+                        context_label(context),
+                        GAUGE_GRACE.as_secs()
+                    ));
+                    return Ok(());
                 }
             }
-            if warm_began.elapsed() > start_limit {
-                shared.fail(format!(
+            if began.elapsed() > start_limit {
+                attempt.shared.fail(format!(
                     "only {streaming} of {streams} streams produced output within {:.0} s",
                     start_limit.as_secs_f64()
                 ));
-                break;
+                return Ok(());
             }
             tokio::time::sleep(TICK).await;
         }
+    }
 
-        if shared.has_failed() {
-            self.stop_streams(&phase_tx, &mut slots, &shared, ABORT_GRACE)
-                .await;
-            self.drain(context, concurrency).await;
-            let tags = shared.tags();
-            for tag in &tags {
-                self.records.take(tag);
+    /// The window: the plan's cell duration (cut short by a stream's failure), with the live
+    /// synthetic token counter read at both ends and the running gauge sampled in between.
+    async fn window(&mut self, attempt: &CellAttempt) -> Result<Window, Stop> {
+        let length = self.plan.cell_duration();
+        let current = CurrentStep::new(
+            StepPhase::Window,
+            attempt.context,
+            Some(attempt.concurrency),
+        );
+        self.publish(SweepState::Running, Some(current));
+        let tokens_at_start = self.proxy.meter.live_tokens(Source::Synthetic);
+        let start = Instant::now();
+        let end = start + length;
+        let sampler = self.spawn_sampler(length);
+        let mut stop = None;
+        loop {
+            if attempt.shared.has_failed() {
+                break;
             }
+            if let Some(reason) = self.check_interrupts() {
+                stop = Some(reason);
+                break;
+            }
+            let now = Instant::now();
+            if now >= end {
+                break;
+            }
+            let mut cancel = self.cancel.clone();
+            tokio::select! {
+                () = tokio::time::sleep_until(end.min(now + TICK)) => {}
+                _ = cancel.changed() => {}
+                () = attempt.shared.failed.notified() => {}
+            }
+        }
+        let tokens_at_end = self.proxy.meter.live_tokens(Source::Synthetic);
+        let measured = start.elapsed();
+        let samples = sampler.finish().await;
+        if let Some(stop) = stop {
+            return Err(stop);
+        }
+        Ok(Window {
+            start,
+            measured,
+            tokens: tokens_at_end.saturating_sub(tokens_at_start),
+            samples,
+        })
+    }
+
+    /// The finish: aborts the streams, waits for the drain barrier, and makes the cell from
+    /// the records of the cell's streams and the window (`None`: the warm-up failed).
+    async fn finish(
+        &mut self,
+        mut attempt: CellAttempt,
+        window: Option<Window>,
+        prompt: &Prompt,
+    ) -> CellRun {
+        let (context, concurrency) = (attempt.context, attempt.concurrency);
+        if window.is_some() {
+            let current = CurrentStep::new(StepPhase::Drain, context, Some(concurrency));
+            self.publish(SweepState::Running, Some(current));
+        }
+        self.stop_streams(&mut attempt, ABORT_GRACE).await;
+        self.drain(context, concurrency).await;
+        let ended = attempt.shared.ended();
+        let records: Vec<Arc<RequestRecord>> = ended
+            .tags
+            .iter()
+            .filter_map(|tag| self.records.take(tag))
+            .collect();
+        let Some(window) = window else {
+            // The records were taken all the same, so the collector does not keep them.
             return CellRun::Measured(Box::new(decode_cell(&CellMeasurement {
                 context,
                 concurrency,
@@ -759,92 +886,42 @@ impl Runner {
                 running_samples: Vec::new(),
                 completed_in_window: 0,
                 records: Vec::new(),
-                failures: shared.failures(),
-                streams: tags.len(),
+                failures: ended.failures,
+                streams: ended.tags.len(),
             })));
-        }
-
-        // The window.
-        let window = self.plan.cell_duration();
-        let current = CurrentStep::new(StepPhase::Window, context, Some(concurrency));
-        self.publish(SweepState::Running, Some(current));
-        let tokens_at_start = self.proxy.meter.live_tokens(Source::Synthetic);
-        let window_start = Instant::now();
-        let window_end = window_start + window;
-        let sampler = self.spawn_sampler(window);
-        let mut stop = None;
-        loop {
-            if shared.has_failed() {
-                break;
-            }
-            if let Some(reason) = self.check_interrupts() {
-                stop = Some(reason);
-                break;
-            }
-            let now = Instant::now();
-            if now >= window_end {
-                break;
-            }
-            let mut cancel = self.cancel.clone();
-            tokio::select! {
-                () = tokio::time::sleep_until(window_end.min(now + TICK)) => {}
-                _ = cancel.changed() => {}
-                () = shared.failed.notified() => {}
-            }
-        }
-        let tokens_at_end = self.proxy.meter.live_tokens(Source::Synthetic);
-        let measured = window_start.elapsed();
-        let samples = sampler.finish().await;
-        if let Some(stop) = stop {
-            return self
-                .end_early(stop, phase_tx, slots, &shared, context, concurrency)
-                .await;
-        }
-
-        // Abort, then the drain barrier.
-        let current = CurrentStep::new(StepPhase::Drain, context, Some(concurrency));
-        self.publish(SweepState::Running, Some(current));
-        self.stop_streams(&phase_tx, &mut slots, &shared, ABORT_GRACE)
-            .await;
-        self.drain(context, concurrency).await;
-
-        let tags = shared.tags();
-        let records: Vec<Arc<RequestRecord>> = tags
-            .iter()
-            .filter_map(|tag| self.records.take(tag))
-            .collect();
-        let mut failures = shared.failures();
+        };
+        let mut failures = ended.failures;
         if failures.is_empty() && records.is_empty() {
             failures.push(
                 "the proxy metered none of the cell's requests (a request body over metering.max_parse_bytes is forwarded unmetered)".to_owned(),
             );
         }
-        let window_tokens = tokens_at_end.saturating_sub(tokens_at_start);
-        if failures.is_empty() && window_tokens == 0 {
+        if failures.is_empty() && window.tokens == 0 {
             failures.push("no output tokens during the window".to_owned());
         }
-        let completed = shared
-            .completions()
+        let in_window = |at: Instant| at >= window.start && at <= window.start + window.measured;
+        let completed = ended
+            .completions
             .into_iter()
-            .filter(|&at| at >= window_start && at <= window_start + measured)
+            .filter(|&at| in_window(at))
             .count() as u64;
-        let samples: Vec<f64> = samples
+        let samples: Vec<f64> = window
+            .samples
             .into_iter()
-            .filter(|(at, _)| *at >= window_start && *at <= window_start + measured)
+            .filter(|&(at, _)| in_window(at))
             .map(|(_, running)| running)
             .collect();
-        let measurement = CellMeasurement {
+        let cell = decode_cell(&CellMeasurement {
             context,
             concurrency,
-            window: measured,
-            window_tokens,
+            window: window.measured,
+            window_tokens: window.tokens,
             running_samples: samples,
             completed_in_window: completed,
             records,
             failures,
-            streams: tags.len(),
-        };
-        let cell = decode_cell(&measurement);
+            streams: ended.tags.len(),
+        });
         if let Some(reported) = cell.prompt_tokens.filter(|&p| p != prompt.tokens) {
             let note = format!(
                 "{} × {concurrency}: the server counted {reported} prompt tokens per request for a prompt of {}",
@@ -868,64 +945,49 @@ impl Runner {
     }
 
     /// Stops a cell that cannot be measured now (cancel or production traffic).
-    async fn end_early(
-        &mut self,
-        stop: Stop,
-        phase_tx: watch::Sender<StreamPhase>,
-        mut slots: JoinSet<()>,
-        shared: &Arc<CellShared>,
-        context: u64,
-        concurrency: u32,
-    ) -> CellRun {
+    async fn end_early(&mut self, mut attempt: CellAttempt, stop: Stop) -> CellRun {
         let grace = match stop {
             Stop::Cancelled => CANCEL_GRACE,
             Stop::Production(_) => ABORT_GRACE,
         };
-        self.stop_streams(&phase_tx, &mut slots, shared, grace)
-            .await;
-        for tag in shared.tags() {
+        self.stop_streams(&mut attempt, grace).await;
+        for tag in attempt.shared.ended().tags {
             self.records.take(&tag);
         }
         match stop {
             Stop::Cancelled => CellRun::Cancelled,
             Stop::Production(production) => {
-                self.drain(context, concurrency).await;
+                self.drain(attempt.context, attempt.concurrency).await;
                 CellRun::Interrupted(production)
             }
         }
     }
 
     /// Aborts (sglang) or disconnects every stream of the cell and waits for their tasks.
-    async fn stop_streams(
-        &self,
-        phase_tx: &watch::Sender<StreamPhase>,
-        slots: &mut JoinSet<()>,
-        shared: &CellShared,
-        grace: Duration,
-    ) {
-        let _ = phase_tx.send(StreamPhase::Aborting);
+    async fn stop_streams(&self, attempt: &mut CellAttempt, grace: Duration) {
+        let _ = attempt.phase_tx.send(StreamPhase::Aborting);
         if self.plan.engine == EngineKind::Sglang {
-            let live = shared.live();
+            let live = attempt.shared.live();
             tokio::select! {
                 () = self.abort_rids(&live) => {}
                 () = tokio::time::sleep(grace) => {}
             }
             let deadline = Instant::now() + grace;
-            while !slots.is_empty() {
-                match tokio::time::timeout_at(deadline, slots.join_next()).await {
+            while !attempt.slots.is_empty() {
+                match tokio::time::timeout_at(deadline, attempt.slots.join_next()).await {
                     Ok(Some(_)) => {}
                     Ok(None) | Err(_) => break,
                 }
             }
         }
-        let _ = phase_tx.send(StreamPhase::Disconnect);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !slots.is_empty() {
-            match tokio::time::timeout_at(deadline, slots.join_next()).await {
+        let _ = attempt.phase_tx.send(StreamPhase::Disconnect);
+        let deadline = Instant::now() + DISCONNECT_LIMIT;
+        while !attempt.slots.is_empty() {
+            match tokio::time::timeout_at(deadline, attempt.slots.join_next()).await {
                 Ok(Some(_)) => {}
                 Ok(None) => break,
                 Err(_) => {
-                    slots.abort_all();
+                    attempt.slots.abort_all();
                     break;
                 }
             }
@@ -960,7 +1022,7 @@ impl Runner {
     /// Samples the running gauge during the window (a task of its own, so a slow scrape never
     /// stretches the window).
     fn spawn_sampler(&self, window: Duration) -> Sampler {
-        let every = (window / 30).clamp(Duration::from_millis(100), Duration::from_secs(1));
+        let every = (window / SAMPLES_PER_WINDOW).clamp(SAMPLE_EVERY_MIN, SAMPLE_EVERY_MAX);
         let (stop_tx, mut stop_rx) = watch::channel(false);
         let proxy = Arc::clone(&self.proxy);
         let gauge = self
@@ -973,6 +1035,7 @@ impl Runner {
             let Some(gauge) = gauge else {
                 return samples;
             };
+            // Half a period in, so the samples sit in the middle of equal slices of the window.
             let mut next = Instant::now() + every / 2;
             loop {
                 tokio::select! {
@@ -1015,63 +1078,115 @@ impl Sampler {
     }
 }
 
-/// What the streams of one cell share with the runner.
+/// One attempt at a decode cell: its streams and what they share with the runner.
+struct CellAttempt {
+    context: u64,
+    concurrency: u32,
+    /// Tells the streams to keep going, read to the end after an abort, or disconnect.
+    phase_tx: watch::Sender<StreamPhase>,
+    /// The C slot tasks (each one stream at a time, restarted when it completes).
+    slots: JoinSet<()>,
+    shared: Arc<CellShared>,
+}
+
+/// What the window measured.
+struct Window {
+    start: Instant,
+    /// From the window's start to when it ended (its length, unless a stream failed).
+    measured: Duration,
+    /// Synthetic output tokens the proxy counted during the window.
+    tokens: u64,
+    /// The server's running gauge, sampled during the window (empty without one).
+    samples: Vec<(Instant, f64)>,
+}
+
+/// What the streams of one cell share with the runner. One lock: the slots take it when a
+/// stream starts or ends (never per event), the runner when it polls for a failure.
 #[derive(Default)]
 struct CellShared {
     signals: Arc<StreamSignals>,
-    started: AtomicUsize,
-    completions: Mutex<Vec<Instant>>,
-    failures: Mutex<Vec<String>>,
-    tags: Mutex<Vec<Arc<str>>>,
-    live: Mutex<HashSet<Arc<str>>>,
+    book: Mutex<CellBook>,
+    /// Woken when a stream fails, so the window stops at once.
     failed: Notify,
 }
 
+/// The cell's streams so far.
+#[derive(Default)]
+struct CellBook {
+    /// Tags (rids) of every stream started, in order, and whether it is still running.
+    streams: Vec<(Arc<str>, bool)>,
+    /// When each stream that finished by itself did.
+    completions: Vec<Instant>,
+    /// Why streams failed.
+    failures: Vec<String>,
+}
+
+/// What a cell's streams did, read once they have all ended.
+struct EndedStreams {
+    tags: Vec<Arc<str>>,
+    completions: Vec<Instant>,
+    failures: Vec<String>,
+}
+
 impl CellShared {
+    fn book(&self) -> std::sync::MutexGuard<'_, CellBook> {
+        lock(&self.book)
+    }
+
+    /// Registers a new stream of `slot` and returns its index and tag. The serial in the tag
+    /// counts the cell's streams in the order they started.
+    fn start_stream(&self, prefix: &str, slot: usize, restarts: usize) -> (usize, Arc<str>) {
+        let mut book = self.book();
+        let serial = book.streams.len();
+        let tag: Arc<str> = Arc::from(format!("{prefix}{slot}-{restarts}-{serial}"));
+        book.streams.push((Arc::clone(&tag), true));
+        (serial, tag)
+    }
+
+    /// The stream `index` ended: completed at `completed` (by itself), or failed with a reason.
+    fn end_stream(&self, index: usize, completed: Option<Instant>, failure: Option<String>) {
+        let mut book = self.book();
+        if let Some((_, running)) = book.streams.get_mut(index) {
+            *running = false;
+        }
+        book.completions.extend(completed);
+        if let Some(reason) = failure {
+            book.failures.push(reason);
+            drop(book);
+            self.failed.notify_waiters();
+        }
+    }
+
     fn fail(&self, reason: String) {
-        self.failures
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(reason);
+        self.book().failures.push(reason);
         self.failed.notify_waiters();
     }
 
     fn has_failed(&self) -> bool {
-        !self
-            .failures
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
+        !self.book().failures.is_empty()
     }
 
-    fn failures(&self) -> Vec<String> {
-        self.failures
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    fn tags(&self) -> Vec<Arc<str>> {
-        self.tags
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
+    /// Tags of the streams still running (to abort them by rid).
     fn live(&self) -> Vec<Arc<str>> {
-        self.live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.book()
+            .streams
             .iter()
-            .cloned()
+            .filter(|(_, running)| *running)
+            .map(|(tag, _)| Arc::clone(tag))
             .collect()
     }
 
-    fn completions(&self) -> Vec<Instant> {
-        self.completions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+    fn ended(&self) -> EndedStreams {
+        let book = self.book();
+        EndedStreams {
+            tags: book
+                .streams
+                .iter()
+                .map(|(tag, _)| Arc::clone(tag))
+                .collect(),
+            completions: book.completions.clone(),
+            failures: book.failures.clone(),
+        }
     }
 }
 
@@ -1087,7 +1202,7 @@ struct RequestTemplate {
 
 impl RequestTemplate {
     fn body(&self, rid: &str) -> Bytes {
-        let mut body = String::with_capacity(self.prompt.json.len() + 256);
+        let mut body = String::with_capacity(self.prompt.json.len() + BODY_FIELDS_BYTES);
         body.push_str("{\"model\":");
         body.push_str(&self.model_json);
         body.push_str(&format!(
@@ -1119,22 +1234,11 @@ async fn run_slot(
         if *phase.borrow() != StreamPhase::Running {
             return;
         }
-        let serial = shared.started.fetch_add(1, Ordering::Relaxed);
-        let tag: Arc<str> = Arc::from(format!("{prefix}{slot}-{restarts}-{serial}"));
-        shared
-            .tags
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Arc::clone(&tag));
-        shared
-            .live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(Arc::clone(&tag));
+        let (index, tag) = shared.start_stream(&prefix, slot, restarts);
         let request = StreamRequest {
-            path: "/v1/completions",
+            path: COMPLETIONS_PATH,
             body: template.body(&tag),
-            tag: Arc::clone(&tag),
+            tag,
             slo_header: template.slo_header.clone(),
         };
         let end = drive(
@@ -1144,23 +1248,17 @@ async fn run_slot(
             Arc::clone(&shared.signals),
         )
         .await;
-        shared
-            .live
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&tag);
         match end {
             StreamEnd::Completed { at } => {
-                shared
-                    .completions
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(at);
+                shared.end_stream(index, Some(at), None);
                 restarts += 1;
             }
-            StreamEnd::Stopped => return,
+            StreamEnd::Stopped => {
+                shared.end_stream(index, None, None);
+                return;
+            }
             StreamEnd::Failed(reason) => {
-                shared.fail(reason);
+                shared.end_stream(index, None, Some(reason));
                 return;
             }
         }
@@ -1249,6 +1347,40 @@ mod tests {
     use super::*;
     use crate::config::SweepConfig;
     use crate::sweep::plan::SweepRequest;
+
+    #[tokio::test]
+    async fn a_cell_book_keeps_streams_in_start_order_and_wakes_the_window_on_a_failure() {
+        let shared = CellShared::default();
+        let (first, first_tag) = shared.start_stream("p-8192x2-", 0, 0);
+        let (second, second_tag) = shared.start_stream("p-8192x2-", 1, 0);
+        let (third, third_tag) = shared.start_stream("p-8192x2-", 0, 1);
+        assert_eq!(&*first_tag, "p-8192x2-0-0-0");
+        assert_eq!(&*second_tag, "p-8192x2-1-0-1");
+        assert_eq!(&*third_tag, "p-8192x2-0-1-2");
+        let at = Instant::now();
+        shared.end_stream(first, Some(at), None);
+        assert_eq!(
+            shared.live(),
+            [Arc::clone(&second_tag), Arc::clone(&third_tag)]
+        );
+        assert!(!shared.has_failed());
+
+        let woken = shared.failed.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        shared.end_stream(second, None, Some("boom".to_owned()));
+        assert!(shared.has_failed());
+        tokio::time::timeout(Duration::from_secs(5), woken)
+            .await
+            .expect("a failure wakes the window");
+
+        shared.end_stream(third, None, None);
+        assert!(shared.live().is_empty());
+        let ended = shared.ended();
+        assert_eq!(ended.tags, [first_tag, second_tag, third_tag]);
+        assert_eq!(ended.completions, [at]);
+        assert_eq!(ended.failures, ["boom"]);
+    }
 
     #[test]
     fn initial_matrix_validates_and_marks_over_capacity() {
