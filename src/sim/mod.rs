@@ -4,10 +4,20 @@
 //! stalling decode) behind sglang's HTTP API, byte for byte, or vLLM's with
 //! [`Dialect::Vllm`].
 //!
-//! Code map: `profile` (data + validation), `from_matrix` (a profile inferred from a
-//! speed-test matrix), `model` (pure timing functions and seeded draws), `scheduler` (the one task that owns every request's progress), `wire` (SSE and
-//! JSON bytes), `text` (token rules and filler words), `http` (hyper server and routes),
-//! `lag` (the schedule-lag measurement).
+//! Code map, lowest first (a file uses only files above it):
+//! * `options` (dialect, run options), `profile` (data + validation), `model` (pure timing
+//!   functions and seeded draws), `text` (token rules, prompt-cache keys, filler words),
+//!   `json_out` (hand-written JSON), `scheduler` (the one task that owns every request's
+//!   progress), `from_matrix` (a profile inferred from a speed-test matrix), `lag` (the
+//!   schedule-lag measurement);
+//! * `request` (the parsed request, field readers, the error value), `error_body` (every
+//!   error body), `output` (the words of each step), `state` (what connections share);
+//! * `api/` — one module per API, its parsing and its bytes: `openai` (chat completions,
+//!   completions), `generate`, `messages`, `responses`;
+//! * `render` (scheduler events → the API's bytes), `body` (the streaming response body),
+//!   `generation` (one generation request end to end), `engine_info` (models, server and
+//!   model info, version, tokenize, abort), `metrics` (the server metrics table), `router`
+//!   (the route table).
 //!
 //! This module must not depend on the proxy or the sweep engine: they call it, through
 //! [`serve`], [`SimServer::start`] and [`Profile`].
@@ -23,51 +33,35 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
 
+use state::AppState;
+
+mod api;
+mod body;
+mod engine_info;
+mod error_body;
 pub mod from_matrix;
-pub mod http;
+mod generation;
+mod json_out;
 pub mod lag;
+mod metrics;
 pub mod model;
+mod options;
+mod output;
 pub mod profile;
+mod render;
+mod request;
+mod router;
 pub mod scheduler;
+mod state;
 pub mod text;
-pub mod wire;
 
 pub use from_matrix::{FromMatrixError, FromMatrixOptions};
 pub use model::PerformanceModel;
+pub use options::{Dialect, SimOptions};
 pub use profile::{Profile, ProfileError, BUILTIN_PROFILES};
 
 /// The profile `tokentap simulate` uses when none is named.
 pub const DEFAULT_PROFILE: &str = "glm-5.3-flash-nvfp4-4x-rtx-pro-6000";
-
-/// Which server the simulator impersonates on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Dialect {
-    /// sglang: headers at first token on OpenAI routes, `reasoning_content`, `sglang:` metrics.
-    #[default]
-    Sglang,
-    /// vLLM: headers at once, `reasoning`, usage on every chunk with continuous stats,
-    /// finish reason on the last content chunk, `vllm:` metrics with `cache_config_info`.
-    Vllm,
-}
-
-/// Run-time options that are not part of the deployment's profile.
-#[derive(Debug, Clone, Default)]
-pub struct SimOptions {
-    /// Seeds ids, output text, accept lengths and natural output lengths.
-    pub seed: u64,
-    pub dialect: Dialect,
-    /// Overrides the profile's `served_model_name`.
-    pub served_model_name: Option<String>,
-    /// sglang `--enable-cache-report`: fill `prompt_tokens_details.cached_tokens`.
-    pub enable_cache_report: bool,
-    /// A vocabulary of this many ids: `/tokenize` answers ids below it, and a prompt with a
-    /// larger id is refused as the engine refuses it (vLLM: status 200, then an error event).
-    /// `None`: every id is valid.
-    pub vocab_size: Option<u64>,
-    /// sglang `--stream-response-default-include-usage`: every stream gets the final usage
-    /// chunk, asked or not, and `/server_info` says so.
-    pub stream_response_default_include_usage: bool,
-}
 
 /// Why the simulator could not run.
 #[derive(Debug, thiserror::Error)]
@@ -102,15 +96,15 @@ pub async fn serve(
 pub(crate) fn build_state(
     profile: Profile,
     options: SimOptions,
-) -> (Arc<http::AppState>, tokio::task::JoinHandle<()>) {
+) -> (Arc<AppState>, tokio::task::JoinHandle<()>) {
     let (scheduler, scheduler_task) = scheduler::spawn(&profile, options.seed);
     let fingerprint = format!("vllm-0.32.0-{:08x}", options.seed as u32);
-    let state = Arc::new(http::AppState {
+    let state = Arc::new(AppState {
         profile: Arc::new(profile),
         options,
         scheduler,
         next_request: AtomicU64::new(0),
-        started_unix: wire::unix_seconds(),
+        started_unix: json_out::unix_seconds(),
         fingerprint,
     });
     (state, scheduler_task)
@@ -119,7 +113,7 @@ pub(crate) fn build_state(
 /// Accept connections until `shutdown`, then close them all and stop the scheduler.
 pub(crate) async fn serve_state(
     listener: TcpListener,
-    state: Arc<http::AppState>,
+    state: Arc<AppState>,
     scheduler_task: tokio::task::JoinHandle<()>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -134,7 +128,7 @@ pub(crate) async fn serve_state(
                     let state = Arc::clone(&state);
                     connections.spawn(async move {
                         let service = hyper::service::service_fn(move |request| {
-                            http::handle(Arc::clone(&state), request)
+                            router::handle(Arc::clone(&state), request)
                         });
                         let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                         if let Err(error) = builder.serve_connection(TokioIo::new(stream), service).await {
