@@ -8,8 +8,7 @@
 //! * `options` (dialect, run options), `profile` (data + validation), `model` (pure timing
 //!   functions and seeded draws), `text` (token rules, prompt-cache keys, filler words),
 //!   `json_out` (hand-written JSON), `scheduler` (the one task that owns every request's
-//!   progress), `from_matrix` (a profile inferred from a speed-test matrix), `lag` (the
-//!   schedule-lag measurement);
+//!   progress), `from_matrix` (a profile inferred from a speed-test matrix);
 //! * `request` (the parsed request, field readers, the error value), `error_body` (every
 //!   error body), `output` (the words of each step), `state` (what connections share);
 //! * `api/` — one module per API, its parsing and its bytes: `openai` (chat completions,
@@ -17,23 +16,18 @@
 //! * `render` (scheduler events → the API's bytes), `body` (the streaming response body),
 //!   `generation` (one generation request end to end), `engine_info` (models, server and
 //!   model info, version, tokenize, abort), `metrics` (the server metrics table), `router`
-//!   (the route table).
+//!   (the route table), `server` (the listener and the shared state it builds), `lag` (the
+//!   schedule-lag measurement, which runs a `server`).
 //!
 //! This module must not depend on the proxy or the sweep engine: they call it, through
 //! [`serve`], [`SimServer::start`] and [`Profile`].
 use std::future::Future;
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 
 use anyhow::Context as _;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio::task::JoinSet;
-
-use state::AppState;
 
 mod api;
 mod body;
@@ -52,6 +46,7 @@ mod render;
 mod request;
 mod router;
 pub mod scheduler;
+mod server;
 mod state;
 pub mod text;
 
@@ -87,66 +82,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), SimError> {
     profile.validate()?;
-    let (state, scheduler_task) = build_state(profile, options);
-    serve_state(listener, state, scheduler_task, shutdown).await;
+    let (state, scheduler_task) = server::build_state(profile, options);
+    server::serve_state(listener, state, scheduler_task, shutdown).await;
     Ok(())
-}
-
-/// Start the scheduler (on the current runtime) and build the shared server state.
-pub(crate) fn build_state(
-    profile: Profile,
-    options: SimOptions,
-) -> (Arc<AppState>, tokio::task::JoinHandle<()>) {
-    let (scheduler, scheduler_task) = scheduler::spawn(&profile, options.seed);
-    let fingerprint = format!("vllm-0.32.0-{:08x}", options.seed as u32);
-    let state = Arc::new(AppState {
-        profile: Arc::new(profile),
-        options,
-        scheduler,
-        next_request: AtomicU64::new(0),
-        started_unix: json_out::unix_seconds(),
-        fingerprint,
-    });
-    (state, scheduler_task)
-}
-
-/// Accept connections until `shutdown`, then close them all and stop the scheduler.
-pub(crate) async fn serve_state(
-    listener: TcpListener,
-    state: Arc<AppState>,
-    scheduler_task: tokio::task::JoinHandle<()>,
-    shutdown: impl Future<Output = ()>,
-) {
-    let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let state = Arc::clone(&state);
-                    connections.spawn(async move {
-                        let service = hyper::service::service_fn(move |request| {
-                            router::handle(Arc::clone(&state), request)
-                        });
-                        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                        if let Err(error) = builder.serve_connection(TokioIo::new(stream), service).await {
-                            tracing::debug!(%error, "simulator connection ended with an error");
-                        }
-                    });
-                }
-                Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "simulator accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    connections.abort_all();
-    scheduler_task.abort();
 }
 
 /// A simulator running in the background on 127.0.0.1 (tests, sweeps, `tokentap demo`).
