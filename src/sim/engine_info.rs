@@ -8,7 +8,6 @@ use http_body::Body;
 use serde_json::{json, Value};
 
 use super::error_body::Reply;
-use super::generation::max_request_input_tokens;
 use super::json_out::push_json_str;
 use super::options::Dialect;
 use super::request::{chat_messages, read_json, Api, ApiError};
@@ -76,7 +75,7 @@ pub fn server_info(state: &AppState) -> Reply {
         "launch_command": format!("tokentap simulate --profile {}", p.model.served_model_name),
         "status": "ready",
         "max_total_num_tokens": p.capacity.kv_tokens,
-        "max_req_input_len": max_request_input_tokens(p),
+        "max_req_input_len": state.max_request_input_tokens(),
         "internal_states": [{
             "effective_max_running_requests_per_dp": p.capacity.max_running_requests,
             "last_gen_throughput": stats.gen_throughput,

@@ -29,9 +29,6 @@ use super::text::Fingerprint;
 const SGLANG_ID_CHARS: usize = 32;
 /// Characters of the random part of vLLM's ids (`chatcmpl-…`, `cmpl-…`, `resp_…`).
 const VLLM_ID_CHARS: usize = 16;
-/// sglang refuses a prompt that leaves fewer than this many tokens of the KV pool (or the
-/// context) free: `max_req_input_len` is the smaller of the two minus this margin.
-pub const INPUT_LENGTH_MARGIN: u64 = 5;
 
 /// Answer one generation request. Never fails: every problem becomes the server's answer.
 pub async fn handle<B>(state: &Arc<AppState>, request: Request<B>, api: Api) -> Response<SimBody>
@@ -226,22 +223,13 @@ fn validate_lengths(state: &AppState, request: &GenRequest) -> Result<u64, ApiEr
             .with_param("max_tokens"),
         });
     }
-    let max_input = max_request_input_tokens(&state.profile);
+    let max_input = state.max_request_input_tokens();
     if prompt >= max_input {
         return Err(ApiError::value(format!(
             "Input length ({prompt} tokens) exceeds the maximum allowed length ({max_input} tokens). Use a shorter input or enable --allow-auto-truncate."
         )));
     }
     Ok(max_new)
-}
-
-/// sglang's `max_req_input_len`: the longest prompt it admits.
-pub fn max_request_input_tokens(profile: &super::profile::Profile) -> u64 {
-    profile
-        .capacity
-        .kv_tokens
-        .min(profile.model.context_length)
-        .saturating_sub(INPUT_LENGTH_MARGIN)
 }
 
 async fn stream_response(

@@ -36,10 +36,6 @@ impl Renderer {
         }
     }
 
-    pub fn spec(&self) -> &OutputSpec {
-        &self.output.spec
-    }
-
     /// What a stream sends before any token: Responses' `response.created` and
     /// `response.in_progress` (its headers go out at once); nothing on other APIs.
     pub fn stream_preamble(&mut self) -> String {

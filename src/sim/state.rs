@@ -9,6 +9,10 @@ use super::options::SimOptions;
 use super::profile::Profile;
 use super::scheduler::SchedulerHandle;
 
+/// sglang refuses a prompt that leaves fewer than this many tokens of the KV pool (or the
+/// context) free: `max_req_input_len` is the smaller of the two minus this margin.
+const INPUT_LENGTH_MARGIN: u64 = 5;
+
 /// State shared by every connection.
 #[derive(Debug)]
 pub struct AppState {
@@ -30,6 +34,15 @@ impl AppState {
             .served_model_name
             .as_deref()
             .unwrap_or(&self.profile.model.served_model_name)
+    }
+
+    /// sglang's `max_req_input_len`: the longest prompt it admits.
+    pub fn max_request_input_tokens(&self) -> u64 {
+        self.profile
+            .capacity
+            .kv_tokens
+            .min(self.profile.model.context_length)
+            .saturating_sub(INPUT_LENGTH_MARGIN)
     }
 
     /// `chars` lowercase hex digits drawn from the run's seed and `counter`: request ids
