@@ -18,9 +18,10 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::model::PerformanceModel;
+use super::options::SimOptions;
 use super::profile::Profile;
 use super::scheduler::{Command, SchedulerHandle, OUTPUT_RESERVATION_CLIP};
-use super::SimOptions;
+use super::server::{build_state, serve_state};
 
 /// What to measure.
 #[derive(Debug, Clone, Copy)]
@@ -105,7 +106,7 @@ pub enum LagError {
     #[error("the scout request failed: {0}")]
     Scout(String),
     #[error("invalid profile for the measurement")]
-    Profile(#[from] super::ProfileError),
+    Profile(#[from] super::profile::ProfileError),
 }
 
 /// Run the measurement (see the module docs).
@@ -152,9 +153,9 @@ pub async fn measure(
                 let Ok(addr) = listener.local_addr() else {
                     return;
                 };
-                let (state, task) = super::build_state(sim_profile, options);
+                let (state, task) = build_state(sim_profile, options);
                 let _ = ready_tx.send((addr, state.scheduler.clone()));
-                super::serve_state(listener, state, task, async move {
+                serve_state(listener, state, task, async move {
                     let _ = stop_rx.await;
                 })
                 .await;

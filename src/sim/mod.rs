@@ -4,68 +4,56 @@
 //! stalling decode) behind sglang's HTTP API, byte for byte, or vLLM's with
 //! [`Dialect::Vllm`].
 //!
-//! Code map: `profile` (data + validation), `from_matrix` (a profile inferred from a
-//! speed-test matrix), `model` (pure timing functions and seeded draws), `scheduler` (the one task that owns every request's progress), `wire` (SSE and
-//! JSON bytes), `text` (token rules and filler words), `http` (hyper server and routes),
-//! `lag` (the schedule-lag measurement).
+//! Code map, lowest first (a file uses only files above it):
+//! * `options` (dialect, run options), `profile` (data + validation), `model` (pure timing
+//!   functions and seeded draws), `text` (token rules, prompt-cache keys, filler words),
+//!   `json_out` (hand-written JSON), `scheduler` (the one task that owns every request's
+//!   progress), `from_matrix` (a profile inferred from a speed-test matrix);
+//! * `request` (the parsed request, field readers, the error value), `error_body` (every
+//!   error body), `output` (the words of each step), `state` (what connections share);
+//! * `api/` — one module per API, its parsing and its bytes: `openai` (chat completions,
+//!   completions), `generate`, `messages`, `responses`;
+//! * `render` (scheduler events → the API's bytes), `body` (the streaming response body),
+//!   `generation` (one generation request end to end), `engine_info` (models, server and
+//!   model info, version, tokenize, abort), `metrics` (the server metrics table), `router`
+//!   (the route table), `server` (the listener and the shared state it builds), `lag` (the
+//!   schedule-lag measurement, which runs a `server`).
 //!
 //! This module must not depend on the proxy or the sweep engine: they call it, through
 //! [`serve`], [`SimServer::start`] and [`Profile`].
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
-
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio::task::JoinSet;
 
+mod api;
+mod body;
+mod engine_info;
+mod error_body;
 pub mod from_matrix;
-pub mod http;
+mod generation;
+mod json_out;
 pub mod lag;
+mod metrics;
 pub mod model;
+mod options;
+mod output;
 pub mod profile;
+mod render;
+mod request;
+mod router;
 pub mod scheduler;
+mod server;
+mod state;
 pub mod text;
-pub mod wire;
 
 pub use from_matrix::{FromMatrixError, FromMatrixOptions};
 pub use model::PerformanceModel;
+pub use options::{Dialect, SimOptions};
 pub use profile::{Profile, ProfileError, BUILTIN_PROFILES};
 
 /// The profile `tokentap simulate` uses when none is named.
 pub const DEFAULT_PROFILE: &str = "glm-5.3-flash-nvfp4-4x-rtx-pro-6000";
-
-/// Which server the simulator impersonates on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Dialect {
-    /// sglang: headers at first token on OpenAI routes, `reasoning_content`, `sglang:` metrics.
-    #[default]
-    Sglang,
-    /// vLLM: headers at once, `reasoning`, usage on every chunk with continuous stats,
-    /// finish reason on the last content chunk, `vllm:` metrics with `cache_config_info`.
-    Vllm,
-}
-
-/// Run-time options that are not part of the deployment's profile.
-#[derive(Debug, Clone, Default)]
-pub struct SimOptions {
-    /// Seeds ids, output text, accept lengths and natural output lengths.
-    pub seed: u64,
-    pub dialect: Dialect,
-    /// Overrides the profile's `served_model_name`.
-    pub served_model_name: Option<String>,
-    /// sglang `--enable-cache-report`: fill `prompt_tokens_details.cached_tokens`.
-    pub enable_cache_report: bool,
-    /// A vocabulary of this many ids: `/tokenize` answers ids below it, and a prompt with a
-    /// larger id is refused as the engine refuses it (vLLM: status 200, then an error event).
-    /// `None`: every id is valid.
-    pub vocab_size: Option<u64>,
-    /// sglang `--stream-response-default-include-usage`: every stream gets the final usage
-    /// chunk, asked or not, and `/server_info` says so.
-    pub stream_response_default_include_usage: bool,
-}
 
 /// Why the simulator could not run.
 #[derive(Debug, thiserror::Error)]
@@ -91,66 +79,9 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), SimError> {
     profile.validate()?;
-    let (state, scheduler_task) = build_state(profile, options);
-    serve_state(listener, state, scheduler_task, shutdown).await;
+    let (state, scheduler_task) = server::build_state(profile, options);
+    server::serve_state(listener, state, scheduler_task, shutdown).await;
     Ok(())
-}
-
-/// Start the scheduler (on the current runtime) and build the shared server state.
-pub(crate) fn build_state(
-    profile: Profile,
-    options: SimOptions,
-) -> (Arc<http::AppState>, tokio::task::JoinHandle<()>) {
-    let (scheduler, scheduler_task) = scheduler::spawn(&profile, options.seed);
-    let fingerprint = format!("vllm-0.32.0-{:08x}", options.seed as u32);
-    let state = Arc::new(http::AppState {
-        profile: Arc::new(profile),
-        options,
-        scheduler,
-        next_request: AtomicU64::new(0),
-        started_unix: wire::unix_seconds(),
-        fingerprint,
-    });
-    (state, scheduler_task)
-}
-
-/// Accept connections until `shutdown`, then close them all and stop the scheduler.
-pub(crate) async fn serve_state(
-    listener: TcpListener,
-    state: Arc<http::AppState>,
-    scheduler_task: tokio::task::JoinHandle<()>,
-    shutdown: impl Future<Output = ()>,
-) {
-    let mut connections = JoinSet::new();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    let state = Arc::clone(&state);
-                    connections.spawn(async move {
-                        let service = hyper::service::service_fn(move |request| {
-                            http::handle(Arc::clone(&state), request)
-                        });
-                        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                        if let Err(error) = builder.serve_connection(TokioIo::new(stream), service).await {
-                            tracing::debug!(%error, "simulator connection ended with an error");
-                        }
-                    });
-                }
-                Err(error) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(%error, "simulator accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
-    connections.abort_all();
-    scheduler_task.abort();
 }
 
 /// A simulator running in the background on 127.0.0.1 (tests, sweeps, `tokentap demo`).

@@ -122,6 +122,40 @@ impl Fingerprint {
     }
 }
 
+/// Prompt tokens and prompt-cache key of a text prompt. The key is tagged `text` so a text
+/// prompt never shares a cache entry with a token-id or chat prompt of the same bytes.
+pub fn text_prompt_key(text: &str) -> (u64, u64) {
+    let key = Fingerprint::default()
+        .bytes(b"text")
+        .bytes(text.as_bytes())
+        .finish();
+    (text_tokens(text), key)
+}
+
+/// Prompt tokens (the documented chat rule) and prompt-cache key of a conversation; the same
+/// conversation has the same key on every chat-shaped route.
+pub fn chat_prompt_key(messages: &[(String, String)]) -> (u64, u64) {
+    let mut fingerprint = Fingerprint::default().bytes(b"chat");
+    for (role, content) in messages {
+        fingerprint = fingerprint
+            .bytes(role.as_bytes())
+            .number(content.len() as u64)
+            .bytes(content.as_bytes());
+    }
+    (chat_prompt_tokens(messages), fingerprint.finish())
+}
+
+/// Prompt tokens (exactly the length) and prompt-cache key of a token-id prompt; `None` when
+/// the value is not a list of non-negative integers.
+pub fn token_ids_key(value: &Value) -> Option<(u64, u64)> {
+    let items = value.as_array()?;
+    let mut fingerprint = Fingerprint::default().bytes(b"ids");
+    for item in items {
+        fingerprint = fingerprint.number(item.as_u64()?);
+    }
+    Some((items.len() as u64, fingerprint.finish()))
+}
+
 /// Filler vocabulary: readable, all ASCII, no word is a prefix-trap for JSON escaping.
 pub const FILLER_WORDS: &[&str] = &[
     "the", "model", "answers", "with", "plain", "words", "that", "read", "like", "a", "calm",

@@ -1,0 +1,183 @@
+//! Every error body the simulator sends, written in one place ([`write_error`]) in the shape
+//! of the server and API it imitates, and [`Reply`], a whole response (status, content type,
+//! bytes) before it becomes an HTTP response. Pure: no I/O, no response types.
+use http::StatusCode;
+
+use super::json_out::push_json_str;
+use super::options::Dialect;
+use super::request::{Api, ApiError};
+
+/// `application/json`.
+pub const JSON: &str = "application/json";
+/// The content type of every SSE stream.
+pub const EVENT_STREAM: &str = "text/event-stream; charset=utf-8";
+
+/// A whole (not streamed) response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(status: StatusCode, body: String) -> Reply {
+        Reply {
+            status,
+            content_type: JSON,
+            body,
+        }
+    }
+
+    /// A stream whose every event is known at once (errors found after the status line).
+    pub fn event_stream(body: String) -> Reply {
+        Reply {
+            status: StatusCode::OK,
+            content_type: EVENT_STREAM,
+            body,
+        }
+    }
+
+    /// 404 as FastAPI writes it.
+    pub fn not_found() -> Reply {
+        Reply::json(
+            StatusCode::NOT_FOUND,
+            error_body(ErrorShape::Detail, "Not Found"),
+        )
+    }
+
+    /// 405 as FastAPI writes it.
+    pub fn method_not_allowed() -> Reply {
+        Reply::json(
+            StatusCode::METHOD_NOT_ALLOWED,
+            error_body(ErrorShape::Detail, "Method Not Allowed"),
+        )
+    }
+
+    /// 503: the scheduler is gone (the server is shutting down).
+    pub fn shutting_down() -> Reply {
+        Reply::json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            error_body(ErrorShape::Unavailable, "the simulator is shutting down"),
+        )
+    }
+}
+
+/// The JSON shapes of an error, one per server convention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// sglang's native `/generate`: `{"error":{"message":…}}`.
+    SglangNative,
+    /// sglang's OpenAI-compatible `ErrorResponse`: `{"object":"error","message":…,"type":…,
+    /// "param":null,"code":400}`.
+    SglangOpenAi { kind: &'static str },
+    /// vLLM's `ErrorResponse`: `{"error":{"message":…,"type":"BadRequestError","param":…,
+    /// "code":400}}`.
+    Vllm { param: Option<&'static str> },
+    /// The error event inside an OpenAI-shaped stream: vLLM's fields through a plain
+    /// `json.dumps`, so with a space after every separator.
+    StreamEvent,
+    /// Anthropic's `AnthropicErrorResponse`: `{"type":"error","error":{"type":…,"message":…}}`.
+    Anthropic { kind: &'static str },
+    /// FastAPI's `{"detail":…}`.
+    Detail,
+    /// The simulator's own 503, in serde_json's sorted key order.
+    Unavailable,
+}
+
+/// The error body of `shape` carrying `message`.
+pub fn error_body(shape: ErrorShape, message: &str) -> String {
+    let mut out = String::new();
+    write_error(&mut out, shape, message);
+    out
+}
+
+/// Append the error body of `shape` carrying `message` to `out`.
+pub fn write_error(out: &mut String, shape: ErrorShape, message: &str) {
+    match shape {
+        ErrorShape::SglangNative => {
+            out.push_str("{\"error\":{\"message\":");
+            push_json_str(out, message);
+            out.push_str("}}");
+        }
+        ErrorShape::SglangOpenAi { kind } => {
+            out.push_str("{\"object\":\"error\",\"message\":");
+            push_json_str(out, message);
+            out.push_str(",\"type\":");
+            push_json_str(out, kind);
+            out.push_str(",\"param\":null,\"code\":400}");
+        }
+        ErrorShape::Vllm { param } => {
+            out.push_str("{\"error\":{\"message\":");
+            push_json_str(out, message);
+            out.push_str(",\"type\":\"BadRequestError\",\"param\":");
+            match param {
+                Some(p) => push_json_str(out, p),
+                None => out.push_str("null"),
+            }
+            out.push_str(",\"code\":400}}");
+        }
+        ErrorShape::StreamEvent => {
+            out.push_str("{\"error\": {\"message\": ");
+            push_json_str(out, message);
+            out.push_str(", \"type\": \"BadRequestError\", \"param\": null, \"code\": 400}}");
+        }
+        ErrorShape::Anthropic { kind } => {
+            out.push_str("{\"type\":\"error\",\"error\":{\"type\":");
+            push_json_str(out, kind);
+            out.push_str(",\"message\":");
+            push_json_str(out, message);
+            out.push_str("}}");
+        }
+        ErrorShape::Detail => {
+            out.push_str("{\"detail\":");
+            push_json_str(out, message);
+            out.push('}');
+        }
+        ErrorShape::Unavailable => {
+            out.push_str("{\"code\":503,\"message\":");
+            push_json_str(out, message);
+            out.push_str(",\"object\":\"error\",\"param\":null,\"type\":\"ServiceUnavailable\"}");
+        }
+    }
+}
+
+/// `data: {"error": …}` and `data: [DONE]`: how an OpenAI-shaped stream that already sent
+/// its status line reports a refused request.
+pub fn write_stream_error(out: &mut String, message: &str) {
+    out.push_str("data: ");
+    write_error(out, ErrorShape::StreamEvent, message);
+    out.push_str("\n\ndata: [DONE]\n\n");
+}
+
+impl ApiError {
+    /// The 400 the API's server sends for this error.
+    pub fn reply(&self, dialect: Dialect, api: Api) -> Reply {
+        let shape = match (dialect, api) {
+            (Dialect::Sglang, Api::Generate) => ErrorShape::SglangNative,
+            (Dialect::Sglang, _) => ErrorShape::SglangOpenAi { kind: self.kind },
+            (Dialect::Vllm, _) => ErrorShape::Vllm { param: self.param },
+        };
+        Reply::json(StatusCode::BAD_REQUEST, error_body(shape, &self.message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_503_body_keeps_serde_jsons_sorted_key_order() {
+        let json = serde_json::json!({"object": "error", "message": "the simulator is shutting down", "type": "ServiceUnavailable", "param": null, "code": 503});
+        assert_eq!(Reply::shutting_down().body, json.to_string());
+    }
+
+    #[test]
+    fn the_stream_error_event_is_what_json_dumps_writes() {
+        let message = "Token id 9 is out of \"vocabulary\"\n";
+        let quoted = serde_json::to_string(message).unwrap_or_default();
+        let mut out = String::new();
+        write_stream_error(&mut out, message);
+        assert_eq!(out, format!("data: {{\"error\": {{\"message\": {quoted}, \"type\": \"BadRequestError\", \"param\": null, \"code\": 400}}}}\n\ndata: [DONE]\n\n"));
+    }
+}
