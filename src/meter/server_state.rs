@@ -277,7 +277,7 @@ pub enum ScrapeOutcome {
     Timeout,
     /// The page was larger than the body bound; not read further.
     TooLarge,
-    /// Not UTF-8 text.
+    /// Not UTF-8 text, or text without one metric tokentap knows (not an engine's page).
     Unreadable,
 }
 
