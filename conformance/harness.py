@@ -889,9 +889,36 @@ def sweep_cells(matrix):
                 "ttft_ms": cell.get("ttft_ms"),
                 "tbt_ms": cell.get("tbt_ms"),
                 "average_active_requests": cell.get("average_active_requests"),
+                # The server's own state beside the cell (tokentap scrapes the engine's /metrics).
+                "server_running": (cell.get("server_state") or {}).get("running_requests"),
+                "server_queued": (cell.get("server_state") or {}).get("queued_requests"),
+                "server_kv_usage": (cell.get("server_state") or {}).get("kv_cache_usage"),
+                "server_prefix_hits": (cell.get("server_state") or {}).get("prefix_cache_hit_rate"),
             }
         )
     return rows
+
+
+def server_state_check(cells, has_metrics):
+    """Issue 13, point 4 against a live engine: with known metrics (vLLM) every Valid cell carries
+    the server's running and queued means, and running is within a request of the cell's average
+    active requests (the sweep is the engine's only traffic); without (llama.cpp) none is filled in."""
+    valid = [c for c in cells if c.get("status") == "Valid"]
+    if not valid:
+        return {"ok": None, "why": "no Valid cell"}
+    if not has_metrics:
+        stray = [c for c in valid if c.get("server_running") is not None]
+        return {"ok": not stray, "why": "no known metrics: every cell without server state"}
+    missing = [c for c in valid if c.get("server_running") is None or c.get("server_queued") is None]
+    far = [
+        c for c in valid
+        if c.get("server_running") is not None and c.get("average_active_requests") is not None
+        and abs(c["server_running"] - c["average_active_requests"]) > 1.0
+    ]
+    return {
+        "ok": not missing and not far,
+        "why": f"{len(missing)} Valid cells without server state, {len(far)} with |running - average active| > 1",
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -997,6 +1024,17 @@ def render_markdown(results):
                 out.append("|---|---|---|---|---|---|---|---|")
                 for c in sw["cells"]:
                     out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('per_request_tps'), 1)} | {c.get('pair_status') or '–'}, {fmt(c.get('pair_tps'), 1)} | {fmt(c.get('bench_tps'), 1)} | {fmt(c.get('ratio'), 3)} | {fmt(c.get('within_10pct'))} |")
+                out.append("")
+                out.append("The server's own state per cell (scraped from the engine's /metrics by tokentap):")
+                out.append("")
+                out.append("| context | concurrency | status | average active | server running | server queued | KV-cache usage | prefix-cache hits |")
+                out.append("|---|---|---|---|---|---|---|---|")
+                for c in sw["cells"]:
+                    out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('average_active_requests'), 2)} | {fmt(c.get('server_running'), 2)} | {fmt(c.get('server_queued'), 2)} | {fmt(c.get('server_kv_usage'), 3)} | {fmt(c.get('server_prefix_hits'), 3)} |")
+                check = sw.get("server_state_check")
+                if check:
+                    out.append("")
+                    out.append(f"Server state per cell: {fmt(check.get('ok'))} ({check.get('why')}).")
                 out.append("")
             elif sw.get("error"):
                 out.append(f"Failed: {sw['error']}")
@@ -1137,6 +1175,7 @@ def main():
                     + (f" --prompt {eargs.sweep_prompt}" if eargs.sweep_prompt else "")
                 )
                 sw["cells"] = sweep_cells(sw.get("matrix"))
+                sw["server_state_check"] = server_state_check(sw["cells"], getattr(engine, "has_metrics", False))
                 sw["notes"] = ((sw.get("matrix") or {}).get("metadata") or {}).get("notes", [])
                 eng["sweep"] = sw
                 save()

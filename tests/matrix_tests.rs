@@ -1189,3 +1189,57 @@ fn documents() -> impl Strategy<Value = MatrixDoc> {
             doc
         })
 }
+
+#[test]
+fn the_server_state_columns_round_trip_and_older_documents_still_read() {
+    use tokentap::matrix::doc::ServerState;
+    let mut doc = MatrixDoc::new(Metadata::default());
+    let mut cell = DecodeCell::status_only(8192, 4, CellStatus::Valid);
+    cell.total_tok_s = Some(300.0);
+    cell.server_state = Some(ServerState {
+        running_requests: Some(3.96),
+        queued_requests: Some(0.0),
+        kv_cache_usage: Some(0.053),
+        prefix_cache_hit_rate: None,
+    });
+    doc.decode.push(cell);
+    doc.decode
+        .push(DecodeCell::status_only(8192, 8, CellStatus::NotRun));
+    doc.validate().unwrap();
+
+    let md = markdown::render_markdown(&doc);
+    assert!(
+        md.contains("| Server running | Server queued | KV cache usage | Prefix cache hits |"),
+        "{md}"
+    );
+    assert!(md.contains("| 4.0 | 0.0 | 5.3% | — |"), "{md}");
+    let imported = parse_any(&md).unwrap();
+    assert_eq!(markdown::render_markdown(&imported), md);
+    let state = imported.cell(8192, 4).unwrap().server_state.unwrap();
+    assert_eq!(state.running_requests, Some(4.0));
+    assert_eq!(state.prefix_cache_hit_rate, None);
+    assert!(imported.cell(8192, 8).unwrap().server_state.is_none());
+    // JSON keeps everything, and leaves out what is absent.
+    let json = render_json(&doc);
+    assert_eq!(parse_any(&json).unwrap(), doc);
+    assert!(!json.contains("prefix_cache_hit_rate"), "{json}");
+    assert_eq!(json.matches("\"server_state\"").count(), 1, "{json}");
+    let html = html::render_html(&doc);
+    assert!(html.contains("KV cache usage"), "{html}");
+    let csv = tokentap::matrix::csv::render_csv(&doc);
+    assert!(csv.contains(",3.96,0,0.053,\r\n"), "{csv}");
+    // A document without the field (older, or unscraped) reads as before and renders without
+    // the columns; a negative figure is refused.
+    let mut older = doc.clone();
+    older.decode[0].server_state = None;
+    let older_json = render_json(&older);
+    assert!(!older_json.contains("server_state"));
+    assert_eq!(parse_any(&older_json).unwrap(), older);
+    assert!(!markdown::render_markdown(&older).contains("Server running"));
+    let mut bad = doc.clone();
+    bad.decode[0].server_state = Some(ServerState {
+        queued_requests: Some(-1.0),
+        ..ServerState::default()
+    });
+    assert!(bad.validate().is_err());
+}

@@ -11,10 +11,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::matrix::doc::{CellStatus, DecodeCell, PrefillRow};
+use crate::matrix::doc::{CellStatus, DecodeCell, PrefillRow, ServerState};
 use crate::meter::buckets::Ladder;
 use crate::meter::record::SloVerdict;
 use crate::meter::record::{Outcome, RequestRecord};
+use crate::meter::server_state::GAUGES;
 
 use super::sketch::QuantileSketch;
 
@@ -174,6 +175,68 @@ pub struct CellAccumulator {
     pub interference: InterferenceSum,
     /// SLO verdicts of own-cell requests, and the decode tokens of requests that met theirs.
     pub slo: SloSum,
+    /// The server's scraped state seen by own-cell requests.
+    pub server_state: ServerStateSum,
+}
+
+/// The server's scraped state summed over requests (docs/metrics.md): the production
+/// aggregator and the sweep's cells both use it.
+///
+/// Each request brings its own time-weighted mean of each gauge over its interval (head in →
+/// end) and the seconds a value was known in it; the cell's figure weights each request by
+/// those seconds, so it is the state averaged over the request-seconds the cell's requests
+/// spent at the server — time-weighted, like prefill interference, and a long request counts
+/// for what it lived through.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ServerStateSum {
+    /// Σ mean × known seconds, per gauge.
+    pub weighted: [f64; GAUGES],
+    /// Σ known seconds, per gauge.
+    pub seconds: [f64; GAUGES],
+}
+
+impl ServerStateSum {
+    /// Adds what one request saw.
+    pub fn add(&mut self, record: &RequestRecord) {
+        for (i, mean) in record.server_state.0.iter().enumerate() {
+            let Some(mean) = mean else { continue };
+            if !(mean.mean.is_finite()
+                && mean.known_seconds.is_finite()
+                && mean.known_seconds > 0.0)
+            {
+                continue;
+            }
+            if let (Some(weighted), Some(seconds)) =
+                (self.weighted.get_mut(i), self.seconds.get_mut(i))
+            {
+                *weighted += mean.mean * mean.known_seconds;
+                *seconds += mean.known_seconds;
+            }
+        }
+    }
+
+    pub fn merge(&mut self, other: &ServerStateSum) {
+        for i in 0..GAUGES {
+            if let (Some(w), Some(s), Some(ow), Some(os)) = (
+                self.weighted.get_mut(i),
+                self.seconds.get_mut(i),
+                other.weighted.get(i),
+                other.seconds.get(i),
+            ) {
+                *w += ow;
+                *s += os;
+            }
+        }
+    }
+
+    /// The cell's figures; `None` when no request saw any state.
+    pub fn to_state(&self) -> Option<ServerState> {
+        let mean = |i: usize| {
+            let seconds = self.seconds.get(i).copied().unwrap_or(0.0);
+            (seconds > 0.0).then(|| self.weighted.get(i).copied().unwrap_or(0.0) / seconds)
+        };
+        ServerState::from_values([mean(0), mean(1), mean(2), mean(3)])
+    }
 }
 
 /// SLO attainment and goodput summed over requests (docs/metrics.md); the production
@@ -330,6 +393,7 @@ impl CellAccumulator {
         }
         self.interference.add_count(record);
         self.slo.add_verdict(record.slo);
+        self.server_state.add(record);
     }
 
     /// Adds a whole request to this cell regardless of the levels it lived through: for a
@@ -370,6 +434,7 @@ impl CellAccumulator {
         self.tbt.merge(&other.tbt);
         self.interference.merge(&other.interference);
         self.slo.merge(&other.slo);
+        self.server_state.merge(&other.server_state);
     }
 
     fn failures(&self) -> u64 {
@@ -436,6 +501,7 @@ impl CellAccumulator {
             overlapping_prefills: self.interference.mean_overlapping_prefills(),
             slo_attainment: self.slo.attainment(),
             goodput_tok_s: self.slo.goodput(total_tok_s, self.decode_tokens),
+            server_state: self.server_state.to_state(),
         }
     }
 }
@@ -756,6 +822,7 @@ pub(crate) mod test_records {
             prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
             slo: crate::meter::record::SloVerdict::Unset,
             slo_header_invalid: false,
+            server_state: Default::default(),
             context_bucket: contexts.context_bucket(prompt.unwrap_or(0)),
             concurrency_bucket: concurrency.concurrency_bucket(average_active),
             itl: LocalHistogram::new(&BOUNDS),

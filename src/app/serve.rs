@@ -244,7 +244,9 @@ impl ProxyServer {
         metrics.watch_faults("proxy", Arc::clone(&proxy.faults));
         metrics.watch_faults("admin", Arc::clone(&admin_options.faults));
         metrics.watch_clamped_counts(&proxy.meter);
+        metrics.watch_server_state(&proxy.meter);
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
+        crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
         let service = ProxyService::new(Arc::clone(&proxy));
         let data_task = tokio::spawn(net::serve(
             proxy_listener,

@@ -207,6 +207,9 @@ pub fn write_matrix(dir: &Path, stem: &str, matrix: &MatrixDoc) -> anyhow::Resul
 async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
     let config = args.load_config()?;
     let proxy = super::serve::build_proxy(&config)?;
+    // The server's own state beside each cell, as `tokentap serve` has it (the scrapers end
+    // with the proxy).
+    crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
     let manager = SweepManager::in_memory(proxy, config.sweep.clone());
     let id = manager
         .start(args.request())

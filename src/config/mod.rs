@@ -290,6 +290,11 @@ pub struct UpstreamConfig {
     pub tls_client_key: Option<PathBuf>,
     /// What usage the server sends to streams that did not ask for it.
     pub sends_usage_unasked: UsageUnasked,
+    /// Path of the server's Prometheus page, read for its own state (running and queued
+    /// requests, KV-cache usage, prefix-cache hits).
+    pub metrics_path: String,
+    /// How often that page is read; zero never reads it.
+    pub metrics_interval: Duration,
 }
 
 /// Whether an upstream sends usage to streams that did not ask (`sends_usage_unasked`).
@@ -676,6 +681,14 @@ fn upstream(
             ))
         }
     };
+    let metrics_path = raw.metrics_path.clone();
+    if !metrics_path.starts_with('/') || http::uri::PathAndQuery::try_from(&*metrics_path).is_err()
+    {
+        return Err(err(
+            "metrics_path",
+            format!("`{metrics_path}` must be a path starting with /"),
+        ));
+    }
     Ok(UpstreamConfig {
         name: raw.name.clone(),
         url,
@@ -693,6 +706,8 @@ fn upstream(
         tls_client_cert: tls_client.0,
         tls_client_key: tls_client.1,
         sends_usage_unasked,
+        metrics_path,
+        metrics_interval: duration("metrics_interval", &raw.metrics_interval)?,
     })
 }
 

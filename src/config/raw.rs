@@ -97,6 +97,9 @@ pub struct RawUpstream {
     pub tls_client_cert: Option<String>,
     pub tls_client_key: Option<String>,
     pub sends_usage_unasked: String,
+    pub metrics_path: String,
+    #[serde(deserialize_with = "duration_text")]
+    pub metrics_interval: String,
 }
 
 impl Default for RawUpstream {
@@ -117,6 +120,8 @@ impl Default for RawUpstream {
             tls_client_cert: None,
             tls_client_key: None,
             sends_usage_unasked: "auto".into(),
+            metrics_path: "/metrics".into(),
+            metrics_interval: "5s".into(),
         }
     }
 }

@@ -5,7 +5,7 @@ use super::page::{PHASE_DECODE, PHASE_PREFILL};
 use super::units::context_label;
 
 /// Column names of [`render_csv`], in order.
-pub const CSV_COLUMNS: [&str; 18] = [
+pub const CSV_COLUMNS: [&str; 22] = [
     "phase",
     "context",
     "context_tokens",
@@ -24,6 +24,10 @@ pub const CSV_COLUMNS: [&str; 18] = [
     "overlapping_prefills",
     "slo_attainment",
     "goodput_tok_s",
+    "server_running_requests",
+    "server_queued_requests",
+    "server_kv_cache_usage",
+    "server_prefix_cache_hit_rate",
 ];
 
 /// RFC 4180 quoting. Hand-written: it is these five lines, less than a CSV crate would cost.
@@ -68,12 +72,16 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
             String::new(),
             String::new(),
             String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
+            String::new(),
         ]);
     }
     let mut decode: Vec<_> = doc.decode.iter().collect();
     decode.sort_by_key(|cell| (cell.context_tokens, cell.concurrency));
     for cell in decode {
-        rows.push(vec![
+        let mut row = vec![
             PHASE_DECODE.to_owned(),
             context_label(cell.context_tokens),
             cell.context_tokens.to_string(),
@@ -92,7 +100,10 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
             number(cell.overlapping_prefills),
             number(cell.slo_attainment),
             number(cell.goodput_tok_s),
-        ]);
+        ];
+        let state = cell.server_state.unwrap_or_default();
+        row.extend(state.values().map(number));
+        rows.push(row);
     }
     let mut out = String::new();
     for row in rows {

@@ -195,6 +195,61 @@ pub struct DecodeCell {
     /// as `total_tok_s`. Absent when no request had targets.
     #[serde(default)]
     pub goodput_tok_s: Option<f64>,
+    /// The server's own state (scraped from its `/metrics`) beside the cell: each a mean over
+    /// the cell's requests, weighted by the time each request saw a value. Absent when the
+    /// server was not scraped or exposed none of it (and in documents that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_state: Option<ServerState>,
+}
+
+/// The server's own state beside a cell; a state the server did not expose is absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerState {
+    /// Mean number of requests the server reported running (in its batch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_requests: Option<f64>,
+    /// Mean number of requests the server reported waiting for a place in the batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_requests: Option<f64>,
+    /// Mean share (0–1) of the KV cache in use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_usage: Option<f64>,
+    /// Mean share (0–1) of prompt tokens the server found in its prefix cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache_hit_rate: Option<f64>,
+}
+
+impl ServerState {
+    /// The four values in column order: running, queued, KV-cache usage, prefix-cache hits.
+    pub fn values(&self) -> [Option<f64>; 4] {
+        [
+            self.running_requests,
+            self.queued_requests,
+            self.kv_cache_usage,
+            self.prefix_cache_hit_rate,
+        ]
+    }
+
+    /// From values in column order; `None` when every one is absent.
+    pub fn from_values(values: [Option<f64>; 4]) -> Option<ServerState> {
+        let [running_requests, queued_requests, kv_cache_usage, prefix_cache_hit_rate] = values;
+        let state = ServerState {
+            running_requests,
+            queued_requests,
+            kv_cache_usage,
+            prefix_cache_hit_rate,
+        };
+        (state != ServerState::default()).then_some(state)
+    }
+
+    /// Field names in column order (JSON keys, CSV headers).
+    pub const NAMES: [&'static str; 4] = [
+        "running_requests",
+        "queued_requests",
+        "kv_cache_usage",
+        "prefix_cache_hit_rate",
+    ];
 }
 
 /// Outcome of one measurement. In JSON and on the page it is the text `Valid`, `Over capacity`,
@@ -338,6 +393,7 @@ impl DecodeCell {
             overlapping_prefills: None,
             slo_attainment: None,
             goodput_tok_s: None,
+            server_state: None,
         }
     }
 
@@ -356,6 +412,7 @@ impl DecodeCell {
             || self.overlapping_prefills.is_some()
             || self.slo_attainment.is_some()
             || self.goodput_tok_s.is_some()
+            || self.server_state.is_some()
     }
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Owns the mapping between measurements and page wording (`Total tok/s`, `Over capacity`, …)
 //! in both directions. Pure: no I/O, no markup (callers escape for their format).
-use super::doc::{CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, Source};
+use super::doc::{CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, ServerState, Source};
 use super::units::{
     context_label, format_count, format_decimal, format_ms_tenths, format_ms_whole, format_percent,
     format_rate, format_seconds_tenths, or_missing, parse_context, parse_count, parse_decimal,
@@ -59,15 +59,24 @@ pub const OVERLAPPING_PREFILLS_COLUMN: &str = "Overlapping prefills";
 /// The optional SLO columns, present when any cell had requests with SLO targets.
 pub const SLO_ATTAINMENT_COLUMN: &str = "SLO attainment";
 pub const GOODPUT_COLUMN: &str = "Goodput tok/s";
+/// The optional server-state columns, present when any cell carries the server's scraped
+/// state, in [`ServerState::values`] order.
+pub const SERVER_STATE_COLUMNS: [&str; 4] = [
+    "Server running",
+    "Server queued",
+    "KV cache usage",
+    "Prefix cache hits",
+];
 
 /// Which optional columns follow the standard ones, in this order: Prompt tokens, then
-/// Prefill overlap and Overlapping prefills, then SLO attainment and Goodput tok/s. Pages
-/// written before a column existed simply lack it.
+/// Prefill overlap and Overlapping prefills, then SLO attainment and Goodput tok/s, then the
+/// server-state columns. Pages written before a column existed simply lack it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OptionalColumns {
     pub prompt_tokens: bool,
     pub interference: bool,
     pub slo: bool,
+    pub server_state: bool,
 }
 
 impl OptionalColumns {
@@ -77,6 +86,7 @@ impl OptionalColumns {
             prompt_tokens: has_prompt_tokens(doc),
             interference: has_interference(doc),
             slo: has_slo(doc),
+            server_state: has_server_state(doc),
         }
     }
 
@@ -93,6 +103,9 @@ impl OptionalColumns {
         if self.slo {
             headers.push(SLO_ATTAINMENT_COLUMN);
             headers.push(GOODPUT_COLUMN);
+        }
+        if self.server_state {
+            headers.extend(SERVER_STATE_COLUMNS);
         }
         headers
     }
@@ -114,11 +127,12 @@ pub fn measurement_header_columns(header: &[String]) -> Option<OptionalColumns> 
         .skip(MEASUREMENT_COLUMNS.len())
         .map(String::as_str)
         .collect();
-    (0u8..8)
+    (0u8..16)
         .map(|bits| OptionalColumns {
             prompt_tokens: bits & 1 != 0,
             interference: bits & 2 != 0,
             slo: bits & 4 != 0,
+            server_state: bits & 8 != 0,
         })
         .find(|columns| columns.headers() == tail)
 }
@@ -303,6 +317,11 @@ pub fn has_slo(doc: &MatrixDoc) -> bool {
         .any(|cell| cell.slo_attainment.is_some() || cell.goodput_tok_s.is_some())
 }
 
+/// Whether the table needs the optional server-state columns.
+pub fn has_server_state(doc: &MatrixDoc) -> bool {
+    doc.decode.iter().any(|cell| cell.server_state.is_some())
+}
+
 /// The "All measurements" rows as page text, prefill rows first, each with the 12 standard
 /// cells and the optional ones [`OptionalColumns::of`] `doc` asks for.
 pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
@@ -340,6 +359,9 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
             cells.push(missing());
             cells.push(missing());
         }
+        if columns.server_state {
+            cells.extend(SERVER_STATE_COLUMNS.map(|_| missing()));
+        }
         rows.push(cells);
     }
     for cell in decode {
@@ -370,6 +392,13 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
             cells.push(or_missing(cell.slo_attainment, format_percent));
             cells.push(or_missing(cell.goodput_tok_s, format_rate));
         }
+        if columns.server_state {
+            let [running, queued, kv, hits] = cell.server_state.unwrap_or_default().values();
+            cells.push(or_missing(running, |v| format_decimal(v, 1)));
+            cells.push(or_missing(queued, |v| format_decimal(v, 1)));
+            cells.push(or_missing(kv, format_percent));
+            cells.push(or_missing(hits, format_percent));
+        }
         rows.push(cells);
     }
     rows
@@ -383,6 +412,9 @@ pub fn measurement_header(doc: &MatrixDoc) -> Vec<&'static str> {
 }
 
 /// One parsed "All measurements" row.
+// A row lives only while a page is imported, one at a time: boxing the larger variant would
+// cost an allocation per row for no saving.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum MeasurementRow {
     Prefill(PrefillRow),
@@ -476,6 +508,19 @@ pub fn parse_measurement_row(
     } else {
         (None, None)
     };
+    let state_at = slo_at + 2 * usize::from(columns.slo);
+    let server_state = if columns.server_state {
+        let decimal = |i: usize| parse_optional(cell(i), parse_decimal).map_err(value(i));
+        let percent = |i: usize| parse_optional(cell(i), parse_percent).map_err(value(i));
+        ServerState::from_values([
+            decimal(state_at)?,
+            decimal(state_at + 1)?,
+            percent(state_at + 2)?,
+            percent(state_at + 3)?,
+        ])
+    } else {
+        None
+    };
     match cell(0) {
         PHASE_PREFILL => {
             let mut decode_only = vec![5, 7, 8, 10, 11];
@@ -484,6 +529,9 @@ pub fn parse_measurement_row(
             }
             if columns.slo {
                 decode_only.extend([slo_at, slo_at + 1]);
+            }
+            if columns.server_state {
+                decode_only.extend(state_at..state_at + SERVER_STATE_COLUMNS.len());
             }
             for index in decode_only {
                 if cell(index) != super::units::MISSING {
@@ -521,6 +569,7 @@ pub fn parse_measurement_row(
             overlapping_prefills: overlapping,
             slo_attainment,
             goodput_tok_s: goodput,
+            server_state,
         })),
         other => Err(RowError::UnknownPhase {
             found: other.to_owned(),

@@ -6,7 +6,7 @@
 //! the fact table (`facts.rs`) types them. Pure: no I/O.
 use std::collections::BTreeSet;
 
-use super::doc::{CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, SCHEMA};
+use super::doc::{CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, ServerState, SCHEMA};
 use super::facts::{FactValue, FACTS, FACT_SECTIONS};
 use crate::base::wallclock::is_rfc3339;
 
@@ -150,6 +150,11 @@ impl DecodeCell {
             });
         }
         check_number(&item, "goodput_tok_s", self.goodput_tok_s)?;
+        if let Some(state) = &self.server_state {
+            for (field, value) in ServerState::NAMES.iter().zip(state.values()) {
+                check_number(&item, field, value)?;
+            }
+        }
         check_skipped(&item, &self.status, self.has_figures())
     }
 }

@@ -10,6 +10,7 @@ pub mod bounds;
 pub mod buckets;
 pub mod inflight;
 pub mod record;
+pub mod server_state;
 pub mod slo;
 pub mod timeline;
 
@@ -26,6 +27,7 @@ use bounds::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
 use buckets::Ladder;
 use inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
 use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord};
+use server_state::{ServerStateRegistry, ServerStateTracker, StateReading};
 use slo::{ResolvedSlo, SloFigures};
 use timeline::Timeline;
 
@@ -63,6 +65,8 @@ pub struct Meter {
     contexts: Ladder,
     concurrency: Ladder,
     inflight: InflightRegistry,
+    /// The upstreams' own state as scraped from their `/metrics` (empty when not scraped).
+    server_state: ServerStateRegistry,
     sinks: RwLock<Vec<Arc<dyn RecordSink>>>,
     /// Completion tokens seen in token events, per source, as they pass: the sweep reads this
     /// at window start and end to get "usage increments inside the window".
@@ -89,6 +93,7 @@ impl Meter {
             contexts,
             concurrency,
             inflight: InflightRegistry::default(),
+            server_state: ServerStateRegistry::default(),
             sinks: RwLock::new(Vec::new()),
             live_tokens: [AtomicU64::new(0), AtomicU64::new(0)],
             inflight_by_source: [AtomicI64::new(0), AtomicI64::new(0)],
@@ -107,6 +112,11 @@ impl Meter {
 
     pub fn concurrency(&self) -> &Ladder {
         &self.concurrency
+    }
+
+    /// The upstreams' scraped state, which each request reads at its start and end.
+    pub fn server_state(&self) -> &ServerStateRegistry {
+        &self.server_state
     }
 
     /// Adds a sink; it sees every record finished from now on.
@@ -137,6 +147,13 @@ impl Meter {
     pub fn begin(self: &Arc<Self>, labels: RequestLabels, head_in: Instant) -> RequestMeter {
         let tracker = self.inflight.tracker(&labels.upstream, &labels.model);
         let guard = tracker.enter(head_in);
+        let server_state = self
+            .server_state
+            .tracker(&labels.upstream, &labels.model)
+            .map(|tracker| {
+                let start = tracker.reading(head_in);
+                (tracker, start)
+            });
         if let Some(c) = self.inflight_by_source.get(labels.source.index()) {
             c.fetch_add(1, Ordering::Relaxed);
         }
@@ -156,6 +173,7 @@ impl Meter {
             interference: InterferenceSpan::default(),
             clamped: false,
             slo: ResolvedSlo::default(),
+            server_state,
         }
     }
 
@@ -198,6 +216,8 @@ pub struct RequestMeter {
     guard: Option<InflightGuard>,
     /// The request's SLO targets (none unless the proxy resolved some).
     pub slo: ResolvedSlo,
+    /// The upstream's scraped-state tracker and its integrals at head in, when scraped.
+    server_state: Option<(Arc<ServerStateTracker>, StateReading)>,
 }
 
 impl std::fmt::Debug for RequestMeter {
@@ -315,6 +335,11 @@ impl RequestMeter {
             .interference
             .result(decode_time.map_or(0.0, |d| d.as_secs_f64()));
         drop(guard);
+        let server_state = self
+            .server_state
+            .as_ref()
+            .map(|(tracker, start)| tracker.reading(now).means_since(start))
+            .unwrap_or_default();
         if let Some(c) = self
             .meter
             .inflight_by_source
@@ -373,6 +398,7 @@ impl RequestMeter {
             prefill_busy: self.interference.busy_by_bucket,
             slo,
             slo_header_invalid: self.slo.header_invalid,
+            server_state,
             context_bucket: meter
                 .contexts
                 .context_bucket(usage.prompt_tokens.unwrap_or(0)),

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use crate::base::{Route, Source};
 
 use super::buckets::MAX_LADDER;
+use super::server_state::ServerStateMeans;
 use super::timeline::{ConcurrencySplit, LocalHistogram};
 
 /// How a finished request fared against its targets.
@@ -128,6 +129,9 @@ pub struct RequestRecord {
     pub slo: SloVerdict,
     /// The request's `x-tokentap-slo` header could not be read (and was ignored).
     pub slo_header_invalid: bool,
+    /// The upstream's own state (scraped from its `/metrics`), time-weighted over this
+    /// request's interval (head in → end); a gauge no scrape covered is absent.
+    pub server_state: ServerStateMeans,
     /// Seconds of the decode gaps during which another request was in prefill, by the
     /// concurrency bucket in force when each gap's token event arrived (as `split.seconds`).
     pub prefill_busy: [f64; MAX_LADDER],

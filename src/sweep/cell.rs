@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::aggregate::cell::{InterferenceSum, SloSum};
+use crate::aggregate::cell::{InterferenceSum, ServerStateSum, SloSum};
 use crate::matrix::{CellStatus, DecodeCell, PrefillRow};
 use crate::meter::record::SloVerdict;
 use crate::meter::record::{prefill_rate, Outcome, RequestRecord};
@@ -108,8 +108,10 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
     let prompt_tokens = most_common(m.records.iter().filter_map(|r| r.prompt_tokens));
     let mut interference = InterferenceSum::default();
     let mut slo = SloSum::default();
+    let mut server_state = ServerStateSum::default();
     for record in &with_tokens {
         interference.add(record);
+        server_state.add(record);
         slo.add_verdict(record.slo);
         if record.slo == SloVerdict::Met {
             slo.met_tokens += record.completion_tokens as f64;
@@ -134,6 +136,7 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
         overlapping_prefills: interference.mean_overlapping_prefills(),
         slo_attainment: slo.attainment(),
         goodput_tok_s: slo.goodput(total_tok_s, record_tokens as f64),
+        server_state: server_state.to_state(),
     }
 }
 
@@ -247,6 +250,7 @@ mod tests {
             prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
             slo: SloVerdict::Unset,
             slo_header_invalid: false,
+            server_state: Default::default(),
             context_bucket: 0,
             concurrency_bucket: 0,
             itl: LocalHistogram::new(&[]),

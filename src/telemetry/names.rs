@@ -34,6 +34,22 @@ pub const CLAMPED_COUNTS_TOTAL: &str = "tokentap_clamped_token_counts_total";
 pub const SLO_REQUESTS_TOTAL: &str = "tokentap_slo_requests_total";
 pub const SLO_GOODPUT_TOKENS_TOTAL: &str = "tokentap_slo_goodput_tokens_total";
 pub const SLO_HEADER_INVALID_TOTAL: &str = "tokentap_slo_header_invalid_total";
+pub const UPSTREAM_RUNNING_REQUESTS: &str = "tokentap_upstream_running_requests";
+pub const UPSTREAM_QUEUED_REQUESTS: &str = "tokentap_upstream_queued_requests";
+pub const UPSTREAM_KV_CACHE_USAGE: &str = "tokentap_upstream_kv_cache_usage_ratio";
+pub const UPSTREAM_PREFIX_CACHE_HIT_RATE: &str = "tokentap_upstream_prefix_cache_hit_ratio";
+pub const UPSTREAM_SCRAPES_TOTAL: &str = "tokentap_upstream_scrapes_total";
+
+/// (name, description) of the upstream-state gauges, in
+/// [`ServerGauge::ALL`](crate::meter::server_state::ServerGauge::ALL) order. They are written
+/// straight from the latest scrape (a gauge the server did not expose has no sample).
+pub const UPSTREAM_STATE_GAUGES: [(&str, &str); 4] = [
+    (UPSTREAM_RUNNING_REQUESTS, "Requests the upstream server reports running (sglang num_running_reqs, vLLM num_requests_running), at the latest scrape of its /metrics."),
+    (UPSTREAM_QUEUED_REQUESTS, "Requests the upstream server reports waiting for a place in its batch (sglang num_queue_reqs, vLLM num_requests_waiting), at the latest scrape."),
+    (UPSTREAM_KV_CACHE_USAGE, "Share (0-1) of the upstream server's KV cache in use (sglang token_usage, vLLM kv_cache_usage_perc), at the latest scrape."),
+    (UPSTREAM_PREFIX_CACHE_HIT_RATE, "Share (0-1) of prompt tokens found in the upstream server's prefix cache (sglang cache_hit_rate; vLLM prefix_cache_hits / prefix_cache_queries increments between the latest two scrapes)."),
+];
+pub const UPSTREAM_SCRAPES_HELP: &str = "Reads of an upstream's /metrics page by result: ok, unreachable, status (not 200), timeout, too_large, unreadable (not text, or no metric tokentap knows).";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[

@@ -20,6 +20,7 @@ use crate::base::Source;
 use crate::meter::buckets::Ladder;
 use crate::meter::record::SloVerdict;
 use crate::meter::record::{Outcome, RequestRecord};
+use crate::meter::server_state::{ScrapeOutcome, ServerStateRegistry};
 use crate::meter::timeline::LocalHistogram;
 use crate::meter::Meter;
 use crate::meter::{RecordSink, RequestLabels};
@@ -95,6 +96,10 @@ enum Watched {
         meter: Weak<Meter>,
         handle: Counter,
     },
+    /// The upstreams' scraped state and scrape counts, written as text at each render (a
+    /// state the server did not expose must have no sample, which the exporter's gauges
+    /// cannot express).
+    ServerState { meter: Weak<Meter> },
 }
 
 impl std::fmt::Debug for PrometheusMetrics {
@@ -160,12 +165,20 @@ impl PrometheusMetrics {
         });
     }
 
+    /// Shows the upstreams' scraped state (`tokentap_upstream_*`) and scrape counts.
+    pub fn watch_server_state(&self, meter: &Arc<Meter>) {
+        self.watch(Watched::ServerState {
+            meter: Arc::downgrade(meter),
+        });
+    }
+
     fn watch(&self, watched: Watched) {
         lock::lock(&self.watched).push(watched);
     }
 
     /// The text exposition, for `/metrics`.
     pub fn render(&self) -> String {
+        let mut extra = String::new();
         for watched in lock::lock(&self.watched).iter() {
             match watched {
                 Watched::Faults { counters, handles } => {
@@ -178,13 +191,20 @@ impl PrometheusMetrics {
                         handle.absolute(meter.clamped_counts());
                     }
                 }
+                Watched::ServerState { meter } => {
+                    if let Some(meter) = meter.upgrade() {
+                        render_server_state(meter.server_state(), &mut extra);
+                    }
+                }
             }
         }
         let mut out = Vec::with_capacity(64 * 1024);
         if self.handle.render_to_write(&mut out).is_err() {
             return String::new();
         }
-        String::from_utf8(out).unwrap_or_default()
+        let mut text = String::from_utf8(out).unwrap_or_default();
+        text.push_str(&extra);
+        text
     }
 
     /// Drains histogram samples into buckets; run it periodically so memory stays flat when
@@ -397,6 +417,59 @@ fn flushed_samples(count: u64, total: u64) -> usize {
             .max(1)
     };
     usize::try_from(samples.min(MAX_SAMPLES_PER_FLUSH)).unwrap_or(0)
+}
+
+/// A label value as the text format wants it: backslash, double quote and newline escaped.
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Writes the upstream-state gauges and the scrape counters.
+fn render_server_state(registry: &ServerStateRegistry, out: &mut String) {
+    use std::fmt::Write as _;
+    let mut rows = registry.current();
+    rows.sort_by(|a, b| (&a.upstream, &a.model).cmp(&(&b.upstream, &b.model)));
+    for (i, (name, help)) in UPSTREAM_STATE_GAUGES.iter().enumerate() {
+        let samples: Vec<String> = rows
+            .iter()
+            .filter_map(|row| {
+                let value = row.values.get(i).copied().flatten()?;
+                Some(format!(
+                    "{name}{{upstream=\"{}\",model=\"{}\"}} {value}\n",
+                    escape_label(&row.upstream),
+                    escape_label(&row.model)
+                ))
+            })
+            .collect();
+        if samples.is_empty() {
+            continue;
+        }
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n");
+        samples.iter().for_each(|sample| out.push_str(sample));
+    }
+    let mut upstreams = registry.upstreams();
+    if upstreams.is_empty() {
+        return;
+    }
+    upstreams.sort();
+    let _ = write!(
+        out,
+        "# HELP {UPSTREAM_SCRAPES_TOTAL} {UPSTREAM_SCRAPES_HELP}\n# TYPE {UPSTREAM_SCRAPES_TOTAL} counter\n"
+    );
+    for upstream in &upstreams {
+        for outcome in ScrapeOutcome::ALL {
+            let _ = writeln!(
+                out,
+                "{UPSTREAM_SCRAPES_TOTAL}{{upstream=\"{}\",result=\"{}\"}} {}",
+                escape_label(upstream),
+                outcome.label(),
+                registry.scrapes(upstream, outcome)
+            );
+        }
+    }
 }
 
 impl RecordSink for PrometheusMetrics {
