@@ -265,6 +265,7 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     pub store: StoreConfig,
     pub sweep: SweepConfig,
+    pub drift: DriftConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -316,6 +317,8 @@ pub struct UpstreamConfig {
     pub tls_client_key: Option<PathBuf>,
     /// What usage the server sends to streams that did not ask for it.
     pub sends_usage_unasked: UsageUnasked,
+    /// A reference matrix file (seed page, Markdown or JSON) pinned for this upstream at start.
+    pub reference_file: Option<PathBuf>,
 }
 
 /// Whether an upstream sends usage to streams that did not ask (`sends_usage_unasked`).
@@ -372,6 +375,17 @@ pub struct StoreConfig {
     pub data_dir: Option<PathBuf>,
     pub snapshot_interval: Duration,
     pub retention: Duration,
+}
+
+/// `[drift]`: production against pinned reference matrices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriftConfig {
+    /// Completed production requests a cell needs in the window before it gets ratios.
+    pub min_requests: u64,
+    /// The production window the drift gauges compare (`/matrix?compare=` takes `window=`).
+    pub window: Duration,
+    /// How often the drift gauges are recomputed.
+    pub refresh_interval: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -564,6 +578,22 @@ impl Config {
             return Err(err("sweep.max_output", "must be greater than zero".into()));
         }
 
+        let drift = DriftConfig {
+            min_requests: raw.drift.min_requests,
+            window: duration("drift.window", &raw.drift.window)?,
+            refresh_interval: duration("drift.refresh_interval", &raw.drift.refresh_interval)?,
+        };
+        // The production aggregator keeps minute slices for up to a day.
+        if drift.window < Duration::from_secs(60) || drift.window > Duration::from_secs(24 * 3600) {
+            return Err(err("drift.window", "must lie between 1m and 24h".into()));
+        }
+        if drift.refresh_interval.is_zero() {
+            return Err(err(
+                "drift.refresh_interval",
+                "must be greater than zero".into(),
+            ));
+        }
+
         Ok(Config {
             proxy,
             upstreams,
@@ -572,6 +602,7 @@ impl Config {
             telemetry,
             store,
             sweep,
+            drift,
         })
     }
 }
@@ -703,6 +734,11 @@ fn upstream(
         }
     };
     Ok(UpstreamConfig {
+        reference_file: raw
+            .reference_file
+            .as_deref()
+            .filter(|f| !f.is_empty())
+            .map(PathBuf::from),
         name: raw.name.clone(),
         url,
         models: raw.models.clone(),

@@ -33,6 +33,7 @@ pub struct RawConfig {
     pub store: RawStore,
     pub sweep: RawSweep,
     pub slo: RawSlo,
+    pub drift: RawDrift,
 }
 
 #[derive(Debug, Deserialize)]
@@ -97,6 +98,7 @@ pub struct RawUpstream {
     pub tls_client_cert: Option<String>,
     pub tls_client_key: Option<String>,
     pub sends_usage_unasked: String,
+    pub reference_file: Option<String>,
 }
 
 impl Default for RawUpstream {
@@ -117,6 +119,7 @@ impl Default for RawUpstream {
             tls_client_cert: None,
             tls_client_key: None,
             sends_usage_unasked: "auto".into(),
+            reference_file: None,
         }
     }
 }
@@ -242,4 +245,25 @@ pub struct RawSlo {
     pub tbt: Option<String>,
     pub e2e: Option<String>,
     pub models: std::collections::BTreeMap<String, RawSloTargets>,
+}
+
+/// `[drift]`: how production is compared with pinned reference matrices.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDrift {
+    pub min_requests: u64,
+    #[serde(deserialize_with = "duration_text")]
+    pub window: String,
+    #[serde(deserialize_with = "duration_text")]
+    pub refresh_interval: String,
+}
+
+impl Default for RawDrift {
+    fn default() -> Self {
+        Self {
+            min_requests: crate::matrix::compare::DEFAULT_MIN_REQUESTS,
+            window: "15m".into(),
+            refresh_interval: "30s".into(),
+        }
+    }
 }

@@ -27,6 +27,10 @@ pub const CLAMPED_COUNTS_TOTAL: &str = "tokentap_clamped_token_counts_total";
 pub const SLO_REQUESTS_TOTAL: &str = "tokentap_slo_requests_total";
 pub const SLO_GOODPUT_TOKENS_TOTAL: &str = "tokentap_slo_goodput_tokens_total";
 pub const SLO_HEADER_INVALID_TOTAL: &str = "tokentap_slo_header_invalid_total";
+/// Written by `telemetry::drift` itself rather than the exporter (a cell's series must vanish
+/// when it falls below the request threshold), so it is not in [`DESCRIPTIONS`].
+pub const DRIFT_RATIO: &str = "tokentap_drift_ratio";
+pub const DRIFT_RATIO_HELP: &str = "Per cell with at least drift.min_requests completed production requests in drift.window: production / pinned reference of per-request tokens per second (metric=\"per_request_tok_s\", below 1 is slower) or of median time to first token (metric=\"ttft\", above 1 is slower).";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[

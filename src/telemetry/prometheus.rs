@@ -80,6 +80,8 @@ pub struct PrometheusMetrics {
     /// Counts kept as atomics elsewhere (listeners, the meter), copied in at each render.
     watched: Mutex<Vec<Watched>>,
     slo_cells: Mutex<HashMap<CellKey, Arc<SloHandles>>>,
+    /// Production ÷ reference per cell, set by the drift refresher, appended at each render.
+    pub drift: super::drift::DriftGauges,
 }
 
 /// An outside count and the exporter counter showing it.
@@ -129,6 +131,7 @@ impl PrometheusMetrics {
             slo_cells: Mutex::new(HashMap::new()),
             bases: Mutex::new(HashMap::new()),
             watched: Mutex::new(Vec::new()),
+            drift: super::drift::DriftGauges::default(),
         }))
     }
 
@@ -190,7 +193,9 @@ impl PrometheusMetrics {
         if self.handle.render_to_write(&mut out).is_err() {
             return String::new();
         }
-        String::from_utf8(out).unwrap_or_default()
+        let mut text = String::from_utf8(out).unwrap_or_default();
+        self.drift.render_into(&mut text);
+        text
     }
 
     /// Drains histogram samples into buckets; run it periodically so memory stays flat when

@@ -1,0 +1,106 @@
+//! The drift gauges, `tokentap_drift_ratio{upstream, model, context_bucket, concurrency_bucket,
+//! metric}`: the set of values the drift refresher computed last, written into `/metrics` as
+//! text. The set is replaced whole on each refresh, so a cell that falls below the request
+//! threshold loses its series at once (the exporter's own gauges would keep their last value).
+//! Never touched on the request path: the refresher writes, the scrape reads.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use super::names::{DRIFT_RATIO, DRIFT_RATIO_HELP};
+
+/// One gauge value and its labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriftSample {
+    pub upstream: String,
+    pub model: String,
+    /// The context ladder label, e.g. `8K` (as in `context_bucket` of the other metrics).
+    pub context_bucket: String,
+    /// The concurrency ladder label, e.g. `8`.
+    pub concurrency_bucket: String,
+    /// `per_request_tok_s` or `ttft`.
+    pub metric: &'static str,
+    pub value: f64,
+}
+
+/// The current drift values, shared by the refresher and the Prometheus renderer.
+#[derive(Debug, Default)]
+pub struct DriftGauges(RwLock<Arc<Vec<DriftSample>>>);
+
+impl DriftGauges {
+    /// Replaces every value (an empty set removes every series).
+    pub fn replace(&self, samples: Vec<DriftSample>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(samples);
+    }
+
+    pub fn samples(&self) -> Arc<Vec<DriftSample>> {
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Appends the exposition lines (nothing at all when there is no value).
+    pub fn render_into(&self, out: &mut String) {
+        let samples = self.samples();
+        if samples.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "# HELP {DRIFT_RATIO} {DRIFT_RATIO_HELP}");
+        let _ = writeln!(out, "# TYPE {DRIFT_RATIO} gauge");
+        for sample in samples.iter().filter(|s| s.value.is_finite()) {
+            let _ = writeln!(
+                out,
+                "{DRIFT_RATIO}{{upstream=\"{}\",model=\"{}\",context_bucket=\"{}\",concurrency_bucket=\"{}\",metric=\"{}\"}} {}",
+                label_value(&sample.upstream),
+                label_value(&sample.model),
+                label_value(&sample.context_bucket),
+                label_value(&sample.concurrency_bucket),
+                label_value(sample.metric),
+                sample.value
+            );
+        }
+    }
+}
+
+/// Escapes a label value as the text format requires (model names come from request bodies).
+fn label_value(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_escaped_labels_and_nothing_when_empty() {
+        let gauges = DriftGauges::default();
+        let mut out = String::new();
+        gauges.render_into(&mut out);
+        assert!(out.is_empty());
+        gauges.replace(vec![DriftSample {
+            upstream: "default".into(),
+            model: "a\"b\\c\nd".into(),
+            context_bucket: "8K".into(),
+            concurrency_bucket: "8".into(),
+            metric: "ttft",
+            value: 1.5,
+        }]);
+        gauges.render_into(&mut out);
+        assert!(out.contains("# TYPE tokentap_drift_ratio gauge\n"), "{out}");
+        assert!(
+            out.contains("tokentap_drift_ratio{upstream=\"default\",model=\"a\\\"b\\\\c\\nd\",context_bucket=\"8K\",concurrency_bucket=\"8\",metric=\"ttft\"} 1.5\n"),
+            "{out}"
+        );
+        gauges.replace(Vec::new());
+        let mut again = String::new();
+        gauges.render_into(&mut again);
+        assert!(again.is_empty());
+    }
+}
