@@ -436,6 +436,45 @@ async fn bad_pins_are_refused_with_a_reason() {
     server.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_file_in_the_config_is_pinned_at_start_and_a_bad_one_stops_it() {
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let dir = temp_dir("file");
+    std::fs::create_dir_all(&dir).unwrap();
+    let page = dir.join("reference.md");
+    std::fs::write(&page, reference_page()).unwrap();
+    let config = |file: &std::path::Path| {
+        format!(
+            "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nreference_file = \"{}\"\n[admin]\ntoken = \"{TOKEN}\"\n[store]\ndata_dir = \"\"\n",
+            upstream.url(),
+            file.display()
+        )
+    };
+    let (server, _) = proxy_from_config(&config(&page)).await;
+    let shown = admin_json(&server, "/reference?model=m").await;
+    assert_eq!(
+        shown["source"],
+        format!("file {} (reference_file)", page.display())
+    );
+    assert_eq!(shown["upstream"], "default");
+    server.shutdown().await;
+
+    let loaded = tokentap::config::ConfigLoader::new()
+        .text(&config(&dir.join("missing.md")), "test.toml")
+        .unwrap()
+        .load()
+        .unwrap();
+    let error = ProxyServer::start_on(
+        loaded,
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
+    )
+    .await
+    .unwrap_err();
+    assert!(format!("{error:#}").contains("reference_file"), "{error:#}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 const STEP: &str = "step-3.7-flash-fp8-4x-rtx-pro-6000";
 const SIM_CONTEXT: u64 = 8192;
 const SIM_TOKENS: u64 = 40;

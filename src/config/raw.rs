@@ -261,7 +261,8 @@ pub struct RawDrift {
 impl Default for RawDrift {
     fn default() -> Self {
         Self {
-            min_requests: crate::matrix::compare::DEFAULT_MIN_REQUESTS,
+            // A median over fewer requests is too noisy to alert on.
+            min_requests: 20,
             window: "15m".into(),
             refresh_interval: "30s".into(),
         }

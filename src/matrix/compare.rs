@@ -23,10 +23,6 @@ use super::units::context_label;
 /// The schema tag of a comparison's JSON.
 pub const COMPARE_SCHEMA: &str = "tokentap.matrix-compare/v1";
 
-/// Completed requests a production cell needs in the window before it gets ratios (the
-/// `drift.min_requests` default).
-pub const DEFAULT_MIN_REQUESTS: u64 = 20;
-
 /// The columns a comparison reports. Completed requests, output tokens and window length are
 /// left out: they measure how long and how busy the window was, not how fast the server is.
 pub const DRIFT_COLUMNS: [DiffColumn; 5] = [
