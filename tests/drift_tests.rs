@@ -537,6 +537,15 @@ async fn a_reference_pinned_from_a_sweep_gives_ratios_near_one_for_traffic_like_
         .cloned()
         .unwrap();
 
+    let wrong = admin(
+        &server,
+        "PUT",
+        "/reference?model=other",
+        Some(r#"{"from":"latest-sweep"}"#.to_owned()),
+    )
+    .await;
+    assert_eq!(wrong.status, 400, "{}", wrong.text());
+    assert!(wrong.text().contains("step3p7"), "{}", wrong.text());
     let pinned = admin(
         &server,
         "PUT",

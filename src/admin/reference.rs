@@ -222,7 +222,9 @@ where
             )
         }
     };
-    let (matrix, source) = match from_clause(&body) {
+    let from = from_clause(&body);
+    let from_sweep = matches!(&from, Some(Ok(from)) if from == "latest-sweep");
+    let (matrix, source) = match from {
         Some(Ok(from)) if from == "latest-sweep" => match latest_sweep(state) {
             Some((id, matrix)) => (matrix, format!("latest-sweep {id}")),
             None => {
@@ -281,6 +283,17 @@ where
             "the matrix names no served model: give the model production traffic uses as ?model=",
         ),
     };
+    // A sweep measured one model: pinning it for another would compare unlike with unlike.
+    // (A page may name its model differently from what clients send, so only sweeps are held
+    // to this.)
+    if let (true, Some(swept)) = (from_sweep, matrix.metadata.model.served_model.as_deref()) {
+        if swept != model {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &format!("the latest sweep measured model `{swept}`, not `{model}`"),
+            );
+        }
+    }
     let upstream = match resolve_upstream(state, query.upstream.as_deref(), &model) {
         Ok(upstream) => upstream,
         Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
