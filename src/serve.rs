@@ -309,7 +309,6 @@ impl ProxyServer {
     }
 }
 
-/// Builds the data path from configuration.
 /// Fills the drift references: what the store kept, then each upstream's `reference_file`
 /// (pinned again at every start, so the file wins over an earlier pin of the same model).
 async fn load_references(
@@ -361,6 +360,7 @@ async fn load_references(
     Ok(())
 }
 
+/// Builds the data path from configuration.
 pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
     let mut upstreams = Vec::new();
     for upstream in &config.upstreams {

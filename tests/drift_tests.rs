@@ -431,6 +431,19 @@ async fn bad_pins_are_refused_with_a_reason() {
     let answer: Value = serde_json::from_str(&pinned.text()).unwrap();
     assert_eq!(answer["kept"], false);
     assert_eq!(answer["source"], "imported Markdown page");
+    for (query, needle) in [
+        ("compare=reference&source=synthetic", "source=synthetic"),
+        ("compare=reference&model=m&upstream=nope", "nope"),
+        ("compare=sweep", "compare=reference"),
+    ] {
+        let response = admin(&server, "GET", &format!("/matrix?{query}"), None).await;
+        assert_eq!(response.status, 400, "{query}: {}", response.text());
+        assert!(
+            response.text().contains(needle),
+            "{query}: {}",
+            response.text()
+        );
+    }
     let unauthenticated = get(&format!("http://{}/reference", server.admin_addr)).await;
     assert_eq!(unauthenticated.status, 401);
     server.shutdown().await;

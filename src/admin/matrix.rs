@@ -252,6 +252,12 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         )
     });
     if query.compare_reference {
+        if query.source == DocSource::Synthetic {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "compare=reference compares the production matrix; leave out source=synthetic",
+            );
+        }
         return compare_reference(state, &query, format);
     }
     let doc = match query.source {
@@ -296,6 +302,11 @@ pub fn production_compare(
     model: Option<&str>,
     upstream: Option<&str>,
 ) -> Result<crate::matrix::compare::MatrixCompare, (StatusCode, String)> {
+    // A wrong upstream name is a bad request whatever the traffic.
+    if upstream.is_some() {
+        super::reference::resolve_upstream(state, upstream, "")
+            .map_err(|message| (StatusCode::BAD_REQUEST, message))?;
+    }
     let production = production_matrix(state, window, model).ok_or_else(|| {
         (
             StatusCode::NOT_FOUND,
@@ -318,17 +329,8 @@ pub fn production_compare(
             ),
         ));
     };
-    let router = &state.proxy.router;
-    let upstream = upstream.map_or_else(
-        || {
-            router
-                .by_model(&model)
-                .unwrap_or_else(|| router.default_upstream())
-                .name
-                .to_string()
-        },
-        str::to_owned,
-    );
+    let upstream = super::reference::resolve_upstream(state, upstream, &model)
+        .map_err(|message| (StatusCode::BAD_REQUEST, message))?;
     let reference = state.drift.reference(&upstream, &model).ok_or_else(|| {
         (
             StatusCode::NOT_FOUND,

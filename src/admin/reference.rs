@@ -107,7 +107,7 @@ fn writes_disabled() -> Response<ResponseBody> {
 }
 
 /// The upstream a model's requests go to: the one named, which must exist, else the router's.
-fn resolve_upstream(
+pub(super) fn resolve_upstream(
     state: &AdminState,
     named: Option<&str>,
     model: &str,
