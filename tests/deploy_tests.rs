@@ -1775,6 +1775,29 @@ async fn phase(
     }
 }
 
+/// Pins a reference for the model with the production cells the traffic below produces (8K × 1,
+/// 8K × 4, 16K × 4), through the admin API.
+async fn pin_reference(server: &tokentap::app::serve::ProxyServer) {
+    use tokentap::matrix::doc::{CellStatus, DecodeCell, MatrixDoc, Metadata};
+    let mut doc = MatrixDoc::new(Metadata::default());
+    for (context, concurrency) in [(8192, 1), (8192, 4), (16384, 4)] {
+        let mut cell = DecodeCell::status_only(context, concurrency, CellStatus::Valid);
+        cell.per_request_tok_s = Some(50.0);
+        cell.ttft_ms = Some(100.0);
+        doc.decode.push(cell);
+    }
+    let request = Request::put(format!(
+        "http://{}/reference?model={}",
+        server.admin_addr,
+        MODEL.replace('/', "%2F")
+    ))
+    .header("authorization", format!("Bearer {ADMIN_TOKEN}"))
+    .body(Full::new(Bytes::from(tokentap::matrix::render_json(&doc))))
+    .unwrap();
+    let answer = common::send(request).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
     let started = Instant::now();
@@ -1786,11 +1809,13 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
         .unwrap();
     let (server, _records) = common::proxy(
         &sim.base_url(),
-        // A loose SLO, so every request is judged and the SLO panels have data.
-        &format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[slo]\ne2e = \"10m\"\n"),
+        // A loose SLO, so every request is judged and the SLO panels have data; drift after a
+        // single request, refreshed every second, so the drift panels have data too.
+        &format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[slo]\ne2e = \"10m\"\n[drift]\nmin_requests = 1\nrefresh_interval = \"1s\"\n"),
     )
     .await;
     let server = Arc::new(server);
+    pin_reference(&server).await;
     // Without the token, /metrics is refused: a scrape that works proves Prometheus sends it.
     assert_eq!(
         common::get(&format!("http://{}/metrics", server.admin_addr))
@@ -1885,6 +1910,15 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
                 .is_some()
             })
         },
+    )
+    .await;
+
+    // The drift gauges of the pinned reference are scraped.
+    wait_for(
+        &api,
+        "tokentap_drift_ratio{metric=\"per_request_tok_s\"}",
+        Duration::from_secs(20),
+        |r| !r.is_empty(),
     )
     .await;
 

@@ -1,5 +1,7 @@
 //! `GET /matrix?source=production|synthetic&window=…&format=json|md|csv|html|svg&model=…`:
 //! the production matrix over a window, or the latest synthetic one, in any rendering.
+//! `compare=reference` (json, md, html; `upstream=` to choose the reference's upstream) gives
+//! the production window ÷ the pinned reference per cell instead (`matrix::compare`).
 //!
 //! Also owns [`synthetic_matrix`]: the sweep engine's [`LatestMatrix`](crate::sweep::LatestMatrix) slot, else the store's
 //! latest finished sweep.
@@ -15,6 +17,7 @@ use crate::base::Source;
 use crate::matrix::doc::{MatrixDoc, Metadata};
 use crate::proxy::body::ResponseBody;
 
+use super::query::percent_decode;
 use super::{json_error, respond, AdminState};
 
 /// The message when there is no synthetic matrix to show.
@@ -120,28 +123,6 @@ impl Format {
     }
 }
 
-/// Decodes `%XX` and `+` in a query value; `None` for bad escapes or non-UTF-8.
-///
-/// The crate passes a malformed escape through as text; a query naming a model that way is a
-/// mistake worth a 400, so every `%` must start a two-digit hex escape.
-pub fn percent_decode(text: &str) -> Option<String> {
-    let escapes_well_formed = text.split('%').skip(1).all(|after| {
-        after
-            .as_bytes()
-            .get(..2)
-            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
-    });
-    if !escapes_well_formed {
-        return None;
-    }
-    // A literal `+` arrives as `%2B`, so turning `+` into a space first is exact.
-    let spaced = text.replace('+', " ");
-    percent_encoding::percent_decode_str(&spaced)
-        .decode_utf8()
-        .ok()
-        .map(std::borrow::Cow::into_owned)
-}
-
 /// The query parameters `/matrix` and `/` understand, parsed and checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MatrixQuery {
@@ -149,6 +130,10 @@ pub struct MatrixQuery {
     pub window: Window,
     pub format: Option<Format>,
     pub model: Option<String>,
+    /// `compare=reference`: production ÷ the pinned reference instead of a matrix.
+    pub compare_reference: bool,
+    /// The upstream whose reference to compare with (default: where the model is routed).
+    pub upstream: Option<String>,
 }
 
 impl MatrixQuery {
@@ -159,6 +144,8 @@ impl MatrixQuery {
             window: DEFAULT_WINDOW,
             format: None,
             model: None,
+            compare_reference: false,
+            upstream: None,
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -184,6 +171,15 @@ impl MatrixQuery {
                     })?);
                 }
                 "model" if !value.is_empty() => parsed.model = Some(value),
+                "upstream" if !value.is_empty() => parsed.upstream = Some(value),
+                "compare" => {
+                    if value != "reference" {
+                        return Err(format!(
+                            "compare `{value}`: the only comparison is compare=reference"
+                        ));
+                    }
+                    parsed.compare_reference = true;
+                }
                 _ => {}
             }
         }
@@ -195,7 +191,7 @@ impl MatrixQuery {
 pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
     let query = match MatrixQuery::parse(
         request.uri().query(),
-        &["source", "window", "format", "model"],
+        &["source", "window", "format", "model", "compare", "upstream"],
     ) {
         Ok(query) => query,
         Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
@@ -209,6 +205,15 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
                 .unwrap_or(""),
         )
     });
+    if query.compare_reference {
+        if query.source == Source::Synthetic {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "compare=reference compares the production matrix; leave out source=synthetic",
+            );
+        }
+        return compare_reference(state, &query, format);
+    }
     let doc = match query.source {
         Source::Production => {
             match production_matrix(state, query.window, query.model.as_deref()) {
@@ -241,6 +246,88 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         },
     };
     respond(StatusCode::OK, format.content_type(), format.render(&doc))
+}
+
+/// The production window compared with the reference pinned for its model: `Err` is the
+/// answer to give instead (no traffic, no reference).
+pub fn production_compare(
+    state: &AdminState,
+    window: Window,
+    model: Option<&str>,
+    upstream: Option<&str>,
+) -> Result<crate::matrix::compare::MatrixCompare, (StatusCode, String)> {
+    // A wrong upstream name is a bad request whatever the traffic.
+    if upstream.is_some() {
+        super::reference::resolve_upstream(state, upstream, "")
+            .map_err(|message| (StatusCode::BAD_REQUEST, message))?;
+    }
+    let production = production_matrix(state, window, model).ok_or_else(|| {
+        (
+            StatusCode::NOT_FOUND,
+            format!(
+                "no production request of model `{}` ended in the window ({})",
+                model.unwrap_or(""),
+                window.label()
+            ),
+        )
+    })?;
+    let Some(model) = model
+        .map(str::to_owned)
+        .or_else(|| production.metadata.model.served_model.clone())
+    else {
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!(
+                "no production request ended in the window ({}), so there is no model to compare: name one with ?model=",
+                window.label()
+            ),
+        ));
+    };
+    let upstream = super::reference::resolve_upstream(state, upstream, &model)
+        .map_err(|message| (StatusCode::BAD_REQUEST, message))?;
+    let reference = state.drift.reference(&upstream, &model).ok_or_else(|| {
+        (
+            StatusCode::NOT_FOUND,
+            format!("no reference is pinned for upstream `{upstream}` and model `{model}`: pin one with `tokentap reference pin` (PUT /reference)"),
+        )
+    })?;
+    Ok(crate::matrix::compare::compare(
+        &production,
+        &reference.matrix,
+        crate::aggregate::drift::reference_info(&reference),
+        state.drift.settings.min_requests,
+    ))
+}
+
+fn compare_reference(
+    state: &AdminState,
+    query: &MatrixQuery,
+    format: Format,
+) -> Response<ResponseBody> {
+    use crate::matrix::compare::{
+        render_compare_html, render_compare_json, render_compare_markdown,
+    };
+    let compared = match production_compare(
+        state,
+        query.window,
+        query.model.as_deref(),
+        query.upstream.as_deref(),
+    ) {
+        Ok(compared) => compared,
+        Err((status, message)) => return json_error(status, &message),
+    };
+    let text = match format {
+        Format::Json => render_compare_json(&compared),
+        Format::Markdown => render_compare_markdown(&compared),
+        Format::Html => render_compare_html(&compared),
+        Format::Csv | Format::Svg => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "compare=reference renders as json, md or html",
+            )
+        }
+    };
+    respond(StatusCode::OK, format.content_type(), text)
 }
 
 #[cfg(test)]

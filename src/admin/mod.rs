@@ -1,5 +1,6 @@
 //! The admin listener: health, readiness, Prometheus metrics, the matrix (`matrix`), the page
-//! (`page`) and the sweep API (`sweeps`, which always needs the token). Bound to loopback by
+//! (`page`), the sweep API (`sweeps`) and the reference API (`reference`); starting sweeps
+//! and pinning references always need the token. Bound to loopback by
 //! default; with `admin.token` set, everything but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer <token>`.
 //!
@@ -7,6 +8,8 @@
 
 pub mod matrix;
 pub mod page;
+pub mod query;
+pub mod reference;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +45,8 @@ pub struct AdminState {
     pub synthetic: LatestMatrix,
     /// The SQLite store, when `store.data_dir` is set.
     pub store: Option<Arc<Store>>,
+    /// The pinned reference matrices and the drift settings (`/reference`, `?compare=`).
+    pub drift: Arc<crate::aggregate::drift::Drift>,
 }
 
 /// A plain response with a content type.
@@ -102,6 +107,7 @@ impl AdminState {
                 }
             }
             (_, path) if sweeps::owns(path) => sweeps::handle(&self, request).await,
+            (_, path) if reference::owns(path) => reference::handle(&self, request).await,
             _ if !self.authorized(&request) => unauthorized(),
             (&Method::GET, "/metrics") => respond(
                 StatusCode::OK,

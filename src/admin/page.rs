@@ -2,7 +2,8 @@
 //! their per-cell ratio, one self-contained HTML document (inline CSS, no scripts, no external
 //! assets) that reloads itself every [`REFRESH_SECONDS`] with a meta refresh, so everything is
 //! in the DOM without JavaScript. Query: `window=` (1m … 24h, `all`) and `model=`. Below the
-//! grids: the ratio grid and the production "All measurements" table (prefill rows included).
+//! grids: the ratio grid, the drift grid (production ÷ the reference pinned for the model,
+//! when one is) and the production "All measurements" table (prefill rows included).
 //!
 //! Builds only markup around `matrix::html` fragments; figures come from `admin::matrix`.
 
@@ -14,12 +15,14 @@ use http::{Request, Response, StatusCode};
 use crate::aggregate::Window;
 use crate::base::escape::xml_escape as escape;
 use crate::base::wallclock::format_rfc3339;
+use crate::matrix::compare::{ratio_grid_fragment as drift_grid_fragment, MatrixCompare};
 use crate::matrix::diff::diff;
 use crate::matrix::doc::MatrixDoc;
 use crate::matrix::html::{grid_fragment, measurements_fragment, page, ratio_grid_fragment};
 use crate::proxy::body::ResponseBody;
 
-use super::matrix::{percent_decode, production_matrix, synthetic_matrix, MatrixQuery, NO_SWEEP};
+use super::matrix::{production_matrix, synthetic_matrix, MatrixQuery, NO_SWEEP};
+use super::query::percent_decode;
 use super::{json_error, respond, AdminState};
 
 /// How often the page reloads itself.
@@ -48,9 +51,13 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
             None
         }
     };
+    // No reference pinned (or no traffic) simply leaves the drift grid out.
+    let drift =
+        super::matrix::production_compare(state, query.window, query.model.as_deref(), None).ok();
     let html = render(
         production.as_ref(),
         synthetic.as_deref(),
+        drift.as_ref(),
         query.window,
         query.model.as_deref(),
         SystemTime::now(),
@@ -62,6 +69,7 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
 pub fn render(
     production: Option<&MatrixDoc>,
     synthetic: Option<&MatrixDoc>,
+    drift: Option<&MatrixCompare>,
     window: Window,
     model: Option<&str>,
     now: SystemTime,
@@ -130,6 +138,11 @@ pub fn render(
             body.push_str(&ratio_grid_fragment(&diff(synthetic, production)));
             body.push_str("</div>");
         }
+    }
+    if let Some(compared) = drift {
+        body.push_str("<div id=\"drift\">");
+        body.push_str(&drift_grid_fragment(compared));
+        body.push_str("</div>");
     }
     if let Some(doc) = production.filter(|d| !d.decode.is_empty()) {
         body.push_str("<div id=\"production-table\">");

@@ -7,12 +7,15 @@
 //! - [`window`]: [`ProductionMatrix`], the record sink that keeps time slices and answers
 //!   "the matrix of the last hour".
 //! - [`snapshot`]: the task that writes the production matrix to the store every interval.
+//! - [`drift`]: the pinned reference matrices in memory, production compared with them, and
+//!   the task that refreshes the drift gauges.
 //!
 //! Nothing here keeps a list of requests: memory is bounded by slices × cells × sketch bins.
 //! The definitions of every column are in docs/metrics.md. This module never renders (the
 //! matrix module does) and never touches the network.
 
 pub mod cell;
+pub mod drift;
 pub mod sketch;
 pub mod snapshot;
 pub mod window;

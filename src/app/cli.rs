@@ -68,6 +68,20 @@ pub enum Command {
     /// sweep). Writes an HTML report and tells you what to open and what to try next. About a
     /// minute and a half with the defaults.
     Demo(super::demo::DemoArgs),
+    /// Pin, show or clear the reference matrix production is compared with (drift)
+    ///
+    /// A reference is kept per upstream and model in the proxy's store (it survives restarts).
+    /// Once pinned, /matrix?compare=reference gives production ÷ reference per cell, the page
+    /// shows the drift grid, and /metrics exports tokentap_drift_ratio for every cell with at
+    /// least drift.min_requests completed requests in drift.window.
+    ///
+    /// Examples:
+    ///   tokentap reference pin --from latest-sweep --token "$TOKEN"
+    ///   tokentap reference pin --file glm-8xB200.md --model nvidia/GLM-5.3-Flash-NVFP4 --token "$TOKEN"
+    ///   tokentap reference show --model nvidia/GLM-5.3-Flash-NVFP4 --format md
+    ///   tokentap reference clear --model nvidia/GLM-5.3-Flash-NVFP4 --token "$TOKEN"
+    #[command(verbatim_doc_comment)]
+    Reference(super::reference::ReferenceArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -97,6 +111,7 @@ pub fn main() -> ExitCode {
             Command::Matrix(args) => super::matrix::run(args).await,
             Command::Sweep(args) => super::sweep::run(args).await,
             Command::Demo(args) => super::demo::run(args).await,
+            Command::Reference(args) => super::reference::run(args).await,
         }
     });
     match result {

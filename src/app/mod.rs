@@ -9,11 +9,15 @@
 //! - [`simulate`]: `tokentap simulate`.
 //! - [`matrix`]: `tokentap matrix`.
 //! - [`demo`]: `tokentap demo`.
+//! - [`drift`]: the drift refresher (production against pinned references → the drift gauges).
+//! - [`reference`]: `tokentap reference` (pin, show, clear the drift reference through the admin API).
 //! - [`store`]: what `tokentap matrix show --store` reads from the store.
 
 pub mod cli;
 pub mod demo;
+pub mod drift;
 pub mod matrix;
+pub mod reference;
 pub mod serve;
 pub mod simulate;
 pub mod store;

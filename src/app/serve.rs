@@ -123,6 +123,7 @@ pub struct ProxyServer {
     data_task: JoinHandle<()>,
     admin_task: JoinHandle<()>,
     snapshot_task: Option<JoinHandle<()>>,
+    drift_task: JoinHandle<()>,
 }
 
 impl ProxyServer {
@@ -205,6 +206,8 @@ impl ProxyServer {
             sweep_store,
             synthetic.clone(),
         );
+        let drift = crate::aggregate::drift::Drift::new(config.drift.clone());
+        load_references(&config, store.clone(), &drift).await?;
         let admin = Arc::new(AdminState {
             proxy: Arc::clone(&proxy),
             metrics: Arc::clone(&metrics),
@@ -214,8 +217,15 @@ impl ProxyServer {
             production: Arc::clone(&production),
             synthetic,
             store: store.clone(),
+            drift: Arc::clone(&drift),
         });
         let (snapshot_trigger, snapshot_shutdown) = net::shutdown_pair();
+        let drift_task = super::drift::spawn(
+            Arc::clone(&production),
+            drift,
+            Arc::clone(&metrics),
+            snapshot_shutdown.clone(),
+        );
         let snapshot_task = store.as_ref().map(|store| {
             snapshot::spawn(
                 Arc::clone(&production),
@@ -277,6 +287,7 @@ impl ProxyServer {
             data_task,
             admin_task,
             snapshot_task,
+            drift_task,
         })
     }
 
@@ -291,12 +302,64 @@ impl ProxyServer {
         if let Some(task) = self.snapshot_task {
             let _ = task.await;
         }
+        let _ = self.drift_task.await;
         self.admin_trigger.trigger();
         let _ = self.admin_task.await;
         if let Some(otel) = self.otel {
             otel.shutdown().await;
         }
     }
+}
+
+/// Fills the drift references: what the store kept, then each upstream's `reference_file`
+/// (pinned again at every start, so the file wins over an earlier pin of the same model).
+async fn load_references(
+    config: &Config,
+    store: Option<Arc<Store>>,
+    drift: &crate::aggregate::drift::Drift,
+) -> anyhow::Result<()> {
+    if let Some(store) = store.clone() {
+        let kept = tokio::task::spawn_blocking(move || store.references())
+            .await
+            .context("the store read stopped")?
+            .context("cannot read the pinned reference matrices from the store")?;
+        for reference in kept {
+            drift.pin(reference);
+        }
+    }
+    for upstream in &config.upstreams {
+        let Some(path) = &upstream.reference_file else {
+            continue;
+        };
+        let matrix = crate::matrix::load(path).with_context(|| {
+            format!(
+                "cannot read the reference matrix of upstream `{}` (reference_file)",
+                upstream.name
+            )
+        })?;
+        let model = matrix
+            .metadata
+            .model
+            .served_model
+            .clone()
+            .unwrap_or_else(|| upstream.default_model.clone());
+        let reference = crate::matrix::compare::Reference {
+            upstream: upstream.name.clone(),
+            model,
+            source: format!("file {} (reference_file)", path.display()),
+            pinned_at: std::time::SystemTime::now(),
+            matrix,
+        };
+        if let Some(store) = store.clone() {
+            let row = reference.clone();
+            tokio::task::spawn_blocking(move || store.put_reference(&row))
+                .await
+                .context("the store write stopped")?
+                .context("cannot keep the reference_file matrix in the store")?;
+        }
+        drift.pin(reference);
+    }
+    Ok(())
 }
 
 /// Builds the data path from configuration.

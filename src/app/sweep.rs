@@ -277,15 +277,15 @@ fn chain(error: &dyn std::error::Error) -> String {
     message
 }
 
-/// A small client of a remote admin API.
-struct Admin {
-    base: String,
+/// A small client of a remote admin API (also used by `tokentap reference`).
+pub struct Admin {
+    pub base: String,
     token: Option<String>,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl Admin {
-    fn new(base: &str, token: Option<String>) -> Self {
+    pub fn new(base: &str, token: Option<String>) -> Self {
         let base = base.trim_end_matches('/');
         let base = if base.contains("://") {
             base.to_owned()
@@ -299,7 +299,7 @@ impl Admin {
         }
     }
 
-    async fn send(
+    pub async fn send(
         &self,
         method: Method,
         path: &str,
@@ -331,7 +331,7 @@ impl Admin {
     }
 
     /// The error message of an admin answer.
-    fn message(body: &[u8]) -> String {
+    pub fn message(body: &[u8]) -> String {
         serde_json::from_slice::<serde_json::Value>(body)
             .ok()
             .and_then(|v| {

@@ -239,6 +239,7 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     pub store: StoreConfig,
     pub sweep: SweepConfig,
+    pub drift: DriftConfig,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -295,6 +296,8 @@ pub struct UpstreamConfig {
     pub metrics_path: String,
     /// How often that page is read; zero never reads it.
     pub metrics_interval: Duration,
+    /// A reference matrix file (seed page, Markdown or JSON) pinned for this upstream at start.
+    pub reference_file: Option<PathBuf>,
 }
 
 /// Whether an upstream sends usage to streams that did not ask (`sends_usage_unasked`).
@@ -351,6 +354,17 @@ pub struct StoreConfig {
     pub data_dir: Option<PathBuf>,
     pub snapshot_interval: Duration,
     pub retention: Duration,
+}
+
+/// `[drift]`: production against pinned reference matrices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriftConfig {
+    /// Completed production requests a cell needs in the window before it gets ratios.
+    pub min_requests: u64,
+    /// The production window the drift gauges compare (`/matrix?compare=` takes `window=`).
+    pub window: Duration,
+    /// How often the drift gauges are recomputed.
+    pub refresh_interval: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -543,6 +557,22 @@ impl Config {
             return Err(err("sweep.max_output", "must be greater than zero".into()));
         }
 
+        let drift = DriftConfig {
+            min_requests: raw.drift.min_requests,
+            window: duration("drift.window", &raw.drift.window)?,
+            refresh_interval: duration("drift.refresh_interval", &raw.drift.refresh_interval)?,
+        };
+        // The production aggregator keeps minute slices for up to a day.
+        if drift.window < Duration::from_secs(60) || drift.window > Duration::from_secs(24 * 3600) {
+            return Err(err("drift.window", "must lie between 1m and 24h".into()));
+        }
+        if drift.refresh_interval.is_zero() {
+            return Err(err(
+                "drift.refresh_interval",
+                "must be greater than zero".into(),
+            ));
+        }
+
         Ok(Config {
             proxy,
             upstreams,
@@ -551,6 +581,7 @@ impl Config {
             telemetry,
             store,
             sweep,
+            drift,
         })
     }
 }
@@ -690,6 +721,11 @@ fn upstream(
         ));
     }
     Ok(UpstreamConfig {
+        reference_file: raw
+            .reference_file
+            .as_deref()
+            .filter(|f| !f.is_empty())
+            .map(PathBuf::from),
         name: raw.name.clone(),
         url,
         models: raw.models.clone(),

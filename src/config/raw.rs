@@ -33,6 +33,7 @@ pub struct RawConfig {
     pub store: RawStore,
     pub sweep: RawSweep,
     pub slo: RawSlo,
+    pub drift: RawDrift,
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,6 +101,7 @@ pub struct RawUpstream {
     pub metrics_path: String,
     #[serde(deserialize_with = "duration_text")]
     pub metrics_interval: String,
+    pub reference_file: Option<String>,
 }
 
 impl Default for RawUpstream {
@@ -122,6 +124,7 @@ impl Default for RawUpstream {
             sends_usage_unasked: "auto".into(),
             metrics_path: "/metrics".into(),
             metrics_interval: "5s".into(),
+            reference_file: None,
         }
     }
 }
@@ -247,4 +250,26 @@ pub struct RawSlo {
     pub tbt: Option<String>,
     pub e2e: Option<String>,
     pub models: std::collections::BTreeMap<String, RawSloTargets>,
+}
+
+/// `[drift]`: how production is compared with pinned reference matrices.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDrift {
+    pub min_requests: u64,
+    #[serde(deserialize_with = "duration_text")]
+    pub window: String,
+    #[serde(deserialize_with = "duration_text")]
+    pub refresh_interval: String,
+}
+
+impl Default for RawDrift {
+    fn default() -> Self {
+        Self {
+            // A median over fewer requests is too noisy to alert on.
+            min_requests: 20,
+            window: "15m".into(),
+            refresh_interval: "30s".into(),
+        }
+    }
 }

@@ -228,7 +228,7 @@ fn count_ratio(a: Option<u64>, b: Option<u64>) -> Option<f64> {
 }
 
 /// Geometric mean, min and max of `ratios`.
-fn summarise(column: DiffColumn, ratios: &[f64]) -> ColumnSummary {
+pub fn summarise(column: DiffColumn, ratios: &[f64]) -> ColumnSummary {
     if ratios.is_empty() {
         return ColumnSummary {
             column,

@@ -254,7 +254,7 @@ pub fn render_html(doc: &MatrixDoc) -> String {
 }
 
 /// Background for a ratio: white at 1, green above, red below, full colour at ×1.5 or ÷1.5.
-fn ratio_colour(ratio: f64) -> String {
+pub fn ratio_colour(ratio: f64) -> String {
     if !ratio.is_finite() || ratio <= 0.0 {
         return "hsl(0, 70%, 80%)".to_owned();
     }

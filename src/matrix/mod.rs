@@ -1,11 +1,12 @@
 //! The speed-test matrix: one document type for production and synthetic results, its importers
 //! (seed page text, Markdown, JSON), its renderings (Markdown, JSON, CSV, HTML, SVG), the diff of
-//! two matrices and what a simulator can infer from one.
+//! two matrices, the drift of production against a pinned reference (`compare`) and what a simulator can infer from one.
 //!
 //! Everything here is pure (strings and structs in, strings and structs out) except `file`, which
 //! reads files for the commands and other modules (the `tokentap matrix` command is `app::matrix`). Producers
 //! (sweep engine, production aggregator) build a [`MatrixDoc`] in code and call
 //! [`MatrixDoc::validate`]; consumers render it with the functions re-exported here.
+pub mod compare;
 pub mod csv;
 pub mod diff;
 pub mod doc;

@@ -14,7 +14,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
+
+use crate::base::lock::lock;
 
 use tokio::time::Instant;
 
@@ -221,7 +223,7 @@ impl ServerStateTracker {
             }
         }
         // The writer kept being preempted mid-publish: wait for it the slow way.
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writer = lock(&self.writer);
         Self::integrate(&self.load(), now_ns)
     }
 
@@ -233,7 +235,7 @@ impl ServerStateTracker {
 
     /// From `now` on, holds `values` (a value that is not a finite number ≥ 0 is unknown).
     pub fn publish(&self, now: Instant, values: GaugeValues) {
-        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let _writer = lock(&self.writer);
         let now_ns = self.nanos(now);
         let old = self.load();
         let reading = Self::integrate(&old, now_ns);
@@ -345,9 +347,7 @@ impl ServerStateRegistry {
     /// Marks `upstream` as scraped: requests to it from now on read its trackers.
     pub fn watch(&self, upstream: &Arc<str>) {
         self.any.store(true, Ordering::Relaxed);
-        self.upstreams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.upstreams)
             .entry(Arc::clone(upstream))
             .or_default();
     }
@@ -362,10 +362,7 @@ impl ServerStateRegistry {
         if !self.any.load(Ordering::Relaxed) {
             return None;
         }
-        let mut upstreams = self
-            .upstreams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut upstreams = lock(&self.upstreams);
         let state = upstreams.get_mut(upstream)?;
         if let Some(tracker) = state.models.get(model) {
             return Some(Arc::clone(tracker));
@@ -380,10 +377,7 @@ impl ServerStateRegistry {
 
     /// Every tracker of `upstream`, by model.
     pub fn trackers(&self, upstream: &str) -> Vec<(Arc<str>, Arc<ServerStateTracker>)> {
-        let upstreams = self
-            .upstreams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let upstreams = lock(&self.upstreams);
         upstreams.get(upstream).map_or_else(Vec::new, |state| {
             state
                 .models
@@ -395,10 +389,7 @@ impl ServerStateRegistry {
 
     /// Counts one scrape of `upstream`.
     pub fn count_scrape(&self, upstream: &str, outcome: ScrapeOutcome) {
-        let upstreams = self
-            .upstreams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let upstreams = lock(&self.upstreams);
         if let Some(count) = upstreams
             .get(upstream)
             .and_then(|state| state.scrapes.get(outcome.index()))
@@ -409,10 +400,7 @@ impl ServerStateRegistry {
 
     /// Scrapes of `upstream` so far with `outcome`.
     pub fn scrapes(&self, upstream: &str, outcome: ScrapeOutcome) -> u64 {
-        let upstreams = self
-            .upstreams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let upstreams = lock(&self.upstreams);
         upstreams
             .get(upstream)
             .and_then(|state| state.scrapes.get(outcome.index()))
@@ -421,19 +409,13 @@ impl ServerStateRegistry {
 
     /// The scraped upstreams' names.
     pub fn upstreams(&self) -> Vec<Arc<str>> {
-        let upstreams = self
-            .upstreams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let upstreams = lock(&self.upstreams);
         upstreams.keys().cloned().collect()
     }
 
     /// The values held now by every tracker (for `/metrics`).
     pub fn current(&self) -> Vec<CurrentState> {
-        let upstreams = self
-            .upstreams
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let upstreams = lock(&self.upstreams);
         let mut rows = Vec::new();
         for (upstream, state) in upstreams.iter() {
             for (model, tracker) in &state.models {

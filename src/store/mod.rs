@@ -1,4 +1,5 @@
-//! The embedded SQLite store: synthetic sweeps and hourly production-matrix snapshots, kept in
+//! The embedded SQLite store: synthetic sweeps, hourly production-matrix snapshots and the
+//! reference matrices drift is measured against (`reference`), kept in
 //! `<data_dir>/tokentap.sqlite3` so they survive a restart.
 //!
 //! Owns the schema and every SQL statement; callers see typed rows ([`SweepRow`],
@@ -6,6 +7,8 @@
 //! rendering, read back through the same importer as any JSON matrix). Calls are blocking and
 //! short (one statement under a mutex): call them from `spawn_blocking` on async paths. This
 //! module never decides *when* to write — the snapshot task and the sweep engine do.
+
+pub mod reference;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -200,6 +203,14 @@ impl Store {
                     matrix_json TEXT NOT NULL
                 );
                 CREATE INDEX IF NOT EXISTS snapshots_by_time ON snapshots (taken_ms);
+                CREATE TABLE IF NOT EXISTS reference_matrices (
+                    upstream TEXT NOT NULL,
+                    model TEXT NOT NULL,
+                    source TEXT NOT NULL,
+                    pinned_ms INTEGER NOT NULL,
+                    matrix_json TEXT NOT NULL,
+                    PRIMARY KEY (upstream, model)
+                );
                 PRAGMA user_version = 1;",
             )
             .map_err(open_error)?;

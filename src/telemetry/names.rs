@@ -51,6 +51,11 @@ pub const UPSTREAM_STATE_GAUGES: [(&str, &str); 4] = [
 ];
 pub const UPSTREAM_SCRAPES_HELP: &str = "Reads of an upstream's /metrics page by result: ok, unreachable, status (not 200), timeout, too_large, unreadable (not text, or no metric tokentap knows).";
 
+/// Written by `telemetry::drift` itself rather than the exporter (a cell's series must vanish
+/// when it falls below the request threshold), so it is not in [`DESCRIPTIONS`].
+pub const DRIFT_RATIO: &str = "tokentap_drift_ratio";
+pub const DRIFT_RATIO_HELP: &str = "Per cell with at least drift.min_requests completed production requests in drift.window: production / pinned reference of per-request tokens per second (metric=\"per_request_tok_s\", below 1 is slower) or of median time to first token (metric=\"ttft\", above 1 is slower).";
+
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (TIME_TO_FIRST_TOKEN, "Time from request head in to the first event carrying generated output, in seconds."),

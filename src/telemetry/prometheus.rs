@@ -83,6 +83,8 @@ pub struct PrometheusMetrics {
     /// Counts kept as atomics elsewhere (listeners, the meter), copied in at each render.
     watched: Mutex<Vec<Watched>>,
     slo_cells: Mutex<HashMap<CellKey, Arc<SloHandles>>>,
+    /// Production ÷ reference per cell, set by the drift refresher, appended at each render.
+    pub drift: super::drift::DriftGauges,
 }
 
 /// An outside count and the exporter counter showing it.
@@ -136,6 +138,7 @@ impl PrometheusMetrics {
             slo_cells: Mutex::new(HashMap::new()),
             bases: Mutex::new(HashMap::new()),
             watched: Mutex::new(Vec::new()),
+            drift: super::drift::DriftGauges::default(),
         }))
     }
 
@@ -204,6 +207,7 @@ impl PrometheusMetrics {
         }
         let mut text = String::from_utf8(out).unwrap_or_default();
         text.push_str(&extra);
+        self.drift.render_into(&mut text);
         text
     }
 

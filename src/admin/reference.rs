@@ -1,0 +1,487 @@
+//! The reference API on the admin listener: the matrix production is compared with, one per
+//! upstream and model.
+//!
+//! | route | does |
+//! |---|---|
+//! | `PUT /reference?upstream=&model=` | pin: body `{"from":"latest-sweep"}`, or a matrix (seed page text, Markdown or JSON); `source=` names where it came from |
+//! | `GET /reference` | every pinned reference (provenance only) |
+//! | `GET /reference?upstream=&model=` | one reference with its matrix; `format=md\|html\|json` renders the matrix alone |
+//! | `DELETE /reference?upstream=&model=` | unpin |
+//!
+//! `model` defaults to the matrix's served model, `upstream` to the one the router sends that
+//! model to. Pinning and unpinning always need the bearer token, like starting a sweep. The
+//! store keeps what is pinned across restarts; without a store (`store.data_dir = ""`) a pin
+//! lasts until the process ends, and the answer says so.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use serde::Serialize;
+
+use super::query::percent_decode;
+use super::{json_error, respond, unauthorized, AdminState};
+use crate::aggregate::drift::reference_info;
+use crate::matrix::compare::{Reference, ReferenceInfo};
+use crate::matrix::doc::MatrixDoc;
+use crate::matrix::import::{detect_format, parse_any, InputFormat};
+use crate::matrix::{html::render_html, render_json, render_markdown};
+use crate::proxy::body::ResponseBody;
+use crate::proxy::BoxError;
+use crate::sweep::SweepState;
+
+/// Largest matrix accepted in a PUT body (a full 8 × 8 seed page is a few kB).
+pub const MAX_REFERENCE_BYTES: usize = 4 << 20;
+
+/// Longest `source=` text kept.
+const MAX_SOURCE_CHARS: usize = 200;
+
+/// Whether `path` belongs to this API.
+pub fn owns(path: &str) -> bool {
+    path == "/reference" || path == "/reference/"
+}
+
+/// The query of a reference request.
+#[derive(Debug, Default, PartialEq)]
+struct ReferenceQuery {
+    upstream: Option<String>,
+    model: Option<String>,
+    source: Option<String>,
+    format: Option<String>,
+}
+
+fn parse_query(query: Option<&str>) -> Result<ReferenceQuery, String> {
+    let mut parsed = ReferenceQuery::default();
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value)
+            .ok_or_else(|| format!("query parameter `{key}` is not valid percent-encoded UTF-8"))?;
+        let value = (!value.is_empty()).then_some(value);
+        match key {
+            "upstream" => parsed.upstream = value,
+            "model" => parsed.model = value,
+            "source" => parsed.source = value,
+            "format" => parsed.format = value,
+            other => {
+                return Err(format!(
+                    "unknown query parameter `{other}`; /reference takes upstream, model, source (PUT) and format (GET)"
+                ))
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+/// A reference as the API answers it.
+#[derive(Debug, Serialize)]
+struct ReferenceAnswer<'a> {
+    #[serde(flatten)]
+    info: ReferenceInfo,
+    decode_cells: usize,
+    /// Whether the store keeps it across restarts.
+    kept: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    matrix: Option<&'a MatrixDoc>,
+}
+
+fn json(status: StatusCode, value: &impl Serialize) -> Response<ResponseBody> {
+    match serde_json::to_string_pretty(value) {
+        Ok(mut text) => {
+            text.push('\n');
+            respond(status, "application/json", text)
+        }
+        Err(error) => json_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot render the answer: {error}"),
+        ),
+    }
+}
+
+fn writes_disabled() -> Response<ResponseBody> {
+    json_error(
+        StatusCode::FORBIDDEN,
+        "pinning a reference needs a bearer token, and admin.token (TOKENTAP_ADMIN__TOKEN) is not set",
+    )
+}
+
+/// The upstream a model's requests go to: the one named, which must exist, else the router's.
+pub(super) fn resolve_upstream(
+    state: &AdminState,
+    named: Option<&str>,
+    model: &str,
+) -> Result<String, String> {
+    let router = &state.proxy.router;
+    match named {
+        Some(name) => {
+            if router.all().iter().any(|u| &*u.name == name) {
+                Ok(name.to_owned())
+            } else {
+                let known: Vec<&str> = router.all().iter().map(|u| &*u.name).collect();
+                Err(format!(
+                    "no upstream named `{name}`; configured: {}",
+                    known.join(", ")
+                ))
+            }
+        }
+        None => Ok(router
+            .by_model(model)
+            .unwrap_or_else(|| router.default_upstream())
+            .name
+            .to_string()),
+    }
+}
+
+/// Serves a request to `/reference`.
+pub async fn handle<B>(state: &Arc<AdminState>, request: Request<B>) -> Response<ResponseBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let mutates = matches!(*request.method(), Method::PUT | Method::DELETE);
+    if mutates {
+        if state.token.is_none() {
+            return writes_disabled();
+        }
+        if !state.authorized_strict(&request) {
+            return unauthorized();
+        }
+    } else if !state.authorized(&request) {
+        return unauthorized();
+    }
+    let query = match parse_query(request.uri().query()) {
+        Ok(query) => query,
+        Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
+    };
+    match request.method().clone() {
+        Method::PUT => pin(state, query, request).await,
+        Method::GET => show(state, &query),
+        Method::DELETE => unpin(state, &query).await,
+        method => {
+            let mut response = json_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("{method} is not allowed here: PUT, GET or DELETE /reference"),
+            );
+            response
+                .headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, PUT, DELETE"));
+            response
+        }
+    }
+}
+
+/// The matrix of the newest finished sweep, and its id.
+fn latest_sweep(state: &AdminState) -> Option<(String, MatrixDoc)> {
+    state
+        .sweeps
+        .list()
+        .into_iter()
+        .filter(|s| s.state == SweepState::Finished)
+        .find_map(|s| {
+            let matrix = state.sweeps.get(&s.id)?.matrix?;
+            Some((s.id, matrix))
+        })
+}
+
+/// Whether a body asks for a pin from somewhere (`{"from": …}`) rather than carrying a matrix.
+fn from_clause(body: &[u8]) -> Option<Result<String, String>> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object()?;
+    let from = object.get("from")?;
+    if object.len() > 1 {
+        return Some(Err("a {\"from\": …} body takes no other member".to_owned()));
+    }
+    Some(
+        from.as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| "`from` must be a string: \"latest-sweep\"".to_owned()),
+    )
+}
+
+async fn pin<B>(
+    state: &Arc<AdminState>,
+    query: ReferenceQuery,
+    request: Request<B>,
+) -> Response<ResponseBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let body = match Limited::new(request.into_body(), MAX_REFERENCE_BYTES)
+        .collect()
+        .await
+    {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "cannot read the reference (at most {MAX_REFERENCE_BYTES} bytes): {error}"
+                ),
+            )
+        }
+    };
+    let from = from_clause(&body);
+    let from_sweep = matches!(&from, Some(Ok(from)) if from == "latest-sweep");
+    let (matrix, source) = match from {
+        Some(Ok(from)) if from == "latest-sweep" => match latest_sweep(state) {
+            Some((id, matrix)) => (matrix, format!("latest-sweep {id}")),
+            None => {
+                return json_error(
+                    StatusCode::CONFLICT,
+                    "no sweep has finished yet: run one (`tokentap sweep --admin URL`) or pin a matrix document",
+                )
+            }
+        },
+        Some(Ok(other)) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &format!("`from` is {other:?}; the only one is \"latest-sweep\" (or send a matrix as the body)"),
+            )
+        }
+        Some(Err(message)) => return json_error(StatusCode::BAD_REQUEST, &message),
+        None => {
+            let Ok(text) = std::str::from_utf8(&body) else {
+                return json_error(StatusCode::BAD_REQUEST, "the reference is not UTF-8 text");
+            };
+            let kind = match detect_format(text) {
+                Ok(InputFormat::Json) => "JSON matrix",
+                Ok(InputFormat::SeedText) => "imported seed page",
+                Ok(InputFormat::Markdown) => "imported Markdown page",
+                Err(error) => {
+                    return json_error(
+                        StatusCode::BAD_REQUEST,
+                        &format!("the body is neither {{\"from\":\"latest-sweep\"}} nor a matrix: {error}"),
+                    )
+                }
+            };
+            match parse_any(text) {
+                Ok(matrix) => (matrix, kind.to_owned()),
+                Err(error) => {
+                    return json_error(
+                        StatusCode::BAD_REQUEST,
+                        &format!("the matrix does not read: {error}"),
+                    )
+                }
+            }
+        }
+    };
+    if matrix.decode.is_empty() {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "the matrix has no Sustained decode cell to compare with",
+        );
+    }
+    let model = match query
+        .model
+        .or_else(|| matrix.metadata.model.served_model.clone())
+    {
+        Some(model) => model,
+        None => return json_error(
+            StatusCode::BAD_REQUEST,
+            "the matrix names no served model: give the model production traffic uses as ?model=",
+        ),
+    };
+    // A sweep measured one model: pinning it for another would compare unlike with unlike.
+    // (A page may name its model differently from what clients send, so only sweeps are held
+    // to this.)
+    if let (true, Some(swept)) = (from_sweep, matrix.metadata.model.served_model.as_deref()) {
+        if swept != model {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                &format!("the latest sweep measured model `{swept}`, not `{model}`"),
+            );
+        }
+    }
+    let upstream = match resolve_upstream(state, query.upstream.as_deref(), &model) {
+        Ok(upstream) => upstream,
+        Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
+    };
+    let source = match query.source {
+        // Shown on pages and in logs: one printable line.
+        Some(given) => given
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .take(MAX_SOURCE_CHARS)
+            .collect(),
+        None => source,
+    };
+    let reference = Reference {
+        upstream,
+        model,
+        source,
+        pinned_at: SystemTime::now(),
+        matrix,
+    };
+    let kept = if let Some(store) = state.store.clone() {
+        let row = reference.clone();
+        match tokio::task::spawn_blocking(move || store.put_reference(&row)).await {
+            Ok(Ok(())) => true,
+            Ok(Err(error)) => {
+                return json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("cannot keep the reference in the store: {error}"),
+                )
+            }
+            Err(error) => {
+                return json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("the store write stopped: {error}"),
+                )
+            }
+        }
+    } else {
+        false
+    };
+    let answer = ReferenceAnswer {
+        info: reference_info(&reference),
+        decode_cells: reference.matrix.decode.len(),
+        kept,
+        matrix: None,
+    };
+    tracing::info!(
+        upstream = %answer.info.upstream,
+        model = %answer.info.model,
+        source = %answer.info.source,
+        "reference matrix pinned"
+    );
+    let response = json(StatusCode::OK, &answer);
+    state.drift.pin(reference);
+    response
+}
+
+fn show(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
+    let kept = state.store.is_some();
+    let Some(model) = query.model.as_deref() else {
+        let references = state.drift.references();
+        let mut list = Vec::new();
+        for reference in &references {
+            if query
+                .upstream
+                .as_deref()
+                .is_some_and(|u| u != reference.upstream)
+            {
+                continue;
+            }
+            list.push(ReferenceAnswer {
+                info: reference_info(reference),
+                decode_cells: reference.matrix.decode.len(),
+                kept,
+                matrix: None,
+            });
+        }
+        return json(StatusCode::OK, &list);
+    };
+    let upstream = match resolve_upstream(state, query.upstream.as_deref(), model) {
+        Ok(upstream) => upstream,
+        Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
+    };
+    let Some(reference) = state.drift.reference(&upstream, model) else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            &format!("no reference is pinned for upstream `{upstream}` and model `{model}`: pin one with `tokentap reference pin` (PUT /reference)"),
+        );
+    };
+    match query.format.as_deref() {
+        None | Some("status") => json(
+            StatusCode::OK,
+            &ReferenceAnswer {
+                info: reference_info(&reference),
+                decode_cells: reference.matrix.decode.len(),
+                kept,
+                matrix: Some(&reference.matrix),
+            },
+        ),
+        Some("json") => respond(
+            StatusCode::OK,
+            "application/json",
+            render_json(&reference.matrix),
+        ),
+        Some("md" | "markdown") => respond(
+            StatusCode::OK,
+            "text/markdown; charset=utf-8",
+            render_markdown(&reference.matrix),
+        ),
+        Some("html") => respond(
+            StatusCode::OK,
+            "text/html; charset=utf-8",
+            render_html(&reference.matrix),
+        ),
+        Some(other) => json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("unknown format {other:?}: use status (default), json, md or html"),
+        ),
+    }
+}
+
+async fn unpin(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
+    let Some(model) = query.model.clone() else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            "say which reference to unpin with ?model= (and ?upstream= when the router does not choose it)",
+        );
+    };
+    let upstream = match resolve_upstream(state, query.upstream.as_deref(), &model) {
+        Ok(upstream) => upstream,
+        Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
+    };
+    let mut found = state.drift.unpin(&upstream, &model);
+    if let Some(store) = state.store.clone() {
+        let (u, m) = (upstream.clone(), model.clone());
+        match tokio::task::spawn_blocking(move || store.delete_reference(&u, &m)).await {
+            Ok(Ok(deleted)) => found |= deleted,
+            Ok(Err(error)) => {
+                return json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("cannot remove the reference from the store: {error}"),
+                )
+            }
+            Err(error) => {
+                return json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("the store write stopped: {error}"),
+                )
+            }
+        }
+    }
+    if found {
+        json(
+            StatusCode::OK,
+            &serde_json::json!({"upstream": upstream, "model": model, "state": "unpinned"}),
+        )
+    } else {
+        json_error(
+            StatusCode::NOT_FOUND,
+            &format!("no reference is pinned for upstream `{upstream}` and model `{model}`"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_and_from_clauses_parse() {
+        let q = parse_query(Some("upstream=a&model=x%2Fy&source=file+r.json")).unwrap();
+        assert_eq!(q.upstream.as_deref(), Some("a"));
+        assert_eq!(q.model.as_deref(), Some("x/y"));
+        assert_eq!(q.source.as_deref(), Some("file r.json"));
+        assert!(parse_query(Some("colour=red"))
+            .unwrap_err()
+            .contains("colour"));
+        assert_eq!(
+            from_clause(br#"{"from":"latest-sweep"}"#),
+            Some(Ok("latest-sweep".to_owned()))
+        );
+        assert!(matches!(from_clause(br#"{"from":1}"#), Some(Err(_))));
+        assert!(matches!(
+            from_clause(br#"{"from":"x","y":1}"#),
+            Some(Err(_))
+        ));
+        assert_eq!(from_clause(br#"{"schema":"tokentap.matrix/v1"}"#), None);
+        assert_eq!(from_clause(b"Speed test matrix"), None);
+    }
+}

@@ -1,0 +1,146 @@
+//! Live drift against pinned references: the references held in memory (one per upstream and
+//! model; the store keeps them across restarts and the admin API changes them), the comparison
+//! of a production window with its reference, and the refresher task that recomputes the
+//! `tokentap_drift_ratio` gauges every `drift.refresh_interval`.
+//!
+//! Everything here runs off the request path: the refresher reads the production aggregator
+//! the way `/matrix` does (one short lock per window), and the gauges are replaced whole.
+//!
+//! The production matrix is kept per model (whichever upstream served it); a reference is pinned
+//! per upstream and model, and a model's production cells are compared with the reference of the
+//! upstream the router sends that model to.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+use crate::config::DriftConfig;
+use crate::matrix::compare::{
+    compare, gauge_values, DriftSample, MatrixCompare, Reference, ReferenceInfo,
+};
+use crate::meter::buckets::Ladder;
+
+use super::window::{ProductionMatrix, Window};
+use crate::base::lock;
+use crate::base::wallclock::format_rfc3339;
+
+/// The pinned references and the drift settings, shared by the admin API and the refresher.
+#[derive(Debug)]
+pub struct Drift {
+    pub settings: DriftConfig,
+    references: RwLock<BTreeMap<(String, String), Arc<Reference>>>,
+}
+
+impl Drift {
+    pub fn new(settings: DriftConfig) -> Arc<Self> {
+        Arc::new(Self {
+            settings,
+            references: RwLock::new(BTreeMap::new()),
+        })
+    }
+
+    /// Holds `reference` for its upstream and model, replacing any earlier one.
+    pub fn pin(&self, reference: Reference) {
+        let key = (reference.upstream.clone(), reference.model.clone());
+        lock::write(&self.references).insert(key, Arc::new(reference));
+    }
+
+    /// Drops the reference of `upstream` and `model`; whether there was one.
+    pub fn unpin(&self, upstream: &str, model: &str) -> bool {
+        lock::write(&self.references)
+            .remove(&(upstream.to_owned(), model.to_owned()))
+            .is_some()
+    }
+
+    pub fn reference(&self, upstream: &str, model: &str) -> Option<Arc<Reference>> {
+        lock::read(&self.references)
+            .get(&(upstream.to_owned(), model.to_owned()))
+            .cloned()
+    }
+
+    /// Every pinned reference, by upstream then model.
+    pub fn references(&self) -> Vec<Arc<Reference>> {
+        lock::read(&self.references).values().cloned().collect()
+    }
+
+    /// The window the gauges are computed over.
+    pub fn window(&self) -> Window {
+        Window::Last(self.settings.window)
+    }
+}
+
+/// How a reference is shown beside a comparison.
+pub fn reference_info(reference: &Reference) -> ReferenceInfo {
+    ReferenceInfo {
+        upstream: reference.upstream.clone(),
+        model: reference.model.clone(),
+        source: reference.source.clone(),
+        pinned_at: format_rfc3339(reference.pinned_at),
+        title: crate::matrix::page::title(&reference.matrix.metadata),
+    }
+}
+
+/// The production window of the reference's model against the reference; `None` when no
+/// production request of that model ended in the window.
+pub fn compare_production(
+    production: &ProductionMatrix,
+    reference: &Reference,
+    window: Window,
+    min_requests: u64,
+    now: SystemTime,
+) -> Option<MatrixCompare> {
+    let doc = production.matrix(window, Some(&reference.model), now)?;
+    Some(compare(
+        &doc,
+        &reference.matrix,
+        reference_info(reference),
+        min_requests,
+    ))
+}
+
+/// The ladder label of a matrix value (the `context_bucket` / `concurrency_bucket` label the
+/// other per-cell metrics carry), or the value itself when it is not on the ladder.
+fn ladder_label(ladder: &Ladder, value: u64, fallback: impl FnOnce() -> String) -> String {
+    ladder
+        .values()
+        .iter()
+        .position(|v| *v == value)
+        .map_or_else(fallback, |index| ladder.label(index).to_owned())
+}
+
+/// The gauge values of every reference whose model had production traffic in the drift window.
+pub fn gauge_samples(
+    production: &ProductionMatrix,
+    drift: &Drift,
+    now: SystemTime,
+) -> Vec<DriftSample> {
+    let mut samples = Vec::new();
+    for reference in drift.references() {
+        let Some(compared) = compare_production(
+            production,
+            &reference,
+            drift.window(),
+            drift.settings.min_requests,
+            now,
+        ) else {
+            continue;
+        };
+        for (context, concurrency, metric, value) in gauge_values(&compared) {
+            samples.push(DriftSample {
+                upstream: reference.upstream.clone(),
+                model: reference.model.clone(),
+                context_bucket: ladder_label(production.contexts(), context, || {
+                    crate::matrix::units::context_label(context)
+                }),
+                concurrency_bucket: ladder_label(
+                    production.concurrency(),
+                    u64::from(concurrency),
+                    || concurrency.to_string(),
+                ),
+                metric: metric.label(),
+                value,
+            });
+        }
+    }
+    samples
+}
