@@ -68,6 +68,9 @@ pub enum Command {
     /// sweep). Writes an HTML report and tells you what to open and what to try next. About a
     /// minute and a half with the defaults.
     Demo(crate::sweep::demo::DemoArgs),
+    /// Export the captured production workload, or convert a public trace (Azure CSV,
+    /// Mooncake JSONL) to tokentap's trace format (docs/workload.md).
+    Workload(crate::workload::cli::WorkloadArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -97,6 +100,7 @@ pub fn main() -> ExitCode {
             Command::Matrix(args) => crate::matrix::cli::run(args).await,
             Command::Sweep(args) => crate::sweep::cli::run(args).await,
             Command::Demo(args) => crate::sweep::demo::run(args).await,
+            Command::Workload(args) => crate::workload::cli::run(args).await,
         }
     });
     match result {

@@ -15,3 +15,4 @@ pub mod store;
 pub mod stream;
 pub mod sweep;
 pub mod telemetry;
+pub mod workload;

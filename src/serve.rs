@@ -24,6 +24,7 @@ use crate::proxy::service::{BodyBudget, BodyLimits, ModelLabels};
 use crate::proxy::upstream::{Router, Upstream};
 use crate::proxy::{Proxy, ProxyService};
 use crate::store::Store;
+use crate::stream::fingerprint::PrefixSalt;
 use crate::telemetry::otel::OtelSink;
 use crate::telemetry::prometheus::PrometheusMetrics;
 
@@ -178,6 +179,14 @@ impl ProxyServer {
             None => None,
         };
 
+        let workload = config
+            .workload
+            .capture
+            .then(|| crate::workload::WorkloadCapture::start(&config.workload, store.clone()));
+        if let Some(workload) = &workload {
+            proxy.meter.add_sink(workload.clone());
+        }
+
         let tls = match &config.proxy.tls {
             Some(tls) => {
                 let alpn: &[&[u8]] = if config.proxy.http2 {
@@ -214,6 +223,7 @@ impl ProxyServer {
             production: Arc::clone(&production),
             synthetic,
             store: store.clone(),
+            workload: workload.clone(),
         });
         let (snapshot_trigger, snapshot_shutdown) = net::shutdown_pair();
         let snapshot_task = store.as_ref().map(|store| {
@@ -285,6 +295,9 @@ impl ProxyServer {
         self.admin.draining.store(true, Ordering::Relaxed);
         self.trigger.trigger();
         let _ = self.data_task.await;
+        if let Some(workload) = &self.admin.workload {
+            workload.flush().await;
+        }
         self.snapshot_trigger.trigger();
         if let Some(task) = self.snapshot_task {
             let _ = task.await;
@@ -306,6 +319,16 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         )?));
     }
     let router = Router::new(upstreams).context("no upstream configured")?;
+    let prefix_salt = if config.workload.capture {
+        Some(match &config.workload.salt {
+            Some(secret) => PrefixSalt::from_secret(secret.as_bytes()),
+            None => {
+                PrefixSalt::random().context("no randomness for the workload fingerprint's salt")?
+            }
+        })
+    } else {
+        None
+    };
     let meter = Meter::new(
         config.metering.contexts.clone(),
         config.metering.concurrency.clone(),
@@ -321,5 +344,6 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         },
         body_budget: BodyBudget::new(config.metering.max_buffered_bytes),
         faults: Arc::default(),
+        prefix_salt,
     }))
 }

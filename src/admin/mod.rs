@@ -1,5 +1,5 @@
 //! The admin listener: health, readiness, Prometheus metrics, the matrix (`matrix`), the page
-//! (`page`) and the sweep API (`sweeps`, which always needs the token). Bound to loopback by
+//! (`page`), the captured workload (`workload`) and the sweep API (`sweeps`, which always needs the token). Bound to loopback by
 //! default; with `admin.token` set, everything but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer <token>`.
 //!
@@ -7,6 +7,7 @@
 
 pub mod matrix;
 pub mod page;
+pub mod workload;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,8 @@ pub struct AdminState {
     pub synthetic: LatestMatrix,
     /// The SQLite store, when `store.data_dir` is set.
     pub store: Option<Arc<Store>>,
+    /// The workload capture, when `[workload] capture` is on (`/workload`).
+    pub workload: Option<Arc<crate::workload::WorkloadCapture>>,
 }
 
 /// A plain response with a content type.
@@ -109,6 +112,7 @@ impl AdminState {
                 self.metrics.render(),
             ),
             (&Method::GET, "/matrix") => matrix::handle(&self, &request).await,
+            (&Method::GET, "/workload") => workload::handle(&self, &request).await,
             (&Method::GET, "/") => page::handle(&self, &request).await,
             _ => json_error(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
         }

@@ -1,0 +1,19 @@
+//! The workload: capture of production request shapes, the trace format they are written in,
+//! interchange with public trace formats, and (later) their replay.
+//!
+//! - `capture.rs`: the [`capture::WorkloadCapture`] sink (opt-in, `[workload] capture`).
+//! - `trace.rs`: the versioned JSONL trace (`tokentap.workload/v1`), reading any known format.
+//! - `mooncake.rs`, `azure.rs`: the Mooncake JSONL and Azure CSV trace formats.
+//! - `cli.rs`: `tokentap workload export|convert`.
+//!
+//! Sits beside `sweep`: it reads records through the meter's sink seam and the store; nothing
+//! below it imports it.
+
+pub mod azure;
+pub mod capture;
+pub mod cli;
+pub mod mooncake;
+pub mod trace;
+
+pub use capture::WorkloadCapture;
+pub use trace::{Trace, TraceRequest};
