@@ -71,14 +71,29 @@ pub enum Command {
     /// Export the captured production workload, or convert a public trace (Azure CSV,
     /// Mooncake JSONL) to tokentap's trace format (docs/workload.md).
     Workload(crate::workload::cli::WorkloadArgs),
+    /// Replay a trace open-loop against a server or an embedded simulator: what-if.
+    ///
+    /// Requests go out at their recorded arrival times (÷ --speed) through an in-process proxy,
+    /// tagged synthetic: exact-length prompts that share the recorded prefix blocks, max_tokens
+    /// = the recorded output with ignore_eos. Prints the replay's matrix and, with --baseline,
+    /// its diff against the original production matrix. Ctrl-C stops and writes what was
+    /// measured.
+    ///
+    /// Examples:
+    ///   tokentap replay trace.jsonl --target http://127.0.0.1:30000 --baseline production.json
+    ///   tokentap replay trace.jsonl --from-matrix other-deployment.md --speed 2
+    #[command(verbatim_doc_comment)]
+    Replay(crate::workload::replay_cli::ReplayArgs),
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The sweep and the demo talk to a person on stderr: their logs stay at warnings unless
     // RUST_LOG asks for more (set before any thread exists).
-    if matches!(cli.command, Command::Sweep(_) | Command::Demo(_))
-        && std::env::var_os("RUST_LOG").is_none()
+    if matches!(
+        cli.command,
+        Command::Sweep(_) | Command::Demo(_) | Command::Replay(_)
+    ) && std::env::var_os("RUST_LOG").is_none()
     {
         std::env::set_var("RUST_LOG", "warn");
     }
@@ -101,6 +116,7 @@ pub fn main() -> ExitCode {
             Command::Sweep(args) => crate::sweep::cli::run(args).await,
             Command::Demo(args) => crate::sweep::demo::run(args).await,
             Command::Workload(args) => crate::workload::cli::run(args).await,
+            Command::Replay(args) => crate::workload::replay_cli::run(args).await,
         }
     });
     match result {

@@ -1,9 +1,11 @@
 //! The workload: capture of production request shapes, the trace format they are written in,
-//! interchange with public trace formats, and (later) their replay.
+//! interchange with public trace formats, and their replay.
 //!
 //! - `capture.rs`: the [`capture::WorkloadCapture`] sink (opt-in, `[workload] capture`).
 //! - `trace.rs`: the versioned JSONL trace (`tokentap.workload/v1`), reading any known format.
 //! - `mooncake.rs`, `azure.rs`: the Mooncake JSONL and Azure CSV trace formats.
+//! - `replay.rs`: the open-loop replay of a trace through the proxy's data path, tagged
+//!   synthetic; `replay_cli.rs`: `tokentap replay` (against a server or an embedded simulator).
 //! - `cli.rs`: `tokentap workload export|convert`.
 //!
 //! Sits beside `sweep`: it reads records through the meter's sink seam and the store; nothing
@@ -13,6 +15,8 @@ pub mod azure;
 pub mod capture;
 pub mod cli;
 pub mod mooncake;
+pub mod replay;
+pub mod replay_cli;
 pub mod trace;
 
 pub use capture::WorkloadCapture;
