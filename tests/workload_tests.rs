@@ -209,3 +209,66 @@ proptest! {
         let _ = Trace::read(&format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{timestamp},{a},{b}\n"));
     }
 }
+
+/// `tokentap replay` end to end against its embedded simulator: a Mooncake trace whose last
+/// request is due in ten minutes, bounded by `--max-duration`, diffed against a baseline.
+#[test]
+fn the_replay_command_is_bounded_and_writes_its_matrix_and_diff() {
+    let dir = std::env::temp_dir().join(format!("tokentap-replay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 40, \"hash_ids\": [0, 1, 2, 3]}\n\
+         {\"timestamp\": 100, \"input_length\": 2000, \"output_length\": 40, \"hash_ids\": [0, 1, 5, 6]}\n\
+         {\"timestamp\": 600000, \"input_length\": 2000, \"output_length\": 40, \"hash_ids\": [9]}\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let replay = |extra: &[&str]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tokentap"))
+            .arg("replay")
+            .arg(&trace)
+            .args([
+                "--simulate",
+                STEP,
+                "--quiet",
+                "--max-duration",
+                "20s",
+                "--out",
+            ])
+            .arg(&out)
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Bounded: the last request is due in ten minutes; --max-duration must end it first.
+        for _ in 0..1200 {
+            if let Some(status) = child.try_wait().unwrap() {
+                let output = child.wait_with_output().unwrap();
+                return (status, String::from_utf8_lossy(&output.stdout).into_owned());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        panic!("tokentap replay did not stop within 60 s");
+    };
+    let (status, stdout) = replay(&[]);
+    assert!(status.success(), "{status:?}\n{stdout}");
+    let matrix = tokentap::matrix::load(&out.join("replay.json")).unwrap();
+    let completed: u64 = matrix
+        .prefill
+        .iter()
+        .filter_map(|row| row.completed_requests)
+        .sum();
+    assert_eq!(completed, 2, "{stdout}");
+
+    // Against itself as the baseline: every common cell's ratio is written.
+    let (status, stdout) = replay(&["--baseline", out.join("replay.json").to_str().unwrap()]);
+    assert!(status.success(), "{status:?}\n{stdout}");
+    assert!(stdout.contains("# Matrix diff"), "{stdout}");
+    assert!(out.join("diff.json").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -236,18 +236,18 @@ async fn start_simulator(
 }
 
 fn progress_text(p: &ReplayProgress) -> String {
-    let eta = p.span.saturating_sub(p.elapsed);
+    // The part before " · elapsed" names the phase: without a terminal, one line per phase.
+    let (phase, eta) = if p.sent < p.total {
+        ("sending", p.span.saturating_sub(p.elapsed).as_secs_f64())
+    } else {
+        ("draining", 0.0)
+    };
     format!(
-        "replay: {}/{} sent, {} done, {:.0}s of {:.0}s, ETA {}",
+        "replay {phase} · elapsed {:.0}s of {:.0}s: {}/{} sent, {} done · ETA {eta:.0}s",
+        p.elapsed.as_secs_f64(),
+        p.span.as_secs_f64(),
         p.sent,
         p.total,
         p.finished,
-        p.elapsed.as_secs_f64(),
-        p.span.as_secs_f64(),
-        if p.sent < p.total {
-            format!("{:.0}s", eta.as_secs_f64())
-        } else {
-            "draining".to_string()
-        }
     )
 }
