@@ -235,7 +235,7 @@ fn the_replay_command_is_bounded_and_writes_its_matrix_and_diff() {
                 STEP,
                 "--quiet",
                 "--max-duration",
-                "20s",
+                "8s",
                 "--out",
             ])
             .arg(&out)
