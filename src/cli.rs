@@ -116,7 +116,9 @@ pub fn main() -> ExitCode {
             Command::Sweep(args) => crate::sweep::cli::run(args).await,
             Command::Demo(args) => crate::sweep::demo::run(args).await,
             Command::Workload(args) => crate::workload::cli::run(args).await,
-            Command::Replay(args) => crate::workload::replay_cli::run(args).await,
+            Command::Replay(args) => {
+                crate::workload::replay_cli::run(args, crate::serve::build_proxy).await
+            }
         }
     });
     match result {

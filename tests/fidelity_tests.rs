@@ -18,7 +18,6 @@ use tokentap::config::ConfigLoader;
 use tokentap::matrix::{CellStatus, DecodeCell, MatrixDoc};
 use tokentap::sim::{Profile, SimOptions, SimServer};
 use tokentap::workload::replay::{replay, ReplayPlan};
-use tokentap::workload::Trace;
 
 const STEP: &str = "step-3.7-flash-fp8-4x-rtx-pro-6000";
 const CONTEXT: u64 = 8000;
@@ -92,7 +91,7 @@ async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_producti
         .expect("production records");
     let response = get(&format!("http://{}/workload?window=1h", server.admin_addr)).await;
     assert_eq!(response.status, 200);
-    let trace = Trace::read(&response.text()).unwrap();
+    let trace = tokentap::workload::read_trace(&response.text()).unwrap();
     assert_eq!(trace.requests.len(), expected);
     server.shutdown().await;
 

@@ -91,7 +91,7 @@ async fn captured_shapes_and_prefix_sharing_come_back_from_the_admin_listener() 
         !text.contains(SECRET) && !text.contains("question"),
         "{text}"
     );
-    let trace = Trace::read(&text).unwrap();
+    let trace = tokentap::workload::read_trace(&text).unwrap();
     check_trace(&trace);
     // Prompt tokens are the upstream's counts, as the records have them.
     let records = records.wait_for(3).await;
@@ -102,7 +102,7 @@ async fn captured_shapes_and_prefix_sharing_come_back_from_the_admin_listener() 
     assert_eq!(counted, traced);
 
     let mooncake = get(&format!("{admin}/workload?window=1h&format=mooncake")).await;
-    let again = Trace::read(&mooncake.text()).unwrap();
+    let again = tokentap::workload::read_trace(&mooncake.text()).unwrap();
     assert_eq!(again.header.origin, "mooncake");
     assert_eq!(again.requests.len(), 3);
     assert_eq!(again.requests[1].hash_ids, trace.requests[1].hash_ids);
@@ -153,7 +153,7 @@ async fn the_store_keeps_the_capture_for_the_export_command() {
         .output()
         .unwrap();
     assert!(output.status.success(), "{output:?}");
-    let trace = Trace::read(&String::from_utf8(output.stdout).unwrap()).unwrap();
+    let trace = tokentap::workload::read_trace(&String::from_utf8(output.stdout).unwrap()).unwrap();
     // max_requests = 2: the oldest row was pruned.
     assert_eq!(trace.requests.len(), 2, "{trace:#?}");
     assert_eq!(trace.requests[1].output_tokens, 16);
@@ -184,7 +184,10 @@ fn the_convert_command_reads_the_azure_csv_and_writes_mooncake() {
         first,
         json!({"timestamp": 0.0, "input_length": 374, "output_length": 44, "hash_ids": []})
     );
-    assert_eq!(Trace::read(&text).unwrap().requests[1].at_ms, 4315);
+    assert_eq!(
+        tokentap::workload::read_trace(&text).unwrap().requests[1].at_ms,
+        4315
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -194,9 +197,9 @@ proptest! {
     #[test]
     fn trace_readers_never_panic_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
         let text = String::from_utf8_lossy(&bytes);
-        let _ = Trace::read(&text);
-        let _ = Trace::read(&format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{text}"));
-        let _ = Trace::read(&format!("{{\"schema\":\"tokentap.workload/v1\",\"block_tokens\":0,\"origin\":\"x\",\"requests\":1}}\n{text}"));
+        let _ = tokentap::workload::read_trace(&text);
+        let _ = tokentap::workload::read_trace(&format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{text}"));
+        let _ = tokentap::workload::read_trace(&format!("{{\"schema\":\"tokentap.workload/v1\",\"block_tokens\":0,\"origin\":\"x\",\"requests\":1}}\n{text}"));
     }
 
     #[test]
@@ -205,8 +208,8 @@ proptest! {
         a in "[-0-9]{0,22}",
         b in "[-0-9a-z]{0,22}",
     ) {
-        let _ = Trace::read(&format!("{{\"timestamp\": {timestamp}, \"input_length\": {a}, \"output_length\": {b}, \"hash_ids\": [{a}]}}"));
-        let _ = Trace::read(&format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{timestamp},{a},{b}\n"));
+        let _ = tokentap::workload::read_trace(&format!("{{\"timestamp\": {timestamp}, \"input_length\": {a}, \"output_length\": {b}, \"hash_ids\": [{a}]}}"));
+        let _ = tokentap::workload::read_trace(&format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{timestamp},{a},{b}\n"));
     }
 }
 

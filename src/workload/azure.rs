@@ -112,8 +112,6 @@ fn parse_timestamp(text: &str) -> Option<i64> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-
     const SAMPLE: &str = "TIMESTAMP,ContextTokens,GeneratedTokens
 2023-11-16 18:15:46.6805900,374,44
 2023-11-16 18:15:50.9951690,396,109
@@ -122,7 +120,7 @@ mod tests {
 
     #[test]
     fn reads_the_published_columns_in_arrival_order() {
-        let trace = Trace::read(SAMPLE).unwrap();
+        let trace = crate::workload::read_trace(SAMPLE).unwrap();
         assert_eq!(trace.header.origin, "azure");
         assert_eq!(trace.header.start.as_deref(), Some("2023-11-16T18:15:46Z"));
         let shapes: Vec<_> = trace
@@ -137,8 +135,9 @@ mod tests {
     #[test]
     fn bad_rows_are_named() {
         let error =
-            Trace::read("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n").unwrap_err();
+            crate::workload::read_trace("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n")
+                .unwrap_err();
         assert!(error.to_string().contains("line 2"), "{error}");
-        assert!(Trace::read("TIMESTAMP,Other\n").is_err());
+        assert!(crate::workload::read_trace("TIMESTAMP,Other\n").is_err());
     }
 }

@@ -104,7 +104,7 @@ pub async fn run(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
 pub fn render(trace: &Trace, format: TraceFormat) -> String {
     match format {
         TraceFormat::Tokentap => trace.to_jsonl(),
-        TraceFormat::Mooncake => trace.to_mooncake(),
+        TraceFormat::Mooncake => super::mooncake::write(trace),
     }
 }
 
@@ -112,7 +112,8 @@ pub fn render(trace: &Trace, format: TraceFormat) -> String {
 pub fn read_trace_file(path: &Path) -> anyhow::Result<Trace> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let text = String::from_utf8_lossy(&bytes);
-    Trace::read(&text).with_context(|| format!("{} is not a trace tokentap reads", path.display()))
+    super::read_trace(&text)
+        .with_context(|| format!("{} is not a trace tokentap reads", path.display()))
 }
 
 fn open_existing(dir: &Path) -> anyhow::Result<Store> {

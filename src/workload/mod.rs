@@ -20,4 +20,21 @@ pub mod replay_cli;
 pub mod trace;
 
 pub use capture::WorkloadCapture;
-pub use trace::{Trace, TraceRequest};
+pub use trace::{Trace, TraceError, TraceRequest};
+
+/// Reads a trace in any known format: tokentap JSONL (a header line with `schema`), the Azure
+/// CSV (a `TIMESTAMP,…` header), else Mooncake JSONL. Never panics; errors name the line.
+pub fn read_trace(text: &str) -> Result<Trace, TraceError> {
+    let first = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .ok_or(TraceError::Empty)?;
+    if first.to_ascii_uppercase().starts_with("TIMESTAMP") {
+        azure::read(text)
+    } else if first.contains("\"schema\"") {
+        trace::read_tokentap(text)
+    } else {
+        mooncake::read(text)
+    }
+}

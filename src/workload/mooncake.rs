@@ -1,11 +1,11 @@
 //! The Mooncake trace format (JSON Lines, as read by AIPerf's `mooncake_trace` mode): per
 //! request `timestamp` (milliseconds from the first request), `input_length`,
 //! `output_length` and `hash_ids` (one id per 512-token prompt block; a shared id is a shared
-//! prefix). Other keys are ignored. Writing is [`super::trace::Trace::to_mooncake`].
+//! prefix). Other keys are ignored on reading.
 
 use serde::{Deserialize, Serialize};
 
-use super::trace::{Trace, TraceError, TraceRequest, MAX_REQUESTS};
+use super::trace::{push_line, Trace, TraceError, TraceRequest, MAX_REQUESTS};
 
 /// One line of a Mooncake trace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -15,6 +15,23 @@ pub struct MooncakeLine {
     pub output_length: u64,
     #[serde(default)]
     pub hash_ids: Vec<u64>,
+}
+
+/// The trace's requests as Mooncake JSONL, for replay tools that read that format.
+pub fn write(trace: &Trace) -> String {
+    let mut out = String::new();
+    for request in &trace.requests {
+        push_line(
+            &mut out,
+            &MooncakeLine {
+                timestamp: request.at_ms as f64,
+                input_length: request.prompt_tokens,
+                output_length: request.output_tokens,
+                hash_ids: request.hash_ids.clone(),
+            },
+        );
+    }
+    out
 }
 
 /// Reads Mooncake JSONL into a trace (blank lines skipped).
@@ -74,7 +91,7 @@ mod tests {
 
     #[test]
     fn reads_the_published_shape_and_writes_it_back() {
-        let trace = Trace::read(SAMPLE).unwrap();
+        let trace = crate::workload::read_trace(SAMPLE).unwrap();
         assert_eq!(trace.header.origin, "mooncake");
         assert_eq!(trace.requests.len(), 3);
         let third = &trace.requests[2];
@@ -84,15 +101,17 @@ mod tests {
         );
         // Shared first block, renumbered densely in order of appearance.
         assert_eq!(trace.requests[1].hash_ids[..2], [0, 14]);
-        let again = Trace::read(&trace.to_mooncake()).unwrap();
+        let again = crate::workload::read_trace(&write(&trace)).unwrap();
         assert_eq!(again.requests, trace.requests);
     }
 
     #[test]
     fn bad_lines_are_named() {
-        let error = Trace::read("{\"timestamp\": -5, \"input_length\": 1, \"output_length\": 1}")
-            .unwrap_err();
+        let error = crate::workload::read_trace(
+            "{\"timestamp\": -5, \"input_length\": 1, \"output_length\": 1}",
+        )
+        .unwrap_err();
         assert!(error.to_string().contains("line 1"), "{error}");
-        assert!(Trace::read("{\"timestamp\": 1}\n").is_err());
+        assert!(crate::workload::read_trace("{\"timestamp\": 1}\n").is_err());
     }
 }

@@ -6,14 +6,16 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use http::HeaderValue;
 use tokio::sync::watch;
 
-use crate::config::ConfigLoader;
+use crate::config::{Config, ConfigLoader};
 use crate::matrix::diff::{diff, render_diff_json, render_diff_markdown};
 use crate::matrix::render_markdown;
+use crate::proxy::Proxy;
 use crate::sim::from_matrix::{profile_from_matrix, FromMatrixOptions};
 use crate::sim::{Profile, SimOptions, SimServer};
 use crate::sweep::cli::{write_matrix, ProgressLine, EXIT_CANCELLED};
@@ -71,8 +73,12 @@ pub struct ReplayArgs {
     pub quiet: bool,
 }
 
+/// Builds the data path from a configuration (`serve::build_proxy`; passed in by the command
+/// layer, so this module does not import the wiring above it).
+pub type BuildProxy = fn(&Config) -> anyhow::Result<Arc<Proxy>>;
+
 /// `tokentap replay`.
-pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+pub async fn run(args: ReplayArgs, build_proxy: BuildProxy) -> anyhow::Result<ExitCode> {
     let trace = read_trace_file(&args.trace)?;
     anyhow::ensure!(
         !trace.requests.is_empty(),
@@ -123,7 +129,7 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             "--target",
         )
         .load()?;
-    let proxy = crate::serve::build_proxy(&config)?;
+    let proxy = build_proxy(&config)?;
 
     let model = args
         .model

@@ -4,7 +4,7 @@
 //! A trace holds shapes only: arrival offsets, token counts, route, model, outcome and prefix
 //! block ids (dense small integers, renumbered per trace in order of first appearance, so
 //! equal ids mean a shared prompt prefix and nothing else). Reading accepts any of the three
-//! formats tokentap knows — its own, Mooncake JSONL and the Azure CSV — and never panics.
+//! formats tokentap knows (`super::read_trace`) never panics.
 
 use std::collections::HashMap;
 
@@ -109,44 +109,10 @@ impl Trace {
         }
         out
     }
-
-    /// The requests as Mooncake JSONL (`timestamp` ms, `input_length`, `output_length`,
-    /// `hash_ids`), for replay tools that read that format.
-    pub fn to_mooncake(&self) -> String {
-        let mut out = String::new();
-        for request in &self.requests {
-            push_line(
-                &mut out,
-                &super::mooncake::MooncakeLine {
-                    timestamp: request.at_ms as f64,
-                    input_length: request.prompt_tokens,
-                    output_length: request.output_tokens,
-                    hash_ids: request.hash_ids.clone(),
-                },
-            );
-        }
-        out
-    }
-
-    /// Reads a trace in any known format: tokentap JSONL (a header line with `schema`),
-    /// Mooncake JSONL, or the Azure CSV (a `TIMESTAMP,…` header).
-    pub fn read(text: &str) -> Result<Trace, TraceError> {
-        let first = text
-            .lines()
-            .map(str::trim)
-            .find(|l| !l.is_empty())
-            .ok_or(TraceError::Empty)?;
-        if first.to_ascii_uppercase().starts_with("TIMESTAMP") {
-            return super::azure::read(text);
-        }
-        if first.contains("\"schema\"") {
-            return read_tokentap(text);
-        }
-        super::mooncake::read(text)
-    }
 }
 
-fn push_line<T: Serialize>(out: &mut String, value: &T) {
+/// Appends `value` as one JSON line.
+pub fn push_line<T: Serialize>(out: &mut String, value: &T) {
     // Plain data with string keys: serialising cannot fail.
     if let Ok(line) = serde_json::to_string(value) {
         out.push_str(&line);
@@ -166,7 +132,8 @@ pub fn renumber_blocks(requests: &mut [TraceRequest]) {
     }
 }
 
-fn read_tokentap(text: &str) -> Result<Trace, TraceError> {
+/// Reads tokentap JSONL (header first).
+pub fn read_tokentap(text: &str) -> Result<Trace, TraceError> {
     let mut lines = text
         .lines()
         .enumerate()
@@ -230,13 +197,19 @@ mod tests {
         assert_eq!(trace.requests[1].hash_ids, vec![0, 2]);
         let text = trace.to_jsonl();
         assert!(text.starts_with("{\"schema\":\"tokentap.workload/v1\""));
-        assert_eq!(Trace::read(&text).unwrap(), trace);
+        assert_eq!(crate::workload::read_trace(&text).unwrap(), trace);
     }
 
     #[test]
     fn a_newer_schema_is_refused_by_name() {
         let text = "{\"schema\":\"tokentap.workload/v9\",\"block_tokens\":512,\"origin\":\"capture\",\"requests\":0}\n";
-        assert!(matches!(Trace::read(text), Err(TraceError::Schema { .. })));
-        assert!(matches!(Trace::read("  \n"), Err(TraceError::Empty)));
+        assert!(matches!(
+            crate::workload::read_trace(text),
+            Err(TraceError::Schema { .. })
+        ));
+        assert!(matches!(
+            crate::workload::read_trace("  \n"),
+            Err(TraceError::Empty)
+        ));
     }
 }
