@@ -28,6 +28,10 @@ const CHANNEL_ROWS: usize = 4096;
 /// Rows the writer puts in one transaction.
 const BATCH_ROWS: usize = 512;
 
+/// Most rows the in-memory ring keeps (without a store), whatever `max_requests` says: a row
+/// with its block ids is up to ~0.5 KiB, so this bounds the ring at ~50 MiB.
+pub const MAX_MEMORY_ROWS: u64 = 100_000;
+
 /// Most rows one export returns.
 pub const MAX_EXPORT_ROWS: usize = 1_000_000;
 
@@ -243,7 +247,7 @@ async fn write_rows(
             Keep::Memory(ring) => {
                 let mut ring = ring.lock().unwrap_or_else(PoisonError::into_inner);
                 ring.extend(rows);
-                let max = usize::try_from(max_rows).unwrap_or(usize::MAX);
+                let max = usize::try_from(max_rows.min(MAX_MEMORY_ROWS)).unwrap_or(usize::MAX);
                 while ring.len() > max {
                     ring.pop_front();
                 }
