@@ -85,7 +85,8 @@ pub struct DemoArgs {
     /// How long each steady-phase cell's streams are held open.
     #[arg(long, value_name = "DURATION", default_value = "4s")]
     pub steady_duration: String,
-    /// Directory for report.html and the synthetic matrix (json, md, html).
+    /// Directory for report.html, the matrices (json, md, html) and workload.jsonl (the
+    /// production traffic as a trace, for `tokentap replay`).
     #[arg(long, value_name = "DIR", default_value = "tokentap-demo")]
     pub out: PathBuf,
     /// Simulator seed (same seed, same bytes).
