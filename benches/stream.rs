@@ -1,6 +1,8 @@
 //! The hot path, measured: SSE scanning + classification throughput, and the metered body
 //! against the bare body over the same frames (the ratio is the metering overhead), plus heap
-//! allocations per event counted by a counting allocator.
+//! allocations per event counted by a counting allocator. Per request: reading a metered
+//! request body (the baseline every metered request pays) against the same read plus the
+//! workload capture's salted prefix fingerprint.
 //!
 //! Run: `cargo bench --bench stream` (see docs/benchmarks.md and scripts/bench.sh).
 #![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
@@ -18,7 +20,10 @@ use tokentap::base::Route;
 use tokentap::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
 use tokentap::meter::Meter;
 use tokentap::stream::body::MeteredBody;
+use tokentap::base::Route;
 use tokentap::stream::classify::EventClassifier;
+use tokentap::stream::fingerprint::PrefixSalt;
+use tokentap::stream::request::inspect;
 use tokentap::stream::rewrite::Injected;
 use tokentap::stream::sample::{metered_chat_body, sglang_chat, Frames};
 use tokentap::stream::sse::SseScanner;
@@ -145,5 +150,47 @@ fn bench(c: &mut Criterion) {
     );
 }
 
-criterion_group!(benches, bench);
+/// A chat request with an 8K-token prompt (≈ 32 KiB of text), as a client sends it.
+fn chat_request() -> Vec<u8> {
+    let words = [
+        "river ", "stone ", "lantern ", "orbit ", "meadow ", "copper ",
+    ];
+    let mut text = String::new();
+    let mut i = 0usize;
+    while text.len() < 32 * 1024 {
+        text.push_str(words[i % words.len()]);
+        i = i.wrapping_mul(31).wrapping_add(7);
+    }
+    serde_json::json!({
+        "model": "m",
+        "stream": true,
+        "max_tokens": 256,
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": text},
+        ],
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn bench_request(c: &mut Criterion) {
+    let body = chat_request();
+    let salt = PrefixSalt::from_secret(b"bench");
+    let mut group = c.benchmark_group("request");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function(BenchmarkId::new("inspect", body.len()), |b| {
+        b.iter(|| inspect(Route::ChatCompletions, &body))
+    });
+    group.bench_function(BenchmarkId::new("inspect+fingerprint", body.len()), |b| {
+        b.iter(|| {
+            let facts = inspect(Route::ChatCompletions, &body)?;
+            let prompt = facts.prompt?;
+            Some(salt.fingerprint(prompt.bytes(&body)))
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_request);
 criterion_main!(benches);

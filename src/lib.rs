@@ -16,3 +16,4 @@ pub mod stream;
 pub mod sweep;
 pub mod telemetry;
 pub mod upstream_metrics;
+pub mod workload;

@@ -1,6 +1,6 @@
 //! The admin listener: health, readiness, Prometheus metrics, the matrix (`matrix`), the page
-//! (`page`), the sweep API (`sweeps`) and the reference API (`reference`); starting sweeps
-//! and pinning references always need the token. Bound to loopback by
+//! (`page`), the captured workload (`workload`), the sweep API (`sweeps`) and the reference API
+//! (`reference`); starting sweeps and pinning references always need the token. Bound to loopback by
 //! default; with `admin.token` set, everything but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer <token>`.
 //!
@@ -10,6 +10,7 @@ pub mod matrix;
 pub mod page;
 pub mod query;
 pub mod reference;
+pub mod workload;
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,6 +48,8 @@ pub struct AdminState {
     pub store: Option<Arc<Store>>,
     /// The pinned reference matrices and the drift settings (`/reference`, `?compare=`).
     pub drift: Arc<crate::aggregate::drift::Drift>,
+    /// The workload capture, when `[workload] capture` is on (`/workload`).
+    pub workload: Option<Arc<crate::workload::WorkloadCapture>>,
 }
 
 /// A plain response with a content type.
@@ -115,6 +118,7 @@ impl AdminState {
                 self.metrics.render(),
             ),
             (&Method::GET, "/matrix") => matrix::handle(&self, &request).await,
+            (&Method::GET, "/workload") => workload::handle(&self, &request).await,
             (&Method::GET, "/") => page::handle(&self, &request).await,
             _ => json_error(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
         }

@@ -810,6 +810,7 @@ pub(crate) mod test_records {
             completion_exact: true,
             token_events: completion,
             max_tokens: None,
+            prefix_blocks: Vec::new(),
             time_between_tokens: crate::meter::record::time_between_tokens(
                 Some(decode),
                 completion,

@@ -82,14 +82,32 @@ pub enum Command {
     ///   tokentap reference clear --model nvidia/GLM-5.3-Flash-NVFP4 --token "$TOKEN"
     #[command(verbatim_doc_comment)]
     Reference(super::reference::ReferenceArgs),
+    /// Export the captured production workload, or convert a public trace (Azure CSV,
+    /// Mooncake JSONL) to tokentap's trace format (docs/workload.md).
+    Workload(super::workload::WorkloadArgs),
+    /// Replay a trace open-loop against a server or an embedded simulator: what-if.
+    ///
+    /// Requests go out at their recorded arrival times (÷ --speed) through an in-process proxy,
+    /// tagged synthetic: exact-length prompts that share the recorded prefix blocks, max_tokens
+    /// = the recorded output with ignore_eos. Prints the replay's matrix and, with --baseline,
+    /// its diff against the original production matrix. Ctrl-C stops and writes what was
+    /// measured.
+    ///
+    /// Examples:
+    ///   tokentap replay trace.jsonl --target http://127.0.0.1:30000 --baseline production.json
+    ///   tokentap replay trace.jsonl --from-matrix other-deployment.md --speed 2
+    #[command(verbatim_doc_comment)]
+    Replay(super::replay::ReplayArgs),
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The sweep and the demo talk to a person on stderr: their logs stay at warnings unless
     // RUST_LOG asks for more (set before any thread exists).
-    if matches!(cli.command, Command::Sweep(_) | Command::Demo(_))
-        && std::env::var_os("RUST_LOG").is_none()
+    if matches!(
+        cli.command,
+        Command::Sweep(_) | Command::Demo(_) | Command::Replay(_)
+    ) && std::env::var_os("RUST_LOG").is_none()
     {
         std::env::set_var("RUST_LOG", "warn");
     }
@@ -112,6 +130,8 @@ pub fn main() -> ExitCode {
             Command::Sweep(args) => super::sweep::run(args).await,
             Command::Demo(args) => super::demo::run(args).await,
             Command::Reference(args) => super::reference::run(args).await,
+            Command::Workload(args) => super::workload::run(args).await,
+            Command::Replay(args) => super::replay::run(args, super::serve::build_proxy).await,
         }
     });
     match result {

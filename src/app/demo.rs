@@ -85,7 +85,8 @@ pub struct DemoArgs {
     /// How long each steady-phase cell's streams are held open.
     #[arg(long, value_name = "DURATION", default_value = "4s")]
     pub steady_duration: String,
-    /// Directory for report.html and the synthetic matrix (json, md, html).
+    /// Directory for report.html, the matrices (json, md, html) and workload.jsonl (the
+    /// production traffic as a trace, for `tokentap replay`).
     #[arg(long, value_name = "DIR", default_value = "tokentap-demo")]
     pub out: PathBuf,
     /// Simulator seed (same seed, same bytes).
@@ -125,7 +126,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
                 .unwrap_or(0))
     );
     let config_text = format!(
-        "[proxy]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n",
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[workload]\ncapture = true\n",
         sim.base_url()
     );
     let config = ConfigLoader::new()
@@ -279,6 +280,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         if let Some(doc) = doc {
             written.extend(write_matrix(&args.out, stem, doc)?);
         }
+    }
+    // The demo's production traffic as a trace, for `tokentap replay` (docs/what-if.md).
+    if let Some(capture) = &server.admin.workload {
+        let trace = capture.export(Duration::from_secs(24 * 3600)).await?;
+        let path = args.out.join("workload.jsonl");
+        std::fs::write(&path, trace.to_jsonl())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        written.push(path.display().to_string());
     }
     let report_path = args.out.join("report.html");
     std::fs::write(&report_path, report.html())

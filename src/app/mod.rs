@@ -11,6 +11,7 @@
 //! - [`demo`]: `tokentap demo`.
 //! - [`drift`]: the drift refresher (production against pinned references → the drift gauges).
 //! - [`reference`]: `tokentap reference` (pin, show, clear the drift reference through the admin API).
+//! - [`workload`]: `tokentap workload export|convert`; [`replay`]: `tokentap replay`.
 //! - [`store`]: what `tokentap matrix show --store` reads from the store.
 
 pub mod cli;
@@ -18,9 +19,11 @@ pub mod demo;
 pub mod drift;
 pub mod matrix;
 pub mod reference;
+pub mod replay;
 pub mod serve;
 pub mod simulate;
 pub mod store;
 pub mod sweep;
+pub mod workload;
 
 pub use cli::{main, Cli};

@@ -24,6 +24,7 @@ use crate::proxy::service::{BodyBudget, BodyLimits, ModelLabels};
 use crate::proxy::upstream::{Router, Upstream};
 use crate::proxy::{Proxy, ProxyService};
 use crate::store::Store;
+use crate::stream::fingerprint::PrefixSalt;
 use crate::telemetry::otel::OtelSink;
 use crate::telemetry::prometheus::PrometheusMetrics;
 
@@ -179,6 +180,14 @@ impl ProxyServer {
             None => None,
         };
 
+        let workload = config
+            .workload
+            .capture
+            .then(|| crate::workload::WorkloadCapture::start(&config.workload, store.clone()));
+        if let Some(workload) = &workload {
+            proxy.meter.add_sink(workload.clone());
+        }
+
         let tls = match &config.proxy.tls {
             Some(tls) => {
                 let alpn: &[&[u8]] = if config.proxy.http2 {
@@ -218,6 +227,7 @@ impl ProxyServer {
             synthetic,
             store: store.clone(),
             drift: Arc::clone(&drift),
+            workload: workload.clone(),
         });
         let (snapshot_trigger, snapshot_shutdown) = net::shutdown_pair();
         let drift_task = super::drift::spawn(
@@ -298,6 +308,9 @@ impl ProxyServer {
         self.admin.draining.store(true, Ordering::Relaxed);
         self.trigger.trigger();
         let _ = self.data_task.await;
+        if let Some(workload) = &self.admin.workload {
+            workload.flush().await;
+        }
         self.snapshot_trigger.trigger();
         if let Some(task) = self.snapshot_task {
             let _ = task.await;
@@ -371,6 +384,16 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         )?));
     }
     let router = Router::new(upstreams).context("no upstream configured")?;
+    let prefix_salt = if config.workload.capture {
+        Some(match &config.workload.salt {
+            Some(secret) => PrefixSalt::from_secret(secret.as_bytes()),
+            None => {
+                PrefixSalt::random().context("no randomness for the workload fingerprint's salt")?
+            }
+        })
+    } else {
+        None
+    };
     let meter = Meter::new(
         config.metering.contexts.clone(),
         config.metering.concurrency.clone(),
@@ -386,5 +409,6 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         },
         body_budget: BodyBudget::new(config.metering.max_buffered_bytes),
         faults: Arc::default(),
+        prefix_salt,
     }))
 }

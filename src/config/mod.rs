@@ -240,6 +240,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub sweep: SweepConfig,
     pub drift: DriftConfig,
+    pub workload: WorkloadConfig,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -365,6 +366,31 @@ pub struct DriftConfig {
     pub window: Duration,
     /// How often the drift gauges are recomputed.
     pub refresh_interval: Duration,
+}
+
+/// `[workload]`: the opt-in capture of request shapes for replay.
+#[derive(Clone)]
+pub struct WorkloadConfig {
+    /// Keep one shape row per production request (never text).
+    pub capture: bool,
+    /// Most captured requests kept; the oldest go first.
+    pub max_requests: u64,
+    /// Captured requests older than this are deleted; zero keeps them until `max_requests`.
+    pub max_age: Duration,
+    /// Secret the prefix fingerprints are keyed with; `None`: a random one per process.
+    pub salt: Option<String>,
+}
+
+impl std::fmt::Debug for WorkloadConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The salt is a secret: never logged.
+        f.debug_struct("WorkloadConfig")
+            .field("capture", &self.capture)
+            .field("max_requests", &self.max_requests)
+            .field("max_age", &self.max_age)
+            .field("salt", &self.salt.as_ref().map(|_| "<set>"))
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -572,6 +598,18 @@ impl Config {
                 "must be greater than zero".into(),
             ));
         }
+        let workload = WorkloadConfig {
+            capture: raw.workload.capture,
+            max_requests: raw.workload.max_requests,
+            max_age: duration("workload.max_age", &raw.workload.max_age)?,
+            salt: Some(raw.workload.salt).filter(|s| !s.is_empty()),
+        };
+        if workload.max_requests == 0 {
+            return Err(err(
+                "workload.max_requests",
+                "must be greater than zero".into(),
+            ));
+        }
 
         Ok(Config {
             proxy,
@@ -582,6 +620,7 @@ impl Config {
             store,
             sweep,
             drift,
+            workload,
         })
     }
 }

@@ -34,6 +34,7 @@ pub struct RawConfig {
     pub sweep: RawSweep,
     pub slo: RawSlo,
     pub drift: RawDrift,
+    pub workload: RawWorkload,
 }
 
 #[derive(Debug, Deserialize)]
@@ -208,6 +209,27 @@ impl Default for RawStore {
             data_dir: Some("tokentap-data".into()),
             snapshot_interval: "1h".into(),
             retention: "720h".into(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawWorkload {
+    pub capture: bool,
+    pub max_requests: u64,
+    #[serde(deserialize_with = "duration_text")]
+    pub max_age: String,
+    pub salt: String,
+}
+
+impl Default for RawWorkload {
+    fn default() -> Self {
+        Self {
+            capture: false,
+            max_requests: 1_000_000,
+            max_age: "168h".into(),
+            salt: String::new(),
         }
     }
 }

@@ -167,6 +167,7 @@ impl Meter {
             labels,
             guard: Some(guard),
             max_tokens: None,
+            prefix_blocks: Vec::new(),
             status: 0,
             streaming: false,
             inflight_at_head: tracker.current(),
@@ -204,6 +205,8 @@ pub struct RequestMeter {
     pub timeline: Timeline,
     pub started_at: SystemTime,
     pub max_tokens: Option<u64>,
+    /// The prompt's salted prefix block ids (empty unless the workload capture is on).
+    pub prefix_blocks: Vec<u64>,
     /// Upstream status (or tokentap's own answer, e.g. 502).
     pub status: u16,
     pub streaming: bool,
@@ -389,6 +392,7 @@ impl RequestMeter {
             completion_exact: exact,
             token_events: timeline.token_events,
             max_tokens: self.max_tokens,
+            prefix_blocks: std::mem::take(&mut self.prefix_blocks),
             time_between_tokens: tbt,
             per_request_tokens_per_second: tbt.map(|t| 1.0 / t.as_secs_f64()),
             prefill_tokens_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, ttft),

@@ -114,6 +114,9 @@ pub struct RequestRecord {
     pub completion_exact: bool,
     pub token_events: u64,
     pub max_tokens: Option<u64>,
+    /// Salted block ids of the prompt's prefix (`stream::fingerprint`), for the workload
+    /// capture; empty when capture is off.
+    pub prefix_blocks: Vec<u64>,
     pub time_between_tokens: Option<Duration>,
     pub per_request_tokens_per_second: Option<f64>,
     pub prefill_tokens_per_second: Option<f64>,

@@ -38,6 +38,7 @@ use crate::meter::slo::SLO_HEADER;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
 use crate::net::faults::{Fault, FaultCounters};
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
+use crate::stream::fingerprint::PrefixSalt;
 use crate::stream::request::{injection, inspect};
 use crate::stream::rewrite::Injected;
 
@@ -96,6 +97,8 @@ pub struct Proxy {
     pub body_budget: BodyBudget,
     /// The data listener's fault counters (timeouts the proxy cuts short count here too).
     pub faults: Arc<FaultCounters>,
+    /// Set when the workload capture is on: production prompts are fingerprinted with it.
+    pub prefix_salt: Option<PrefixSalt>,
 }
 
 /// The memory metered request bodies may hold while being read, over all requests, in KiB
@@ -317,6 +320,11 @@ impl Proxy {
             }
         }
 
+        // Once per request, on the body as the client sent it (injection moves spans).
+        let prefix_blocks = match (&self.prefix_salt, facts.prompt, &synthetic) {
+            (Some(salt), Some(prompt), None) => salt.fingerprint(prompt.bytes(&bytes)),
+            _ => Vec::new(),
+        };
         let mut bytes = bytes;
         let mut injected = Injected::default();
         if self.metering.inject_usage {
@@ -350,6 +358,7 @@ impl Proxy {
         );
         meter.timeline.body_read = Some(body_read);
         meter.max_tokens = facts.max_tokens;
+        meter.prefix_blocks = prefix_blocks;
         // Once per request, off the hot path; the header is forwarded like any other.
         meter.slo = self.metering.slo.resolve(
             facts.model.as_deref(),

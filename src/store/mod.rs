@@ -1,5 +1,6 @@
 //! The embedded SQLite store: synthetic sweeps, hourly production-matrix snapshots and the
-//! reference matrices drift is measured against (`reference`), kept in
+//! reference matrices drift is measured against (`reference`), the captured workload (request
+//! shapes, `workload.rs`), kept in
 //! `<data_dir>/tokentap.sqlite3` so they survive a restart.
 //!
 //! Owns the schema and every SQL statement; callers see typed rows ([`SweepRow`],
@@ -9,6 +10,9 @@
 //! module never decides *when* to write — the snapshot task and the sweep engine do.
 
 pub mod reference;
+mod workload;
+
+pub use workload::WorkloadRow;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -211,6 +215,20 @@ impl Store {
                     matrix_json TEXT NOT NULL,
                     PRIMARY KEY (upstream, model)
                 );
+                CREATE TABLE IF NOT EXISTS workload (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    started_ms INTEGER NOT NULL,
+                    route TEXT NOT NULL,
+                    model TEXT NOT NULL,
+                    stream INTEGER NOT NULL,
+                    prompt_tokens INTEGER,
+                    cached_tokens INTEGER,
+                    max_tokens INTEGER,
+                    output_tokens INTEGER NOT NULL,
+                    outcome TEXT NOT NULL,
+                    prefix_blocks BLOB NOT NULL
+                );
+                CREATE INDEX IF NOT EXISTS workload_by_time ON workload (started_ms);
                 PRAGMA user_version = 1;",
             )
             .map_err(open_error)?;

@@ -30,6 +30,9 @@ pub struct RequestFacts {
     pub continuous_usage: bool,
     /// sglang `rid` (a string), used by sweeps to abort their own streams.
     pub rid: Option<String>,
+    /// Where the prompt is in the body (`messages`, `prompt`, `text`, `input_ids` or `input`,
+    /// by route), for the workload capture's prefix fingerprint.
+    pub prompt: Option<Span>,
 }
 
 /// Reads the facts from a JSON request body; `None` if the body is not a JSON object.
@@ -39,7 +42,7 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
         return None;
     }
     // One walk over the top-level object for every field (the prompt may be megabytes).
-    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid] =
+    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid, messages, prompt, text, input_ids, input] =
         json::last_members(
             body,
             start,
@@ -52,6 +55,11 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
                 b"stream_options",
                 b"sampling_params",
                 b"rid",
+                b"messages",
+                b"prompt",
+                b"text",
+                b"input_ids",
+                b"input",
             ],
         )
         .map(|member| member.map(|m| m.value));
@@ -74,6 +82,12 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
         include_usage: is_true(option(b"include_usage")),
         continuous_usage: is_true(option(b"continuous_usage_stats")),
         rid: rid.and_then(|s| decode_string(body, s)),
+        prompt: match route {
+            Route::ChatCompletions | Route::Messages => messages,
+            Route::Completions => prompt,
+            Route::Generate => text.or(input_ids),
+            Route::Responses => input,
+        },
     })
 }
 

@@ -241,6 +241,7 @@ mod tests {
             completion_exact: true,
             token_events: 300,
             max_tokens: Some(4096),
+            prefix_blocks: Vec::new(),
             time_between_tokens: Some(tbt),
             per_request_tokens_per_second: Some(1.0 / tbt.as_secs_f64()),
             prefill_tokens_per_second: None,

@@ -1,0 +1,126 @@
+//! `tokentap workload export` (a captured trace from the store) and `tokentap workload convert`
+//! (a trace in any known format → tokentap or Mooncake JSONL).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+use anyhow::Context as _;
+
+use crate::store::{Store, FILE_NAME};
+
+use crate::workload::capture::{trace_of_rows, MAX_EXPORT_ROWS};
+use crate::workload::trace::Trace;
+
+/// Arguments of `tokentap workload`.
+#[derive(Debug, clap::Args)]
+pub struct WorkloadArgs {
+    #[command(subcommand)]
+    pub command: WorkloadCommand,
+}
+
+/// The workload commands.
+#[derive(Debug, clap::Subcommand)]
+pub enum WorkloadCommand {
+    /// Write the captured production workload (`[workload] capture = true`) as a trace.
+    ///
+    /// Example: `tokentap workload export --store tokentap-data --window 1h > trace.jsonl`
+    Export(ExportArgs),
+    /// Convert a trace (tokentap JSONL, Mooncake JSONL or the Azure CSV, detected) to
+    /// tokentap or Mooncake JSONL.
+    ///
+    /// Example: `tokentap workload convert AzureLLMInferenceTrace_conv.csv --format tokentap`
+    Convert(ConvertArgs),
+}
+
+/// The trace formats tokentap writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TraceFormat {
+    /// `tokentap.workload/v1` JSONL (docs/workload.md).
+    Tokentap,
+    /// Mooncake JSONL (`timestamp`, `input_length`, `output_length`, `hash_ids`).
+    Mooncake,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExportArgs {
+    /// The proxy's store directory (store.data_dir).
+    #[arg(long, value_name = "DIR", default_value = "tokentap-data")]
+    pub store: PathBuf,
+    /// How far back from now (`1h`, `30m`, `7d`).
+    #[arg(long, default_value = "1h")]
+    pub window: String,
+    #[arg(long, value_enum, default_value = "tokentap")]
+    pub format: TraceFormat,
+    /// Write here instead of stdout.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ConvertArgs {
+    /// The trace to read.
+    pub input: PathBuf,
+    #[arg(long, value_enum, default_value = "tokentap")]
+    pub format: TraceFormat,
+    /// Write here instead of stdout.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+pub async fn run(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
+    let (trace, format, output) = match args.command {
+        WorkloadCommand::Export(args) => {
+            let window = crate::base::duration::parse_duration(&args.window)
+                .map_err(|m| anyhow::anyhow!("--window {:?}: {m}", args.window))?;
+            let store = args.store.clone();
+            let rows = tokio::task::spawn_blocking(move || {
+                let from = SystemTime::now()
+                    .checked_sub(window)
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                open_existing(&store)?
+                    .workload_since(from, MAX_EXPORT_ROWS)
+                    .context("cannot read the captured workload")
+            })
+            .await??;
+            (trace_of_rows(rows), args.format, args.output)
+        }
+        WorkloadCommand::Convert(args) => {
+            let trace = read_trace_file(&args.input)?;
+            (trace, args.format, args.output)
+        }
+    };
+    let text = render(&trace, format);
+    match output {
+        Some(path) => std::fs::write(&path, text)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    eprintln!("{} request(s)", trace.requests.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The trace in `format`.
+pub fn render(trace: &Trace, format: TraceFormat) -> String {
+    match format {
+        TraceFormat::Tokentap => trace.to_jsonl(),
+        TraceFormat::Mooncake => crate::workload::mooncake::write(trace),
+    }
+}
+
+/// Reads a trace file in any known format; errors name the file.
+pub fn read_trace_file(path: &Path) -> anyhow::Result<Trace> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    crate::workload::read_trace(&text)
+        .with_context(|| format!("{} is not a trace tokentap reads", path.display()))
+}
+
+fn open_existing(dir: &Path) -> anyhow::Result<Store> {
+    anyhow::ensure!(
+        dir.join(FILE_NAME).is_file(),
+        "{} holds no {FILE_NAME}: point --store at the proxy's store.data_dir",
+        dir.display()
+    );
+    Store::open(dir).with_context(|| format!("cannot open the store in {}", dir.display()))
+}

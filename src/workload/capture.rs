@@ -1,0 +1,266 @@
+//! The capture sink: one shape row per production request, handed off without waiting.
+//!
+//! [`WorkloadCapture`] is a [`RecordSink`]. At a request's end it copies the record's shape
+//! (never text: token counts, route, model, outcome, the salted prefix block ids computed when
+//! the body was read) into a bounded channel with `try_send`, so the request task neither
+//! locks nor waits; a full channel drops the row and counts it. One writer task drains the
+//! channel in batches into the store's `workload` table (pruned by age and count), or into a
+//! bounded in-memory ring when there is no store.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::aggregate::wallclock::{format_rfc3339, from_unix_millis, unix_millis};
+use crate::config::WorkloadConfig;
+use crate::meter::record::{RequestRecord, Source};
+use crate::meter::RecordSink;
+use crate::store::{Store, WorkloadRow};
+
+use super::trace::{Trace, TraceRequest, BLOCK_TOKENS};
+
+/// Rows waiting for the writer; past this they are dropped (and counted).
+const CHANNEL_ROWS: usize = 4096;
+
+/// Rows the writer puts in one transaction.
+const BATCH_ROWS: usize = 512;
+
+/// Most rows the in-memory ring keeps (without a store), whatever `max_requests` says: a row
+/// with its block ids is up to ~0.5 KiB, so this bounds the ring at ~50 MiB.
+pub const MAX_MEMORY_ROWS: u64 = 100_000;
+
+/// Most rows one export returns.
+pub const MAX_EXPORT_ROWS: usize = 1_000_000;
+
+enum Message {
+    Row(WorkloadRow),
+    /// Answered once every row sent before it is stored.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Where rows are kept.
+#[derive(Debug, Clone)]
+enum Keep {
+    Store(Arc<Store>),
+    Memory(Arc<Mutex<VecDeque<WorkloadRow>>>),
+}
+
+/// The workload capture: a sink of the proxy's meter and the reader of what it kept.
+#[derive(Debug)]
+pub struct WorkloadCapture {
+    sender: mpsc::Sender<Message>,
+    keep: Keep,
+    /// Rows handed to the writer.
+    captured: AtomicU64,
+    /// Rows dropped because the writer was behind.
+    dropped: AtomicU64,
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Message::Row(_) => f.write_str("Row"),
+            Message::Flush(_) => f.write_str("Flush"),
+        }
+    }
+}
+
+impl WorkloadCapture {
+    /// Starts the writer task (on the current runtime) and returns the sink.
+    pub fn start(config: &WorkloadConfig, store: Option<Arc<Store>>) -> Arc<Self> {
+        let (sender, receiver) = mpsc::channel(CHANNEL_ROWS);
+        let keep = match store {
+            Some(store) => Keep::Store(store),
+            None => Keep::Memory(Arc::default()),
+        };
+        tokio::spawn(write_rows(
+            receiver,
+            keep.clone(),
+            config.max_requests,
+            (!config.max_age.is_zero()).then_some(config.max_age),
+        ));
+        Arc::new(Self {
+            sender,
+            keep,
+            captured: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    /// Rows captured and rows dropped (the writer was behind) since start.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.captured.load(Ordering::Relaxed),
+            self.dropped.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Waits until every row captured so far is kept.
+    pub async fn flush(&self) {
+        let (done, wait) = oneshot::channel();
+        if self.sender.send(Message::Flush(done)).await.is_ok() {
+            let _ = wait.await;
+        }
+    }
+
+    /// The trace of the requests that arrived in the last `window` (flushed first).
+    pub async fn export(&self, window: Duration) -> anyhow::Result<Trace> {
+        self.flush().await;
+        let from = SystemTime::now()
+            .checked_sub(window)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let rows = match &self.keep {
+            Keep::Store(store) => {
+                let store = Arc::clone(store);
+                tokio::task::spawn_blocking(move || store.workload_since(from, MAX_EXPORT_ROWS))
+                    .await??
+            }
+            Keep::Memory(ring) => {
+                let from = unix_millis(from);
+                ring.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .iter()
+                    .filter(|r| r.started_ms >= from)
+                    .take(MAX_EXPORT_ROWS)
+                    .cloned()
+                    .collect()
+            }
+        };
+        Ok(trace_of_rows(rows))
+    }
+}
+
+impl RecordSink for WorkloadCapture {
+    fn record(&self, record: &Arc<RequestRecord>) {
+        if record.source != Source::Production {
+            return;
+        }
+        match self.sender.try_send(Message::Row(row_of(record))) {
+            Ok(()) => self.captured.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.dropped.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
+
+/// The shape of one record.
+pub fn row_of(record: &RequestRecord) -> WorkloadRow {
+    WorkloadRow {
+        started_ms: unix_millis(record.started_at),
+        route: record.route.label().to_string(),
+        model: record.model.to_string(),
+        stream: record.streaming,
+        prompt_tokens: record.prompt_tokens,
+        cached_tokens: record.cached_tokens,
+        max_tokens: record.max_tokens,
+        output_tokens: record.completion_tokens,
+        outcome: record.outcome.label().to_string(),
+        prefix_blocks: record.prefix_blocks.clone(),
+    }
+}
+
+/// Stored rows (oldest first) as a trace: arrival offsets from the first, block ids cut to
+/// the blocks the prompt's token count covers, then renumbered.
+pub fn trace_of_rows(mut rows: Vec<WorkloadRow>) -> Trace {
+    rows.sort_by_key(|r| r.started_ms);
+    let first = rows.first().map(|r| r.started_ms);
+    let requests = rows
+        .into_iter()
+        .map(|row| {
+            let prompt_tokens = row.prompt_tokens.unwrap_or(0);
+            let covered = usize::try_from(prompt_tokens.div_ceil(BLOCK_TOKENS)).unwrap_or(0);
+            let mut hash_ids = row.prefix_blocks;
+            hash_ids.truncate(covered);
+            TraceRequest {
+                at_ms: u64::try_from(row.started_ms - first.unwrap_or(row.started_ms)).unwrap_or(0),
+                route: Some(row.route),
+                model: Some(row.model),
+                stream: row.stream,
+                prompt_tokens,
+                cached_tokens: row.cached_tokens,
+                max_tokens: row.max_tokens,
+                output_tokens: row.output_tokens,
+                outcome: Some(row.outcome),
+                hash_ids,
+            }
+        })
+        .collect();
+    Trace::new(
+        "capture",
+        first.map(|ms| format_rfc3339(from_unix_millis(ms))),
+        requests,
+    )
+}
+
+/// The writer: batches rows into the store (or the ring), prunes, answers flushes. Ends when
+/// the capture is dropped.
+async fn write_rows(
+    mut receiver: mpsc::Receiver<Message>,
+    keep: Keep,
+    max_rows: u64,
+    max_age: Option<Duration>,
+) {
+    let mut batch = Vec::with_capacity(BATCH_ROWS);
+    let mut flushes = Vec::new();
+    let mut since_prune = 0usize;
+    while let Some(message) = receiver.recv().await {
+        let mut next = Some(message);
+        while let Some(message) = next.take() {
+            match message {
+                Message::Row(row) => batch.push(row),
+                Message::Flush(done) => flushes.push(done),
+            }
+            if batch.len() < BATCH_ROWS {
+                next = receiver.try_recv().ok();
+            }
+        }
+        since_prune += batch.len();
+        let rows = std::mem::take(&mut batch);
+        let cutoff = max_age.and_then(|age| SystemTime::now().checked_sub(age));
+        match &keep {
+            Keep::Store(store) => {
+                let store = Arc::clone(store);
+                let prune = since_prune >= BATCH_ROWS || !flushes.is_empty();
+                if prune {
+                    since_prune = 0;
+                }
+                let written = tokio::task::spawn_blocking(move || {
+                    if !rows.is_empty() {
+                        store.put_workload(&rows)?;
+                    }
+                    if prune {
+                        store.prune_workload(cutoff, max_rows)?;
+                    }
+                    Ok::<_, crate::store::StoreError>(())
+                })
+                .await;
+                match written {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => {
+                        tracing::warn!(error = %error, "cannot store captured workload rows");
+                    }
+                    Err(error) => tracing::warn!(%error, "the workload writer task failed"),
+                }
+            }
+            Keep::Memory(ring) => {
+                let mut ring = ring.lock().unwrap_or_else(PoisonError::into_inner);
+                ring.extend(rows);
+                let max = usize::try_from(max_rows.min(MAX_MEMORY_ROWS)).unwrap_or(usize::MAX);
+                while ring.len() > max {
+                    ring.pop_front();
+                }
+                if let Some(cutoff) = cutoff {
+                    let cutoff = unix_millis(cutoff);
+                    while ring.front().is_some_and(|r| r.started_ms < cutoff) {
+                        ring.pop_front();
+                    }
+                }
+            }
+        }
+        for done in flushes.drain(..) {
+            let _ = done.send(());
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! Replay: a trace's requests sent open-loop at their recorded arrival times (÷ a speed factor)
+//! through the proxy's own data path, tagged synthetic, so the same metering code measures
+//! them; the replay's matrix is built from those records.
+//!
+//! Each request becomes a `/v1/completions` stream with a token-id prompt of exactly the
+//! recorded prompt length and `max_tokens` = the recorded output tokens with `ignore_eos`, so
+//! the server produces exactly as many tokens as production did. Prefix sharing is reproduced:
+//! the prompt's block `i` (of the trace's `block_tokens`) is a function of its `hash_ids[i]`
+//! alone (the exact-length ids of `sweep::prompt`, seeded by the id and the run), so requests
+//! that shared a prefix block share those tokens; the rest of the prompt is the request's own.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::HeaderValue;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::aggregate::{ProductionMatrix, Window};
+use crate::matrix::MatrixDoc;
+use crate::meter::record::Source;
+use crate::meter::RecordSink;
+use crate::proxy::Proxy;
+use crate::sweep::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
+use crate::sweep::prompt::{mix, token_ids};
+
+use super::trace::{Trace, TraceRequest};
+
+/// How to replay.
+#[derive(Debug, Clone)]
+pub struct ReplayPlan {
+    /// Arrival times are divided by this (2 = twice as fast).
+    pub speed: f64,
+    /// Send at most this many requests (the first ones).
+    pub max_requests: Option<usize>,
+    /// Stop sending and disconnect what is in flight after this long.
+    pub max_duration: Option<Duration>,
+    /// The `model` every request names.
+    pub model: String,
+    /// Sent as `x-tokentap-slo` on every request (the SLO the replay is judged by).
+    pub slo_header: Option<HeaderValue>,
+    /// Seeds the prompts: another seed gives prompts that share nothing with this run's.
+    pub seed: u64,
+}
+
+/// Where a replay is, for the progress line.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplayProgress {
+    pub sent: usize,
+    pub finished: usize,
+    pub total: usize,
+    pub elapsed: Duration,
+    /// Time the trace takes at this speed.
+    pub span: Duration,
+}
+
+/// What a replay measured.
+#[derive(Debug, Clone)]
+pub struct ReplayReport {
+    pub sent: usize,
+    /// Streams that failed (an HTTP error, an error event, no terminator).
+    pub failed: usize,
+    /// The first failure, for the message.
+    pub first_failure: Option<String>,
+    /// Stopped before the end (Ctrl-C or `max_duration`).
+    pub stopped: bool,
+    /// The replay's matrix (`None` when nothing was recorded).
+    pub matrix: Option<MatrixDoc>,
+}
+
+/// The request body of one trace request.
+pub fn request_body(
+    request: &TraceRequest,
+    index: usize,
+    block_tokens: u64,
+    plan: &ReplayPlan,
+) -> Bytes {
+    use std::fmt::Write as _;
+    let prompt_tokens = request.prompt_tokens.max(1);
+    let block_tokens = block_tokens.max(1);
+    let mut json = String::with_capacity(usize::try_from(prompt_tokens).unwrap_or(0) * 5 + 256);
+    json.push_str("{\"model\":");
+    json.push_str(&serde_json::Value::String(plan.model.clone()).to_string());
+    json.push_str(",\"prompt\":[");
+    let mut written = 0u64;
+    fn push(ids: impl Iterator<Item = u64>, json: &mut String, written: &mut u64) {
+        for id in ids {
+            if *written > 0 {
+                json.push(',');
+            }
+            let _ = write!(json, "{id}");
+            *written += 1;
+        }
+    }
+    for hash in &request.hash_ids {
+        let length = block_tokens.min(prompt_tokens.saturating_sub(written));
+        if length == 0 {
+            break;
+        }
+        let seed = mix(plan.seed ^ mix(*hash));
+        push(token_ids(seed, 0, length, None), &mut json, &mut written);
+    }
+    let rest = prompt_tokens.saturating_sub(written);
+    let own = mix(plan.seed ^ mix((index as u64) | (1 << 63)));
+    push(token_ids(own, 1, rest, None), &mut json, &mut written);
+    let _ = write!(
+        json,
+        "],\"max_tokens\":{},\"ignore_eos\":true,\"stream\":true,\"temperature\":0}}",
+        request.output_tokens.max(1)
+    );
+    Bytes::from(json)
+}
+
+/// Replays `trace` through `proxy` until done, `stop` turns true, or the plan's bounds.
+pub async fn replay(
+    proxy: Arc<Proxy>,
+    trace: &Trace,
+    plan: &ReplayPlan,
+    mut stop: watch::Receiver<bool>,
+    mut progress: impl FnMut(ReplayProgress),
+) -> ReplayReport {
+    let matrix = ProductionMatrix::new(
+        proxy.meter.contexts().clone(),
+        proxy.meter.concurrency().clone(),
+        Source::Synthetic,
+    );
+    let sink: Arc<dyn RecordSink> = matrix.clone();
+    proxy.meter.add_sink(Arc::clone(&sink));
+
+    let speed = if plan.speed.is_finite() && plan.speed > 0.0 {
+        plan.speed
+    } else {
+        1.0
+    };
+    let requests = &trace.requests[..plan
+        .max_requests
+        .unwrap_or(usize::MAX)
+        .min(trace.requests.len())];
+    let offset = |r: &TraceRequest| Duration::from_secs_f64(r.at_ms as f64 / 1000.0 / speed);
+    let span = requests.last().map_or(Duration::ZERO, offset);
+    let start = Instant::now();
+    let deadline = plan.max_duration.map(|d| start + d);
+    let (phase_tx, phase) = watch::channel(StreamPhase::Running);
+    let signals = Arc::new(StreamSignals::default());
+    let finished = Arc::new(AtomicUsize::new(0));
+    let tag: Arc<str> = Arc::from("replay");
+    let mut tasks = JoinSet::new();
+    let mut failures = (0usize, None::<String>);
+    let mut stopped = false;
+    let mut sent = 0;
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    let mut report = |sent: usize, finished: &AtomicUsize| {
+        progress(ReplayProgress {
+            sent,
+            finished: finished.load(Ordering::Relaxed),
+            total: requests.len(),
+            elapsed: start.elapsed(),
+            span,
+        });
+    };
+
+    let mut note = |end: Result<StreamEnd, tokio::task::JoinError>| {
+        let reason = match end {
+            Ok(StreamEnd::Failed(reason)) => reason,
+            Ok(_) => return,
+            Err(error) => error.to_string(),
+        };
+        failures.0 += 1;
+        failures.1.get_or_insert(reason);
+    };
+
+    'send: for (index, request) in requests.iter().enumerate() {
+        let due = start + offset(request);
+        loop {
+            if deadline.is_some_and(|d| d <= Instant::now()) {
+                stopped = true;
+                break 'send;
+            }
+            let wake = deadline.map_or(due, |d| d.min(due));
+            tokio::select! {
+                () = tokio::time::sleep_until(wake) => {
+                    if Instant::now() >= due { break; }
+                }
+                _ = ticker.tick() => report(sent, &finished),
+                Some(end) = tasks.join_next(), if !tasks.is_empty() => note(end),
+                _ = stop.changed() => {
+                    stopped = true;
+                    break 'send;
+                }
+            }
+        }
+        let stream = StreamRequest {
+            path: "/v1/completions",
+            body: request_body(request, index, trace.header.block_tokens, plan),
+            tag: Arc::clone(&tag),
+            slo_header: plan.slo_header.clone(),
+        };
+        let (proxy, phase, signals, finished) = (
+            Arc::clone(&proxy),
+            phase.clone(),
+            Arc::clone(&signals),
+            Arc::clone(&finished),
+        );
+        tasks.spawn(async move {
+            let end = drive(proxy, stream, phase, signals).await;
+            finished.fetch_add(1, Ordering::Relaxed);
+            end
+        });
+        sent += 1;
+    }
+    if stopped {
+        // Dropping the streams disconnects them: the upstream stops at once.
+        let _ = phase_tx.send(StreamPhase::Disconnect);
+    }
+    // Wait for what is in flight, bounded by the deadline and Ctrl-C like sending was.
+    while !tasks.is_empty() {
+        let wake = deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        tokio::select! {
+            Some(end) = tasks.join_next() => note(end),
+            _ = ticker.tick() => report(sent, &finished),
+            () = tokio::time::sleep_until(wake), if !stopped => {
+                stopped = true;
+                let _ = phase_tx.send(StreamPhase::Disconnect);
+            }
+            _ = stop.changed(), if !stopped => {
+                stopped = true;
+                let _ = phase_tx.send(StreamPhase::Disconnect);
+            }
+        }
+    }
+    report(sent, &finished);
+    proxy.meter.remove_sink(&sink);
+    ReplayReport {
+        sent,
+        failed: failures.0,
+        first_failure: failures.1,
+        stopped,
+        matrix: matrix.matrix(Window::All, None, SystemTime::now()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> ReplayPlan {
+        ReplayPlan {
+            speed: 1.0,
+            max_requests: None,
+            max_duration: None,
+            model: "m".into(),
+            slo_header: None,
+            seed: 9,
+        }
+    }
+
+    fn prompt(body: &Bytes) -> Vec<u64> {
+        let value: serde_json::Value = serde_json::from_slice(body).unwrap();
+        assert_eq!(value["ignore_eos"], true);
+        value["prompt"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect()
+    }
+
+    fn request(prompt_tokens: u64, hash_ids: Vec<u64>) -> TraceRequest {
+        TraceRequest {
+            at_ms: 0,
+            route: None,
+            model: None,
+            stream: true,
+            prompt_tokens,
+            cached_tokens: None,
+            max_tokens: None,
+            output_tokens: 7,
+            outcome: None,
+            hash_ids,
+        }
+    }
+
+    #[test]
+    fn prompts_are_exact_length_and_share_exactly_the_shared_blocks() {
+        let a = prompt(&request_body(
+            &request(1200, vec![0, 1, 2]),
+            0,
+            512,
+            &plan(),
+        ));
+        let b = prompt(&request_body(
+            &request(1100, vec![0, 1, 3]),
+            1,
+            512,
+            &plan(),
+        ));
+        let c = prompt(&request_body(&request(300, vec![]), 2, 512, &plan()));
+        let d = prompt(&request_body(
+            &request(1200, vec![0, 1, 2]),
+            3,
+            512,
+            &plan(),
+        ));
+        assert_eq!((a.len(), b.len(), c.len()), (1200, 1100, 300));
+        assert_eq!(a[..1024], b[..1024]);
+        assert_ne!(a[1024..1100], b[1024..1100]);
+        assert_ne!(a[..16], c[..16]);
+        assert_eq!(a, d);
+        let other_run = ReplayPlan { seed: 10, ..plan() };
+        let e = prompt(&request_body(
+            &request(1200, vec![0, 1, 2]),
+            0,
+            512,
+            &other_run,
+        ));
+        assert_ne!(a[..512], e[..512]);
+        let body: serde_json::Value =
+            serde_json::from_slice(&request_body(&request(1, vec![]), 0, 512, &plan())).unwrap();
+        assert_eq!(body["max_tokens"], 7);
+    }
+}

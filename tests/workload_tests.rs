@@ -1,0 +1,277 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The workload capture end to end: ordinary clients stream through the real proxy to the
+//! simulator with `[workload] capture = true`; the admin listener's `/workload` and
+//! `tokentap workload export --store` must give back each request's shape, the prefix sharing
+//! between prompts, and no text. The trace readers take arbitrary bytes without panicking.
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+use serde_json::json;
+use tokentap::sim::{Profile, SimServer};
+use tokentap::workload::Trace;
+
+const STEP: &str = "step-3.7-flash-fp8-4x-rtx-pro-6000";
+/// A word that must never appear in a trace.
+const SECRET: &str = "zanzibar";
+
+fn chat(system: &str, user: &str, max_tokens: u64) -> String {
+    json!({
+        "model": "step",
+        "stream": true,
+        "max_tokens": max_tokens,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ],
+    })
+    .to_string()
+}
+
+async fn send_three(proxy: std::net::SocketAddr) -> Vec<String> {
+    // A and B share a long system prompt (several fingerprint blocks); C shares nothing.
+    let shared = format!("{SECRET} ").repeat(1200);
+    let other = "lorem ipsum ".repeat(900);
+    let bodies = vec![
+        chat(&shared, "first question", 8),
+        chat(&shared, "second question", 12),
+        chat(&other, "third question", 16),
+    ];
+    let url = format!("http://{proxy}/v1/chat/completions");
+    for body in &bodies {
+        let response = post(&url, body).await;
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+    bodies
+}
+
+fn check_trace(trace: &Trace) {
+    assert_eq!(trace.header.schema, "tokentap.workload/v1");
+    assert_eq!(trace.header.origin, "capture");
+    assert_eq!(trace.requests.len(), 3, "{trace:#?}");
+    let [a, b, c] = [&trace.requests[0], &trace.requests[1], &trace.requests[2]];
+    assert_eq!(
+        [a.output_tokens, b.output_tokens, c.output_tokens],
+        [8, 12, 16]
+    );
+    assert_eq!([a.max_tokens, c.max_tokens], [Some(8), Some(16)]);
+    assert!(a.at_ms <= b.at_ms && b.at_ms <= c.at_ms);
+    for request in &trace.requests {
+        assert!(request.prompt_tokens > 1000, "{request:?}");
+        assert_eq!(request.route.as_deref(), Some("chat_completions"));
+        assert_eq!(request.outcome.as_deref(), Some("ok"));
+        assert!(request.stream);
+        assert!(!request.hash_ids.is_empty());
+    }
+    // The shared system prompt is several 2 KiB blocks: A and B share them, then part.
+    assert!(
+        a.hash_ids.len() >= 3 && b.hash_ids.len() >= 3,
+        "{a:?} {b:?}"
+    );
+    assert_eq!(a.hash_ids[..2], b.hash_ids[..2]);
+    assert_ne!(a.hash_ids.last(), b.hash_ids.last());
+    assert!(c.hash_ids.iter().all(|id| !a.hash_ids.contains(id)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captured_shapes_and_prefix_sharing_come_back_from_the_admin_listener() {
+    let sim = SimServer::start(Profile::builtin(STEP).unwrap(), Default::default())
+        .await
+        .unwrap();
+    let (server, records) = proxy(&sim.base_url(), "[workload]\ncapture = true\n").await;
+    send_three(server.proxy_addr).await;
+    records.wait_for(3).await;
+
+    let admin = format!("http://{}", server.admin_addr);
+    let response = get(&format!("{admin}/workload?window=1h")).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let text = response.text();
+    assert!(
+        !text.contains(SECRET) && !text.contains("question"),
+        "{text}"
+    );
+    let trace = tokentap::workload::read_trace(&text).unwrap();
+    check_trace(&trace);
+    // Prompt tokens are the upstream's counts, as the records have them.
+    let records = records.wait_for(3).await;
+    let mut counted: Vec<u64> = records.iter().map(|r| r.prompt_tokens.unwrap()).collect();
+    let mut traced: Vec<u64> = trace.requests.iter().map(|r| r.prompt_tokens).collect();
+    counted.sort_unstable();
+    traced.sort_unstable();
+    assert_eq!(counted, traced);
+
+    let mooncake = get(&format!("{admin}/workload?window=1h&format=mooncake")).await;
+    let again = tokentap::workload::read_trace(&mooncake.text()).unwrap();
+    assert_eq!(again.header.origin, "mooncake");
+    assert_eq!(again.requests.len(), 3);
+    assert_eq!(again.requests[1].hash_ids, trace.requests[1].hash_ids);
+
+    assert_eq!(
+        get(&format!("{admin}/workload?window=soon")).await.status,
+        400
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_is_off_by_default_and_fingerprints_nothing() {
+    let sim = SimServer::start(Profile::builtin(STEP).unwrap(), Default::default())
+        .await
+        .unwrap();
+    let (server, records) = proxy(&sim.base_url(), "").await;
+    send_three(server.proxy_addr).await;
+    let records = records.wait_for(3).await;
+    assert!(records.iter().all(|r| r.prefix_blocks.is_empty()));
+    let response = get(&format!("http://{}/workload", server.admin_addr)).await;
+    assert_eq!(response.status, 404);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_keeps_the_capture_for_the_export_command() {
+    let sim = SimServer::start(Profile::builtin(STEP).unwrap(), Default::default())
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("tokentap-workload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\n[store]\ndata_dir = \"{}\"\n\
+         [workload]\ncapture = true\nmax_requests = 2\n",
+        sim.base_url(),
+        dir.display()
+    ))
+    .await;
+    send_three(server.proxy_addr).await;
+    records.wait_for(3).await;
+    // Shutdown flushes the writer: everything captured is in the store when it returns.
+    server.shutdown().await;
+
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        .args(["workload", "export", "--window", "1h", "--store"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let trace = tokentap::workload::read_trace(&String::from_utf8(output.stdout).unwrap()).unwrap();
+    // max_requests = 2: the oldest row was pruned.
+    assert_eq!(trace.requests.len(), 2, "{trace:#?}");
+    assert_eq!(trace.requests[1].output_tokens, 16);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_convert_command_reads_the_azure_csv_and_writes_mooncake() {
+    let dir = std::env::temp_dir().join(format!("tokentap-convert-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("azure.csv");
+    std::fs::write(
+        &csv,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+         2023-11-16 18:15:46.6805900,374,44\n\
+         2023-11-16 18:15:50.9951690,396,109\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        .args(["workload", "convert", "--format", "mooncake"])
+        .arg(&csv)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let first: serde_json::Value = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        first,
+        json!({"timestamp": 0.0, "input_length": 374, "output_length": 44, "hash_ids": []})
+    );
+    assert_eq!(
+        tokentap::workload::read_trace(&text).unwrap().requests[1].at_ms,
+        4315
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn trace_readers_never_panic_on_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = tokentap::workload::read_trace(&text);
+        let _ = tokentap::workload::read_trace(&format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{text}"));
+        let _ = tokentap::workload::read_trace(&format!("{{\"schema\":\"tokentap.workload/v1\",\"block_tokens\":0,\"origin\":\"x\",\"requests\":1}}\n{text}"));
+    }
+
+    #[test]
+    fn trace_readers_never_panic_on_near_valid_lines(
+        timestamp in "[-0-9.e+]{0,12}|2023-11-16 18:15:46\\.[0-9]{0,9}[Z+-]?[0-9:]{0,6}",
+        a in "[-0-9]{0,22}",
+        b in "[-0-9a-z]{0,22}",
+    ) {
+        let _ = tokentap::workload::read_trace(&format!("{{\"timestamp\": {timestamp}, \"input_length\": {a}, \"output_length\": {b}, \"hash_ids\": [{a}]}}"));
+        let _ = tokentap::workload::read_trace(&format!("TIMESTAMP,ContextTokens,GeneratedTokens\n{timestamp},{a},{b}\n"));
+    }
+}
+
+/// `tokentap replay` end to end against its embedded simulator: a Mooncake trace whose last
+/// request is due in ten minutes, bounded by `--max-duration`, diffed against a baseline.
+#[test]
+fn the_replay_command_is_bounded_and_writes_its_matrix_and_diff() {
+    let dir = std::env::temp_dir().join(format!("tokentap-replay-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 40, \"hash_ids\": [0, 1, 2, 3]}\n\
+         {\"timestamp\": 100, \"input_length\": 2000, \"output_length\": 40, \"hash_ids\": [0, 1, 5, 6]}\n\
+         {\"timestamp\": 600000, \"input_length\": 2000, \"output_length\": 40, \"hash_ids\": [9]}\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let replay = |extra: &[&str]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tokentap"))
+            .arg("replay")
+            .arg(&trace)
+            .args([
+                "--simulate",
+                STEP,
+                "--quiet",
+                "--max-duration",
+                "8s",
+                "--out",
+            ])
+            .arg(&out)
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Bounded: the last request is due in ten minutes; --max-duration must end it first.
+        for _ in 0..1200 {
+            if let Some(status) = child.try_wait().unwrap() {
+                let output = child.wait_with_output().unwrap();
+                return (status, String::from_utf8_lossy(&output.stdout).into_owned());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        panic!("tokentap replay did not stop within 60 s");
+    };
+    let (status, stdout) = replay(&[]);
+    assert!(status.success(), "{status:?}\n{stdout}");
+    let matrix = tokentap::matrix::load(&out.join("replay.json")).unwrap();
+    let completed: u64 = matrix
+        .prefill
+        .iter()
+        .filter_map(|row| row.completed_requests)
+        .sum();
+    assert_eq!(completed, 2, "{stdout}");
+
+    // Against itself as the baseline: every common cell's ratio is written.
+    let (status, stdout) = replay(&["--baseline", out.join("replay.json").to_str().unwrap()]);
+    assert!(status.success(), "{status:?}\n{stdout}");
+    assert!(stdout.contains("# Matrix diff"), "{stdout}");
+    assert!(out.join("diff.json").is_file());
+    let _ = std::fs::remove_dir_all(&dir);
+}
