@@ -20,7 +20,6 @@ use tokentap::base::Route;
 use tokentap::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
 use tokentap::meter::Meter;
 use tokentap::stream::body::MeteredBody;
-use tokentap::base::Route;
 use tokentap::stream::classify::EventClassifier;
 use tokentap::stream::fingerprint::PrefixSalt;
 use tokentap::stream::request::inspect;

@@ -106,7 +106,7 @@ async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_producti
         .unwrap()
         .load()
         .unwrap();
-    let replay_proxy = tokentap::serve::build_proxy(&config).unwrap();
+    let replay_proxy = tokentap::app::serve::build_proxy(&config).unwrap();
     let plan = ReplayPlan {
         speed: 1.0,
         max_requests: None,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 
 use crate::proxy::body::ResponseBody;
-use crate::workload::cli::{render, TraceFormat};
+use crate::workload::{render, TraceFormat};
 
 use super::{json_error, respond, AdminState};
 
@@ -25,7 +25,7 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> http::Respon
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         match key {
             "" => {}
-            "window" => match crate::config::parse_duration(value) {
+            "window" => match crate::base::duration::parse_duration(value) {
                 Ok(w) => window = w,
                 Err(m) => return json_error(StatusCode::BAD_REQUEST, &format!("window: {m}")),
             },

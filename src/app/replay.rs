@@ -12,13 +12,13 @@ use anyhow::{bail, Context as _};
 use http::HeaderValue;
 use tokio::sync::watch;
 
+use super::sweep::{write_matrix, EXIT_CANCELLED};
 use crate::config::{Config, ConfigLoader};
 use crate::matrix::diff::{diff, render_diff_json, render_diff_markdown};
 use crate::matrix::render_markdown;
 use crate::proxy::Proxy;
 use crate::sim::from_matrix::{profile_from_matrix, FromMatrixOptions};
 use crate::sim::{Profile, SimOptions, SimServer};
-use super::sweep::{write_matrix, EXIT_CANCELLED};
 use crate::sweep::progress::ProgressLine;
 
 use super::workload::read_trace_file;

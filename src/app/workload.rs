@@ -11,6 +11,7 @@ use crate::store::{Store, FILE_NAME};
 
 use crate::workload::capture::{trace_of_rows, MAX_EXPORT_ROWS};
 use crate::workload::trace::Trace;
+use crate::workload::{render, TraceFormat};
 
 /// Arguments of `tokentap workload`.
 #[derive(Debug, clap::Args)]
@@ -31,15 +32,6 @@ pub enum WorkloadCommand {
     ///
     /// Example: `tokentap workload convert AzureLLMInferenceTrace_conv.csv --format tokentap`
     Convert(ConvertArgs),
-}
-
-/// The trace formats tokentap writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum TraceFormat {
-    /// `tokentap.workload/v1` JSONL (docs/workload.md).
-    Tokentap,
-    /// Mooncake JSONL (`timestamp`, `input_length`, `output_length`, `hash_ids`).
-    Mooncake,
 }
 
 #[derive(Debug, clap::Args)]
@@ -98,14 +90,6 @@ pub async fn run(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
     }
     eprintln!("{} request(s)", trace.requests.len());
     Ok(ExitCode::SUCCESS)
-}
-
-/// The trace in `format`.
-pub fn render(trace: &Trace, format: TraceFormat) -> String {
-    match format {
-        TraceFormat::Tokentap => trace.to_jsonl(),
-        TraceFormat::Mooncake => crate::workload::mooncake::write(trace),
-    }
 }
 
 /// Reads a trace file in any known format; errors name the file.

@@ -369,7 +369,7 @@ pub struct DriftConfig {
 }
 
 /// `[workload]`: the opt-in capture of request shapes for replay.
-#[derive(Clone)]
+#[derive(Clone, PartialEq)]
 pub struct WorkloadConfig {
     /// Keep one shape row per production request (never text).
     pub capture: bool,

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use rusqlite::params;
 
-use crate::aggregate::wallclock::unix_millis;
+use crate::base::wallclock::unix_millis;
 
 use super::{query, Store, StoreError};
 

@@ -2,7 +2,7 @@
 //! like `2023-11-16 18:15:46.6805900`, UTC). It carries no prefix information, so every
 //! request's prompt is its own.
 
-use crate::aggregate::wallclock::{format_rfc3339, from_unix_millis, parse_rfc3339, unix_millis};
+use crate::base::wallclock::{format_rfc3339, from_unix_millis, parse_rfc3339, unix_millis};
 
 use super::trace::{Trace, TraceError, TraceRequest, MAX_REQUESTS};
 

@@ -14,9 +14,10 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::aggregate::wallclock::{format_rfc3339, from_unix_millis, unix_millis};
+use crate::base::wallclock::{format_rfc3339, from_unix_millis, unix_millis};
+use crate::base::Source;
 use crate::config::WorkloadConfig;
-use crate::meter::record::{RequestRecord, Source};
+use crate::meter::record::RequestRecord;
 use crate::meter::RecordSink;
 use crate::store::{Store, WorkloadRow};
 

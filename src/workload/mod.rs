@@ -38,3 +38,20 @@ pub fn read_trace(text: &str) -> Result<Trace, TraceError> {
         mooncake::read(text)
     }
 }
+
+/// The trace formats tokentap writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TraceFormat {
+    /// `tokentap.workload/v1` JSONL (docs/workload.md).
+    Tokentap,
+    /// Mooncake JSONL (`timestamp`, `input_length`, `output_length`, `hash_ids`).
+    Mooncake,
+}
+
+/// The trace in `format`.
+pub fn render(trace: &Trace, format: TraceFormat) -> String {
+    match format {
+        TraceFormat::Tokentap => trace.to_jsonl(),
+        TraceFormat::Mooncake => mooncake::write(trace),
+    }
+}

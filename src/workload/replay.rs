@@ -20,8 +20,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::aggregate::{ProductionMatrix, Window};
+use crate::base::Source;
 use crate::matrix::MatrixDoc;
-use crate::meter::record::Source;
 use crate::meter::RecordSink;
 use crate::proxy::Proxy;
 use crate::sweep::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
