@@ -10,7 +10,7 @@
 //! - [`matrix`]: `tokentap matrix`.
 //! - [`demo`]: `tokentap demo`.
 //! - [`drift`]: the drift refresher (production against pinned references → the drift gauges).
-//! - [`reference`]: `tokentap reference` (pin, show, clear the drift reference through the admin API).
+//! - [`reference`](mod@reference): `tokentap reference` (pin, show, clear the drift reference through the admin API).
 //! - [`workload`]: `tokentap workload export|convert`; [`replay`]: `tokentap replay`.
 //! - [`store`]: what `tokentap matrix show --store` reads from the store.
 

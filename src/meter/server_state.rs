@@ -5,7 +5,7 @@
 //! A background scraper publishes what it read (a handful of engine-neutral gauges: running
 //! and queued requests, KV-cache usage, prefix-cache hit rate) every few seconds. Between
 //! scrapes a value is held (a step function). Each tracker keeps, per gauge, ∫value·dt and
-//! ∫[known]·dt (the time the value was known), so the mean over any interval is
+//! ∫\[known\]·dt (the time the value was known), so the mean over any interval is
 //! Δarea ÷ Δknown, with no sampling error beyond the scrape itself. A request reads the
 //! integrals at its head in and at its end, without a lock (a sequence lock of atomics, as
 //! the in-flight tracker does); the scraper, the only writer, takes a short mutex per scrape.
