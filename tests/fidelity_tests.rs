@@ -82,6 +82,11 @@ async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_producti
         for _ in 0..2 {
             run_streams(&url, streams).await;
             expected += streams as usize;
+            // A pause between rounds. The client here is closed-loop (a round starts when the last
+            // one ended, a millisecond later); the replay is open-loop at the recorded times, so
+            // a round replayed a millisecond late would still be running when the next one
+            // joins, and the simulator's cache-hit TTFT depends on the batch a request joins.
+            tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
     records.wait_for(expected).await;

@@ -174,6 +174,14 @@ pub async fn replay(
 
     'send: for (index, request) in requests.iter().enumerate() {
         let due = start + offset(request);
+        // The body (an exact-length prompt: milliseconds for a long one) is built before the
+        // request is due, so it leaves at its recorded time, not after its own preparation.
+        let stream = StreamRequest {
+            path: "/v1/completions",
+            body: request_body(request, index, trace.header.block_tokens, plan),
+            tag: Arc::clone(&tag),
+            slo_header: plan.slo_header.clone(),
+        };
         loop {
             if deadline.is_some_and(|d| d <= Instant::now()) {
                 stopped = true;
@@ -192,12 +200,6 @@ pub async fn replay(
                 }
             }
         }
-        let stream = StreamRequest {
-            path: "/v1/completions",
-            body: request_body(request, index, trace.header.block_tokens, plan),
-            tag: Arc::clone(&tag),
-            slo_header: plan.slo_header.clone(),
-        };
         let (proxy, phase, signals, finished) = (
             Arc::clone(&proxy),
             phase.clone(),
