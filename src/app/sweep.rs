@@ -204,8 +204,18 @@ pub fn write_matrix(dir: &Path, stem: &str, matrix: &MatrixDoc) -> anyhow::Resul
     Ok(written)
 }
 
+/// Longest interval at which `tokentap sweep --target` reads the server's own state. A cell lasts
+/// seconds: at the 5 s default, a 10 s cell carried the previous cell's state for up to half its
+/// window (live vLLM: server running 3.90 in a 1-stream cell that followed an 8-stream one).
+const SWEEP_METRICS_INTERVAL: Duration = Duration::from_secs(1);
+
 async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
-    let config = args.load_config()?;
+    let mut config = args.load_config()?;
+    for upstream in &mut config.upstreams {
+        if !upstream.metrics_interval.is_zero() {
+            upstream.metrics_interval = upstream.metrics_interval.min(SWEEP_METRICS_INTERVAL);
+        }
+    }
     let proxy = super::serve::build_proxy(&config)?;
     // The server's own state beside each cell, as `tokentap serve` has it (the scrapers end
     // with the proxy).
