@@ -33,46 +33,10 @@ const TOKENS: u64 = 12;
 const REFERENCE_TOK_S: f64 = 80.0;
 const REFERENCE_TTFT_MS: f64 = 100.0;
 
-/// A chat stream: the first token at `TTFT`, then one every `GAP` on an absolute schedule,
-/// usage as the request asked for it; the prompt length is the request's `x_prompt_tokens`.
+/// The scripted upstream of these tests: `TOKENS` tokens, the first at `TTFT`, then one every
+/// `GAP` (`timed_chat_stream`).
 fn timed_stream(request: &Received) -> Script {
-    let body: Value = serde_json::from_slice(&request.body).unwrap_or_default();
-    let prompt = body["x_prompt_tokens"].as_u64().unwrap_or(10);
-    let options = &body["stream_options"];
-    let include_usage = options["include_usage"] == true;
-    let continuous = options["continuous_usage_stats"] == true;
-    let head = r#"{"id":"c1","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":["#;
-    let usage = |completion: u64| {
-        format!(
-            r#""usage":{{"prompt_tokens":{prompt},"total_tokens":{},"completion_tokens":{completion}}}"#,
-            prompt + completion
-        )
-    };
-    let mut steps = vec![data(&format!(
-        r#"{head}{{"index":0,"delta":{{"role":"assistant","content":""}},"finish_reason":null}}]}}"#
-    ))];
-    for i in 0..TOKENS {
-        steps.push(Step::Until(TTFT + GAP * u32::try_from(i).unwrap()));
-        let tail = if continuous {
-            format!(",{}", usage(i + 1))
-        } else {
-            String::new()
-        };
-        steps.push(data(&format!(
-            r#"{head}{{"index":0,"delta":{{"content":"t{i} "}},"finish_reason":null}}]{tail}}}"#
-        )));
-    }
-    steps.push(data(&format!(
-        r#"{head}{{"index":0,"delta":{{}},"finish_reason":"length"}}]}}"#
-    )));
-    if include_usage {
-        steps.push(data(&format!(
-            r#"{{"id":"c1","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":[],{}}}"#,
-            usage(TOKENS)
-        )));
-    }
-    steps.push(Step::Send(Bytes::from_static(b"data: [DONE]\n\n")));
-    Script::sse(steps)
+    timed_chat_stream(request, TTFT, GAP, Some(TOKENS))
 }
 
 fn temp_dir(name: &str) -> PathBuf {

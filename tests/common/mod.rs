@@ -435,3 +435,59 @@ pub async fn run_sweep(
         .expect("the sweep ends in time")
         .unwrap()
 }
+
+/// An sglang-style chat stream whose prompt length is the request's `x_prompt_tokens` (its
+/// cached tokens `x_cached_tokens`, when given) and whose token count is `fixed_tokens`, else
+/// the request's `max_tokens`, else 40: a role chunk at once, the first token at `ttft`, then
+/// one token every `gap` on an absolute schedule, usage as the request asked for it.
+pub fn timed_chat_stream(
+    request: &Received,
+    ttft: Duration,
+    gap: Duration,
+    fixed_tokens: Option<u64>,
+) -> Script {
+    let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap_or_default();
+    let prompt = body["x_prompt_tokens"].as_u64().unwrap_or(10);
+    let cached = body["x_cached_tokens"].as_u64();
+    let tokens = fixed_tokens.unwrap_or_else(|| body["max_tokens"].as_u64().unwrap_or(40));
+    let options = &body["stream_options"];
+    let include_usage = options["include_usage"] == true;
+    let continuous = options["continuous_usage_stats"] == true;
+    let head = r#"{"id":"c1","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":["#;
+    let details = cached.map_or("null".to_string(), |c| {
+        format!(r#"{{"cached_tokens":{c}}}"#)
+    });
+    let usage = |completion: u64| {
+        format!(
+            r#""usage":{{"prompt_tokens":{prompt},"total_tokens":{},"completion_tokens":{completion},"prompt_tokens_details":{details}}}"#,
+            prompt + completion
+        )
+    };
+    let mut steps = vec![data(&format!(
+        r#"{head}{{"index":0,"delta":{{"role":"assistant","content":""}},"finish_reason":null}}]}}"#
+    ))];
+    for i in 0..tokens {
+        steps.push(Step::Until(
+            ttft + gap * u32::try_from(i).unwrap_or(u32::MAX),
+        ));
+        let tail = if continuous {
+            format!(",{}", usage(i + 1))
+        } else {
+            String::new()
+        };
+        steps.push(data(&format!(
+            r#"{head}{{"index":0,"delta":{{"content":"t{i} "}},"finish_reason":null}}]{tail}}}"#
+        )));
+    }
+    steps.push(data(&format!(
+        r#"{head}{{"index":0,"delta":{{}},"finish_reason":"length"}}]}}"#
+    )));
+    if include_usage {
+        steps.push(data(&format!(
+            r#"{{"id":"c1","object":"chat.completion.chunk","created":1767225600,"model":"m","choices":[],{}}}"#,
+            usage(tokens)
+        )));
+    }
+    steps.push(Step::Send(Bytes::from_static(b"data: [DONE]\n\n")));
+    Script::sse(steps)
+}
