@@ -72,6 +72,21 @@ pub fn json_error(status: StatusCode, message: &str) -> Response<ResponseBody> {
     respond(status, "application/json", body.to_string())
 }
 
+/// `value` as pretty JSON with a trailing newline (a 500 naming the problem if it cannot be
+/// rendered).
+pub fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<ResponseBody> {
+    match serde_json::to_string_pretty(value) {
+        Ok(mut text) => {
+            text.push('\n');
+            respond(status, "application/json", text)
+        }
+        Err(error) => json_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("cannot render the answer: {error}"),
+        ),
+    }
+}
+
 /// Compares without an early exit, so response timing reveals nothing about the token.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {

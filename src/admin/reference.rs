@@ -23,7 +23,7 @@ use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 
 use super::query::percent_decode;
-use super::{json_error, respond, unauthorized, AdminState};
+use super::{json_error, json_response, respond, unauthorized, AdminState};
 use crate::aggregate::drift::reference_info;
 use crate::matrix::compare::{Reference, ReferenceInfo};
 use crate::matrix::doc::MatrixDoc;
@@ -85,19 +85,6 @@ struct ReferenceAnswer<'a> {
     kept: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     matrix: Option<&'a MatrixDoc>,
-}
-
-fn json(status: StatusCode, value: &impl Serialize) -> Response<ResponseBody> {
-    match serde_json::to_string_pretty(value) {
-        Ok(mut text) => {
-            text.push('\n');
-            respond(status, "application/json", text)
-        }
-        Err(error) => json_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("cannot render the answer: {error}"),
-        ),
-    }
 }
 
 fn writes_disabled() -> Response<ResponseBody> {
@@ -347,7 +334,7 @@ where
         source = %answer.info.source,
         "reference matrix pinned"
     );
-    let response = json(StatusCode::OK, &answer);
+    let response = json_response(StatusCode::OK, &answer);
     state.drift.pin(reference);
     response
 }
@@ -372,7 +359,7 @@ fn show(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
                 matrix: None,
             });
         }
-        return json(StatusCode::OK, &list);
+        return json_response(StatusCode::OK, &list);
     };
     let upstream = match resolve_upstream(state, query.upstream.as_deref(), model) {
         Ok(upstream) => upstream,
@@ -385,7 +372,7 @@ fn show(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
         );
     };
     match query.format.as_deref() {
-        None | Some("status") => json(
+        None | Some("status") => json_response(
             StatusCode::OK,
             &ReferenceAnswer {
                 info: reference_info(&reference),
@@ -447,7 +434,7 @@ async fn unpin(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseB
         }
     }
     if found {
-        json(
+        json_response(
             StatusCode::OK,
             &serde_json::json!({"upstream": upstream, "model": model, "state": "unpinned"}),
         )

@@ -17,7 +17,7 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Limited};
 
-use super::{json_error, respond, unauthorized, AdminState};
+use super::{json_error, json_response, respond, unauthorized, AdminState};
 use crate::matrix::{html::render_html, render_json, render_markdown};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
@@ -29,19 +29,6 @@ pub const MAX_PLAN_BYTES: usize = 64 << 10;
 /// Whether `path` belongs to this API.
 pub fn owns(path: &str) -> bool {
     path == "/sweeps" || path == "/sweeps/" || path.starts_with("/sweeps/")
-}
-
-fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<ResponseBody> {
-    match serde_json::to_string_pretty(value) {
-        Ok(mut text) => {
-            text.push('\n');
-            respond(status, "application/json", text)
-        }
-        Err(error) => json_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("cannot render the answer: {error}"),
-        ),
-    }
 }
 
 fn sweeps_disabled() -> Response<ResponseBody> {
@@ -73,10 +60,10 @@ where
     let query = request.uri().query().unwrap_or("").to_owned();
     match (request.method().clone(), id) {
         (Method::POST, None) => start(state, request).await,
-        (Method::GET, None) => json(StatusCode::OK, &state.sweeps.list()),
+        (Method::GET, None) => json_response(StatusCode::OK, &state.sweeps.list()),
         (Method::GET, Some(id)) => show(state, &id, &query),
         (Method::DELETE, Some(id)) => match state.sweeps.cancel(&id) {
-            Ok(()) => json(
+            Ok(()) => json_response(
                 StatusCode::ACCEPTED,
                 &serde_json::json!({"id": id, "state": "cancelling"}),
             ),
@@ -134,7 +121,7 @@ where
     match state.sweeps.start(plan).await {
         Ok(id) => {
             let location = format!("/sweeps/{id}");
-            let mut response = json(
+            let mut response = json_response(
                 StatusCode::ACCEPTED,
                 &serde_json::json!({"id": id, "url": location}),
             );
@@ -162,7 +149,7 @@ fn show(state: &Arc<AdminState>, id: &str, query: &str) -> Response<ResponseBody
         .find_map(|pair| pair.strip_prefix("format="))
         .unwrap_or("");
     if format.is_empty() || format == "status" {
-        return json(StatusCode::OK, &status);
+        return json_response(StatusCode::OK, &status);
     }
     let Some(matrix) = status.matrix.as_ref() else {
         return json_error(
