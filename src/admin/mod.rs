@@ -72,6 +72,26 @@ pub fn json_error(status: StatusCode, message: &str) -> Response<ResponseBody> {
     respond(status, "application/json", body.to_string())
 }
 
+/// The request body, read up to `limit` bytes; a 400 naming `what` and the limit otherwise.
+pub async fn read_body<B>(
+    request: Request<B>,
+    limit: usize,
+    what: &str,
+) -> Result<Bytes, Response<ResponseBody>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    use http_body_util::{BodyExt, Limited};
+    match Limited::new(request.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) => Err(json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("cannot read {what} (at most {limit} bytes): {error}"),
+        )),
+    }
+}
+
 /// `value` as pretty JSON with a trailing newline (a 500 naming the problem if it cannot be
 /// rendered).
 pub fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<ResponseBody> {

@@ -19,7 +19,6 @@ use std::time::SystemTime;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
 use serde::Serialize;
 
 use super::query::percent_decode;
@@ -196,19 +195,9 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let body = match Limited::new(request.into_body(), MAX_REFERENCE_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) => {
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                &format!(
-                    "cannot read the reference (at most {MAX_REFERENCE_BYTES} bytes): {error}"
-                ),
-            )
-        }
+    let body = match super::read_body(request, MAX_REFERENCE_BYTES, "the reference").await {
+        Ok(body) => body,
+        Err(response) => return response,
     };
     let from = from_clause(&body);
     let from_sweep = matches!(&from, Some(Ok(from)) if from == "latest-sweep");

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
 
 use super::{json_error, json_response, respond, unauthorized, AdminState};
 use crate::matrix::{html::render_html, render_json, render_markdown};
@@ -92,17 +91,9 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let body = match Limited::new(request.into_body(), MAX_PLAN_BYTES)
-        .collect()
-        .await
-    {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) => {
-            return json_error(
-                StatusCode::BAD_REQUEST,
-                &format!("cannot read the sweep plan (at most {MAX_PLAN_BYTES} bytes): {error}"),
-            )
-        }
+    let body = match super::read_body(request, MAX_PLAN_BYTES, "the sweep plan").await {
+        Ok(body) => body,
+        Err(response) => return response,
     };
     let plan: SweepRequest = if body.iter().all(u8::is_ascii_whitespace) {
         SweepRequest::default()
