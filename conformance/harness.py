@@ -157,6 +157,11 @@ def hist_delta(before, after, name, label_filter=None):
     return {"count": count, "sum": total, "mean": total / count if count else None}
 
 
+def hist_mean_ms(before, after, name):
+    d = hist_delta(before, after, name)
+    return d["mean"] * 1000 if d and d.get("mean") is not None else None
+
+
 def counter_delta(before, after, name, label_filter=None):
     a = metric_sum(after, name, label_filter)
     if a is None:
@@ -252,7 +257,7 @@ class LlamaCpp(Engine):
     honours_ignore_eos = False
     load_defaults = {
         "bench_prompts": 16, "bench_input": 128, "bench_output": 32,
-        "sweep_contexts": "256", "sweep_concurrency": "1,2", "sweep_max_output": 64,
+        "sweep_contexts": "256", "sweep_concurrency": "1,2", "sweep_max_output": 64, "ttft_prompts": 30,
     }
 
     def bench_extra_body(self, output_len):
@@ -289,7 +294,7 @@ class LlamaCpp(Engine):
 LOAD_DEFAULTS = {
     "bench_prompts": 40, "bench_concurrency": 4, "bench_input": 256, "bench_output": 128,
     "sweep_contexts": "256,512", "sweep_concurrency": "1,2,4,8", "sweep_cell_duration": "10s",
-    "sweep_max_output": 256,
+    "sweep_max_output": 256, "ttft_prompts": 100,
 }
 
 
@@ -851,6 +856,39 @@ def ttft_probe(engine, tap, rounds, concurrency=1):
     }
 
 
+def client_ttft_abba(engine, tap, home, out_dir, prompts, extra_body):
+    """What tokentap adds to a real client's median TTFT: `vllm bench serve` one request at a
+    time, short prompts, run direct, through, through, direct (ABBA), so a load drift that is
+    linear over the four runs cancels out of (mean of the through medians) − (mean of the direct
+    medians). Each run has its own seed: no run gets another's prefix-cache hits."""
+    runs = []
+    for n, (label, port) in enumerate((("direct", engine.port), ("through", tap.port), ("through", tap.port), ("direct", engine.port))):
+        e0 = scrape(engine.port) if engine.has_metrics else ""
+        r = run_vllm_bench(
+            home, port=port, label=f"ttft{n}-{label}", out_dir=out_dir, input_len=32, output_len=4,
+            prompts=prompts, concurrency=1, seed=200 + n, extra_body=extra_body,
+        )
+        e1 = scrape(engine.port) if engine.has_metrics else ""
+        run = {"label": label, "client": summarise_client(r)}
+        if engine.has_metrics:
+            run["engine_ttft"] = hist_delta(e0, e1, "vllm:time_to_first_token_seconds")
+        runs.append(run)
+    medians = {"direct": [], "through": []}
+    for run in runs:
+        m = (run["client"] or {}).get("median_ttft_ms")
+        if m is not None:
+            medians[run["label"]].append(m)
+    result = {"prompts": prompts, "input_len": 32, "output_len": 4, "runs": runs}
+    if len(medians["direct"]) == 2 and len(medians["through"]) == 2:
+        result["direct_median_ms"] = statistics.mean(medians["direct"])
+        result["through_median_ms"] = statistics.mean(medians["through"])
+        result["added_ms"] = result["through_median_ms"] - result["direct_median_ms"]
+        result["within_1ms"] = abs(result["added_ms"]) <= 1.0
+    else:
+        result["error"] = "a client run failed; see its log in the results directory"
+    return result
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. The sweep
 
@@ -987,6 +1025,21 @@ def render_markdown(results):
             for p in probes:
                 out.append(f"| {p.get('concurrency', 1)} | {p.get('rounds', p.get('pairs'))} | {fmt(p['direct_median_ms'])} | {fmt(p['through_median_ms'])} | **{fmt(p['added_median_ms'])}** | {fmt(p['within_1ms'])} |")
             out.append("")
+        ct = eng.get("client_ttft")
+        if ct:
+            out.append("### What tokentap adds to a real client's median TTFT")
+            out.append("")
+            out.append(f"`vllm bench serve`, one request at a time, {ct['prompts']} requests of {ct['input_len']} in / {ct['output_len']} out per run, "
+                       "runs in the order direct, through, through, direct (a linear load drift cancels).")
+            out.append("")
+            if "error" in ct:
+                out.append(f"Failed: {ct['error']}")
+            else:
+                medians = " / ".join(f"{r['label']} {fmt((r['client'] or {}).get('median_ttft_ms'), 2)}" for r in ct["runs"])
+                out.append("| client median TTFT per run (ms) | direct (mean of 2) | through (mean of 2) | added | within 1 ms |")
+                out.append("|---|---|---|---|---|")
+                out.append(f"| {medians} | {fmt(ct['direct_median_ms'], 2)} | {fmt(ct['through_median_ms'], 2)} | **{fmt(ct['added_ms'], 2)}** | {fmt(ct['within_1ms'])} |")
+            out.append("")
         for bname, pair in (eng.get("bench") or {}).items():
             ch = pair.get("checks", {})
             out.append(f"### {bname}")
@@ -1020,10 +1073,10 @@ def render_markdown(results):
             out.append(f"`{sw.get('command', '')}`: exit {sw.get('exit_code')}, {fmt(sw.get('wall_s'), 0)} s.")
             out.append("")
             if sw.get("cells"):
-                out.append("| context | concurrency | status | per-request tok/s | one-cell sweep: status, per-request tok/s | vllm bench serve right after: 1000 ÷ median TPOT | ratio | within 10 % |")
-                out.append("|---|---|---|---|---|---|---|---|")
+                out.append("| context | concurrency | status | per-request tok/s | one-cell sweep: status, per-request tok/s | vllm bench serve right after: 1000 ÷ median TPOT | ratio | within 10 % | engine's mean ITL during the sweep / the client (ms) |")
+                out.append("|---|---|---|---|---|---|---|---|---|")
                 for c in sw["cells"]:
-                    out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('per_request_tps'), 1)} | {c.get('pair_status') or '–'}, {fmt(c.get('pair_tps'), 1)} | {fmt(c.get('bench_tps'), 1)} | {fmt(c.get('ratio'), 3)} | {fmt(c.get('within_10pct'))} |")
+                    out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('per_request_tps'), 1)} | {c.get('pair_status') or '–'}, {fmt(c.get('pair_tps'), 1)} | {fmt(c.get('bench_tps'), 1)} | {fmt(c.get('ratio'), 3)} | {fmt(c.get('within_10pct'))} | {fmt(c.get('engine_itl_ms_sweep'), 2)} / {fmt(c.get('engine_itl_ms_bench'), 2)} |")
                 out.append("")
                 out.append("The server's own state per cell (scraped from the engine's /metrics by tokentap):")
                 out.append("")
@@ -1062,8 +1115,9 @@ def main():
     ap.add_argument("--out", help="results directory")
     ap.add_argument("--engines", default="vllm,llamacpp")
     ap.add_argument(
-        "--parts", default="cases,bench,sweep,pairs",
-        help="any of cases, bench, sweep, pairs (one-cell sweeps each followed by vllm bench serve)",
+        "--parts", default="cases,bench,ttft,sweep,pairs",
+        help="any of cases, bench, ttft (vllm bench serve one at a time, direct/through/through/direct), "
+        "sweep, pairs (one-cell sweeps each followed by vllm bench serve)",
     )
     ap.add_argument("--attach", action="store_true", help="use engines already serving on their ports")
     ap.add_argument("--no-fixtures", action="store_true", help="do not write tests/fixtures/engines")
@@ -1075,6 +1129,7 @@ def main():
     ap.add_argument("--sweep-concurrency")
     ap.add_argument("--sweep-cell-duration")
     ap.add_argument("--sweep-max-output", type=int)
+    ap.add_argument("--ttft-prompts", type=int, help="requests per run of the ttft part")
     ap.epilog = "Load flags left out take the engine's defaults (LOAD_DEFAULTS, Engine.load_defaults)."
     ap.add_argument("--sweep-prompt", default=None, help="token-ids, text or auto; default: tokentap's default")
     args = ap.parse_args()
@@ -1161,6 +1216,12 @@ def main():
                     engine, tap, lambda **kw: run_sglang_bench(args.home, **kw), args.out, **load
                 )
                 save()
+            if "ttft" in parts:
+                print(f"[{key}] vllm bench serve one request at a time: direct, through, through, direct", flush=True)
+                eng["client_ttft"] = client_ttft_abba(
+                    engine, tap, args.home, args.out, eargs.ttft_prompts, engine.bench_extra_body(4)
+                )
+                save()
             if "sweep" in parts:
                 print(f"[{key}] tokentap sweep --target", flush=True)
                 contexts = [int(x) for x in eargs.sweep_contexts.split(",")]
@@ -1188,16 +1249,25 @@ def main():
                         if row.get("status") != "Valid":
                             continue
                         ctx, c = row["context"], row["concurrency"]
+                        e0 = scrape(engine.port) if engine.has_metrics else ""
                         one = run_sweep(
                             args.binary, engine, args.out, [ctx], [c], eargs.sweep_cell_duration,
                             eargs.sweep_max_output, eargs.sweep_prompt, tag=f"{ctx}-c{c}",
                         )
                         cell = next(iter(sweep_cells(one.get("matrix"))), {})
+                        e1 = scrape(engine.port) if engine.has_metrics else ""
                         r = run_vllm_bench(
                             args.home, port=engine.port, label="sweepcell", out_dir=args.out,
                             input_len=ctx, output_len=eargs.sweep_max_output,
                             prompts=max(2 * c, 4), concurrency=c, seed=100 + c, route="completions",
+                            extra_body=engine.bench_extra_body(eargs.sweep_max_output),
                         )
+                        e2 = scrape(engine.port) if engine.has_metrics else ""
+                        if engine.has_metrics:
+                            # The engine's own inter-token latency during each half: tells a
+                            # measuring difference from the engine running at another speed.
+                            row["engine_itl_ms_sweep"] = hist_mean_ms(e0, e1, "vllm:inter_token_latency_seconds")
+                            row["engine_itl_ms_bench"] = hist_mean_ms(e1, e2, "vllm:inter_token_latency_seconds")
                         tpot = (r or {}).get("median_tpot_ms")
                         row["pair_status"] = cell.get("status")
                         row["pair_tps"] = cell.get("per_request_tps")
