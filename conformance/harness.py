@@ -291,10 +291,13 @@ class LlamaCpp(Engine):
 
 # The load each engine gets unless a flag says otherwise: sized so that a run ends in minutes on
 # 2 cores (llama-cpp-python serves one request at a time at ~80 ms a token here).
+# The random tokens after the shared prefix in the pairs' second client run (see `pairs`).
+PAIR_UNSHARED_TOKENS = 16
+
 LOAD_DEFAULTS = {
     "bench_prompts": 40, "bench_concurrency": 4, "bench_input": 256, "bench_output": 128,
     "sweep_contexts": "256,512", "sweep_concurrency": "1,2,4,8", "sweep_cell_duration": "10s",
-    "sweep_max_output": 256, "ttft_prompts": 100,
+    "sweep_max_output": 256, "ttft_prompts": 100, "ttft_concurrency": "1,4",
 }
 
 
@@ -602,10 +605,14 @@ def run_cases(engine, tap, fixture_root, today):
 # 2. Benchmark clients
 
 
-def run_vllm_bench(home, port, label, out_dir, input_len, output_len, prompts, concurrency, seed, route="chat", extra_body=None):
-    """`vllm bench serve` against a port; returns its saved result JSON (None on failure)."""
+def run_vllm_bench(home, port, label, out_dir, input_len, output_len, prompts, concurrency, seed, route="chat", extra_body=None, prefix_len=0):
+    """`vllm bench serve` against a port; returns its saved result JSON (None on failure).
+
+    With prefix_len, every prompt is that many shared tokens followed by input_len random ones,
+    and one warm-up request puts the shared prefix in the engine's prefix cache first."""
     venv = os.path.join(home, "venv-vllm")
-    fname = f"vllm-bench-{label}-{route}-{input_len}-{output_len}-c{concurrency}.json"
+    shape = f"{prefix_len}+{input_len}" if prefix_len else f"{input_len}"
+    fname = f"vllm-bench-{label}-{route}-{shape}-{output_len}-c{concurrency}.json"
     backend, endpoint = ("openai-chat", "/v1/chat/completions") if route == "chat" else ("openai", "/v1/completions")
     argv = [
         os.path.join(venv, "bin", "vllm"), "bench", "serve",
@@ -616,7 +623,9 @@ def run_vllm_bench(home, port, label, out_dir, input_len, output_len, prompts, c
         "--max-concurrency", str(concurrency), "--ignore-eos", "--seed", str(seed),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--save-result", "--save-detailed", "--result-dir", out_dir, "--result-filename", fname,
-    ] + (["--extra-body", json.dumps(extra_body)] if extra_body else [])
+    ] + (["--extra-body", json.dumps(extra_body)] if extra_body else []) + (
+        ["--random-prefix-len", str(prefix_len), "--num-warmups", "1"] if prefix_len else []
+    )
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9", VLLM_TARGET_DEVICE="cpu")
     log = os.path.join(out_dir, fname.replace(".json", ".log"))
     with open(log, "wb") as f:
@@ -856,9 +865,9 @@ def ttft_probe(engine, tap, rounds, concurrency=1):
     }
 
 
-def client_ttft_abba(engine, tap, home, out_dir, prompts, extra_body):
-    """What tokentap adds to a real client's median TTFT: `vllm bench serve` one request at a
-    time, short prompts, run direct, through, through, direct (ABBA), so a load drift that is
+def client_ttft_abba(engine, tap, home, out_dir, prompts, concurrency, extra_body):
+    """What tokentap adds to a real client's median TTFT: `vllm bench serve` at a fixed
+    concurrency, short prompts, run direct, through, through, direct (ABBA), so a load drift that is
     linear over the four runs cancels out of (mean of the through medians) − (mean of the direct
     medians). Each run has its own seed: no run gets another's prefix-cache hits."""
     runs = []
@@ -866,7 +875,7 @@ def client_ttft_abba(engine, tap, home, out_dir, prompts, extra_body):
         e0 = scrape(engine.port) if engine.has_metrics else ""
         r = run_vllm_bench(
             home, port=port, label=f"ttft{n}-{label}", out_dir=out_dir, input_len=32, output_len=4,
-            prompts=prompts, concurrency=1, seed=200 + n, extra_body=extra_body,
+            prompts=prompts, concurrency=concurrency, seed=200 + 10 * concurrency + n, extra_body=extra_body,
         )
         e1 = scrape(engine.port) if engine.has_metrics else ""
         run = {"label": label, "client": summarise_client(r)}
@@ -878,7 +887,7 @@ def client_ttft_abba(engine, tap, home, out_dir, prompts, extra_body):
         m = (run["client"] or {}).get("median_ttft_ms")
         if m is not None:
             medians[run["label"]].append(m)
-    result = {"prompts": prompts, "input_len": 32, "output_len": 4, "runs": runs}
+    result = {"prompts": prompts, "concurrency": concurrency, "input_len": 32, "output_len": 4, "runs": runs}
     if len(medians["direct"]) == 2 and len(medians["through"]) == 2:
         result["direct_median_ms"] = statistics.mean(medians["direct"])
         result["through_median_ms"] = statistics.mean(medians["through"])
@@ -1025,20 +1034,23 @@ def render_markdown(results):
             for p in probes:
                 out.append(f"| {p.get('concurrency', 1)} | {p.get('rounds', p.get('pairs'))} | {fmt(p['direct_median_ms'])} | {fmt(p['through_median_ms'])} | **{fmt(p['added_median_ms'])}** | {fmt(p['within_1ms'])} |")
             out.append("")
-        ct = eng.get("client_ttft")
-        if ct:
+        abba = eng.get("client_ttft")
+        if isinstance(abba, dict):  # results of a run before the ttft part took several concurrencies
+            abba = [abba]
+        if abba:
             out.append("### What tokentap adds to a real client's median TTFT")
             out.append("")
-            out.append(f"`vllm bench serve`, one request at a time, {ct['prompts']} requests of {ct['input_len']} in / {ct['output_len']} out per run, "
+            out.append(f"`vllm bench serve`, {abba[0]['prompts']} requests of {abba[0]['input_len']} in / {abba[0]['output_len']} out per run, "
                        "runs in the order direct, through, through, direct (a linear load drift cancels).")
             out.append("")
-            if "error" in ct:
-                out.append(f"Failed: {ct['error']}")
-            else:
+            out.append("| concurrency | client median TTFT per run (ms) | direct (mean of 2) | through (mean of 2) | added | within 1 ms |")
+            out.append("|---|---|---|---|---|---|")
+            for ct in abba:
+                if "error" in ct:
+                    out.append(f"| {ct.get('concurrency', 1)} | failed: {ct['error']} | | | | |")
+                    continue
                 medians = " / ".join(f"{r['label']} {fmt((r['client'] or {}).get('median_ttft_ms'), 2)}" for r in ct["runs"])
-                out.append("| client median TTFT per run (ms) | direct (mean of 2) | through (mean of 2) | added | within 1 ms |")
-                out.append("|---|---|---|---|---|")
-                out.append(f"| {medians} | {fmt(ct['direct_median_ms'], 2)} | {fmt(ct['through_median_ms'], 2)} | **{fmt(ct['added_ms'], 2)}** | {fmt(ct['within_1ms'])} |")
+                out.append(f"| {ct.get('concurrency', 1)} | {medians} | {fmt(ct['direct_median_ms'], 2)} | {fmt(ct['through_median_ms'], 2)} | **{fmt(ct['added_ms'], 2)}** | {fmt(ct['within_1ms'])} |")
             out.append("")
         for bname, pair in (eng.get("bench") or {}).items():
             ch = pair.get("checks", {})
@@ -1051,9 +1063,12 @@ def render_markdown(results):
             d, t = pair["direct"]["client"], pair["through"]["client"]
             out.append("| figure | value | bar | met |")
             out.append("|---|---|---|---|")
-            out.append(f"| client median TTFT direct / through (ms) | {fmt(d.get('median_ttft_ms'))} / {fmt(t.get('median_ttft_ms'))} | through − direct ≤ 1 ms | {fmt(ch.get('ttft_added_within_1ms'))} ({fmt(ch.get('ttft_median_added_ms'))} ms) |")
+            # At this load a request's TTFT is mostly its wait for the others' steps and moves
+            # between back-to-back runs by more than a proxy could add: reported, not judged
+            # (part `ttft` judges what tokentap adds).
+            out.append(f"| client median TTFT direct / through (ms) | {fmt(d.get('median_ttft_ms'))} / {fmt(t.get('median_ttft_ms'))} ({fmt(ch.get('ttft_median_added_ms'))} ms) | (info: judged in part ttft) | |")
             if "ttft_outside_engine_added_ms" in ch:
-                out.append(f"| client mean TTFT − engine mean TTFT, direct / through (ms) | {fmt(ch.get('ttft_outside_engine_direct_ms'))} / {fmt(ch.get('ttft_outside_engine_through_ms'))} | through − direct ≤ 1 ms | {fmt(abs(ch['ttft_outside_engine_added_ms']) <= 1.0)} ({fmt(ch['ttft_outside_engine_added_ms'])} ms) |")
+                out.append(f"| client mean TTFT − engine mean TTFT, direct / through (ms) | {fmt(ch.get('ttft_outside_engine_direct_ms'))} / {fmt(ch.get('ttft_outside_engine_through_ms'))} ({fmt(ch['ttft_outside_engine_added_ms'])} ms) | (info) | |")
             if "engine_ttft_mean_ms" in ch:
                 out.append(f"| mean TTFT engine ≤ tokentap ≤ client (ms) | {fmt(ch.get('engine_ttft_mean_ms'))} ≤ {fmt(ch.get('tokentap_ttft_mean_ms'))} ≤ {fmt(ch.get('client_ttft_mean_ms'))} | ordered | {fmt(ch.get('tokentap_ttft_between_engine_and_client'))} |")
             else:
@@ -1073,10 +1088,15 @@ def render_markdown(results):
             out.append(f"`{sw.get('command', '')}`: exit {sw.get('exit_code')}, {fmt(sw.get('wall_s'), 0)} s.")
             out.append("")
             if sw.get("cells"):
-                out.append("| context | concurrency | status | per-request tok/s | one-cell sweep: status, per-request tok/s | vllm bench serve right after: 1000 ÷ median TPOT | ratio | within 10 % | engine's mean ITL during the sweep / the client (ms) |")
-                out.append("|---|---|---|---|---|---|---|---|---|")
+                out.append("Per-request tok/s of a one-cell sweep against `vllm bench serve` run right after it at the same prompt length and concurrency (1000 ÷ median TPOT): "
+                           "with the client's random prompts (every prefill a cache miss), and with a shared prefix of all but "
+                           f"{PAIR_UNSHARED_TOKENS} tokens (the prefix-cache hits the sweep's repeated prompt gets). "
+                           "The engine's own mean ITL over each run tells a measuring difference from the engine running at another speed.")
+                out.append("")
+                out.append("| context | concurrency | status | per-request tok/s | one-cell sweep: status, tok/s | client, random prompts: tok/s (ratio) | client, shared prefix: tok/s | ratio | within 10 % | engine's mean ITL: sweep / random / shared (ms) |")
+                out.append("|---|---|---|---|---|---|---|---|---|---|")
                 for c in sw["cells"]:
-                    out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('per_request_tps'), 1)} | {c.get('pair_status') or '–'}, {fmt(c.get('pair_tps'), 1)} | {fmt(c.get('bench_tps'), 1)} | {fmt(c.get('ratio'), 3)} | {fmt(c.get('within_10pct'))} | {fmt(c.get('engine_itl_ms_sweep'), 2)} / {fmt(c.get('engine_itl_ms_bench'), 2)} |")
+                    out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('per_request_tps'), 1)} | {c.get('pair_status') or '–'}, {fmt(c.get('pair_tps'), 1)} | {fmt(c.get('bench_tps'), 1)} ({fmt(c.get('ratio'), 3)}) | {fmt(c.get('bench_shared_tps'), 1)} | {fmt(c.get('ratio_shared'), 3)} | {fmt(c.get('within_10pct'))} | {fmt(c.get('engine_itl_ms_sweep'), 2)} / {fmt(c.get('engine_itl_ms_bench'), 2)} / {fmt(c.get('engine_itl_ms_bench_shared'), 2)} |")
                 out.append("")
                 out.append("The server's own state per cell (scraped from the engine's /metrics by tokentap):")
                 out.append("")
@@ -1130,6 +1150,7 @@ def main():
     ap.add_argument("--sweep-cell-duration")
     ap.add_argument("--sweep-max-output", type=int)
     ap.add_argument("--ttft-prompts", type=int, help="requests per run of the ttft part")
+    ap.add_argument("--ttft-concurrency", help="concurrencies of the ttft part, e.g. 1,4")
     ap.epilog = "Load flags left out take the engine's defaults (LOAD_DEFAULTS, Engine.load_defaults)."
     ap.add_argument("--sweep-prompt", default=None, help="token-ids, text or auto; default: tokentap's default")
     args = ap.parse_args()
@@ -1217,11 +1238,13 @@ def main():
                 )
                 save()
             if "ttft" in parts:
-                print(f"[{key}] vllm bench serve one request at a time: direct, through, through, direct", flush=True)
-                eng["client_ttft"] = client_ttft_abba(
-                    engine, tap, args.home, args.out, eargs.ttft_prompts, engine.bench_extra_body(4)
-                )
-                save()
+                eng["client_ttft"] = []
+                for c in (int(x) for x in eargs.ttft_concurrency.split(",")):
+                    print(f"[{key}] vllm bench serve at concurrency {c}: direct, through, through, direct", flush=True)
+                    eng["client_ttft"].append(client_ttft_abba(
+                        engine, tap, args.home, args.out, eargs.ttft_prompts, c, engine.bench_extra_body(4)
+                    ))
+                    save()
             if "sweep" in parts:
                 print(f"[{key}] tokentap sweep --target", flush=True)
                 contexts = [int(x) for x in eargs.sweep_contexts.split(",")]
@@ -1263,17 +1286,34 @@ def main():
                             extra_body=engine.bench_extra_body(eargs.sweep_max_output),
                         )
                         e2 = scrape(engine.port) if engine.has_metrics else ""
+                        # The same client with the sweep's cache state: the sweep's streams
+                        # repeat one prompt, so all its full KV blocks are prefix-cache hits and
+                        # a request's prefill barely slows the others' decode; the client's
+                        # random prompts are all misses. A shared prefix of all but 16 tokens
+                        # (warmed by one request) gives the client the same hits.
+                        shared = run_vllm_bench(
+                            args.home, port=engine.port, label="sweepcell-shared", out_dir=args.out,
+                            input_len=PAIR_UNSHARED_TOKENS, output_len=eargs.sweep_max_output,
+                            prompts=max(4 * c, 8), concurrency=c, seed=300 + c, route="completions",
+                            extra_body=engine.bench_extra_body(eargs.sweep_max_output),
+                            prefix_len=ctx - PAIR_UNSHARED_TOKENS,
+                        )
+                        e3 = scrape(engine.port) if engine.has_metrics else ""
                         if engine.has_metrics:
                             # The engine's own inter-token latency during each half: tells a
                             # measuring difference from the engine running at another speed.
                             row["engine_itl_ms_sweep"] = hist_mean_ms(e0, e1, "vllm:inter_token_latency_seconds")
                             row["engine_itl_ms_bench"] = hist_mean_ms(e1, e2, "vllm:inter_token_latency_seconds")
+                            row["engine_itl_ms_bench_shared"] = hist_mean_ms(e2, e3, "vllm:inter_token_latency_seconds")
                         tpot = (r or {}).get("median_tpot_ms")
                         row["pair_status"] = cell.get("status")
                         row["pair_tps"] = cell.get("per_request_tps")
                         row["bench_tps"] = 1000.0 / tpot if tpot else None
                         row["ratio"] = ratio(row["pair_tps"], row["bench_tps"])
-                        row["within_10pct"] = row["ratio"] is not None and abs(row["ratio"] - 1) <= 0.10
+                        shared_tpot = (shared or {}).get("median_tpot_ms")
+                        row["bench_shared_tps"] = 1000.0 / shared_tpot if shared_tpot else None
+                        row["ratio_shared"] = ratio(row["pair_tps"], row["bench_shared_tps"])
+                        row["within_10pct"] = row["ratio_shared"] is not None and abs(row["ratio_shared"] - 1) <= 0.10
                         save()
         except Exception as e:  # the run goes on with the next engine; the report says what failed
             eng["error"] = f"{type(e).__name__}: {e}"

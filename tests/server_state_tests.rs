@@ -220,6 +220,45 @@ async fn a_steady_cell_on_the_simulator_shows_the_servers_running_requests() {
     server.shutdown().await;
 }
 
+/// A sweep reads the server's state through the upstream's scraper at every look (warm-up,
+/// window samples, drain), so a cell does not inherit the previous cell's (or the idle gap's)
+/// value for up to an interval. With a 10 s interval and 2 s cells, the periodic read alone left
+/// the one-stream cell at 0.00 (it held the idle server's value).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_reads_the_servers_state_between_cells_whatever_the_interval() {
+    let sim = SimServer::start(Profile::builtin(STEP).unwrap(), SimOptions::default())
+        .await
+        .unwrap();
+    let (server, _records) = proxy_scraping(&sim.base_url(), "10s").await;
+    until("a first scrape", || {
+        scrapes(&server, ScrapeOutcome::Ok) >= 1
+    })
+    .await;
+    let plan: SweepRequest = serde_json::from_value(json!({
+        "contexts": [8192],
+        "concurrency": [4, 1],
+        "cell_duration": "2s",
+    }))
+    .unwrap();
+    let status = common::run_sweep(&server, plan, Duration::from_secs(120)).await;
+    assert_eq!(status.state, SweepState::Finished, "{status:#?}");
+    let cells = status.matrix.unwrap().decode;
+    assert_eq!(cells.len(), 2, "{cells:#?}");
+    for cell in &cells {
+        let running = cell.server_state.unwrap().running_requests.unwrap();
+        eprintln!(
+            "sweep {} × {}: server running {running:.2}",
+            cell.context_tokens, cell.concurrency
+        );
+        let concurrency = f64::from(cell.concurrency);
+        assert!(
+            (0.9 * concurrency..=concurrency + 0.01).contains(&running),
+            "sweep cell {cell:?}"
+        );
+    }
+    server.shutdown().await;
+}
+
 // --- A scripted vLLM serving the real capture --------------------------------------------------
 
 /// What the scripted vLLM's `/metrics` says; the test changes it between requests.
@@ -405,6 +444,43 @@ async fn means_over_the_real_vllm_page_are_exact_per_request_and_per_cell() {
         ),
         "{metrics}"
     );
+    server.shutdown().await;
+}
+
+/// `scrape_now` reads the page at once, whatever the interval, and the wait on the count of
+/// finished scrapes finds the new values in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_asked_for_happens_at_once_and_is_in_place_when_counted() {
+    let page = Arc::new(Page::default());
+    page.set(2, 0);
+    let upstream = ScriptedUpstream::start({
+        let page = Arc::clone(&page);
+        move |r: &Received| {
+            assert_eq!(r.path, "/metrics");
+            Script::json(200, &page.text())
+        }
+    })
+    .await;
+    let (server, _records) = proxy_scraping(&upstream.url(), "1h").await;
+    until("2 running", || {
+        held(&server, "tiny-llama").is_some_and(|v| v[0] == Some(2.0))
+    })
+    .await;
+    let registry = server.proxy.meter.server_state();
+    assert_eq!(registry.scrape_now("elsewhere"), None);
+    for running in [5, 0, 9] {
+        page.set(running, 1);
+        let before = registry.scrape_now("default").unwrap();
+        until("the read asked for", || {
+            registry.scrapes_done("default") > before
+        })
+        .await;
+        assert_eq!(
+            held(&server, "tiny-llama").unwrap()[0],
+            Some(running as f64)
+        );
+    }
+    assert_eq!(page.served.load(Ordering::Relaxed), 4);
     server.shutdown().await;
 }
 

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::base::lock::lock;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// An engine-neutral reading of an upstream's state.
@@ -325,6 +326,8 @@ pub const MAX_MODELS_PER_UPSTREAM: usize = 64;
 struct UpstreamState {
     models: HashMap<Arc<str>, Arc<ServerStateTracker>>,
     scrapes: Arc<[AtomicU64; ScrapeOutcome::ALL.len()]>,
+    /// Wakes the upstream's scraper for a read now (see [`ServerStateRegistry::scrape_now`]).
+    kick: Arc<Notify>,
 }
 
 /// Every scraped upstream's trackers, keyed by upstream then model. Looked up once per request
@@ -384,6 +387,41 @@ impl ServerStateRegistry {
                 .iter()
                 .map(|(model, tracker)| (Arc::clone(model), Arc::clone(tracker)))
                 .collect()
+        })
+    }
+
+    /// What wakes `upstream`'s scraper before its interval is up (`None`: not scraped).
+    pub fn kick_signal(&self, upstream: &str) -> Option<Arc<Notify>> {
+        let upstreams = lock(&self.upstreams);
+        upstreams.get(upstream).map(|state| Arc::clone(&state.kick))
+    }
+
+    /// Asks `upstream`'s scraper for a read now, for a caller that knows the server's state has
+    /// just changed (a sweep between cells: the value held from the last interval's read would
+    /// stand for up to an interval). Returns the scrapes finished so far, to wait on with
+    /// [`Self::scrapes_done`]; `None` when the upstream is not scraped.
+    pub fn scrape_now(&self, upstream: &str) -> Option<u64> {
+        let upstreams = lock(&self.upstreams);
+        let state = upstreams.get(upstream)?;
+        state.kick.notify_one();
+        Some(
+            state
+                .scrapes
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .sum(),
+        )
+    }
+
+    /// Scrapes of `upstream` finished so far, whatever their outcome.
+    pub fn scrapes_done(&self, upstream: &str) -> u64 {
+        let upstreams = lock(&self.upstreams);
+        upstreams.get(upstream).map_or(0, |state| {
+            state
+                .scrapes
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .sum()
         })
     }
 

@@ -28,13 +28,13 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::cell::{decode_cell, prefill_row, CellMeasurement};
-use super::client::{call, get_ok};
-use super::discover::gauge_sum;
+use super::client::call;
 use super::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
 use super::plan::{EngineKind, Plan, PrefillTarget, PromptMode, ServerFacts};
 use super::prompt::{
     calibrated_text_prompt, run_seed, token_id_pool, token_id_prompt, Prompt, PromptKind,
 };
+use super::server_load::{fresh_scraped, ServerLoad};
 use super::status::{CurrentStep, StatusCell, StepPhase, SweepState};
 use crate::base::json::push_json_string;
 use crate::base::wallclock::format_rfc3339 as rfc3339;
@@ -684,22 +684,29 @@ impl Runner {
         while aborts.join_next().await.is_some() {}
     }
 
+    /// How this sweep reads the server's running and queued gauges (`None` without them).
+    fn server_load_reader(&self) -> Option<ServerLoad> {
+        let running_gauge = self.plan.engine.running_gauge()?;
+        self.facts.has_running_gauge.then(|| ServerLoad {
+            proxy: Arc::clone(&self.proxy),
+            model: Arc::from(self.plan.model.as_str()),
+            running_gauge,
+            queued_gauge: self.plan.engine.queued_gauge(),
+            timeout: CONTROL_TIMEOUT,
+        })
+    }
+
     /// The server's running and queued gauges (None without metrics).
     async fn server_load(&self) -> Option<(f64, f64)> {
-        let running_name = self.plan.engine.running_gauge()?;
-        if !self.facts.has_running_gauge {
-            return None;
-        }
-        let page = get_ok(&self.proxy, "/metrics", CONTROL_TIMEOUT).await?;
-        let text = page.text();
-        let running = gauge_sum(&text, running_name)?;
-        let queued = self
-            .plan
-            .engine
-            .queued_gauge()
-            .and_then(|name| gauge_sum(&text, name))
-            .unwrap_or(0.0);
-        Some((running, queued))
+        self.server_load_reader()?.read().await
+    }
+
+    /// Has the upstream's scraper read the server's whole state now (running, queued, KV cache,
+    /// prefix hits: the requests' "server state" figures are means of what it read), so the
+    /// state before a phase change does not stand for what follows it (`server_load`).
+    async fn refresh_server_state(&self) {
+        let model: Arc<str> = Arc::from(self.plan.model.as_str());
+        let _ = fresh_scraped(&self.proxy, &model).await;
     }
 
     /// One attempt at a decode cell, in three phases over one [`CellAttempt`]: warm-up (every
@@ -778,9 +785,12 @@ impl Runner {
                 return Err(stop);
             }
             let streaming = attempt.shared.signals.first_outputs.load(Ordering::Relaxed);
+            // Read at every look, not only once all stream: each read through the scraper also
+            // updates what the cell's first requests see of the server's ramp.
+            let load = self.server_load().await;
             if streaming >= streams {
                 let since = *all_streaming_since.get_or_insert_with(Instant::now);
-                let Some((running, _)) = self.server_load().await else {
+                let Some((running, _)) = load else {
                     return Ok(());
                 };
                 gauge_peak = gauge_peak.max(running);
@@ -817,6 +827,9 @@ impl Runner {
             Some(attempt.concurrency),
         );
         self.publish(SweepState::Running, Some(current));
+        // Every stream runs now: the state held since the last read (the idle gap between
+        // cells) must not stand for the window's first second.
+        self.refresh_server_state().await;
         let tokens_at_start = self.proxy.meter.live_tokens(Source::Synthetic);
         let start = Instant::now();
         let end = start + length;
@@ -870,6 +883,9 @@ impl Runner {
         }
         self.stop_streams(&mut attempt, ABORT_GRACE).await;
         self.drain(context, concurrency).await;
+        // The server is idle now: the next cell's first requests must not inherit this
+        // cell's state from the last periodic read.
+        self.refresh_server_state().await;
         let ended = attempt.shared.ended();
         let records: Vec<Arc<RequestRecord>> = ended
             .tags
@@ -1024,15 +1040,10 @@ impl Runner {
     fn spawn_sampler(&self, window: Duration) -> Sampler {
         let every = (window / SAMPLES_PER_WINDOW).clamp(SAMPLE_EVERY_MIN, SAMPLE_EVERY_MAX);
         let (stop_tx, mut stop_rx) = watch::channel(false);
-        let proxy = Arc::clone(&self.proxy);
-        let gauge = self
-            .plan
-            .engine
-            .running_gauge()
-            .filter(|_| self.facts.has_running_gauge);
+        let reader = self.server_load_reader();
         let task = tokio::spawn(async move {
             let mut samples = Vec::new();
-            let Some(gauge) = gauge else {
+            let Some(reader) = reader else {
                 return samples;
             };
             // Half a period in, so the samples sit in the middle of equal slices of the window.
@@ -1044,10 +1055,8 @@ impl Runner {
                 }
                 next += every;
                 let at = Instant::now();
-                if let Some(page) = get_ok(&proxy, "/metrics", CONTROL_TIMEOUT).await {
-                    if let Some(running) = gauge_sum(&page.text(), gauge) {
-                        samples.push((at, running));
-                    }
+                if let Some((running, _)) = reader.read().await {
+                    samples.push((at, running));
                 }
                 if *stop_rx.borrow() {
                     return samples;

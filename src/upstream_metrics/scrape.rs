@@ -1,5 +1,6 @@
 //! One background task per upstream that reads its `/metrics` page every `metrics_interval`
-//! and publishes the known gauges to the meter.
+//! (or at once when asked: `ServerStateRegistry::scrape_now`) and publishes the known gauges to
+//! the meter.
 //!
 //! The page is fetched straight from the upstream (never through the proxy, so it is not
 //! metered and routing cannot send it elsewhere) with a timeout and a size bound. Every scrape
@@ -87,6 +88,10 @@ pub async fn fetch(upstream: &Upstream, timeout: Duration) -> Result<String, Scr
 }
 
 async fn scrape_forever(upstream: Weak<Upstream>, meter: Weak<Meter>) {
+    let kick = match (upstream.upgrade(), meter.upgrade()) {
+        (Some(upstream), Some(meter)) => meter.server_state().kick_signal(&upstream.name),
+        _ => return,
+    };
     let mut previous: Option<Page> = None;
     let mut failing: Option<ScrapeOutcome> = None;
     let mut backoff = Duration::ZERO;
@@ -111,7 +116,6 @@ async fn scrape_forever(upstream: Weak<Upstream>, meter: Weak<Meter>) {
             let name = &upstream.name;
             match page {
                 Ok(page) => {
-                    registry.count_scrape(name, ScrapeOutcome::Ok);
                     if let Some(was) = failing.take() {
                         tracing::info!(
                             upstream = %name,
@@ -128,12 +132,14 @@ async fn scrape_forever(upstream: Weak<Upstream>, meter: Weak<Meter>) {
                         });
                         tracker.publish(now, values);
                     }
+                    // Counted once published: a caller waiting on the count (`scrape_now`)
+                    // then finds the new values in place.
+                    registry.count_scrape(name, ScrapeOutcome::Ok);
                     previous = Some(page);
                     backoff = Duration::ZERO;
                     interval
                 }
                 Err(outcome) => {
-                    registry.count_scrape(name, outcome);
                     if failing.is_none() {
                         tracing::warn!(
                             upstream = %name,
@@ -146,12 +152,22 @@ async fn scrape_forever(upstream: Weak<Upstream>, meter: Weak<Meter>) {
                     for (_, tracker) in registry.trackers(name) {
                         tracker.publish(now, [None; GAUGES]);
                     }
+                    registry.count_scrape(name, outcome);
                     previous = None;
                     backoff = (backoff * 2).max(interval).min(BACKOFF_MAX.max(interval));
                     backoff
                 }
             }
         };
-        tokio::time::sleep(wait).await;
+        match &kick {
+            // A kick (a sweep between cells) reads at once; the interval starts over after it.
+            Some(kick) => {
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = kick.notified() => {}
+                }
+            }
+            None => tokio::time::sleep(wait).await,
+        }
     }
 }
