@@ -869,13 +869,16 @@ def client_ttft_abba(engine, tap, home, out_dir, prompts, concurrency, extra_bod
     """What tokentap adds to a real client's median TTFT: `vllm bench serve` at a fixed
     concurrency, short prompts, run direct, through, through, direct (ABBA), so a load drift that is
     linear over the four runs cancels out of (mean of the through medians) − (mean of the direct
-    medians). Each run has its own seed: no run gets another's prefix-cache hits."""
+    medians). The four runs send the same prompts (one seed): a run's median depends on its
+    prompts (on llama.cpp TTFT is bimodal, ~45 and ~80 ms, and the share of each moves the median
+    by several ms), and a 32-token prompt plus the chat template is less than vLLM's 128-token
+    KV block, so no run gets prefix-cache hits from another."""
     runs = []
     for n, (label, port) in enumerate((("direct", engine.port), ("through", tap.port), ("through", tap.port), ("direct", engine.port))):
         e0 = scrape(engine.port) if engine.has_metrics else ""
         r = run_vllm_bench(
             home, port=port, label=f"ttft{n}-{label}", out_dir=out_dir, input_len=32, output_len=4,
-            prompts=prompts, concurrency=concurrency, seed=200 + 10 * concurrency + n, extra_body=extra_body,
+            prompts=prompts, concurrency=concurrency, seed=200 + concurrency, extra_body=extra_body,
         )
         e1 = scrape(engine.port) if engine.has_metrics else ""
         run = {"label": label, "client": summarise_client(r)}
@@ -1091,12 +1094,21 @@ def render_markdown(results):
                 out.append("Per-request tok/s of a one-cell sweep against `vllm bench serve` run right after it at the same prompt length and concurrency (1000 ÷ median TPOT): "
                            "with the client's random prompts (every prefill a cache miss), and with a shared prefix of all but "
                            f"{PAIR_UNSHARED_TOKENS} tokens (the prefix-cache hits the sweep's repeated prompt gets). "
-                           "The engine's own mean ITL over each run tells a measuring difference from the engine running at another speed.")
+                           "The engine's own mean ITL over each run tells a measuring difference from the engine running at another speed: "
+                           "each tool's tok/s × the engine's ITL over the same run is 1 when the tool reads the engine's own speed.")
                 out.append("")
-                out.append("| context | concurrency | status | per-request tok/s | one-cell sweep: status, tok/s | client, random prompts: tok/s (ratio) | client, shared prefix: tok/s | ratio | within 10 % | engine's mean ITL: sweep / random / shared (ms) |")
-                out.append("|---|---|---|---|---|---|---|---|---|---|")
+                out.append("| context | concurrency | status | per-request tok/s | one-cell sweep: status, tok/s | client, random prompts: tok/s (ratio) | client, shared prefix: tok/s | ratio | within 10 % | engine's mean ITL: sweep / random / shared (ms) | tok/s × engine ITL: sweep / random / shared |")
+                out.append("|---|---|---|---|---|---|---|---|---|---|---|")
+
+                def against_engine(tps, itl_ms):
+                    return tps * itl_ms / 1000 if tps and itl_ms else None
+
                 for c in sw["cells"]:
-                    out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('per_request_tps'), 1)} | {c.get('pair_status') or '–'}, {fmt(c.get('pair_tps'), 1)} | {fmt(c.get('bench_tps'), 1)} ({fmt(c.get('ratio'), 3)}) | {fmt(c.get('bench_shared_tps'), 1)} | {fmt(c.get('ratio_shared'), 3)} | {fmt(c.get('within_10pct'))} | {fmt(c.get('engine_itl_ms_sweep'), 2)} / {fmt(c.get('engine_itl_ms_bench'), 2)} / {fmt(c.get('engine_itl_ms_bench_shared'), 2)} |")
+                    agree = " / ".join(
+                        fmt(against_engine(c.get(t), c.get(i)), 3)
+                        for t, i in (("pair_tps", "engine_itl_ms_sweep"), ("bench_tps", "engine_itl_ms_bench"), ("bench_shared_tps", "engine_itl_ms_bench_shared"))
+                    )
+                    out.append(f"| {c['context']} | {c['concurrency']} | {c['status']} | {fmt(c.get('per_request_tps'), 1)} | {c.get('pair_status') or '–'}, {fmt(c.get('pair_tps'), 1)} | {fmt(c.get('bench_tps'), 1)} ({fmt(c.get('ratio'), 3)}) | {fmt(c.get('bench_shared_tps'), 1)} | {fmt(c.get('ratio_shared'), 3)} | {fmt(c.get('within_10pct'))} | {fmt(c.get('engine_itl_ms_sweep'), 2)} / {fmt(c.get('engine_itl_ms_bench'), 2)} / {fmt(c.get('engine_itl_ms_bench_shared'), 2)} | {agree} |")
                 out.append("")
                 out.append("The server's own state per cell (scraped from the engine's /metrics by tokentap):")
                 out.append("")

@@ -204,9 +204,10 @@ pub fn write_matrix(dir: &Path, stem: &str, matrix: &MatrixDoc) -> anyhow::Resul
     Ok(written)
 }
 
-/// Longest interval at which `tokentap sweep --target` reads the server's own state. A cell lasts
-/// seconds: at the 5 s default, a 10 s cell carried the previous cell's state for up to half its
-/// window (live vLLM: server running 3.90 in a 1-stream cell that followed an 8-stream one).
+/// Longest interval at which `tokentap sweep --target` reads the server's own state between the
+/// sweep's own looks at its load (each asks the scraper for a read: `sweep::server_load`), and
+/// for a server whose running gauge the sweep does not know (then it never looks): at the 5 s
+/// default a 10 s cell carried the previous cell's state for up to half its window.
 const SWEEP_METRICS_INTERVAL: Duration = Duration::from_secs(1);
 
 async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
