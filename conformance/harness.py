@@ -36,6 +36,12 @@ import urllib.parse
 
 MODEL_NAME = "tiny-llama"
 
+# `--pin`: everything but the engine's compute runs on core 0 (`taskset -c 0`), the engine's
+# compute thread on core 1 (vLLM: VLLM_CPU_OMP_THREADS_BIND), so a client's own CPU work cannot
+# slow the engine it measures. Filled in by main().
+PIN_OTHERS = []
+PIN_ENGINE_CORE = None
+
 # ---------------------------------------------------------------------------------------------
 # Processes and HTTP
 
@@ -229,7 +235,9 @@ class Vllm(Engine):
             "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", MODEL_NAME,
             "--dtype", "bfloat16", "--max-model-len", "2048", "--seed", "0",
         ] + self.extra_args
-        self.proc = Proc(self.key, argv, self.log_dir, env=env)
+        if PIN_ENGINE_CORE is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = PIN_ENGINE_CORE
+        self.proc = Proc(self.key, PIN_OTHERS + argv, self.log_dir, env=env)
         wait_until("vllm serve", self.ready, 900, self.proc)
         self.version = self.ask_version()
 
@@ -329,7 +337,7 @@ class Tokentap:
             "RUST_LOG": "warn",
         }
         env.update(extra_env or {})
-        self.proc = Proc(name, [binary, "serve", "--upstream", upstream_url], log_dir, env=env)
+        self.proc = Proc(name, PIN_OTHERS + [binary, "serve", "--upstream", upstream_url], log_dir, env=env)
         wait_until(
             "tokentap serve",
             lambda: http_call(admin_port, "GET", "/healthz", timeout=5)[0] == 200,
@@ -629,7 +637,7 @@ def run_vllm_bench(home, port, label, out_dir, input_len, output_len, prompts, c
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9", VLLM_TARGET_DEVICE="cpu")
     log = os.path.join(out_dir, fname.replace(".json", ".log"))
     with open(log, "wb") as f:
-        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=1800).returncode
+        rc = subprocess.run(PIN_OTHERS + argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=1800).returncode
     path = os.path.join(out_dir, fname)
     if rc != 0 or not os.path.exists(path):
         return {"error": f"vllm bench serve exited {rc}; see {log}"}
@@ -658,7 +666,7 @@ def run_sglang_bench(home, port, label, out_dir, input_len, output_len, prompts,
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")
     log = path.replace(".jsonl", ".log")
     with open(log, "wb") as f:
-        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=1800).returncode
+        rc = subprocess.run(PIN_OTHERS + argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=1800).returncode
     if rc != 0 or not os.path.exists(path):
         return {"error": f"sglang bench exited {rc}; see {log}"}
     with open(path) as f:
@@ -917,7 +925,7 @@ def run_sweep(binary, engine, out_dir, contexts, concurrency, cell_duration, max
     log = sweep_dir + ".log"
     started = time.monotonic()
     with open(log, "wb") as f:
-        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=3600).returncode
+        rc = subprocess.run(PIN_OTHERS + argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=3600).returncode
     result = {"exit_code": rc, "wall_s": time.monotonic() - started, "log": log}
     path = os.path.join(sweep_dir, "matrix.json")
     if os.path.exists(path):
@@ -1006,7 +1014,8 @@ def render_markdown(results):
     m = results["machine"]
     out.append(f"Machine: {m.get('cpus')} vCPU ({m.get('cpu', '?')}), {m.get('mem_gib', '?')} GiB, {m.get('platform')}; "
                f"load average at start {m.get('loadavg_at_start')}. tokentap {results.get('tokentap_version')} "
-               f"({results.get('tokentap_commit')}).")
+               f"({results.get('tokentap_commit')})."
+               + (" Pinned (`--pin`): vLLM's compute thread on core 1, everything else on core 0." if results.get("pinned") else ""))
     out.append("")
     for key, eng in results["engines"].items():
         out.append(f"## {eng.get('label', key)} {eng.get('version', '')}")
@@ -1163,9 +1172,18 @@ def main():
     ap.add_argument("--sweep-max-output", type=int)
     ap.add_argument("--ttft-prompts", type=int, help="requests per run of the ttft part")
     ap.add_argument("--ttft-concurrency", help="concurrencies of the ttft part, e.g. 1,4")
+    ap.add_argument(
+        "--pin", action="store_true",
+        help="vLLM's compute thread on core 1, everything else (its engine core and API server, "
+        "tokentap, the clients) on core 0, so a client's CPU work cannot slow the engine it measures",
+    )
     ap.epilog = "Load flags left out take the engine's defaults (LOAD_DEFAULTS, Engine.load_defaults)."
     ap.add_argument("--sweep-prompt", default=None, help="token-ids, text or auto; default: tokentap's default")
     args = ap.parse_args()
+    if args.pin:
+        global PIN_OTHERS, PIN_ENGINE_CORE
+        PIN_OTHERS = ["taskset", "-c", "0"]
+        PIN_ENGINE_CORE = "1"
 
     if args.render:
         with open(args.render) as f:
@@ -1185,6 +1203,7 @@ def main():
     tv, tc = tokentap_version(args.binary, args.repo)
     results = {
         "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "pinned": bool(args.pin),
         "machine": machine_facts(),
         "tokentap_version": tv,
         "tokentap_commit": tc,
