@@ -330,6 +330,12 @@ struct UpstreamState {
     kick: Arc<Notify>,
 }
 
+impl UpstreamState {
+    fn scrapes_done(&self) -> u64 {
+        self.scrapes.iter().map(|c| c.load(Ordering::Relaxed)).sum()
+    }
+}
+
 /// Every scraped upstream's trackers, keyed by upstream then model. Looked up once per request
 /// (and not at all while no upstream is scraped).
 #[derive(Debug, Default)]
@@ -404,25 +410,15 @@ impl ServerStateRegistry {
         let upstreams = lock(&self.upstreams);
         let state = upstreams.get(upstream)?;
         state.kick.notify_one();
-        Some(
-            state
-                .scrapes
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed))
-                .sum(),
-        )
+        Some(state.scrapes_done())
     }
 
     /// Scrapes of `upstream` finished so far, whatever their outcome.
     pub fn scrapes_done(&self, upstream: &str) -> u64 {
         let upstreams = lock(&self.upstreams);
-        upstreams.get(upstream).map_or(0, |state| {
-            state
-                .scrapes
-                .iter()
-                .map(|c| c.load(Ordering::Relaxed))
-                .sum()
-        })
+        upstreams
+            .get(upstream)
+            .map_or(0, UpstreamState::scrapes_done)
     }
 
     /// Counts one scrape of `upstream`.

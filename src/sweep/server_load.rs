@@ -58,7 +58,7 @@ impl ServerLoad {
 }
 
 /// Asks the scraper of the upstream serving `model` for a read now and waits (at most
-/// [`READ_LIMIT`]) until it is published; then what the model's tracker holds. `None` when the
+/// `READ_LIMIT`, 2 s) until it is published; then what the model's tracker holds. `None` when the
 /// upstream is not scraped or the read did not come in time.
 pub async fn fresh_scraped(proxy: &Proxy, model: &Arc<str>) -> Option<GaugeValues> {
     let router = &proxy.router;
