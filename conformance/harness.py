@@ -1310,23 +1310,25 @@ def main():
                         )
                         cell = next(iter(sweep_cells(one.get("matrix"))), {})
                         e1 = scrape(engine.port) if engine.has_metrics else ""
-                        r = run_vllm_bench(
-                            args.home, port=engine.port, label="sweepcell", out_dir=args.out,
-                            input_len=ctx, output_len=eargs.sweep_max_output,
-                            prompts=max(2 * c, 4), concurrency=c, seed=100 + c, route="completions",
-                            extra_body=engine.bench_extra_body(eargs.sweep_max_output),
-                        )
+
+                        def client(label, input_len, prompts, seed, prefix_len=0):
+                            return run_vllm_bench(
+                                args.home, port=engine.port, label=label, out_dir=args.out,
+                                input_len=input_len, output_len=eargs.sweep_max_output,
+                                prompts=prompts, concurrency=c, seed=seed, route="completions",
+                                extra_body=engine.bench_extra_body(eargs.sweep_max_output),
+                                prefix_len=prefix_len,
+                            )
+
+                        r = client("sweepcell", ctx, max(2 * c, 4), 100 + c)
                         e2 = scrape(engine.port) if engine.has_metrics else ""
                         # The same client with the sweep's cache state: the sweep's streams
                         # repeat one prompt, so all its full KV blocks are prefix-cache hits and
                         # a request's prefill barely slows the others' decode; the client's
                         # random prompts are all misses. A shared prefix of all but 16 tokens
                         # (warmed by one request) gives the client the same hits.
-                        shared = run_vllm_bench(
-                            args.home, port=engine.port, label="sweepcell-shared", out_dir=args.out,
-                            input_len=PAIR_UNSHARED_TOKENS, output_len=eargs.sweep_max_output,
-                            prompts=max(4 * c, 8), concurrency=c, seed=300 + c, route="completions",
-                            extra_body=engine.bench_extra_body(eargs.sweep_max_output),
+                        shared = client(
+                            "sweepcell-shared", PAIR_UNSHARED_TOKENS, max(4 * c, 8), 300 + c,
                             prefix_len=ctx - PAIR_UNSHARED_TOKENS,
                         )
                         e3 = scrape(engine.port) if engine.has_metrics else ""
