@@ -13,7 +13,7 @@ use common::{client, proxy};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 use tokentap::aggregate::Window;
-use tokentap::matrix::{CellStatus, DecodeCell, MatrixDoc};
+use tokentap::matrix::CellStatus;
 use tokentap::sim::{Profile, SimOptions, SimServer};
 use tokentap::sweep::{SweepRequest, SweepState};
 
@@ -63,15 +63,6 @@ async fn hold_streams(url: &str, len: u64, streams: u32, hold: Duration) {
     }
 }
 
-fn cell(doc: &MatrixDoc, context: u64, concurrency: u32) -> DecodeCell {
-    doc.cell(context, concurrency).cloned().unwrap_or_else(|| {
-        panic!(
-            "no cell {context} × {concurrency} in\n{}",
-            tokentap::matrix::render_markdown(doc)
-        )
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn production_cells_agree_with_the_synthetic_sweep() {
     let sim = SimServer::start(Profile::builtin(STEP).unwrap(), SimOptions::default())
@@ -117,8 +108,8 @@ async fn production_cells_agree_with_the_synthetic_sweep() {
         tokentap::matrix::render_markdown(&production)
     );
     for (context, concurrency) in PAIRS {
-        let want = cell(&synthetic, context, concurrency);
-        let got = cell(&production, context, concurrency);
+        let want = common::decode_cell(&synthetic, context, concurrency);
+        let got = common::decode_cell(&production, context, concurrency);
         assert_eq!(want.status, CellStatus::Valid);
         assert_eq!(got.status, CellStatus::Valid, "{context} × {concurrency}");
         for (column, got, want) in [

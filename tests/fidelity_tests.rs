@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use serde_json::json;
 use tokentap::aggregate::Window;
 use tokentap::config::ConfigLoader;
-use tokentap::matrix::{CellStatus, DecodeCell, MatrixDoc};
+use tokentap::matrix::CellStatus;
 use tokentap::sim::{Profile, SimOptions, SimServer};
 use tokentap::workload::replay::{replay, ReplayPlan};
 
@@ -58,15 +58,6 @@ async fn run_streams(url: &str, streams: u32) {
     for task in tasks {
         task.await.unwrap();
     }
-}
-
-fn cell(doc: &MatrixDoc, concurrency: u32) -> DecodeCell {
-    doc.cell(8192, concurrency).cloned().unwrap_or_else(|| {
-        panic!(
-            "no cell 8K × {concurrency} in\n{}",
-            tokentap::matrix::render_markdown(doc)
-        )
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,7 +122,10 @@ async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_producti
         tokentap::matrix::render_markdown(&replayed)
     );
     for streams in LEVELS {
-        let (want, got) = (cell(&production, streams), cell(&replayed, streams));
+        let (want, got) = (
+            common::decode_cell(&production, 8192, streams),
+            common::decode_cell(&replayed, 8192, streams),
+        );
         assert_eq!(want.status, CellStatus::Valid);
         assert_eq!(got.status, CellStatus::Valid, "8K × {streams}");
         for (column, got, want) in [

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use common::{client, get, proxy};
-use http_body_util::{BodyExt, Full};
+use common::{get, proxy};
+use http_body_util::Full;
 use serde_json::json;
 use tokentap::aggregate::Window;
 use tokentap::meter::record::{Outcome, RequestRecord};
@@ -48,17 +48,10 @@ fn completion(url: &str, salt: u64, max_tokens: u64) -> http::Request<Full<Bytes
         .unwrap()
 }
 
-/// Sends one request and reads its whole body.
-async fn exchange(request: http::Request<Full<Bytes>>) {
-    let response = client().request(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    response.into_body().collect().await.unwrap();
-}
-
 /// Two streams of `STREAM_TOKENS` on the warm prompt, run to their end.
 async fn two_streams(url: &str) {
-    let a = tokio::spawn(exchange(completion(url, 0, STREAM_TOKENS)));
-    let b = tokio::spawn(exchange(completion(url, 0, STREAM_TOKENS)));
+    let a = tokio::spawn(common::exchange(completion(url, 0, STREAM_TOKENS)));
+    let b = tokio::spawn(common::exchange(completion(url, 0, STREAM_TOKENS)));
     a.await.unwrap();
     b.await.unwrap();
 }
@@ -86,7 +79,7 @@ async fn per_request_speed_falls_with_prefill_interference_as_chunked_prefill_pr
     let (server, records) = proxy(&sim.base_url(), "").await;
     let url = format!("http://{}/v1/completions", server.proxy_addr);
     // Warm the streams' prompt straight at the simulator, as a sweep's scout does.
-    exchange(completion(
+    common::exchange(completion(
         &format!("{}/v1/completions", sim.base_url()),
         0,
         1,
@@ -108,7 +101,7 @@ async fn per_request_speed_falls_with_prefill_interference_as_chunked_prefill_pr
     let mut cold = 0u64;
     while !mixed_streams.is_finished() {
         cold += 1;
-        exchange(completion(&url, cold, 1)).await;
+        common::exchange(completion(&url, cold, 1)).await;
         // Pacing of the arrival pattern (not synchronisation): about one cold prompt per 1.1 s.
         tokio::time::sleep(Duration::from_millis(550)).await;
     }

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use common::{blocks, client, get, wait_ms, Received, Records, Script, ScriptedUpstream, Step};
-use http_body_util::{BodyExt, Full};
+use common::{blocks, get, wait_ms, Received, Records, Script, ScriptedUpstream, Step};
+use http_body_util::Full;
 use serde_json::json;
 use tokentap::aggregate::Window;
 use tokentap::app::serve::ProxyServer;
@@ -110,12 +110,6 @@ fn completion(url: &str, max_tokens: u64) -> http::Request<Full<Bytes>> {
         .unwrap()
 }
 
-async fn exchange(request: http::Request<Full<Bytes>>) {
-    let response = client().request(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    response.into_body().collect().await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_cell_on_the_simulator_shows_the_servers_running_requests() {
     const STREAMS: usize = 4;
@@ -124,7 +118,7 @@ async fn a_steady_cell_on_the_simulator_shows_the_servers_running_requests() {
         .unwrap();
     let (server, records) = proxy_scraping(&sim.base_url(), "100ms").await;
     // Warm the prompt straight at the simulator, as a sweep's scout does.
-    exchange(completion(&format!("{}/v1/completions", sim.base_url()), 1)).await;
+    common::exchange(completion(&format!("{}/v1/completions", sim.base_url()), 1)).await;
     until("a first scrape", || {
         scrapes(&server, ScrapeOutcome::Ok) >= 1
     })
@@ -132,7 +126,7 @@ async fn a_steady_cell_on_the_simulator_shows_the_servers_running_requests() {
 
     let url = format!("http://{}/v1/completions", server.proxy_addr);
     let streams: Vec<_> = (0..STREAMS)
-        .map(|_| tokio::spawn(exchange(completion(&url, 300))))
+        .map(|_| tokio::spawn(common::exchange(completion(&url, 300))))
         .collect();
     for stream in streams {
         stream.await.unwrap();

@@ -1,10 +1,21 @@
-//! Writing a JSON string literal into a buffer, for bodies built by hand (the simulator's
-//! responses, the sweep's requests).
+//! JSON text: a string literal written into a buffer, for bodies built by hand (the simulator's
+//! responses, the sweep's requests), and the one pretty rendering of documents.
 //!
 //! Hand-written because the simulator must write the exact bytes an engine writes (raw UTF-8,
 //! short escapes), into a buffer it reuses, without serde_json's intermediate `String`.
 
 use std::fmt::Write as _;
+
+/// A document as pretty JSON with a trailing newline: the stable file and API rendering of the
+/// matrix, its diff and its comparison.
+pub fn pretty_json_line<T: serde::Serialize + ?Sized>(value: &T) -> String {
+    let mut json = serde_json::to_string_pretty(value).unwrap_or_else(|error| {
+        // Serializing plain structs of strings and numbers cannot fail; keep the reason visible.
+        format!("{{\"error\": {:?}}}", error.to_string())
+    });
+    json.push('\n');
+    json
+}
 
 /// Append `s` as a JSON string (compact, raw UTF-8 like orjson/msgspec/pydantic).
 pub fn push_json_string(out: &mut String, s: &str) {

@@ -370,10 +370,7 @@ pub fn render_compare_markdown(compare: &MatrixCompare) -> String {
 
 /// The stable JSON rendering (pretty, trailing newline).
 pub fn render_compare_json(compare: &MatrixCompare) -> String {
-    let mut json = serde_json::to_string_pretty(compare)
-        .unwrap_or_else(|error| format!("{{\"error\": {:?}}}", error.to_string()));
-    json.push('\n');
-    json
+    crate::base::json::pretty_json_line(compare)
 }
 
 /// The per-request tok/s ratio grid as an HTML section, coloured like `matrix diff`'s grid

@@ -607,8 +607,5 @@ pub fn render_diff_markdown(diff: &MatrixDiff) -> String {
 
 /// The stable JSON rendering of a diff (pretty, trailing newline).
 pub fn render_diff_json(diff: &MatrixDiff) -> String {
-    let mut json = serde_json::to_string_pretty(diff)
-        .unwrap_or_else(|error| format!("{{\"error\": {:?}}}", error.to_string()));
-    json.push('\n');
-    json
+    crate::base::json::pretty_json_line(diff)
 }

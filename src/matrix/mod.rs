@@ -37,10 +37,5 @@ pub use validate::ValidationError;
 
 /// The stable JSON rendering (pretty-printed, fields in struct order, trailing newline).
 pub fn render_json(doc: &MatrixDoc) -> String {
-    let mut json = serde_json::to_string_pretty(doc).unwrap_or_else(|error| {
-        // Serializing plain structs of strings and numbers cannot fail; keep the reason visible.
-        format!("{{\"error\": {:?}}}", error.to_string())
-    });
-    json.push('\n');
-    json
+    crate::base::json::pretty_json_line(doc)
 }

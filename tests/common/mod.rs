@@ -339,6 +339,27 @@ impl Received2 {
     }
 }
 
+/// Sends one request and reads its whole body (answered 200).
+pub async fn exchange(request: Request<Full<Bytes>>) {
+    let response = client().request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.into_body().collect().await.unwrap();
+}
+
+/// The decode cell (context, concurrency) of `doc`, or a panic showing the whole matrix.
+pub fn decode_cell(
+    doc: &tokentap::matrix::MatrixDoc,
+    context: u64,
+    concurrency: u32,
+) -> tokentap::matrix::DecodeCell {
+    doc.cell(context, concurrency).cloned().unwrap_or_else(|| {
+        panic!(
+            "no cell {context} × {concurrency} in\n{}",
+            tokentap::matrix::render_markdown(doc)
+        )
+    })
+}
+
 pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
