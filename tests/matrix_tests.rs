@@ -566,7 +566,7 @@ fn malformed_seed_text_gives_named_errors() {
     // Unknown status.
     let broken = with_line(&text, row, &original.replace("Valid", "Fine"));
     let error = chain(parse_any(&broken).unwrap_err());
-    assert_eq!(error, format!("line {row}: All measurements row: unknown status \"Fine\", expected Valid, Over capacity, Not run or Error: <reason>"));
+    assert_eq!(error, format!("line {row}: All measurements row: unknown status \"Fine\", expected Valid, Low evidence, Off target, Over capacity, Not run or Error: <reason>"));
 
     // Bad number.
     let broken = with_line(&text, row, &original.replace("278.7", "27x.7"));
@@ -1227,7 +1227,8 @@ fn the_server_state_columns_round_trip_and_older_documents_still_read() {
     let html = html::render_html(&doc);
     assert!(html.contains("KV cache usage"), "{html}");
     let csv = tokentap::matrix::csv::render_csv(&doc);
-    assert!(csv.contains(",3.96,0,0.053,\r\n"), "{csv}");
+    // The server state, then the (absent) tails and production-in-flight columns.
+    assert!(csv.contains(",3.96,0,0.053,,,,,,,,\r\n"), "{csv}");
     // A document without the field (older, or unscraped) reads as before and renders without
     // the columns; a negative figure is refused.
     let mut older = doc.clone();
