@@ -554,9 +554,9 @@ mod tests {
             production.slice_count(),
             bins * 16 / 1024
         );
-        // Slices × (9 × 9 cells × 2 sketches + 9 rows × 4 sketches) × 256 bins is the bound;
+        // Slices × (9 × 9 cells × 3 sketches + 9 rows × 4 sketches) × 256 bins is the bound;
         // the real figure is far below it.
-        let bound = (MINUTE_SLICES + HOUR_SLICES + 1) * (9 * 9 * 2 + 9 * 4) * 256;
+        let bound = (MINUTE_SLICES + HOUR_SLICES + 1) * (9 * 9 * 3 + 9 * 4) * 256;
         assert!(bins < bound, "{bins} ≥ {bound}");
         let doc = production
             .matrix(Window::All, None, start + Duration::from_secs(240_000))
