@@ -92,7 +92,7 @@ impl Basis {
 }
 
 /// What is asked.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct CapacityQuery {
     pub targets: Targets,
     /// The share of requests that must meet the targets, for the attainment basis (0–1).
