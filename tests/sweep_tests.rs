@@ -816,6 +816,101 @@ async fn the_capacity_search_finds_the_profile_boundary_with_fewer_cells_than_th
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headroom_on_steady_traffic_is_one_minus_load_over_capacity() {
+    // The boundary at 8K: the profile's TBT target between batch 4 and 8 gives capacity 4.
+    let profile = Profile::builtin(STEP).unwrap();
+    let model = tokentap::sim::model::PerformanceModel::new(&profile);
+    let tbt = |batch: usize| 1000.0 / model.per_request_tok_s(8192.0, batch);
+    let target = (tbt(4) + tbt(8)) / 2.0;
+    let slo = format!("tbt={target:.2}ms");
+    let sim = sim(STEP).await;
+    // Proxy A finds the capacity; proxy B serves production traffic against it as a reference.
+    let a = proxy_with_token(&sim.base_url(), "").await;
+    let (code, started) = admin(
+        &a,
+        "POST",
+        "/sweeps",
+        Some(TOKEN),
+        &json!({"contexts": ["8K"], "concurrency": [1, 2, 4, 8, 16], "cell_duration": "1s", "slo": slo, "find_capacity": true}).to_string(),
+    )
+    .await;
+    assert_eq!(code, 202, "{started}");
+    let id = started["id"].as_str().unwrap().to_owned();
+    let done = wait_status(&a, &id, "finished", Duration::from_secs(120), |s| {
+        s["state"] == "finished"
+    })
+    .await;
+    assert_eq!(
+        done["capacity"]["contexts"][0]["capacity"], 4,
+        "{:#}",
+        done["capacity"]
+    );
+    let sweep = done["matrix"].to_string();
+    a.shutdown().await;
+
+    // Two streams at once, each of about 6 s of decode, two after another in each slot, their
+    // prompt warmed in the server's cache first (straight at it, not production traffic).
+    let ids: Vec<String> = (0..7000).map(|i| (1000 + i % 5000).to_string()).collect();
+    let prompt = ids.join(",");
+    let warm =
+        format!(r#"{{"model":"step3p7","prompt":[{prompt}],"max_tokens":1,"stream":false}}"#);
+    assert_eq!(
+        common::post(&format!("{}/v1/completions", sim.base_url()), &warm)
+            .await
+            .status,
+        200
+    );
+    let b = proxy_with_token(
+        &sim.base_url(),
+        &format!("[slo]\ntbt = \"{target:.2}ms\"\n[capacity]\nwindow = \"1m\"\n"),
+    )
+    .await;
+    let (code, pinned) = admin(&b, "PUT", "/reference?source=sweep", Some(TOKEN), &sweep).await;
+    assert_eq!(code, 200, "{pinned}");
+    let tokens = (6.0 * model.per_request_tok_s(8192.0, 2)) as u64;
+    let body = format!(
+        r#"{{"model":"step3p7","prompt":[{prompt}],"max_tokens":{tokens},"ignore_eos":true,"stream":true}}"#
+    );
+    let url = format!("http://{}/v1/completions", b.proxy_addr);
+    let slots: Vec<_> = (0..2)
+        .map(|_| {
+            let (url, body) = (url.clone(), body.clone());
+            tokio::spawn(async move {
+                for _ in 0..2 {
+                    assert_eq!(common::post(&url, &body).await.status, 200);
+                }
+            })
+        })
+        .collect();
+    for slot in slots {
+        slot.await.unwrap();
+    }
+    let (code, answer) = admin(&b, "GET", "/capacity", Some(TOKEN), "").await;
+    assert_eq!(code, 200, "{answer}");
+    let figures = &answer["models"][0];
+    assert_eq!(figures["capacity_from"], "reference sweep", "{answer:#}");
+    let headroom = figures["headroom"]["headroom"].as_f64().unwrap();
+    let load = figures["headroom"]["load"].as_f64().unwrap();
+    eprintln!("load {load:.3} streams, headroom {headroom:.3}");
+    // 1 − 2 ÷ 4, within 10 %.
+    assert!((headroom - 0.5).abs() <= 0.05, "{answer:#}");
+    // The gauge and the page say the same.
+    tokentap::app::drift::refresh_capacity(&b.admin, &b.metrics.capacity);
+    let metrics = b.metrics.render();
+    assert!(
+        metrics
+            .contains("tokentap_capacity_headroom_ratio{upstream=\"default\",model=\"step3p7\"}"),
+        "{metrics}"
+    );
+    assert!(metrics.contains(
+        "tokentap_capacity_streams{upstream=\"default\",model=\"step3p7\",context_bucket=\"8K\"} 4"
+    ));
+    let page = admin_page(&b).await;
+    assert!(page.contains("id=\"headroom\""), "{page}");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_sweep_replaces_the_partial_matrix_on_the_page_at_once() {
     let sim = sim(STEP).await;
     let server = proxy_with_token(&sim.base_url(), "").await;

@@ -1,11 +1,12 @@
 //! The admin listener: health, readiness, Prometheus metrics, the matrix (`matrix`), the page
-//! (`page`), the captured workload (`workload`), the sweep API (`sweeps`) and the reference API
+//! (`page`), live headroom (`capacity`), the captured workload (`workload`), the sweep API (`sweeps`) and the reference API
 //! (`reference`); starting sweeps and pinning references always need the token. Bound to loopback by
 //! default; with `admin.token` set, everything but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer <token>`.
 //!
 //! This file routes and checks the token; each endpoint family lives in its own file.
 
+pub mod capacity;
 pub mod matrix;
 pub mod page;
 pub mod query;
@@ -50,6 +51,8 @@ pub struct AdminState {
     pub drift: Arc<crate::aggregate::drift::Drift>,
     /// The workload capture, when `[workload] capture` is on (`/workload`).
     pub workload: Option<Arc<crate::workload::WorkloadCapture>>,
+    /// How live headroom is computed (`/capacity`, the page, the capacity gauges).
+    pub capacity: capacity::CapacitySettings,
 }
 
 /// A plain response with a content type.
@@ -154,6 +157,7 @@ impl AdminState {
             ),
             (&Method::GET, "/matrix") => matrix::handle(&self, &request).await,
             (&Method::GET, "/workload") => workload::handle(&self, &request).await,
+            (&Method::GET, "/capacity") => capacity::handle(&self),
             (&Method::GET, "/") => page::handle(&self, &request).await,
             _ => json_error(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
         }

@@ -18,10 +18,14 @@ use crate::base::escape::xml_escape as escape;
 use crate::base::wallclock::format_rfc3339;
 use crate::matrix::compare::{ratio_grid_fragment as drift_grid_fragment, MatrixCompare};
 use crate::matrix::doc::MatrixDoc;
-use crate::matrix::html::{grid_fragment_on, heat_scale_max, measurements_fragment, page};
+use crate::matrix::html::{
+    grid_fragment_marked, grid_fragment_on, heat_scale_max, measurements_fragment, page,
+};
 use crate::matrix::side_by_side::{comparison_fragment, Axes};
+use crate::matrix::units::{context_label, format_percent};
 use crate::proxy::body::ResponseBody;
 
+use super::capacity::CapacityAnswer;
 use super::matrix::{production_matrix, synthetic_matrix, MatrixQuery, NO_SWEEP};
 use super::query::percent_decode;
 use super::{json_error, respond, AdminState};
@@ -55,10 +59,12 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
     // No reference pinned (or no traffic) simply leaves the drift grid out.
     let drift =
         super::matrix::production_compare(state, query.window, query.model.as_deref(), None).ok();
+    let capacity = super::capacity::all_models(state, SystemTime::now());
     let html = render(
         production.as_ref(),
         synthetic.as_deref(),
         drift.as_ref(),
+        Some(&capacity),
         query.window,
         query.model.as_deref(),
         SystemTime::now(),
@@ -71,6 +77,7 @@ pub fn render(
     production: Option<&MatrixDoc>,
     synthetic: Option<&MatrixDoc>,
     drift: Option<&MatrixCompare>,
+    capacity: Option<&CapacityAnswer>,
     window: Window,
     model: Option<&str>,
     now: SystemTime,
@@ -134,10 +141,22 @@ pub fn render(
         }
     }
     body.push_str("</div><div class=\"panel\" id=\"synthetic\"><h2>Synthetic</h2>");
+    // The capacity line of the sweep's own model, when the headroom was judged on this sweep.
+    let line = synthetic.and_then(|doc| {
+        let model = doc.metadata.model.served_model.as_deref()?;
+        capacity?
+            .models
+            .iter()
+            .find(|m| m.model == model && m.capacity_from.starts_with("sweep"))
+            .map(|m| &m.capacity)
+    });
     match synthetic {
         Some(doc) => {
             let _ = write!(body, "<p class=\"note\">{}</p>", escape(&doc_line(doc)));
-            body.push_str(&grid_fragment_on(doc, &axes, max));
+            body.push_str(&grid_fragment_marked(doc, &axes, max, line));
+            if line.is_some() {
+                body.push_str("<p class=\"legend\">Outlined: each context's capacity under the [slo] targets; hatched: beyond it.</p>");
+            }
         }
         None => {
             let _ = write!(body, "<p class=\"empty\">{}</p>", escape(NO_SWEEP));
@@ -145,6 +164,9 @@ pub fn render(
     }
     body.push_str("</div></div>");
 
+    if let Some(answer) = capacity.filter(|a| !a.models.is_empty() || !a.unanswered.is_empty()) {
+        body.push_str(&headroom_fragment(answer));
+    }
     if let Some(compared) = drift {
         body.push_str("<div id=\"drift\">");
         body.push_str(&drift_grid_fragment(compared));
@@ -163,6 +185,56 @@ pub fn render(
         body.push_str("</div>");
     }
     page("tokentap · live matrix", &body)
+}
+
+/// Live headroom per model: the figure, the load, the capacity it is judged by, per context.
+fn headroom_fragment(answer: &CapacityAnswer) -> String {
+    let mut out =
+        String::from("<section class=\"headroom\" id=\"headroom\"><h2>Headroom under the SLO</h2>");
+    for model in &answer.models {
+        let figures = &model.headroom;
+        let _ = write!(
+            out,
+            "<p class=\"headroom-figure\" data-model=\"{}\" data-headroom=\"{}\"><strong>{}</strong> headroom for <code>{}</code>: {:.1} production streams decoding on average over the last {}, against a capacity of {} streams for this context mix ({}; {}{}).</p>",
+            escape(&model.model),
+            figures.headroom.map_or_else(String::new, |h| h.to_string()),
+            escape(&figures.headroom.map_or_else(|| "unknown".to_owned(), format_percent)),
+            escape(&model.model),
+            figures.load,
+            escape(&model.window),
+            figures.capacity.map_or_else(|| "unknown".to_owned(), |c| format!("{c:.1}")),
+            escape(&model.capacity.targets.describe()),
+            escape(&model.capacity_from),
+            if figures.covered_share < 0.999 {
+                format!(", covering {} of the load", format_percent(figures.covered_share))
+            } else {
+                String::new()
+            }
+        );
+        out.push_str("<div class=\"scroll\"><table class=\"measurements\"><thead><tr><th>Context</th><th>Load (streams)</th><th>Share</th><th>Capacity</th><th>Headroom</th></tr></thead><tbody>");
+        for context in &figures.contexts {
+            let _ = write!(
+                out,
+                "<tr><th>{}</th><td class=\"num\">{:.2}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+                escape(&context_label(context.context_tokens)),
+                context.load,
+                escape(&format_percent(context.share)),
+                context.capacity.map_or_else(|| "—".to_owned(), |c| c.to_string()),
+                escape(&context.headroom.map_or_else(|| "—".to_owned(), format_percent))
+            );
+        }
+        out.push_str("</tbody></table></div>");
+    }
+    for missing in &answer.unanswered {
+        let _ = write!(
+            out,
+            "<p class=\"note\">No headroom for <code>{}</code>: {}</p>",
+            escape(&missing.model),
+            escape(&missing.reason)
+        );
+    }
+    out.push_str("</section>");
+    out
 }
 
 fn window_text(window: Window) -> String {

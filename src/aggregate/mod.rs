@@ -16,6 +16,7 @@
 
 pub mod cell;
 pub mod drift;
+pub mod headroom;
 pub mod sketch;
 pub mod snapshot;
 pub mod window;

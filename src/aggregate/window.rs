@@ -298,7 +298,10 @@ impl ProductionMatrix {
                         }
                     }
                 }
-                now.checked_sub(length).unwrap_or(self.started_at)
+                // Nothing predates the aggregator: a window reaching further back covers less.
+                now.checked_sub(length)
+                    .unwrap_or(self.started_at)
+                    .max(self.started_at)
             }
         };
         drop(slices);

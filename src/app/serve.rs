@@ -229,12 +229,17 @@ impl ProxyServer {
             store: store.clone(),
             drift: Arc::clone(&drift),
             workload: workload.clone(),
+            capacity: crate::admin::capacity::CapacitySettings {
+                config: config.capacity.clone(),
+                slo: config.metering.slo.clone(),
+            },
         });
         let (snapshot_trigger, snapshot_shutdown) = net::shutdown_pair();
         let drift_task = super::drift::spawn(
             Arc::clone(&production),
             drift,
             Arc::clone(&metrics),
+            Arc::clone(&admin),
             snapshot_shutdown.clone(),
         );
         let snapshot_task = store.as_ref().map(|store| {

@@ -16,6 +16,7 @@ use std::time::Duration;
 use http::Uri;
 
 use crate::base::duration::parse_duration;
+use crate::matrix::capacity::Basis;
 use crate::matrix::evidence::EvidenceRule;
 use crate::meter::buckets::Ladder;
 use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
@@ -243,7 +244,20 @@ pub struct Config {
     pub drift: DriftConfig,
     /// `[evidence]`: what a production cell must rest on (`matrix::evidence`).
     pub evidence: EvidenceRule,
+    /// `[capacity]`: live headroom (`aggregate::headroom`).
+    pub capacity: CapacityConfig,
     pub workload: WorkloadConfig,
+}
+
+/// `[capacity]`: how live headroom is computed (docs/capacity.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapacityConfig {
+    /// The production window whose load is compared with the capacity boundary.
+    pub window: Duration,
+    /// What the sweep's (or reference's) cells are judged by against `[slo]`.
+    pub basis: Basis,
+    /// The attainment a cell needs when judged by SLO attainment.
+    pub attainment: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -592,6 +606,30 @@ impl Config {
                 .as_secs_f64(),
             min_output_tokens: raw.evidence.min_output_tokens,
         };
+        let capacity = CapacityConfig {
+            window: duration("capacity.window", &raw.capacity.window)?,
+            basis: Basis::parse(&raw.capacity.basis).ok_or_else(|| {
+                err(
+                    "capacity.basis",
+                    format!(
+                        "`{}`: expected auto, attainment, median, p90 or p99",
+                        raw.capacity.basis
+                    ),
+                )
+            })?,
+            attainment: raw.capacity.attainment,
+        };
+        if capacity.window < Duration::from_secs(60)
+            || capacity.window > Duration::from_secs(24 * 3600)
+        {
+            return Err(err("capacity.window", "must lie between 1m and 24h".into()));
+        }
+        if !(capacity.attainment > 0.0 && capacity.attainment <= 1.0) {
+            return Err(err(
+                "capacity.attainment",
+                format!("must lie in (0, 1], found {}", capacity.attainment),
+            ));
+        }
         let drift = DriftConfig {
             evidence,
             window: duration("drift.window", &raw.drift.window)?,
@@ -630,6 +668,7 @@ impl Config {
             sweep,
             drift,
             evidence,
+            capacity,
             workload,
         })
     }

@@ -35,6 +35,7 @@ pub struct RawConfig {
     pub slo: RawSlo,
     pub drift: RawDrift,
     pub evidence: RawEvidence,
+    pub capacity: RawCapacity,
     pub workload: RawWorkload,
 }
 
@@ -292,6 +293,26 @@ impl Default for RawEvidence {
             min_requests: 20,
             min_measured_for: "10s".into(),
             min_output_tokens: 500,
+        }
+    }
+}
+
+/// `[capacity]`: live headroom under the configured `[slo]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCapacity {
+    #[serde(deserialize_with = "duration_text")]
+    pub window: String,
+    pub basis: String,
+    pub attainment: f64,
+}
+
+impl Default for RawCapacity {
+    fn default() -> Self {
+        Self {
+            window: "5m".into(),
+            basis: "median".into(),
+            attainment: 0.95,
         }
     }
 }

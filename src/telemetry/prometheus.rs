@@ -85,6 +85,8 @@ pub struct PrometheusMetrics {
     slo_cells: Mutex<HashMap<CellKey, Arc<SloHandles>>>,
     /// Production ÷ reference per cell, set by the drift refresher, appended at each render.
     pub drift: super::drift::DriftGauges,
+    /// Live headroom per model, set by the same refresher, appended at each render.
+    pub capacity: super::capacity::CapacityGauges,
 }
 
 /// An outside count and the exporter counter showing it.
@@ -139,6 +141,7 @@ impl PrometheusMetrics {
             bases: Mutex::new(HashMap::new()),
             watched: Mutex::new(Vec::new()),
             drift: super::drift::DriftGauges::default(),
+            capacity: super::capacity::CapacityGauges::default(),
         }))
     }
 
@@ -208,6 +211,7 @@ impl PrometheusMetrics {
         let mut text = String::from_utf8(out).unwrap_or_default();
         text.push_str(&extra);
         self.drift.render_into(&mut text);
+        self.capacity.render_into(&mut text);
         text
     }
 
