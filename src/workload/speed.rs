@@ -260,21 +260,35 @@ impl SpeedReport {
     /// The one-sentence answer.
     pub fn sentence(&self) -> String {
         let pct = |a: f64| format!("{:.1} %", a * 100.0);
-        let limit = match self.limited_by {
-            Some("ttft") => " (TTFT is the target it misses first)",
-            Some("tbt") => " (TBT is the target it misses first)",
-            Some("e2e") => " (end to end is the target it misses first)",
-            _ => "",
+        let limit = match (self.limited_by, &self.fails) {
+            (Some(name), Some(f)) => {
+                let missed = match name {
+                    "ttft" => f.missed_ttft,
+                    "tbt" => f.missed_tbt,
+                    _ => f.missed_e2e,
+                };
+                let label = match name {
+                    "ttft" => "TTFT",
+                    "tbt" => "TBT",
+                    _ => "end to end",
+                };
+                format!(
+                    "; limited by {label}: {missed} of {} requests missed it at {}×",
+                    f.requests,
+                    speed(f.speed)
+                )
+            }
+            _ => String::new(),
         };
         match (&self.holds, &self.fails) {
             (Some(h), Some(f)) => format!(
-                "The SLO holds at {}× (attainment {}) and fails at {}× (attainment {}){limit}: \
-                 this traffic could grow {}× on this deployment.",
+                "This traffic could grow {}× on this deployment: the SLO holds at {}× \
+                 (attainment {}) and fails at {}× (attainment {}){limit}.",
+                speed(h.speed),
                 speed(h.speed),
                 pct(h.attainment),
                 speed(f.speed),
                 pct(f.attainment),
-                speed(h.speed)
             ),
             (Some(h), None) => format!(
                 "The SLO holds even at the cap, {}× (attainment {}): no failing speed was measured \
@@ -283,11 +297,9 @@ impl SpeedReport {
                 pct(h.attainment)
             ),
             (None, Some(f)) => format!(
-                "The SLO fails even at {}× (attainment {}){limit}: this deployment does not serve \
-                 this traffic within the SLO even slowed down {}×.",
+                "The SLO fails even at {}×, the lowest speed tried (attainment {}){limit}.",
                 speed(f.speed),
                 pct(f.attainment),
-                speed(self.start / f.speed)
             ),
             (None, None) => "No replay ran.".into(),
         }
