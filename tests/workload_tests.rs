@@ -367,7 +367,10 @@ fn replay_find_speed_reports_the_speed_up_at_which_the_slo_still_holds_and_the_s
     assert_eq!(replays[0]["speed"], 1.0);
     for trial in replays {
         assert_eq!(trial["requests"], 16);
-        assert_eq!(trial["held"], trial["speed"].as_f64() <= holds["speed"].as_f64());
+        assert_eq!(
+            trial["held"],
+            trial["speed"].as_f64() <= holds["speed"].as_f64()
+        );
         assert!(trial["ttft_p95_ms"].as_f64().is_some(), "{trial}");
     }
     // The matrix written is the fastest passing replay's: all sixteen requests.

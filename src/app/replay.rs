@@ -486,7 +486,7 @@ async fn find_speed(
         trials.push(trial);
     }
 
-    let summary = SpeedReport::new(
+    let mut summary = SpeedReport::new(
         &search,
         trials,
         args.trace.display().to_string(),
@@ -494,6 +494,7 @@ async fn find_speed(
         slo,
         args.attainment,
     );
+    summary.stopped = cancelled;
     let markdown = summary.render_markdown();
     let json = summary.render_json();
     match args.format {

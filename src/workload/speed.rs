@@ -190,6 +190,8 @@ pub struct SpeedReport {
     pub fails: Option<SpeedTrial>,
     /// The target that most requests missed at the failing step.
     pub limited_by: Option<&'static str>,
+    /// The search was stopped (Ctrl-C) before it ended: the answer is partial.
+    pub stopped: bool,
     /// Every replay, in the order run.
     pub replays: Vec<SpeedTrial>,
 }
@@ -253,12 +255,22 @@ impl SpeedReport {
             holds,
             fails,
             limited_by,
+            stopped: false,
             replays,
         }
     }
 
     /// The one-sentence answer.
     pub fn sentence(&self) -> String {
+        let answer = self.answer();
+        if self.stopped {
+            format!("{answer} The search was stopped before it ended: this is partial.")
+        } else {
+            answer
+        }
+    }
+
+    fn answer(&self) -> String {
         let pct = |a: f64| format!("{:.1} %", a * 100.0);
         let limit = match (self.limited_by, &self.fails) {
             (Some(name), Some(f)) => {
