@@ -275,3 +275,182 @@ fn the_replay_command_is_bounded_and_writes_its_matrix_and_diff() {
     assert!(out.join("diff.json").is_file());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `tokentap ARGS…` to its end (bounded: at most `limit_s`), returning status, stdout
+/// and stderr.
+fn tokentap_bounded(
+    args: &[&std::ffi::OsStr],
+    limit_s: u64,
+) -> (std::process::ExitStatus, String, String) {
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    for _ in 0..limit_s * 20 {
+        if child.try_wait().unwrap().is_some() {
+            let output = child.wait_with_output().unwrap();
+            return (
+                output.status,
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+                String::from_utf8_lossy(&output.stderr).into_owned(),
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("tokentap {args:?} did not stop within {limit_s} s");
+}
+
+/// `replay --find-speed`: sixteen cold 1,500-token prompts 250 ms apart. On the Step-3.7
+/// simulator a prompt prefills in about 100 ms, so at 1× each TTFT is ~0.1 s and the TTFT ≤
+/// 250 ms target holds; from about 2.5× (arrivals closer than a prefill) prompts queue and it
+/// fails. The search must report a speed at which the SLO holds and the measured step above it,
+/// within the resolution, at which it does not, with every replay it ran.
+#[test]
+fn replay_find_speed_reports_the_speed_up_at_which_the_slo_still_holds_and_the_step_above() {
+    let dir = std::env::temp_dir().join(format!("tokentap-find-speed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    let lines: String = (0..16)
+        .map(|i| {
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": 1500, \"output_length\": 20, \"hash_ids\": [{}, {}, {}]}}\n",
+                i * 250,
+                3 * i,
+                3 * i + 1,
+                3 * i + 2
+            )
+        })
+        .collect();
+    std::fs::write(&trace, lines).unwrap();
+    let out = dir.join("out");
+    let (status, stdout, stderr) = tokentap_bounded(
+        &[
+            "replay".as_ref(),
+            trace.as_os_str(),
+            "--simulate".as_ref(),
+            STEP.as_ref(),
+            "--find-speed".as_ref(),
+            "--slo".as_ref(),
+            "ttft=250ms".as_ref(),
+            "--format".as_ref(),
+            "json".as_ref(),
+            "--quiet".as_ref(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ],
+        300,
+    );
+    assert!(status.success(), "{status:?}\n{stdout}\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["schema"], "tokentap.find-speed/v1");
+    let (holds, fails) = (&report["holds"], &report["fails"]);
+    let speed = |t: &serde_json::Value| t["speed"].as_f64().unwrap();
+    let attainment = |t: &serde_json::Value| t["attainment"].as_f64().unwrap();
+    assert!(
+        holds.is_object() && fails.is_object(),
+        "{}",
+        serde_json::to_string_pretty(&report).unwrap()
+    );
+    assert!(speed(holds) >= 1.0 && attainment(holds) >= 0.95, "{holds}");
+    assert!(
+        speed(fails) > speed(holds) && speed(fails) <= speed(holds) * 1.1 + 1e-9,
+        "{report}"
+    );
+    assert!(attainment(fails) < 0.95, "{fails}");
+    assert_eq!(report["limited_by"], "ttft");
+    let replays = report["replays"].as_array().unwrap();
+    assert!(replays.len() <= 10, "{replays:?}");
+    assert_eq!(replays[0]["speed"], 1.0);
+    for trial in replays {
+        assert_eq!(trial["requests"], 16);
+        assert_eq!(
+            trial["held"],
+            trial["speed"].as_f64() <= holds["speed"].as_f64()
+        );
+        assert!(trial["ttft_p95_ms"].as_f64().is_some(), "{trial}");
+    }
+    // The matrix written is the fastest passing replay's: all sixteen requests.
+    let matrix = tokentap::matrix::load(&out.join("replay.json")).unwrap();
+    let completed: u64 = matrix
+        .prefill
+        .iter()
+        .filter_map(|row| row.completed_requests)
+        .sum();
+    assert_eq!(completed, 16);
+    let summary = std::fs::read_to_string(out.join("find-speed.md")).unwrap();
+    assert!(summary.contains("This traffic could grow"), "{summary}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A Mooncake trace names no model: `replay --target` asks the server's `/v1/models` and
+/// replays with the model it serves; with no server there, the error names both fixes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mooncake_trace_without_a_model_replays_against_a_target_with_its_served_model() {
+    let sim = SimServer::start(Profile::builtin(STEP).unwrap(), Default::default())
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("tokentap-target-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 8, \"hash_ids\": [0, 1]}\n\
+         {\"timestamp\": 50, \"input_length\": 1000, \"output_length\": 8, \"hash_ids\": [0, 2]}\n",
+    )
+    .unwrap();
+    let out = dir.join("out");
+    let run = |url: String| {
+        let (trace, out) = (trace.clone(), out.clone());
+        tokio::task::spawn_blocking(move || {
+            tokentap_bounded(
+                &[
+                    "replay".as_ref(),
+                    trace.as_os_str(),
+                    "--target".as_ref(),
+                    url.as_ref(),
+                    "--quiet".as_ref(),
+                    "--max-duration".as_ref(),
+                    "30s".as_ref(),
+                    "--out".as_ref(),
+                    out.as_os_str(),
+                ],
+                60,
+            )
+        })
+    };
+    let (status, stdout, stderr) = run(sim.base_url()).await.unwrap();
+    assert!(status.success(), "{status:?}\n{stdout}\n{stderr}");
+    let matrix = tokentap::matrix::load(&out.join("replay.json")).unwrap();
+    let completed: u64 = matrix
+        .prefill
+        .iter()
+        .filter_map(|row| row.completed_requests)
+        .sum();
+    assert_eq!(completed, 2, "{stdout}");
+    assert_eq!(
+        matrix.metadata.model.served_model.as_deref(),
+        Some("step3p7"),
+        "{stdout}"
+    );
+    sim.shutdown().await;
+
+    // Nothing listens there any more: no /v1/models to ask.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let (status, _, stderr) = run(format!("http://{closed}")).await.unwrap();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("the trace names no model")
+            && stderr.contains("/v1/models")
+            && stderr.contains("--model"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -91,11 +91,13 @@ pub enum Command {
     /// tagged synthetic: exact-length prompts that share the recorded prefix blocks, max_tokens
     /// = the recorded output with ignore_eos. Prints the replay's matrix and, with --baseline,
     /// its diff against the original production matrix. Ctrl-C stops and writes what was
-    /// measured.
+    /// measured. With --find-speed --slo: the largest speed-up at which the traffic still
+    /// meets the SLO on that deployment (docs/what-if.md).
     ///
     /// Examples:
     ///   tokentap replay trace.jsonl --target http://127.0.0.1:30000 --baseline production.json
     ///   tokentap replay trace.jsonl --from-matrix other-deployment.md --speed 2
+    ///   tokentap replay trace.jsonl --from-matrix other-deployment.md --find-speed --slo ttft=2s,tbt=50ms
     #[command(verbatim_doc_comment)]
     Replay(super::replay::ReplayArgs),
 }

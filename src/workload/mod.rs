@@ -5,7 +5,9 @@
 //! - `trace.rs`: the versioned JSONL trace (`tokentap.workload/v1`), reading any known format.
 //! - `mooncake.rs`, `azure.rs`: the Mooncake JSONL and Azure CSV trace formats.
 //! - `replay.rs`: the open-loop replay of a trace through the proxy's data path, tagged
-//!   synthetic.
+//!   synthetic, and its per-request tally (SLO verdicts, TTFTs).
+//! - `speed.rs`: `--find-speed`, the bounded search for the largest replay speed-up at which
+//!   the workload still meets an SLO, and its report.
 //!
 //! The commands are `app::workload` (`tokentap workload export|convert`) and `app::replay`
 //! (`tokentap replay`, against a server or an embedded simulator).
@@ -17,6 +19,7 @@ pub mod azure;
 pub mod capture;
 pub mod mooncake;
 pub mod replay;
+pub mod speed;
 pub mod trace;
 
 pub use capture::WorkloadCapture;

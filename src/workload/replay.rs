@@ -20,8 +20,11 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::aggregate::{ProductionMatrix, Window};
+use crate::base::lock::lock;
 use crate::base::Source;
 use crate::matrix::MatrixDoc;
+use crate::meter::record::{RequestRecord, SloVerdict};
+use crate::meter::slo::{SloFigures, SloTargets};
 use crate::meter::RecordSink;
 use crate::proxy::Proxy;
 use crate::sweep::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
@@ -69,6 +72,100 @@ pub struct ReplayReport {
     pub stopped: bool,
     /// The replay's matrix (`None` when nothing was recorded).
     pub matrix: Option<MatrixDoc>,
+    /// The replay's requests judged one by one (SLO verdicts, TTFTs).
+    pub tally: ReplayTally,
+}
+
+/// The replay's own records, request by request: their SLO verdicts (the proxy's, from the
+/// `x-tokentap-slo` header each request carried: the judge production and the matrix use) and
+/// which single target each missed, and the TTFT of each request that got a first token. One
+/// entry per request at its end, never per event; bounded by the trace's length.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplayTally {
+    /// Records of the replay's requests.
+    pub recorded: usize,
+    /// Records whose verdict is `Met`.
+    pub met: usize,
+    /// Records whose verdict is `Missed`.
+    pub missed: usize,
+    /// Records missing the TTFT, TBT and end-to-end target on its own (a failed request misses
+    /// every target that is set).
+    pub missed_ttft: usize,
+    pub missed_tbt: usize,
+    pub missed_e2e: usize,
+    /// TTFT of each request that got a first token, sorted.
+    pub ttft: Vec<Duration>,
+}
+
+impl ReplayTally {
+    /// The `q` quantile (nearest rank) of the TTFTs measured; `None` when none was.
+    pub fn ttft_quantile(&self, q: f64) -> Option<Duration> {
+        let n = self.ttft.len();
+        if n == 0 {
+            return None;
+        }
+        let rank = (q.clamp(0.0, 1.0) * n as f64).ceil() as usize;
+        self.ttft.get(rank.clamp(1, n) - 1).copied()
+    }
+
+    fn add(&mut self, record: &RequestRecord, targets: &SloTargets) {
+        self.recorded += 1;
+        match record.slo {
+            SloVerdict::Met => self.met += 1,
+            SloVerdict::Missed => self.missed += 1,
+            SloVerdict::Unset => {}
+        }
+        if record.slo == SloVerdict::Missed {
+            // Which target(s) it missed: each judged alone, by the same rule.
+            let figures = SloFigures {
+                outcome: record.outcome,
+                time_to_first_token: record.time_to_first_token,
+                time_between_tokens: record.time_between_tokens,
+                duration: record.duration,
+            };
+            let alone = |target: SloTargets| target.judge(&figures) == SloVerdict::Missed;
+            let none = SloTargets::NONE;
+            self.missed_ttft += usize::from(
+                targets.ttft.is_some()
+                    && alone(SloTargets {
+                        ttft: targets.ttft,
+                        ..none
+                    }),
+            );
+            self.missed_tbt += usize::from(
+                targets.tbt.is_some()
+                    && alone(SloTargets {
+                        tbt: targets.tbt,
+                        ..none
+                    }),
+            );
+            self.missed_e2e += usize::from(
+                targets.e2e.is_some()
+                    && alone(SloTargets {
+                        e2e: targets.e2e,
+                        ..none
+                    }),
+            );
+        }
+        if let Some(ttft) = record.time_to_first_token {
+            self.ttft.push(ttft);
+        }
+    }
+}
+
+/// The sink that keeps the tally of the replay's own records (tagged `replay`, synthetic).
+struct TallySink {
+    tag: Arc<str>,
+    targets: SloTargets,
+    tally: std::sync::Mutex<ReplayTally>,
+}
+
+impl RecordSink for TallySink {
+    fn record(&self, record: &Arc<RequestRecord>) {
+        if record.source == Source::Synthetic && record.tag.as_deref() == Some(&*self.tag) {
+            lock(&self.tally).add(record, &self.targets);
+        }
+    }
 }
 
 /// The request body of one trace request.
@@ -129,6 +226,18 @@ pub async fn replay(
     );
     let sink: Arc<dyn RecordSink> = matrix.clone();
     proxy.meter.add_sink(Arc::clone(&sink));
+    let tag: Arc<str> = Arc::from("replay");
+    let tally = Arc::new(TallySink {
+        tag: Arc::clone(&tag),
+        targets: plan
+            .slo_header
+            .as_ref()
+            .and_then(|h| SloTargets::parse_header(h.as_bytes()).ok())
+            .unwrap_or_default(),
+        tally: std::sync::Mutex::default(),
+    });
+    let tally_sink: Arc<dyn RecordSink> = tally.clone();
+    proxy.meter.add_sink(Arc::clone(&tally_sink));
 
     let speed = if plan.speed.is_finite() && plan.speed > 0.0 {
         plan.speed
@@ -146,7 +255,6 @@ pub async fn replay(
     let (phase_tx, phase) = watch::channel(StreamPhase::Running);
     let signals = Arc::new(StreamSignals::default());
     let finished = Arc::new(AtomicUsize::new(0));
-    let tag: Arc<str> = Arc::from("replay");
     let mut tasks = JoinSet::new();
     let mut failures = (0usize, None::<String>);
     let mut stopped = false;
@@ -235,7 +343,11 @@ pub async fn replay(
     }
     report(sent, &finished);
     proxy.meter.remove_sink(&sink);
+    proxy.meter.remove_sink(&tally_sink);
+    let mut tally = std::mem::take(&mut *lock(&tally.tally));
+    tally.ttft.sort_unstable();
     ReplayReport {
+        tally,
         sent,
         failed: failures.0,
         first_failure: failures.1,
