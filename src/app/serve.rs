@@ -228,7 +228,12 @@ impl ProxyServer {
             store: store.clone(),
             drift: Arc::clone(&drift),
             workload: workload.clone(),
+            sessions: admin::session::Sessions::new(
+                config.admin.session_ttl,
+                config.admin.max_sessions,
+            ),
         });
+        metrics.register_login_failures(&admin::session::LoginFailure::ALL.map(|r| r.label()));
         let (snapshot_trigger, snapshot_shutdown) = net::shutdown_pair();
         let drift_task = super::drift::spawn(
             Arc::clone(&production),
@@ -274,11 +279,11 @@ impl ProxyServer {
             move |_peer| hyper_util::service::TowerToHyperService::new(service.clone()),
             shutdown.clone(),
         ));
-        let admin_service = admin::service(Arc::clone(&admin));
+        let admin_state = Arc::clone(&admin);
         let admin_task = tokio::spawn(net::serve(
             admin_listener,
             admin_options,
-            move |_peer| admin_service.clone(),
+            move |peer| admin::service(Arc::clone(&admin_state), Some(peer)),
             admin_shutdown,
         ));
         Ok(Self {

@@ -323,6 +323,10 @@ pub struct AdminConfig {
     pub token: Option<String>,
     /// Most connections open at once on the admin listener.
     pub max_connections: usize,
+    /// How long a browser session (`POST /login`) lasts.
+    pub session_ttl: Duration,
+    /// Most browser sessions kept at once; a login past it ends the oldest.
+    pub max_sessions: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -506,7 +510,12 @@ impl Config {
             listen: addr("admin.listen", &raw.admin.listen)?,
             token: raw.admin.token.filter(|t| !t.is_empty()),
             max_connections: nonzero("admin.max_connections", raw.admin.max_connections)?,
+            session_ttl: duration("admin.session_ttl", &raw.admin.session_ttl)?,
+            max_sessions: nonzero("admin.max_sessions", raw.admin.max_sessions)?,
         };
+        if admin.session_ttl.is_zero() {
+            return Err(err("admin.session_ttl", "must be greater than zero".into()));
+        }
         if !admin.listen.ip().is_loopback() && admin.token.is_none() {
             return Err(err(
                 "admin.token",

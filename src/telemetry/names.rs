@@ -39,6 +39,7 @@ pub const UPSTREAM_QUEUED_REQUESTS: &str = "tokentap_upstream_queued_requests";
 pub const UPSTREAM_KV_CACHE_USAGE: &str = "tokentap_upstream_kv_cache_usage_ratio";
 pub const UPSTREAM_PREFIX_CACHE_HIT_RATE: &str = "tokentap_upstream_prefix_cache_hit_ratio";
 pub const UPSTREAM_SCRAPES_TOTAL: &str = "tokentap_upstream_scrapes_total";
+pub const ADMIN_LOGIN_FAILURES_TOTAL: &str = "tokentap_admin_login_failures_total";
 
 /// (name, description) of the upstream-state gauges, in
 /// [`ServerGauge::ALL`](crate::meter::server_state::ServerGauge::ALL) order. They are written
@@ -80,6 +81,7 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (SLO_HEADER_INVALID_TOTAL, "Requests whose x-tokentap-slo header could not be read; it was ignored and the configured targets applied."),
     (PREFILL_BUSY_SECONDS, "Decode time during which another request was in prefill, split by concurrency bucket like tokentap_decode_seconds, in seconds; its _sum divided by tokentap_decode_seconds_sum is the matrix's Prefill overlap."),
     (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_idle_timeout, body_read_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff); docs/operations.md."),
+    (ADMIN_LOGIN_FAILURES_TOTAL, "Failed browser logins on the admin listener (POST /login) by reason: bad_token (the token given was wrong) or throttled (the address was still waiting after earlier failures; the token was not checked)."),
     (CLAMPED_COUNTS_TOTAL, "Requests with a token count from the upstream that no real server could send, clamped (their records are approximate)."),
 ];
 
