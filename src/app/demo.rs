@@ -29,6 +29,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::output::OutputFormat;
 use super::serve::ProxyServer;
 use super::sweep::{follow_local, write_matrix};
 use crate::aggregate::{ProductionMatrix, Window};
@@ -39,6 +40,7 @@ use crate::matrix::html::{
     facts_fragment, grid_fragment, measurements_fragment, page, prefill_fragment,
 };
 use crate::matrix::markdown::escape as md_escape;
+use crate::matrix::table::{render_table, MAX_WIDTH};
 use crate::matrix::units::{context_label, format_percent, MISSING};
 use crate::matrix::{render_markdown, DecodeCell, MatrixDoc};
 use crate::meter::{Meter, RecordSink};
@@ -96,6 +98,11 @@ pub struct DemoArgs {
     /// URLs stay open. Default: stop at the end.
     #[arg(long)]
     pub keep_running: bool,
+    /// What is printed on stdout at the end (the sweep's matrix, then the steady and mixed
+    /// comparisons): table (aligned, at most 120 columns), md or json. Default: table on a
+    /// terminal, md otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
+    pub format: OutputFormat,
 }
 
 /// `tokentap demo`.
@@ -269,8 +276,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         mixed: mixed.as_ref(),
         steady_cells: &cells,
     };
-    println!("{}", render_markdown(&synthetic));
-    println!("{}", report.markdown());
+    match args.format.resolve() {
+        OutputFormat::Table => {
+            println!("{}", render_table(&synthetic));
+            println!("{}", report.terminal());
+        }
+        OutputFormat::Json => println!("{}", report.json(production.as_ref())),
+        _ => {
+            println!("{}", render_markdown(&synthetic));
+            println!("{}", report.markdown());
+        }
+    }
     let mut written = write_matrix(&args.out, "synthetic", &synthetic)?;
     for (stem, doc) in [
         ("production", production.as_ref()),
@@ -315,6 +331,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "Still running: proxy http://{}, admin http://{} (token {token}). Ctrl-C stops.",
             server.proxy_addr, server.admin_addr
+        );
+        eprintln!(
+            "    Open http://{}/login in a browser and give it the token: the live page, and a button that starts a sweep.",
+            server.admin_addr
         );
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -726,6 +746,15 @@ pub struct TextTable {
 }
 
 impl TextTable {
+    /// Aligned for a terminal under `header` (shorter names than the report's), at most
+    /// [`MAX_WIDTH`] columns.
+    fn terminal(&self, header: &[&str]) -> String {
+        let mut table = crate::matrix::table::TextTable::new(header);
+        table.numeric = (1..header.len()).collect();
+        table.rows = self.rows.clone();
+        table.render(MAX_WIDTH)
+    }
+
     fn markdown(&self) -> String {
         let line = |cells: &[String]| {
             let escaped: Vec<String> = cells.iter().map(|c| md_escape(c)).collect();
@@ -897,6 +926,53 @@ impl DemoReport<'_> {
             let _ = writeln!(out, "- {}", md_escape(definition));
         }
         out
+    }
+
+    /// The comparisons as aligned text for a terminal (`--format table`).
+    pub fn terminal(&self) -> String {
+        let (steady, agreeing) = self.steady_table();
+        let mut out = format!(
+            "Steady traffic beside the sweep: {agreeing} of {} cells agree within 5 % on every compared column.\n\n",
+            self.steady_cells.len()
+        );
+        out.push_str(&steady.terminal(&[
+            "Cell",
+            "Req tok/s sweep · prod",
+            "TBT",
+            "TTFT",
+            "Total tok/s",
+            "Overlap",
+            "Within 5 %",
+        ]));
+        out.push_str("\nMixed traffic beside the sweep (cold prompts; the gap is explained when prod ≈ sweep × (1 − overlap)):\n\n");
+        let mixed = self.mixed_table();
+        if mixed.rows.is_empty() {
+            out.push_str("No mixed cell shares a context and concurrency with the sweep.\n");
+        } else {
+            out.push_str(&mixed.terminal(&[
+                "Cell",
+                "Requests",
+                "Req tok/s sweep · prod",
+                "Overlap",
+                "Prefills",
+                "Prod · sweep × (1 − ov)",
+                "TBT",
+                "TTFT",
+            ]));
+        }
+        out
+    }
+
+    /// The demo's matrices as one JSON object (`--format json`): `synthetic`, and `production`,
+    /// `steady`, `mixed` where measured.
+    pub fn json(&self, production: Option<&MatrixDoc>) -> String {
+        let value = serde_json::json!({
+            "synthetic": self.synthetic,
+            "production": production,
+            "steady": self.steady,
+            "mixed": self.mixed,
+        });
+        serde_json::to_string_pretty(&value).unwrap_or_default()
     }
 
     /// The demo's HTML report: the sweep, both phases beside it, definitions, every measurement.

@@ -12,10 +12,10 @@ use anyhow::{bail, Context as _};
 use http::HeaderValue;
 use tokio::sync::watch;
 
+use super::output::OutputFormat;
 use super::sweep::{write_matrix, EXIT_CANCELLED};
 use crate::config::{Config, ConfigLoader};
 use crate::matrix::diff::{diff, render_diff_json, render_diff_markdown};
-use crate::matrix::render_markdown;
 use crate::proxy::Proxy;
 use crate::sim::from_matrix::{profile_from_matrix, FromMatrixOptions};
 use crate::sim::{Profile, SimOptions, SimServer};
@@ -69,6 +69,10 @@ pub struct ReplayArgs {
     /// Configuration file: its upstream and metering sections (ladders, `[slo]`) apply.
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
+    /// What is printed on stdout at the end (the replay's matrix, then the diff): table
+    /// (aligned, at most 120 columns), md or json. Default: table on a terminal, md otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
+    pub format: OutputFormat,
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -183,7 +187,7 @@ pub async fn run(args: ReplayArgs, build_proxy: BuildProxy) -> anyhow::Result<Ex
     let Some(matrix) = report.matrix else {
         bail!("the replay recorded no request");
     };
-    print!("{}", render_markdown(&matrix));
+    print!("{}", args.format.matrix(&matrix));
     let mut written = write_matrix(&args.out, "replay", &matrix)?;
     if let Some(baseline) = &baseline {
         let mut compared = diff(baseline, &matrix);
@@ -194,7 +198,7 @@ pub async fn run(args: ReplayArgs, build_proxy: BuildProxy) -> anyhow::Result<Ex
             .unwrap_or_default();
         compared.b.label = "replay".into();
         let markdown = render_diff_markdown(&compared);
-        print!("\n{markdown}");
+        print!("\n{}", args.format.diff(&compared));
         for (name, text) in [
             ("diff.md", markdown),
             ("diff.json", render_diff_json(&compared)),

@@ -21,16 +21,18 @@ use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
 
 pub use raw::RawConfig;
 
-/// A configuration error, naming the key and the reason.
+/// A configuration error, naming the key and the reason. The file errors keep their cause as
+/// the error's source, not in their own text (the CLI prints the chain, which would say it
+/// twice).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("config file {path} is not valid TOML: {source}")]
+    #[error("config file {path} is not valid TOML")]
     Syntax {
         path: PathBuf,
         #[source]
