@@ -53,6 +53,8 @@ pub enum ShowFormat {
     Html,
     /// SVG charts: decode tok/s by concurrency per context, prefill tok/s by context.
     Svg,
+    /// Aligned columns for a terminal, at most 120 characters wide.
+    Table,
 }
 
 /// Output formats of `matrix diff`.
@@ -64,6 +66,8 @@ pub enum DiffFormat {
     Json,
     /// A self-contained HTML page with the ratio grid as a heat map.
     Html,
+    /// Aligned columns for a terminal (B ÷ A per cell), at most 120 characters wide.
+    Table,
 }
 
 #[derive(Debug, Args)]
@@ -175,6 +179,7 @@ fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         ShowFormat::Csv => crate::matrix::csv::render_csv(&doc),
         ShowFormat::Html => crate::matrix::html::render_html(&doc),
         ShowFormat::Svg => crate::matrix::svg::render_svg(&doc),
+        ShowFormat::Table => crate::matrix::table::render_table(&doc),
     };
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
@@ -207,6 +212,7 @@ fn diff_command(args: &DiffArgs) -> anyhow::Result<ExitCode> {
         DiffFormat::Md => diff::render_diff_markdown(&result),
         DiffFormat::Json => diff::render_diff_json(&result),
         DiffFormat::Html => crate::matrix::html::render_diff_html(&result),
+        DiffFormat::Table => crate::matrix::table::render_diff_table(&result),
     };
     write_output(args.output.as_deref(), &text)?;
     let gate = Gate {
