@@ -35,6 +35,7 @@ async fn a_small_demo_shows_steady_agreement_and_measured_interference() {
         out: out.clone(),
         seed: 0,
         keep_running: false,
+        format: tokentap::app::output::OutputFormat::Table,
     };
     let code = run(args).await.unwrap();
     assert_eq!(code, ExitCode::SUCCESS);
