@@ -350,20 +350,42 @@ async fn without_a_token_the_login_form_leads_to_the_open_page() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn headless_chromium_without_a_bearer_lands_on_the_login_form() {
+async fn headless_chromium_is_sent_to_the_login_form_logs_in_and_opens_the_page() {
     let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
     let server = proxy_with_token(&upstream.url(), "").await;
     let dir = temp_dir("chromium-login");
-    let url = format!("http://{}/?window=15m", server.admin_addr);
-    let dom =
-        tokio::task::spawn_blocking(move || common::chromium::dump_dom(&url, &dir.join("profile")))
-            .await
-            .unwrap();
+    let profile = dir.join("profile");
+    let dump = |url: String, extra: &'static [&'static str]| {
+        let profile = profile.clone();
+        tokio::task::spawn_blocking(move || common::chromium::dump_dom_with(&url, &profile, extra))
+    };
+    // No bearer, no cookie: the page redirects to the form.
+    let admin = server.admin_addr;
+    let dom = dump(format!("http://{admin}/?window=15m"), &[])
+        .await
+        .unwrap();
     assert!(dom.contains("id=\"login\""), "{dom}");
     assert!(dom.contains("type=\"password\""), "{dom}");
     assert!(
         !dom.contains("id=\"production\""),
         "the page itself stays closed"
     );
+    // The form posted by the browser (from a page of its own that submits it) sets the cookie;
+    // Chromium then opens the page with it, the session's controls included.
+    let submit = format!(
+        "data:text/html,<form method=post action=\"http://{admin}/login\"><input name=token value=\"{}\"></form><script>document.forms[0].submit()</script>",
+        TOKEN.replace(' ', "%20")
+    );
+    dump(submit, &["--virtual-time-budget=5000"]).await.unwrap();
+    assert_eq!(server.admin.sessions.open_count(), 1, "Chromium logged in");
+    let dom = dump(format!("http://{admin}/?window=15m"), &[])
+        .await
+        .unwrap();
+    assert!(dom.contains("id=\"production\""), "{dom}");
+    assert!(
+        dom.contains("id=\"session\"") && dom.contains("name=\"csrf\""),
+        "{dom}"
+    );
     server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

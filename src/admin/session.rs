@@ -455,7 +455,7 @@ fn login_page(status: StatusCode, message: Option<&str>) -> Response<ResponseBod
             escape(message)
         );
     }
-    body.push_str("<form id=\"login\" method=\"post\" action=\"/login\"><label for=\"token\">Admin token</label><input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"current-password\" required autofocus><button type=\"submit\">Log in</button></form></body></html>\n");
+    body.push_str("<form id=\"login\" method=\"post\" action=\"/login\"><label for=\"token\">Admin token</label><input type=\"password\" id=\"token\" name=\"token\" autocomplete=\"current-password\" required autofocus><button type=\"submit\">Log in</button></form><p class=\"note\">Already logged in? <a href=\"/\">Open the page</a> (a link from another site does not carry the session cookie, which is SameSite=Strict; a link on this page does).</p></body></html>\n");
     no_store(respond(status, "text/html; charset=utf-8", body))
 }
 

@@ -8,6 +8,12 @@ use std::time::Duration;
 /// Runs headless Chromium on `target` (a `file://` or `http://127.0.0.1` URL) and returns the
 /// DOM it rendered. Bounded: Chromium is killed after 90 s and the test fails.
 pub fn dump_dom(target: &str, profile: &Path) -> String {
+    dump_dom_with(target, profile, &[])
+}
+
+/// [`dump_dom`] with extra Chromium flags (e.g. `--virtual-time-budget=5000`, to let a page's
+/// script navigate before the DOM is dumped). The same `profile` keeps cookies between runs.
+pub fn dump_dom_with(target: &str, profile: &Path, extra: &[&str]) -> String {
     let chromium = ["chromium", "chromium-browser"]
         .into_iter()
         .find(|name| Command::new(name).arg("--version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()))
@@ -25,6 +31,7 @@ pub fn dump_dom(target: &str, profile: &Path) -> String {
             "--disable-dev-shm-usage",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra)
         .arg("--dump-dom")
         .arg(target)
         .stdout(Stdio::piped())
