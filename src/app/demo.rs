@@ -738,6 +738,23 @@ fn interference_text(cell: &DecodeCell) -> (String, String) {
     )
 }
 
+/// A report cell shortened for a terminal: no ` ms` (the header says it) and ratios with two
+/// decimals without parentheses (`118.4 · 117.9 (×0.994)` → `118.4 · 117.9 ×0.99`).
+fn compact(cell: &str) -> String {
+    let text = cell.replace(" ms", "");
+    let Some(open) = text.find("(×") else {
+        return text;
+    };
+    let rest = &text[open + "(×".len()..];
+    let Some(close) = rest.find(')') else {
+        return text;
+    };
+    match rest[..close].parse::<f64>() {
+        Ok(ratio) => format!("{}×{ratio:.2}{}", &text[..open], &rest[close + 1..]),
+        Err(_) => text,
+    }
+}
+
 /// A table as header and rows of plain text, rendered to Markdown or HTML.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TextTable {
@@ -751,7 +768,11 @@ impl TextTable {
     fn terminal(&self, header: &[&str]) -> String {
         let mut table = crate::matrix::table::TextTable::new(header);
         table.numeric = (1..header.len()).collect();
-        table.rows = self.rows.clone();
+        table.rows = self
+            .rows
+            .iter()
+            .map(|row| row.iter().map(|cell| compact(cell)).collect())
+            .collect();
         table.render(MAX_WIDTH)
     }
 
@@ -938,26 +959,26 @@ impl DemoReport<'_> {
         out.push_str(&steady.terminal(&[
             "Cell",
             "Req tok/s sweep · prod",
-            "TBT",
-            "TTFT",
+            "TBT ms",
+            "TTFT ms",
             "Total tok/s",
             "Overlap",
             "Within 5 %",
         ]));
-        out.push_str("\nMixed traffic beside the sweep (cold prompts; the gap is explained when prod ≈ sweep × (1 − overlap)):\n\n");
+        out.push_str("\nMixed traffic beside the sweep: cold prompts. Pref. = other requests' prefills overlapping a decode;\nwhere prod ≈ sweep × (1 − overlap), those prefills explain the gap.\n\n");
         let mixed = self.mixed_table();
         if mixed.rows.is_empty() {
             out.push_str("No mixed cell shares a context and concurrency with the sweep.\n");
         } else {
             out.push_str(&mixed.terminal(&[
                 "Cell",
-                "Requests",
+                "Reqs",
                 "Req tok/s sweep · prod",
                 "Overlap",
-                "Prefills",
-                "Prod · sweep × (1 − ov)",
-                "TBT",
-                "TTFT",
+                "Pref.",
+                "Prod · sweep×(1−ov)",
+                "TBT ms",
+                "TTFT ms",
             ]));
         }
         out
@@ -1006,6 +1027,18 @@ impl DemoReport<'_> {
             mixed_all = all(self.mixed),
         );
         page("tokentap demo", &body)
+    }
+}
+
+#[cfg(test)]
+mod terminal_tests {
+    use super::compact;
+
+    #[test]
+    fn report_cells_shorten_for_a_terminal() {
+        assert_eq!(compact("118.4 · 117.9 (×0.994)"), "118.4 · 117.9 ×0.99");
+        assert_eq!(compact("192 ms · 2160 ms (×11.250)"), "192 · 2160 ×11.25");
+        assert_eq!(compact("0.0%"), "0.0%");
     }
 }
 

@@ -86,7 +86,10 @@ impl ProgressLine {
             }
             Mode::Plain { out, last } => {
                 let key = phase_key(line);
-                if key != *last {
+                // A line that names no cell between two cells of the same state ("running ·
+                // 3/4 measurements") is no news either.
+                let between_cells = !key.contains(" · ") && last.starts_with(&format!("{key} · "));
+                if key != *last && !between_cells {
                     *last = key;
                     out.write_line(line);
                 }
@@ -191,6 +194,7 @@ mod tests {
             "running · 1K × 1 window · 0/4 measurements · ETA 30s · elapsed 3s",
             "running · 1K × 1 window · 0/4 measurements · ETA 29s · elapsed 4s",
             "running · 1K × 1 drain · 1/4 measurements · ETA 25s · elapsed 8s",
+            "running · 1/4 measurements · ETA 25s · elapsed 8s",
             "running · 1K × 1 (paused for production traffic) · 1/4 measurements · elapsed 9s",
             "running · 1K × 2 warm-up · 1/4 measurements · ETA 20s · elapsed 11s",
             "running · 1K × 2 window · 1/4 measurements · ETA 20s · elapsed 12s",
