@@ -36,6 +36,7 @@ async fn a_small_demo_shows_steady_agreement_and_measured_interference() {
         seed: 0,
         keep_running: false,
         format: tokentap::app::output::OutputFormat::Table,
+        set: Vec::new(),
     };
     let code = run(args).await.unwrap();
     assert_eq!(code, ExitCode::SUCCESS);

@@ -56,8 +56,11 @@ pub enum Command {
     /// production matrix beside the latest synthetic sweep.
     ///
     /// Example: `tokentap serve --upstream http://127.0.0.1:30000` (sglang on :30000, tokentap on
-    /// :8000, admin on 127.0.0.1:9464). Every setting is documented in config/tokentap.toml and can
-    /// be given as TOKENTAP_<SECTION>__<KEY> in the environment (e.g. TOKENTAP_ADMIN__TOKEN).
+    /// :8000, admin on 127.0.0.1:9464; vLLM also listens on 8000: add --listen 0.0.0.0:8100).
+    /// Every setting is documented in config/tokentap.toml and can be given as
+    /// TOKENTAP_<SECTION>__<KEY> in the environment (e.g. TOKENTAP_ADMIN__TOKEN) or as --set
+    /// section.key=value. With admin.token set, a browser opens the page after logging in at
+    /// http://<admin>/login.
     /// SIGTERM or Ctrl-C stops accepting and lets streams finish within proxy.shutdown_grace.
     Serve(super::serve::ServeArgs),
     /// Run a simulated sglang-compatible server (the embedded default upstream).

@@ -103,6 +103,10 @@ pub struct DemoArgs {
     /// terminal, md otherwise.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
     pub format: OutputFormat,
+    /// Set a key of the demo proxy's configuration over the demo's own, e.g. --set
+    /// slo.ttft=500ms (repeatable; see config/tokentap.toml).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 /// `tokentap demo`.
@@ -138,6 +142,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     );
     let config = ConfigLoader::new()
         .text(&config_text, "tokentap demo")?
+        .set_args(&args.set)?
         .load()?;
     let server = ProxyServer::start(config).await?;
 

@@ -50,6 +50,11 @@ pub struct ServeArgs {
     /// variables TOKENTAP_<SECTION>__<KEY> override it; these flags override both.
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Set any key of config/tokentap.toml, e.g. --set admin.token=change-me --set
+    /// proxy.listen=0.0.0.0:8100 (repeatable; over the file and the environment, under the
+    /// flags above). The [[upstreams]] list is the file's.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 impl ServeArgs {
@@ -59,7 +64,7 @@ impl ServeArgs {
         if let Some(path) = &self.config {
             loader = loader.file(path)?;
         }
-        loader = loader.process_env()?;
+        loader = loader.process_env()?.set_args(&self.set)?;
         if let Some(url) = &self.upstream {
             loader = loader.flag(
                 "upstream",
@@ -132,7 +137,12 @@ impl ProxyServer {
     pub async fn start(config: Config) -> anyhow::Result<Self> {
         let proxy_listener = TcpListener::bind(config.proxy.listen)
             .await
-            .with_context(|| format!("cannot listen on {} (proxy.listen)", config.proxy.listen))?;
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} (proxy.listen; vLLM also defaults to port 8000: pick another with --listen 0.0.0.0:8100)",
+                    config.proxy.listen
+                )
+            })?;
         let admin_listener = TcpListener::bind(config.admin.listen)
             .await
             .with_context(|| format!("cannot listen on {} (admin.listen)", config.admin.listen))?;

@@ -100,6 +100,11 @@ pub struct SweepArgs {
     /// metering sections apply too.
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Set any key of config/tokentap.toml for this run, e.g. --set sweep.production_guard=8
+    /// (repeatable; over the file and the environment). With --admin only the sweep section's
+    /// defaults matter: the proxy's own configuration applies there.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
     /// What is printed on stdout at the end: table (aligned, at most 120 columns), md (the
     /// seed page's layout) or json. Default: table on a terminal, md otherwise.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
@@ -136,7 +141,7 @@ impl SweepArgs {
         if let Some(path) = &self.config {
             loader = loader.file(path)?;
         }
-        loader = loader.process_env()?;
+        loader = loader.process_env()?.set_args(&self.set)?;
         if let Some(url) = &self.target {
             loader = loader.flag(
                 "upstream",

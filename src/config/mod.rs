@@ -46,6 +46,8 @@ pub enum ConfigError {
     },
     #[error("environment variable {var}: {message}")]
     Env { var: String, message: String },
+    #[error("--set {arg}: {message}")]
+    Set { arg: String, message: String },
 }
 
 /// Where a key's value came from, for error messages.
@@ -176,6 +178,37 @@ impl ConfigLoader {
             }
         }
         self.env(vars)
+    }
+
+    /// Applies `--set SECTION.KEY=VALUE` flags, in order (a later one wins). The value is read
+    /// as the environment layer reads it: a TOML value when it parses as one (numbers, booleans,
+    /// arrays), else a string. Any key of a `[section]` can be set this way; the `[[upstreams]]`
+    /// list cannot (use the file). An unknown key fails at [`ConfigLoader::load`], naming the
+    /// flag.
+    pub fn set_args(mut self, args: &[String]) -> Result<Self, ConfigError> {
+        for arg in args {
+            let malformed = |message: &str| ConfigError::Set {
+                arg: arg.clone(),
+                message: message.to_owned(),
+            };
+            let (path, value) = arg.split_once('=').ok_or_else(|| {
+                malformed("expected SECTION.KEY=VALUE, e.g. --set admin.token=change-me")
+            })?;
+            let path = path.trim();
+            let (section, key) = path
+                .split_once('.')
+                .filter(|(s, k)| !s.is_empty() && !k.is_empty() && !k.contains('.'))
+                .ok_or_else(|| {
+                    malformed("expected one section and one key before `=`, e.g. proxy.listen")
+                })?;
+            self.set(
+                &section.to_ascii_lowercase(),
+                &key.to_ascii_lowercase(),
+                parse_scalar(value.trim()),
+                format!("flag --set {path}"),
+            );
+        }
+        Ok(self)
     }
 
     /// Sets one key from a command-line flag.
@@ -1046,6 +1079,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("latency"), "{error}");
+    }
+
+    #[test]
+    fn set_flags_override_the_file_and_name_themselves_in_errors() {
+        let config = ConfigLoader::new()
+            .text("[proxy]\nlisten = \"127.0.0.1:8000\"\n", "t.toml")
+            .unwrap()
+            .set_args(&[
+                "proxy.listen=127.0.0.1:8100".to_owned(),
+                "admin.max_sessions=3".to_owned(),
+                "upstream.metrics_interval = 0".to_owned(),
+            ])
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(config.proxy.listen.port(), 8100);
+        assert_eq!(config.admin.max_sessions, 3);
+        assert!(config.upstreams[0].metrics_interval.is_zero());
+        let unknown = ConfigLoader::new()
+            .set_args(&["proxy.lisen=x".to_owned()])
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(unknown.contains("flag --set proxy.lisen"), "{unknown}");
+        for bad in ["proxy.listen", "listen=1", "a.b.c=1", ".x=1"] {
+            let error = ConfigLoader::new()
+                .set_args(&[bad.to_owned()])
+                .unwrap_err()
+                .to_string();
+            assert!(error.starts_with(&format!("--set {bad}")), "{error}");
+        }
     }
 
     #[test]
