@@ -165,11 +165,17 @@ impl AdminState {
             (_, path) if sweeps::owns(path) => sweeps::handle(&self, request).await,
             (_, path) if reference::owns(path) => reference::handle(&self, request).await,
             _ if !self.authorized(&request) => unauthorized(),
-            (&Method::GET, "/metrics") => respond(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                self.metrics.render(),
-            ),
+            (&Method::GET, "/metrics") => {
+                let mut text = self.metrics.render();
+                if let Some(latest) = self.synthetic.get() {
+                    crate::telemetry::sweep::render_into(&latest, &mut text);
+                }
+                respond(
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    text,
+                )
+            }
             (&Method::GET, "/matrix") => matrix::handle(&self, &request).await,
             (&Method::GET, "/workload") => workload::handle(&self, &request).await,
             (&Method::GET, "/") => page::handle(&self, &request).await,

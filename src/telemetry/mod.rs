@@ -1,6 +1,8 @@
-//! Logs, Prometheus metrics (with the drift gauges, `drift`) and OpenTelemetry export.
+//! Logs, Prometheus metrics (with the drift gauges, `drift`, and the latest sweep's gauges,
+//! `sweep`) and OpenTelemetry export.
 pub mod drift;
 pub mod logging;
 pub mod names;
 pub mod otel;
 pub mod prometheus;
+pub mod sweep;

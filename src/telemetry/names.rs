@@ -57,6 +57,17 @@ pub const UPSTREAM_SCRAPES_HELP: &str = "Reads of an upstream's /metrics page by
 pub const DRIFT_RATIO: &str = "tokentap_drift_ratio";
 pub const DRIFT_RATIO_HELP: &str = "Per cell with at least drift.min_requests completed production requests in drift.window: production / pinned reference of per-request tokens per second (metric=\"per_request_tok_s\", below 1 is slower) or of median time to first token (metric=\"ttft\", above 1 is slower).";
 
+/// The latest sweep's gauges (`telemetry::sweep`), written as text at each scrape like the
+/// drift ratio, so not in [`DESCRIPTIONS`].
+pub const SWEEP_INFO: &str = "tokentap_sweep_info";
+pub const SWEEP_INFO_HELP: &str = "The latest synthetic sweep whose cells tokentap_sweep_cell_* show: its model and id; the value is when it ended, in Unix seconds (0 when unknown).";
+pub const SWEEP_CELL_TOTAL_TOKENS_PER_SECOND: &str = "tokentap_sweep_cell_total_tokens_per_second";
+pub const SWEEP_CELL_REQUEST_TOKENS_PER_SECOND: &str =
+    "tokentap_sweep_cell_request_tokens_per_second";
+pub const SWEEP_CELL_TIME_TO_FIRST_TOKEN: &str = "tokentap_sweep_cell_time_to_first_token_seconds";
+pub const SWEEP_CELL_TIME_BETWEEN_TOKENS: &str =
+    "tokentap_sweep_cell_time_between_tokens_seconds";
+
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (TIME_TO_FIRST_TOKEN, "Time from request head in to the first event carrying generated output, in seconds."),
