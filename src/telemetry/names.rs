@@ -65,8 +65,7 @@ pub const SWEEP_CELL_TOTAL_TOKENS_PER_SECOND: &str = "tokentap_sweep_cell_total_
 pub const SWEEP_CELL_REQUEST_TOKENS_PER_SECOND: &str =
     "tokentap_sweep_cell_request_tokens_per_second";
 pub const SWEEP_CELL_TIME_TO_FIRST_TOKEN: &str = "tokentap_sweep_cell_time_to_first_token_seconds";
-pub const SWEEP_CELL_TIME_BETWEEN_TOKENS: &str =
-    "tokentap_sweep_cell_time_between_tokens_seconds";
+pub const SWEEP_CELL_TIME_BETWEEN_TOKENS: &str = "tokentap_sweep_cell_time_between_tokens_seconds";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[

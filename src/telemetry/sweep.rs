@@ -143,7 +143,9 @@ mod tests {
             valid
         );
         let mut none = doc.clone();
-        none.decode.iter_mut().for_each(|c| c.status = CellStatus::NotRun);
+        none.decode
+            .iter_mut()
+            .for_each(|c| c.status = CellStatus::NotRun);
         let mut empty = String::new();
         render_into(&none, &mut empty);
         assert!(empty.is_empty());
