@@ -130,7 +130,7 @@ pub enum Command {
     ///
     /// Examples:
     ///   tokentap completions bash > ~/.local/share/bash-completion/completions/tokentap
-    ///   tokentap completions zsh > "${fpath[1]}/_tokentap"
+    ///   tokentap completions zsh > ~/.zfunc/_tokentap   # with fpath+=~/.zfunc in ~/.zshrc
     ///   tokentap completions fish > ~/.config/fish/completions/tokentap.fish
     #[command(verbatim_doc_comment)]
     Completions(CompletionsArgs),

@@ -52,7 +52,7 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
     /// Set any key of config/tokentap.toml, e.g. --set admin.token=change-me --set
     /// proxy.listen=0.0.0.0:8100 (repeatable; over the file and the environment, under the
-    /// flags above). The [[upstreams]] list is the file's.
+    /// flags above). A list of several upstreams (`[[upstreams]]`) is written in the file.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
 }
