@@ -241,3 +241,65 @@ async fn a_sweep_ends_with_an_aligned_table_and_logs_one_line_per_cell_off_a_ter
     sim.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The first line of `tokentap [global flags] serve …` on loopback whose stderr is a pipe, once
+/// it is forwarding; the process is stopped before returning.
+fn first_serve_line(global: &[&str]) -> String {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        .args(global)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--set",
+            "upstream.metrics_interval=0",
+            "--set",
+            "upstream.sends_usage_unasked=no",
+            "--set",
+            "store.data_dir=",
+        ])
+        .env_remove("NO_COLOR")
+        .env_remove("TOKENTAP_CONFIG")
+        .env_remove("TOKENTAP_ADMIN__TOKEN")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("tokentap is forwarding") {
+                let _ = send.send(line);
+                break;
+            }
+        }
+    });
+    let line = receive.recv_timeout(std::time::Duration::from_secs(30));
+    let _ = child.kill();
+    let _ = child.wait();
+    line.expect("tokentap serve said it is forwarding within 30 s")
+}
+
+#[test]
+fn logs_off_a_terminal_have_no_colour_codes_and_json_is_one_object_per_line() {
+    let text = first_serve_line(&[]);
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(text.contains(" INFO "), "{text}");
+    let json = first_serve_line(&["--log-format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["level"], "INFO", "{json}");
+    assert!(
+        value["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tokentap is forwarding")),
+        "{json}"
+    );
+    assert!(value["fields"]["proxy"].as_str().is_some(), "{json}");
+}
