@@ -222,9 +222,25 @@ async fn a_sweep_ends_with_an_aligned_table_and_logs_one_line_per_cell_off_a_ter
     assert!(output.status.success(), "{output:?}");
     let table = stdout(&output);
     assert!(widest_line(&table) <= 120, "{table}");
-    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("8K ")).collect();
-    assert!(rows.len() >= 2, "{table}");
+    let decode = &table[table.find("Total tok/s").unwrap()..];
+    let rows: Vec<&str> = decode
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .filter(|l| l.starts_with("8K "))
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
     assert!(rows.iter().all(|r| r.contains("Valid")), "{table}");
+    // The tails of every decode cell follow.
+    let tails = &table[table.find("Tails per cell").expect("the tails table")..];
+    assert!(
+        tails.contains("TTFT p99") && tails.contains("ITL p90"),
+        "{table}"
+    );
+    assert_eq!(
+        tails.lines().filter(|l| l.starts_with("8K ")).count(),
+        2,
+        "{table}"
+    );
     let log = stderr(&output);
     eprintln!("{log}\n{table}");
     assert!(!log.contains('\r') && !log.contains('\u{1b}'), "{log:?}");

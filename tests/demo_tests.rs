@@ -6,6 +6,11 @@
 
 use std::process::ExitCode;
 
+mod common {
+    #[path = "chromium.rs"]
+    pub mod chromium;
+}
+
 use tokentap::app::demo::{run, steady_cells, DemoArgs, DEMO_PROFILE};
 use tokentap::matrix::{load, DecodeCell, MatrixDoc};
 
@@ -43,9 +48,51 @@ async fn a_small_demo_shows_steady_agreement_and_measured_interference() {
     let synthetic = load(&out.join("synthetic.json")).unwrap();
     let steady = load(&out.join("steady.json")).unwrap();
     let mixed = load(&out.join("mixed.json")).unwrap();
-    assert!(std::fs::read_to_string(out.join("report.html"))
-        .unwrap()
-        .contains("Steady traffic · the sweep"));
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(report.contains("Steady traffic · the sweep"));
+    // The report leads with production ÷ sweep on one grid, and draws production's heat maps
+    // on the sweep's axes.
+    let grid = report.find("id=\"comparison\"").expect("the shared grid");
+    assert!(grid < report.find("<h2>Synthetic sweep</h2>").unwrap());
+    assert!(report[grid..].contains("data-ratio=\""));
+    assert!(report.contains("id=\"production\"") && report.contains("id=\"mixed\""));
+    for thin in mixed
+        .decode
+        .iter()
+        .filter(|c| c.status == tokentap::matrix::CellStatus::LowEvidence)
+    {
+        let label = tokentap::matrix::units::context_label(thin.context_tokens);
+        let needle = format!(
+            "data-context=\"{label}\" data-concurrency=\"{}\" data-status=\"low-evidence\" title=",
+            thin.concurrency
+        );
+        assert!(report.contains(&needle), "{needle} drawn grey, uncoloured");
+    }
+    // In headless Chromium no table overflows at 1400 or 800 px; screenshots for a person.
+    let shots = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    for width in [1400, 800] {
+        let (html, dir) = (report.clone(), out.clone());
+        let (scroll, client, bad) =
+            tokio::task::spawn_blocking(move || common::chromium::layout(&html, &dir, width))
+                .await
+                .unwrap();
+        assert!(
+            scroll <= client,
+            "{width} px: the report scrolls sideways ({scroll} > {client})"
+        );
+        assert!(bad.is_empty(), "{width} px: tables overflow: {bad:?}");
+        let (target, profile, png) = (
+            format!("file://{}", out.join("report.html").display()),
+            out.join(format!("shot-{width}")),
+            shots.join(format!("demo-report-{width}.png")),
+        );
+        tokio::task::spawn_blocking(move || {
+            common::chromium::screenshot(&target, &profile, width, &png)
+        })
+        .await
+        .unwrap();
+    }
 
     // The steady phase reproduced 8K × 1 and 8K × 4 (16K × 2 is not in this sweep).
     let cells = steady_cells(&synthetic);
@@ -54,6 +101,10 @@ async fn a_small_demo_shows_steady_agreement_and_measured_interference() {
         let (want, got) = (
             cell(&synthetic, context, concurrency),
             cell(&steady, context, concurrency),
+        );
+        assert!(
+            got.status.is_valid(),
+            "steady cells rest on enough evidence: {got:?}"
         );
         // TTFT is a cache hit of a few hundred ms, the median of a handful of requests, and an
         // ordinary client's TTFT also holds its body upload, which the sweep's in-process

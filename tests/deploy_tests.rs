@@ -1912,7 +1912,7 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
         &sim.base_url(),
         // A loose SLO, so every request is judged and the SLO panels have data; drift after a
         // single request, refreshed every second, so the drift panels have data too.
-        &format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[slo]\ne2e = \"10m\"\n[drift]\nmin_requests = 1\nrefresh_interval = \"1s\"\n"),
+        &format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[slo]\ne2e = \"10m\"\n[evidence]\nmin_requests = 1\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n[drift]\nrefresh_interval = \"1s\"\n"),
     )
     .await;
     let server = Arc::new(server);

@@ -5,7 +5,7 @@
 //! - a reference from a Markdown page with known figures, pinned with `tokentap reference pin`,
 //!   against a scripted upstream with known timing: `/matrix?compare=reference` gives
 //!   production ÷ reference exactly (the production cell's own figures ÷ the page's), the
-//!   gauge appears only once the cell has `drift.min_requests` requests, the refresher removes
+//!   gauge appears only once the cell meets `[evidence]` (`min_requests` requests), the refresher removes
 //!   it when the reference is cleared, and the pin survives a restart;
 //! - a reference pinned from a sweep on the simulator, then ordinary traffic that reproduces
 //!   the swept cell: per-request tok/s ratio ≈ 1.
@@ -127,7 +127,7 @@ async fn a_page_reference_gives_exact_ratios_gauges_follow_min_requests_and_the_
     let upstream = ScriptedUpstream::start(timed_stream).await;
     let dir = temp_dir("page");
     let config = format!(
-        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\n[admin]\ntoken = \"{TOKEN}\"\n[store]\ndata_dir = \"{}\"\n[drift]\nmin_requests = 4\nrefresh_interval = \"200ms\"\n",
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\n[admin]\ntoken = \"{TOKEN}\"\n[store]\ndata_dir = \"{}\"\n[evidence]\nmin_requests = 4\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n[drift]\nrefresh_interval = \"200ms\"\n",
         upstream.url(),
         dir.display()
     );
@@ -494,7 +494,7 @@ async fn a_reference_pinned_from_a_sweep_gives_ratios_near_one_for_traffic_like_
         .unwrap();
     let dir = temp_dir("sweep");
     let config = format!(
-        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\n[admin]\ntoken = \"{TOKEN}\"\n[store]\ndata_dir = \"{}\"\n[drift]\nmin_requests = 6\n",
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\n[admin]\ntoken = \"{TOKEN}\"\n[store]\ndata_dir = \"{}\"\n[evidence]\nmin_requests = 6\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n",
         sim.base_url(),
         dir.display()
     );

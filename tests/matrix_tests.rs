@@ -389,6 +389,69 @@ fn a_code_built_document_round_trips_through_markdown() {
 }
 
 #[test]
+fn tails_evidence_statuses_and_production_in_flight_round_trip_through_every_format() {
+    let mut doc = MatrixDoc::new(Metadata::default());
+    doc.metadata.run.source = Some(Source::Synthetic);
+    let mut cell = DecodeCell::status_only(8192, 1, CellStatus::OffTarget);
+    cell.total_tok_s = Some(48.0);
+    cell.ttft_ms = Some(210.0);
+    cell.tbt_ms = Some(20.8);
+    cell.average_active_requests = Some(5.0);
+    cell.completed_requests = Some(0);
+    cell.output_tokens = Some(1_440);
+    cell.measured_for_s = Some(30.0);
+    cell.production_in_flight = Some(4.0);
+    cell.tails = tokentap::matrix::Tails::from_values([
+        Some(412.0),
+        Some(530.0),
+        Some(21.4),
+        Some(25.3),
+        Some(22.0),
+        None,
+    ]);
+    let mut thin = DecodeCell::status_only(16384, 1, CellStatus::LowEvidence);
+    thin.total_tok_s = Some(241.6);
+    thin.completed_requests = Some(0);
+    thin.output_tokens = Some(63);
+    thin.measured_for_s = Some(0.3);
+    doc.decode = vec![cell, thin];
+    doc.validate().unwrap();
+    let md = markdown::render_markdown(&doc);
+    for needle in [
+        "| TTFT p90 | TTFT p99 | TBT p90 | TBT p99 | ITL p90 | ITL p99 | Production in flight |",
+        "| 412 ms | 530 ms | 21.4 ms | 25.3 ms | 22.0 ms | — | 4.0 |",
+        "Off target<br>ran at 5.0",
+        "Low evidence<br>n=0 · 63 tok · 0.3 s",
+        "Low evidence: too few completed requests",
+    ] {
+        assert!(md.contains(needle), "{needle}\n{md}");
+    }
+    let imported = parse_any(&md).unwrap();
+    assert_eq!(markdown::render_markdown(&imported), md);
+    assert_eq!(imported.cell(8192, 1).unwrap().tails, doc.decode[0].tails);
+    assert_eq!(
+        imported.cell(16384, 1).unwrap().status,
+        CellStatus::LowEvidence
+    );
+    let json = render_json(&doc);
+    assert!(json.contains("\"status\": \"Off target\""), "{json}");
+    assert!(
+        !json.contains("itl_p99_ms"),
+        "an absent tail is left out: {json}"
+    );
+    assert_eq!(parse_any(&json).unwrap(), doc);
+    let csv = tokentap::matrix::csv::render_csv(&doc);
+    assert!(csv.contains(",412,530,21.4,25.3,22,,4\r\n"), "{csv}");
+    // Neither enters a diff's ratios.
+    let other = doc.clone();
+    let compared = diff(&doc, &other);
+    assert!(compared
+        .decode
+        .iter()
+        .all(|c| c.ratios.total_tok_s.is_none()));
+}
+
+#[test]
 fn the_diff_of_a_matrix_with_itself_is_one_everywhere() {
     for name in [GLM, STEP] {
         let doc = seed(name);
@@ -566,7 +629,7 @@ fn malformed_seed_text_gives_named_errors() {
     // Unknown status.
     let broken = with_line(&text, row, &original.replace("Valid", "Fine"));
     let error = chain(parse_any(&broken).unwrap_err());
-    assert_eq!(error, format!("line {row}: All measurements row: unknown status \"Fine\", expected Valid, Over capacity, Not run or Error: <reason>"));
+    assert_eq!(error, format!("line {row}: All measurements row: unknown status \"Fine\", expected Valid, Low evidence, Off target, Over capacity, Not run or Error: <reason>"));
 
     // Bad number.
     let broken = with_line(&text, row, &original.replace("278.7", "27x.7"));
@@ -1227,7 +1290,8 @@ fn the_server_state_columns_round_trip_and_older_documents_still_read() {
     let html = html::render_html(&doc);
     assert!(html.contains("KV cache usage"), "{html}");
     let csv = tokentap::matrix::csv::render_csv(&doc);
-    assert!(csv.contains(",3.96,0,0.053,\r\n"), "{csv}");
+    // The server state, then the (absent) tails and production-in-flight columns.
+    assert!(csv.contains(",3.96,0,0.053,,,,,,,,\r\n"), "{csv}");
     // A document without the field (older, or unscraped) reads as before and renders without
     // the columns; a negative figure is refused.
     let mut older = doc.clone();

@@ -26,6 +26,10 @@ const GAP: Duration = Duration::from_millis(25);
 /// Tokens per stream.
 const TOKENS: u64 = 40;
 
+/// An `[evidence]` section that passes every cell, for tests of the figures themselves.
+const NO_EVIDENCE_MINIMUM: &str =
+    "[evidence]\nmin_requests = 0\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n";
+
 /// The scripted upstream of these tests: see `timed_chat_stream`.
 fn timed_stream(request: &Received) -> Script {
     timed_chat_stream(request, TTFT, GAP, None)
@@ -113,14 +117,16 @@ fn sweep_cell(records: &[Arc<RequestRecord>], context: u64, concurrency: u32) ->
         records: records.to_vec(),
         failures: Vec::new(),
         streams: records.len(),
+        production_in_flight: None,
     })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pairs() {
     let upstream = ScriptedUpstream::start(timed_stream).await;
+    // One burst per cell: no evidence minimum, the figures themselves are under test.
     let (server, records) = start_proxy(&format!(
-        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n",
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n{NO_EVIDENCE_MINIMUM}",
         upstream.url()
     ))
     .await;
@@ -387,11 +393,18 @@ async fn the_admin_matrix_endpoint_serves_every_format_and_names_its_errors() {
     server.shutdown().await;
 }
 
+/// Where the page tests leave their screenshots (for a person to look at; nothing reads them).
+fn screenshot_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_admin_page_renders_both_matrices_and_their_ratio_in_headless_chromium() {
+async fn the_admin_page_shows_production_beside_the_sweep_on_one_grid_in_headless_chromium() {
     let upstream = ScriptedUpstream::start(timed_stream).await;
     let (server, records) = start_proxy(&format!(
-        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n",
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[evidence]\nmin_requests = 10\nmin_measured_for = \"1s\"\nmin_output_tokens = 100\n",
         upstream.url()
     ))
     .await;
@@ -400,38 +413,112 @@ async fn the_admin_page_renders_both_matrices_and_their_ratio_in_headless_chromi
     assert_eq!(page.status, 200);
     assert!(page.text().contains("no synthetic sweep has run yet"));
 
-    burst(&server, 1, 5_000, 12).await;
-    records.wait_for(1).await;
-    // A synthetic matrix 10% faster than production in the same cell.
-    let mut synthetic = production_doc(&server).await;
-    let production_total = synthetic.decode[0].total_tok_s.unwrap();
-    synthetic.decode[0].total_tok_s = Some(production_total * 1.1);
+    // 8K × 1: twelve requests one after another (evidence enough); 16K × 1: one short request.
+    for _ in 0..12 {
+        burst(&server, 1, 5_000, 12).await;
+    }
+    burst(&server, 1, 12_000, 3).await;
+    records.wait_for(13).await;
+    let production = production_doc(&server).await;
+    assert_eq!(production.cell(8192, 1).unwrap().status, CellStatus::Valid);
+    let thin = production.cell(16384, 1).unwrap();
+    assert_eq!(thin.status, CellStatus::LowEvidence, "{thin:?}");
+    assert!(thin.total_tok_s.is_some(), "its figures are kept");
+    assert!(production.decode[0].tails.is_some(), "tails per cell");
+    // A synthetic matrix 10 % faster than production in the same cell, with a column (8K × 4)
+    // production lacks, and the thin cell measured: the axes differ between the two.
+    let mut synthetic = production.clone();
+    synthetic.decode.retain(|c| c.status.is_valid());
+    let cell = &mut synthetic.decode[0];
+    cell.total_tok_s = Some(cell.total_tok_s.unwrap() * 1.1);
+    let mut four = cell.clone();
+    four.concurrency = 4;
+    four.average_active_requests = Some(4.0);
+    let mut sixteen = cell.clone();
+    sixteen.context_tokens = 16384;
+    synthetic.decode.extend([four, sixteen]);
+    synthetic.sort();
     synthetic.metadata.run.source = Some(tokentap::matrix::doc::Source::Synthetic);
     synthetic.metadata.run.sweep_id = Some("sweep-7".into());
     server.admin.synthetic.set(synthetic);
 
     let dir = temp_dir("chromium");
     let url = format!("http://{}/?window=15m", server.admin_addr);
-    let dom =
-        tokio::task::spawn_blocking(move || common::chromium::dump_dom(&url, &dir.join("profile")))
-            .await
-            .unwrap();
+    let target = url.clone();
+    let profile = dir.join("profile");
+    let dom = tokio::task::spawn_blocking(move || common::chromium::dump_dom(&target, &profile))
+        .await
+        .unwrap();
     assert!(dom.contains("http-equiv=\"refresh\""), "{dom}");
-    let production = &dom[dom.find("id=\"production\"").expect("production panel")..];
-    let synthetic = &dom[dom.find("id=\"synthetic\"").expect("synthetic panel")..];
-    assert!(production.contains("data-context=\"8K\" data-concurrency=\"1\" data-status=\"valid\""));
-    assert!(synthetic.contains("sweep-7"));
-    let ratio = &dom[dom.find("class=\"ratio-grid\"").expect("ratio grid")..];
-    let data_ratio = ratio.find("data-ratio=\"").expect("a ratio");
-    let value: f64 = ratio[data_ratio + 12..]
+    // The shared grid leads the page.
+    let grid_at = dom
+        .find("id=\"comparison\"")
+        .expect("the production ÷ sweep grid");
+    assert!(
+        grid_at < dom.find("id=\"production\"").unwrap(),
+        "the grid heads the page"
+    );
+    let grid = &dom[grid_at..dom[grid_at..].find("</section>").unwrap() + grid_at];
+    let needle = "data-context=\"8K\" data-concurrency=\"1\" data-ratio=\"";
+    let one = grid.find(needle).expect("8K × 1 compared");
+    let value: f64 = grid[one + needle.len()..]
         .split('"')
         .next()
         .unwrap()
         .parse()
         .unwrap();
     assert!((value - 1.0 / 1.1).abs() < 1e-6, "{value}");
-    assert!(!dom.contains("<script"), "the page needs no script");
-    assert!(!dom.contains("src=\"http"), "the page loads nothing");
+    // The low-evidence cell is grey, named with its n, and not in the ratio.
+    assert!(
+        grid.contains("data-context=\"16K\" data-concurrency=\"1\" data-compared=\"no\""),
+        "{grid}"
+    );
+    assert!(grid.contains("Low evidence (n=1"), "{grid}");
+    assert!(grid.contains("class=\"scale-legend\""), "a colour legend");
+    let production_panel =
+        &dom[dom.find("id=\"production\"").unwrap()..dom.find("id=\"synthetic\"").unwrap()];
+    let synthetic_panel = &dom[dom.find("id=\"synthetic\"").unwrap()..];
+    assert!(production_panel
+        .contains("data-context=\"16K\" data-concurrency=\"1\" data-status=\"low-evidence\""));
+    assert!(
+        !production_panel.contains("data-status=\"low-evidence\" style=\"background:hsl"),
+        "not coloured"
+    );
+    // Shared axes: both heat maps have the 4 column, production's blank.
+    for panel in [production_panel, synthetic_panel] {
+        assert!(panel.contains("<th>1</th><th>4</th>"), "{panel}");
+    }
+    assert!(production_panel
+        .contains("data-context=\"8K\" data-concurrency=\"4\" data-status=\"absent\""));
+    assert!(synthetic_panel.contains("sweep-7"));
+    assert!(!grid.contains("→"), "no status change words in the grid");
+    let page = admin_get(&server, "/?window=15m").await.text();
+    assert!(!page.contains("<script"), "the page needs no script");
+    assert!(!page.contains("src=\"http"), "the page loads nothing");
+    // No table overflows the page at either width; screenshots for a person to look at.
+    let shots = screenshot_dir();
+    for width in [1400, 800] {
+        let (html, probe_dir) = (page.clone(), dir.clone());
+        let (scroll, client, bad) =
+            tokio::task::spawn_blocking(move || common::chromium::layout(&html, &probe_dir, width))
+                .await
+                .unwrap();
+        assert!(
+            scroll <= client,
+            "{width} px: the page scrolls sideways ({scroll} > {client})"
+        );
+        assert!(bad.is_empty(), "{width} px: tables overflow: {bad:?}");
+        let (target, profile, png) = (
+            url.clone(),
+            dir.join(format!("shot-{width}")),
+            shots.join(format!("admin-page-{width}.png")),
+        );
+        tokio::task::spawn_blocking(move || {
+            common::chromium::screenshot(&target, &profile, width, &png)
+        })
+        .await
+        .unwrap();
+    }
     server.shutdown().await;
 }
 

@@ -179,6 +179,18 @@ async fn admin(
     (response.status, value)
 }
 
+/// The admin page `/`, with the token.
+async fn admin_page(server: &tokentap::app::serve::ProxyServer) -> String {
+    common::send(
+        http::Request::get(format!("http://{}/", server.admin_addr))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap(),
+    )
+    .await
+    .text()
+}
+
 /// Polls `GET /sweeps/{id}` until `check` holds (bounded).
 async fn wait_status(
     server: &tokentap::app::serve::ProxyServer,
@@ -607,6 +619,153 @@ async fn production_above_the_guard_pauses_the_sweep() {
     );
     assert!(done["progress"]["paused_s"].as_f64().unwrap() >= 0.5);
     assert_eq!(done["matrix"]["decode"][0]["status"], "Valid");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cell_measured_beside_production_is_off_target_and_the_page_shows_the_finished_sweep() {
+    let sim = sim(STEP).await;
+    // The default guard (4) lets the sweep run beside two production streams.
+    let server = proxy_with_token(&sim.base_url(), "").await;
+    let url = format!("http://{}/v1/completions", server.proxy_addr);
+    let production: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                common::post(
+                    &url,
+                    r#"{"model":"step3p7","prompt":"hello","max_tokens":100000,"ignore_eos":true,"stream":true}"#,
+                )
+                .await
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server
+        .proxy
+        .meter
+        .inflight(tokentap::base::Source::Production)
+        < 2
+    {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (code, body) = admin(
+        &server,
+        "POST",
+        "/sweeps",
+        Some(TOKEN),
+        r#"{"contexts": ["8K"], "concurrency": [1], "cell_duration": "1s"}"#,
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    let done = wait_status(&server, &id, "finished", Duration::from_secs(90), |s| {
+        s["state"] == "finished"
+    })
+    .await;
+    let cell = &done["matrix"]["decode"][0];
+    assert_eq!(cell["status"], "Off target", "{cell:#}");
+    let active = cell["average_active_requests"].as_f64().unwrap();
+    assert!(active > 2.0, "it measured about three streams: {active}");
+    assert!(
+        cell["production_in_flight"].as_f64().unwrap() >= 1.5,
+        "{cell:#}"
+    );
+    let notes: Vec<&str> = done["matrix"]["metadata"]["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("was off target") && n.contains("measured again")),
+        "{notes:#?}"
+    );
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("is Off target") && n.contains("production requests in flight")),
+        "{notes:#?}"
+    );
+    // The stale-sweep regression: the page and /matrix show the finished sweep at once.
+    let (code, synthetic) = admin(
+        &server,
+        "GET",
+        "/matrix?source=synthetic&format=json",
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(synthetic["decode"], done["matrix"]["decode"]);
+    assert_eq!(
+        synthetic["metadata"]["notes"],
+        done["matrix"]["metadata"]["notes"]
+    );
+    let page = admin_page(&server).await;
+    assert!(
+        page.contains("data-context=\"8K\" data-concurrency=\"1\" data-status=\"off-target\""),
+        "{page}"
+    );
+    // Pinning it warns that the cell will not be compared.
+    let (code, pinned) = admin(
+        &server,
+        "PUT",
+        "/reference",
+        Some(TOKEN),
+        r#"{"from":"latest-sweep"}"#,
+    )
+    .await;
+    assert_eq!(code, 200, "{pinned}");
+    let warning = pinned["warnings"][0].as_str().unwrap();
+    assert!(
+        warning.contains("8K × 1 is Off target") && warning.contains("drift will not compare it"),
+        "{warning}"
+    );
+    for stream in production {
+        stream.abort();
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_sweep_replaces_the_partial_matrix_on_the_page_at_once() {
+    let sim = sim(STEP).await;
+    let server = proxy_with_token(&sim.base_url(), "").await;
+    let (code, body) = admin(
+        &server,
+        "POST",
+        "/sweeps",
+        Some(TOKEN),
+        r#"{"contexts": ["8K"], "concurrency": [1, 2], "cell_duration": "1s"}"#,
+    )
+    .await;
+    assert_eq!(code, 202, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    let done = wait_status(&server, &id, "finished", Duration::from_secs(90), |s| {
+        s["state"] == "finished"
+    })
+    .await;
+    // No wait: the moment the sweep says finished, every reader shows its last cell.
+    let (code, synthetic) = admin(
+        &server,
+        "GET",
+        "/matrix?source=synthetic&format=json",
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(synthetic["decode"], done["matrix"]["decode"]);
+    assert_eq!(synthetic["decode"][1]["status"], "Valid", "{synthetic:#}");
+    let page = admin_page(&server).await;
+    assert!(
+        page.contains("data-context=\"8K\" data-concurrency=\"2\" data-status=\"valid\""),
+        "{page}"
+    );
     server.shutdown().await;
 }
 

@@ -295,7 +295,7 @@ pub fn production_compare(
         &production,
         &reference.matrix,
         crate::aggregate::drift::reference_info(&reference),
-        state.drift.settings.min_requests,
+        &state.drift.settings.evidence,
     ))
 }
 

@@ -1,8 +1,9 @@
-//! `GET /`: the admin page — the live production matrix beside the latest synthetic one and
-//! their per-cell ratio, one self-contained HTML document (inline CSS, no scripts, no external
+//! `GET /`: the admin page — production ÷ the latest sweep on one grid (shared axes, a fixed
+//! scale around ×1, the "why" in each cell), then the two heat maps on the same axes and
+//! colour scale, one self-contained HTML document (inline CSS, no scripts, no external
 //! assets) that reloads itself every [`REFRESH_SECONDS`] with a meta refresh, so everything is
 //! in the DOM without JavaScript. Query: `window=` (1m … 24h, `all`) and `model=`. Below the
-//! grids: the ratio grid, the drift grid (production ÷ the reference pinned for the model,
+//! grids: the drift grid (production ÷ the reference pinned for the model,
 //! when one is) and the production "All measurements" table (prefill rows included).
 //!
 //! Builds only markup around `matrix::html` fragments; figures come from `admin::matrix`.
@@ -16,9 +17,9 @@ use crate::aggregate::Window;
 use crate::base::escape::xml_escape as escape;
 use crate::base::wallclock::format_rfc3339;
 use crate::matrix::compare::{ratio_grid_fragment as drift_grid_fragment, MatrixCompare};
-use crate::matrix::diff::diff;
 use crate::matrix::doc::MatrixDoc;
-use crate::matrix::html::{grid_fragment, measurements_fragment, page, ratio_grid_fragment};
+use crate::matrix::html::{grid_fragment_on, heat_scale_max, measurements_fragment, page};
+use crate::matrix::side_by_side::{comparison_fragment, Axes};
 use crate::proxy::body::ResponseBody;
 
 use super::matrix::{production_matrix, synthetic_matrix, MatrixQuery, NO_SWEEP};
@@ -32,7 +33,7 @@ pub const REFRESH_SECONDS: u32 = 10;
 const WINDOW_LINKS: [&str; 6] = ["5m", "15m", "1h", "6h", "24h", "all"];
 
 /// Extra layout for the two panels side by side (the matrix stylesheet does the rest).
-const PAGE_STYLE: &str = "<style>.panels{display:flex;flex-wrap:wrap;gap:24px;align-items:flex-start}.panel{flex:1 1 420px;min-width:0;overflow-x:auto}.panel>h2{margin-top:8px}.windows a{margin-right:8px}.windows a.current{font-weight:700;text-decoration:none;color:inherit}.empty{color:#57606a;font-style:italic}</style>";
+const PAGE_STYLE: &str = "<style>.panel>h2{margin-top:8px}.windows a{margin-right:8px}.windows a.current{font-weight:700;text-decoration:none;color:inherit}.empty{color:#57606a;font-style:italic}</style>";
 
 /// `GET /`.
 pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
@@ -96,13 +97,25 @@ pub fn render(
             if current { " class=\"current\"" } else { "" }
         );
     }
-    body.push_str("</p></section><div class=\"panels\">");
+    body.push_str("</p></section>");
 
+    let production_cells = production.filter(|d| !d.decode.is_empty());
+    // Production beside the sweep leads: one grid on shared axes, a fixed scale around ×1.
+    if let (Some(production), Some(synthetic)) = (production_cells, synthetic) {
+        body.push_str("<div id=\"ratio\">");
+        body.push_str(&comparison_fragment(production, synthetic));
+        body.push_str("</div>");
+    }
+    // Both heat maps on the same rows, columns and colour scale.
+    let shown: Vec<&MatrixDoc> = production_cells.into_iter().chain(synthetic).collect();
+    let axes = Axes::union(&shown);
+    let max = heat_scale_max(&shown);
+    body.push_str("<div class=\"panels\">");
     body.push_str("<div class=\"panel\" id=\"production\"><h2>Production</h2>");
     match production {
         Some(doc) if !doc.decode.is_empty() || !doc.prefill.is_empty() => {
             let _ = write!(body, "<p class=\"note\">{}</p>", escape(&doc_line(doc)));
-            body.push_str(&grid_fragment(doc));
+            body.push_str(&grid_fragment_on(doc, &axes, max));
         }
         Some(doc) => {
             let _ = write!(
@@ -128,7 +141,7 @@ pub fn render(
     match synthetic {
         Some(doc) => {
             let _ = write!(body, "<p class=\"note\">{}</p>", escape(&doc_line(doc)));
-            body.push_str(&grid_fragment(doc));
+            body.push_str(&grid_fragment_on(doc, &axes, max));
         }
         None => {
             let _ = write!(body, "<p class=\"empty\">{}</p>", escape(NO_SWEEP));
@@ -136,13 +149,6 @@ pub fn render(
     }
     body.push_str("</div></div>");
 
-    if let (Some(production), Some(synthetic)) = (production, synthetic) {
-        if !production.decode.is_empty() {
-            body.push_str("<div id=\"ratio\"><p class=\"note\">A is the latest synthetic sweep, B is production: each cell is production ÷ synthetic total tok/s.</p>");
-            body.push_str(&ratio_grid_fragment(&diff(synthetic, production)));
-            body.push_str("</div>");
-        }
-    }
     if let Some(compared) = drift {
         body.push_str("<div id=\"drift\">");
         body.push_str(&drift_grid_fragment(compared));

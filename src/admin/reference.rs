@@ -25,8 +25,9 @@ use super::query::percent_decode;
 use super::{json_error, json_response, respond, unauthorized, AdminState};
 use crate::aggregate::drift::reference_info;
 use crate::matrix::compare::{Reference, ReferenceInfo};
-use crate::matrix::doc::MatrixDoc;
+use crate::matrix::doc::{CellStatus, MatrixDoc};
 use crate::matrix::import::{detect_format, parse_any, InputFormat};
+use crate::matrix::units::context_label;
 use crate::matrix::{html::render_html, render_json, render_markdown};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
@@ -82,8 +83,40 @@ struct ReferenceAnswer<'a> {
     decode_cells: usize,
     /// Whether the store keeps it across restarts.
     kept: bool,
+    /// What the pinned matrix holds that will not be compared (cells Off target or Low
+    /// evidence): pinned all the same, said out loud.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    warnings: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     matrix: Option<&'a MatrixDoc>,
+}
+
+/// A warning per cell of `matrix` whose figures are shown but not trusted: drift never
+/// compares with them.
+fn pin_warnings(matrix: &MatrixDoc) -> Vec<String> {
+    matrix
+        .decode
+        .iter()
+        .filter(|cell| cell.status.is_caveated())
+        .map(|cell| {
+            let why = match cell.status {
+                CellStatus::OffTarget => format!(
+                    "it did not run at its concurrency (average active {}{}; see the sweep's notes)",
+                    cell.average_active_requests
+                        .map_or_else(|| "unknown".to_owned(), |a| format!("{a:.1}")),
+                    cell.production_in_flight
+                        .map_or_else(String::new, |p| format!(", {p:.1} production requests in flight"))
+                ),
+                _ => "it rests on too little traffic".to_owned(),
+            };
+            format!(
+                "cell {} × {} is {}: {why}; drift will not compare it",
+                context_label(cell.context_tokens),
+                cell.concurrency,
+                cell.status
+            )
+        })
+        .collect()
 }
 
 fn writes_disabled() -> Response<ResponseBody> {
@@ -311,10 +344,15 @@ where
     } else {
         false
     };
+    let warnings = pin_warnings(&reference.matrix);
+    for warning in &warnings {
+        tracing::warn!(upstream = %reference.upstream, model = %reference.model, "pinned reference: {warning}");
+    }
     let answer = ReferenceAnswer {
         info: reference_info(&reference),
         decode_cells: reference.matrix.decode.len(),
         kept,
+        warnings,
         matrix: None,
     };
     tracing::info!(
@@ -345,6 +383,7 @@ fn show(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
                 info: reference_info(reference),
                 decode_cells: reference.matrix.decode.len(),
                 kept,
+                warnings: pin_warnings(&reference.matrix),
                 matrix: None,
             });
         }
@@ -367,6 +406,7 @@ fn show(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
                 info: reference_info(&reference),
                 decode_cells: reference.matrix.decode.len(),
                 kept,
+                warnings: pin_warnings(&reference.matrix),
                 matrix: Some(&reference.matrix),
             },
         ),

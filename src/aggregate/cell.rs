@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::matrix::doc::{CellStatus, DecodeCell, PrefillRow, ServerState};
+use crate::matrix::doc::{CellStatus, DecodeCell, PrefillRow, ServerState, Tails};
 use crate::meter::buckets::Ladder;
 use crate::meter::record::SloVerdict;
 use crate::meter::record::{Outcome, RequestRecord};
@@ -170,6 +170,9 @@ pub struct CellAccumulator {
     pub ttft: QuantileSketch,
     /// Time between tokens, seconds per token, weighted by decode tokens.
     pub tbt: QuantileSketch,
+    /// Inter-token latency, seconds, one sample per generated token after the first (each
+    /// request's binned gaps, at their bin means: within a bin's width of the exact gaps).
+    pub itl: QuantileSketch,
     /// Prefill interference: decode time under other prefills from the fragments, overlapping
     /// prefills from own-cell requests.
     pub interference: InterferenceSum,
@@ -387,6 +390,9 @@ impl CellAccumulator {
         if let Some(ttft) = record.time_to_first_token {
             self.ttft.add(ttft.as_secs_f64(), 1.0);
         }
+        for (gap, count) in record.itl.buckets() {
+            self.itl.add(gap, count as f64);
+        }
         if let Some(prompt) = record.prompt_tokens {
             self.prompt_tokens += prompt;
             self.prompt_requests += 1;
@@ -432,6 +438,7 @@ impl CellAccumulator {
         self.prompt_requests += other.prompt_requests;
         self.ttft.merge(&other.ttft);
         self.tbt.merge(&other.tbt);
+        self.itl.merge(&other.itl);
         self.interference.merge(&other.interference);
         self.slo.merge(&other.slo);
         self.server_state.merge(&other.server_state);
@@ -502,7 +509,22 @@ impl CellAccumulator {
             slo_attainment: self.slo.attainment(),
             goodput_tok_s: self.slo.goodput(total_tok_s, self.decode_tokens),
             server_state: self.server_state.to_state(),
+            tails: self.tails(),
+            production_in_flight: None,
         }
+    }
+
+    /// p90 and p99 of TTFT, TBT and ITL, milliseconds.
+    pub fn tails(&self) -> Option<Tails> {
+        let ms = |sketch: &QuantileSketch, q: f64| sketch.quantile(q).map(|s| s * 1000.0);
+        Tails::from_values([
+            ms(&self.ttft, 0.9),
+            ms(&self.ttft, 0.99),
+            ms(&self.tbt, 0.9),
+            ms(&self.tbt, 0.99),
+            ms(&self.itl, 0.9),
+            ms(&self.itl, 0.99),
+        ])
     }
 }
 
@@ -668,7 +690,7 @@ impl MatrixAccumulator {
     pub fn sketch_bins(&self) -> usize {
         self.cells
             .values()
-            .map(|c| c.ttft.bins() + c.tbt.bins())
+            .map(|c| c.ttft.bins() + c.tbt.bins() + c.itl.bins())
             .sum::<usize>()
             + self
                 .prefill

@@ -86,7 +86,7 @@ pub fn compare_production(
     production: &ProductionMatrix,
     reference: &Reference,
     window: Window,
-    min_requests: u64,
+    evidence: &crate::matrix::EvidenceRule,
     now: SystemTime,
 ) -> Option<MatrixCompare> {
     let doc = production.matrix(window, Some(&reference.model), now)?;
@@ -94,7 +94,7 @@ pub fn compare_production(
         &doc,
         &reference.matrix,
         reference_info(reference),
-        min_requests,
+        evidence,
     ))
 }
 
@@ -120,7 +120,7 @@ pub fn gauge_samples(
             production,
             &reference,
             drift.window(),
-            drift.settings.min_requests,
+            &drift.settings.evidence,
             now,
         ) else {
             continue;

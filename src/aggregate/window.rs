@@ -16,6 +16,7 @@ use crate::base::duration::parse_duration;
 use crate::base::lock;
 use crate::base::Source;
 use crate::matrix::doc::{MatrixDoc, Metadata};
+use crate::matrix::evidence::EvidenceRule;
 use crate::meter::buckets::Ladder;
 use crate::meter::record::RequestRecord;
 use crate::meter::RecordSink;
@@ -166,27 +167,42 @@ pub struct ProductionMatrix {
     contexts: Ladder,
     concurrency: Ladder,
     source: Source,
+    /// Cells below it are marked `Low evidence` in every document made here.
+    evidence: EvidenceRule,
     started_at: SystemTime,
     slices: Mutex<Slices>,
 }
 
 impl ProductionMatrix {
-    /// An empty aggregator of `source` records over the given ladders.
+    /// An empty aggregator of `source` records over the given ladders, judging its cells by
+    /// the default evidence rule.
     pub fn new(contexts: Ladder, concurrency: Ladder, source: Source) -> Arc<Self> {
-        Self::starting_at(contexts, concurrency, source, SystemTime::now())
+        Self::with_evidence(contexts, concurrency, source, EvidenceRule::default())
     }
 
-    /// As [`ProductionMatrix::new`], with the start time given (tests).
+    /// As [`ProductionMatrix::new`], with the evidence rule given (`[evidence]`).
+    pub fn with_evidence(
+        contexts: Ladder,
+        concurrency: Ladder,
+        source: Source,
+        evidence: EvidenceRule,
+    ) -> Arc<Self> {
+        Self::starting_at(contexts, concurrency, source, evidence, SystemTime::now())
+    }
+
+    /// As [`ProductionMatrix::with_evidence`], with the start time given (tests).
     pub fn starting_at(
         contexts: Ladder,
         concurrency: Ladder,
         source: Source,
+        evidence: EvidenceRule,
         started_at: SystemTime,
     ) -> Arc<Self> {
         Arc::new(Self {
             contexts,
             concurrency,
             source,
+            evidence,
             started_at,
             slices: Mutex::new(Slices {
                 minutes: Ring::new(MINUTE, MINUTE_SLICES),
@@ -206,6 +222,11 @@ impl ProductionMatrix {
 
     pub fn started_at(&self) -> SystemTime {
         self.started_at
+    }
+
+    /// The evidence rule its documents apply.
+    pub fn evidence(&self) -> EvidenceRule {
+        self.evidence
     }
 
     /// Files a record under the time it ended (head in + duration).
@@ -350,9 +371,18 @@ impl ProductionMatrix {
                 names.join(", ")
             ));
         }
-        window
+        let mut doc = window
             .accumulator
-            .to_doc(&self.contexts, &self.concurrency, metadata)
+            .to_doc(&self.contexts, &self.concurrency, metadata);
+        let thin = self.evidence.apply(&mut doc);
+        if thin > 0 {
+            doc.metadata.notes.push(format!(
+                "{thin} {} below the evidence rule ({}): marked Low evidence, shown greyed and never compared.",
+                if thin == 1 { "cell is" } else { "cells are" },
+                self.evidence.describe()
+            ));
+        }
+        doc
     }
 
     /// Sketch bins held by every slice (memory accounting: 16 bytes each).
@@ -418,6 +448,7 @@ mod tests {
             Ladder::contexts(&DEFAULT_CONTEXTS).unwrap(),
             Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap(),
             Source::Production,
+            EvidenceRule::NONE,
             start,
         )
     }
@@ -523,9 +554,9 @@ mod tests {
             production.slice_count(),
             bins * 16 / 1024
         );
-        // Slices × (9 × 9 cells × 2 sketches + 9 rows × 4 sketches) × 256 bins is the bound;
+        // Slices × (9 × 9 cells × 3 sketches + 9 rows × 4 sketches) × 256 bins is the bound;
         // the real figure is far below it.
-        let bound = (MINUTE_SLICES + HOUR_SLICES + 1) * (9 * 9 * 2 + 9 * 4) * 256;
+        let bound = (MINUTE_SLICES + HOUR_SLICES + 1) * (9 * 9 * 3 + 9 * 4) * 256;
         assert!(bins < bound, "{bins} ≥ {bound}");
         let doc = production
             .matrix(Window::All, None, start + Duration::from_secs(240_000))

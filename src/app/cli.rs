@@ -101,7 +101,7 @@ pub enum Command {
     /// A reference is kept per upstream and model in the proxy's store (it survives restarts).
     /// Once pinned, /matrix?compare=reference gives production ÷ reference per cell, the page
     /// shows the drift grid, and /metrics exports tokentap_drift_ratio for every cell with at
-    /// least drift.min_requests completed requests in drift.window.
+    /// least evidence.min_requests completed requests in drift.window.
     ///
     /// Examples:
     ///   tokentap reference pin --from latest-sweep --token "$TOKEN"

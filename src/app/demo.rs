@@ -37,9 +37,10 @@ use crate::base::escape::xml_escape;
 use crate::base::Source;
 use crate::config::ConfigLoader;
 use crate::matrix::html::{
-    facts_fragment, grid_fragment, measurements_fragment, page, prefill_fragment,
+    facts_fragment, grid_fragment_on, heat_scale_max, measurements_fragment, page, prefill_fragment,
 };
 use crate::matrix::markdown::escape as md_escape;
+use crate::matrix::side_by_side::{comparison_fragment, Axes};
 use crate::matrix::table::{render_table, MAX_WIDTH};
 use crate::matrix::units::{context_label, format_percent, MISSING};
 use crate::matrix::{render_markdown, DecodeCell, MatrixDoc};
@@ -136,9 +137,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0))
     );
+    // The demo's phases last seconds and its steady clients go away rather than finish, so
+    // its evidence rule asks for seconds and tokens, not completed requests (production's
+    // default asks for 20 requests, 10 s and 500 tokens): a cell of a few tokens is still grey.
     let config_text = format!(
-        "[proxy]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[workload]\ncapture = true\n",
-        sim.base_url()
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[workload]\ncapture = true\n[evidence]\nmin_requests = 0\nmin_measured_for = \"{}ms\"\nmin_output_tokens = 100\n",
+        sim.base_url(),
+        (steady_hold / 2).as_millis()
     );
     let config = ConfigLoader::new()
         .text(&config_text, "tokentap demo")?
@@ -488,10 +493,11 @@ struct Phase {
 
 impl Phase {
     fn begin(server: &ProxyServer) -> Phase {
-        let matrix = ProductionMatrix::new(
+        let matrix = ProductionMatrix::with_evidence(
             server.production.contexts().clone(),
             server.production.concurrency().clone(),
             Source::Production,
+            server.production.evidence(),
         );
         let sink: Arc<dyn RecordSink> = matrix.clone();
         server.proxy.meter.add_sink(Arc::clone(&sink));
@@ -771,6 +777,13 @@ impl TextTable {
     /// Aligned for a terminal under `header` (shorter names than the report's), at most
     /// [`MAX_WIDTH`] columns.
     fn terminal(&self, header: &[&str]) -> String {
+        // Short names only while they name the report's columns one for one.
+        let own: Vec<&str> = self.header.iter().map(String::as_str).collect();
+        let header = if header.len() == own.len() {
+            header
+        } else {
+            &own
+        };
         let mut table = crate::matrix::table::TextTable::new(header);
         table.numeric = (1..header.len()).collect();
         table.rows = self
@@ -1015,17 +1028,39 @@ impl DemoReport<'_> {
                 measurements_fragment,
             )
         };
+        let shown: Vec<&MatrixDoc> = std::iter::once(self.synthetic)
+            .chain(self.steady)
+            .chain(self.mixed)
+            .collect();
+        let axes = Axes::union(&shown);
+        let max = heat_scale_max(&shown);
+        let heat = |doc: Option<&MatrixDoc>, id: &str, title: &str| {
+            let grid = doc.map_or_else(
+                || "<p class=\"note\">No request was measured.</p>".to_owned(),
+                |doc| grid_fragment_on(doc, &axes, max),
+            );
+            format!("<div class=\"panel\" id=\"{id}\"><h3>{title}</h3>{grid}</div>")
+        };
+        let versus = |doc: Option<&MatrixDoc>| {
+            doc.filter(|d| !d.decode.is_empty())
+                .map_or_else(String::new, |doc| comparison_fragment(doc, self.synthetic))
+        };
         let body = format!(
-            "<h1>tokentap demo</h1><p class=\"note\">A simulated sglang server behind the tokentap proxy: a synthetic sweep, then ordinary traffic in two phases, all measured by the proxy's metering path.</p>{facts}<h2>Synthetic sweep</h2>{grid}{prefill}\
-<h2>Steady traffic · the sweep</h2><p class=\"note\">Plain clients reproduce sweep cells: same prompt length, same number of streams, warm prompt. {agreeing} of {cells} cells agree within 5 % on every compared column.</p>{steady}\
-<h2>Mixed traffic · the sweep</h2><p class=\"note\">Cold prompts of many lengths at changing concurrency. Each request sits in the row of its prompt length and the column of its average number of active requests (prefilling ones included). Where the mean per-request speed matches sweep × (1 − overlap), the gap to the sweep is the time other requests' prefills held the decode up.</p>{mixed}\
+            "<h1>tokentap demo</h1><p class=\"note\">A simulated sglang server behind the tokentap proxy: a synthetic sweep, then ordinary traffic in two phases, all measured by the proxy's metering path. First: the steady traffic's cells ÷ the sweep's, on one grid.</p>{steady_versus}\
+<div class=\"panels\">{sweep_heat}{steady_heat}{mixed_heat}</div>{facts}<h2>Synthetic sweep</h2>{prefill}\
+<h2>Steady traffic · the sweep</h2><p class=\"note\">Plain clients reproduce sweep cells: same prompt length, same number of streams, warm prompt. {agreeing} of {cells} cells agree within 5 % on every compared column.</p><div class=\"scroll\">{steady}</div>\
+<h2>Mixed traffic · the sweep</h2><p class=\"note\">Cold prompts of many lengths at changing concurrency. Each request sits in the row of its prompt length and the column of its average number of active requests (prefilling ones included). Where the mean per-request speed matches sweep × (1 − overlap), the gap to the sweep is the time other requests' prefills held the decode up.</p>{mixed_versus}<div class=\"scroll\">{mixed}</div>\
 <h3>Definitions (the same for the sweep and production)</h3><ul class=\"note\">{definitions}</ul>\
 <h2>Synthetic: all measurements</h2>{synthetic_all}<h2>Steady traffic: all measurements</h2>{steady_all}<h2>Mixed traffic: all measurements</h2>{mixed_all}",
+            steady_versus = versus(self.steady),
+            sweep_heat = heat(Some(self.synthetic), "synthetic", "Synthetic sweep"),
+            steady_heat = heat(self.steady, "production", "Steady traffic (production)"),
+            mixed_heat = heat(self.mixed, "mixed", "Mixed traffic (production)"),
             facts = facts_fragment(self.synthetic),
-            grid = grid_fragment(self.synthetic),
             prefill = prefill_fragment(self.synthetic),
             cells = self.steady_cells.len(),
             steady = steady.html(),
+            mixed_versus = versus(self.mixed),
             mixed = mixed.html(),
             synthetic_all = measurements_fragment(self.synthetic),
             steady_all = all(self.steady),

@@ -207,6 +207,7 @@ pub async fn run(args: ReferenceArgs) -> anyhow::Result<ExitCode> {
             (Method::DELETE, path(&target, &[]), None)
         }
     };
+    let pinning = method == Method::PUT;
     let (status, answer) = admin.send(method, &path, body).await?;
     if !status.is_success() {
         anyhow::bail!(
@@ -214,6 +215,16 @@ pub async fn run(args: ReferenceArgs) -> anyhow::Result<ExitCode> {
             admin.base,
             Admin::message(&answer)
         );
+    }
+    if pinning {
+        // Said on stderr as well: a pinned reference with cells drift will not compare.
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&answer) {
+            for warning in value["warnings"].as_array().into_iter().flatten() {
+                if let Some(text) = warning.as_str() {
+                    eprintln!("warning: {text}");
+                }
+            }
+        }
     }
     print!("{}", String::from_utf8_lossy(&answer));
     Ok(ExitCode::SUCCESS)

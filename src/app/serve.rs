@@ -174,10 +174,11 @@ impl ProxyServer {
         if let Some(otel) = &otel {
             proxy.meter.add_sink(otel.clone());
         }
-        let production = ProductionMatrix::new(
+        let production = ProductionMatrix::with_evidence(
             config.metering.contexts.clone(),
             config.metering.concurrency.clone(),
             Source::Production,
+            config.evidence,
         );
         proxy.meter.add_sink(production.clone());
         let store = match &config.store.data_dir {

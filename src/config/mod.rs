@@ -16,6 +16,7 @@ use std::time::Duration;
 use http::Uri;
 
 use crate::base::duration::parse_duration;
+use crate::matrix::evidence::EvidenceRule;
 use crate::meter::buckets::Ladder;
 use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
 
@@ -275,6 +276,8 @@ pub struct Config {
     pub store: StoreConfig,
     pub sweep: SweepConfig,
     pub drift: DriftConfig,
+    /// `[evidence]`: what a production cell must rest on (`matrix::evidence`).
+    pub evidence: EvidenceRule,
     pub workload: WorkloadConfig,
 }
 
@@ -397,10 +400,10 @@ pub struct StoreConfig {
 }
 
 /// `[drift]`: production against pinned reference matrices.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DriftConfig {
-    /// Completed production requests a cell needs in the window before it gets ratios.
-    pub min_requests: u64,
+    /// What a production cell needs in the window before it gets ratios (`[evidence]`).
+    pub evidence: EvidenceRule,
     /// The production window the drift gauges compare (`/matrix?compare=` takes `window=`).
     pub window: Duration,
     /// How often the drift gauges are recomputed.
@@ -627,8 +630,14 @@ impl Config {
             return Err(err("sweep.max_output", "must be greater than zero".into()));
         }
 
+        let evidence = EvidenceRule {
+            min_requests: raw.evidence.min_requests,
+            min_measured_s: duration("evidence.min_measured_for", &raw.evidence.min_measured_for)?
+                .as_secs_f64(),
+            min_output_tokens: raw.evidence.min_output_tokens,
+        };
         let drift = DriftConfig {
-            min_requests: raw.drift.min_requests,
+            evidence,
             window: duration("drift.window", &raw.drift.window)?,
             refresh_interval: duration("drift.refresh_interval", &raw.drift.refresh_interval)?,
         };
@@ -664,6 +673,7 @@ impl Config {
             store,
             sweep,
             drift,
+            evidence,
             workload,
         })
     }

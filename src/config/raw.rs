@@ -34,6 +34,7 @@ pub struct RawConfig {
     pub sweep: RawSweep,
     pub slo: RawSlo,
     pub drift: RawDrift,
+    pub evidence: RawEvidence,
     pub workload: RawWorkload,
 }
 
@@ -279,11 +280,31 @@ pub struct RawSlo {
     pub models: std::collections::BTreeMap<String, RawSloTargets>,
 }
 
+/// `[evidence]`: what a production cell must rest on before its figures are trusted.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawEvidence {
+    pub min_requests: u64,
+    #[serde(deserialize_with = "duration_text")]
+    pub min_measured_for: String,
+    pub min_output_tokens: u64,
+}
+
+impl Default for RawEvidence {
+    fn default() -> Self {
+        // A median over fewer requests is too noisy to compare or alert on.
+        Self {
+            min_requests: 20,
+            min_measured_for: "10s".into(),
+            min_output_tokens: 500,
+        }
+    }
+}
+
 /// `[drift]`: how production is compared with pinned reference matrices.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawDrift {
-    pub min_requests: u64,
     #[serde(deserialize_with = "duration_text")]
     pub window: String,
     #[serde(deserialize_with = "duration_text")]
@@ -293,8 +314,6 @@ pub struct RawDrift {
 impl Default for RawDrift {
     fn default() -> Self {
         Self {
-            // A median over fewer requests is too noisy to alert on.
-            min_requests: 20,
             window: "15m".into(),
             refresh_interval: "30s".into(),
         }

@@ -4,9 +4,10 @@
 //! ([`compare`]), its Markdown and HTML renderings and the per-cell gauge values. Pure:
 //! documents in, a comparison and text out.
 //!
-//! A production cell is compared only once it has at least `min_requests` completed requests:
-//! a median of a handful of requests says little, and a ratio from it would raise alerts on
-//! noise. Below that it is shown as not enough data, never as a ratio.
+//! A production cell is compared only once it meets the evidence rule ([`EvidenceRule`]:
+//! completed requests, seconds measured, output tokens): a median of a handful of requests says
+//! little, and a ratio from it would raise alerts on noise. Below that it is shown as not
+//! enough data, never as a ratio.
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
@@ -16,6 +17,7 @@ use super::diff::{
     diff, format_ratio, summarise, ColumnSummary, DecodeRatios, DiffColumn, DiffSide,
 };
 use super::doc::{CellStatus, MatrixDoc};
+use super::evidence::EvidenceRule;
 use super::markdown::escape as md_escape;
 use super::svg::xml_escape as html_escape;
 use super::units::context_label;
@@ -62,7 +64,7 @@ pub struct ReferenceInfo {
 pub enum Verdict {
     /// Enough requests, Valid on both sides: the ratios are set.
     Compared,
-    /// Fewer than `min_requests` completed requests in the window.
+    /// Below the evidence rule in the window (too few requests, seconds or tokens).
     NotEnoughData,
     /// The reference has no such cell.
     NoReferenceCell,
@@ -106,6 +108,9 @@ pub struct MatrixCompare {
     pub reference: ReferenceInfo,
     /// Completed requests a cell needs for ratios.
     pub min_requests: u64,
+    /// The whole evidence rule a cell must meet for ratios, as text.
+    #[serde(default)]
+    pub evidence: String,
     /// Every production decode cell, by context then concurrency.
     pub cells: Vec<DriftCell>,
     /// Geometric mean, min and max of each [`DRIFT_COLUMNS`] ratio over the compared cells.
@@ -152,13 +157,13 @@ impl DriftMetric {
     }
 }
 
-/// Compares `production` with `reference` (ratios production ÷ reference). Cells with fewer than
-/// `min_requests` completed requests get no ratios.
+/// Compares `production` with `reference` (ratios production ÷ reference). Cells below the
+/// evidence rule get no ratios.
 pub fn compare(
     production: &MatrixDoc,
     reference: &MatrixDoc,
     info: ReferenceInfo,
-    min_requests: u64,
+    evidence: &EvidenceRule,
 ) -> MatrixCompare {
     let full = diff(reference, production);
     let reference_cells = reference.cell_index();
@@ -169,7 +174,9 @@ pub fn compare(
         let key = (cell.context_tokens, cell.concurrency);
         let reference_status = reference_cells.get(&key).map(|c| c.status.clone());
         let requests = cell.completed_requests.unwrap_or(0);
-        let verdict = if requests < min_requests {
+        let thin = cell.status == CellStatus::LowEvidence
+            || (cell.status.is_valid() && !evidence.holds(cell));
+        let verdict = if thin {
             Verdict::NotEnoughData
         } else if reference_status.is_none() {
             Verdict::NoReferenceCell
@@ -214,9 +221,20 @@ pub fn compare(
         schema: COMPARE_SCHEMA.to_owned(),
         production: full.b,
         reference: info,
-        min_requests,
+        min_requests: evidence.min_requests,
+        evidence: evidence.describe(),
         cells,
         summary,
+    }
+}
+
+/// The evidence rule of a comparison as text (comparisons stored before the rule existed name
+/// only their request minimum).
+fn evidence_text(compare: &MatrixCompare) -> String {
+    if compare.evidence.is_empty() {
+        format!("at least {} completed requests", compare.min_requests)
+    } else {
+        compare.evidence.clone()
     }
 }
 
@@ -304,8 +322,8 @@ pub fn render_compare_markdown(compare: &MatrixCompare) -> String {
     );
     let _ = writeln!(
         out,
-        "\nEvery figure is production ÷ reference of the same cell (context × simultaneous requests); cells with fewer than {} completed requests in the window are not compared.\n",
-        compare.min_requests
+        "\nEvery figure is production ÷ reference of the same cell (context × simultaneous requests); cells below the evidence rule ({}) are not compared.\n",
+        md_escape(&evidence_text(compare))
     );
     out.push_str("## Summary\n\n| Column | Geometric mean | Min | Max | Cells |\n|---|---:|---:|---:|---:|\n");
     for summary in &compare.summary {
@@ -383,9 +401,9 @@ pub fn ratio_grid_fragment(compare: &MatrixCompare) -> String {
     );
     let _ = write!(
         out,
-        "<p class=\"note\">{} Cells with fewer than {} completed requests show “not enough data”.</p>",
+        "<p class=\"note\">{} Cells below the evidence rule ({}) show “not enough data”.</p>",
         html_escape(&provenance_line(&compare.reference)),
-        compare.min_requests
+        html_escape(&evidence_text(compare))
     );
     out.push_str("<table class=\"ratio-grid\"><thead><tr><th>Context</th>");
     for concurrency in &concurrencies {
@@ -502,7 +520,15 @@ mod tests {
             cell(8192, 1, 80.0, 100.0, 19),
             cell(16384, 1, 70.0, 150.0, 40),
         ]);
-        let compared = compare(&production, &reference, info(), 20);
+        let compared = compare(
+            &production,
+            &reference,
+            info(),
+            &EvidenceRule {
+                min_requests: 20,
+                ..EvidenceRule::NONE
+            },
+        );
         let busy = compared.cell(8192, 8).unwrap();
         assert_eq!(busy.verdict, Verdict::Compared);
         assert_eq!(busy.ratios.per_request_tok_s, Some(0.25));
@@ -546,7 +572,10 @@ mod tests {
             &doc(vec![broken]),
             &doc(vec![cell(8192, 8, 64.0, 200.0, 1)]),
             info(),
-            20,
+            &EvidenceRule {
+                min_requests: 20,
+                ..EvidenceRule::NONE
+            },
         );
         assert_eq!(compared.cells[0].verdict, Verdict::NotValid);
         assert!(gauge_values(&compared).is_empty());

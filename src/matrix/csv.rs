@@ -5,7 +5,7 @@ use super::page::{PHASE_DECODE, PHASE_PREFILL};
 use super::units::context_label;
 
 /// Column names of [`render_csv`], in order.
-pub const CSV_COLUMNS: [&str; 22] = [
+pub const CSV_COLUMNS: [&str; 29] = [
     "phase",
     "context",
     "context_tokens",
@@ -28,6 +28,13 @@ pub const CSV_COLUMNS: [&str; 22] = [
     "server_queued_requests",
     "server_kv_cache_usage",
     "server_prefix_cache_hit_rate",
+    "ttft_p90_ms",
+    "ttft_p99_ms",
+    "tbt_p90_ms",
+    "tbt_p99_ms",
+    "itl_p90_ms",
+    "itl_p99_ms",
+    "production_in_flight",
 ];
 
 /// RFC 4180 quoting. Hand-written: it is these five lines, less than a CSV crate would cost.
@@ -53,7 +60,7 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
     let mut prefill: Vec<_> = doc.prefill.iter().collect();
     prefill.sort_by_key(|row| row.context_tokens);
     for row in prefill {
-        rows.push(vec![
+        let mut fields = vec![
             PHASE_PREFILL.to_owned(),
             context_label(row.context_tokens),
             row.context_tokens.to_string(),
@@ -68,15 +75,9 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
             String::new(),
             String::new(),
             count(row.prompt_tokens),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-        ]);
+        ];
+        fields.resize(CSV_COLUMNS.len(), String::new());
+        rows.push(fields);
     }
     let mut decode: Vec<_> = doc.decode.iter().collect();
     decode.sort_by_key(|cell| (cell.context_tokens, cell.concurrency));
@@ -103,6 +104,8 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
         ];
         let state = cell.server_state.unwrap_or_default();
         row.extend(state.values().map(number));
+        row.extend(cell.tails.unwrap_or_default().values().map(number));
+        row.push(number(cell.production_in_flight));
         rows.push(row);
     }
     let mut out = String::new();

@@ -271,21 +271,29 @@ pub fn diff(a: &MatrixDoc, b: &MatrixDoc) -> MatrixDiff {
         };
         let status_a = cell_a.map(|cell| cell.status.clone());
         let status_b = cell_b.map(|cell| cell.status.clone());
+        // Figures a side shows but does not trust (Low evidence, Off target) get no ratio.
+        let caveated = [&status_a, &status_b]
+            .into_iter()
+            .any(|status| status.as_ref().is_some_and(CellStatus::is_caveated));
         decode.push(CellDiff {
             context_tokens: context,
             concurrency,
             status_changed: status_a != status_b,
             status_a,
             status_b,
-            ratios: DecodeRatios {
-                total_tok_s: pick(|c| c.total_tok_s),
-                per_request_tok_s: pick(|c| c.per_request_tok_s),
-                ttft_ms: pick(|c| c.ttft_ms),
-                tbt_ms: pick(|c| c.tbt_ms),
-                average_active_requests: pick(|c| c.average_active_requests),
-                completed_requests: pick_count(|c| c.completed_requests),
-                output_tokens: pick_count(|c| c.output_tokens),
-                measured_for_s: pick(|c| c.measured_for_s),
+            ratios: if caveated {
+                DecodeRatios::default()
+            } else {
+                DecodeRatios {
+                    total_tok_s: pick(|c| c.total_tok_s),
+                    per_request_tok_s: pick(|c| c.per_request_tok_s),
+                    ttft_ms: pick(|c| c.ttft_ms),
+                    tbt_ms: pick(|c| c.tbt_ms),
+                    average_active_requests: pick(|c| c.average_active_requests),
+                    completed_requests: pick_count(|c| c.completed_requests),
+                    output_tokens: pick_count(|c| c.output_tokens),
+                    measured_for_s: pick(|c| c.measured_for_s),
+                }
             },
         });
     }

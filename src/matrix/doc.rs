@@ -200,6 +200,73 @@ pub struct DecodeCell {
     /// server was not scraped or exposed none of it (and in documents that predate it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_state: Option<ServerState>,
+    /// The tails of the cell's latency distributions (p90 and p99 of TTFT, TBT and ITL).
+    /// Absent where the source has none (a seed page, documents that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tails: Option<Tails>,
+    /// A sweep cell only: the mean number of production requests in flight to the same server
+    /// during its window (the guard lets some run beside a sweep). Absent for production cells
+    /// and documents that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub production_in_flight: Option<f64>,
+}
+
+/// The tails of a cell's latency distributions, milliseconds. TTFT is one sample per request;
+/// TBT one per request's decode, weighted by its tokens (production) or one per request
+/// (sweep); ITL one per generated token after the first. A tail the source lacks is absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tails {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_p90_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_p99_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tbt_p90_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tbt_p99_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub itl_p90_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub itl_p99_ms: Option<f64>,
+}
+
+impl Tails {
+    /// The six values in column order: TTFT p90, p99, TBT p90, p99, ITL p90, p99.
+    pub fn values(&self) -> [Option<f64>; 6] {
+        [
+            self.ttft_p90_ms,
+            self.ttft_p99_ms,
+            self.tbt_p90_ms,
+            self.tbt_p99_ms,
+            self.itl_p90_ms,
+            self.itl_p99_ms,
+        ]
+    }
+
+    /// From values in column order; `None` when every one is absent.
+    pub fn from_values(values: [Option<f64>; 6]) -> Option<Tails> {
+        let [ttft_p90_ms, ttft_p99_ms, tbt_p90_ms, tbt_p99_ms, itl_p90_ms, itl_p99_ms] = values;
+        let tails = Tails {
+            ttft_p90_ms,
+            ttft_p99_ms,
+            tbt_p90_ms,
+            tbt_p99_ms,
+            itl_p90_ms,
+            itl_p99_ms,
+        };
+        (tails != Tails::default()).then_some(tails)
+    }
+
+    /// Field names in column order (JSON keys, CSV headers).
+    pub const NAMES: [&'static str; 6] = [
+        "ttft_p90_ms",
+        "ttft_p99_ms",
+        "tbt_p90_ms",
+        "tbt_p99_ms",
+        "itl_p90_ms",
+        "itl_p99_ms",
+    ];
 }
 
 /// The server's own state beside a cell; a state the server did not expose is absent.
@@ -253,10 +320,20 @@ impl ServerState {
 }
 
 /// Outcome of one measurement. In JSON and on the page it is the text `Valid`, `Over capacity`,
-/// `Not run` or `Error: <reason>`.
+/// `Not run`, `Low evidence`, `Off target` or `Error: <reason>`.
+///
+/// Only `Valid` figures enter a ratio, a colour scale, a drift comparison or a capacity answer;
+/// `Low evidence` and `Off target` cells keep their figures so a reader sees what was there.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum CellStatus {
     Valid,
+    /// A production (or fleet) cell below the evidence rule (too few completed requests,
+    /// seconds measured or output tokens: `matrix::evidence`). Its figures are shown greyed.
+    LowEvidence,
+    /// A sweep cell that did not measure its label: the server's average active requests were
+    /// off the target concurrency, or production prefills overlapped its decode (see the
+    /// sweep's notes for which and by how much).
+    OffTarget,
     /// Skipped: this many requests at this context would exceed the server's KV cache.
     OverCapacity,
     /// Skipped by the run (cancelled, stopped early, or not planned).
@@ -286,6 +363,8 @@ impl CellStatus {
     pub fn parse(text: &str) -> Option<CellStatus> {
         match text {
             "Valid" => Some(CellStatus::Valid),
+            "Low evidence" => Some(CellStatus::LowEvidence),
+            "Off target" => Some(CellStatus::OffTarget),
             "Over capacity" => Some(CellStatus::OverCapacity),
             "Not run" => Some(CellStatus::NotRun),
             _ => {
@@ -299,10 +378,19 @@ impl CellStatus {
         }
     }
 
-    /// A short machine name: `valid`, `over-capacity`, `not-run`, `error` (CSS classes, data attributes).
+    /// Whether the cell holds measured figures that are shown but not trusted (greyed, kept
+    /// out of ratios and scales): `Low evidence` and `Off target`.
+    pub fn is_caveated(&self) -> bool {
+        matches!(self, CellStatus::LowEvidence | CellStatus::OffTarget)
+    }
+
+    /// A short machine name: `valid`, `low-evidence`, `off-target`, `over-capacity`, `not-run`,
+    /// `error` (CSS classes, data attributes).
     pub fn slug(&self) -> &'static str {
         match self {
             CellStatus::Valid => "valid",
+            CellStatus::LowEvidence => "low-evidence",
+            CellStatus::OffTarget => "off-target",
             CellStatus::OverCapacity => "over-capacity",
             CellStatus::NotRun => "not-run",
             CellStatus::Error(_) => "error",
@@ -314,6 +402,8 @@ impl fmt::Display for CellStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CellStatus::Valid => f.write_str("Valid"),
+            CellStatus::LowEvidence => f.write_str("Low evidence"),
+            CellStatus::OffTarget => f.write_str("Off target"),
             CellStatus::OverCapacity => f.write_str("Over capacity"),
             CellStatus::NotRun => f.write_str("Not run"),
             CellStatus::Error(reason) => write!(f, "Error: {reason}"),
@@ -332,7 +422,7 @@ impl<'de> Deserialize<'de> for CellStatus {
         let text = String::deserialize(deserializer)?;
         CellStatus::parse(&text).ok_or_else(|| {
             serde::de::Error::custom(format!(
-                "unknown status {text:?}, expected \"Valid\", \"Over capacity\", \"Not run\" or \"Error: <reason>\""
+                "unknown status {text:?}, expected \"Valid\", \"Low evidence\", \"Off target\", \"Over capacity\", \"Not run\" or \"Error: <reason>\""
             ))
         })
     }
@@ -394,6 +484,8 @@ impl DecodeCell {
             slo_attainment: None,
             goodput_tok_s: None,
             server_state: None,
+            tails: None,
+            production_in_flight: None,
         }
     }
 
@@ -413,6 +505,8 @@ impl DecodeCell {
             || self.slo_attainment.is_some()
             || self.goodput_tok_s.is_some()
             || self.server_state.is_some()
+            || self.tails.is_some()
+            || self.production_in_flight.is_some()
     }
 }
 
@@ -486,6 +580,8 @@ mod tests {
     fn status_text_round_trips() {
         for status in [
             CellStatus::Valid,
+            CellStatus::LowEvidence,
+            CellStatus::OffTarget,
             CellStatus::OverCapacity,
             CellStatus::NotRun,
             CellStatus::Error("stream reset after 12 tokens".to_owned()),

@@ -8,15 +8,16 @@
 use std::fmt::Write as _;
 
 use super::diff::{format_ratio, grid_text, status_text, MatrixDiff};
-use super::doc::{CellStatus, MatrixDoc};
+use super::doc::{CellStatus, DecodeCell, MatrixDoc};
 use super::facts::{section_facts, FACT_SECTIONS};
 use super::page::{
     self, grid_cell_parts, measurement_header, measurement_rows, status_legends, ttft_note,
     GridCellText, ALL_CAPTION, DECODE_CAPTION, PAGE_TITLE, PREFILL_CAPTION, SECTION_LAUNCH,
     SECTION_NOTES,
 };
+use super::side_by_side::{diverging_colour, legend_fragment, Axes};
 use super::svg::{decode_chart, prefill_chart, xml_escape as escape};
-use super::units::{context_label, format_ms_whole, format_rate, or_missing};
+use super::units::{context_label, format_ms_tenths, format_ms_whole, format_rate, or_missing};
 
 /// The page's stylesheet (inline; the page loads nothing).
 pub const STYLE: &str = r#"
@@ -31,13 +32,18 @@ table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid var(--line); padding: 4px 8px; } th { background: #f6f8fa; font-weight: 600; }
 table.measurements td.num { text-align: right; } table.measurements { font-size: 12px; }
 table.grid td { text-align: center; min-width: 86px; height: 44px; }
-table.grid .total { display: block; font-weight: 600; font-size: 15px; } table.grid .ttft { display: block; font-size: 11px; opacity: .85; }
+table.grid .total { display: block; font-weight: 600; font-size: 15px; } table.grid .ttft, table.grid .tails { display: block; font-size: 11px; opacity: .85; } table.grid .tails { font-size: 10px; }
 td.over-capacity { background: repeating-linear-gradient(45deg, #eee, #eee 6px, #e2e2e2 6px, #e2e2e2 12px); color: #777; font-size: 12px; }
 td.not-run { background: #fafafa; color: #999; font-size: 12px; } td.error { background: #ffe3e3; color: #a40e26; font-size: 12px; }
 td.absent { background: #fff; }
+td.low-evidence, td.off-target { background: #eceef1; color: #6e7781; font-size: 12px; } td.low-evidence .total, td.off-target .total { font-size: 12px; font-weight: 600; }
+.scroll { max-width: 100%; overflow-x: auto; }
 .legend, .note { color: var(--muted); font-size: 12px; margin: 6px 0; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; } .charts svg { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
 table.ratio-grid td { text-align: center; min-width: 70px; } td.changed { font-weight: 700; outline: 2px solid #bf8700; outline-offset: -2px; }
+td.not-compared { background: #eceef1; color: #6e7781; font-size: 12px; } td.explained { outline: 2px solid #1a7f37; outline-offset: -2px; }
+.scale-legend { display: flex; flex-wrap: wrap; gap: 2px; margin: 6px 0; font-size: 11px; } .scale-legend .swatch { padding: 2px 8px; border: 1px solid var(--line); } .scale-legend .not-compared { background: #eceef1; color: #6e7781; }
+.panels { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; } .panel { flex: 1 1 420px; min-width: 0; }
 "#;
 
 /// A complete HTML document around `body`, with the stylesheet inline.
@@ -100,33 +106,45 @@ fn heat_colour(fraction: f64) -> (String, bool) {
     (format!("hsl(212, 72%, {lightness:.0}%)"), lightness < 58.0)
 }
 
-/// The Sustained decode grid as a heat map coloured by total tok/s, TTFT in each cell.
-/// Every cell carries `data-context`, `data-concurrency` and `data-status`.
-pub fn grid_fragment(doc: &MatrixDoc) -> String {
-    let contexts = doc.contexts();
-    let concurrencies = doc.concurrencies();
-    let max = doc
-        .decode
-        .iter()
+/// The largest `Valid` total tok/s over `docs`: the top of a heat-map colour scale shared by
+/// grids drawn side by side (0 when there is none).
+pub fn heat_scale_max(docs: &[&MatrixDoc]) -> f64 {
+    docs.iter()
+        .flat_map(|doc| doc.decode.iter())
         .filter(|cell| cell.status.is_valid())
         .filter_map(|cell| cell.total_tok_s)
         .filter(|v| v.is_finite())
-        .fold(0.0_f64, f64::max);
+        .fold(0.0_f64, f64::max)
+}
+
+/// The Sustained decode grid as a heat map coloured by total tok/s, TTFT in each cell.
+/// Every cell carries `data-context`, `data-concurrency` and `data-status`.
+pub fn grid_fragment(doc: &MatrixDoc) -> String {
+    let axes = Axes::union(&[doc]);
+    grid_fragment_on(doc, &axes, heat_scale_max(&[doc]))
+}
+
+/// [`grid_fragment`] on given axes (a cell the document lacks is blank) and colour scale
+/// (`max` total tok/s is the darkest), so two grids drawn side by side read alike. Only `Valid`
+/// cells are coloured; `Low evidence` and `Off target` cells are grey with their evidence.
+pub fn grid_fragment_on(doc: &MatrixDoc, axes: &Axes, max: f64) -> String {
+    let contexts = &axes.contexts;
+    let concurrencies = &axes.concurrencies;
     let cells = doc.cell_index();
     let mut out = String::from("<section class=\"decode\">");
     let _ = write!(
         out,
-        "<h2>Sustained decode</h2><p class=\"note\">{}</p><table class=\"grid\"><thead><tr><th>Context</th>",
+        "<h2>Sustained decode</h2><p class=\"note\">{}</p><div class=\"scroll\"><table class=\"grid\"><thead><tr><th>Context</th>",
         escape(DECODE_CAPTION)
     );
-    for concurrency in &concurrencies {
+    for concurrency in concurrencies {
         let _ = write!(out, "<th>{concurrency}</th>");
     }
     out.push_str("</tr></thead><tbody>");
-    for context in &contexts {
+    for context in contexts {
         let label = context_label(*context);
         let _ = write!(out, "<tr><th>{}</th>", escape(&label));
-        for concurrency in &concurrencies {
+        for concurrency in concurrencies {
             let cell = cells.get(&(*context, *concurrency)).copied();
             let status = cell.map_or("absent", |c| c.status.slug());
             let _ = write!(
@@ -145,11 +163,32 @@ pub fn grid_fragment(doc: &MatrixDoc) -> String {
                     });
                     let (background, light_text) = heat_colour(fraction);
                     let colour = if light_text { "#fff" } else { "#111" };
+                    let tails = cell.map_or_else(String::new, tails_line);
                     let _ = write!(
                         out,
-                        " style=\"background:{background};color:{colour}\"><span class=\"total\">{}</span><span class=\"ttft\">{}</span></td>",
+                        " style=\"background:{background};color:{colour}\" title=\"{}\"><span class=\"total\">{}</span><span class=\"ttft\">{}</span>{}</td>",
+                        escape(&tails),
                         escape(&total_tok_s),
-                        escape(&ttft)
+                        escape(&ttft),
+                        if tails.is_empty() {
+                            String::new()
+                        } else {
+                            format!("<span class=\"tails\">{}</span>", escape(&tails_short(cell)))
+                        }
+                    );
+                }
+                Some(GridCellText::Caveat { status, detail }) => {
+                    let figure = cell
+                        .and_then(|c| c.total_tok_s)
+                        .map_or_else(String::new, |v| format!("({}) ", format_rate(v)));
+                    let _ = write!(
+                        out,
+                        " title=\"{} — {}{}\"><span class=\"total\">{}</span><span class=\"ttft\">{}</span></td>",
+                        escape(&status),
+                        escape(&figure),
+                        escape(&detail),
+                        escape(&status),
+                        escape(&detail)
                     );
                 }
                 Some(GridCellText::Status(text)) => {
@@ -160,13 +199,56 @@ pub fn grid_fragment(doc: &MatrixDoc) -> String {
         }
         out.push_str("</tr>");
     }
-    out.push_str("</tbody></table>");
+    out.push_str("</tbody></table></div>");
     for legend in status_legends(doc) {
         let _ = write!(out, "<p class=\"legend\">{}</p>", escape(legend));
     }
     let _ = write!(out, "<p class=\"note\">{}</p>", escape(ttft_note(doc)));
     out.push_str("</section>");
     out
+}
+
+/// A cell's tails as one line: `TTFT p90 412 ms, p99 530 ms · TBT p90 21.0 ms, p99 25.3 ms · ITL …`.
+pub fn tails_line(cell: &DecodeCell) -> String {
+    let Some(tails) = cell.tails else {
+        return String::new();
+    };
+    let pair = |name: &str, p90: Option<f64>, p99: Option<f64>, format: fn(f64) -> String| match (
+        p90, p99,
+    ) {
+        (None, None) => None,
+        (p90, p99) => Some(format!(
+            "{name} p90 {}, p99 {}",
+            or_missing(p90, format),
+            or_missing(p99, format)
+        )),
+    };
+    [
+        pair(
+            "TTFT",
+            tails.ttft_p90_ms,
+            tails.ttft_p99_ms,
+            format_ms_whole,
+        ),
+        pair("TBT", tails.tbt_p90_ms, tails.tbt_p99_ms, format_ms_tenths),
+        pair("ITL", tails.itl_p90_ms, tails.itl_p99_ms, format_ms_tenths),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join(" · ")
+}
+
+/// The p99s a grid cell shows under its figures: `p99 530 ms · 25.3 ms`.
+fn tails_short(cell: Option<&DecodeCell>) -> String {
+    let Some(tails) = cell.and_then(|c| c.tails) else {
+        return String::new();
+    };
+    format!(
+        "p99 {} · {}",
+        or_missing(tails.ttft_p99_ms, format_ms_whole),
+        or_missing(tails.tbt_p99_ms, format_ms_tenths)
+    )
 }
 
 /// The decode chart (inline SVG).
@@ -214,7 +296,7 @@ pub fn measurements_fragment(doc: &MatrixDoc) -> String {
     let mut out = String::from("<section class=\"all\">");
     let _ = write!(
         out,
-        "<h2>All measurements</h2><p class=\"note\">{}</p><table class=\"measurements\"><thead><tr>",
+        "<h2>All measurements</h2><p class=\"note\">{}</p><div class=\"scroll\"><table class=\"measurements\"><thead><tr>",
         escape(ALL_CAPTION)
     );
     for column in measurement_header(doc) {
@@ -229,7 +311,7 @@ pub fn measurements_fragment(doc: &MatrixDoc) -> String {
         }
         out.push_str("</tr>");
     }
-    out.push_str("</tbody></table>");
+    out.push_str("</tbody></table></div>");
     for legend in status_legends(doc) {
         let _ = write!(out, "<p class=\"legend\">{}</p>", escape(legend));
     }
@@ -253,14 +335,10 @@ pub fn render_html(doc: &MatrixDoc) -> String {
     )
 }
 
-/// Background for a ratio: white at 1, green above, red below, full colour at ×1.5 or ÷1.5.
+/// Background for a ratio on the one fixed diverging scale ([`diverging_colour`]): white at
+/// ×1, green above, red below, whatever the other cells.
 pub fn ratio_colour(ratio: f64) -> String {
-    if !ratio.is_finite() || ratio <= 0.0 {
-        return "hsl(0, 70%, 80%)".to_owned();
-    }
-    let strength = (ratio.ln().abs() / 1.5f64.ln()).min(1.0);
-    let hue = if ratio >= 1.0 { 130 } else { 0 };
-    format!("hsl({hue}, 60%, {:.0}%)", 98.0 - strength * 30.0)
+    diverging_colour(ratio)
 }
 
 /// The total tok/s ratio grid of a diff, status changes outlined. Cells carry `data-context`,
@@ -268,7 +346,9 @@ pub fn ratio_colour(ratio: f64) -> String {
 pub fn ratio_grid_fragment(diff: &MatrixDiff) -> String {
     let contexts = diff.contexts();
     let concurrencies = diff.concurrencies();
-    let mut out = String::from("<section class=\"ratio\"><h2>Total tok/s ratio (B ÷ A)</h2><table class=\"ratio-grid\"><thead><tr><th>Context</th>");
+    let mut out = String::from("<section class=\"ratio\"><h2>Total tok/s ratio (B ÷ A)</h2>");
+    out.push_str(&legend_fragment());
+    out.push_str("<div class=\"scroll\"><table class=\"ratio-grid\"><thead><tr><th>Context</th>");
     for concurrency in &concurrencies {
         let _ = write!(out, "<th>{concurrency}</th>");
     }
@@ -297,7 +377,7 @@ pub fn ratio_grid_fragment(diff: &MatrixDiff) -> String {
         }
         out.push_str("</tr>");
     }
-    out.push_str("</tbody></table></section>");
+    out.push_str("</tbody></table></div></section>");
     out
 }
 

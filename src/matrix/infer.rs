@@ -65,7 +65,10 @@ pub fn kv_budget(doc: &MatrixDoc) -> Result<KvBudget, InferError> {
     for cell in &doc.decode {
         let need = need_tokens(cell.context_tokens, cell.concurrency, max_output);
         match cell.status {
-            CellStatus::Valid | CellStatus::Error(_) => {
+            CellStatus::Valid
+            | CellStatus::LowEvidence
+            | CellStatus::OffTarget
+            | CellStatus::Error(_) => {
                 if ran.as_ref().is_none_or(|(tokens, _)| need > *tokens) {
                     ran = Some((need, describe(cell.context_tokens, cell.concurrency)));
                 }

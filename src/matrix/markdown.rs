@@ -184,6 +184,9 @@ pub fn render_markdown(doc: &MatrixDoc) -> String {
                         page::GridCellText::Figures { total_tok_s, ttft } => {
                             format!("{}<br>{}", escape(&total_tok_s), escape(&ttft))
                         }
+                        page::GridCellText::Caveat { status, detail } => {
+                            format!("{}<br>{}", escape(&status), escape(&detail))
+                        }
                         page::GridCellText::Status(status) => escape(&status),
                     });
                 cells.push(text);

@@ -10,6 +10,7 @@ pub mod compare;
 pub mod csv;
 pub mod diff;
 pub mod doc;
+pub mod evidence;
 pub mod facts;
 pub mod file;
 pub mod html;
@@ -19,6 +20,7 @@ pub mod markdown;
 pub mod page;
 pub mod redact;
 pub mod seed;
+pub mod side_by_side;
 pub mod svg;
 pub mod table;
 pub mod text_import;
@@ -28,8 +30,9 @@ pub mod validate;
 pub use diff::{diff, DiffColumn, MatrixDiff};
 pub use doc::{
     CellStatus, DecodeCell, Engine, Fact, Hardware, MatrixDoc, Metadata, ModelInfo, PrefillRow,
-    RunInfo, Source, SCHEMA,
+    RunInfo, Source, Tails, SCHEMA,
 };
+pub use evidence::EvidenceRule;
 pub use file::{load, LoadError};
 pub use import::{parse_any, ImportError};
 pub use markdown::render_markdown;

@@ -4,7 +4,10 @@
 //!
 //! Owns the mapping between measurements and page wording (`Total tok/s`, `Over capacity`, …)
 //! in both directions. Pure: no I/O, no markup (callers escape for their format).
-use super::doc::{CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, ServerState, Source};
+use super::doc::{
+    CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, ServerState, Source, Tails,
+};
+use super::evidence::evidence_label;
 use super::units::{
     context_label, format_count, format_decimal, format_ms_tenths, format_ms_whole, format_percent,
     format_rate, format_seconds_tenths, or_missing, parse_context, parse_count, parse_decimal,
@@ -28,6 +31,8 @@ pub const LEGEND_NOT_RUN: &str =
     "Not run: the benchmark skipped this measurement during the run, or the run stopped early.";
 pub const LEGEND_ERROR: &str =
     "Error: the measurement failed; the reason is in the All measurements table.";
+pub const LEGEND_LOW_EVIDENCE: &str = "Low evidence: too few completed requests, seconds or output tokens to trust (n = completed requests); shown greyed, never in a ratio or a colour scale.";
+pub const LEGEND_OFF_TARGET: &str = "Off target: the sweep cell did not run at its concurrency (the server's average active requests were off it, or production prefills overlapped its decode); its figures measured another cell.";
 pub const TTFT_NOTE_SYNTHETIC: &str =
     "TTFT is measured after the benchmark warms the server's prompt cache, so it mostly excludes prefill.";
 pub const TTFT_NOTE_PRODUCTION: &str =
@@ -68,15 +73,25 @@ pub const SERVER_STATE_COLUMNS: [&str; 4] = [
     "Prefix cache hits",
 ];
 
+/// The optional tail columns, present when any cell carries tails, in [`Tails::values`] order.
+pub const TAIL_COLUMNS: [&str; 6] = [
+    "TTFT p90", "TTFT p99", "TBT p90", "TBT p99", "ITL p90", "ITL p99",
+];
+/// The optional column of sweep cells that ran beside production traffic.
+pub const PRODUCTION_IN_FLIGHT_COLUMN: &str = "Production in flight";
+
 /// Which optional columns follow the standard ones, in this order: Prompt tokens, then
 /// Prefill overlap and Overlapping prefills, then SLO attainment and Goodput tok/s, then the
-/// server-state columns. Pages written before a column existed simply lack it.
+/// server-state columns, then the tails, then Production in flight. Pages written before a
+/// column existed simply lack it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OptionalColumns {
     pub prompt_tokens: bool,
     pub interference: bool,
     pub slo: bool,
     pub server_state: bool,
+    pub tails: bool,
+    pub production_in_flight: bool,
 }
 
 impl OptionalColumns {
@@ -87,6 +102,8 @@ impl OptionalColumns {
             interference: has_interference(doc),
             slo: has_slo(doc),
             server_state: has_server_state(doc),
+            tails: has_tails(doc),
+            production_in_flight: has_production_in_flight(doc),
         }
     }
 
@@ -106,6 +123,12 @@ impl OptionalColumns {
         }
         if self.server_state {
             headers.extend(SERVER_STATE_COLUMNS);
+        }
+        if self.tails {
+            headers.extend(TAIL_COLUMNS);
+        }
+        if self.production_in_flight {
+            headers.push(PRODUCTION_IN_FLIGHT_COLUMN);
         }
         headers
     }
@@ -127,12 +150,14 @@ pub fn measurement_header_columns(header: &[String]) -> Option<OptionalColumns> 
         .skip(MEASUREMENT_COLUMNS.len())
         .map(String::as_str)
         .collect();
-    (0u8..16)
+    (0u8..64)
         .map(|bits| OptionalColumns {
             prompt_tokens: bits & 1 != 0,
             interference: bits & 2 != 0,
             slo: bits & 4 != 0,
             server_state: bits & 8 != 0,
+            tails: bits & 16 != 0,
+            production_in_flight: bits & 32 != 0,
         })
         .find(|columns| columns.headers() == tail)
 }
@@ -243,6 +268,17 @@ pub fn grid_cell_parts(cell: Option<&DecodeCell>) -> Option<GridCellText> {
             total_tok_s: or_missing(cell.total_tok_s, format_rate),
             ttft: format!("{} TTFT", or_missing(cell.ttft_ms, format_ms_whole)),
         },
+        CellStatus::LowEvidence => GridCellText::Caveat {
+            status: CellStatus::LowEvidence.to_string(),
+            detail: evidence_label(cell),
+        },
+        CellStatus::OffTarget => GridCellText::Caveat {
+            status: CellStatus::OffTarget.to_string(),
+            detail: format!(
+                "ran at {}",
+                or_missing(cell.average_active_requests, |v| format_decimal(v, 1))
+            ),
+        },
         other => GridCellText::Status(other.to_string()),
     })
 }
@@ -252,6 +288,9 @@ pub fn grid_cell_parts(cell: Option<&DecodeCell>) -> Option<GridCellText> {
 pub enum GridCellText {
     /// A valid cell: `170.4` and `34 ms TTFT`.
     Figures { total_tok_s: String, ttft: String },
+    /// A cell whose figures are not trusted: its status and the evidence that says why
+    /// (`Low evidence` and `n=3 · 11 tok · 0.3 s`; `Off target` and `ran at 5.0`).
+    Caveat { status: String, detail: String },
     /// `Over capacity`, `Not run`, `Error: …`.
     Status(String),
 }
@@ -261,6 +300,7 @@ impl GridCellText {
     pub fn joined(&self, joiner: &str) -> String {
         match self {
             GridCellText::Figures { total_tok_s, ttft } => format!("{total_tok_s}{joiner}{ttft}"),
+            GridCellText::Caveat { status, detail } => format!("{status}{joiner}{detail}"),
             GridCellText::Status(text) => text.clone(),
         }
     }
@@ -285,6 +325,16 @@ pub fn status_legends(doc: &MatrixDoc) -> Vec<&'static str> {
         .any(|c| matches!(c.status, CellStatus::Error(_)))
     {
         legends.push(LEGEND_ERROR);
+    }
+    if doc
+        .decode
+        .iter()
+        .any(|c| c.status == CellStatus::LowEvidence)
+    {
+        legends.push(LEGEND_LOW_EVIDENCE);
+    }
+    if doc.decode.iter().any(|c| c.status == CellStatus::OffTarget) {
+        legends.push(LEGEND_OFF_TARGET);
     }
     legends
 }
@@ -320,6 +370,18 @@ pub fn has_slo(doc: &MatrixDoc) -> bool {
 /// Whether the table needs the optional server-state columns.
 pub fn has_server_state(doc: &MatrixDoc) -> bool {
     doc.decode.iter().any(|cell| cell.server_state.is_some())
+}
+
+/// Whether the table needs the optional tail columns.
+pub fn has_tails(doc: &MatrixDoc) -> bool {
+    doc.decode.iter().any(|cell| cell.tails.is_some())
+}
+
+/// Whether the table needs the optional "Production in flight" column.
+pub fn has_production_in_flight(doc: &MatrixDoc) -> bool {
+    doc.decode
+        .iter()
+        .any(|cell| cell.production_in_flight.is_some())
 }
 
 /// The "All measurements" rows as page text, prefill rows first, each with the 12 standard
@@ -362,6 +424,12 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
         if columns.server_state {
             cells.extend(SERVER_STATE_COLUMNS.map(|_| missing()));
         }
+        if columns.tails {
+            cells.extend(TAIL_COLUMNS.map(|_| missing()));
+        }
+        if columns.production_in_flight {
+            cells.push(missing());
+        }
         rows.push(cells);
     }
     for cell in decode {
@@ -399,6 +467,21 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
             cells.push(or_missing(kv, format_percent));
             cells.push(or_missing(hits, format_percent));
         }
+        if columns.tails {
+            let [ttft90, ttft99, tbt90, tbt99, itl90, itl99] =
+                cell.tails.unwrap_or_default().values();
+            cells.push(or_missing(ttft90, format_ms_whole));
+            cells.push(or_missing(ttft99, format_ms_whole));
+            cells.push(or_missing(tbt90, format_ms_tenths));
+            cells.push(or_missing(tbt99, format_ms_tenths));
+            cells.push(or_missing(itl90, format_ms_tenths));
+            cells.push(or_missing(itl99, format_ms_tenths));
+        }
+        if columns.production_in_flight {
+            cells.push(or_missing(cell.production_in_flight, |v| {
+                format_decimal(v, 1)
+            }));
+        }
         rows.push(cells);
     }
     rows
@@ -428,7 +511,7 @@ pub enum RowError {
     ColumnCount { expected: usize, found: usize },
     #[error("unknown phase {found:?}, expected \"Prefill\" or \"Sustained decode\"")]
     UnknownPhase { found: String },
-    #[error("unknown status {found:?}, expected Valid, Over capacity, Not run or Error: <reason>")]
+    #[error("unknown status {found:?}, expected Valid, Low evidence, Off target, Over capacity, Not run or Error: <reason>")]
     UnknownStatus { found: String },
     #[error("column {column:?}")]
     Value {
@@ -521,6 +604,26 @@ pub fn parse_measurement_row(
     } else {
         None
     };
+    let tails_at = state_at + SERVER_STATE_COLUMNS.len() * usize::from(columns.server_state);
+    let tails = if columns.tails {
+        let ms = |i: usize| parse_optional(cell(i), |t| parse_with_unit(t, "ms")).map_err(value(i));
+        Tails::from_values([
+            ms(tails_at)?,
+            ms(tails_at + 1)?,
+            ms(tails_at + 2)?,
+            ms(tails_at + 3)?,
+            ms(tails_at + 4)?,
+            ms(tails_at + 5)?,
+        ])
+    } else {
+        None
+    };
+    let in_flight_at = tails_at + TAIL_COLUMNS.len() * usize::from(columns.tails);
+    let production_in_flight = if columns.production_in_flight {
+        parse_optional(cell(in_flight_at), parse_decimal).map_err(value(in_flight_at))?
+    } else {
+        None
+    };
     match cell(0) {
         PHASE_PREFILL => {
             let mut decode_only = vec![5, 7, 8, 10, 11];
@@ -532,6 +635,12 @@ pub fn parse_measurement_row(
             }
             if columns.server_state {
                 decode_only.extend(state_at..state_at + SERVER_STATE_COLUMNS.len());
+            }
+            if columns.tails {
+                decode_only.extend(tails_at..tails_at + TAIL_COLUMNS.len());
+            }
+            if columns.production_in_flight {
+                decode_only.push(in_flight_at);
             }
             for index in decode_only {
                 if cell(index) != super::units::MISSING {
@@ -570,6 +679,8 @@ pub fn parse_measurement_row(
             slo_attainment,
             goodput_tok_s: goodput,
             server_state,
+            tails,
+            production_in_flight,
         })),
         other => Err(RowError::UnknownPhase {
             found: other.to_owned(),

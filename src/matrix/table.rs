@@ -1,5 +1,6 @@
 //! The matrix as an aligned plain-text table for a terminal (`--format table` of `tokentap
-//! sweep`, `replay` and `demo`): a title line, the prefill rows, then one row per decode cell,
+//! sweep`, `replay` and `demo`): a title line, the prefill rows, one row per decode cell, then
+//! the cells' tails (p90 and p99 of TTFT, TBT and ITL) where the document has them,
 //! columns padded to their widest entry and numbers right-aligned, never wider than
 //! [`MAX_WIDTH`] columns (a long status is cut with `…`). No colour, no box-drawing: it reads the
 //! same in a pipe, a log and a terminal. [`TextTable`] is the aligned-table primitive, also used
@@ -175,6 +176,33 @@ pub fn render_table(doc: &MatrixDoc) -> String {
         table.numeric = (3..12).chain([1]).collect();
         table.rows = doc.decode.iter().map(decode_row).collect();
         out.push('\n');
+        out.push_str(&table.render(MAX_WIDTH));
+    }
+    let tailed: Vec<&DecodeCell> = doc.decode.iter().filter(|c| c.tails.is_some()).collect();
+    if !tailed.is_empty() {
+        let mut table = TextTable::new(&[
+            "Context", "Conc", "TTFT p90", "TTFT p99", "TBT p90", "TBT p99", "ITL p90", "ITL p99",
+        ]);
+        table.numeric = (1..8).collect();
+        table.rows = tailed
+            .iter()
+            .map(|cell| {
+                let mut row = vec![
+                    context_label(cell.context_tokens),
+                    cell.concurrency.to_string(),
+                ];
+                let values = cell.tails.map(|t| t.values()).unwrap_or_default();
+                for (index, value) in values.into_iter().enumerate() {
+                    row.push(if index < 2 {
+                        or_dash(value, format_ms_whole)
+                    } else {
+                        or_dash(value, format_ms_tenths)
+                    });
+                }
+                row
+            })
+            .collect();
+        out.push_str("\nTails per cell (p90 and p99):\n");
         out.push_str(&table.render(MAX_WIDTH));
     }
     if doc.prefill.is_empty() && doc.decode.is_empty() {

@@ -6,7 +6,9 @@
 //! the fact table (`facts.rs`) types them. Pure: no I/O.
 use std::collections::BTreeSet;
 
-use super::doc::{CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, ServerState, SCHEMA};
+use super::doc::{
+    CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, ServerState, Tails, SCHEMA,
+};
 use super::facts::{FactValue, FACTS, FACT_SECTIONS};
 use crate::base::wallclock::is_rfc3339;
 
@@ -155,6 +157,12 @@ impl DecodeCell {
                 check_number(&item, field, value)?;
             }
         }
+        if let Some(tails) = &self.tails {
+            for (field, value) in Tails::NAMES.iter().zip(tails.values()) {
+                check_number(&item, field, value)?;
+            }
+        }
+        check_number(&item, "production_in_flight", self.production_in_flight)?;
         check_skipped(&item, &self.status, self.has_figures())
     }
 }

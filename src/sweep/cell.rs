@@ -17,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::aggregate::cell::{InterferenceSum, ServerStateSum, SloSum};
-use crate::matrix::{CellStatus, DecodeCell, PrefillRow};
+use crate::aggregate::sketch::QuantileSketch;
+use crate::matrix::{CellStatus, DecodeCell, PrefillRow, Tails};
 use crate::meter::record::SloVerdict;
 use crate::meter::record::{prefill_rate, Outcome, RequestRecord};
 
@@ -37,6 +38,9 @@ pub struct CellMeasurement {
     pub failures: Vec<String>,
     /// Streams started in all (for the error message).
     pub streams: usize,
+    /// Mean production requests in flight to the same server during the window (`None`
+    /// when not sampled).
+    pub production_in_flight: Option<f64>,
 }
 
 /// The median of `values` (mean of the middle two for an even count); `None` when empty.
@@ -118,6 +122,7 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
         }
     }
     let record_tokens: u64 = with_tokens.iter().map(|r| r.completion_tokens).sum();
+    let tails = stream_tails(&with_tokens);
     let total_tok_s = (window_s > 0.0).then(|| m.window_tokens as f64 / window_s);
     DecodeCell {
         context_tokens: m.context,
@@ -137,7 +142,77 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
         slo_attainment: slo.attainment(),
         goodput_tok_s: slo.goodput(total_tok_s, record_tokens as f64),
         server_state: server_state.to_state(),
+        tails,
+        production_in_flight: m.production_in_flight,
     }
+}
+
+/// p90 and p99 of the streams' TTFT and TBT (one sample per stream) and of their ITL (one
+/// per generated token after the first), through the production aggregator's sketch so both
+/// matrices compute a tail alike.
+fn stream_tails(records: &[&Arc<RequestRecord>]) -> Option<Tails> {
+    let mut ttft = QuantileSketch::new();
+    let mut tbt = QuantileSketch::new();
+    let mut itl = QuantileSketch::new();
+    for record in records {
+        if let Some(value) = record.time_to_first_token {
+            ttft.add(value.as_secs_f64(), 1.0);
+        }
+        if let Some(value) = record.time_between_tokens {
+            tbt.add(value.as_secs_f64(), 1.0);
+        }
+        for (gap, count) in record.itl.buckets() {
+            itl.add(gap, count as f64);
+        }
+    }
+    let ms = |sketch: &QuantileSketch, q: f64| sketch.quantile(q).map(|s| s * 1000.0);
+    Tails::from_values([
+        ms(&ttft, 0.9),
+        ms(&ttft, 0.99),
+        ms(&tbt, 0.9),
+        ms(&tbt, 0.99),
+        ms(&itl, 0.9),
+        ms(&itl, 0.99),
+    ])
+}
+
+/// How far a sweep cell's measured average active requests may sit from its concurrency
+/// (relative) before the cell is Off target: it measured another cell.
+pub const OFF_TARGET_ACTIVE_SHARE: f64 = 0.25;
+/// Prefill overlap above which a cell that ran beside production traffic is Off target: other
+/// requests' prefills stalled its decode (the sweep's own restarts overlap little).
+pub const OFF_TARGET_PREFILL_OVERLAP: f64 = 0.10;
+
+/// Why a measured (`Valid`) sweep cell did not measure its label, or `None` when it did: its
+/// average active requests are more than [`OFF_TARGET_ACTIVE_SHARE`] off its concurrency, or
+/// production requests ran beside it and prefill overlap exceeded
+/// [`OFF_TARGET_PREFILL_OVERLAP`]. The text names the figures.
+pub fn off_target(cell: &DecodeCell) -> Option<String> {
+    if !cell.status.is_valid() {
+        return None;
+    }
+    let target = f64::from(cell.concurrency);
+    let beside = cell
+        .production_in_flight
+        .map(|p| format!(" with {p:.1} production requests in flight on average"))
+        .unwrap_or_default();
+    if let Some(active) = cell
+        .average_active_requests
+        .filter(|a| a.is_finite() && (a - target).abs() > OFF_TARGET_ACTIVE_SHARE * target)
+    {
+        return Some(format!(
+            "the server averaged {active:.1} active requests, not {}{beside}",
+            cell.concurrency
+        ));
+    }
+    let overlap = cell.prefill_overlap_share.unwrap_or(0.0);
+    if cell.production_in_flight.is_some() && overlap > OFF_TARGET_PREFILL_OVERLAP {
+        return Some(format!(
+            "production prefills overlapped {:.0} % of its decode{beside}",
+            overlap * 100.0
+        ));
+    }
+    None
 }
 
 /// The prefill row of a scout's record (or its failure).
@@ -273,7 +348,39 @@ mod tests {
             records,
             failures: vec![],
             streams: 3,
+            production_in_flight: None,
         }
+    }
+
+    #[test]
+    fn a_cell_beside_production_or_off_its_concurrency_is_off_target() {
+        let mut cell = DecodeCell::status_only(8192, 1, CellStatus::Valid);
+        cell.average_active_requests = Some(1.1);
+        assert_eq!(off_target(&cell), None);
+        // The cell: "8K × 1" at 5.0 average active with 4 production streams.
+        cell.average_active_requests = Some(5.0);
+        cell.production_in_flight = Some(4.0);
+        assert_eq!(
+            off_target(&cell).as_deref(),
+            Some("the server averaged 5.0 active requests, not 1 with 4.0 production requests in flight on average")
+        );
+        // On target by count, but production's prefills stalled 40 % of its decode.
+        let mut stalled = DecodeCell::status_only(8192, 4, CellStatus::Valid);
+        stalled.average_active_requests = Some(4.6);
+        stalled.prefill_overlap_share = Some(0.4);
+        assert_eq!(
+            off_target(&stalled),
+            None,
+            "its own restarts: no production"
+        );
+        stalled.production_in_flight = Some(0.6);
+        assert!(off_target(&stalled)
+            .unwrap()
+            .starts_with("production prefills overlapped 40 %"));
+        assert_eq!(
+            off_target(&DecodeCell::status_only(8192, 4, CellStatus::NotRun)),
+            None
+        );
     }
 
     #[test]

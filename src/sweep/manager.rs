@@ -187,6 +187,7 @@ impl SweepManager {
             facts,
             production_guard: self.config.production_guard,
             status: Arc::clone(&status),
+            latest: self.synthetic.clone(),
             cancel: cancel_rx,
         };
         tokio::spawn(async move {
@@ -216,12 +217,8 @@ impl SweepManager {
     }
 
     async fn persist_now(&self, status: &StatusCell) {
+        // The runner writes the page's slot itself, with every status it publishes.
         let snapshot = status.snapshot();
-        if snapshot.state.is_active() {
-            if let Some(matrix) = &snapshot.matrix {
-                self.synthetic.set(matrix.clone());
-            }
-        }
         let store = Arc::clone(&self.store);
         let result = tokio::task::spawn_blocking(move || store.put(&snapshot)).await;
         match result {

@@ -27,9 +27,10 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::cell::{decode_cell, prefill_row, CellMeasurement};
+use super::cell::{decode_cell, off_target, prefill_row, CellMeasurement};
 use super::client::call;
 use super::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
+use super::latest::LatestMatrix;
 use super::plan::{EngineKind, Plan, PrefillTarget, PromptMode, ServerFacts};
 use super::prompt::{
     calibrated_text_prompt, run_seed, token_id_pool, token_id_prompt, Prompt, PromptKind,
@@ -64,6 +65,10 @@ const GAUGE_GRACE: Duration = Duration::from_secs(10);
 const MAX_ATTEMPTS: usize = 3;
 /// How often the guard is looked at while the sweep is paused for production traffic.
 const GUARD_POLL: Duration = Duration::from_millis(100);
+/// Longest wait for production traffic to settle before an off-target cell is measured again:
+/// the cell's window, within these bounds.
+const SETTLE_LIMIT_MIN: Duration = Duration::from_secs(2);
+const SETTLE_LIMIT_MAX: Duration = Duration::from_secs(30);
 /// After the last stream is stopped, how long a slot task may take to end before it is
 /// dropped.
 const DISCONNECT_LIMIT: Duration = Duration::from_secs(10);
@@ -156,6 +161,9 @@ pub struct RunnerInput {
     /// Pause while more production requests than this are in flight.
     pub production_guard: u64,
     pub status: Arc<StatusCell>,
+    /// The page's latest synthetic matrix: written with every published status, so no reader
+    /// sees the sweep finished before its last cell is there.
+    pub latest: LatestMatrix,
     pub cancel: watch::Receiver<bool>,
 }
 
@@ -187,6 +195,7 @@ struct Runner {
     facts: ServerFacts,
     guard: u64,
     status: Arc<StatusCell>,
+    latest: LatestMatrix,
     cancel: watch::Receiver<bool>,
     records: Arc<RecordCollector>,
     seed: u64,
@@ -238,6 +247,7 @@ pub async fn run(input: RunnerInput) -> MatrixDoc {
         facts: input.facts,
         guard: input.production_guard,
         status: input.status,
+        latest: input.latest,
         cancel: input.cancel,
         records,
         tag_prefix,
@@ -304,6 +314,8 @@ impl Runner {
                 .map(|&t| t as f64 / rate + SCOUT_OVERHEAD_S)
                 .sum::<f64>();
         let matrix = self.matrix.clone();
+        // The slot first, then the status: whoever sees the new state finds the matrix.
+        self.latest.set(matrix.clone());
         let elapsed = clock.started.elapsed().as_secs_f64();
         let paused = clock.paused.as_secs_f64();
         let done = clock.done;
@@ -366,7 +378,31 @@ impl Runner {
                             let extra = began.elapsed().as_secs_f64()
                                 - cell.measured_for_s.unwrap_or(self.plan.cell_duration_s);
                             self.clock.cell_overheads.push(extra.max(0.0));
-                            break *cell;
+                            let mut cell = *cell;
+                            let Some(reason) = off_target(&cell) else {
+                                break cell;
+                            };
+                            let label = current.label.clone();
+                            let beside_production = cell.production_in_flight.is_some();
+                            if beside_production && attempts < MAX_ATTEMPTS {
+                                self.note(format!(
+                                    "{label} was off target ({reason}) and was measured again once production traffic settled"
+                                ));
+                                if !self.wait_for_production_to_settle(&current).await {
+                                    break 'steps;
+                                }
+                                continue;
+                            }
+                            self.note(format!(
+                                "{label} is Off target: {reason}{}; its figures measured another cell",
+                                if beside_production {
+                                    format!(" (after {attempts} attempts)")
+                                } else {
+                                    String::new()
+                                }
+                            ));
+                            cell.status = CellStatus::OffTarget;
+                            break cell;
                         }
                         CellRun::Cancelled => break 'steps,
                         CellRun::Interrupted(production) => {
@@ -446,6 +482,32 @@ impl Runner {
         {
             *slot = row;
         }
+    }
+
+    /// Before measuring an off-target cell again: waits until no production request is in
+    /// flight, at most one cell window (2–30 s: production may never stop; the attempt then
+    /// runs beside it and is judged again). False when cancelled meanwhile.
+    async fn wait_for_production_to_settle(&mut self, next: &CurrentStep) -> bool {
+        let limit = self
+            .plan
+            .cell_duration()
+            .clamp(SETTLE_LIMIT_MIN, SETTLE_LIMIT_MAX);
+        let began = Instant::now();
+        let paused = CurrentStep::new(StepPhase::Paused, next.context_tokens, next.concurrency);
+        self.publish(SweepState::Paused, Some(paused));
+        while self.production() > 0 && began.elapsed() < limit {
+            if self.cancelled() {
+                return false;
+            }
+            let mut cancel = self.cancel.clone();
+            tokio::select! {
+                () = tokio::time::sleep(GUARD_POLL) => {}
+                _ = cancel.changed() => {}
+            }
+        }
+        self.clock.paused += began.elapsed();
+        self.publish(SweepState::Running, Some(next.clone()));
+        !self.cancelled()
     }
 
     /// Waits while production in-flight is above the guard. False when cancelled meanwhile.
@@ -835,10 +897,12 @@ impl Runner {
         let end = start + length;
         let sampler = self.spawn_sampler(length);
         let mut stop = None;
+        let mut production = ProductionSamples::default();
         loop {
             if attempt.shared.has_failed() {
                 break;
             }
+            production.add(self.production());
             if let Some(reason) = self.check_interrupts() {
                 stop = Some(reason);
                 break;
@@ -865,6 +929,7 @@ impl Runner {
             measured,
             tokens: tokens_at_end.saturating_sub(tokens_at_start),
             samples,
+            production_in_flight: production.mean_if_any(),
         })
     }
 
@@ -904,6 +969,7 @@ impl Runner {
                 records: Vec::new(),
                 failures: ended.failures,
                 streams: ended.tags.len(),
+                production_in_flight: None,
             })));
         };
         let mut failures = ended.failures;
@@ -937,6 +1003,7 @@ impl Runner {
             records,
             failures,
             streams: ended.tags.len(),
+            production_in_flight: window.production_in_flight,
         });
         if let Some(reported) = cell.prompt_tokens.filter(|&p| p != prompt.tokens) {
             let note = format!(
@@ -1107,6 +1174,29 @@ struct Window {
     tokens: u64,
     /// The server's running gauge, sampled during the window (empty without one).
     samples: Vec<(Instant, f64)>,
+    /// Mean production requests in flight during the window, when any were seen.
+    production_in_flight: Option<f64>,
+}
+
+/// Production in flight, sampled at every tick of a window.
+#[derive(Default)]
+struct ProductionSamples {
+    sum: u64,
+    count: u64,
+    peak: u64,
+}
+
+impl ProductionSamples {
+    fn add(&mut self, in_flight: u64) {
+        self.sum = self.sum.saturating_add(in_flight);
+        self.count += 1;
+        self.peak = self.peak.max(in_flight);
+    }
+
+    /// The mean, or `None` when no production request was ever seen in flight.
+    fn mean_if_any(&self) -> Option<f64> {
+        (self.peak > 0 && self.count > 0).then(|| self.sum as f64 / self.count as f64)
+    }
 }
 
 /// What the streams of one cell share with the runner. One lock: the slots take it when a

@@ -55,7 +55,7 @@ pub const UPSTREAM_SCRAPES_HELP: &str = "Reads of an upstream's /metrics page by
 /// Written by `telemetry::drift` itself rather than the exporter (a cell's series must vanish
 /// when it falls below the request threshold), so it is not in [`DESCRIPTIONS`].
 pub const DRIFT_RATIO: &str = "tokentap_drift_ratio";
-pub const DRIFT_RATIO_HELP: &str = "Per cell with at least drift.min_requests completed production requests in drift.window: production / pinned reference of per-request tokens per second (metric=\"per_request_tok_s\", below 1 is slower) or of median time to first token (metric=\"ttft\", above 1 is slower).";
+pub const DRIFT_RATIO_HELP: &str = "Per cell with at least evidence.min_requests completed production requests in drift.window: production / pinned reference of per-request tokens per second (metric=\"per_request_tok_s\", below 1 is slower) or of median time to first token (metric=\"ttft\", above 1 is slower).";
 
 /// The latest sweep's gauges (`telemetry::sweep`), written as text at each scrape like the
 /// drift ratio, so not in [`DESCRIPTIONS`].

@@ -1,0 +1,353 @@
+//! Production beside the sweep on one set of axes: the comparison every page leads with.
+//!
+//! [`SideBySide`] takes the union of both documents' contexts and concurrency levels, so the
+//! production heat map, the sweep heat map and the ratio grid have the same rows and columns,
+//! and one colour scale of total tok/s serves both heat maps. Each grid cell compares the
+//! decode speed per stream (total tok/s ÷ average active requests) of production with the
+//! sweep's, on a fixed diverging scale centred on ×1.0 (full colour at ×2 and ÷2, whatever the
+//! other cells), with the "why" beside it: production's prefill overlap and what it predicts,
+//! sweep × (1 − overlap). Only cells `Valid` on both sides get a ratio; every other pair is a
+//! plain grey cell that names its sides, and the list under the grid says why it is not
+//! compared (status changes never sit in a ratio cell). Pure: documents in, text out.
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use super::doc::{CellStatus, DecodeCell, MatrixDoc};
+use super::evidence::evidence_label;
+use super::svg::xml_escape as escape;
+use super::units::{context_label, format_percent};
+
+/// Ratios at or beyond this factor (either way) get full colour.
+pub const FULL_COLOUR_RATIO: f64 = 2.0;
+/// A ratio within this share of what the prefill overlap predicts is "explained" by it.
+pub const EXPLAINED_WITHIN: f64 = 0.10;
+/// Overlap below this is not worth a "why".
+const OVERLAP_WORTH_NAMING: f64 = 0.01;
+
+/// The shared axes of two documents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Axes {
+    pub contexts: Vec<u64>,
+    pub concurrencies: Vec<u32>,
+}
+
+impl Axes {
+    /// The union of the decode axes of `docs`, ascending.
+    pub fn union(docs: &[&MatrixDoc]) -> Axes {
+        let contexts: BTreeSet<u64> = docs.iter().flat_map(|d| d.contexts()).collect();
+        let concurrencies: BTreeSet<u32> = docs.iter().flat_map(|d| d.concurrencies()).collect();
+        Axes {
+            contexts: contexts.into_iter().collect(),
+            concurrencies: concurrencies.into_iter().collect(),
+        }
+    }
+}
+
+/// What one cell of the comparison says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Comparison {
+    /// Valid on both sides.
+    Ratio {
+        /// Production ÷ sweep decode speed per stream.
+        ratio: f64,
+        /// Production ÷ sweep total tok/s (shown on hover).
+        total_ratio: Option<f64>,
+        /// Production's prefill overlap share, when measured.
+        overlap: Option<f64>,
+        /// What the overlap predicts for the ratio: 1 − overlap.
+        predicted: Option<f64>,
+        /// The ratio is within [`EXPLAINED_WITHIN`] of the prediction.
+        explained: bool,
+    },
+    /// Not comparable: why, per side (`None` for a side that lacks the cell).
+    NotCompared {
+        production: Option<String>,
+        sweep: Option<String>,
+    },
+}
+
+/// Decode speed per stream: total tok/s ÷ average active requests (per-request tok/s when
+/// either is missing).
+fn speed_per_stream(cell: &DecodeCell) -> Option<f64> {
+    match (cell.total_tok_s, cell.average_active_requests) {
+        (Some(total), Some(active)) if active > 0.0 && total.is_finite() => Some(total / active),
+        _ => cell.per_request_tok_s,
+    }
+    .filter(|v| v.is_finite() && *v > 0.0)
+}
+
+/// Why a side's cell is not compared, in a few words.
+fn side_text(cell: &DecodeCell) -> String {
+    match &cell.status {
+        CellStatus::LowEvidence => format!("Low evidence ({})", evidence_label(cell)),
+        CellStatus::OffTarget => format!(
+            "Off target (ran at {})",
+            cell.average_active_requests
+                .map_or_else(|| "?".to_owned(), |a| format!("{a:.1}"))
+        ),
+        CellStatus::Valid => "Valid, no speed figure".to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Compares one cell.
+pub fn compare_cell(production: Option<&DecodeCell>, sweep: Option<&DecodeCell>) -> Comparison {
+    if let (Some(p), Some(s)) = (production, sweep) {
+        if p.status.is_valid() && s.status.is_valid() {
+            if let (Some(prod_speed), Some(sweep_speed)) =
+                (speed_per_stream(p), speed_per_stream(s))
+            {
+                let ratio = prod_speed / sweep_speed;
+                let overlap = p.prefill_overlap_share.filter(|o| o.is_finite());
+                let predicted = overlap
+                    .filter(|o| *o >= OVERLAP_WORTH_NAMING && *o < 1.0)
+                    .map(|o| 1.0 - o);
+                let explained =
+                    predicted.is_some_and(|want| (ratio / want - 1.0).abs() <= EXPLAINED_WITHIN);
+                let total_ratio = p
+                    .total_tok_s
+                    .zip(s.total_tok_s)
+                    .filter(|(_, b)| *b > 0.0)
+                    .map(|(a, b)| a / b);
+                return Comparison::Ratio {
+                    ratio,
+                    total_ratio,
+                    overlap,
+                    predicted,
+                    explained,
+                };
+            }
+        }
+    }
+    // A side that is Valid with a speed is not the reason; a missing side is said by the caller.
+    let why = |cell: Option<&DecodeCell>| {
+        cell.filter(|c| !c.status.is_valid() || speed_per_stream(c).is_none())
+            .map(side_text)
+    };
+    Comparison::NotCompared {
+        production: why(production),
+        sweep: why(sweep),
+    }
+}
+
+/// Background of a ratio on the fixed diverging scale: white at ×1, green above, red below,
+/// full colour at ×[`FULL_COLOUR_RATIO`] and ÷[`FULL_COLOUR_RATIO`].
+pub fn diverging_colour(ratio: f64) -> String {
+    if !ratio.is_finite() || ratio <= 0.0 {
+        return "#eceef1".to_owned();
+    }
+    let strength = (ratio.ln().abs() / FULL_COLOUR_RATIO.ln()).min(1.0);
+    let hue = if ratio >= 1.0 { 130 } else { 0 };
+    format!("hsl({hue}, 62%, {:.0}%)", 97.0 - strength * 40.0)
+}
+
+/// The colour legend of the fixed scale.
+pub fn legend_fragment() -> String {
+    let mut out = String::from("<div class=\"scale-legend\" aria-label=\"colour scale\">");
+    for ratio in [0.5, 0.67, 0.83, 1.0, 1.2, 1.5, 2.0] {
+        let label = if ratio < 1.0 {
+            format!("÷{:.1}", 1.0 / ratio)
+        } else {
+            format!("×{ratio:.1}")
+        };
+        let _ = write!(
+            out,
+            "<span class=\"swatch\" style=\"background:{}\">{label}</span>",
+            diverging_colour(ratio)
+        );
+    }
+    out.push_str("<span class=\"swatch not-compared\">not compared</span></div>");
+    out
+}
+
+/// The production ÷ sweep grid on the shared axes, with its legend and the list of cells not
+/// compared. Cells carry `data-context`, `data-concurrency` and either `data-ratio` or
+/// `data-compared="no"`.
+pub fn comparison_fragment(production: &MatrixDoc, sweep: &MatrixDoc) -> String {
+    let axes = Axes::union(&[production, sweep]);
+    let prod_cells = production.cell_index();
+    let sweep_cells = sweep.cell_index();
+    let mut out = String::from(
+        "<section class=\"comparison\" id=\"comparison\"><h2>Production ÷ sweep</h2><p class=\"note\">Each cell: production's decode speed per stream (total tok/s ÷ average active requests) ÷ the sweep's, same context and concurrency. Below ×1 production is slower; the second line is the production cell's prefill overlap and what it predicts, sweep × (1 − overlap) — ✓ where that explains the gap within 10 %. Only cells Valid on both sides are compared.</p>",
+    );
+    out.push_str(&legend_fragment());
+    out.push_str("<div class=\"scroll\"><table class=\"grid ratio-grid comparison-grid\"><thead><tr><th>Context</th>");
+    for concurrency in &axes.concurrencies {
+        let _ = write!(out, "<th>{concurrency}</th>");
+    }
+    out.push_str("</tr></thead><tbody>");
+    let mut not_compared = Vec::new();
+    for context in &axes.contexts {
+        let label = context_label(*context);
+        let _ = write!(out, "<tr><th>{}</th>", escape(&label));
+        for concurrency in &axes.concurrencies {
+            let key = (*context, *concurrency);
+            let p = prod_cells.get(&key).copied();
+            let s = sweep_cells.get(&key).copied();
+            let attributes = format!(
+                "data-context=\"{}\" data-concurrency=\"{concurrency}\"",
+                escape(&label)
+            );
+            if p.is_none() && s.is_none() {
+                let _ = write!(
+                    out,
+                    "<td class=\"absent\" {attributes} data-compared=\"no\"></td>"
+                );
+                continue;
+            }
+            match compare_cell(p, s) {
+                Comparison::Ratio {
+                    ratio,
+                    total_ratio,
+                    overlap,
+                    predicted,
+                    explained,
+                } => {
+                    let why = match (overlap, predicted) {
+                        (Some(o), Some(want)) => format!(
+                            "overlap {} · expect ×{want:.2}{}",
+                            format_percent(o),
+                            if explained { " ✓" } else { "" }
+                        ),
+                        (Some(o), None) => format!("overlap {}", format_percent(o)),
+                        _ => String::new(),
+                    };
+                    let title = format!(
+                        "{label} × {concurrency}: speed per stream ×{ratio:.3}{}",
+                        total_ratio.map_or_else(String::new, |t| format!(", total tok/s ×{t:.3}"))
+                    );
+                    let _ = write!(
+                        out,
+                        "<td class=\"compared{}\" {attributes} data-ratio=\"{ratio}\" style=\"background:{}\" title=\"{}\"><span class=\"total\">×{ratio:.2}</span><span class=\"ttft\">{}</span></td>",
+                        if explained { " explained" } else { "" },
+                        diverging_colour(ratio),
+                        escape(&title),
+                        escape(&why)
+                    );
+                }
+                Comparison::NotCompared {
+                    production: prod_why,
+                    sweep: sweep_why,
+                } => {
+                    let mut parts = Vec::new();
+                    if let Some(text) = &prod_why {
+                        parts.push(format!("production: {text}"));
+                    } else if p.is_none() {
+                        parts.push("no production traffic".to_owned());
+                    }
+                    if let Some(text) = &sweep_why {
+                        parts.push(format!("sweep: {text}"));
+                    } else if s.is_none() {
+                        parts.push("not in the sweep".to_owned());
+                    }
+                    let reason = parts.join("; ");
+                    let short = match (p.map(|c| &c.status), s.map(|c| &c.status)) {
+                        (Some(CellStatus::LowEvidence), _) => "low evidence",
+                        (_, Some(CellStatus::OffTarget)) | (Some(CellStatus::OffTarget), _) => {
+                            "off target"
+                        }
+                        (None, _) => "sweep only",
+                        (_, None) => "production only",
+                        _ => "not compared",
+                    };
+                    let _ = write!(
+                        out,
+                        "<td class=\"not-compared\" {attributes} data-compared=\"no\" title=\"{}\">{}</td>",
+                        escape(&reason),
+                        escape(short)
+                    );
+                    not_compared.push(format!("{label} × {concurrency}: {reason}"));
+                }
+            }
+        }
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table></div>");
+    if !not_compared.is_empty() {
+        out.push_str("<details class=\"not-compared-list\"><summary>Not compared</summary><ul class=\"note\">");
+        for line in &not_compared {
+            let _ = write!(out, "<li>{}</li>", escape(line));
+        }
+        out.push_str("</ul></details>");
+    }
+    out.push_str("</section>");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(context: u64, concurrency: u32, total: f64, active: f64) -> DecodeCell {
+        let mut cell = DecodeCell::status_only(context, concurrency, CellStatus::Valid);
+        cell.total_tok_s = Some(total);
+        cell.average_active_requests = Some(active);
+        cell.completed_requests = Some(30);
+        cell.output_tokens = Some(3000);
+        cell.measured_for_s = Some(30.0);
+        cell
+    }
+
+    fn doc(cells: Vec<DecodeCell>) -> MatrixDoc {
+        let mut doc = MatrixDoc::new(Default::default());
+        doc.decode = cells;
+        doc
+    }
+
+    #[test]
+    fn the_axes_are_the_union_of_both_documents() {
+        let production = doc(vec![cell(8192, 1, 50.0, 1.0), cell(8192, 8, 300.0, 8.0)]);
+        let sweep = doc(vec![cell(8192, 2, 90.0, 2.0), cell(16384, 4, 160.0, 4.0)]);
+        let axes = Axes::union(&[&production, &sweep]);
+        assert_eq!(axes.contexts, [8192, 16384]);
+        assert_eq!(axes.concurrencies, [1, 2, 4, 8]);
+    }
+
+    #[test]
+    fn only_cells_valid_on_both_sides_get_a_ratio_and_the_overlap_explains_the_gap() {
+        let mut slowed = cell(8192, 4, 120.0, 4.0);
+        slowed.prefill_overlap_share = Some(0.4);
+        let sweep = cell(8192, 4, 200.0, 4.0);
+        match compare_cell(Some(&slowed), Some(&sweep)) {
+            Comparison::Ratio {
+                ratio,
+                predicted,
+                explained,
+                ..
+            } => {
+                assert!((ratio - 0.6).abs() < 1e-9);
+                assert!((predicted.unwrap() - 0.6).abs() < 1e-9);
+                assert!(explained);
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut thin = cell(8192, 2, 367.8, 2.0);
+        thin.status = CellStatus::LowEvidence;
+        thin.completed_requests = Some(0);
+        thin.output_tokens = Some(11);
+        thin.measured_for_s = Some(0.0);
+        let html = comparison_fragment(
+            &doc(vec![thin.clone()]),
+            &doc(vec![cell(8192, 2, 41.0, 2.0)]),
+        );
+        assert!(!html.contains("data-ratio"), "{html}");
+        assert!(html.contains("data-compared=\"no\""), "{html}");
+        assert!(
+            html.contains("Low evidence (n=0 · 11 tok · 0.0 s)"),
+            "{html}"
+        );
+        assert!(matches!(
+            compare_cell(Some(&thin), Some(&cell(8192, 2, 41.0, 2.0))),
+            Comparison::NotCompared { .. }
+        ));
+    }
+
+    #[test]
+    fn the_scale_is_fixed_and_centred_on_one() {
+        assert_eq!(diverging_colour(1.0), "hsl(130, 62%, 97%)");
+        // ×0.98 is nearly white whatever else is on the page.
+        assert_eq!(diverging_colour(0.98), "hsl(0, 62%, 96%)");
+        assert_eq!(diverging_colour(0.5), diverging_colour(0.25));
+        assert_eq!(diverging_colour(2.0), "hsl(130, 62%, 57%)");
+    }
+}
