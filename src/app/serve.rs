@@ -50,9 +50,10 @@ pub struct ServeArgs {
     /// variables TOKENTAP_<SECTION>__<KEY> override it; these flags override both.
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Set any key of config/tokentap.toml, e.g. --set admin.token=change-me --set
-    /// proxy.listen=0.0.0.0:8100 (repeatable; over the file and the environment, under the
-    /// flags above). A list of several upstreams (`[[upstreams]]`) is written in the file.
+    /// Set any key of config/tokentap.toml, e.g. --set proxy.listen=0.0.0.0:8100 --set
+    /// slo.ttft=500ms (repeatable; over the file and the environment, under the flags above;
+    /// keep secrets such as admin.token in the environment or the file, not on a command line
+    /// others can read). A list of several upstreams (`[[upstreams]]`) is written in the file.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
 }

@@ -188,12 +188,13 @@ impl ConfigLoader {
     /// flag.
     pub fn set_args(mut self, args: &[String]) -> Result<Self, ConfigError> {
         for arg in args {
+            // The error shows what comes before `=` only: the value may be a secret.
             let malformed = |message: &str| ConfigError::Set {
-                arg: arg.clone(),
+                arg: arg.split('=').next().unwrap_or("").to_owned(),
                 message: message.to_owned(),
             };
             let (path, value) = arg.split_once('=').ok_or_else(|| {
-                malformed("expected SECTION.KEY=VALUE, e.g. --set admin.token=change-me")
+                malformed("expected SECTION.KEY=VALUE, e.g. --set proxy.listen=0.0.0.0:8100")
             })?;
             let path = path.trim();
             let (section, key) = path
@@ -1114,12 +1115,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(unknown.contains("flag --set proxy.lisen"), "{unknown}");
-        for bad in ["proxy.listen", "listen=1", "a.b.c=1", ".x=1"] {
+        for (bad, shown) in [
+            ("proxy.listen", "proxy.listen"),
+            ("listen=1", "listen"),
+            ("a.b.c=secret", "a.b.c"),
+            (".x=1", ".x"),
+        ] {
             let error = ConfigLoader::new()
                 .set_args(&[bad.to_owned()])
                 .unwrap_err()
                 .to_string();
-            assert!(error.starts_with(&format!("--set {bad}")), "{error}");
+            assert!(error.starts_with(&format!("--set {shown}:")), "{error}");
+            assert!(!error.contains("secret"), "{error}");
         }
     }
 
