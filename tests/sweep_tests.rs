@@ -732,6 +732,90 @@ async fn a_cell_measured_beside_production_is_off_target_and_the_page_shows_the_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capacity_search_finds_the_profile_boundary_with_fewer_cells_than_the_ladder() {
+    use tokentap::matrix::capacity::{capacity, Basis, CapacityQuery, Targets};
+    // The profile's TBT at 8K by batch size: the target sits between batch 4 and batch 8, so
+    // the true capacity at 8K under it is 4.
+    let profile = Profile::builtin(STEP).unwrap();
+    let model = tokentap::sim::model::PerformanceModel::new(&profile);
+    let tbt = |batch: usize| 1000.0 / model.per_request_tok_s(8192.0, batch);
+    let (at_four, at_eight) = (tbt(4), tbt(8));
+    assert!(
+        at_eight > at_four * 1.08,
+        "the profile separates 4 from 8: {at_four} {at_eight}"
+    );
+    let target = (at_four + at_eight) / 2.0;
+    let slo = format!("tbt={:.2}ms", target);
+    let ladder = [1, 2, 4, 8, 16, 32];
+
+    let sim = sim(STEP).await;
+    let server = proxy_with_token(&sim.base_url(), "").await;
+    let sweep = |body: Value| {
+        let server = &server;
+        async move {
+            let (code, started) =
+                admin(server, "POST", "/sweeps", Some(TOKEN), &body.to_string()).await;
+            assert_eq!(code, 202, "{started}");
+            let id = started["id"].as_str().unwrap().to_owned();
+            wait_status(server, &id, "finished", Duration::from_secs(240), |s| {
+                s["state"] == "finished"
+            })
+            .await
+        }
+    };
+    // The whole ladder, then `matrix capacity` on it.
+    let full = sweep(
+        json!({"contexts": ["8K"], "concurrency": ladder, "cell_duration": "1s", "slo": slo}),
+    )
+    .await;
+    let full_matrix: MatrixDoc = serde_json::from_value(full["matrix"].clone()).unwrap();
+    let query = CapacityQuery {
+        targets: Targets {
+            tbt_ms: Some(target),
+            ..Targets::default()
+        },
+        attainment: 0.95,
+        basis: Basis::Auto,
+        output_tokens: None,
+    };
+    let report = capacity(&full_matrix, &query).unwrap();
+    let context = report.context(8192).unwrap();
+    assert_eq!(context.capacity, Some(4), "{context:#?}\n{full_matrix:#?}");
+    assert!(context.boundary_seen);
+    assert_eq!(
+        context.judged_by, "SLO attainment",
+        "the streams carried the SLO"
+    );
+    let runnable = full_matrix
+        .decode
+        .iter()
+        .filter(|c| c.status != CellStatus::OverCapacity)
+        .count();
+
+    // The search: the same answer from fewer cells, through POST /sweeps.
+    let searched = sweep(json!({"contexts": ["8K"], "concurrency": ladder, "cell_duration": "1s", "slo": slo, "find_capacity": true})).await;
+    let answer = &searched["capacity"]["contexts"][0];
+    assert_eq!(answer["capacity"], 4, "{answer:#}");
+    assert_eq!(answer["boundary_seen"], true);
+    let measured = searched["matrix"]["decode"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["status"] != "Not run" && c["status"] != "Over capacity")
+        .count();
+    assert!(
+        measured < runnable,
+        "the search measured {measured} cells, the ladder {runnable}"
+    );
+    let notes = searched["matrix"]["metadata"]["notes"].to_string();
+    assert!(
+        notes.contains("Capacity search at 8K: measured 1 ✓, 2 ✓"),
+        "{notes}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_sweep_replaces_the_partial_matrix_on_the_page_at_once() {
     let sim = sim(STEP).await;
     let server = proxy_with_token(&sim.base_url(), "").await;

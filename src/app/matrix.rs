@@ -1,4 +1,4 @@
-//! `tokentap matrix show|diff|import`: reads files, calls the pure renderers and the diff, writes
+//! `tokentap matrix show|diff|import|capacity`: reads files, calls the pure renderers and the diff, writes
 //! the result, and turns a failed gate into exit code 3. `matrix/` itself stays pure and never
 //! decides an exit code.
 
@@ -38,6 +38,97 @@ pub enum MatrixCommand {
     Diff(DiffArgs),
     /// Convert a seed page (or tokentap Markdown) into the JSON document.
     Import(ImportArgs),
+    /// Capacity under an SLO: per context, the largest number of simultaneous requests whose
+    /// cell meets the targets, the goodput and total tok/s there, and which target stops it.
+    ///
+    /// Works on any matrix: a sweep, a production window (`/matrix?format=json`), a fleet
+    /// matrix, a seed page. Cells are judged by SLO attainment where they have it (the share of
+    /// requests that met the targets they were measured against), else by their medians
+    /// (--basis chooses: p90 or p99 tails, attainment only, medians only); the answer says
+    /// which. Only Valid cells count: Low evidence, Off target, Over capacity and Error cells
+    /// are listed as excluded.
+    ///
+    /// Examples:
+    ///   tokentap matrix capacity sweep.json --slo ttft=2s,tbt=50ms
+    ///   tokentap matrix capacity page.txt --slo tbt=30ms --basis p99 --format html -o cap.html
+    Capacity(CapacityArgs),
+}
+
+/// The SLO of a capacity question, shared by `matrix capacity` and `matrix show`.
+#[derive(Debug, Clone, Args)]
+pub struct SloArgs {
+    /// Latency targets: comma-separated ttft=, tbt=, e2e= with durations (500ms, 2s, 1m), as
+    /// in the x-tokentap-slo header. End to end is estimated as TTFT + TBT × (output − 1).
+    #[arg(long, value_name = "TARGETS")]
+    pub slo: Option<String>,
+    /// Share of requests that must meet the targets when a cell is judged by its SLO
+    /// attainment (0–1).
+    #[arg(long, value_name = "SHARE", default_value_t = 0.95)]
+    pub attainment: f64,
+    /// What a cell is judged by: auto (SLO attainment where the cell has it, else medians),
+    /// attainment, median, p90 or p99.
+    #[arg(long, value_name = "BASIS", default_value = "auto")]
+    pub basis: String,
+    /// Output tokens per request for the end-to-end estimate. Default: the matrix's max
+    /// output tokens.
+    #[arg(long, value_name = "N")]
+    pub output_tokens: Option<u64>,
+}
+
+impl SloArgs {
+    /// The query, or an error naming the flag.
+    pub fn query(&self) -> anyhow::Result<Option<crate::matrix::capacity::CapacityQuery>> {
+        use crate::matrix::capacity::{Basis, CapacityQuery, Targets};
+        let Some(text) = &self.slo else {
+            return Ok(None);
+        };
+        let parsed =
+            crate::meter::slo::SloTargets::parse_header(text.as_bytes()).map_err(|error| {
+                anyhow::anyhow!("--slo {text:?}: {error} (write e.g. ttft=2s,tbt=50ms)")
+            })?;
+        let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+        let basis = Basis::parse(&self.basis).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--basis {:?}: expected auto, attainment, median, p90 or p99",
+                self.basis
+            )
+        })?;
+        Ok(Some(CapacityQuery {
+            targets: Targets {
+                ttft_ms: ms(parsed.ttft),
+                tbt_ms: ms(parsed.tbt),
+                e2e_ms: ms(parsed.e2e),
+            },
+            attainment: self.attainment,
+            basis,
+            output_tokens: self.output_tokens,
+        }))
+    }
+}
+
+/// Output formats of `matrix capacity`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CapacityFormat {
+    /// A Markdown table, one row per context.
+    Md,
+    /// JSON (schema tokentap.capacity/v1).
+    Json,
+    /// A self-contained HTML page: the heat map with the capacity line, and the table.
+    Html,
+}
+
+#[derive(Debug, Args)]
+pub struct CapacityArgs {
+    /// The matrix file: seed page text, Markdown or JSON; `-` reads standard input.
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub slo: SloArgs,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = CapacityFormat::Md)]
+    pub format: CapacityFormat,
+    /// Write to this file instead of standard output.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
 }
 
 /// Output formats of `matrix show`.
@@ -93,6 +184,10 @@ pub struct ShowArgs {
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// With --format html (or md): draw each context's capacity under this SLO on the heat
+    /// map (the capacity cell outlined, the cells beyond it hatched). See `matrix capacity`.
+    #[command(flatten)]
+    pub capacity: SloArgs,
 }
 
 #[derive(Debug, Args)]
@@ -140,7 +235,24 @@ pub async fn run(args: MatrixArgs) -> anyhow::Result<ExitCode> {
         MatrixCommand::Show(args) => show(&args),
         MatrixCommand::Diff(args) => diff_command(&args),
         MatrixCommand::Import(args) => import(&args),
+        MatrixCommand::Capacity(args) => capacity_command(&args),
     }
+}
+
+fn capacity_command(args: &CapacityArgs) -> anyhow::Result<ExitCode> {
+    let query = args
+        .slo
+        .query()?
+        .ok_or_else(|| anyhow::anyhow!("give the SLO with --slo, e.g. --slo ttft=2s,tbt=50ms"))?;
+    let doc = load(&args.file)?;
+    let report = crate::matrix::capacity::capacity(&doc, &query)?;
+    let text = match args.format {
+        CapacityFormat::Md => crate::matrix::capacity::render_capacity_markdown(&report),
+        CapacityFormat::Json => crate::matrix::capacity::render_capacity_json(&report),
+        CapacityFormat::Html => crate::matrix::html::render_html_with_capacity(&doc, &report),
+    };
+    write_output(args.output.as_deref(), &text)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn write_output(output: Option<&Path>, text: &str) -> anyhow::Result<()> {
@@ -173,13 +285,30 @@ fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         (Some(file), None) => load(file)?,
         (None, None) => anyhow::bail!("give a matrix file, or --store DIR"),
     };
-    let text = match args.format {
-        ShowFormat::Md => crate::matrix::markdown::render_markdown(&doc),
-        ShowFormat::Json => crate::matrix::render_json(&doc),
-        ShowFormat::Csv => crate::matrix::csv::render_csv(&doc),
-        ShowFormat::Html => crate::matrix::html::render_html(&doc),
-        ShowFormat::Svg => crate::matrix::svg::render_svg(&doc),
-        ShowFormat::Table => crate::matrix::table::render_table(&doc),
+    let capacity = match args.capacity.query()? {
+        Some(query) => Some(crate::matrix::capacity::capacity(&doc, &query)?),
+        None => None,
+    };
+    let text = match (args.format, &capacity) {
+        (ShowFormat::Md, None) => crate::matrix::markdown::render_markdown(&doc),
+        (ShowFormat::Md, Some(report)) => format!(
+            "{}\n{}",
+            crate::matrix::markdown::render_markdown(&doc),
+            crate::matrix::capacity::render_capacity_markdown(report).replacen("# ", "## ", 1)
+        ),
+        (ShowFormat::Json, _) => crate::matrix::render_json(&doc),
+        (ShowFormat::Csv, _) => crate::matrix::csv::render_csv(&doc),
+        (ShowFormat::Html, None) => crate::matrix::html::render_html(&doc),
+        (ShowFormat::Html, Some(report)) => {
+            crate::matrix::html::render_html_with_capacity(&doc, report)
+        }
+        (ShowFormat::Svg, _) => crate::matrix::svg::render_svg(&doc),
+        (ShowFormat::Table, None) => crate::matrix::table::render_table(&doc),
+        (ShowFormat::Table, Some(report)) => format!(
+            "{}\n{}",
+            crate::matrix::table::render_table(&doc),
+            crate::matrix::capacity::render_capacity_markdown(report)
+        ),
     };
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)

@@ -92,6 +92,20 @@ pub struct SweepArgs {
     /// SLO attainment and goodput per cell. Default: the configured targets, if any.
     #[arg(long, value_name = "TARGETS")]
     pub slo: Option<String>,
+    /// Search each context for its capacity under --slo instead of running the whole
+    /// concurrency ladder: bracket by doubling, then bisect on the ladder (the KV budget bounds
+    /// it), measuring only the cells the answer needs; prints the boundary per context with
+    /// the cells it measured (docs/capacity.md). Needs --slo.
+    #[arg(long, requires = "slo")]
+    pub find_capacity: bool,
+    /// With --find-capacity: the share of a cell's streams that must meet the SLO (0–1).
+    /// Default 0.95.
+    #[arg(long, value_name = "SHARE", requires = "find_capacity")]
+    pub attainment: Option<f64>,
+    /// With --find-capacity: what a cell is judged by: auto (its streams' SLO attainment),
+    /// attainment, median, p90 or p99. Default auto.
+    #[arg(long, value_name = "BASIS", requires = "find_capacity")]
+    pub capacity_basis: Option<String>,
     /// Directory for matrix.json, matrix.html and matrix.md. Default tokentap-sweep-ID (the
     /// sweep's id).
     #[arg(long, value_name = "DIR")]
@@ -133,6 +147,9 @@ impl SweepArgs {
             model: self.model.clone(),
             prompt: self.prompt,
             slo: self.slo.clone(),
+            find_capacity: self.find_capacity.then_some(true),
+            attainment: self.attainment,
+            capacity_basis: self.capacity_basis.clone(),
         }
     }
 
@@ -179,7 +196,17 @@ fn finish(args: &SweepArgs, status: &SweepStatus) -> anyhow::Result<ExitCode> {
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("tokentap-sweep-{}", status.id)));
-    let written = write_matrix(&dir, "matrix", matrix)?;
+    let mut written = write_matrix(&dir, "matrix", matrix)?;
+    if let Some(report) = &status.capacity {
+        print!(
+            "\n{}",
+            crate::matrix::capacity::render_capacity_markdown(report)
+        );
+        let path = dir.join("capacity.json");
+        std::fs::write(&path, crate::matrix::capacity::render_capacity_json(report))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        written.push(path.display().to_string());
+    }
     eprintln!("tokentap sweep: {}", written.join(", "));
     let measured = matrix.prefill.iter().any(|r| r.status.is_valid())
         || matrix.decode.iter().any(|c| c.status.is_valid());

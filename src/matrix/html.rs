@@ -7,6 +7,7 @@
 //! DOM without JavaScript. Pure: documents in, strings out.
 use std::fmt::Write as _;
 
+use super::capacity::{capacity_text, CapacityReport};
 use super::diff::{format_ratio, grid_text, status_text, MatrixDiff};
 use super::doc::{CellStatus, DecodeCell, MatrixDoc};
 use super::facts::{section_facts, FACT_SECTIONS};
@@ -41,6 +42,7 @@ td.low-evidence, td.off-target { background: #eceef1; color: #6e7781; font-size:
 .legend, .note { color: var(--muted); font-size: 12px; margin: 6px 0; }
 .charts { display: flex; flex-wrap: wrap; gap: 16px; } .charts svg { max-width: 100%; height: auto; border: 1px solid var(--line); border-radius: 6px; }
 table.ratio-grid td { text-align: center; min-width: 70px; } td.changed { font-weight: 700; outline: 2px solid #bf8700; outline-offset: -2px; }
+td.at-capacity { outline: 3px solid #1b1f24; outline-offset: -3px; } td.beyond-capacity { background-image: repeating-linear-gradient(135deg, rgba(255,255,255,.55) 0 4px, transparent 4px 9px) !important; opacity: .8; }
 td.not-compared { background: #eceef1; color: #6e7781; font-size: 12px; } td.explained { outline: 2px solid #1a7f37; outline-offset: -2px; }
 .scale-legend { display: flex; flex-wrap: wrap; gap: 2px; margin: 6px 0; font-size: 11px; } .scale-legend .swatch { padding: 2px 8px; border: 1px solid var(--line); } .scale-legend .not-compared { background: #eceef1; color: #6e7781; }
 .panels { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; } .panel { flex: 1 1 420px; min-width: 0; }
@@ -128,6 +130,17 @@ pub fn grid_fragment(doc: &MatrixDoc) -> String {
 /// (`max` total tok/s is the darkest), so two grids drawn side by side read alike. Only `Valid`
 /// cells are coloured; `Low evidence` and `Off target` cells are grey with their evidence.
 pub fn grid_fragment_on(doc: &MatrixDoc, axes: &Axes, max: f64) -> String {
+    grid_fragment_marked(doc, axes, max, None)
+}
+
+/// [`grid_fragment_on`] with a capacity line: the cell at each context's capacity is outlined
+/// (`at-capacity`), the cells beyond it are hatched (`beyond-capacity`, `data-beyond="yes"`).
+pub fn grid_fragment_marked(
+    doc: &MatrixDoc,
+    axes: &Axes,
+    max: f64,
+    capacity: Option<&CapacityReport>,
+) -> String {
     let contexts = &axes.contexts;
     let concurrencies = &axes.concurrencies;
     let cells = doc.cell_index();
@@ -147,9 +160,22 @@ pub fn grid_fragment_on(doc: &MatrixDoc, axes: &Axes, max: f64) -> String {
         for concurrency in concurrencies {
             let cell = cells.get(&(*context, *concurrency)).copied();
             let status = cell.map_or("absent", |c| c.status.slug());
+            let mark = capacity.map_or("", |report| {
+                let at = report
+                    .context(*context)
+                    .and_then(|c| c.capacity)
+                    .is_some_and(|c| c == *concurrency);
+                if report.beyond(*context, *concurrency) {
+                    " beyond-capacity\" data-beyond=\"yes"
+                } else if at {
+                    " at-capacity"
+                } else {
+                    ""
+                }
+            });
             let _ = write!(
                 out,
-                "<td class=\"{status}\" data-context=\"{}\" data-concurrency=\"{concurrency}\" data-status=\"{status}\"",
+                "<td class=\"{status}{mark}\" data-context=\"{}\" data-concurrency=\"{concurrency}\" data-status=\"{status}\"",
                 escape(&label)
             );
             match grid_cell_parts(cell) {
@@ -317,6 +343,58 @@ pub fn measurements_fragment(doc: &MatrixDoc) -> String {
     }
     out.push_str("</section>");
     out
+}
+
+/// The capacity answer under the heat map: one row per context, and the legend of the line.
+pub fn capacity_fragment(doc: &MatrixDoc, report: &CapacityReport) -> String {
+    let axes = Axes::union(&[doc]);
+    let mut out =
+        String::from("<section class=\"capacity\" id=\"capacity\"><h2>Capacity under the SLO</h2>");
+    let _ = write!(
+        out,
+        "<p class=\"note\">SLO: {} · attainment ≥ {} · judged by {}. The outlined cell is each context's capacity (the largest concurrency whose cell, and every judged cell below it, meets the SLO); hatched cells lie beyond it.</p>",
+        escape(&report.targets.describe()),
+        escape(&super::units::format_percent(report.attainment)),
+        escape(report.basis.label())
+    );
+    out.push_str(&grid_fragment_marked(
+        doc,
+        &axes,
+        heat_scale_max(&[doc]),
+        Some(report),
+    ));
+    out.push_str("<div class=\"scroll\"><table class=\"measurements capacity-table\"><thead><tr><th>Context</th><th>Capacity</th><th>Judged by</th><th>Goodput tok/s</th><th>Total tok/s</th><th>Limited by</th></tr></thead><tbody>");
+    for context in &report.contexts {
+        let _ = write!(
+            out,
+            "<tr data-context=\"{label}\" data-capacity=\"{}\"><th>{label}</th><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+            context.capacity.map_or_else(String::new, |c| c.to_string()),
+            escape(&capacity_text(context)),
+            escape(&context.judged_by),
+            escape(&or_missing(context.goodput_tok_s, format_rate)),
+            escape(&or_missing(context.total_tok_s, format_rate)),
+            escape(context.limited_by.as_deref().unwrap_or("not reached")),
+            label = escape(&context_label(context.context_tokens))
+        );
+    }
+    out.push_str("</tbody></table></div></section>");
+    out
+}
+
+/// The report page of one matrix with its capacity answer after the grid.
+pub fn render_html_with_capacity(doc: &MatrixDoc, report: &CapacityReport) -> String {
+    let body = [
+        facts_fragment(doc),
+        capacity_fragment(doc, report),
+        decode_chart_fragment(doc),
+        prefill_fragment(doc),
+        measurements_fragment(doc),
+    ]
+    .join("\n");
+    page(
+        &format!("{PAGE_TITLE}: {}", page::title(&doc.metadata)),
+        &body,
+    )
 }
 
 /// The whole report page for one matrix.

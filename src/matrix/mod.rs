@@ -6,6 +6,7 @@
 //! reads files for the commands and other modules (the `tokentap matrix` command is `app::matrix`). Producers
 //! (sweep engine, production aggregator) build a [`MatrixDoc`] in code and call
 //! [`MatrixDoc::validate`]; consumers render it with the functions re-exported here.
+pub mod capacity;
 pub mod compare;
 pub mod csv;
 pub mod diff;

@@ -12,7 +12,7 @@
 //! Code map: `plan` (request → resolved plan, pure), `discover` (what the server says about
 //! itself), `prompt` (token-id and calibrated text prompts), `driver` (one stream: send,
 //! read, detect errors and output loops), `cell` (records + window → matrix cells, pure),
-//! `runner` (the procedure), `server_load` (the server's running and queued requests now, read through the upstream's scraper), `status` (progress and the JSON of `GET /sweeps/{id}`), `progress` (the progress line on stderr),
+//! `runner` (the procedure), `search` (the capacity search's next level, pure), `server_load` (the server's running and queued requests now, read through the upstream's scraper), `status` (progress and the JSON of `GET /sweeps/{id}`), `progress` (the progress line on stderr),
 //! `store` (persistence seam over the shared SQLite store), `latest` (the latest synthetic matrix,
 //! read by the admin endpoints), `manager` (one at a time, cancel, follow). The `tokentap sweep`
 //! and `tokentap demo` commands are `app::sweep` and `app::demo`.
@@ -27,6 +27,7 @@ pub mod plan;
 pub mod progress;
 pub mod prompt;
 pub mod runner;
+pub mod search;
 pub mod server_load;
 pub mod status;
 pub mod store;

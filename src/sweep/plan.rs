@@ -16,8 +16,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::base::duration::parse_duration;
 use crate::config::SweepConfig;
+use crate::matrix::capacity::{Basis, CapacityQuery, Targets};
 use crate::matrix::units::{context_label, parse_context};
 use crate::meter::slo::SloTargets;
+
+/// The share of a cell's streams that must meet the SLO in a capacity search, by default.
+pub const DEFAULT_ATTAINMENT: f64 = 0.95;
 
 /// Smallest context of the default ladder (8K).
 pub const DEFAULT_MIN_CONTEXT: u64 = 8 << 10;
@@ -126,6 +130,19 @@ pub struct SweepRequest {
     /// configured `[slo]` targets. Default: the configured ones.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slo: Option<String>,
+    /// Search each context for its capacity under `slo` instead of running the whole
+    /// concurrency ladder: bracket by doubling, then bisect on the ladder, measuring only the
+    /// cells the answer needs (docs/capacity.md). Needs `slo`. Default: no.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub find_capacity: Option<bool>,
+    /// With `find_capacity`: the share of a cell's streams that must meet the SLO (0–1).
+    /// Default 0.95.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attainment: Option<f64>,
+    /// With `find_capacity`: what a cell is judged by (`auto`, `attainment`, `median`, `p90`,
+    /// `p99`). Default `auto` (the streams' SLO attainment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capacity_basis: Option<String>,
 }
 
 /// Which inference engine answers (decides abort and metric names).
@@ -222,6 +239,10 @@ pub struct Plan {
     pub engine: EngineKind,
     /// The `x-tokentap-slo` header value of every stream (validated), if the request set one.
     pub slo_header: Option<String>,
+    /// A capacity search instead of the whole ladder (`find_capacity`): the question each
+    /// context's cells are judged by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityQuery>,
 }
 
 /// A plan that cannot run; each names the field at fault.
@@ -277,6 +298,55 @@ impl Plan {
                 Some(text.to_owned())
             }
             None => None,
+        };
+        let capacity = if request.find_capacity.unwrap_or(false) {
+            let targets = match request.slo.as_deref().map(str::trim) {
+                Some(text) => SloTargets::parse_header(text.as_bytes()).unwrap_or_default(),
+                None => SloTargets::NONE,
+            };
+            if !targets.is_set() {
+                return Err(bad(
+                    "find_capacity",
+                    "needs the SLO to search under: set `slo` (e.g. ttft=2s,tbt=50ms)".into(),
+                ));
+            }
+            let attainment = request.attainment.unwrap_or(DEFAULT_ATTAINMENT);
+            if !(attainment > 0.0 && attainment <= 1.0) {
+                return Err(bad(
+                    "attainment",
+                    format!("must lie in (0, 1], found {attainment}"),
+                ));
+            }
+            let basis = match request.capacity_basis.as_deref() {
+                None => Basis::Auto,
+                Some(text) => Basis::parse(text).ok_or_else(|| {
+                    bad(
+                        "capacity_basis",
+                        format!("`{text}`: expected auto, attainment, median, p90 or p99"),
+                    )
+                })?,
+            };
+            let ms = |d: Option<Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+            Some(CapacityQuery {
+                targets: Targets {
+                    ttft_ms: ms(targets.ttft),
+                    tbt_ms: ms(targets.tbt),
+                    e2e_ms: ms(targets.e2e),
+                },
+                attainment,
+                basis,
+                output_tokens: None,
+            })
+        } else {
+            for (field, given) in [
+                ("attainment", request.attainment.is_some()),
+                ("capacity_basis", request.capacity_basis.is_some()),
+            ] {
+                if given {
+                    return Err(bad(field, "applies only with find_capacity".into()));
+                }
+            }
+            None
         };
         let max_output = request.max_output.unwrap_or(config.max_output);
         if max_output == 0 {
@@ -428,6 +498,10 @@ impl Plan {
             prompt: request.prompt.unwrap_or_default(),
             engine: facts.engine,
             slo_header,
+            capacity: capacity.map(|query| CapacityQuery {
+                output_tokens: Some(max_output),
+                ..query
+            }),
         })
     }
 

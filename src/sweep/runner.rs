@@ -35,11 +35,13 @@ use super::plan::{EngineKind, Plan, PrefillTarget, PromptMode, ServerFacts};
 use super::prompt::{
     calibrated_text_prompt, run_seed, token_id_pool, token_id_prompt, Prompt, PromptKind,
 };
+use super::search::CapacitySearch;
 use super::server_load::{fresh_scraped, ServerLoad};
 use super::status::{CurrentStep, StatusCell, StepPhase, SweepState};
 use crate::base::json::push_json_string;
 use crate::base::wallclock::format_rfc3339 as rfc3339;
 use crate::base::Source;
+use crate::matrix::capacity::{capacity, judge, CapacityQuery, CapacityReport};
 use crate::matrix::units::context_label;
 use crate::matrix::{
     CellStatus, DecodeCell, Engine, Hardware, MatrixDoc, Metadata, ModelInfo, PrefillRow, RunInfo,
@@ -197,6 +199,10 @@ struct Runner {
     status: Arc<StatusCell>,
     latest: LatestMatrix,
     cancel: watch::Receiver<bool>,
+    /// A capacity search's misses so far: (context, level, why).
+    search_misses: Vec<(u64, u32, String)>,
+    /// A capacity search's answer so far.
+    capacity: Option<CapacityReport>,
     records: Arc<RecordCollector>,
     seed: u64,
     tag_prefix: String,
@@ -249,6 +255,8 @@ pub async fn run(input: RunnerInput) -> MatrixDoc {
         status: input.status,
         latest: input.latest,
         cancel: input.cancel,
+        search_misses: Vec::new(),
+        capacity: None,
         records,
         tag_prefix,
         model_json,
@@ -314,6 +322,7 @@ impl Runner {
                 .map(|&t| t as f64 / rate + SCOUT_OVERHEAD_S)
                 .sum::<f64>();
         let matrix = self.matrix.clone();
+        let capacity = self.capacity.clone();
         // The slot first, then the status: whoever sees the new state finds the matrix.
         self.latest.set(matrix.clone());
         let elapsed = clock.started.elapsed().as_secs_f64();
@@ -329,6 +338,7 @@ impl Runner {
             status.progress.elapsed_s = elapsed;
             status.progress.paused_s = paused;
             status.matrix = Some(matrix);
+            status.capacity = capacity;
         });
     }
 
@@ -360,74 +370,70 @@ impl Runner {
             if !step.decode {
                 continue;
             }
-            for concurrency in self.plan.concurrency.clone() {
-                if self.plan.over_capacity(step.context, concurrency) {
-                    continue;
+            let levels: Vec<u32> = self
+                .plan
+                .concurrency
+                .iter()
+                .copied()
+                .filter(|&c| !self.plan.over_capacity(step.context, c))
+                .collect();
+            match self.plan.capacity {
+                None => {
+                    for concurrency in levels {
+                        let Some(cell) = self.measure_cell(step, concurrency, &prompt).await else {
+                            break 'steps;
+                        };
+                        self.finish_cell(cell);
+                    }
                 }
-                let mut attempts = 0;
-                let cell = loop {
-                    let current =
-                        CurrentStep::new(StepPhase::WarmUp, step.context, Some(concurrency));
-                    if !self.wait_for_guard(&current).await {
-                        break 'steps;
-                    }
-                    attempts += 1;
-                    let began = Instant::now();
-                    match self.run_cell(step, concurrency, &prompt).await {
-                        CellRun::Measured(cell) => {
-                            let extra = began.elapsed().as_secs_f64()
-                                - cell.measured_for_s.unwrap_or(self.plan.cell_duration_s);
-                            self.clock.cell_overheads.push(extra.max(0.0));
-                            let mut cell = *cell;
-                            let Some(reason) = off_target(&cell) else {
-                                break cell;
-                            };
-                            let label = current.label.clone();
-                            let beside_production = cell.production_in_flight.is_some();
-                            if beside_production && attempts < MAX_ATTEMPTS {
-                                self.note(format!(
-                                    "{label} was off target ({reason}) and was measured again once production traffic settled"
-                                ));
-                                if !self.wait_for_production_to_settle(&current).await {
-                                    break 'steps;
-                                }
-                                continue;
-                            }
-                            self.note(format!(
-                                "{label} is Off target: {reason}{}; its figures measured another cell",
-                                if beside_production {
-                                    format!(" (after {attempts} attempts)")
-                                } else {
-                                    String::new()
-                                }
-                            ));
-                            cell.status = CellStatus::OffTarget;
-                            break cell;
-                        }
-                        CellRun::Cancelled => break 'steps,
-                        CellRun::Interrupted(production) => {
-                            let label = current.label.clone();
-                            if attempts >= MAX_ATTEMPTS {
-                                break DecodeCell::status_only(
-                                    step.context,
-                                    concurrency,
-                                    CellStatus::error(&format!(
-                                        "interrupted {MAX_ATTEMPTS} times by production traffic above the guard ({production} in flight > {})",
-                                        self.guard
-                                    )),
-                                );
-                            }
-                            self.note(format!(
-                                "{label} was interrupted by production traffic ({production} requests in flight > guard {}) and measured again",
-                                self.guard
+                Some(query) => {
+                    let total = levels.len();
+                    let mut search = CapacitySearch::new(levels);
+                    let mut misses = Vec::new();
+                    while let Some(concurrency) = search.next() {
+                        let Some(cell) = self.measure_cell(step, concurrency, &prompt).await else {
+                            break 'steps;
+                        };
+                        let verdict = if cell.status.is_valid() {
+                            judge(&cell, &query, Some(self.plan.max_output))
+                        } else {
+                            None
+                        };
+                        let meets = verdict.as_ref().is_some_and(|v| v.meets);
+                        if !meets {
+                            misses.push((
+                                concurrency,
+                                verdict.map_or_else(
+                                    || format!("its cell is {}", cell.status),
+                                    |v| v.limited_by.unwrap_or_default(),
+                                ),
                             ));
                         }
+                        search.record(concurrency, meets);
+                        self.finish_cell(cell);
                     }
-                };
-                self.set_cell(cell);
-                self.clock.cells_left = self.clock.cells_left.saturating_sub(1);
-                self.clock.done += 1;
-                self.publish(SweepState::Running, None);
+                    let skipped = search.skipped();
+                    self.clock.cells_left = self.clock.cells_left.saturating_sub(skipped.len());
+                    let measured: Vec<String> = search
+                        .measured()
+                        .iter()
+                        .map(|(c, met)| format!("{c} {}", if *met { "✓" } else { "✗" }))
+                        .collect();
+                    self.note(format!(
+                        "Capacity search at {}: measured {} ({} of {total} levels; the rest assumed to follow their measured neighbours){}",
+                        context_label(step.context),
+                        measured.join(", "),
+                        search.measured().len(),
+                        misses
+                            .iter()
+                            .min_by_key(|(c, _)| *c)
+                            .map_or_else(String::new, |(c, why)| format!("; the first miss, {c}: {why}"))
+                    ));
+                    self.search_misses
+                        .extend(misses.into_iter().map(|(c, why)| (step.context, c, why)));
+                    self.update_capacity(&query);
+                    self.publish(SweepState::Running, None);
+                }
             }
         }
         let cancelled = self.cancelled();
@@ -445,6 +451,107 @@ impl Runner {
         self.publish(state, None);
         self.status.update(|s| s.progress.eta_s = None);
         self.matrix.clone()
+    }
+
+    /// Measures one decode cell: waits for the guard, runs it, measures it again when
+    /// production traffic interrupted it or moved it off target. `None` when cancelled.
+    async fn measure_cell(
+        &mut self,
+        step: PrefillTarget,
+        concurrency: u32,
+        prompt: &Prompt,
+    ) -> Option<DecodeCell> {
+        let mut attempts = 0;
+        let cell = loop {
+            let current = CurrentStep::new(StepPhase::WarmUp, step.context, Some(concurrency));
+            if !self.wait_for_guard(&current).await {
+                return None;
+            }
+            attempts += 1;
+            let began = Instant::now();
+            match self.run_cell(step, concurrency, prompt).await {
+                CellRun::Measured(cell) => {
+                    let extra = began.elapsed().as_secs_f64()
+                        - cell.measured_for_s.unwrap_or(self.plan.cell_duration_s);
+                    self.clock.cell_overheads.push(extra.max(0.0));
+                    let mut cell = *cell;
+                    let Some(reason) = off_target(&cell) else {
+                        break cell;
+                    };
+                    let label = current.label.clone();
+                    let beside_production = cell.production_in_flight.is_some();
+                    if beside_production && attempts < MAX_ATTEMPTS {
+                        self.note(format!(
+                            "{label} was off target ({reason}) and was measured again once production traffic settled"
+                        ));
+                        if !self.wait_for_production_to_settle(&current).await {
+                            return None;
+                        }
+                        continue;
+                    }
+                    self.note(format!(
+                        "{label} is Off target: {reason}{}; its figures measured another cell",
+                        if beside_production {
+                            format!(" (after {attempts} attempts)")
+                        } else {
+                            String::new()
+                        }
+                    ));
+                    cell.status = CellStatus::OffTarget;
+                    break cell;
+                }
+                CellRun::Cancelled => return None,
+                CellRun::Interrupted(production) => {
+                    let label = current.label.clone();
+                    if attempts >= MAX_ATTEMPTS {
+                        break DecodeCell::status_only(
+                            step.context,
+                            concurrency,
+                            CellStatus::error(&format!(
+                                "interrupted {MAX_ATTEMPTS} times by production traffic above the guard ({production} in flight > {})",
+                                self.guard
+                            )),
+                        );
+                    }
+                    self.note(format!(
+                        "{label} was interrupted by production traffic ({production} requests in flight > guard {}) and measured again",
+                        self.guard
+                    ));
+                }
+            }
+        };
+        Some(cell)
+    }
+
+    /// Files a measured cell and publishes progress.
+    fn finish_cell(&mut self, cell: DecodeCell) {
+        self.set_cell(cell);
+        self.clock.cells_left = self.clock.cells_left.saturating_sub(1);
+        self.clock.done += 1;
+        self.publish(SweepState::Running, None);
+    }
+
+    /// The capacity answer of the contexts searched so far, from the matrix: a miss on a cell
+    /// that is not Valid (an error, off target) is the boundary too.
+    fn update_capacity(&mut self, query: &CapacityQuery) {
+        let Ok(mut report) = capacity(&self.matrix, query) else {
+            return;
+        };
+        for context in &mut report.contexts {
+            let first_miss = self
+                .search_misses
+                .iter()
+                .filter(|(ctx, ..)| *ctx == context.context_tokens)
+                .min_by_key(|(_, c, _)| *c);
+            if let (false, Some((_, level, why))) = (context.boundary_seen, first_miss) {
+                if context.capacity.is_none_or(|cap| cap < *level) {
+                    context.boundary_seen = true;
+                    context.capacity.get_or_insert(0);
+                    context.limited_by = Some(format!("{why} at {level}"));
+                }
+            }
+        }
+        self.capacity = Some(report);
     }
 
     /// Marks every runnable cell of `context` as an error (its scout failed).

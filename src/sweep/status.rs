@@ -6,6 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+
+use crate::matrix::capacity::CapacityReport;
 use tokio::sync::watch;
 
 use super::plan::{Plan, ServerFacts, SweepRequest};
@@ -132,6 +134,10 @@ pub struct SweepStatus {
     pub error: Option<String>,
     /// The matrix so far (cells not yet measured are `Not run`).
     pub matrix: Option<MatrixDoc>,
+    /// A capacity search's answer (`find_capacity`): per context, the boundary and the cells
+    /// measured to find it. Absent for a whole-ladder sweep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<CapacityReport>,
 }
 
 /// One line of `GET /sweeps`.
@@ -163,6 +169,7 @@ impl SweepStatus {
             progress: Progress::default(),
             error: None,
             matrix: None,
+            capacity: None,
         }
     }
 
