@@ -40,6 +40,8 @@ async fn a_small_demo_shows_steady_agreement_and_measured_interference() {
         out: out.clone(),
         seed: 0,
         keep_running: false,
+        format: tokentap::app::output::OutputFormat::Table,
+        set: Vec::new(),
     };
     let code = run(args).await.unwrap();
     assert_eq!(code, ExitCode::SUCCESS);

@@ -1430,6 +1430,107 @@ fn the_dashboards_are_well_formed() {
     }
 }
 
+/// Every panel of a dashboard, rows' panels included.
+fn all_panels(dashboard: &Value) -> Vec<Value> {
+    fn walk(panels: &[Value], out: &mut Vec<Value>) {
+        for panel in panels {
+            out.push(panel.clone());
+            walk(
+                panel["panels"].as_array().map(Vec::as_slice).unwrap_or(&[]),
+                out,
+            );
+        }
+    }
+    let mut out = Vec::new();
+    walk(dashboard["panels"].as_array().unwrap(), &mut out);
+    out
+}
+
+#[test]
+fn the_dashboards_read_at_a_glance() {
+    let mut ratio_grids = 0;
+    let mut tails = BTreeSet::new();
+    let mut heat_map = false;
+    let mut sweep_gauges = false;
+    for (name, dashboard) in dashboards() {
+        for panel in all_panels(&dashboard) {
+            let title = panel["title"].as_str().unwrap_or("");
+            let defaults = &panel["fieldConfig"]["defaults"];
+            let exprs: Vec<&str> = panel["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["expr"].as_str())
+                .collect();
+            // A ratio grid is on one fixed scale centred on 1.0 with a diverging palette:
+            // a cell's colour depends on its ratio alone.
+            if panel["type"] == "table" && title.contains('÷') {
+                ratio_grids += 1;
+                assert_eq!(defaults["min"], 0.5, "{name}: {title}");
+                assert_eq!(defaults["max"], 1.5, "{name}: {title}");
+                assert_eq!(defaults["color"]["mode"], "thresholds", "{name}: {title}");
+                assert_eq!(
+                    defaults["custom"]["cellOptions"]["mode"], "basic",
+                    "{name}: {title}"
+                );
+                let steps: Vec<f64> = defaults["thresholds"]["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|s| s["value"].as_f64())
+                    .collect();
+                let below = steps.iter().filter(|v| **v < 1.0).count();
+                let above = steps.iter().filter(|v| **v > 1.0).count();
+                assert!(
+                    steps.contains(&0.95) && steps.contains(&1.05) && below == above,
+                    "{name}: {title}: thresholds {steps:?} are not symmetric around 1"
+                );
+                assert!(
+                    panel["description"]
+                        .as_str()
+                        .unwrap()
+                        .contains("fixed scale"),
+                    "{name}: {title}: the legend of the colours"
+                );
+            } else if title.contains("tok/s") && panel["type"] != "row" {
+                assert_eq!(defaults["unit"], "suffix: tok/s", "{name}: {title}");
+            }
+            // Where sglang's own series are drawn, vLLM's are beside them.
+            for expr in &exprs {
+                if expr.contains("sglang:") {
+                    assert!(expr.contains("vllm:"), "{name}: {title}: {expr}");
+                }
+            }
+            if panel["type"] == "stat" && (title.contains("p90") || title.contains("p99")) {
+                tails.insert(title.split(" (").next().unwrap().to_owned());
+            }
+            if panel["type"] == "heatmap"
+                && exprs
+                    .iter()
+                    .any(|e| e.contains("tokentap_time_to_first_token_seconds_bucket"))
+            {
+                assert_eq!(panel["targets"][0]["format"], "heatmap", "{title}");
+                heat_map = true;
+            }
+            if exprs
+                .iter()
+                .any(|e| e.contains("tokentap_sweep_cell_total_tokens_per_second"))
+            {
+                sweep_gauges = true;
+            }
+        }
+    }
+    assert_eq!(
+        ratio_grids, 2,
+        "production ÷ sweep and production ÷ reference"
+    );
+    for tail in ["TTFT p90", "TTFT p99", "TBT p90", "TBT p99"] {
+        assert!(tails.contains(tail), "a {tail} stat panel: {tails:?}");
+    }
+    assert!(heat_map, "a TTFT heat map");
+    assert!(sweep_gauges, "the latest sweep's gauges are drawn");
+}
+
 /// Names of `$name` and `${name}` / `${name:format}` in an expression (`$1` of label_replace is not one).
 fn template_variables(expr: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
@@ -1913,6 +2014,42 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
     )
     .await;
 
+    // The latest sweep's gauges: a synthetic matrix with the production cells (the proxy's own
+    // matrix, relabelled) stands in for a finished sweep.
+    let mut latest = server
+        .production
+        .matrix(
+            tokentap::aggregate::Window::All,
+            Some(MODEL),
+            std::time::SystemTime::now(),
+        )
+        .expect("a production matrix");
+    latest.metadata.run.source = Some(tokentap::matrix::doc::Source::Synthetic);
+    latest.metadata.run.sweep_id = Some("deploy-test-sweep".into());
+    latest.metadata.model.served_model = Some(MODEL.into());
+    server.admin.synthetic.set(latest);
+    wait_for(
+        &api,
+        "tokentap_sweep_cell_total_tokens_per_second",
+        Duration::from_secs(20),
+        |r| {
+            [("8K", "1"), ("8K", "4"), ("16K", "4")]
+                .iter()
+                .all(|(context, concurrency)| {
+                    value_where(
+                        r,
+                        &[
+                            ("model", MODEL),
+                            ("context_bucket", context),
+                            ("concurrency_bucket", concurrency),
+                        ],
+                    )
+                    .is_some_and(|v| v > 0.0)
+                })
+        },
+    )
+    .await;
+
     // The drift gauges of the pinned reference are scraped.
     wait_for(
         &api,
@@ -2026,6 +2163,24 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
                             }
                             key_panels_seen.insert(format!("heat map {window}"));
                         }
+                        // Production ÷ the latest sweep's gauges: the sweep here is the
+                        // production matrix itself, so every cell is near ×1.00.
+                        if title.starts_with("Total tok/s: production ÷ latest sweep") {
+                            let window = &values["window"];
+                            for (context, concurrency) in
+                                [("   8K", "1"), ("   8K", "4"), ("  16K", "4")]
+                            {
+                                let ratio = value_where(
+                                    &result,
+                                    &[("context", context), ("concurrency_bucket", concurrency)],
+                                );
+                                assert!(
+                                    ratio.is_some_and(|r| (0.75..=1.33).contains(&r)),
+                                    "{title} with window {window}: ({context}, {concurrency}) = {ratio:?} in {result:?}"
+                                );
+                            }
+                            key_panels_seen.insert(format!("ratio grid {window}"));
+                        }
                         if defaults && title == "TTFT p50 by context" {
                             let contexts: BTreeSet<&str> = result
                                 .iter()
@@ -2060,6 +2215,8 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
         BTreeSet::from([
             "heat map 1h".to_string(),
             "heat map 5m".to_string(),
+            "ratio grid 1h".to_string(),
+            "ratio grid 5m".to_string(),
             "TTFT by context".to_string()
         ])
     );

@@ -273,6 +273,21 @@ fn the_replay_command_is_bounded_and_writes_its_matrix_and_diff() {
     assert!(status.success(), "{status:?}\n{stdout}");
     assert!(stdout.contains("# Matrix diff"), "{stdout}");
     assert!(out.join("diff.json").is_file());
+
+    // As aligned tables for a terminal: the matrix, then the diff, within 120 columns.
+    let (status, stdout) = replay(&[
+        "--baseline",
+        out.join("replay.json").to_str().unwrap(),
+        "--format",
+        "table",
+    ]);
+    assert!(status.success(), "{status:?}\n{stdout}");
+    assert!(
+        stdout.contains("Prefill  At once") && stdout.contains("Each figure is B ÷ A"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains('|'), "{stdout}");
+    assert!(stdout.lines().all(|l| l.chars().count() <= 120), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

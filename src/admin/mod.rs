@@ -2,7 +2,9 @@
 //! (`page`), live headroom (`capacity`), the captured workload (`workload`), the sweep API (`sweeps`) and the reference API
 //! (`reference`); starting sweeps and pinning references always need the token. Bound to loopback by
 //! default; with `admin.token` set, everything but `/healthz` and `/readyz` needs
-//! `Authorization: Bearer <token>`.
+//! `Authorization: Bearer <token>`, or, for reading (`GET`) and the page's own sweep form, a
+//! browser session from `POST /login` (`session`). A browser asking for HTML without either is
+//! sent to the login form.
 //!
 //! This file routes and checks the token; each endpoint family lives in its own file.
 
@@ -11,6 +13,7 @@ pub mod matrix;
 pub mod page;
 pub mod query;
 pub mod reference;
+pub mod session;
 pub mod workload;
 
 use std::convert::Infallible;
@@ -53,6 +56,8 @@ pub struct AdminState {
     pub workload: Option<Arc<crate::workload::WorkloadCapture>>,
     /// How live headroom is computed (`/capacity`, the page, the capacity gauges).
     pub capacity: capacity::CapacitySettings,
+    /// Browser sessions (`/login`), used only when `token` is set.
+    pub sessions: session::Sessions,
 }
 
 /// A plain response with a content type.
@@ -111,7 +116,7 @@ pub fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Respo
 }
 
 /// Compares without an early exit, so response timing reveals nothing about the token.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     if a.len() != b.len() {
         return false;
     }
@@ -119,17 +124,26 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl AdminState {
-    /// True if the request carries the configured bearer token (or none is configured).
+    /// True if the request may read: it carries the configured bearer token or a live browser
+    /// session (or no token is configured).
     pub fn authorized<B>(&self, request: &Request<B>) -> bool {
-        let Some(token) = &self.token else {
+        if self.token.is_none() {
             return true;
-        };
-        bearer(request).is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes()))
+        }
+        self.bearer_ok(request) || session::session_of(self, request).is_some()
     }
 
-    /// True only if a token is configured and the request carries it (sweeps need this).
+    /// True only if a token is configured and the request carries it as a bearer token (writes
+    /// need this; a browser session is not enough).
     pub fn authorized_strict<B>(&self, request: &Request<B>) -> bool {
-        self.token.is_some() && self.authorized(request)
+        self.bearer_ok(request)
+    }
+
+    fn bearer_ok<B>(&self, request: &Request<B>) -> bool {
+        let Some(token) = &self.token else {
+            return false;
+        };
+        bearer(request).is_some_and(|given| constant_time_eq(given.as_bytes(), token.as_bytes()))
     }
 
     pub async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Response<ResponseBody>
@@ -147,14 +161,24 @@ impl AdminState {
                     respond(StatusCode::OK, "text/plain", "ready\n")
                 }
             }
+            (_, path) if session::owns(path) => session::handle(&self, request).await,
+            _ if !self.authorized(&request) && session::wants_html(&request) => {
+                session::see_other("/login")
+            }
             (_, path) if sweeps::owns(path) => sweeps::handle(&self, request).await,
             (_, path) if reference::owns(path) => reference::handle(&self, request).await,
             _ if !self.authorized(&request) => unauthorized(),
-            (&Method::GET, "/metrics") => respond(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                self.metrics.render(),
-            ),
+            (&Method::GET, "/metrics") => {
+                let mut text = self.metrics.render();
+                if let Some(latest) = self.synthetic.get() {
+                    crate::telemetry::sweep::render_into(&latest, &mut text);
+                }
+                respond(
+                    StatusCode::OK,
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    text,
+                )
+            }
             (&Method::GET, "/matrix") => matrix::handle(&self, &request).await,
             (&Method::GET, "/workload") => workload::handle(&self, &request).await,
             (&Method::GET, "/capacity") => capacity::handle(&self),
@@ -167,7 +191,7 @@ impl AdminState {
 pub fn unauthorized() -> Response<ResponseBody> {
     let mut response = json_error(
         StatusCode::UNAUTHORIZED,
-        "this admin endpoint needs `Authorization: Bearer <admin.token>`",
+        "this admin endpoint needs `Authorization: Bearer <admin.token>` (a browser: log in at /login)",
     );
     response
         .headers_mut()
@@ -185,17 +209,24 @@ fn bearer<B>(request: &Request<B>) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// Adapts the admin state to hyper's per-connection service.
+/// Adapts the admin state to hyper's per-connection service; `peer` is the connection's client
+/// (failed logins are slowed per address).
 pub fn service(
     state: Arc<AdminState>,
+    peer: Option<std::net::SocketAddr>,
 ) -> impl hyper::service::Service<
     Request<hyper::body::Incoming>,
     Response = Response<ResponseBody>,
     Error = Infallible,
     Future = impl std::future::Future<Output = Result<Response<ResponseBody>, Infallible>> + Send,
 > + Clone {
-    hyper::service::service_fn(move |request| {
+    hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
         let state = Arc::clone(&state);
+        if let Some(peer) = peer {
+            request
+                .extensions_mut()
+                .insert(session::ClientAddr(peer.ip()));
+        }
         async move { Ok::<_, Infallible>(state.handle(request).await) }
     })
 }

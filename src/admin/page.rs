@@ -69,6 +69,10 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         query.model.as_deref(),
         SystemTime::now(),
     );
+    let html = match super::session::session_of(state, request) {
+        Some(session) => with_controls(html, &super::session::page_controls(state, &session)),
+        None => html,
+    };
     respond(StatusCode::OK, "text/html; charset=utf-8", html)
 }
 
@@ -235,6 +239,22 @@ fn headroom_fragment(answer: &CapacityAnswer) -> String {
     }
     out.push_str("</section>");
     out
+}
+
+/// The page with a logged-in browser's controls (`session::page_controls`) at the top of its
+/// body.
+fn with_controls(html: String, controls: &str) -> String {
+    match html.find("<body>\n") {
+        Some(at) => {
+            let at = at + "<body>\n".len();
+            let mut out = String::with_capacity(html.len() + controls.len());
+            out.push_str(&html[..at]);
+            out.push_str(controls);
+            out.push_str(&html[at..]);
+            out
+        }
+        None => html,
+    }
 }
 
 fn window_text(window: Window) -> String {

@@ -6,6 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::telemetry::logging::LogFormat;
+
 /// tokentap: a metering reverse proxy for sglang, vLLM and any OpenAI-compatible server.
 ///
 /// It forwards every request untouched, reads streamed responses as they pass and measures
@@ -14,10 +16,31 @@ use clap::{Parser, Subcommand};
 ///
 /// Start with `tokentap demo`: it runs everything on an embedded simulator.
 #[derive(Debug, Parser)]
-#[command(name = "tokentap", version, propagate_version = true)]
+#[command(name = "tokentap", version = VERSION, propagate_version = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines on stderr: text (coloured only on a terminal) or json (one object per line).
+    /// RUST_LOG filters them (default info; warn for sweep, demo and replay).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+/// `tokentap --version`: the package version and the git commit it was built from (`build.rs`;
+/// `unknown` when built without git, e.g. in the Docker image without its build argument).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("TOKENTAP_GIT_COMMIT"),
+    ")"
+);
+
+/// Arguments of `tokentap completions`.
+#[derive(Debug, clap::Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
 }
 
 /// The commands. Their help texts write `<PLACEHOLDER>` as command-line help does (not HTML).
@@ -33,8 +56,11 @@ pub enum Command {
     /// production matrix beside the latest synthetic sweep.
     ///
     /// Example: `tokentap serve --upstream http://127.0.0.1:30000` (sglang on :30000, tokentap on
-    /// :8000, admin on 127.0.0.1:9464). Every setting is documented in config/tokentap.toml and can
-    /// be given as TOKENTAP_<SECTION>__<KEY> in the environment (e.g. TOKENTAP_ADMIN__TOKEN).
+    /// :8000, admin on 127.0.0.1:9464; vLLM also listens on 8000: add --listen 0.0.0.0:8100).
+    /// Every setting is documented in config/tokentap.toml and can be given as
+    /// TOKENTAP_<SECTION>__<KEY> in the environment (e.g. TOKENTAP_ADMIN__TOKEN) or as --set
+    /// section.key=value. With admin.token set, a browser opens the page after logging in at
+    /// http://<admin>/login.
     /// SIGTERM or Ctrl-C stops accepting and lets streams finish within proxy.shutdown_grace.
     Serve(super::serve::ServeArgs),
     /// Run a simulated sglang-compatible server (the embedded default upstream).
@@ -50,8 +76,10 @@ pub enum Command {
     /// a fixed window (streams that finish are restarted), then are aborted (sglang
     /// /abort_request by rid, else a disconnect) and the server drains. Cells whose
     /// C × (context + max output) exceeds the KV budget are Over capacity. A progress line with
-    /// an ETA goes to stderr; the matrix is printed as Markdown and written as JSON, HTML and
-    /// Markdown. Ctrl-C cancels (streams are aborted) and writes what was measured.
+    /// an ETA goes to stderr (one line per cell when stderr is not a terminal); the matrix is
+    /// printed on stdout (--format: an aligned table on a terminal, Markdown otherwise) and
+    /// written as JSON, HTML and Markdown. Ctrl-C cancels (streams are aborted) and writes
+    /// what was measured.
     ///
     /// Examples:
     ///   tokentap sweep --target http://127.0.0.1:30000 --contexts 8K,32K --cell-duration 10s
@@ -100,10 +128,23 @@ pub enum Command {
     ///   tokentap replay trace.jsonl --from-matrix other-deployment.md --find-speed --slo ttft=2s,tbt=50ms
     #[command(verbatim_doc_comment)]
     Replay(super::replay::ReplayArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    ///
+    /// Examples:
+    ///   tokentap completions bash > ~/.local/share/bash-completion/completions/tokentap
+    ///   tokentap completions zsh > ~/.zfunc/_tokentap   # with fpath+=~/.zfunc in ~/.zshrc
+    ///   tokentap completions fish > ~/.config/fish/completions/tokentap.fish
+    #[command(verbatim_doc_comment)]
+    Completions(CompletionsArgs),
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Completions(args) = &cli.command {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        clap_complete::generate(args.shell, &mut command, "tokentap", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     // The sweep and the demo talk to a person on stderr: their logs stay at warnings unless
     // RUST_LOG asks for more (set before any thread exists).
     if matches!(
@@ -113,7 +154,7 @@ pub fn main() -> ExitCode {
     {
         std::env::set_var("RUST_LOG", "warn");
     }
-    crate::telemetry::logging::init();
+    crate::telemetry::logging::init(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -134,6 +175,7 @@ pub fn main() -> ExitCode {
             Command::Reference(args) => super::reference::run(args).await,
             Command::Workload(args) => super::workload::run(args).await,
             Command::Replay(args) => super::replay::run(args, super::serve::build_proxy).await,
+            Command::Completions(_) => Ok(ExitCode::SUCCESS),
         }
     });
     match result {

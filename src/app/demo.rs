@@ -29,6 +29,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::output::OutputFormat;
 use super::serve::ProxyServer;
 use super::sweep::{follow_local, write_matrix};
 use crate::aggregate::{ProductionMatrix, Window};
@@ -40,6 +41,7 @@ use crate::matrix::html::{
 };
 use crate::matrix::markdown::escape as md_escape;
 use crate::matrix::side_by_side::{comparison_fragment, Axes};
+use crate::matrix::table::{render_table, MAX_WIDTH};
 use crate::matrix::units::{context_label, format_percent, MISSING};
 use crate::matrix::{render_markdown, DecodeCell, MatrixDoc};
 use crate::meter::{Meter, RecordSink};
@@ -97,6 +99,15 @@ pub struct DemoArgs {
     /// URLs stay open. Default: stop at the end.
     #[arg(long)]
     pub keep_running: bool,
+    /// What is printed on stdout at the end (the sweep's matrix, then the steady and mixed
+    /// comparisons): table (aligned, at most 120 columns), md or json. Default: table on a
+    /// terminal, md otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
+    pub format: OutputFormat,
+    /// Set a key of the demo proxy's configuration over the demo's own, e.g. --set
+    /// slo.ttft=500ms (repeatable; see config/tokentap.toml).
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 /// `tokentap demo`.
@@ -136,6 +147,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     );
     let config = ConfigLoader::new()
         .text(&config_text, "tokentap demo")?
+        .set_args(&args.set)?
         .load()?;
     let server = ProxyServer::start(config).await?;
 
@@ -274,8 +286,17 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         mixed: mixed.as_ref(),
         steady_cells: &cells,
     };
-    println!("{}", render_markdown(&synthetic));
-    println!("{}", report.markdown());
+    match args.format.resolve() {
+        OutputFormat::Table => {
+            println!("{}", render_table(&synthetic));
+            println!("{}", report.terminal());
+        }
+        OutputFormat::Json => println!("{}", report.json(production.as_ref())),
+        _ => {
+            println!("{}", render_markdown(&synthetic));
+            println!("{}", report.markdown());
+        }
+    }
     let mut written = write_matrix(&args.out, "synthetic", &synthetic)?;
     for (stem, doc) in [
         ("production", production.as_ref()),
@@ -320,6 +341,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         eprintln!(
             "Still running: proxy http://{}, admin http://{} (token {token}). Ctrl-C stops.",
             server.proxy_addr, server.admin_addr
+        );
+        eprintln!(
+            "    Open http://{}/login in a browser and give it the token: the live page, and a button that starts a sweep.",
+            server.admin_addr
         );
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -724,6 +749,23 @@ fn interference_text(cell: &DecodeCell) -> (String, String) {
     )
 }
 
+/// A report cell shortened for a terminal: no ` ms` (the header says it) and ratios with two
+/// decimals without parentheses (`118.4 · 117.9 (×0.994)` → `118.4 · 117.9 ×0.99`).
+fn compact(cell: &str) -> String {
+    let text = cell.replace(" ms", "");
+    let Some(open) = text.find("(×") else {
+        return text;
+    };
+    let rest = &text[open + "(×".len()..];
+    let Some(close) = rest.find(')') else {
+        return text;
+    };
+    match rest[..close].parse::<f64>() {
+        Ok(ratio) => format!("{}×{ratio:.2}{}", &text[..open], &rest[close + 1..]),
+        Err(_) => text,
+    }
+}
+
 /// A table as header and rows of plain text, rendered to Markdown or HTML.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TextTable {
@@ -732,6 +774,26 @@ pub struct TextTable {
 }
 
 impl TextTable {
+    /// Aligned for a terminal under `header` (shorter names than the report's), at most
+    /// [`MAX_WIDTH`] columns.
+    fn terminal(&self, header: &[&str]) -> String {
+        // Short names only while they name the report's columns one for one.
+        let own: Vec<&str> = self.header.iter().map(String::as_str).collect();
+        let header = if header.len() == own.len() {
+            header
+        } else {
+            &own
+        };
+        let mut table = crate::matrix::table::TextTable::new(header);
+        table.numeric = (1..header.len()).collect();
+        table.rows = self
+            .rows
+            .iter()
+            .map(|row| row.iter().map(|cell| compact(cell)).collect())
+            .collect();
+        table.render(MAX_WIDTH)
+    }
+
     fn markdown(&self) -> String {
         let line = |cells: &[String]| {
             let escaped: Vec<String> = cells.iter().map(|c| md_escape(c)).collect();
@@ -905,6 +967,53 @@ impl DemoReport<'_> {
         out
     }
 
+    /// The comparisons as aligned text for a terminal (`--format table`).
+    pub fn terminal(&self) -> String {
+        let (steady, agreeing) = self.steady_table();
+        let mut out = format!(
+            "Steady traffic beside the sweep: {agreeing} of {} cells agree within 5 % on every compared column.\n\n",
+            self.steady_cells.len()
+        );
+        out.push_str(&steady.terminal(&[
+            "Cell",
+            "Req tok/s sweep · prod",
+            "TBT ms",
+            "TTFT ms",
+            "Total tok/s",
+            "Overlap",
+            "Within 5 %",
+        ]));
+        out.push_str("\nMixed traffic beside the sweep: cold prompts. Pref. = other requests' prefills overlapping a decode;\nwhere prod ≈ sweep × (1 − overlap), those prefills explain the gap.\n\n");
+        let mixed = self.mixed_table();
+        if mixed.rows.is_empty() {
+            out.push_str("No mixed cell shares a context and concurrency with the sweep.\n");
+        } else {
+            out.push_str(&mixed.terminal(&[
+                "Cell",
+                "Reqs",
+                "Req tok/s sweep · prod",
+                "Overlap",
+                "Pref.",
+                "Prod · sweep×(1−ov)",
+                "TBT ms",
+                "TTFT ms",
+            ]));
+        }
+        out
+    }
+
+    /// The demo's matrices as one JSON object (`--format json`): `synthetic`, and `production`,
+    /// `steady`, `mixed` where measured.
+    pub fn json(&self, production: Option<&MatrixDoc>) -> String {
+        let value = serde_json::json!({
+            "synthetic": self.synthetic,
+            "production": production,
+            "steady": self.steady,
+            "mixed": self.mixed,
+        });
+        serde_json::to_string_pretty(&value).unwrap_or_default()
+    }
+
     /// The demo's HTML report: the sweep, both phases beside it, definitions, every measurement.
     pub fn html(&self) -> String {
         let (steady, agreeing) = self.steady_table();
@@ -958,6 +1067,18 @@ impl DemoReport<'_> {
             mixed_all = all(self.mixed),
         );
         page("tokentap demo", &body)
+    }
+}
+
+#[cfg(test)]
+mod terminal_tests {
+    use super::compact;
+
+    #[test]
+    fn report_cells_shorten_for_a_terminal() {
+        assert_eq!(compact("118.4 · 117.9 (×0.994)"), "118.4 · 117.9 ×0.99");
+        assert_eq!(compact("192 ms · 2160 ms (×11.250)"), "192 · 2160 ×11.25");
+        assert_eq!(compact("0.0%"), "0.0%");
     }
 }
 

@@ -144,6 +144,8 @@ pub enum ShowFormat {
     Html,
     /// SVG charts: decode tok/s by concurrency per context, prefill tok/s by context.
     Svg,
+    /// Aligned columns for a terminal, at most 120 characters wide.
+    Table,
 }
 
 /// Output formats of `matrix diff`.
@@ -155,6 +157,8 @@ pub enum DiffFormat {
     Json,
     /// A self-contained HTML page with the ratio grid as a heat map.
     Html,
+    /// Aligned columns for a terminal (B ÷ A per cell), at most 120 characters wide.
+    Table,
 }
 
 #[derive(Debug, Args)]
@@ -299,6 +303,12 @@ fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
             crate::matrix::html::render_html_with_capacity(&doc, report)
         }
         (ShowFormat::Svg, _) => crate::matrix::svg::render_svg(&doc),
+        (ShowFormat::Table, None) => crate::matrix::table::render_table(&doc),
+        (ShowFormat::Table, Some(report)) => format!(
+            "{}\n{}",
+            crate::matrix::table::render_table(&doc),
+            crate::matrix::capacity::render_capacity_markdown(report)
+        ),
     };
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
@@ -331,6 +341,7 @@ fn diff_command(args: &DiffArgs) -> anyhow::Result<ExitCode> {
         DiffFormat::Md => diff::render_diff_markdown(&result),
         DiffFormat::Json => diff::render_diff_json(&result),
         DiffFormat::Html => crate::matrix::html::render_diff_html(&result),
+        DiffFormat::Table => crate::matrix::table::render_diff_table(&result),
     };
     write_output(args.output.as_deref(), &text)?;
     let gate = Gate {

@@ -12,12 +12,14 @@
 //! - [`drift`]: the drift refresher (production against pinned references → the drift gauges).
 //! - [`reference`](mod@reference): `tokentap reference` (pin, show, clear the drift reference through the admin API).
 //! - [`workload`]: `tokentap workload export|convert`; [`replay`]: `tokentap replay`.
+//! - [`output`]: `--format table|md|json`, what sweep, replay and demo print when they end.
 //! - [`store`]: what `tokentap matrix show --store` reads from the store.
 
 pub mod cli;
 pub mod demo;
 pub mod drift;
 pub mod matrix;
+pub mod output;
 pub mod reference;
 pub mod replay;
 pub mod serve;

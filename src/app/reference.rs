@@ -37,10 +37,11 @@ pub struct ReferenceArgs {
     pub token: Option<String>,
 }
 
-/// Which reference: the model production traffic names, and the upstream it is pinned for.
+/// Which reference to pin: the model production traffic names, and the upstream it is pinned
+/// for.
 #[derive(Debug, Args)]
 pub struct Target {
-    /// The model as clients send it. Default for pin: the matrix's served model.
+    /// The model as clients send it. Default: the matrix's served model.
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
     /// The upstream (its configured name). Default: the one the proxy routes the model to.
@@ -68,20 +69,58 @@ pub enum ReferenceCommand {
         #[arg(long, value_name = "FILE")]
         file: Option<PathBuf>,
     },
-    /// Show the pinned references (all, or one with its matrix when --model is given).
+    /// Show the pinned references: all of them (provenance only), or, with --model, that
+    /// model's reference with its matrix. Needs the token only when the proxy has one.
     Show {
-        #[command(flatten)]
-        target: Target,
+        /// Show this model's reference (as clients send the model name), with its matrix.
+        /// Default: list every pinned reference.
+        #[arg(long, value_name = "NAME")]
+        model: Option<String>,
+        /// With --model: the upstream it is pinned for (its configured name). Default: the one
+        /// the proxy routes the model to.
+        #[arg(long, value_name = "NAME", requires = "model")]
+        upstream: Option<String>,
         /// With --model: status (provenance and the matrix as JSON), json, md or html (the
         /// matrix alone).
-        #[arg(long, value_name = "FORMAT", default_value = "status")]
-        format: String,
+        #[arg(long, value_enum, value_name = "FORMAT", default_value_t = ShowFormat::Status, requires = "model")]
+        format: ShowFormat,
     },
-    /// Unpin the reference of a model (drift is then no longer measured for it).
+    /// Unpin the reference of a model (drift is then no longer measured for it). Needs the
+    /// token.
     Clear {
-        #[command(flatten)]
-        target: Target,
+        /// The model whose reference is unpinned (as clients send it; `tokentap reference show`
+        /// lists them).
+        #[arg(long, value_name = "NAME", required = true)]
+        model: Option<String>,
+        /// The upstream it is pinned for (its configured name). Default: the one the proxy
+        /// routes the model to.
+        #[arg(long, value_name = "NAME")]
+        upstream: Option<String>,
     },
+}
+
+/// `reference show --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ShowFormat {
+    /// Provenance and the matrix, as JSON.
+    Status,
+    /// The matrix alone, as JSON.
+    Json,
+    /// The matrix alone, as Markdown.
+    Md,
+    /// The matrix alone, as an HTML page.
+    Html,
+}
+
+impl ShowFormat {
+    fn as_str(self) -> &'static str {
+        match self {
+            ShowFormat::Status => "status",
+            ShowFormat::Json => "json",
+            ShowFormat::Md => "md",
+            ShowFormat::Html => "html",
+        }
+    }
 }
 
 /// Where `pin --from` takes the reference.
@@ -140,20 +179,32 @@ pub async fn run(args: ReferenceArgs) -> anyhow::Result<ExitCode> {
             ),
             (None, None) => anyhow::bail!("say what to pin: --from latest-sweep or --file FILE"),
         },
-        ReferenceCommand::Show { target, format } => {
-            let extra = if target.model.is_some() {
-                vec![("format", format.clone())]
+        ReferenceCommand::Show {
+            model,
+            upstream,
+            format,
+        } => {
+            let target = Target {
+                model: model.clone(),
+                upstream: upstream.clone(),
+            };
+            let extra = if model.is_some() {
+                vec![("format", format.as_str().to_owned())]
             } else {
                 Vec::new()
             };
-            (Method::GET, path(target, &extra), None)
+            (Method::GET, path(&target, &extra), None)
         }
-        ReferenceCommand::Clear { target } => {
+        ReferenceCommand::Clear { model, upstream } => {
+            let target = Target {
+                model: model.clone(),
+                upstream: upstream.clone(),
+            };
             anyhow::ensure!(
                 target.model.is_some(),
                 "say which reference to clear with --model (see `tokentap reference show`)"
             );
-            (Method::DELETE, path(target, &[]), None)
+            (Method::DELETE, path(&target, &[]), None)
         }
     };
     let pinning = method == Method::PUT;

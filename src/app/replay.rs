@@ -17,10 +17,11 @@ use http::{HeaderValue, Method};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::output::OutputFormat;
 use super::sweep::{write_matrix, EXIT_CANCELLED};
 use crate::config::{Config, ConfigLoader};
-use crate::matrix::diff::{diff, render_diff_json, render_diff_markdown};
-use crate::matrix::{render_json, render_markdown, MatrixDoc};
+use crate::matrix::diff::{diff, render_diff_json, render_diff_markdown, MatrixDiff};
+use crate::matrix::MatrixDoc;
 use crate::meter::slo::SloTargets;
 use crate::proxy::Proxy;
 use crate::sim::from_matrix::{profile_from_matrix, FromMatrixOptions};
@@ -86,10 +87,6 @@ pub struct ReplayArgs {
     /// the passing one (0.1: within 10 %).
     #[arg(long, value_name = "FRACTION", default_value_t = 0.1)]
     pub resolution: f64,
-    /// What goes to stdout: the Markdown summary (the matrix, or the --find-speed report) or
-    /// its JSON.
-    #[arg(long, value_enum, default_value_t = ReplayFormat::Md)]
-    pub format: ReplayFormat,
     /// The original production matrix (JSON from `/matrix?format=json`, or any matrix file):
     /// the replay is diffed against it (ratios are replay ÷ baseline).
     #[arg(long, value_name = "MATRIX")]
@@ -103,18 +100,15 @@ pub struct ReplayArgs {
     /// Configuration file: its upstream and metering sections (ladders, `[slo]`) apply.
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
+    /// What is printed on stdout at the end (the replay's matrix, then the diff; with
+    /// --find-speed its summary): table (aligned, at most 120 columns), md or json (the matrix
+    /// tokentap.matrix/v1, the search tokentap.find-speed/v1). Default: table on a terminal, md
+    /// otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
+    pub format: OutputFormat,
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
-}
-
-/// What `tokentap replay` prints on stdout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ReplayFormat {
-    /// Markdown.
-    Md,
-    /// JSON: the matrix (tokentap.matrix/v1) or the search (tokentap.find-speed/v1).
-    Json,
 }
 
 /// How long a --find-speed replay may run past the trace's last arrival before the streams
@@ -310,16 +304,11 @@ async fn replay_once(
     let Some(matrix) = report.matrix else {
         bail!("the replay recorded no request");
     };
-    match args.format {
-        ReplayFormat::Md => print!("{}", render_markdown(&matrix)),
-        ReplayFormat::Json => print!("{}", render_json(&matrix)),
-    }
+    print!("{}", args.format.matrix(&matrix));
     let mut written = write_matrix(&args.out, "replay", &matrix)?;
     if let Some(baseline) = baseline {
-        let markdown = write_diff(args, baseline, &matrix, &mut written)?;
-        if args.format == ReplayFormat::Md {
-            print!("\n{markdown}");
-        }
+        let compared = write_diff(args, baseline, &matrix, &mut written)?;
+        print!("\n{}", args.format.diff(&compared));
     }
     eprintln!("tokentap replay: {}", written.join(", "));
     Ok(if report.stopped && max_duration.is_none() {
@@ -497,9 +486,11 @@ async fn find_speed(
     summary.stopped = cancelled;
     let markdown = summary.render_markdown();
     let json = summary.render_json();
-    match args.format {
-        ReplayFormat::Md => print!("{markdown}"),
-        ReplayFormat::Json => print!("{json}"),
+    // The search's summary is a table already: Markdown for table and md, or its JSON.
+    if args.format.resolve() == OutputFormat::Json {
+        print!("{json}");
+    } else {
+        print!("{markdown}");
     }
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create the output directory {}", args.out.display()))?;
@@ -584,7 +575,7 @@ fn write_diff(
     baseline: &MatrixDoc,
     matrix: &MatrixDoc,
     written: &mut Vec<String>,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<MatrixDiff> {
     let mut compared = diff(baseline, matrix);
     compared.a.label = args
         .baseline
@@ -592,16 +583,15 @@ fn write_diff(
         .map(|p| p.display().to_string())
         .unwrap_or_default();
     compared.b.label = "replay".into();
-    let markdown = render_diff_markdown(&compared);
     for (name, text) in [
-        ("diff.md", markdown.clone()),
+        ("diff.md", render_diff_markdown(&compared)),
         ("diff.json", render_diff_json(&compared)),
     ] {
         let path = args.out.join(name);
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
         written.push(path.display().to_string());
     }
-    Ok(markdown)
+    Ok(compared)
 }
 
 /// What the replay runs against: a server, or a simulator profile started per replay.

@@ -50,6 +50,12 @@ pub struct ServeArgs {
     /// variables TOKENTAP_<SECTION>__<KEY> override it; these flags override both.
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Set any key of config/tokentap.toml, e.g. --set proxy.listen=0.0.0.0:8100 --set
+    /// slo.ttft=500ms (repeatable; over the file and the environment, under the flags above;
+    /// keep secrets such as admin.token in the environment or the file, not on a command line
+    /// others can read). A list of several upstreams (`[[upstreams]]`) is written in the file.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
 }
 
 impl ServeArgs {
@@ -59,7 +65,7 @@ impl ServeArgs {
         if let Some(path) = &self.config {
             loader = loader.file(path)?;
         }
-        loader = loader.process_env()?;
+        loader = loader.process_env()?.set_args(&self.set)?;
         if let Some(url) = &self.upstream {
             loader = loader.flag(
                 "upstream",
@@ -132,7 +138,12 @@ impl ProxyServer {
     pub async fn start(config: Config) -> anyhow::Result<Self> {
         let proxy_listener = TcpListener::bind(config.proxy.listen)
             .await
-            .with_context(|| format!("cannot listen on {} (proxy.listen)", config.proxy.listen))?;
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} (proxy.listen; vLLM also defaults to port 8000: pick another with --listen 0.0.0.0:8100)",
+                    config.proxy.listen
+                )
+            })?;
         let admin_listener = TcpListener::bind(config.admin.listen)
             .await
             .with_context(|| format!("cannot listen on {} (admin.listen)", config.admin.listen))?;
@@ -233,7 +244,12 @@ impl ProxyServer {
                 config: config.capacity.clone(),
                 slo: config.metering.slo.clone(),
             },
+            sessions: admin::session::Sessions::new(
+                config.admin.session_ttl,
+                config.admin.max_sessions,
+            ),
         });
+        metrics.register_login_failures(&admin::session::LoginFailure::ALL.map(|r| r.label()));
         let (snapshot_trigger, snapshot_shutdown) = net::shutdown_pair();
         let drift_task = super::drift::spawn(
             Arc::clone(&production),
@@ -280,11 +296,11 @@ impl ProxyServer {
             move |_peer| hyper_util::service::TowerToHyperService::new(service.clone()),
             shutdown.clone(),
         ));
-        let admin_service = admin::service(Arc::clone(&admin));
+        let admin_state = Arc::clone(&admin);
         let admin_task = tokio::spawn(net::serve(
             admin_listener,
             admin_options,
-            move |_peer| admin_service.clone(),
+            move |peer| admin::service(Arc::clone(&admin_state), Some(peer)),
             admin_shutdown,
         ));
         Ok(Self {

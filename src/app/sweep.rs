@@ -1,7 +1,8 @@
 //! `tokentap sweep`: standalone (`--target URL`, through an in-process instance of the proxy's
 //! data path) or on a running proxy (`--admin URL`, through its admin API). Shows progress
-//! with the current cell and an ETA on stderr, then prints the matrix as Markdown on stdout and
-//! writes it as JSON, HTML and Markdown files. Ctrl-C cancels the sweep (its streams are
+//! with the current cell and an ETA on stderr, then prints the matrix on stdout (`--format`:
+//! an aligned table on a terminal, Markdown otherwise) and writes it as JSON, HTML and Markdown
+//! files. Ctrl-C cancels the sweep (its streams are
 //! aborted) and still writes what was measured.
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::output::OutputFormat;
 use crate::config::{Config, ConfigLoader};
 use crate::matrix::{html::render_html, render_json, render_markdown, MatrixDoc};
 use crate::sweep::manager::SweepManager;
@@ -29,15 +31,11 @@ pub const EXIT_CANCELLED: u8 = 130;
 
 /// Arguments of `tokentap sweep` (the command's help text is on its `Command` variant).
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("server").required(true).args(["target", "admin"])))]
 pub struct SweepArgs {
     /// Sweep this inference server directly, through an in-process instance of the proxy's
     /// metering path (nothing is listening). Either --target or --admin is required.
-    #[arg(
-        long,
-        value_name = "URL",
-        conflicts_with = "admin",
-        required_unless_present = "admin"
-    )]
+    #[arg(long, value_name = "URL", conflicts_with = "admin")]
     pub target: Option<String>,
     /// Start the sweep on a running `tokentap serve` through its admin API (e.g.
     /// http://127.0.0.1:9464) and follow it; production traffic keeps flowing and the
@@ -116,6 +114,15 @@ pub struct SweepArgs {
     /// metering sections apply too.
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Set any key of config/tokentap.toml for this run, e.g. --set sweep.production_guard=8
+    /// (repeatable; over the file and the environment). With --admin only the sweep section's
+    /// defaults matter: the proxy's own configuration applies there.
+    #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
+    pub set: Vec<String>,
+    /// What is printed on stdout at the end: table (aligned, at most 120 columns), md (the
+    /// seed page's layout) or json. Default: table on a terminal, md otherwise.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
+    pub format: OutputFormat,
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -151,7 +158,7 @@ impl SweepArgs {
         if let Some(path) = &self.config {
             loader = loader.file(path)?;
         }
-        loader = loader.process_env()?;
+        loader = loader.process_env()?.set_args(&self.set)?;
         if let Some(url) = &self.target {
             loader = loader.flag(
                 "upstream",
@@ -184,7 +191,7 @@ fn finish(args: &SweepArgs, status: &SweepStatus) -> anyhow::Result<ExitCode> {
             status.error.as_deref().unwrap_or("no matrix")
         );
     };
-    print!("{}", render_markdown(matrix));
+    print!("{}", args.format.matrix(matrix));
     let dir = args
         .out
         .clone()

@@ -1,13 +1,13 @@
 //! Durations as people write them in the configuration and on the command line: `500ms`,
-//! `30s`, `5m`, `1h`, `2.5s`, `0`.
+//! `30s`, `5m`, `1h`, `7d`, `2.5s`, `0`.
 //!
-//! Hand-written because the error names the accepted forms (`500ms, 30s, 5m or 1h`), which
+//! Hand-written because the error names the accepted forms (`500ms, 30s, 5m, 1h or 7d`), which
 //! the configuration's messages rely on; `humantime` would also accept forms (`2days`,
 //! `1h 30m`) the documentation does not promise.
 
 use std::time::Duration;
 
-/// Parses `500ms`, `30s`, `5m`, `1h`, `0` (zero).
+/// Parses `500ms`, `30s`, `5m`, `1h`, `7d` (days of 24 h), `0` (zero).
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text == "0" {
@@ -15,21 +15,37 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("`{text}` has no unit: write e.g. 500ms, 30s, 5m or 1h"))?;
+        .ok_or_else(|| format!("`{text}` has no unit: write e.g. 500ms, 30s, 5m, 1h or 7d"))?;
     let (number, unit) = text.split_at(split);
     let number: f64 = number
         .parse()
-        .map_err(|_| format!("`{text}` is not a duration: write e.g. 500ms, 30s, 5m or 1h"))?;
+        .map_err(|_| format!("`{text}` is not a duration: write e.g. 500ms, 30s, 5m, 1h or 7d"))?;
     let seconds = match unit.trim() {
         "ms" => number / 1000.0,
         "s" => number,
         "m" => number * 60.0,
         "h" => number * 3600.0,
+        "d" => number * 86_400.0,
         other => {
             return Err(format!(
-                "unknown unit `{other}` in `{text}`: use ms, s, m or h"
+                "unknown unit `{other}` in `{text}`: use ms, s, m, h or d"
             ))
         }
     };
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is out of range"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_up_to_days() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(7 * 86_400)));
+        assert!(parse_duration("7w")
+            .unwrap_err()
+            .contains("ms, s, m, h or d"));
+    }
 }

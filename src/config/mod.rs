@@ -23,16 +23,18 @@ use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
 
 pub use raw::RawConfig;
 
-/// A configuration error, naming the key and the reason.
+/// A configuration error, naming the key and the reason. The file errors keep their cause as
+/// the error's source, not in their own text (the CLI prints the chain, which would say it
+/// twice).
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("config file {path} is not valid TOML: {source}")]
+    #[error("config file {path} is not valid TOML")]
     Syntax {
         path: PathBuf,
         #[source]
@@ -46,6 +48,8 @@ pub enum ConfigError {
     },
     #[error("environment variable {var}: {message}")]
     Env { var: String, message: String },
+    #[error("--set {arg}: {message}")]
+    Set { arg: String, message: String },
 }
 
 /// Where a key's value came from, for error messages.
@@ -176,6 +180,38 @@ impl ConfigLoader {
             }
         }
         self.env(vars)
+    }
+
+    /// Applies `--set SECTION.KEY=VALUE` flags, in order (a later one wins). The value is read
+    /// as the environment layer reads it: a TOML value when it parses as one (numbers, booleans,
+    /// arrays), else a string. Any key of a `[section]` can be set this way; the `[[upstreams]]`
+    /// list cannot (use the file). An unknown key fails at [`ConfigLoader::load`], naming the
+    /// flag.
+    pub fn set_args(mut self, args: &[String]) -> Result<Self, ConfigError> {
+        for arg in args {
+            // The error shows what comes before `=` only: the value may be a secret.
+            let malformed = |message: &str| ConfigError::Set {
+                arg: arg.split('=').next().unwrap_or("").to_owned(),
+                message: message.to_owned(),
+            };
+            let (path, value) = arg.split_once('=').ok_or_else(|| {
+                malformed("expected SECTION.KEY=VALUE, e.g. --set proxy.listen=0.0.0.0:8100")
+            })?;
+            let path = path.trim();
+            let (section, key) = path
+                .split_once('.')
+                .filter(|(s, k)| !s.is_empty() && !k.is_empty() && !k.contains('.'))
+                .ok_or_else(|| {
+                    malformed("expected one section and one key before `=`, e.g. proxy.listen")
+                })?;
+            self.set(
+                &section.to_ascii_lowercase(),
+                &key.to_ascii_lowercase(),
+                parse_scalar(value.trim()),
+                format!("flag --set {path}"),
+            );
+        }
+        Ok(self)
     }
 
     /// Sets one key from a command-line flag.
@@ -340,6 +376,10 @@ pub struct AdminConfig {
     pub token: Option<String>,
     /// Most connections open at once on the admin listener.
     pub max_connections: usize,
+    /// How long a browser session (`POST /login`) lasts.
+    pub session_ttl: Duration,
+    /// Most browser sessions kept at once; a login past it ends the oldest.
+    pub max_sessions: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -523,7 +563,12 @@ impl Config {
             listen: addr("admin.listen", &raw.admin.listen)?,
             token: raw.admin.token.filter(|t| !t.is_empty()),
             max_connections: nonzero("admin.max_connections", raw.admin.max_connections)?,
+            session_ttl: duration("admin.session_ttl", &raw.admin.session_ttl)?,
+            max_sessions: nonzero("admin.max_sessions", raw.admin.max_sessions)?,
         };
+        if admin.session_ttl.is_zero() {
+            return Err(err("admin.session_ttl", "must be greater than zero".into()));
+        }
         if !admin.listen.ip().is_loopback() && admin.token.is_none() {
             return Err(err(
                 "admin.token",
@@ -1084,6 +1129,44 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("latency"), "{error}");
+    }
+
+    #[test]
+    fn set_flags_override_the_file_and_name_themselves_in_errors() {
+        let config = ConfigLoader::new()
+            .text("[proxy]\nlisten = \"127.0.0.1:8000\"\n", "t.toml")
+            .unwrap()
+            .set_args(&[
+                "proxy.listen=127.0.0.1:8100".to_owned(),
+                "admin.max_sessions=3".to_owned(),
+                "upstream.metrics_interval = 0".to_owned(),
+            ])
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(config.proxy.listen.port(), 8100);
+        assert_eq!(config.admin.max_sessions, 3);
+        assert!(config.upstreams[0].metrics_interval.is_zero());
+        let unknown = ConfigLoader::new()
+            .set_args(&["proxy.lisen=x".to_owned()])
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(unknown.contains("flag --set proxy.lisen"), "{unknown}");
+        for (bad, shown) in [
+            ("proxy.listen", "proxy.listen"),
+            ("listen=1", "listen"),
+            ("a.b.c=secret", "a.b.c"),
+            (".x=1", ".x"),
+        ] {
+            let error = ConfigLoader::new()
+                .set_args(&[bad.to_owned()])
+                .unwrap_err()
+                .to_string();
+            assert!(error.starts_with(&format!("--set {shown}:")), "{error}");
+            assert!(!error.contains("secret"), "{error}");
+        }
     }
 
     #[test]

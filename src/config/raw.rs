@@ -138,6 +138,9 @@ pub struct RawAdmin {
     pub listen: String,
     pub token: Option<String>,
     pub max_connections: u64,
+    #[serde(deserialize_with = "duration_text")]
+    pub session_ttl: String,
+    pub max_sessions: u64,
 }
 
 impl Default for RawAdmin {
@@ -146,6 +149,8 @@ impl Default for RawAdmin {
             listen: "127.0.0.1:9464".into(),
             token: None,
             max_connections: 256,
+            session_ttl: "12h".into(),
+            max_sessions: 64,
         }
     }
 }

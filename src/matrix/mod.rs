@@ -1,5 +1,5 @@
 //! The speed-test matrix: one document type for production and synthetic results, its importers
-//! (seed page text, Markdown, JSON), its renderings (Markdown, JSON, CSV, HTML, SVG), the diff of
+//! (seed page text, Markdown, JSON), its renderings (Markdown, JSON, CSV, HTML, SVG, an aligned terminal table), the diff of
 //! two matrices, the drift of production against a pinned reference (`compare`) and what a simulator can infer from one.
 //!
 //! Everything here is pure (strings and structs in, strings and structs out) except `file`, which
@@ -23,6 +23,7 @@ pub mod redact;
 pub mod seed;
 pub mod side_by_side;
 pub mod svg;
+pub mod table;
 pub mod text_import;
 pub mod units;
 pub mod validate;
@@ -37,6 +38,7 @@ pub use file::{load, LoadError};
 pub use import::{parse_any, ImportError};
 pub use markdown::render_markdown;
 pub use redact::redact_launch_command;
+pub use table::render_table;
 pub use validate::ValidationError;
 
 /// The stable JSON rendering (pretty-printed, fields in struct order, trailing newline).

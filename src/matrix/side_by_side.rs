@@ -1,6 +1,6 @@
 //! Production beside the sweep on one set of axes: the comparison every page leads with.
 //!
-//! [`SideBySide`] takes the union of both documents' contexts and concurrency levels, so the
+//! [`comparison_fragment`] takes the union of both documents' contexts and concurrency levels, so the
 //! production heat map, the sweep heat map and the ratio grid have the same rows and columns,
 //! and one colour scale of total tok/s serves both heat maps. Each grid cell compares the
 //! decode speed per stream (total tok/s ÷ average active requests) of production with the

@@ -2,8 +2,8 @@
 //!
 //! On a terminal: one line redrawn in place by `indicatif` (a bar of measurements done, then the
 //! status line), cut to the terminal's width so it never wraps, redraws rate-limited. Otherwise
-//! (a pipe, a log file, CI): one plain line per phase change, not one per second, so the output
-//! stays readable when it is kept.
+//! (a pipe, a log file, CI): one plain line per cell (and per pause or state change), not one
+//! per phase or per second, so the output stays readable when it is kept.
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -86,8 +86,11 @@ impl ProgressLine {
             }
             Mode::Plain { out, last } => {
                 let key = phase_key(line);
-                if key != last {
-                    *last = key.to_owned();
+                // A line that names no cell between two cells of the same state ("running ·
+                // 3/4 measurements") is no news either.
+                let between_cells = !key.contains(" · ") && last.starts_with(&format!("{key} · "));
+                if key != *last && !between_cells {
+                    *last = key;
                     out.write_line(line);
                 }
             }
@@ -100,6 +103,12 @@ impl ProgressLine {
         if let Mode::Terminal(bar) = &mut self.mode {
             if let Some(bar) = bar.take() {
                 bar.finish();
+                // indicatif leaves the cursor after the last column of the finished line and
+                // counts on the terminal to wrap; a terminal that defers the wrap would put
+                // what comes next on the same line.
+                if !bar.is_hidden() {
+                    let _ = writeln!(std::io::stderr().lock());
+                }
             }
         }
     }
@@ -140,11 +149,23 @@ fn live_bar() -> ProgressBar {
     bar
 }
 
-/// What identifies a phase in a status line: the line without its clocks (`· ETA …`,
-/// `· elapsed …`), which change every second while the phase does not.
-fn phase_key(line: &str) -> &str {
+/// What identifies a cell in a status line: the line without its clocks (`· ETA …`,
+/// `· elapsed …`), which change every second, its count of measurements done (it moves when a
+/// cell ends, while the line still names that cell) and the cell's phase (warm-up, window,
+/// drain), so a plain log gets one line per cell. A pause or a new state is news, and stays.
+fn phase_key(line: &str) -> String {
     let line = line.split(" · ETA").next().unwrap_or(line);
-    line.split(" · elapsed").next().unwrap_or(line)
+    let line = line.split(" · elapsed").next().unwrap_or(line);
+    line.split(" · ")
+        .filter(|part| !part.ends_with(" measurements"))
+        .map(|part| {
+            [" warm-up", " window", " drain"]
+                .iter()
+                .find_map(|phase| part.strip_suffix(phase))
+                .unwrap_or(part)
+        })
+        .collect::<Vec<_>>()
+        .join(" · ")
 }
 
 #[cfg(test)]
@@ -165,13 +186,17 @@ mod tests {
     }
 
     #[test]
-    fn without_a_terminal_one_line_per_phase_not_per_tick() {
+    fn without_a_terminal_one_line_per_cell_not_per_phase_or_tick() {
         let (mut progress, buffer) = plain();
         for line in [
             "running · 1K × 1 warm-up · 0/4 measurements · elapsed 1s",
             "running · 1K × 1 warm-up · 0/4 measurements · elapsed 2s",
             "running · 1K × 1 window · 0/4 measurements · ETA 30s · elapsed 3s",
             "running · 1K × 1 window · 0/4 measurements · ETA 29s · elapsed 4s",
+            "running · 1K × 1 drain · 1/4 measurements · ETA 25s · elapsed 8s",
+            "running · 1/4 measurements · ETA 25s · elapsed 8s",
+            "running · 1K × 1 (paused for production traffic) · 1/4 measurements · elapsed 9s",
+            "running · 1K × 2 warm-up · 1/4 measurements · ETA 20s · elapsed 11s",
             "running · 1K × 2 window · 1/4 measurements · ETA 20s · elapsed 12s",
         ] {
             progress.message(line, None);
@@ -183,8 +208,8 @@ mod tests {
             text.lines().collect::<Vec<_>>(),
             [
                 "running · 1K × 1 warm-up · 0/4 measurements · elapsed 1s",
-                "running · 1K × 1 window · 0/4 measurements · ETA 30s · elapsed 3s",
-                "running · 1K × 2 window · 1/4 measurements · ETA 20s · elapsed 12s",
+                "running · 1K × 1 (paused for production traffic) · 1/4 measurements · elapsed 9s",
+                "running · 1K × 2 warm-up · 1/4 measurements · ETA 20s · elapsed 11s",
                 "finished · 4/4 measurements · elapsed 40s",
             ]
         );

@@ -1,7 +1,9 @@
-//! Logs, Prometheus metrics (with the drift gauges, `drift`) and OpenTelemetry export.
+//! Logs, Prometheus metrics (with the drift gauges, `drift`, the capacity gauges, `capacity`,
+//! and the latest sweep's gauges, `sweep`) and OpenTelemetry export.
 pub mod capacity;
 pub mod drift;
 pub mod logging;
 pub mod names;
 pub mod otel;
 pub mod prometheus;
+pub mod sweep;

@@ -39,6 +39,7 @@ pub const UPSTREAM_QUEUED_REQUESTS: &str = "tokentap_upstream_queued_requests";
 pub const UPSTREAM_KV_CACHE_USAGE: &str = "tokentap_upstream_kv_cache_usage_ratio";
 pub const UPSTREAM_PREFIX_CACHE_HIT_RATE: &str = "tokentap_upstream_prefix_cache_hit_ratio";
 pub const UPSTREAM_SCRAPES_TOTAL: &str = "tokentap_upstream_scrapes_total";
+pub const ADMIN_LOGIN_FAILURES_TOTAL: &str = "tokentap_admin_login_failures_total";
 
 /// (name, description) of the upstream-state gauges, in
 /// [`ServerGauge::ALL`](crate::meter::server_state::ServerGauge::ALL) order. They are written
@@ -62,6 +63,16 @@ pub const CAPACITY_STREAMS: &str = "tokentap_capacity_streams";
 pub const CAPACITY_STREAMS_HELP: &str = "Streams a context can take under the [slo] targets (the capacity boundary), from the latest sweep of the model, else its pinned reference.";
 pub const DRIFT_RATIO: &str = "tokentap_drift_ratio";
 pub const DRIFT_RATIO_HELP: &str = "Per cell with at least evidence.min_requests completed production requests in drift.window: production / pinned reference of per-request tokens per second (metric=\"per_request_tok_s\", below 1 is slower) or of median time to first token (metric=\"ttft\", above 1 is slower).";
+
+/// The latest sweep's gauges (`telemetry::sweep`), written as text at each scrape like the
+/// drift ratio, so not in [`DESCRIPTIONS`].
+pub const SWEEP_INFO: &str = "tokentap_sweep_info";
+pub const SWEEP_INFO_HELP: &str = "The latest synthetic sweep whose cells tokentap_sweep_cell_* show: its model and id; the value is when it ended, in Unix seconds (0 when unknown).";
+pub const SWEEP_CELL_TOTAL_TOKENS_PER_SECOND: &str = "tokentap_sweep_cell_total_tokens_per_second";
+pub const SWEEP_CELL_REQUEST_TOKENS_PER_SECOND: &str =
+    "tokentap_sweep_cell_request_tokens_per_second";
+pub const SWEEP_CELL_TIME_TO_FIRST_TOKEN: &str = "tokentap_sweep_cell_time_to_first_token_seconds";
+pub const SWEEP_CELL_TIME_BETWEEN_TOKENS: &str = "tokentap_sweep_cell_time_between_tokens_seconds";
 
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
@@ -87,6 +98,7 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (SLO_HEADER_INVALID_TOTAL, "Requests whose x-tokentap-slo header could not be read; it was ignored and the configured targets applied."),
     (PREFILL_BUSY_SECONDS, "Decode time during which another request was in prefill, split by concurrency bucket like tokentap_decode_seconds, in seconds; its _sum divided by tokentap_decode_seconds_sum is the matrix's Prefill overlap."),
     (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_idle_timeout, body_read_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff); docs/operations.md."),
+    (ADMIN_LOGIN_FAILURES_TOTAL, "Failed browser logins on the admin listener (POST /login) by reason: bad_token (the token given was wrong) or throttled (the address was still waiting after earlier failures; the token was not checked)."),
     (CLAMPED_COUNTS_TOTAL, "Requests with a token count from the upstream that no real server could send, clamped (their records are approximate)."),
 ];
 

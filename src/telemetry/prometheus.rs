@@ -160,6 +160,27 @@ impl PrometheusMetrics {
         self.watch(Watched::Faults { counters, handles });
     }
 
+    /// Registers `tokentap_admin_login_failures_total{reason}` for each reason, so each series
+    /// exists at 0 before the first failure.
+    pub fn register_login_failures(&self, reasons: &[&'static str]) {
+        for reason in reasons {
+            let _ = self.login_failure(reason);
+        }
+    }
+
+    /// Counts one failed admin login (not the request path: a handful per minute at most).
+    pub fn count_login_failure(&self, reason: &'static str) {
+        self.login_failure(reason).increment(1);
+    }
+
+    fn login_failure(&self, reason: &'static str) -> Counter {
+        let key = Key::from_parts(
+            ADMIN_LOGIN_FAILURES_TOTAL,
+            vec![Label::new("reason", reason)],
+        );
+        self.recorder.register_counter(&key, &METADATA)
+    }
+
     /// Shows the meter's clamped token counts as `tokentap_clamped_token_counts_total`.
     pub fn watch_clamped_counts(&self, meter: &Arc<Meter>) {
         let handle = self

@@ -80,6 +80,14 @@ addEventListener('load', () => {
     (scroll, client, bad)
 }
 
+/// [`dump_dom`] with extra Chromium flags (e.g. `--virtual-time-budget=5000`, to let a page's
+/// script navigate before the DOM is dumped). The same `profile` keeps cookies between runs.
+pub fn dump_dom_with(target: &str, profile: &Path, extra: &[&str]) -> String {
+    let mut flags: Vec<String> = extra.iter().map(|f| (*f).to_owned()).collect();
+    flags.push("--dump-dom".to_owned());
+    run(target, profile, &flags)
+}
+
 fn run(target: &str, profile: &Path, extra: &[String]) -> String {
     let chromium = ["chromium", "chromium-browser"]
         .into_iter()

@@ -1,0 +1,53 @@
+//! What `tokentap sweep`, `replay` and `demo` print on stdout when they end: `--format
+//! table|md|json`. The default (`auto`) is the aligned table on a terminal and Markdown
+//! otherwise, so `tokentap sweep … > matrix.md` keeps writing the page format; the files written
+//! beside (`.json`, `.html`, `.md`) do not depend on it.
+
+use std::io::IsTerminal;
+
+use crate::matrix::diff::{render_diff_json, render_diff_markdown, MatrixDiff};
+use crate::matrix::table::{render_diff_table, render_table};
+use crate::matrix::{render_json, render_markdown, MatrixDoc};
+
+/// `--format` of the commands that end with a matrix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// `table` when stdout is a terminal, else `md`.
+    #[default]
+    Auto,
+    /// Aligned columns, at most 120 characters wide.
+    Table,
+    /// Markdown laid out like the seed pages (imports back with `tokentap matrix import`).
+    Md,
+    /// The matrix document (schema tokentap.matrix/v1).
+    Json,
+}
+
+impl OutputFormat {
+    /// `Auto` decided for this process's stdout.
+    pub fn resolve(self) -> OutputFormat {
+        match self {
+            OutputFormat::Auto if std::io::stdout().is_terminal() => OutputFormat::Table,
+            OutputFormat::Auto => OutputFormat::Md,
+            other => other,
+        }
+    }
+
+    /// A matrix in this format (`Auto` resolved first).
+    pub fn matrix(self, doc: &MatrixDoc) -> String {
+        match self.resolve() {
+            OutputFormat::Table => render_table(doc),
+            OutputFormat::Json => render_json(doc),
+            _ => render_markdown(doc),
+        }
+    }
+
+    /// A diff in this format (`Auto` resolved first).
+    pub fn diff(self, diff: &MatrixDiff) -> String {
+        match self.resolve() {
+            OutputFormat::Table => render_diff_table(diff),
+            OutputFormat::Json => render_diff_json(diff),
+            _ => render_diff_markdown(diff),
+        }
+    }
+}

@@ -1,0 +1,391 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The admin listener's browser login on loopback: with `admin.token` set, a browser with no
+//! bearer header logs in at `/login`, reads the page and the matrix with its session cookie and
+//! can start a sweep from the page's own form (CSRF field), while `POST /sweeps` and the
+//! reference API still need the bearer token; logging out, expiry, failed logins counted and
+//! slowed; the redirect to the login form in headless Chromium.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::Full;
+use tokentap::app::serve::ProxyServer;
+use tokentap::sim::{Profile, SimOptions, SimServer};
+
+const TOKEN: &str = "s3cret token+/=";
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tokentap-admin-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn form_escape(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+async fn proxy_with_token(upstream: &str, extra_admin: &str) -> ProxyServer {
+    proxy_from_config(&format!(
+        "[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"\"\n[admin]\ntoken = \"{TOKEN}\"\n{extra_admin}\n"
+    ))
+    .await
+    .0
+}
+
+/// A request to the admin listener with optional cookie, bearer and form body.
+async fn admin(
+    server: &ProxyServer,
+    method: &str,
+    path: &str,
+    cookie: Option<&str>,
+    bearer: Option<&str>,
+    form: Option<String>,
+) -> Received2 {
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("http://{}{path}", server.admin_addr))
+        .header("accept", "text/html,application/xhtml+xml");
+    if let Some(cookie) = cookie {
+        request = request.header("cookie", cookie);
+    }
+    if let Some(bearer) = bearer {
+        request = request.header("authorization", format!("Bearer {bearer}"));
+    }
+    let body = match form {
+        Some(form) => {
+            request = request.header("content-type", "application/x-www-form-urlencoded");
+            Bytes::from(form)
+        }
+        None => Bytes::new(),
+    };
+    send(request.body(Full::new(body)).unwrap()).await
+}
+
+async fn login(server: &ProxyServer, token: &str) -> Received2 {
+    admin(
+        server,
+        "POST",
+        "/login",
+        None,
+        None,
+        Some(format!("token={}", form_escape(token))),
+    )
+    .await
+}
+
+/// `tokentap_session=<id>` from a login's `Set-Cookie`, and the whole header.
+fn session_cookie(response: &Received2) -> (String, String) {
+    let set = response
+        .headers
+        .get("set-cookie")
+        .expect("a Set-Cookie")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let pair = set.split(';').next().unwrap().trim().to_owned();
+    (pair, set)
+}
+
+fn hidden_csrf(page: &str) -> String {
+    let at = page.find("name=\"csrf\" value=\"").expect("a CSRF field") + 19;
+    page[at..].split('"').next().unwrap().to_owned()
+}
+
+fn metric(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_logs_in_reads_the_page_and_starts_a_sweep_while_writes_need_the_bearer() {
+    let sim = SimServer::start(
+        Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
+        SimOptions::default(),
+    )
+    .await
+    .unwrap();
+    let server = proxy_with_token(&sim.base_url(), "").await;
+
+    // No bearer, no session: a browser is sent to the login form, an API client gets 401.
+    let page = admin(&server, "GET", "/", None, None, None).await;
+    assert_eq!(page.status, 303);
+    assert_eq!(page.headers["location"], "/login");
+    let api = get(&format!("http://{}/matrix", server.admin_addr)).await;
+    assert_eq!(api.status, 401);
+    let form = admin(&server, "GET", "/login", None, None, None).await;
+    assert_eq!(form.status, 200);
+    assert!(form
+        .text()
+        .contains("<form id=\"login\" method=\"post\" action=\"/login\""));
+    assert!(!form.text().contains(TOKEN));
+
+    // Log in: a 303 to the page with an HttpOnly, SameSite=Strict, Path=/ cookie.
+    let logged_in = login(&server, TOKEN).await;
+    assert_eq!(logged_in.status, 303, "{}", logged_in.text());
+    assert_eq!(logged_in.headers["location"], "/");
+    let (cookie, set_cookie) = session_cookie(&logged_in);
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/", "Max-Age=43200"] {
+        assert!(set_cookie.contains(attribute), "{set_cookie}");
+    }
+    assert!(!set_cookie.contains(&form_escape(TOKEN)) && !set_cookie.contains(TOKEN));
+    let id = cookie.strip_prefix("tokentap_session=").unwrap();
+    assert_eq!(id.len(), 64);
+    assert!(id.bytes().all(|b| b.is_ascii_hexdigit()));
+
+    // The page and the matrix read with the cookie alone.
+    let page = admin(&server, "GET", "/", Some(&cookie), None, None).await;
+    assert_eq!(page.status, 200);
+    let text = page.text();
+    assert!(text.contains("id=\"session\""), "{text}");
+    let csrf = hidden_csrf(&text);
+    assert_eq!(csrf.len(), 64);
+    let matrix = admin(
+        &server,
+        "GET",
+        "/matrix?format=json",
+        Some(&cookie),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(matrix.status, 200);
+    let sweeps = admin(&server, "GET", "/sweeps", Some(&cookie), None, None).await;
+    assert_eq!(sweeps.status, 200);
+    // A page read with the bearer (an API client) has no browser controls.
+    let bearer_page = admin(&server, "GET", "/", None, Some(TOKEN), None).await;
+    assert_eq!(bearer_page.status, 200);
+    assert!(!bearer_page.text().contains("id=\"session\""));
+
+    // Writes still need the bearer token: the cookie is not enough.
+    let plan = r#"{"contexts":["8K"],"concurrency":[1],"cell_duration":"1s","max_output":64}"#;
+    let mut post = http::Request::post(format!("http://{}/sweeps", server.admin_addr))
+        .header("cookie", &cookie)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(plan)))
+        .unwrap();
+    assert_eq!(send(post).await.status, 401);
+    let reference = admin(
+        &server,
+        "PUT",
+        "/reference",
+        Some(&cookie),
+        None,
+        Some(r#"{"from":"latest-sweep"}"#.into()),
+    )
+    .await;
+    assert_eq!(reference.status, 401);
+
+    // The page's own form starts a sweep, but only with the session's CSRF token.
+    let forged = admin(
+        &server,
+        "POST",
+        "/page/sweep",
+        Some(&cookie),
+        None,
+        Some("csrf=0000".into()),
+    )
+    .await;
+    assert_eq!(forged.status, 403);
+    let no_cookie = admin(
+        &server,
+        "POST",
+        "/page/sweep",
+        None,
+        None,
+        Some(format!("csrf={csrf}")),
+    )
+    .await;
+    assert_eq!(no_cookie.status, 303);
+    assert_eq!(no_cookie.headers["location"], "/login");
+    assert!(server.admin.sweeps.list().is_empty(), "nothing started yet");
+    let started = admin(
+        &server,
+        "POST",
+        "/page/sweep",
+        Some(&cookie),
+        None,
+        Some(format!("csrf={csrf}")),
+    )
+    .await;
+    assert_eq!(started.status, 303, "{}", started.text());
+    assert_eq!(started.headers["location"], "/");
+    let list = server.admin.sweeps.list();
+    assert_eq!(list.len(), 1);
+    let id = list[0].id.clone();
+    // Cancel it with the bearer (the page has no cancel button) so the test ends quickly.
+    post = http::Request::delete(format!("http://{}/sweeps/{id}", server.admin_addr))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let cancelled = send(post).await.status;
+    assert!(cancelled == 202 || cancelled == 409, "{cancelled}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while server
+        .admin
+        .sweeps
+        .get(&id)
+        .is_some_and(|s| s.state.is_active())
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the sweep ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Log out: the cookie is cleared and no longer opens the page.
+    let out = admin(
+        &server,
+        "POST",
+        "/logout",
+        Some(&cookie),
+        None,
+        Some(format!("csrf={csrf}")),
+    )
+    .await;
+    assert_eq!(out.status, 303);
+    assert_eq!(out.headers["location"], "/login");
+    assert!(session_cookie(&out).1.contains("Max-Age=0"));
+    let page = admin(&server, "GET", "/", Some(&cookie), None, None).await;
+    assert_eq!(page.status, 303);
+    assert_eq!(page.headers["location"], "/login");
+    let api = send(
+        http::Request::get(format!("http://{}/matrix", server.admin_addr))
+            .header("cookie", &cookie)
+            .body(Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(api.status, 401);
+    assert_eq!(server.admin.sessions.open_count(), 0);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_expire_after_the_configured_time() {
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
+    let server = proxy_with_token(&upstream.url(), "session_ttl = \"1s\"").await;
+    let logged_in = login(&server, TOKEN).await;
+    assert_eq!(logged_in.status, 303);
+    let (cookie, set_cookie) = session_cookie(&logged_in);
+    assert!(set_cookie.contains("Max-Age=1"), "{set_cookie}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let page = admin(&server, "GET", "/", Some(&cookie), None, None).await;
+    assert_eq!(page.status, 303, "expired sessions open nothing");
+    assert_eq!(server.admin.sessions.open_count(), 0);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_logins_are_counted_and_slowed() {
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
+    let server = proxy_with_token(&upstream.url(), "").await;
+    let metrics = || async {
+        admin(&server, "GET", "/metrics", None, Some(TOKEN), None)
+            .await
+            .text()
+    };
+    let before = metrics().await;
+    assert_eq!(
+        metric(
+            &before,
+            "tokentap_admin_login_failures_total{reason=\"bad_token\"}"
+        ),
+        Some(0.0),
+        "the series exists before any failure"
+    );
+
+    let wrong = login(&server, "guess").await;
+    assert_eq!(wrong.status, 401);
+    assert!(wrong.headers.get("set-cookie").is_none());
+    assert!(wrong.text().contains("id=\"login-error\""));
+    // The next attempt from this address comes too soon: refused without a look at the token,
+    // even the right one.
+    let soon = login(&server, TOKEN).await;
+    assert_eq!(soon.status, 429);
+    assert!(soon.headers.get("set-cookie").is_none());
+    let retry: u64 = soon.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=1).contains(&retry), "{retry}");
+    let after = metrics().await;
+    assert_eq!(
+        metric(
+            &after,
+            "tokentap_admin_login_failures_total{reason=\"bad_token\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &after,
+            "tokentap_admin_login_failures_total{reason=\"throttled\"}"
+        ),
+        Some(1.0)
+    );
+    // Once the wait is over the right token logs in.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let good = login(&server, TOKEN).await;
+    assert_eq!(good.status, 303);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_login_form_leads_to_the_open_page() {
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
+    let (server, _) = proxy(&upstream.url(), "").await;
+    let form = admin(&server, "GET", "/login", None, None, None).await;
+    assert_eq!(form.status, 303);
+    assert_eq!(form.headers["location"], "/");
+    assert_eq!(
+        admin(&server, "GET", "/", None, None, None).await.status,
+        200
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headless_chromium_is_sent_to_the_login_form_logs_in_and_opens_the_page() {
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
+    let server = proxy_with_token(&upstream.url(), "").await;
+    let dir = temp_dir("chromium-login");
+    let profile = dir.join("profile");
+    let dump = |url: String, extra: &'static [&'static str]| {
+        let profile = profile.clone();
+        tokio::task::spawn_blocking(move || common::chromium::dump_dom_with(&url, &profile, extra))
+    };
+    // No bearer, no cookie: the page redirects to the form.
+    let admin = server.admin_addr;
+    let dom = dump(format!("http://{admin}/?window=15m"), &[])
+        .await
+        .unwrap();
+    assert!(dom.contains("id=\"login\""), "{dom}");
+    assert!(dom.contains("type=\"password\""), "{dom}");
+    assert!(
+        !dom.contains("id=\"production\""),
+        "the page itself stays closed"
+    );
+    // The form posted by the browser (from a page of its own that submits it) sets the cookie;
+    // Chromium then opens the page with it, the session's controls included.
+    let submit = format!(
+        "data:text/html,<form method=post action=\"http://{admin}/login\"><input name=token value=\"{}\"></form><script>document.forms[0].submit()</script>",
+        TOKEN.replace(' ', "%20")
+    );
+    dump(submit, &["--virtual-time-budget=5000"]).await.unwrap();
+    assert_eq!(server.admin.sessions.open_count(), 1, "Chromium logged in");
+    let dom = dump(format!("http://{admin}/?window=15m"), &[])
+        .await
+        .unwrap();
+    assert!(dom.contains("id=\"production\""), "{dom}");
+    assert!(
+        dom.contains("id=\"session\"") && dom.contains("name=\"csrf\""),
+        "{dom}"
+    );
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

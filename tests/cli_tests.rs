@@ -1,0 +1,321 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The built `tokentap` binary as a person meets it: shell completions, `--version` with the
+//! commit, error texts that say their cause once, help texts that match what is accepted, and
+//! the aligned table a sweep ends with (at most 120 columns, one progress line per cell and no
+//! escape codes when stderr is not a terminal).
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use tokentap::sim::{Profile, SimOptions, SimServer};
+
+fn tokentap(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        .args(args)
+        .env_remove("TOKENTAP_ADMIN__TOKEN")
+        .env_remove("TOKENTAP_CONFIG")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8(output.stderr.clone()).unwrap()
+}
+
+fn widest_line(text: &str) -> usize {
+    text.lines().map(|l| l.chars().count()).max().unwrap_or(0)
+}
+
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tokentap-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn completions_for_bash_zsh_and_fish() {
+    for (shell, marker) in [
+        ("bash", "complete -F"),
+        ("zsh", "#compdef tokentap"),
+        ("fish", "complete -c tokentap"),
+    ] {
+        let output = tokentap(&["completions", shell]);
+        assert!(output.status.success(), "{shell}: {output:?}");
+        let script = stdout(&output);
+        assert!(script.contains(marker), "{shell}: {script}");
+        for command in ["serve", "sweep", "demo", "reference", "completions"] {
+            assert!(script.contains(command), "{shell} lacks {command}");
+        }
+        assert!(script.contains("log-format"), "{shell}: the global flag");
+    }
+    let unknown = tokentap(&["completions", "tcsh"]);
+    assert!(!unknown.status.success());
+    assert!(stderr(&unknown).contains("bash"), "{}", stderr(&unknown));
+}
+
+#[test]
+fn version_names_the_commit() {
+    let output = tokentap(&["--version"]);
+    assert!(output.status.success());
+    let text = stdout(&output);
+    let line = text.trim();
+    let commit = line
+        .strip_prefix(&format!("tokentap {} (commit ", env!("CARGO_PKG_VERSION")))
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{line}"));
+    let git = Command::new("git")
+        .args(["rev-parse", "--short=10", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output();
+    match git {
+        Ok(git) if git.status.success() => {
+            assert_eq!(commit, String::from_utf8(git.stdout).unwrap().trim());
+        }
+        _ => assert_eq!(commit, "unknown"),
+    }
+    // Subcommands say the same.
+    let sub = stdout(&tokentap(&["sweep", "--version"]));
+    assert!(sub.trim().ends_with(&format!("(commit {commit})")), "{sub}");
+}
+
+#[test]
+fn a_missing_or_broken_config_file_is_explained_once() {
+    let missing = tokentap(&["serve", "-c", "/nonexistent/tokentap.toml"]);
+    assert!(!missing.status.success());
+    let text = stderr(&missing);
+    assert!(
+        text.contains("cannot read config file /nonexistent/tokentap.toml"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("No such file or directory").count(),
+        1,
+        "{text}"
+    );
+
+    let dir = temp_dir("config");
+    let broken = dir.join("broken.toml");
+    std::fs::write(&broken, "[proxy]\nlisten = [\n").unwrap();
+    let output = tokentap(&["serve", "-c", broken.to_str().unwrap()]);
+    assert!(!output.status.success());
+    let text = stderr(&output);
+    assert!(text.contains("is not valid TOML"), "{text}");
+    assert_eq!(text.matches("TOML parse error").count(), 1, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn help_texts_match_what_is_accepted() {
+    // `sweep` needs one of --target and --admin, and says so.
+    let bare = tokentap(&["sweep"]);
+    assert!(!bare.status.success());
+    let text = stderr(&bare);
+    assert!(text.contains("--target <URL>|--admin <URL>"), "{text}");
+    // `--window 7d` is offered by `workload export` and accepted: what fails is the store.
+    let help = stdout(&tokentap(&["workload", "export", "--help"]));
+    assert!(help.contains("7d"), "{help}");
+    let dir = temp_dir("window");
+    let export = tokentap(&[
+        "workload",
+        "export",
+        "--window",
+        "7d",
+        "--store",
+        dir.join("absent").to_str().unwrap(),
+    ]);
+    assert!(!export.status.success());
+    assert!(!stderr(&export).contains("--window"), "{}", stderr(&export));
+    let _ = std::fs::remove_dir_all(&dir);
+    // `reference show` and `clear` describe their own --model.
+    let show = stdout(&tokentap(&["reference", "show", "--help"]));
+    assert!(!show.contains("Default for pin"), "{show}");
+    assert!(
+        show.contains("possible values") || show.contains("status"),
+        "{show}"
+    );
+    let clear = tokentap(&["reference", "clear"]);
+    assert!(!clear.status.success());
+    assert!(stderr(&clear).contains("--model"), "{}", stderr(&clear));
+    let clear_help = stdout(&tokentap(&["reference", "clear", "--help"]));
+    assert!(!clear_help.contains("Default for pin"), "{clear_help}");
+}
+
+#[test]
+fn matrix_show_as_a_table_fits_120_columns() {
+    let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seeds");
+    for entry in std::fs::read_dir(seeds).unwrap() {
+        let path = entry.unwrap().path();
+        let output = tokentap(&[
+            "matrix",
+            "show",
+            "--format",
+            "table",
+            path.to_str().unwrap(),
+        ]);
+        assert!(output.status.success(), "{output:?}");
+        let text = stdout(&output);
+        assert!(widest_line(&text) <= 120, "{}\n{text}", path.display());
+        assert!(
+            text.contains("Total tok/s") && text.contains("Valid"),
+            "{text}"
+        );
+        assert!(!text.contains('|') && !text.contains('\u{1b}'), "{text}");
+        // Aligned: every row of the decode table is as long as its rule or shorter.
+        let decode = &text[text.find("Context").unwrap()..];
+        let rule = decode.lines().nth(1).unwrap();
+        assert!(rule.chars().all(|c| c == '-' || c == ' '), "{rule}");
+        let columns: Vec<usize> = rule
+            .char_indices()
+            .filter(|(i, c)| *c == ' ' && rule[i + 1..].starts_with('-'))
+            .map(|(i, _)| i)
+            .collect();
+        for row in decode.lines().skip(2).take_while(|l| !l.is_empty()) {
+            for at in &columns {
+                assert_eq!(
+                    row.chars().nth(*at),
+                    Some(' '),
+                    "column gap at {at} in {row:?}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_ends_with_an_aligned_table_and_logs_one_line_per_cell_off_a_terminal() {
+    let sim = SimServer::start(
+        Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
+        SimOptions::default(),
+    )
+    .await
+    .unwrap();
+    let dir = temp_dir("sweep");
+    let url = sim.base_url();
+    let out = dir.join("out");
+    let output = tokio::task::spawn_blocking(move || {
+        tokentap(&[
+            "sweep",
+            "--target",
+            &url,
+            "--contexts",
+            "8K",
+            "--concurrency",
+            "1,2",
+            "--cell-duration",
+            "500ms",
+            "--max-output",
+            "64",
+            "--format",
+            "table",
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let table = stdout(&output);
+    assert!(widest_line(&table) <= 120, "{table}");
+    let decode = &table[table.find("Total tok/s").unwrap()..];
+    let rows: Vec<&str> = decode
+        .lines()
+        .take_while(|l| !l.is_empty())
+        .filter(|l| l.starts_with("8K "))
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    assert!(rows.iter().all(|r| r.contains("Valid")), "{table}");
+    // The tails of every decode cell follow.
+    let tails = &table[table.find("Tails per cell").expect("the tails table")..];
+    assert!(
+        tails.contains("TTFT p99") && tails.contains("ITL p90"),
+        "{table}"
+    );
+    assert_eq!(
+        tails.lines().filter(|l| l.starts_with("8K ")).count(),
+        2,
+        "{table}"
+    );
+    let log = stderr(&output);
+    eprintln!("{log}\n{table}");
+    assert!(!log.contains('\r') && !log.contains('\u{1b}'), "{log:?}");
+    // One line per cell (the scout and two decode cells), not one per phase or per second.
+    let running = log.lines().filter(|l| l.starts_with("running")).count();
+    assert!((1..=4).contains(&running), "{log}");
+    for cell in ["8K × 1", "8K × 2"] {
+        assert_eq!(
+            log.lines().filter(|l| l.contains(cell)).count(),
+            1,
+            "{cell}: {log}"
+        );
+    }
+    sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The first line of `tokentap [global flags] serve …` on loopback whose stderr is a pipe, once
+/// it is forwarding; the process is stopped before returning.
+fn first_serve_line(global: &[&str]) -> String {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        .args(global)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--set",
+            "upstream.metrics_interval=0",
+            "--set",
+            "upstream.sends_usage_unasked=no",
+            "--set",
+            "store.data_dir=",
+        ])
+        .env_remove("NO_COLOR")
+        .env_remove("TOKENTAP_CONFIG")
+        .env_remove("TOKENTAP_ADMIN__TOKEN")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains("tokentap is forwarding") {
+                let _ = send.send(line);
+                break;
+            }
+        }
+    });
+    let line = receive.recv_timeout(std::time::Duration::from_secs(30));
+    let _ = child.kill();
+    let _ = child.wait();
+    line.expect("tokentap serve said it is forwarding within 30 s")
+}
+
+#[test]
+fn logs_off_a_terminal_have_no_colour_codes_and_json_is_one_object_per_line() {
+    let text = first_serve_line(&[]);
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(text.contains(" INFO "), "{text}");
+    let json = first_serve_line(&["--log-format", "json"]);
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(value["level"], "INFO", "{json}");
+    assert!(
+        value["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tokentap is forwarding")),
+        "{json}"
+    );
+    assert!(value["fields"]["proxy"].as_str().is_some(), "{json}");
+}
