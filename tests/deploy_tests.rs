@@ -2027,6 +2027,8 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
     latest.metadata.run.source = Some(tokentap::matrix::doc::Source::Synthetic);
     latest.metadata.run.sweep_id = Some("deploy-test-sweep".into());
     latest.metadata.model.served_model = Some(MODEL.into());
+    // The end-to-end target of this config needs the sweep's output length to be judged.
+    latest.metadata.run.max_output_tokens = Some(64);
     server.admin.synthetic.set(latest);
     wait_for(
         &api,
@@ -2047,6 +2049,15 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
                     .is_some_and(|v| v > 0.0)
                 })
         },
+    )
+    .await;
+
+    // Live headroom against that sweep's boundary (the refresher runs every second here).
+    wait_for(
+        &api,
+        "tokentap_capacity_headroom_ratio",
+        Duration::from_secs(20),
+        |r| value_where(r, &[("model", MODEL)]).is_some_and(|v| v.is_finite() && v <= 1.0),
     )
     .await;
 

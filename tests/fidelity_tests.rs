@@ -65,7 +65,12 @@ async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_producti
     let sim = SimServer::start(Profile::builtin(STEP).unwrap(), SimOptions::default())
         .await
         .unwrap();
-    let (server, records) = proxy(&sim.base_url(), "[workload]\ncapture = true\n").await;
+    // Two rounds per level: the figures themselves are under test, not their evidence.
+    let (server, records) = proxy(
+        &sim.base_url(),
+        "[workload]\ncapture = true\n[evidence]\nmin_requests = 0\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n",
+    )
+    .await;
     let url = format!("http://{}/v1/completions", server.proxy_addr);
     let mut expected = 0;
     for streams in LEVELS {
@@ -110,6 +115,7 @@ async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_producti
         model: "step3p7".into(),
         slo_header: None,
         seed: 1,
+        evidence: tokentap::matrix::EvidenceRule::NONE,
     };
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
     let report = replay(Arc::clone(&replay_proxy), &trace, &plan, stop, |_| {}).await;

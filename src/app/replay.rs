@@ -21,7 +21,7 @@ use super::output::OutputFormat;
 use super::sweep::{write_matrix, EXIT_CANCELLED};
 use crate::config::{Config, ConfigLoader};
 use crate::matrix::diff::{diff, render_diff_json, render_diff_markdown, MatrixDiff};
-use crate::matrix::MatrixDoc;
+use crate::matrix::{EvidenceRule, MatrixDoc};
 use crate::meter::slo::SloTargets;
 use crate::proxy::Proxy;
 use crate::sim::from_matrix::{profile_from_matrix, FromMatrixOptions};
@@ -200,8 +200,9 @@ struct Common<'a> {
 }
 
 impl Common<'_> {
-    /// The in-process proxy in front of `url`, configured like `tokentap serve` would be.
-    fn proxy(&self, url: &str) -> anyhow::Result<Arc<Proxy>> {
+    /// The in-process proxy in front of `url`, configured like `tokentap serve` would be, and
+    /// the evidence rule its replay matrix is judged by (`[evidence]`).
+    fn proxy(&self, url: &str) -> anyhow::Result<(Arc<Proxy>, EvidenceRule)> {
         let mut loader = ConfigLoader::new();
         if let Some(path) = &self.args.config {
             loader = loader.file(path)?;
@@ -215,7 +216,7 @@ impl Common<'_> {
                 "--target",
             )
             .load()?;
-        (self.build_proxy)(&config)
+        Ok(((self.build_proxy)(&config)?, config.evidence))
     }
 
     /// The model every request names: `--model`, the trace's, the simulator's, else the first
@@ -269,7 +270,7 @@ async fn replay_once(
 ) -> anyhow::Result<ExitCode> {
     let args = common.args;
     let (sim, url) = common.deployment.start().await?;
-    let proxy = common.proxy(&url)?;
+    let (proxy, evidence) = common.proxy(&url)?;
     let model = match common.model(&proxy, &url).await {
         Ok(model) => model,
         Err(error) => {
@@ -286,6 +287,7 @@ async fn replay_once(
         model,
         slo_header,
         seed: args.seed,
+        evidence,
     };
     if !args.quiet {
         eprintln!(
@@ -388,7 +390,7 @@ async fn find_speed(
             break;
         }
         let (sim, url) = common.deployment.start().await?;
-        let proxy = common.proxy(&url)?;
+        let (proxy, evidence) = common.proxy(&url)?;
         if sim.is_none() {
             // The same server replay after replay: wait until it has finished the last one.
             if settle.is_none() {
@@ -431,6 +433,7 @@ async fn find_speed(
             model: name,
             slo_header: slo_header.clone(),
             seed: args.seed.wrapping_add(trials.len() as u64),
+            evidence,
         };
         let started = Instant::now();
         let report = replay_at(common, proxy, &plan, &format!("{}× ", speed(at))).await;

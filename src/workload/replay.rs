@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use crate::aggregate::{ProductionMatrix, Window};
 use crate::base::lock::lock;
 use crate::base::Source;
-use crate::matrix::MatrixDoc;
+use crate::matrix::{EvidenceRule, MatrixDoc};
 use crate::meter::record::{RequestRecord, SloVerdict};
 use crate::meter::slo::{SloFigures, SloTargets};
 use crate::meter::RecordSink;
@@ -47,6 +47,8 @@ pub struct ReplayPlan {
     pub slo_header: Option<HeaderValue>,
     /// Seeds the prompts: another seed gives prompts that share nothing with this run's.
     pub seed: u64,
+    /// The replay matrix's evidence rule (`[evidence]`, as production's).
+    pub evidence: EvidenceRule,
 }
 
 /// Where a replay is, for the progress line.
@@ -219,10 +221,11 @@ pub async fn replay(
     mut stop: watch::Receiver<bool>,
     mut progress: impl FnMut(ReplayProgress),
 ) -> ReplayReport {
-    let matrix = ProductionMatrix::new(
+    let matrix = ProductionMatrix::with_evidence(
         proxy.meter.contexts().clone(),
         proxy.meter.concurrency().clone(),
         Source::Synthetic,
+        plan.evidence,
     );
     let sink: Arc<dyn RecordSink> = matrix.clone();
     proxy.meter.add_sink(Arc::clone(&sink));
@@ -368,6 +371,7 @@ mod tests {
             model: "m".into(),
             slo_header: None,
             seed: 9,
+            evidence: EvidenceRule::default(),
         }
     }
 
