@@ -191,6 +191,45 @@ async fn admin_page(server: &tokentap::app::serve::ProxyServer) -> String {
     .text()
 }
 
+/// `streams` long production completions through the data listener (the client goes away
+/// when its task is aborted), returned once the proxy counts them all in flight.
+async fn long_production_streams(
+    server: &tokentap::app::serve::ProxyServer,
+    streams: u64,
+) -> Vec<tokio::task::JoinHandle<common::Received2>> {
+    let url = format!("http://{}/v1/completions", server.proxy_addr);
+    let tasks = (0..streams)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                common::post(
+                    &url,
+                    r#"{"model":"step3p7","prompt":"hello","max_tokens":100000,"ignore_eos":true,"stream":true}"#,
+                )
+                .await
+            })
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server
+        .proxy
+        .meter
+        .inflight(tokentap::base::Source::Production)
+        < streams
+    {
+        assert!(Instant::now() < deadline, "the production streams started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tasks
+}
+
+/// `POST /sweeps` with `body`; the new sweep's id.
+async fn start_sweep(server: &tokentap::app::serve::ProxyServer, body: &str) -> String {
+    let (code, answer) = admin(server, "POST", "/sweeps", Some(TOKEN), body).await;
+    assert_eq!(code, 202, "{answer}");
+    answer["id"].as_str().unwrap().to_owned()
+}
+
 /// Polls `GET /sweeps/{id}` until `check` holds (bounded).
 async fn wait_status(
     server: &tokentap::app::serve::ProxyServer,
@@ -559,34 +598,12 @@ async fn production_above_the_guard_pauses_the_sweep() {
     let sim = sim(STEP).await;
     let server = proxy_with_token(&sim.base_url(), "[sweep]\nproduction_guard = 0\n").await;
     // One long production stream through the data listener holds the guard.
-    let url = format!("http://{}/v1/completions", server.proxy_addr);
-    let production = tokio::spawn(async move {
-        common::post(
-            &url,
-            r#"{"model":"step3p7","prompt":"hello","max_tokens":100000,"ignore_eos":true,"stream":true}"#,
-        )
-        .await
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server
-        .proxy
-        .meter
-        .inflight(tokentap::base::Source::Production)
-        == 0
-    {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let (code, body) = admin(
+    let production = long_production_streams(&server, 1).await;
+    let id = start_sweep(
         &server,
-        "POST",
-        "/sweeps",
-        Some(TOKEN),
         r#"{"contexts": ["8K"], "concurrency": [1], "cell_duration": "1s"}"#,
     )
     .await;
-    assert_eq!(code, 202, "{body}");
-    let id = body["id"].as_str().unwrap().to_owned();
     let paused = wait_status(&server, &id, "paused", Duration::from_secs(10), |s| {
         s["state"] == "paused"
     })
@@ -600,7 +617,9 @@ async fn production_above_the_guard_pauses_the_sweep() {
         "no measurement while production is above the guard"
     );
     // The production stream ends (the client goes away): the sweep resumes and finishes.
-    production.abort();
+    for stream in production {
+        stream.abort();
+    }
     let done = wait_status(&server, &id, "finished", Duration::from_secs(60), |s| {
         s["state"] == "finished"
     })
@@ -627,39 +646,12 @@ async fn a_cell_measured_beside_production_is_off_target_and_the_page_shows_the_
     let sim = sim(STEP).await;
     // The default guard (4) lets the sweep run beside two production streams.
     let server = proxy_with_token(&sim.base_url(), "").await;
-    let url = format!("http://{}/v1/completions", server.proxy_addr);
-    let production: Vec<_> = (0..2)
-        .map(|_| {
-            let url = url.clone();
-            tokio::spawn(async move {
-                common::post(
-                    &url,
-                    r#"{"model":"step3p7","prompt":"hello","max_tokens":100000,"ignore_eos":true,"stream":true}"#,
-                )
-                .await
-            })
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server
-        .proxy
-        .meter
-        .inflight(tokentap::base::Source::Production)
-        < 2
-    {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let (code, body) = admin(
+    let production = long_production_streams(&server, 2).await;
+    let id = start_sweep(
         &server,
-        "POST",
-        "/sweeps",
-        Some(TOKEN),
         r#"{"contexts": ["8K"], "concurrency": [1], "cell_duration": "1s"}"#,
     )
     .await;
-    assert_eq!(code, 202, "{body}");
-    let id = body["id"].as_str().unwrap().to_owned();
     let done = wait_status(&server, &id, "finished", Duration::from_secs(90), |s| {
         s["state"] == "finished"
     })

@@ -381,27 +381,25 @@ pub fn capacity_fragment(doc: &MatrixDoc, report: &CapacityReport) -> String {
     out
 }
 
-/// The report page of one matrix with its capacity answer after the grid.
+/// The report page of one matrix with its capacity answer (the grid with the capacity line,
+/// and the table) in place of the plain grid.
 pub fn render_html_with_capacity(doc: &MatrixDoc, report: &CapacityReport) -> String {
-    let body = [
-        facts_fragment(doc),
-        capacity_fragment(doc, report),
-        decode_chart_fragment(doc),
-        prefill_fragment(doc),
-        measurements_fragment(doc),
-    ]
-    .join("\n");
-    page(
-        &format!("{PAGE_TITLE}: {}", page::title(&doc.metadata)),
-        &body,
-    )
+    render_report(doc, Some(report))
 }
 
 /// The whole report page for one matrix.
 pub fn render_html(doc: &MatrixDoc) -> String {
+    render_report(doc, None)
+}
+
+fn render_report(doc: &MatrixDoc, capacity: Option<&CapacityReport>) -> String {
+    let grid = match capacity {
+        Some(report) => capacity_fragment(doc, report),
+        None => grid_fragment(doc),
+    };
     let body = [
         facts_fragment(doc),
-        grid_fragment(doc),
+        grid,
         decode_chart_fragment(doc),
         prefill_fragment(doc),
         measurements_fragment(doc),

@@ -9,8 +9,8 @@ use std::fmt::Write as _;
 use std::sync::{Arc, RwLock};
 
 use super::names::{
-    CAPACITY_HEADROOM, CAPACITY_HEADROOM_HELP, CAPACITY_LOAD, CAPACITY_LOAD_HELP, CAPACITY_STREAMS,
-    CAPACITY_STREAMS_HELP,
+    label_value, CAPACITY_HEADROOM, CAPACITY_HEADROOM_HELP, CAPACITY_LOAD, CAPACITY_LOAD_HELP,
+    CAPACITY_STREAMS, CAPACITY_STREAMS_HELP,
 };
 use crate::base::lock;
 
@@ -84,20 +84,6 @@ impl CapacityGauges {
             }
         }
     }
-}
-
-/// Escapes a label value as the text format requires.
-fn label_value(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 use std::sync::{Arc, RwLock};
 
-use super::names::{DRIFT_RATIO, DRIFT_RATIO_HELP};
+use super::names::{label_value, DRIFT_RATIO, DRIFT_RATIO_HELP};
 use crate::base::lock;
 pub use crate::matrix::compare::DriftSample;
 
@@ -46,20 +46,6 @@ impl DriftGauges {
             );
         }
     }
-}
-
-/// Escapes a label value as the text format requires (model names come from request bodies).
-fn label_value(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

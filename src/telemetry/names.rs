@@ -120,3 +120,18 @@ pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (OVERLAPPING_PREFILLS, &OVERLAP_COUNT_BUCKETS),
     (PREFILL_BUSY_SECONDS, &LATENCY_BUCKETS),
 ];
+
+/// Escapes a label value as the text exposition format requires (`\\`, `"` and newlines);
+/// model names come from request bodies.
+pub fn label_value(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            other => out.push(other),
+        }
+    }
+    out
+}

@@ -11,7 +11,7 @@
 use std::fmt::Write as _;
 
 use super::names::{
-    SWEEP_CELL_REQUEST_TOKENS_PER_SECOND, SWEEP_CELL_TIME_BETWEEN_TOKENS,
+    label_value, SWEEP_CELL_REQUEST_TOKENS_PER_SECOND, SWEEP_CELL_TIME_BETWEEN_TOKENS,
     SWEEP_CELL_TIME_TO_FIRST_TOKEN, SWEEP_CELL_TOTAL_TOKENS_PER_SECOND, SWEEP_INFO,
     SWEEP_INFO_HELP,
 };
@@ -83,20 +83,6 @@ pub fn render_into(doc: &MatrixDoc, out: &mut String) {
             );
         }
     }
-}
-
-/// Escapes a label value as the text format requires.
-fn label_value(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            other => out.push(other),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
