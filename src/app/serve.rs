@@ -268,6 +268,29 @@ impl ProxyServer {
             )
         });
 
+        // The descriptor limit decides how many streams one process can hold.
+        let descriptors = net::limits::raise_descriptor_limit();
+        let max_connections = match config.proxy.max_connections {
+            0 => {
+                let reserved = net::limits::RESERVED_DESCRIPTORS
+                    + u64::try_from(config.admin.max_connections).unwrap_or(u64::MAX);
+                let derived = net::limits::max_connections_for(&descriptors, reserved);
+                tracing::info!(
+                    max_connections = derived,
+                    descriptor_limit = %descriptors,
+                    "data listener: at most {derived} connections (proxy.max_connections = 0: two descriptors per proxied stream after {reserved} reserved); raise LimitNOFILE (ulimit -n) to hold more"
+                );
+                derived
+            }
+            configured => {
+                tracing::info!(
+                    max_connections = configured,
+                    descriptor_limit = %descriptors,
+                    "data listener: at most {configured} connections (proxy.max_connections)"
+                );
+                configured
+            }
+        };
         let data_options = ServerOptions {
             name: "proxy",
             header_read_timeout: config.proxy.header_read_timeout,
@@ -275,7 +298,7 @@ impl ProxyServer {
             http2: config.proxy.http2,
             tls,
             grace: config.proxy.shutdown_grace,
-            max_connections: config.proxy.max_connections,
+            max_connections,
             faults: Arc::clone(&proxy.faults),
         };
         let admin_options = ServerOptions {

@@ -308,7 +308,8 @@ pub struct ProxyConfig {
     pub body_idle_timeout: Duration,
     /// Most time to read a metered request body (up to the parse limit) in all.
     pub body_read_timeout: Duration,
-    /// Most connections open at once on the data listener.
+    /// Most connections open at once on the data listener; 0: what the descriptor limit allows
+    /// (`net::limits::max_connections_for`), decided at start.
     pub max_connections: usize,
 }
 
@@ -517,7 +518,9 @@ impl Config {
             tls,
             body_idle_timeout: duration("proxy.body_idle_timeout", &raw.proxy.body_idle_timeout)?,
             body_read_timeout: duration("proxy.body_read_timeout", &raw.proxy.body_read_timeout)?,
-            max_connections: nonzero("proxy.max_connections", raw.proxy.max_connections)?,
+            // 0: from the descriptor limit at start (`net::limits`).
+            max_connections: usize::try_from(raw.proxy.max_connections)
+                .map_err(|_| err("proxy.max_connections", "too large".into()))?,
         };
         for (key, value) in [
             ("proxy.body_idle_timeout", proxy.body_idle_timeout),
@@ -895,7 +898,7 @@ mod tests {
         let defaults = Config::defaults().unwrap();
         assert_eq!(from_file, defaults);
         // The comparison sees the values the file sets: one changed value makes them differ.
-        let changed = text.replacen("max_connections = 4096", "max_connections = 4095", 1);
+        let changed = text.replacen("max_connections = 0", "max_connections = 4095", 1);
         assert_ne!(changed, text, "the example sets proxy.max_connections");
         let from_changed = ConfigLoader::new()
             .text(&changed, "changed.toml")

@@ -66,7 +66,7 @@ impl Default for RawProxy {
             http2: true,
             body_idle_timeout: "10s".into(),
             body_read_timeout: "60s".into(),
-            max_connections: 4096,
+            max_connections: 0,
         }
     }
 }

@@ -5,6 +5,7 @@
 //! request head together), the connection limit, and the back-off when descriptors run out.
 
 pub mod faults;
+pub mod limits;
 pub mod redact;
 pub mod tls;
 
@@ -267,7 +268,7 @@ pub async fn serve<M, S, B>(
                     tracing::warn!(
                         listener = options.name,
                         limit = options.max_connections,
-                        "connection limit reached; accepting paused until a connection closes"
+                        "connection limit reached; accepting paused until a connection closes (each open stream holds a connection: raise proxy.max_connections, or the descriptor limit it follows when 0)"
                     );
                 }
                 tokio::select! {
