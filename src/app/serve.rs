@@ -255,6 +255,11 @@ impl ProxyServer {
             grace: config.proxy.shutdown_grace,
             max_connections: config.proxy.max_connections,
             faults: Arc::clone(&proxy.faults),
+            http2_max_concurrent_streams: config.proxy.http2_max_concurrent_streams,
+            http2_max_send_buffer: config.proxy.max_stream_buffer,
+            http2_keep_alive_interval: config.proxy.http2_keep_alive_interval,
+            http2_keep_alive_timeout: config.proxy.http2_keep_alive_timeout,
+            send_stall_timeout: config.proxy.send_stall_timeout,
         };
         let admin_options = ServerOptions {
             header_read_timeout: config.proxy.header_read_timeout,
@@ -377,11 +382,19 @@ async fn load_references(
 
 /// Builds the data path from configuration.
 pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
+    let faults: Arc<crate::net::faults::FaultCounters> = Arc::default();
     let mut upstreams = Vec::new();
     for upstream in &config.upstreams {
-        upstreams.push(Arc::new(Upstream::new(upstream.clone()).with_context(
-            || format!("cannot set up TLS to upstream `{}`", upstream.name),
-        )?));
+        upstreams.push(Arc::new(
+            Upstream::new(
+                upstream.clone(),
+                config.proxy.max_stream_buffer,
+                Arc::clone(&faults),
+            )
+            .with_context(
+                || format!("cannot set up TLS to upstream `{}`", upstream.name),
+            )?,
+        ));
     }
     let router = Router::new(upstreams).context("no upstream configured")?;
     let prefix_salt = if config.workload.capture {
@@ -408,7 +421,7 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
             metered_total: config.proxy.body_read_timeout,
         },
         body_budget: BodyBudget::new(config.metering.max_buffered_bytes),
-        faults: Arc::default(),
+        faults,
         prefix_salt,
     }))
 }

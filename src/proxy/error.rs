@@ -28,6 +28,12 @@ pub enum ProxyError {
         url: String,
         after: Duration,
     },
+    #[error("upstream `{upstream}` ({url}) is busy: {cause}")]
+    Busy {
+        upstream: Arc<str>,
+        url: String,
+        cause: String,
+    },
     #[error("cannot build the upstream request for `{upstream}`: {cause}")]
     BadUpstreamUri { upstream: Arc<str>, cause: String },
     #[error("cannot read the request body: {cause}")]
@@ -68,6 +74,7 @@ impl ProxyError {
                 StatusCode::BAD_GATEWAY
             }
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         }
@@ -88,6 +95,7 @@ impl ProxyError {
         match self {
             ProxyError::Upstream { .. } => "upstream_unavailable",
             ProxyError::Timeout { .. } => "upstream_timeout",
+            ProxyError::Busy { .. } => "upstream_connection_limit",
             ProxyError::BadUpstreamUri { .. } => "bad_upstream_uri",
             ProxyError::ClientBody { .. } => "bad_request_body",
             ProxyError::BodyTimeout { .. } => "request_body_timeout",
@@ -98,6 +106,7 @@ impl ProxyError {
         match self {
             ProxyError::Upstream { upstream, .. }
             | ProxyError::Timeout { upstream, .. }
+            | ProxyError::Busy { upstream, .. }
             | ProxyError::BadUpstreamUri { upstream, .. } => Some(upstream),
             ProxyError::ClientBody { .. } | ProxyError::BodyTimeout { .. } => None,
         }

@@ -3,6 +3,7 @@
 //! statuses.
 
 pub mod body;
+pub mod connector;
 pub mod error;
 pub mod headers;
 pub mod service;

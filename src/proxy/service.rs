@@ -25,6 +25,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use super::body::{DynBody, RequestBody, ResponseBody};
+use super::connector::at_capacity;
 use super::error::{error_chain, ProxyError};
 use super::headers::{is_event_stream, remove_hop_by_hop};
 use super::timeout::{is_stall, IdleError, IdleTimeout};
@@ -37,6 +38,7 @@ use crate::config::MeteringConfig;
 use crate::meter::slo::SLO_HEADER;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
 use crate::net::faults::{Fault, FaultCounters};
+use crate::net::streams::StreamWatch;
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
 use crate::stream::fingerprint::PrefixSalt;
 use crate::stream::request::{injection, inspect};
@@ -417,6 +419,13 @@ impl Proxy {
         remove_hop_by_hop(&mut parts.headers);
         // The client addressed tokentap; the upstream gets its own authority.
         parts.headers.remove(header::HOST);
+        // The connection's send-stall watch, for the response body (not for a HEAD answer:
+        // hyper never polls that body).
+        let watch = parts
+            .extensions
+            .remove::<StreamWatch>()
+            .filter(|_| parts.method != Method::HEAD)
+            .map(|StreamWatch(watch)| watch);
         parts.extensions = http::Extensions::new();
         let request = Request::from_parts(parts, body);
 
@@ -435,6 +444,17 @@ impl Proxy {
             Ok(Err(error)) if is_stall(&error) => {
                 // The client's streamed body went silent while hyper was sending it.
                 return fail(self.body_stalled(), metered);
+            }
+            Ok(Err(error)) if at_capacity(&error).is_some() => {
+                let error = ProxyError::Busy {
+                    upstream: Arc::clone(&upstream.name),
+                    url: upstream.url(),
+                    cause: at_capacity(&error)
+                        .map(|full| full.to_string())
+                        .unwrap_or_default(),
+                };
+                tracing::warn!(upstream = %upstream.name, %error, "upstream connection limit");
+                return fail(error, metered);
             }
             Ok(Err(error)) => {
                 let error = ProxyError::Upstream {
@@ -491,7 +511,7 @@ impl Proxy {
         });
         Response::from_parts(
             parts,
-            ResponseBody::Upstream(MeteredBody::new(incoming, metering)),
+            ResponseBody::upstream(MeteredBody::new(incoming, metering), watch),
         )
     }
 }
