@@ -1007,3 +1007,515 @@ async fn twenty_stalled_bodies_hold_bounded_memory_and_end_at_the_timeout() {
     let response = get(&format!("http://{}/v1/models", served.proxy)).await;
     assert_eq!(response.status, 200);
 }
+
+// ---------------------------------------------------------------------------------------
+// HTTP/2 flow control and idleness: hostile readers on a raw HTTP/2 client.
+
+/// An upstream that answers every request but `/v1/models` with an endless event stream
+/// (one static 16 KiB chunk written again and again until the proxy stops taking it or goes
+/// away), and counts its connections: accepted in all, open now.
+struct EndlessUpstream {
+    addr: SocketAddr,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EndlessUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// 16 KiB of SSE events.
+fn endless_chunk() -> Bytes {
+    let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}}]}\n\n";
+    let mut body = String::new();
+    while body.len() + event.len() <= 16 * 1024 - 16 {
+        body.push_str(event);
+    }
+    Bytes::from(format!("{:x}\r\n{body}\r\n", body.len()))
+}
+
+impl EndlessUpstream {
+    /// `hang`: answer nothing at all (no head), holding the connection.
+    async fn start(hang: bool) -> Self {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let open: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let (a, o) = (accepted.clone(), open.clone());
+        let chunk = endless_chunk();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    continue;
+                };
+                a.fetch_add(1, SeqCst);
+                o.fetch_add(1, SeqCst);
+                let o = o.clone();
+                let chunk = chunk.clone();
+                tokio::spawn(async move {
+                    let _ = serve_endless(&mut socket, &chunk, hang).await;
+                    o.fetch_sub(1, SeqCst);
+                });
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            open,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn open(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+async fn serve_endless(socket: &mut TcpStream, chunk: &Bytes, hang: bool) -> std::io::Result<()> {
+    loop {
+        // One request head (bodies are small and ignored: they stay in the kernel's buffer).
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if socket.read(&mut byte).await? == 0 {
+                return Ok(());
+            }
+            head.push(byte[0]);
+        }
+        if hang {
+            // Until the proxy closes the connection.
+            while socket.read(&mut byte).await? != 0 {}
+            return Ok(());
+        }
+        if head.starts_with(b"GET /v1/models") {
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"data\":[]}")
+                .await?;
+            continue;
+        }
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await?;
+        loop {
+            socket.write_all(chunk).await?;
+        }
+    }
+}
+
+/// A TCP stream whose reading can be switched off for good: the peer that stops reading.
+struct Gate {
+    io: TcpStream,
+    reading: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Gate {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.reading.load(std::sync::atomic::Ordering::SeqCst) {
+            return std::task::Poll::Pending; // never again
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Gate {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// One raw HTTP/2 connection to `addr` with the given stream window (the connection window is
+/// opened as wide as the stream's, at least the spec's 65,535): its request sender, the switch
+/// that stops its reading, and the connection task (done when the connection closes).
+async fn h2_connect(
+    addr: SocketAddr,
+    window: u32,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let reading = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let io = Gate {
+        io: TcpStream::connect(addr).await.unwrap(),
+        reading: Arc::clone(&reading),
+    };
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .initial_connection_window_size(window.max(65_535))
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    (send, reading, tokio::spawn(connection))
+}
+
+/// Starts a streaming chat request on `send`; returns its response future (the request body
+/// is sent whole).
+async fn h2_chat(send: &mut h2::client::SendRequest<Bytes>) -> h2::client::ResponseFuture {
+    let request = http::Request::post("http://tokentap/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let mut ready = send.clone().ready().await.unwrap();
+    let (response, mut body) = ready.send_request(request, false).unwrap();
+    body.send_data(Bytes::from_static(CHAT_WITH_USAGE.as_bytes()), true)
+        .unwrap();
+    *send = ready;
+    response
+}
+
+fn faults(metrics: &str, fault: &str) -> f64 {
+    sample(
+        metrics,
+        "tokentap_faults_total",
+        &["listener=\"proxy\"", &format!("fault=\"{fault}\"")],
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_open_http2_windows_that_are_never_read_hold_bounded_memory() {
+    // Five connections, 100 streams each (the default stream limit), windows 2^31-1, and after
+    // the response heads the client reads nothing more: the proxy may hold, per stream, its
+    // send buffer and its upstream read buffer (proxy.max_stream_buffer each), whatever the
+    // client's windows say.
+    const CONNECTIONS: usize = 5;
+    const STREAMS: usize = 100;
+    let upstream = EndlessUpstream::start(false).await;
+    let served = Served::start(
+        &upstream.url(),
+        "[proxy]\nsend_stall_timeout = \"120s\"\n[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n",
+        None,
+    );
+    let idle_rss = served.rss().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (mut send, reading, task) = h2_connect(served.proxy, i32::MAX as u32).await;
+        let mut responses = Vec::new();
+        for _ in 0..STREAMS {
+            responses.push(h2_chat(&mut send).await);
+        }
+        let mut bodies = Vec::new();
+        for response in responses {
+            let response = tokio::time::timeout(Duration::from_secs(20), response)
+                .await
+                .expect("no response head")
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            bodies.push(response.into_body());
+        }
+        reading.store(false, std::sync::atomic::Ordering::SeqCst);
+        clients.push((send, bodies, task));
+    }
+    // Memory until it stops growing (at most 30 s): every buffer on the way filled.
+    let mut peak = idle_rss;
+    let mut last_growth = Instant::now();
+    let sampling = Instant::now();
+    while sampling.elapsed() < Duration::from_secs(30)
+        && last_growth.elapsed() < Duration::from_secs(3)
+    {
+        let rss = served.rss().unwrap_or(0);
+        if rss > peak + (1 << 20) {
+            last_growth = Instant::now();
+        }
+        peak = peak.max(rss);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let per_connection = (peak.saturating_sub(idle_rss)) / CONNECTIONS as u64;
+    eprintln!(
+        "figure: {CONNECTIONS} HTTP/2 connections x {STREAMS} streams, windows 2^31-1, never read: RSS {:.0} MiB idle, {:.0} MiB peak, {:.1} MiB per connection ({:.0} KiB per stream)",
+        mib(idle_rss),
+        mib(peak),
+        mib(per_connection),
+        per_connection as f64 / STREAMS as f64 / 1024.0,
+    );
+    // docs/operations.md: about 18 MiB per connection with the defaults (100 streams x (64 KiB
+    // send buffer + 64 KiB upstream read buffer + ~50 KiB of each stream's own state and
+    // allocator slack)); before these bounds, ~1 MiB per stream.
+    assert!(
+        per_connection < 24 << 20,
+        "{:.1} MiB per connection",
+        mib(per_connection)
+    );
+    // Meanwhile the proxy serves others.
+    let response = get(&format!("http://{}/v1/models", served.proxy)).await;
+    assert_eq!(response.status, 200);
+    drop(clients);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_window_never_opened_releases_upstreams_at_the_send_stall_timeout() {
+    // Window 0: the proxy can send the client nothing, so nobody polls the response bodies.
+    // At the send stall timeout each stream is reset, its upstream request cancelled (the
+    // upstream sees its connection close), recorded as client_aborted and counted.
+    const STREAMS: usize = 40;
+    let upstream = EndlessUpstream::start(false).await;
+    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"1s\"", "").await;
+    let (mut send, _reading, task) = h2_connect(server.proxy_addr, 0).await;
+    let mut responses = Vec::new();
+    for _ in 0..STREAMS {
+        responses.push(h2_chat(&mut send).await);
+    }
+    let start = Instant::now();
+    while upstream.open() < STREAMS && start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        upstream.open(),
+        STREAMS,
+        "every stream reached the upstream"
+    );
+    let opened = Instant::now();
+    while upstream.open() > 0 && opened.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let released = opened.elapsed();
+    eprintln!("figure: {STREAMS} streams behind a zero window held their upstream connections {released:?} (send_stall_timeout 1 s)");
+    assert_eq!(upstream.open(), 0, "upstream connections still held");
+    let all = records.wait_for(STREAMS).await;
+    assert!(
+        all.iter().all(|r| r.outcome == Outcome::ClientAborted),
+        "{:?}",
+        all.iter().map(|r| r.outcome).collect::<Vec<_>>()
+    );
+    assert_eq!(server.proxy.faults.get(Fault::SendStalled), STREAMS as u64);
+    // Each stream was reset; the connection itself lives on.
+    for response in responses {
+        match tokio::time::timeout(Duration::from_secs(5), response).await {
+            Ok(Ok(response)) => {
+                let mut body = response.into_body();
+                let end = tokio::time::timeout(Duration::from_secs(5), body.data()).await;
+                assert!(
+                    matches!(end, Ok(Some(Err(_)))),
+                    "the stream was not reset: {end:?}"
+                );
+            }
+            Ok(Err(error)) => assert!(error.is_reset(), "{error}"),
+            Err(_) => panic!("the stream was neither answered nor reset"),
+        }
+    }
+    assert!(
+        !task.is_finished(),
+        "the connection was closed, not the streams"
+    );
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    assert_eq!(faults(&metrics, "send_stalled"), STREAMS as f64);
+    still_serves(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_reader_that_stops_reading_is_cut_at_the_send_stall_timeout() {
+    let upstream = EndlessUpstream::start(false).await;
+    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"1s\"", "").await;
+    let mut socket = TcpStream::connect(server.proxy_addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{CHAT_WITH_USAGE}",
+        CHAT_WITH_USAGE.len()
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let start = Instant::now();
+    while upstream.open() < 1 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(upstream.open(), 1);
+    // We read nothing; the proxy's buffers fill, then the timeout runs.
+    let held = Instant::now();
+    while upstream.open() > 0 && held.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(upstream.open(), 0, "the upstream request is still held");
+    let record = records.wait_for(1).await;
+    assert_eq!(record[0].outcome, Outcome::ClientAborted);
+    assert_eq!(server.proxy.faults.get(Fault::SendStalled), 1);
+    still_serves(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_close_and_unanswered_pings_close_busy_ones() {
+    let upstream = EndlessUpstream::start(false).await;
+    let (server, _records) = proxy_with(
+        &upstream.url(),
+        "header_read_timeout = \"1s\"\nhttp2_keep_alive_interval = \"300ms\"\nhttp2_keep_alive_timeout = \"500ms\"",
+        "",
+    )
+    .await;
+    // One request, answered in full, then nothing: closed (GOAWAY) after the idle time.
+    let (mut send, _reading, task) = h2_connect(server.proxy_addr, 65_535).await;
+    let request = http::Request::get("http://tokentap/v1/models")
+        .body(())
+        .unwrap();
+    let (response, _) = send.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        data.unwrap();
+    }
+    let idle = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(10), task).await;
+    assert!(closed.is_ok(), "an idle HTTP/2 connection stayed open");
+    eprintln!(
+        "figure: an idle HTTP/2 connection closed {:?} after its last stream (idle time 1 s)",
+        idle.elapsed()
+    );
+    assert!(
+        idle.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        idle.elapsed()
+    );
+    assert_eq!(server.proxy.faults.get(Fault::IdleClosed), 1);
+
+    // A connection with a stream waiting on a silent upstream, whose client stops answering
+    // anything (pings included): closed once a ping goes unanswered.
+    let silent = EndlessUpstream::start(true).await;
+    let (server, records) = proxy_with(
+        &silent.url(),
+        "header_read_timeout = \"1s\"\nhttp2_keep_alive_interval = \"300ms\"\nhttp2_keep_alive_timeout = \"500ms\"",
+        "",
+    )
+    .await;
+    let (mut send, reading, task) = h2_connect(server.proxy_addr, 65_535).await;
+    let _response = h2_chat(&mut send).await;
+    let start = Instant::now();
+    while silent.open() < 1 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    reading.store(false, std::sync::atomic::Ordering::SeqCst);
+    let deaf = Instant::now();
+    while silent.open() > 0 && deaf.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("figure: a client that stopped answering pings was closed after {:?} (ping every 300 ms, 500 ms to answer)", deaf.elapsed());
+    assert_eq!(
+        silent.open(),
+        0,
+        "the upstream request outlived a dead client"
+    );
+    let record = records.wait_for(1).await;
+    assert_eq!(record[0].outcome, Outcome::ClientAborted);
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_reset_at_once_never_hold_more_upstream_connections_than_the_limit() {
+    // Far fewer streams per connection than before (100, from the server's SETTINGS), and a
+    // client that opens streams and resets them once the proxy is on its way to the upstream
+    // never makes the proxy hold more than upstream.max_connections descriptors towards it
+    // (counted in the proxy's own /proc/PID/fd). Each stream that reached the upstream still
+    // costs it a connection: an HTTP/1 request is cancelled only by closing its connection.
+    let upstream = EndlessUpstream::start(true).await;
+    let served = Served::start(
+        &upstream.url(),
+        "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\nmax_connections = 8\nconnect_timeout = \"500ms\"\n",
+        None,
+    );
+    let descriptors = || {
+        std::fs::read_dir(format!("/proc/{}/fd", served.child.id()))
+            .map(|dir| dir.count())
+            .unwrap_or(0)
+    };
+    let (mut send, _reading, task) = h2_connect(served.proxy, 65_535).await;
+    let idle_fds = descriptors();
+    let mut most_fds = idle_fds;
+    // 12 rounds of 50 streams, each reset 200 ms after it was sent.
+    let mut opened = 0;
+    'rounds: for _ in 0..12 {
+        let mut round = Vec::new();
+        for _ in 0..50 {
+            let request = http::Request::get("http://tokentap/v1/models")
+                .body(())
+                .unwrap();
+            let Ok(ready) = send.clone().ready().await else {
+                break 'rounds; // GOAWAY (too many resets): the proxy's own defence
+            };
+            send = ready;
+            let Ok((response, _)) = send.send_request(request, true) else {
+                break 'rounds;
+            };
+            round.push(response);
+            opened += 1;
+        }
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            most_fds = most_fds.max(descriptors());
+        }
+        drop(round); // RST_STREAM(CANCEL) for each
+        most_fds = most_fds.max(descriptors());
+    }
+    // The server's SETTINGS have arrived by now.
+    assert_eq!(send.current_max_send_streams(), 100);
+    let accepted = upstream.accepted.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("figure: {opened} streams opened and reset 200 ms later, 50 at a time: the proxy held at most {} descriptors more than idle (upstream.max_connections 8); the upstream accepted {accepted} connections in all", most_fds - idle_fds);
+    assert!(opened >= 300, "only {opened} streams opened");
+    assert!(accepted >= 8, "the streams never reached the upstream");
+    // 8 upstream connections, and a few of the kernel's and the runtime's in passing.
+    assert!(
+        most_fds <= idle_fds + 8 + 4,
+        "{} descriptors more than idle",
+        most_fds - idle_fds
+    );
+    task.abort();
+    // At the limit, a request that cannot get a connection within connect_timeout is a 503.
+    let mut waiting = Vec::new();
+    for _ in 0..8 {
+        let url = format!("http://{}/v1/chat/completions", served.proxy);
+        waiting.push(tokio::spawn(
+            async move { post(&url, CHAT_WITH_USAGE).await },
+        ));
+    }
+    let start = Instant::now();
+    while upstream.open() < 8 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let response = post(
+        &format!("http://{}/v1/chat/completions", served.proxy),
+        CHAT_WITH_USAGE,
+    )
+    .await;
+    assert_eq!(response.status, 503, "{}", response.text());
+    assert!(
+        response.text().contains("upstream_connection_limit"),
+        "{}",
+        response.text()
+    );
+    let metrics = get(&format!("http://{}/metrics", served.admin))
+        .await
+        .text();
+    assert!(
+        faults(&metrics, "upstream_connection_limit") >= 1.0,
+        "{metrics}"
+    );
+    for task in waiting {
+        task.abort();
+    }
+}

@@ -391,9 +391,7 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
                 config.proxy.max_stream_buffer,
                 Arc::clone(&faults),
             )
-            .with_context(
-                || format!("cannot set up TLS to upstream `{}`", upstream.name),
-            )?,
+            .with_context(|| format!("cannot set up TLS to upstream `{}`", upstream.name))?,
         ));
     }
     let router = Router::new(upstreams).context("no upstream configured")?;

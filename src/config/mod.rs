@@ -488,7 +488,10 @@ impl Config {
                 "proxy.http2_keep_alive_timeout",
                 &raw.proxy.http2_keep_alive_timeout,
             )?,
-            send_stall_timeout: duration("proxy.send_stall_timeout", &raw.proxy.send_stall_timeout)?,
+            send_stall_timeout: duration(
+                "proxy.send_stall_timeout",
+                &raw.proxy.send_stall_timeout,
+            )?,
         };
         if !(8192..=(16 << 20)).contains(&proxy.max_stream_buffer) {
             return Err(err(

@@ -254,15 +254,18 @@ where
 }
 
 /// The hyper builder of one connection: its HTTP/2 streams run on `executor`.
-fn connection_builder(options: &ServerOptions, executor: StreamExecutor) -> auto::Builder<StreamExecutor> {
+fn connection_builder(
+    options: &ServerOptions,
+    executor: StreamExecutor,
+) -> auto::Builder<StreamExecutor> {
     let mut builder = auto::Builder::new(executor);
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout)
         .max_buf_size(options.max_header_bytes.max(8192));
-    let keep_alive = (!options.http2_keep_alive_interval.is_zero())
-        .then_some(options.http2_keep_alive_interval);
+    let keep_alive =
+        (!options.http2_keep_alive_interval.is_zero()).then_some(options.http2_keep_alive_interval);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -450,7 +453,10 @@ pub async fn serve_until<M, S, B>(
     }
     let _ = drain_tx.send(Drain::Close);
     if tokio::time::timeout(CLOSE_WAIT, all_closed).await.is_err() {
-        tracing::warn!(listener = options.name, "connections still open after being closed");
+        tracing::warn!(
+            listener = options.name,
+            "connections still open after being closed"
+        );
     }
 }
 

@@ -155,7 +155,11 @@ pub(super) struct ConnStreams {
 }
 
 impl ConnStreams {
-    pub(super) fn new(send_stall: Duration, faults: Arc<FaultCounters>, name: &'static str) -> Self {
+    pub(super) fn new(
+        send_stall: Duration,
+        faults: Arc<FaultCounters>,
+        name: &'static str,
+    ) -> Self {
         Self {
             next: Mutex::new(None),
             http1: Arc::default(),
