@@ -1519,3 +1519,150 @@ async fn streams_reset_at_once_never_hold_more_upstream_connections_than_the_lim
         task.abort();
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Signals and shutdown.
+
+/// A chat stream of `events` events, one every 100 ms, with usage on each.
+fn slow_stream(events: usize) -> Script {
+    let mut steps = Vec::new();
+    for n in 1..=events {
+        steps.push(chunk("x", &n.to_string()));
+        steps.push(wait_ms(100));
+    }
+    steps.push(done());
+    Script::sse(steps)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_cut_at_the_end_of_the_grace_are_in_the_final_snapshot() {
+    // Streams (HTTP/1 and HTTP/2) that outlive the grace period are closed at its end, each
+    // recorded as client_aborted before the final snapshot is written: a restart loses none.
+    let upstream = upstream_with(|_| slow_stream(1_000)).await;
+    let dir = std::env::temp_dir().join(format!(
+        "tokentap-fault-grace-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    let (server, records) = proxy_from_config(&format!(
+        "[proxy]\nshutdown_grace = \"1s\"\n[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"{}\"\n",
+        upstream.url(),
+        dir.display()
+    ))
+    .await;
+    let store = server.store.clone().unwrap();
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let mut http1 = Vec::new();
+    for _ in 0..3 {
+        let url = url.clone();
+        http1.push(tokio::spawn(
+            async move { post(&url, CHAT_WITH_USAGE).await },
+        ));
+    }
+    let (mut send, _reading, _task) = h2_connect(server.proxy_addr, i32::MAX as u32).await;
+    let mut http2 = Vec::new();
+    for _ in 0..3 {
+        http2.push(h2_chat(&mut send).await);
+    }
+    let start = Instant::now();
+    while upstream.requests().len() < 6 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(upstream.requests().len(), 6);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(records.len(), 0, "the streams run for 100 s");
+    let before = store.snapshots(None, None).unwrap().len();
+    let stopping = Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), server.shutdown())
+        .await
+        .expect("shutdown outlived the grace period");
+    eprintln!(
+        "figure: shutdown with 6 streams in flight took {:?} (grace 1 s)",
+        stopping.elapsed()
+    );
+    let recorded = records.0.lock().unwrap().clone();
+    assert_eq!(recorded.len(), 6, "every stream that ran is recorded");
+    assert!(recorded.iter().all(|r| r.outcome == Outcome::ClientAborted));
+    let snapshots = store.snapshots(None, None).unwrap();
+    assert!(
+        snapshots.len() > before,
+        "no snapshot at shutdown: {snapshots:?}"
+    );
+    let tokens: u64 = snapshots.iter().map(|s| s.output_tokens).sum();
+    assert!(
+        tokens >= 6,
+        "the snapshot lacks the cut streams' tokens: {snapshots:?}"
+    );
+    drop(http1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn signal(served: &Served, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(served.child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Waits (bounded) for the child to exit; its exit status.
+fn exited(served: &mut Served, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(status) = served.child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_drains_and_a_second_signal_cuts_the_grace_short() {
+    let upstream = upstream_with(|_| slow_stream(1_000)).await;
+    // SIGHUP with nothing in flight: drains and exits 0, saying so.
+    let mut served = Served::start(&upstream.url(), "[proxy]\nshutdown_grace = \"30s\"\n", None);
+    signal(&served, "HUP");
+    let status = exited(&mut served, Duration::from_secs(15)).expect("SIGHUP did not stop it");
+    assert!(status.success(), "{status:?}: {:?}", served.log());
+    assert!(
+        served
+            .log()
+            .iter()
+            .any(|l| l.contains("SIGHUP") && l.contains("draining")),
+        "{:?}",
+        served.log()
+    );
+
+    // A stream that would run 100 s and a 30 s grace: SIGTERM drains (the stream goes on), a
+    // second SIGTERM closes it at once and the process exits well before the grace is over.
+    let mut served = Served::start(&upstream.url(), "[proxy]\nshutdown_grace = \"30s\"\n", None);
+    let url = format!("http://{}/v1/chat/completions", served.proxy);
+    let stream = tokio::spawn(async move { post(&url, CHAT_WITH_USAGE).await });
+    let start = Instant::now();
+    while upstream.requests().is_empty() && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signal(&served, "TERM");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        served.child.try_wait().unwrap().is_none(),
+        "it did not wait for the stream"
+    );
+    let second = Instant::now();
+    signal(&served, "TERM");
+    let status =
+        exited(&mut served, Duration::from_secs(15)).expect("the second SIGTERM was ignored");
+    eprintln!(
+        "figure: a second SIGTERM ended a 30 s grace after {:?}",
+        second.elapsed()
+    );
+    assert!(status.success(), "{status:?}");
+    assert!(
+        served.log().iter().any(|l| l.contains("second signal")),
+        "{:?}",
+        served.log()
+    );
+    let _ = stream.await;
+}

@@ -90,6 +90,8 @@ impl ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = args.load_config()?;
+    // Listening before the listeners open: a signal during start-up is not the default kill.
+    let mut signals = net::Signals::new();
     let server = ProxyServer::start(config).await?;
     tracing::info!(
         proxy = %server.proxy_addr,
@@ -98,8 +100,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         "tokentap is forwarding; metrics at http://{}/metrics",
         server.admin_addr
     );
-    net::os_signal().await;
-    tracing::info!("shutdown signal received");
+    let signal = signals.next().await;
+    tracing::info!(
+        signal,
+        grace = ?server.config.proxy.shutdown_grace,
+        "shutdown signal received: draining (a second signal closes what is left at once; SIGHUP does not reload: restart to apply a new configuration)"
+    );
+    let cut = server.grace_cut();
+    tokio::spawn(async move {
+        let signal = signals.next().await;
+        tracing::warn!(signal, "second signal: cutting the grace period short");
+        cut.trigger();
+    });
     server.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -119,6 +131,8 @@ pub struct ProxyServer {
     /// The SQLite store, when `store.data_dir` is set (also `admin.store`).
     pub store: Option<Arc<Store>>,
     trigger: ShutdownTrigger,
+    /// Cuts the data listener's grace period short (a second signal).
+    cut: Arc<ShutdownTrigger>,
     admin_trigger: ShutdownTrigger,
     snapshot_trigger: ShutdownTrigger,
     data_task: JoinHandle<()>,
@@ -203,6 +217,7 @@ impl ProxyServer {
             None => None,
         };
         let (trigger, shutdown) = net::shutdown_pair();
+        let (cut, cut_short) = net::shutdown_pair();
         let (admin_trigger, admin_shutdown) = net::shutdown_pair();
         let synthetic = crate::sweep::LatestMatrix::default();
         let sweep_store: Arc<dyn crate::sweep::SweepStore> = match &store {
@@ -273,11 +288,12 @@ impl ProxyServer {
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
         crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
         let service = ProxyService::new(Arc::clone(&proxy));
-        let data_task = tokio::spawn(net::serve(
+        let data_task = tokio::spawn(net::serve_until(
             proxy_listener,
             data_options,
             move |_peer| hyper_util::service::TowerToHyperService::new(service.clone()),
             shutdown.clone(),
+            Some(cut_short),
         ));
         let admin_service = admin::service(Arc::clone(&admin));
         let admin_task = tokio::spawn(net::serve(
@@ -297,6 +313,7 @@ impl ProxyServer {
             production,
             store,
             trigger,
+            cut: Arc::new(cut),
             admin_trigger,
             snapshot_trigger,
             data_task,
@@ -306,7 +323,14 @@ impl ProxyServer {
         })
     }
 
-    /// Stops accepting, lets in-flight requests finish within the grace period, then returns.
+    /// What cuts the grace period of [`ProxyServer::shutdown`] short: triggered, the data
+    /// listener closes its remaining connections at once.
+    pub fn grace_cut(&self) -> Arc<ShutdownTrigger> {
+        Arc::clone(&self.cut)
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the grace period, closes what
+    /// is left (each cut request recorded as `client_aborted`), then returns.
     /// The admin listener stops last, so /metrics stays scrapeable while streams drain; the
     /// snapshot task writes the part-interval since its last snapshot once streams are done.
     pub async fn shutdown(self) {

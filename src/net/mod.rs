@@ -22,7 +22,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
@@ -70,29 +70,72 @@ impl Shutdown {
     }
 }
 
-/// Waits for SIGINT or SIGTERM.
-pub async fn os_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// The stop signals: SIGTERM, SIGINT (Ctrl-C) and SIGHUP all drain (tokentap does not reload
+/// its configuration: restart it for a new one), and one arriving while a drain runs cuts the
+/// grace period short.
+#[derive(Debug)]
+pub struct Signals {
     #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::terminate(),
-        ) {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C will stop tokentap");
-                let _ = ctrl_c.await;
-                return;
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Listens from now on (a signal that arrives before the first [`Signals::next`] is kept).
+    pub fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind: SignalKind, name: &str| match signal(kind) {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for {name}");
+                    None
+                }
+            };
+            Self {
+                term: listen(SignalKind::terminate(), "SIGTERM"),
+                hup: listen(SignalKind::hangup(), "SIGHUP"),
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        }
+        #[cfg(not(unix))]
+        {
+            Self {}
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    /// The next stop signal's name.
+    pub async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            async fn one(listener: &mut Option<tokio::signal::unix::Signal>) {
+                match listener {
+                    Some(listener) => {
+                        if listener.recv().await.is_none() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = one(&mut self.term) => "SIGTERM",
+                _ = one(&mut self.hup) => "SIGHUP",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
+    }
+}
+
+impl Default for Signals {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -382,6 +425,7 @@ pub async fn serve_until<M, S, B>(
             options.send_stall_timeout,
             Arc::clone(&options.faults),
             options.name,
+            permit,
         ));
         let service = ConnService {
             inner: make_service(peer),
@@ -403,7 +447,6 @@ pub async fn serve_until<M, S, B>(
             faults: Arc::clone(&options.faults),
             name: options.name,
             peer,
-            _slot: permit,
         };
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
@@ -483,8 +526,6 @@ struct Connection {
     faults: Arc<FaultCounters>,
     name: &'static str,
     peer: SocketAddr,
-    /// The listener's connection slot, given back when the connection ends.
-    _slot: OwnedSemaphorePermit,
 }
 
 impl Connection {

@@ -24,7 +24,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
 
 use super::faults::{Fault, FaultCounters};
@@ -152,6 +152,9 @@ pub(super) struct ConnStreams {
     send_stall: Duration,
     faults: Arc<FaultCounters>,
     name: &'static str,
+    /// The listener's connection slot: given back once the connection and every stream task
+    /// it spawned are gone, so a drain waits for the streams too.
+    _slot: OwnedSemaphorePermit,
 }
 
 impl ConnStreams {
@@ -159,6 +162,7 @@ impl ConnStreams {
         send_stall: Duration,
         faults: Arc<FaultCounters>,
         name: &'static str,
+        slot: OwnedSemaphorePermit,
     ) -> Self {
         Self {
             next: Mutex::new(None),
@@ -169,6 +173,7 @@ impl ConnStreams {
             send_stall,
             faults,
             name,
+            _slot: slot,
         }
     }
 
