@@ -1666,3 +1666,133 @@ async fn sighup_drains_and_a_second_signal_cuts_the_grace_short() {
     );
     let _ = stream.await;
 }
+
+// ---------------------------------------------------------------------------------------
+// Budgets and bytes.
+
+/// An upstream on a raw socket that answers every request with `answer` (after reading its
+/// head and, when there is one, a small body it ignores), and records each request head.
+async fn raw_upstream(answer: &'static [u8]) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = Arc::clone(&heads);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if socket.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                log.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&head).to_lowercase());
+                let _ = socket.write_all(answer).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (addr, heads)
+}
+
+/// Sends `request` on a fresh connection and reads the answer until the peer closes.
+async fn raw_exchange(addr: SocketAddr, request: &str) -> String {
+    let mut socket = TcpStream::connect(addr).await.unwrap();
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn upstream_trailers_reach_http1_clients_that_take_them() {
+    let (addr, heads) = raw_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntrailer: x-checksum\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-checksum: abc123\r\n\r\n",
+    )
+    .await;
+    let (server, _records) = proxy_with(&format!("http://{addr}"), "", "").await;
+    let answer = raw_exchange(
+        server.proxy_addr,
+        "GET /v1/files/1 HTTP/1.1\r\nhost: x\r\nte: trailers\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.to_lowercase().contains("x-checksum: abc123"),
+        "the trailer was lost: {answer:?}"
+    );
+    assert!(
+        heads.lock().unwrap()[0].contains("te: trailers"),
+        "the upstream was not told the client takes trailers: {:?}",
+        heads.lock().unwrap()
+    );
+    // Without `TE: trailers` the client gets the body and no trailer (hyper's rule).
+    let answer = raw_exchange(
+        server.proxy_addr,
+        "GET /v1/files/1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.contains("hello"), "{answer}");
+    assert!(
+        !heads.lock().unwrap()[1].contains("te:"),
+        "{:?}",
+        heads.lock().unwrap()
+    );
+}
+
+#[tokio::test]
+async fn connect_is_a_client_error_not_an_upstream_failure() {
+    let upstream = upstream_with(|_| Script::json(200, "{}")).await;
+    let (server, _records) = proxy_with(&upstream.url(), "", "").await;
+    let answer = raw_exchange(
+        server.proxy_addr,
+        "CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+    assert!(answer.contains("method_not_allowed"), "{answer}");
+    assert!(
+        upstream.requests().is_empty(),
+        "CONNECT reached the upstream"
+    );
+    still_serves(&server).await;
+}
+
+#[tokio::test]
+async fn choices_whose_counts_sum_past_u64_max_saturate_instead_of_wrapping() {
+    // Two choices (n = 2) each claiming 2^63 tokens: their sum is 2^64, which wrapped to 0.
+    let half = 1u64 << 63;
+    let upstream = upstream_with(move |_| {
+        Script::sse(vec![
+            data(&format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"content":"a"}}}}],"usage":{{"prompt_tokens":5,"completion_tokens":{half}}}}}"#
+            )),
+            data(&format!(
+                r#"{{"choices":[{{"index":1,"delta":{{"content":"b"}}}}],"usage":{{"prompt_tokens":5,"completion_tokens":{half}}}}}"#
+            )),
+            done(),
+        ])
+    })
+    .await;
+    let (server, records) = proxy_with(&upstream.url(), "", "").await;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        CHAT_WITH_USAGE,
+    )
+    .await;
+    assert_eq!(response.status, 200);
+    let record = records.wait_for(1).await;
+    assert_eq!(
+        record[0].completion_tokens, MAX_TOKENS_PER_REQUEST,
+        "clamped at the most, not wrapped to nothing"
+    );
+    assert!(
+        !record[0].completion_exact,
+        "a clamped count is approximate"
+    );
+}

@@ -2,7 +2,7 @@
 //!
 //! tokentap answers for itself only when the upstream could not: 502 when it is unreachable
 //! or broke before answering, 504 when it did not answer in time, 400 when the client's body
-//! could not be read, 408 when it did not arrive in time. The JSON body names the upstream and the cause so an operator can act
+//! could not be read, 408 when it did not arrive in time, 405 for `CONNECT` (a tunnel, never proxied). The JSON body names the upstream and the cause so an operator can act
 //! on it; it never echoes request headers (API keys stay out of responses and logs).
 
 use std::sync::Arc;
@@ -36,6 +36,8 @@ pub enum ProxyError {
     },
     #[error("cannot build the upstream request for `{upstream}`: {cause}")]
     BadUpstreamUri { upstream: Arc<str>, cause: String },
+    #[error("{method} is not proxied: tokentap forwards requests, not tunnels")]
+    Method { method: &'static str },
     #[error("cannot read the request body: {cause}")]
     ClientBody { cause: String },
     #[error("the request body was not received in time ({after:?} {limit})")]
@@ -76,6 +78,7 @@ impl ProxyError {
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         }
     }
@@ -84,9 +87,9 @@ impl ProxyError {
     pub fn outcome(&self) -> Outcome {
         match self {
             ProxyError::Timeout { .. } => Outcome::Timeout,
-            ProxyError::ClientBody { .. } | ProxyError::BodyTimeout { .. } => {
-                Outcome::ClientAborted
-            }
+            ProxyError::ClientBody { .. }
+            | ProxyError::BodyTimeout { .. }
+            | ProxyError::Method { .. } => Outcome::ClientAborted,
             _ => Outcome::UpstreamError,
         }
     }
@@ -99,6 +102,7 @@ impl ProxyError {
             ProxyError::BadUpstreamUri { .. } => "bad_upstream_uri",
             ProxyError::ClientBody { .. } => "bad_request_body",
             ProxyError::BodyTimeout { .. } => "request_body_timeout",
+            ProxyError::Method { .. } => "method_not_allowed",
         }
     }
 
@@ -108,7 +112,9 @@ impl ProxyError {
             | ProxyError::Timeout { upstream, .. }
             | ProxyError::Busy { upstream, .. }
             | ProxyError::BadUpstreamUri { upstream, .. } => Some(upstream),
-            ProxyError::ClientBody { .. } | ProxyError::BodyTimeout { .. } => None,
+            ProxyError::ClientBody { .. }
+            | ProxyError::BodyTimeout { .. }
+            | ProxyError::Method { .. } => None,
         }
     }
 

@@ -245,6 +245,11 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let head_in = Instant::now();
+        if request.method() == Method::CONNECT {
+            // A tunnel, not a request for the upstream: the client's mistake, not the
+            // upstream's failure (HTTP/1 `CONNECT host:port`, HTTP/2 extended CONNECT alike).
+            return ProxyError::Method { method: "CONNECT" }.into_response();
+        }
         let (mut parts, body) = request.into_parts();
         let synthetic = parts.extensions.remove::<Synthetic>();
         let path = parts.uri.path().to_string();
