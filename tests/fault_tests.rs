@@ -1796,3 +1796,50 @@ async fn choices_whose_counts_sum_past_u64_max_saturate_instead_of_wrapping() {
         "a clamped count is approximate"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_body_budget_covers_metered_bodies_until_the_upstream_answers() {
+    // An upstream that accepts and then neither reads nor answers. Two ~1 MB metered bodies
+    // fill a 2 MiB budget while they wait for it (forwarded, not only while being read), so
+    // the next ones are forwarded unmetered as they stream: their memory is the kernel's.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+    let keep = Arc::clone(&held);
+    let acceptor = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            keep.lock().unwrap().push(socket);
+        }
+    });
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"http://{addr}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\nresponse_timeout = \"3s\"\n[metering]\nmax_buffered_bytes = 2097152\n[store]\ndata_dir = \"\"\n"
+    ))
+    .await;
+    let body = format!(
+        r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(1_000_000)
+    );
+    let mut answers = Vec::new();
+    for _ in 0..4 {
+        let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+        let body = body.clone();
+        let before = held.lock().unwrap().len();
+        answers.push(tokio::spawn(async move { post(&url, &body).await.status }));
+        // In order: the first two take the budget before the others ask.
+        let start = Instant::now();
+        while held.lock().unwrap().len() == before && start.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for answer in answers {
+        assert_eq!(answer.await.unwrap(), 504);
+    }
+    // Only metered requests are recorded: the two inside the budget.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        records.len(),
+        2,
+        "bodies waiting on the upstream were not counted against the budget"
+    );
+    acceptor.abort();
+}

@@ -187,8 +187,11 @@ where
 }
 
 /// A body read as far as the parse limit and the buffer budget allow.
-enum ReadBody {
-    Complete(Bytes),
+enum ReadBody<'a> {
+    /// The whole body, and the share of the budget it holds: kept until the upstream has
+    /// answered (it has read the body by then), so bodies forwarded to a hung upstream count
+    /// as much as bodies being read.
+    Complete(Bytes, Option<SemaphorePermit<'a>>),
     /// Longer than the limit, or than the budget allowed: what was read, and the rest still
     /// streaming.
     TooLong(Bytes, DynBody),
@@ -198,7 +201,7 @@ async fn read_limited(
     mut body: DynBody,
     limit: usize,
     budget: &BodyBudget,
-) -> Result<ReadBody, BoxError> {
+) -> Result<ReadBody<'_>, BoxError> {
     let mut held = None;
     let mut buffer = BytesMut::new();
     let mut first: Option<Bytes> = None;
@@ -220,7 +223,10 @@ async fn read_limited(
             return Ok(ReadBody::TooLong(prefix, body));
         }
     }
-    Ok(ReadBody::Complete(first.unwrap_or_else(|| buffer.freeze())))
+    Ok(ReadBody::Complete(
+        first.unwrap_or_else(|| buffer.freeze()),
+        held,
+    ))
 }
 
 impl Proxy {
@@ -285,8 +291,9 @@ impl Proxy {
             }
             Ok(read) => read,
         };
-        let bytes = match bytes {
-            Ok(ReadBody::Complete(bytes)) => bytes,
+        // Held until this request is answered (the upstream has read the body by then).
+        let (bytes, _budget) = match bytes {
+            Ok(ReadBody::Complete(bytes, held)) => (bytes, held),
             Ok(ReadBody::TooLong(prefix, rest)) => {
                 tracing::debug!(
                     path,
