@@ -1843,3 +1843,50 @@ async fn the_body_budget_covers_metered_bodies_until_the_upstream_answers() {
     );
     acceptor.abort();
 }
+
+#[tokio::test]
+async fn with_injection_a_partial_last_event_is_forwarded_without_what_tokentap_added() {
+    // The client asked for no usage, so tokentap injects it and must strip it, also from an
+    // event the stream ends inside (no blank line after it), whether it ends cleanly or not.
+    const PLAIN: &str =
+        r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let partial = r#"data: {"choices":[{"index":0,"delta":{"content":"b"}}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
+    for end in [End::Clean, End::Reset] {
+        let partial = partial.to_string();
+        let upstream = upstream_with(move |_| {
+            let mut script = Script::sse(vec![
+                chunk("a", "1"),
+                Step::Send(Bytes::from(partial.clone())),
+            ]);
+            script.end = end;
+            script
+        })
+        .await;
+        let (server, records) = proxy_with(&upstream.url(), "", "").await;
+        let response = post(
+            &format!("http://{}/v1/chat/completions", server.proxy_addr),
+            PLAIN,
+        )
+        .await;
+        let text = response.text();
+        let sent = upstream.requests()[0].body.clone();
+        assert!(
+            String::from_utf8_lossy(&sent).contains("include_usage"),
+            "nothing was injected: the test would prove nothing"
+        );
+        assert!(
+            text.ends_with(r#"data: {"choices":[{"index":0,"delta":{"content":"b"}}]}"#),
+            "{end:?}: the partial event is missing or carries the injected usage: {text:?}"
+        );
+        assert!(
+            !text.contains("usage"),
+            "{end:?}: injected usage leaked: {text:?}"
+        );
+        assert_eq!(response.error.is_some(), end == End::Reset, "{end:?}");
+        let record = records.wait_for(1).await;
+        // An event no blank line closed is no event to an SSE client (it discards it), so it
+        // is not counted either.
+        assert_eq!(record[0].completion_tokens, 1, "{end:?}");
+        assert_eq!(record[0].outcome, Outcome::UpstreamAborted, "{end:?}");
+    }
+}

@@ -74,6 +74,45 @@ impl Rewriter {
         queue.extend(self.finish.drain(..));
     }
 
+    /// At the end of the stream (clean or not): the unfinished last event, which no blank
+    /// line closed, is forwarded as the upstream sent it minus what tokentap injected, edited
+    /// as the complete event would have been (the usage chunk tokentap asked for is dropped,
+    /// injected per-chunk usage removed); then whatever else is held. Once per stream.
+    fn flush_partial(&mut self, queue: &mut VecDeque<Bytes>) {
+        let held = Bytes::from(std::mem::take(&mut self.held));
+        if held.is_empty() {
+            self.release(queue);
+            return;
+        }
+        if self.passthrough {
+            self.release(queue);
+            queue.push_back(held);
+            return;
+        }
+        // Its data, as a scanner reads it once the event is closed.
+        let mut closed = Vec::with_capacity(held.len() + 2);
+        closed.extend_from_slice(&held);
+        closed.extend_from_slice(b"\n\n");
+        let mut payload: Option<Vec<u8>> = None;
+        let mut first = true;
+        SseScanner::new(self.limit).feed(&closed, |block| {
+            if std::mem::take(&mut first) && !block.oversized {
+                payload = block.event.data.map(<[u8]>::to_vec);
+            }
+        });
+        let mut cursor = 0;
+        self.on_block(
+            queue,
+            &held,
+            0,
+            held.len(),
+            payload.as_deref(),
+            false,
+            &mut cursor,
+        );
+        self.release(queue);
+    }
+
     /// Puts the members of the dropped usage chunk `src[start..end]` that belong in the held
     /// finish chunk back into it, then forwards it.
     fn restore_and_release(
@@ -424,11 +463,7 @@ impl Metering {
         };
         self.finish(outcome);
         if let Some(rewriter) = &mut self.rewriter {
-            rewriter.release(&mut self.queue);
-            let held = std::mem::take(&mut rewriter.held);
-            if !held.is_empty() {
-                self.queue.push_back(Bytes::from(held));
-            }
+            rewriter.flush_partial(&mut self.queue);
         }
     }
 
@@ -471,6 +506,8 @@ pin_project! {
         // Trailers to hand on once held bytes are forwarded.
         pending_trailers: Option<http::HeaderMap>,
         inner_done: bool,
+        // The pending error waited one poll.
+        error_delayed: bool,
     }
 }
 
@@ -482,6 +519,7 @@ impl<B: Body> MeteredBody<B> {
             pending_error: None,
             pending_trailers: None,
             inner_done: false,
+            error_delayed: false,
         }
     }
 }
@@ -517,6 +555,13 @@ where
                 }
             }
             if *this.inner_done {
+                if this.pending_error.is_some() && !*this.error_delayed {
+                    // Once: the connection flushes what came before the error (hyper writes
+                    // when its body is pending), instead of aborting with it still buffered.
+                    *this.error_delayed = true;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 if let Some(error) = this.pending_error.take() {
                     return Poll::Ready(Some(Err(error)));
                 }
@@ -555,11 +600,7 @@ where
                         metering.finish(error.outcome());
                     }
                     if let Some(rewriter) = &mut metering.rewriter {
-                        rewriter.release(&mut metering.queue);
-                        let held = std::mem::take(&mut rewriter.held);
-                        if !held.is_empty() {
-                            metering.queue.push_back(Bytes::from(held));
-                        }
+                        rewriter.flush_partial(&mut metering.queue);
                     }
                     *this.pending_error = Some(error);
                     *this.inner_done = true;
