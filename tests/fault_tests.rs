@@ -1890,3 +1890,66 @@ async fn with_injection_a_partial_last_event_is_forwarded_without_what_tokentap_
         assert_eq!(record[0].outcome, Outcome::UpstreamAborted, "{end:?}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Compressed streams.
+
+#[tokio::test]
+async fn metered_requests_ask_for_identity_and_compressed_streams_pass_untouched_on_time() {
+    // The client (the OpenAI SDK does) sends `Accept-Encoding: gzip`; tokentap asks the
+    // upstream for identity. One that compresses anyway is passed through byte for byte as it
+    // arrives: not held, not stripped, recorded with approximate counts, not as an abort.
+    let part_one = Bytes::from_static(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03compressed-part-one");
+    let part_two = Bytes::from_static(b"compressed-part-two\x00\x00");
+    let (one, two) = (part_one.clone(), part_two.clone());
+    let upstream = upstream_with(move |_| {
+        let mut script = Script::sse(vec![
+            Step::Send(one.clone()),
+            wait_ms(1_500),
+            Step::Send(two.clone()),
+        ]);
+        script.headers.push(("content-encoding", "gzip".into()));
+        script
+    })
+    .await;
+    let (server, records) = proxy_with(&upstream.url(), "", "").await;
+    const PLAIN: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let request = http::Request::post(format!(
+        "http://{}/v1/chat/completions",
+        server.proxy_addr
+    ))
+    .header("content-type", "application/json")
+    .header("accept-encoding", "gzip, deflate, br")
+    .body(Full::new(Bytes::from_static(PLAIN.as_bytes())))
+    .unwrap();
+    let response = send(request).await;
+    let asked = upstream.requests()[0].headers.clone();
+    assert_eq!(asked["accept-encoding"], "identity", "{asked:?}");
+    assert_eq!(response.headers["content-encoding"], "gzip");
+    let mut expected = part_one.to_vec();
+    expected.extend_from_slice(&part_two);
+    assert_eq!(response.bytes(), expected, "the bytes were changed");
+    // On time: the first part came as it was sent, not with the end.
+    let (first, _) = response.frames.first().unwrap();
+    let (last, _) = response.frames.last().unwrap();
+    assert!(
+        *last - *first >= Duration::from_millis(1_000),
+        "the first part was held until the end: {:?}",
+        *last - *first
+    );
+    let record = records.wait_for(1).await;
+    assert_eq!(record[0].outcome, Outcome::Ok, "not an upstream abort");
+    assert!(!record[0].completion_exact, "counts of an unread stream are approximate");
+    // An uncompressed stream through the same proxy is metered as ever.
+    let upstream = upstream_with(|_| Script::sse(vec![chunk("a", "1"), done()])).await;
+    let (server, records) = proxy_with(&upstream.url(), "", "").await;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        PLAIN,
+    )
+    .await;
+    assert!(!response.text().contains("usage"), "{}", response.text());
+    let record = records.wait_for(1).await;
+    assert_eq!(record[0].completion_tokens, 1);
+    assert!(record[0].completion_exact);
+}

@@ -352,6 +352,13 @@ impl Proxy {
             }
         }
 
+        // The response is read as it passes (events, or the JSON body's usage): ask for it
+        // uncompressed. `identity` is always acceptable to the client; a compressed stream
+        // could be neither metered nor stripped of what tokentap injected.
+        parts.headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
         let model = match facts.model.as_deref() {
             Some(model) => self.models.label(model),
             None => Arc::clone(&upstream.default_model),
@@ -502,6 +509,15 @@ impl Proxy {
             meter.timeline.response_head = Some(Instant::now());
             meter.status = parts.status.as_u16();
             let event_stream = is_event_stream(&parts.headers);
+            // Compressed although asked not to be: passed through untouched, counts
+            // approximate, nothing stripped.
+            let encoded = parts
+                .headers
+                .get(header::CONTENT_ENCODING)
+                .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+            if encoded {
+                tracing::debug!(upstream = %upstream.name, "a metered response is content-encoded: forwarded unread");
+            }
             let metering = Metering::new(
                 meter,
                 MeteringOptions {
@@ -514,6 +530,7 @@ impl Proxy {
                     },
                     max_event_bytes: self.metering.max_event_bytes,
                     max_body_bytes: self.metering.max_parse_bytes,
+                    encoded,
                 },
             );
             if metering.rewrites() {

@@ -30,6 +30,9 @@ use crate::base::Route;
 /// How the response body is read.
 #[derive(Debug)]
 enum Mode {
+    /// A content-encoded (compressed) body: forwarded untouched, not read; its counts are
+    /// approximate (none).
+    Opaque,
     /// `text/event-stream`: scanned event by event.
     Sse(SseScanner),
     /// Any other body on a metered route: copied up to `limit` bytes and parsed at the end
@@ -283,11 +286,16 @@ pub struct MeteringOptions {
     pub max_event_bytes: usize,
     /// Largest non-streamed body copied for parsing usage.
     pub max_body_bytes: usize,
+    /// The body has a `Content-Encoding` (gzip, br…): it cannot be read as it passes, so it
+    /// is forwarded untouched and nothing is stripped from it.
+    pub encoded: bool,
 }
 
 impl Metering {
     pub fn new(meter: RequestMeter, options: MeteringOptions) -> Box<Self> {
-        let mode = if options.event_stream {
+        let mode = if options.encoded {
+            Mode::Opaque
+        } else if options.event_stream {
             Mode::Sse(SseScanner::new(options.max_event_bytes))
         } else {
             Mode::Json {
@@ -296,16 +304,19 @@ impl Metering {
                 overflowed: false,
             }
         };
-        let rewriter = (options.event_stream && options.injected.any()).then(|| Rewriter {
-            injected: options.injected,
-            held: Vec::new(),
-            passthrough: false,
-            previous_dropped: false,
-            limit: options.max_event_bytes,
-            finish: VecDeque::with_capacity(MAX_FINISH_PIECES),
-            finish_close: 0,
-            finish_keys: KeySet::default(),
-        });
+        let rewriter =
+            (options.event_stream && !options.encoded && options.injected.any()).then(|| {
+                Rewriter {
+                    injected: options.injected,
+                    held: Vec::new(),
+                    passthrough: false,
+                    previous_dropped: false,
+                    limit: options.max_event_bytes,
+                    finish: VecDeque::with_capacity(MAX_FINISH_PIECES),
+                    finish_close: 0,
+                    finish_keys: KeySet::default(),
+                }
+            });
         let mut meter = meter;
         meter.streaming = options.event_stream;
         Box::new(Self {
@@ -333,6 +344,7 @@ impl Metering {
             queue,
         } = self;
         match mode {
+            Mode::Opaque => Some(data),
             Mode::Json {
                 buffer,
                 limit,
@@ -469,11 +481,12 @@ impl Metering {
 
     fn finish(&mut self, outcome: Outcome) {
         let classifier = &self.classifier;
+        let exact = classifier.completion_exact() && !matches!(self.mode, Mode::Opaque);
         self.meter.finish(
             outcome,
             classifier.usage(),
             classifier.completion_tokens(),
-            classifier.completion_exact(),
+            exact,
         );
     }
 
