@@ -769,7 +769,13 @@ impl Served {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("tokentap.toml");
-        std::fs::write(&file, format!("[store]\ndata_dir = \"\"\n{config}")).unwrap();
+        // No store unless the test names one.
+        let store = if config.contains("[store]") {
+            ""
+        } else {
+            "[store]\ndata_dir = \"\"\n"
+        };
+        std::fs::write(&file, format!("{store}{config}")).unwrap();
         let binary = env!("CARGO_BIN_EXE_tokentap");
         let limit = descriptor_limit.map_or(String::new(), |n| format!("ulimit -n {n} && "));
         let script = format!(
@@ -1899,7 +1905,8 @@ async fn metered_requests_ask_for_identity_and_compressed_streams_pass_untouched
     // The client (the OpenAI SDK does) sends `Accept-Encoding: gzip`; tokentap asks the
     // upstream for identity. One that compresses anyway is passed through byte for byte as it
     // arrives: not held, not stripped, recorded with approximate counts, not as an abort.
-    let part_one = Bytes::from_static(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03compressed-part-one");
+    let part_one =
+        Bytes::from_static(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03compressed-part-one");
     let part_two = Bytes::from_static(b"compressed-part-two\x00\x00");
     let (one, two) = (part_one.clone(), part_two.clone());
     let upstream = upstream_with(move |_| {
@@ -1913,15 +1920,13 @@ async fn metered_requests_ask_for_identity_and_compressed_streams_pass_untouched
     })
     .await;
     let (server, records) = proxy_with(&upstream.url(), "", "").await;
-    const PLAIN: &str = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-    let request = http::Request::post(format!(
-        "http://{}/v1/chat/completions",
-        server.proxy_addr
-    ))
-    .header("content-type", "application/json")
-    .header("accept-encoding", "gzip, deflate, br")
-    .body(Full::new(Bytes::from_static(PLAIN.as_bytes())))
-    .unwrap();
+    const PLAIN: &str =
+        r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", server.proxy_addr))
+        .header("content-type", "application/json")
+        .header("accept-encoding", "gzip, deflate, br")
+        .body(Full::new(Bytes::from_static(PLAIN.as_bytes())))
+        .unwrap();
     let response = send(request).await;
     let asked = upstream.requests()[0].headers.clone();
     assert_eq!(asked["accept-encoding"], "identity", "{asked:?}");
@@ -1939,7 +1944,10 @@ async fn metered_requests_ask_for_identity_and_compressed_streams_pass_untouched
     );
     let record = records.wait_for(1).await;
     assert_eq!(record[0].outcome, Outcome::Ok, "not an upstream abort");
-    assert!(!record[0].completion_exact, "counts of an unread stream are approximate");
+    assert!(
+        !record[0].completion_exact,
+        "counts of an unread stream are approximate"
+    );
     // An uncompressed stream through the same proxy is metered as ever.
     let upstream = upstream_with(|_| Script::sse(vec![chunk("a", "1"), done()])).await;
     let (server, records) = proxy_with(&upstream.url(), "", "").await;
@@ -1952,4 +1960,70 @@ async fn metered_requests_ask_for_identity_and_compressed_streams_pass_untouched
     let record = records.wait_for(1).await;
     assert_eq!(record[0].completion_tokens, 1);
     assert!(record[0].completion_exact);
+}
+
+// ---------------------------------------------------------------------------------------
+// The store.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_capture_writes_are_logged_once_with_their_cause_and_the_lost_rows_counted() {
+    // The workload table vanishes under the running proxy (as a full or broken disk fails
+    // every write): each batch fails. One warning names the cause (not one per batch), and
+    // every lost row is counted in /metrics.
+    let upstream = upstream_with(|_| Script::sse(vec![chunk("a", "1"), done()])).await;
+    let dir = std::env::temp_dir().join(format!(
+        "tokentap-fault-capture-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let served = Served::start(
+        &upstream.url(),
+        &format!(
+            "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[workload]\ncapture = true\n[store]\ndata_dir = \"{}\"\n",
+            dir.display()
+        ),
+        None,
+    );
+    let url = format!("http://{}/v1/chat/completions", served.proxy);
+    assert_eq!(post(&url, CHAT_WITH_USAGE).await.status, 200);
+    let database = rusqlite::Connection::open(dir.join("tokentap.sqlite3")).unwrap();
+    database.busy_timeout(Duration::from_secs(10)).unwrap();
+    database.execute_batch("DROP TABLE workload").unwrap();
+    drop(database);
+    const REQUESTS: usize = 60;
+    for _ in 0..REQUESTS {
+        assert_eq!(post(&url, CHAT_WITH_USAGE).await.status, 200);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let metrics_url = format!("http://{}/metrics", served.admin);
+    let start = Instant::now();
+    let mut lost = 0.0;
+    while start.elapsed() < Duration::from_secs(10) {
+        let metrics = get(&metrics_url).await.text();
+        lost = sample(
+            &metrics,
+            "tokentap_workload_rows_lost_total",
+            &["reason=\"store_failed\""],
+        )
+        .unwrap_or(0.0);
+        if lost >= REQUESTS as f64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(lost, REQUESTS as f64, "lost rows are not counted");
+    let log = served.log();
+    let warnings: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("cannot store captured workload rows"))
+        .collect();
+    eprintln!("figure: {REQUESTS} requests whose capture rows all failed to store: {} warning(s), {lost} rows counted lost", warnings.len());
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("no such table"),
+        "the cause is not named: {}",
+        warnings[0]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

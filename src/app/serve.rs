@@ -284,6 +284,20 @@ impl ProxyServer {
         metrics.watch_faults("proxy", Arc::clone(&proxy.faults));
         metrics.watch_faults("admin", Arc::clone(&admin_options.faults));
         metrics.watch_clamped_counts(&proxy.meter);
+        if let Some(workload) = &workload {
+            let (behind, failed) = workload.lost_counters();
+            use crate::telemetry::names::WORKLOAD_ROWS_LOST_TOTAL;
+            metrics.watch_count(
+                WORKLOAD_ROWS_LOST_TOTAL,
+                &[("reason", "writer_behind")],
+                behind,
+            );
+            metrics.watch_count(
+                WORKLOAD_ROWS_LOST_TOTAL,
+                &[("reason", "store_failed")],
+                failed,
+            );
+        }
         metrics.watch_server_state(&proxy.meter);
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
         crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
