@@ -2027,3 +2027,60 @@ async fn failing_capture_writes_are_logged_once_with_their_cause_and_the_lost_ro
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---------------------------------------------------------------------------------------
+// Metric labels.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_model_names_cannot_take_the_labels_of_served_models() {
+    // The upstream serves `real-model` (its /v1/models, read in the background). A client
+    // sends more junk names than there are first-come slots before the first real request:
+    // the junk gets its slots, then `other`; the served model keeps its own label.
+    let upstream = ScriptedUpstream::start(|r| {
+        if r.path == "/v1/models" {
+            Script::json(
+                200,
+                r#"{"object":"list","data":[{"id":"real-model","object":"model"}]}"#,
+            )
+        } else {
+            Script::sse(vec![chunk("a", "1"), done()])
+        }
+    })
+    .await;
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"5s\"\n[metering]\nmax_models = 4\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    // The served list is read at start.
+    let start = Instant::now();
+    while !upstream.requests().iter().any(|r| r.path == "/v1/models")
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let chat = |model: &str| {
+        format!(
+            r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true,"continuous_usage_stats":true}},"messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    for n in 0..10 {
+        assert_eq!(post(&url, &chat(&format!("junk-{n}"))).await.status, 200);
+    }
+    assert_eq!(post(&url, &chat("real-model")).await.status, 200);
+    let all = records.wait_for(11).await;
+    let labels: Vec<&str> = all.iter().map(|r| &*r.model).collect();
+    assert_eq!(
+        labels.iter().filter(|l| l.starts_with("junk-")).count(),
+        4,
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels.iter().filter(|l| **l == "other").count(),
+        6,
+        "{labels:?}"
+    );
+    assert_eq!(labels.last(), Some(&"real-model"), "{labels:?}");
+}

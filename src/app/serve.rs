@@ -300,6 +300,7 @@ impl ProxyServer {
         }
         metrics.watch_server_state(&proxy.meter);
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
+        crate::proxy::served_models::spawn(&proxy);
         crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
         let service = ProxyService::new(Arc::clone(&proxy));
         let data_task = tokio::spawn(net::serve_until(

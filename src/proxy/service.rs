@@ -51,34 +51,68 @@ pub struct Synthetic {
     pub tag: Option<Arc<str>>,
 }
 
-/// Interns model names for labels, keeping at most `max` distinct ones (then `other`), so a
-/// client cannot blow up metric cardinality by inventing model names.
+/// Interns model names for labels. Names the upstreams serve (their `/v1/models`, refreshed
+/// in the background by `served_models`, and the configured `models` and `default_model`)
+/// always get their own label; any other name a client sends takes one of `max` first-come
+/// slots, then is `other`. So junk names can never turn a served model into `other`, and the
+/// label set stays bounded by what the servers serve plus `max`.
 #[derive(Debug)]
 pub struct ModelLabels {
     known: RwLock<HashMap<Box<str>, Arc<str>>>,
+    /// Names the upstreams serve.
+    served: RwLock<std::collections::HashSet<Box<str>>>,
+    /// Slots taken by names no upstream serves.
+    unserved: std::sync::atomic::AtomicUsize,
     max: usize,
     other: Arc<str>,
 }
+
+/// Most served names kept (a server listing more is not believed past this).
+pub const MAX_SERVED_MODELS: usize = 1024;
 
 impl ModelLabels {
     pub fn new(max: usize) -> Self {
         Self {
             known: RwLock::new(HashMap::new()),
+            served: RwLock::new(std::collections::HashSet::new()),
+            unserved: std::sync::atomic::AtomicUsize::new(0),
             max,
             other: Arc::from("other"),
         }
     }
 
+    /// Adds names the upstreams serve (kept for the process's life, at most
+    /// [`MAX_SERVED_MODELS`]).
+    pub fn serve<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let mut served = lock::write(&self.served);
+        for name in names {
+            if served.len() >= MAX_SERVED_MODELS {
+                break;
+            }
+            if name.len() <= 200 && !served.contains(name) {
+                served.insert(Box::from(name));
+            }
+        }
+    }
+
     pub fn label(&self, model: &str) -> Arc<str> {
+        use std::sync::atomic::Ordering;
         if let Some(label) = lock::read(&self.known).get(model) {
             return Arc::clone(label);
         }
         if model.len() > 200 {
             return Arc::clone(&self.other);
         }
+        let served = lock::read(&self.served).contains(model);
         let mut known = lock::write(&self.known);
-        if known.len() >= self.max {
-            return Arc::clone(&self.other);
+        if let Some(label) = known.get(model) {
+            return Arc::clone(label);
+        }
+        if !served {
+            if self.unserved.load(Ordering::Relaxed) >= self.max {
+                return Arc::clone(&self.other);
+            }
+            self.unserved.fetch_add(1, Ordering::Relaxed);
         }
         Arc::clone(
             known
