@@ -365,7 +365,10 @@ pub async fn serve_until<M, S, B>(
 {
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
     let (drain_tx, drain_rx) = watch::channel(Drain::Serving);
-    let limit = options.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    // At most u32::MAX: the drain below takes every permit back in one call.
+    let limit = options
+        .max_connections
+        .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
     let slots = Arc::new(Semaphore::new(limit));
     let mut backoff = AcceptBackoff::default();
     let mut at_limit = false;
