@@ -8,7 +8,7 @@
 //! window, therefore stops the polling, and no timer inside the body can fire. So the body
 //! only says, through a [`SendWatch`] (two relaxed atomic stores per frame, no lock, no clock),
 //! whether it has been handed over and not polled since; the task that drives it — each HTTP/2
-//! stream's task ([`StreamExecutor`]) or the HTTP/1 connection's — keeps the timer. When the
+//! stream's task (`StreamExecutor`) or the HTTP/1 connection's — keeps the timer. When the
 //! body has waited `send_stall_timeout` without being polled, the task drops it: the upstream
 //! request is cancelled, the HTTP/2 stream is reset (an HTTP/1 connection is closed), the
 //! request is recorded as `client_aborted` and `fault="send_stalled"` is counted.

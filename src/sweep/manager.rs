@@ -174,7 +174,7 @@ impl SweepManager {
     ///
     /// Once the slot is claimed, the work runs in its own task: a caller that goes away (an
     /// admin client hanging up during discovery) leaves a sweep that starts, or fails, as if
-    /// it had waited, and the slot is released whatever happens ([`Claim`]).
+    /// it had waited, and the slot is released whatever happens (`Claim`).
     pub async fn start(self: &Arc<Self>, request: SweepRequest) -> Result<String, StartError> {
         let id = self.new_id();
         let status = StatusCell::new(SweepStatus::new(id.clone(), request.clone()));
