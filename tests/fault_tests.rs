@@ -769,7 +769,13 @@ impl Served {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("tokentap.toml");
-        std::fs::write(&file, format!("[store]\ndata_dir = \"\"\n{config}")).unwrap();
+        // No store unless the test names one.
+        let store = if config.contains("[store]") {
+            ""
+        } else {
+            "[store]\ndata_dir = \"\"\n"
+        };
+        std::fs::write(&file, format!("{store}{config}")).unwrap();
         let binary = env!("CARGO_BIN_EXE_tokentap");
         let limit = descriptor_limit.map_or(String::new(), |n| format!("ulimit -n {n} && "));
         let script = format!(
@@ -1006,4 +1012,1075 @@ async fn twenty_stalled_bodies_hold_bounded_memory_and_end_at_the_timeout() {
     assert!(peak < idle_rss + 2 * 20 * LENGTH as u64, "{}", mib(peak));
     let response = get(&format!("http://{}/v1/models", served.proxy)).await;
     assert_eq!(response.status, 200);
+}
+
+// ---------------------------------------------------------------------------------------
+// HTTP/2 flow control and idleness: hostile readers on a raw HTTP/2 client.
+
+/// An upstream that answers every request but `/v1/models` with an endless event stream
+/// (one static 16 KiB chunk written again and again until the proxy stops taking it or goes
+/// away), and counts its connections: accepted in all, open now.
+struct EndlessUpstream {
+    addr: SocketAddr,
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
+    open: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EndlessUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// 16 KiB of SSE events.
+fn endless_chunk() -> Bytes {
+    let event = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\"}}]}\n\n";
+    let mut body = String::new();
+    while body.len() + event.len() <= 16 * 1024 - 16 {
+        body.push_str(event);
+    }
+    Bytes::from(format!("{:x}\r\n{body}\r\n", body.len()))
+}
+
+impl EndlessUpstream {
+    /// `hang`: answer nothing at all (no head), holding the connection.
+    async fn start(hang: bool) -> Self {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let open: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let (a, o) = (accepted.clone(), open.clone());
+        let chunk = endless_chunk();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    continue;
+                };
+                a.fetch_add(1, SeqCst);
+                o.fetch_add(1, SeqCst);
+                let o = o.clone();
+                let chunk = chunk.clone();
+                tokio::spawn(async move {
+                    let _ = serve_endless(&mut socket, &chunk, hang).await;
+                    o.fetch_sub(1, SeqCst);
+                });
+            }
+        });
+        Self {
+            addr,
+            accepted,
+            open,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn open(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+async fn serve_endless(socket: &mut TcpStream, chunk: &Bytes, hang: bool) -> std::io::Result<()> {
+    loop {
+        // One request head (bodies are small and ignored: they stay in the kernel's buffer).
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if socket.read(&mut byte).await? == 0 {
+                return Ok(());
+            }
+            head.push(byte[0]);
+        }
+        if hang {
+            // Until the proxy closes the connection.
+            while socket.read(&mut byte).await? != 0 {}
+            return Ok(());
+        }
+        if head.starts_with(b"GET /v1/models") {
+            socket
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"data\":[]}")
+                .await?;
+            continue;
+        }
+        socket
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            .await?;
+        loop {
+            socket.write_all(chunk).await?;
+        }
+    }
+}
+
+/// A TCP stream whose reading can be switched off for good: the peer that stops reading.
+struct Gate {
+    io: TcpStream,
+    reading: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Gate {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if !self.reading.load(std::sync::atomic::Ordering::SeqCst) {
+            return std::task::Poll::Pending; // never again
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Gate {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// One raw HTTP/2 connection to `addr` with the given stream window (the connection window is
+/// opened as wide as the stream's, at least the spec's 65,535): its request sender, the switch
+/// that stops its reading, and the connection task (done when the connection closes).
+async fn h2_connect(
+    addr: SocketAddr,
+    window: u32,
+) -> (
+    h2::client::SendRequest<Bytes>,
+    Arc<std::sync::atomic::AtomicBool>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let reading = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let io = Gate {
+        io: TcpStream::connect(addr).await.unwrap(),
+        reading: Arc::clone(&reading),
+    };
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .initial_connection_window_size(window.max(65_535))
+        .handshake::<_, Bytes>(io)
+        .await
+        .unwrap();
+    (send, reading, tokio::spawn(connection))
+}
+
+/// Starts a streaming chat request on `send`; returns its response future (the request body
+/// is sent whole).
+async fn h2_chat(send: &mut h2::client::SendRequest<Bytes>) -> h2::client::ResponseFuture {
+    let request = http::Request::post("http://tokentap/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let mut ready = send.clone().ready().await.unwrap();
+    let (response, mut body) = ready.send_request(request, false).unwrap();
+    body.send_data(Bytes::from_static(CHAT_WITH_USAGE.as_bytes()), true)
+        .unwrap();
+    *send = ready;
+    response
+}
+
+fn faults(metrics: &str, fault: &str) -> f64 {
+    sample(
+        metrics,
+        "tokentap_faults_total",
+        &["listener=\"proxy\"", &format!("fault=\"{fault}\"")],
+    )
+    .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wide_open_http2_windows_that_are_never_read_hold_bounded_memory() {
+    // Five connections, 100 streams each (the default stream limit), windows 2^31-1, and after
+    // the response heads the client reads nothing more: the proxy may hold, per stream, its
+    // send buffer and its upstream read buffer (proxy.max_stream_buffer each), whatever the
+    // client's windows say.
+    const CONNECTIONS: usize = 5;
+    const STREAMS: usize = 100;
+    let upstream = EndlessUpstream::start(false).await;
+    let served = Served::start(
+        &upstream.url(),
+        "[proxy]\nsend_stall_timeout = \"120s\"\n[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n",
+        None,
+    );
+    let idle_rss = served.rss().unwrap();
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (mut send, reading, task) = h2_connect(served.proxy, i32::MAX as u32).await;
+        let mut responses = Vec::new();
+        for _ in 0..STREAMS {
+            responses.push(h2_chat(&mut send).await);
+        }
+        let mut bodies = Vec::new();
+        for response in responses {
+            let response = tokio::time::timeout(Duration::from_secs(20), response)
+                .await
+                .expect("no response head")
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            bodies.push(response.into_body());
+        }
+        reading.store(false, std::sync::atomic::Ordering::SeqCst);
+        clients.push((send, bodies, task));
+    }
+    // Memory until it stops growing (at most 30 s): every buffer on the way filled.
+    let mut peak = idle_rss;
+    let mut last_growth = Instant::now();
+    let sampling = Instant::now();
+    while sampling.elapsed() < Duration::from_secs(30)
+        && last_growth.elapsed() < Duration::from_secs(3)
+    {
+        let rss = served.rss().unwrap_or(0);
+        if rss > peak + (1 << 20) {
+            last_growth = Instant::now();
+        }
+        peak = peak.max(rss);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let per_connection = (peak.saturating_sub(idle_rss)) / CONNECTIONS as u64;
+    eprintln!(
+        "figure: {CONNECTIONS} HTTP/2 connections x {STREAMS} streams, windows 2^31-1, never read: RSS {:.0} MiB idle, {:.0} MiB peak, {:.1} MiB per connection ({:.0} KiB per stream)",
+        mib(idle_rss),
+        mib(peak),
+        mib(per_connection),
+        per_connection as f64 / STREAMS as f64 / 1024.0,
+    );
+    // docs/operations.md: about 18 MiB per connection with the defaults (100 streams x (64 KiB
+    // send buffer + 64 KiB upstream read buffer + ~50 KiB of each stream's own state and
+    // allocator slack)); before these bounds, ~1 MiB per stream.
+    assert!(
+        per_connection < 24 << 20,
+        "{:.1} MiB per connection",
+        mib(per_connection)
+    );
+    // Meanwhile the proxy serves others.
+    let response = get(&format!("http://{}/v1/models", served.proxy)).await;
+    assert_eq!(response.status, 200);
+    drop(clients);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_window_never_opened_releases_upstreams_at_the_send_stall_timeout() {
+    // Window 0: the proxy can send the client nothing, so nobody polls the response bodies.
+    // At the send stall timeout each stream is reset, its upstream request cancelled (the
+    // upstream sees its connection close), recorded as client_aborted and counted.
+    const STREAMS: usize = 40;
+    let upstream = EndlessUpstream::start(false).await;
+    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"1s\"", "").await;
+    let (mut send, _reading, task) = h2_connect(server.proxy_addr, 0).await;
+    let mut responses = Vec::new();
+    for _ in 0..STREAMS {
+        responses.push(h2_chat(&mut send).await);
+    }
+    let start = Instant::now();
+    while upstream.open() < STREAMS && start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        upstream.open(),
+        STREAMS,
+        "every stream reached the upstream"
+    );
+    let opened = Instant::now();
+    while upstream.open() > 0 && opened.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let released = opened.elapsed();
+    eprintln!("figure: {STREAMS} streams behind a zero window held their upstream connections {released:?} (send_stall_timeout 1 s)");
+    assert_eq!(upstream.open(), 0, "upstream connections still held");
+    let all = records.wait_for(STREAMS).await;
+    assert!(
+        all.iter().all(|r| r.outcome == Outcome::ClientAborted),
+        "{:?}",
+        all.iter().map(|r| r.outcome).collect::<Vec<_>>()
+    );
+    assert_eq!(server.proxy.faults.get(Fault::SendStalled), STREAMS as u64);
+    // Each stream was reset; the connection itself lives on.
+    for response in responses {
+        match tokio::time::timeout(Duration::from_secs(5), response).await {
+            Ok(Ok(response)) => {
+                let mut body = response.into_body();
+                let end = tokio::time::timeout(Duration::from_secs(5), body.data()).await;
+                assert!(
+                    matches!(end, Ok(Some(Err(_)))),
+                    "the stream was not reset: {end:?}"
+                );
+            }
+            Ok(Err(error)) => assert!(error.is_reset(), "{error}"),
+            Err(_) => panic!("the stream was neither answered nor reset"),
+        }
+    }
+    assert!(
+        !task.is_finished(),
+        "the connection was closed, not the streams"
+    );
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    assert_eq!(faults(&metrics, "send_stalled"), STREAMS as f64);
+    still_serves(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_reader_that_stops_reading_is_cut_at_the_send_stall_timeout() {
+    let upstream = EndlessUpstream::start(false).await;
+    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"1s\"", "").await;
+    let mut socket = TcpStream::connect(server.proxy_addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{CHAT_WITH_USAGE}",
+        CHAT_WITH_USAGE.len()
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let start = Instant::now();
+    while upstream.open() < 1 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(upstream.open(), 1);
+    // We read nothing; the proxy's buffers fill, then the timeout runs.
+    let held = Instant::now();
+    while upstream.open() > 0 && held.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(upstream.open(), 0, "the upstream request is still held");
+    let record = records.wait_for(1).await;
+    assert_eq!(record[0].outcome, Outcome::ClientAborted);
+    assert_eq!(server.proxy.faults.get(Fault::SendStalled), 1);
+    still_serves(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_close_and_unanswered_pings_close_busy_ones() {
+    let upstream = EndlessUpstream::start(false).await;
+    let (server, _records) = proxy_with(
+        &upstream.url(),
+        "header_read_timeout = \"1s\"\nhttp2_keep_alive_interval = \"300ms\"\nhttp2_keep_alive_timeout = \"500ms\"",
+        "",
+    )
+    .await;
+    // One request, answered in full, then nothing: closed (GOAWAY) after the idle time.
+    let (mut send, _reading, task) = h2_connect(server.proxy_addr, 65_535).await;
+    let request = http::Request::get("http://tokentap/v1/models")
+        .body(())
+        .unwrap();
+    let (response, _) = send.send_request(request, true).unwrap();
+    let response = response.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    while let Some(data) = body.data().await {
+        data.unwrap();
+    }
+    let idle = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(10), task).await;
+    assert!(closed.is_ok(), "an idle HTTP/2 connection stayed open");
+    eprintln!(
+        "figure: an idle HTTP/2 connection closed {:?} after its last stream (idle time 1 s)",
+        idle.elapsed()
+    );
+    assert!(
+        idle.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        idle.elapsed()
+    );
+    assert_eq!(server.proxy.faults.get(Fault::IdleClosed), 1);
+
+    // A connection with a stream waiting on a silent upstream, whose client stops answering
+    // anything (pings included): closed once a ping goes unanswered.
+    let silent = EndlessUpstream::start(true).await;
+    let (server, records) = proxy_with(
+        &silent.url(),
+        "header_read_timeout = \"1s\"\nhttp2_keep_alive_interval = \"300ms\"\nhttp2_keep_alive_timeout = \"500ms\"",
+        "",
+    )
+    .await;
+    let (mut send, reading, task) = h2_connect(server.proxy_addr, 65_535).await;
+    let _response = h2_chat(&mut send).await;
+    let start = Instant::now();
+    while silent.open() < 1 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    reading.store(false, std::sync::atomic::Ordering::SeqCst);
+    let deaf = Instant::now();
+    while silent.open() > 0 && deaf.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("figure: a client that stopped answering pings was closed after {:?} (ping every 300 ms, 500 ms to answer)", deaf.elapsed());
+    assert_eq!(
+        silent.open(),
+        0,
+        "the upstream request outlived a dead client"
+    );
+    let record = records.wait_for(1).await;
+    assert_eq!(record[0].outcome, Outcome::ClientAborted);
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_reset_at_once_never_hold_more_upstream_connections_than_the_limit() {
+    // Far fewer streams per connection than before (100, from the server's SETTINGS), and a
+    // client that opens streams and resets them once the proxy is on its way to the upstream
+    // never makes the proxy hold more than upstream.max_connections descriptors towards it
+    // (counted in the proxy's own /proc/PID/fd). Each stream that reached the upstream still
+    // costs it a connection: an HTTP/1 request is cancelled only by closing its connection.
+    let upstream = EndlessUpstream::start(true).await;
+    let served = Served::start(
+        &upstream.url(),
+        "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\nmax_connections = 8\nconnect_timeout = \"500ms\"\n",
+        None,
+    );
+    let descriptors = || {
+        std::fs::read_dir(format!("/proc/{}/fd", served.child.id()))
+            .map(|dir| dir.count())
+            .unwrap_or(0)
+    };
+    let (mut send, _reading, task) = h2_connect(served.proxy, 65_535).await;
+    let idle_fds = descriptors();
+    let mut most_fds = idle_fds;
+    // 12 rounds of 50 streams, each reset 200 ms after it was sent.
+    let mut opened = 0;
+    'rounds: for _ in 0..12 {
+        let mut round = Vec::new();
+        for _ in 0..50 {
+            let request = http::Request::get("http://tokentap/v1/models")
+                .body(())
+                .unwrap();
+            let Ok(ready) = send.clone().ready().await else {
+                break 'rounds; // GOAWAY (too many resets): the proxy's own defence
+            };
+            send = ready;
+            let Ok((response, _)) = send.send_request(request, true) else {
+                break 'rounds;
+            };
+            round.push(response);
+            opened += 1;
+        }
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            most_fds = most_fds.max(descriptors());
+        }
+        drop(round); // RST_STREAM(CANCEL) for each
+        most_fds = most_fds.max(descriptors());
+    }
+    // The server's SETTINGS have arrived by now.
+    assert_eq!(send.current_max_send_streams(), 100);
+    let accepted = upstream.accepted.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("figure: {opened} streams opened and reset 200 ms later, 50 at a time: the proxy held at most {} descriptors more than idle (upstream.max_connections 8); the upstream accepted {accepted} connections in all", most_fds - idle_fds);
+    assert!(opened >= 300, "only {opened} streams opened");
+    assert!(accepted >= 8, "the streams never reached the upstream");
+    // 8 upstream connections, and a few of the kernel's and the runtime's in passing.
+    assert!(
+        most_fds <= idle_fds + 8 + 4,
+        "{} descriptors more than idle",
+        most_fds - idle_fds
+    );
+    task.abort();
+    // At the limit, a request that cannot get a connection within connect_timeout is a 503.
+    let mut waiting = Vec::new();
+    for _ in 0..8 {
+        let url = format!("http://{}/v1/chat/completions", served.proxy);
+        waiting.push(tokio::spawn(
+            async move { post(&url, CHAT_WITH_USAGE).await },
+        ));
+    }
+    let start = Instant::now();
+    while upstream.open() < 8 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let response = post(
+        &format!("http://{}/v1/chat/completions", served.proxy),
+        CHAT_WITH_USAGE,
+    )
+    .await;
+    assert_eq!(response.status, 503, "{}", response.text());
+    assert!(
+        response.text().contains("upstream_connection_limit"),
+        "{}",
+        response.text()
+    );
+    let metrics = get(&format!("http://{}/metrics", served.admin))
+        .await
+        .text();
+    assert!(
+        faults(&metrics, "upstream_connection_limit") >= 1.0,
+        "{metrics}"
+    );
+    for task in waiting {
+        task.abort();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Signals and shutdown.
+
+/// A chat stream of `events` events, one every 100 ms, with usage on each.
+fn slow_stream(events: usize) -> Script {
+    let mut steps = Vec::new();
+    for n in 1..=events {
+        steps.push(chunk("x", &n.to_string()));
+        steps.push(wait_ms(100));
+    }
+    steps.push(done());
+    Script::sse(steps)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_cut_at_the_end_of_the_grace_are_in_the_final_snapshot() {
+    // Streams (HTTP/1 and HTTP/2) that outlive the grace period are closed at its end, each
+    // recorded as client_aborted before the final snapshot is written: a restart loses none.
+    let upstream = upstream_with(|_| slow_stream(1_000)).await;
+    let dir = std::env::temp_dir().join(format!(
+        "tokentap-fault-grace-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    let (server, records) = proxy_from_config(&format!(
+        "[proxy]\nshutdown_grace = \"1s\"\n[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"{}\"\n",
+        upstream.url(),
+        dir.display()
+    ))
+    .await;
+    let store = server.store.clone().unwrap();
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let mut http1 = Vec::new();
+    for _ in 0..3 {
+        let url = url.clone();
+        http1.push(tokio::spawn(
+            async move { post(&url, CHAT_WITH_USAGE).await },
+        ));
+    }
+    let (mut send, _reading, _task) = h2_connect(server.proxy_addr, i32::MAX as u32).await;
+    let mut http2 = Vec::new();
+    for _ in 0..3 {
+        http2.push(h2_chat(&mut send).await);
+    }
+    let start = Instant::now();
+    while upstream.requests().len() < 6 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(upstream.requests().len(), 6);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(records.len(), 0, "the streams run for 100 s");
+    let before = store.snapshots(None, None).unwrap().len();
+    let stopping = Instant::now();
+    tokio::time::timeout(Duration::from_secs(20), server.shutdown())
+        .await
+        .expect("shutdown outlived the grace period");
+    eprintln!(
+        "figure: shutdown with 6 streams in flight took {:?} (grace 1 s)",
+        stopping.elapsed()
+    );
+    let recorded = records.0.lock().unwrap().clone();
+    assert_eq!(recorded.len(), 6, "every stream that ran is recorded");
+    assert!(recorded.iter().all(|r| r.outcome == Outcome::ClientAborted));
+    let snapshots = store.snapshots(None, None).unwrap();
+    assert!(
+        snapshots.len() > before,
+        "no snapshot at shutdown: {snapshots:?}"
+    );
+    let tokens: u64 = snapshots.iter().map(|s| s.output_tokens).sum();
+    assert!(
+        tokens >= 6,
+        "the snapshot lacks the cut streams' tokens: {snapshots:?}"
+    );
+    drop(http1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn signal(served: &Served, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(served.child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Waits (bounded) for the child to exit; its exit status.
+fn exited(served: &mut Served, limit: Duration) -> Option<std::process::ExitStatus> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if let Some(status) = served.child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_drains_and_a_second_signal_cuts_the_grace_short() {
+    let upstream = upstream_with(|_| slow_stream(1_000)).await;
+    // SIGHUP with nothing in flight: drains and exits 0, saying so.
+    let mut served = Served::start(&upstream.url(), "[proxy]\nshutdown_grace = \"30s\"\n", None);
+    signal(&served, "HUP");
+    let status = exited(&mut served, Duration::from_secs(15)).expect("SIGHUP did not stop it");
+    assert!(status.success(), "{status:?}: {:?}", served.log());
+    assert!(
+        served
+            .log()
+            .iter()
+            .any(|l| l.contains("SIGHUP") && l.contains("draining")),
+        "{:?}",
+        served.log()
+    );
+
+    // A stream that would run 100 s and a 30 s grace: SIGTERM drains (the stream goes on), a
+    // second SIGTERM closes it at once and the process exits well before the grace is over.
+    let mut served = Served::start(&upstream.url(), "[proxy]\nshutdown_grace = \"30s\"\n", None);
+    let url = format!("http://{}/v1/chat/completions", served.proxy);
+    let stream = tokio::spawn(async move { post(&url, CHAT_WITH_USAGE).await });
+    let start = Instant::now();
+    while upstream.requests().is_empty() && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    signal(&served, "TERM");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        served.child.try_wait().unwrap().is_none(),
+        "it did not wait for the stream"
+    );
+    let second = Instant::now();
+    signal(&served, "TERM");
+    let status =
+        exited(&mut served, Duration::from_secs(15)).expect("the second SIGTERM was ignored");
+    eprintln!(
+        "figure: a second SIGTERM ended a 30 s grace after {:?}",
+        second.elapsed()
+    );
+    assert!(status.success(), "{status:?}");
+    assert!(
+        served.log().iter().any(|l| l.contains("second signal")),
+        "{:?}",
+        served.log()
+    );
+    let _ = stream.await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Budgets and bytes.
+
+/// An upstream on a raw socket that answers every request with `answer` (after reading its
+/// head and, when there is one, a small body it ignores), and records each request head.
+async fn raw_upstream(answer: &'static [u8]) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+    let log = Arc::clone(&heads);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if socket.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                log.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&head).to_lowercase());
+                let _ = socket.write_all(answer).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (addr, heads)
+}
+
+/// Sends `request` on a fresh connection and reads the answer until the peer closes.
+async fn raw_exchange(addr: SocketAddr, request: &str) -> String {
+    let mut socket = TcpStream::connect(addr).await.unwrap();
+    socket.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn upstream_trailers_reach_http1_clients_that_take_them() {
+    let (addr, heads) = raw_upstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntrailer: x-checksum\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-checksum: abc123\r\n\r\n",
+    )
+    .await;
+    let (server, _records) = proxy_with(&format!("http://{addr}"), "", "").await;
+    let answer = raw_exchange(
+        server.proxy_addr,
+        "GET /v1/files/1 HTTP/1.1\r\nhost: x\r\nte: trailers\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.to_lowercase().contains("x-checksum: abc123"),
+        "the trailer was lost: {answer:?}"
+    );
+    assert!(
+        heads.lock().unwrap()[0].contains("te: trailers"),
+        "the upstream was not told the client takes trailers: {:?}",
+        heads.lock().unwrap()
+    );
+    // Without `TE: trailers` the client gets the body and no trailer (hyper's rule).
+    let answer = raw_exchange(
+        server.proxy_addr,
+        "GET /v1/files/1 HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.contains("hello"), "{answer}");
+    assert!(
+        !heads.lock().unwrap()[1].contains("te:"),
+        "{:?}",
+        heads.lock().unwrap()
+    );
+}
+
+#[tokio::test]
+async fn connect_is_a_client_error_not_an_upstream_failure() {
+    let upstream = upstream_with(|_| Script::json(200, "{}")).await;
+    let (server, _records) = proxy_with(&upstream.url(), "", "").await;
+    let answer = raw_exchange(
+        server.proxy_addr,
+        "CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+    assert!(answer.contains("method_not_allowed"), "{answer}");
+    assert!(
+        upstream.requests().is_empty(),
+        "CONNECT reached the upstream"
+    );
+    still_serves(&server).await;
+}
+
+#[tokio::test]
+async fn choices_whose_counts_sum_past_u64_max_saturate_instead_of_wrapping() {
+    // Two choices (n = 2) each claiming 2^63 tokens: their sum is 2^64, which wrapped to 0.
+    let half = 1u64 << 63;
+    let upstream = upstream_with(move |_| {
+        Script::sse(vec![
+            data(&format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"content":"a"}}}}],"usage":{{"prompt_tokens":5,"completion_tokens":{half}}}}}"#
+            )),
+            data(&format!(
+                r#"{{"choices":[{{"index":1,"delta":{{"content":"b"}}}}],"usage":{{"prompt_tokens":5,"completion_tokens":{half}}}}}"#
+            )),
+            done(),
+        ])
+    })
+    .await;
+    let (server, records) = proxy_with(&upstream.url(), "", "").await;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        CHAT_WITH_USAGE,
+    )
+    .await;
+    assert_eq!(response.status, 200);
+    let record = records.wait_for(1).await;
+    assert_eq!(
+        record[0].completion_tokens, MAX_TOKENS_PER_REQUEST,
+        "clamped at the most, not wrapped to nothing"
+    );
+    assert!(
+        !record[0].completion_exact,
+        "a clamped count is approximate"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_body_budget_covers_metered_bodies_until_the_upstream_answers() {
+    // An upstream that accepts and then neither reads nor answers. Two ~1 MB metered bodies
+    // fill a 2 MiB budget while they wait for it (forwarded, not only while being read), so
+    // the next ones are forwarded unmetered as they stream: their memory is the kernel's.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+    let keep = Arc::clone(&held);
+    let acceptor = tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            keep.lock().unwrap().push(socket);
+        }
+    });
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"http://{addr}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\nresponse_timeout = \"3s\"\n[metering]\nmax_buffered_bytes = 2097152\n[store]\ndata_dir = \"\"\n"
+    ))
+    .await;
+    let body = format!(
+        r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(1_000_000)
+    );
+    let mut answers = Vec::new();
+    for _ in 0..4 {
+        let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+        let body = body.clone();
+        let before = held.lock().unwrap().len();
+        answers.push(tokio::spawn(async move { post(&url, &body).await.status }));
+        // In order: the first two take the budget before the others ask.
+        let start = Instant::now();
+        while held.lock().unwrap().len() == before && start.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for answer in answers {
+        assert_eq!(answer.await.unwrap(), 504);
+    }
+    // Only metered requests are recorded: the two inside the budget.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        records.len(),
+        2,
+        "bodies waiting on the upstream were not counted against the budget"
+    );
+    acceptor.abort();
+}
+
+#[tokio::test]
+async fn with_injection_a_partial_last_event_is_forwarded_without_what_tokentap_added() {
+    // The client asked for no usage, so tokentap injects it and must strip it, also from an
+    // event the stream ends inside (no blank line after it), whether it ends cleanly or not.
+    const PLAIN: &str =
+        r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let partial = r#"data: {"choices":[{"index":0,"delta":{"content":"b"}}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
+    for end in [End::Clean, End::Reset] {
+        let partial = partial.to_string();
+        let upstream = upstream_with(move |_| {
+            let mut script = Script::sse(vec![
+                chunk("a", "1"),
+                Step::Send(Bytes::from(partial.clone())),
+            ]);
+            script.end = end;
+            script
+        })
+        .await;
+        let (server, records) = proxy_with(&upstream.url(), "", "").await;
+        let response = post(
+            &format!("http://{}/v1/chat/completions", server.proxy_addr),
+            PLAIN,
+        )
+        .await;
+        let text = response.text();
+        let sent = upstream.requests()[0].body.clone();
+        assert!(
+            String::from_utf8_lossy(&sent).contains("include_usage"),
+            "nothing was injected: the test would prove nothing"
+        );
+        assert!(
+            text.ends_with(r#"data: {"choices":[{"index":0,"delta":{"content":"b"}}]}"#),
+            "{end:?}: the partial event is missing or carries the injected usage: {text:?}"
+        );
+        assert!(
+            !text.contains("usage"),
+            "{end:?}: injected usage leaked: {text:?}"
+        );
+        assert_eq!(response.error.is_some(), end == End::Reset, "{end:?}");
+        let record = records.wait_for(1).await;
+        // An event no blank line closed is no event to an SSE client (it discards it), so it
+        // is not counted either.
+        assert_eq!(record[0].completion_tokens, 1, "{end:?}");
+        assert_eq!(record[0].outcome, Outcome::UpstreamAborted, "{end:?}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Compressed streams.
+
+#[tokio::test]
+async fn metered_requests_ask_for_identity_and_compressed_streams_pass_untouched_on_time() {
+    // The client (the OpenAI SDK does) sends `Accept-Encoding: gzip`; tokentap asks the
+    // upstream for identity. One that compresses anyway is passed through byte for byte as it
+    // arrives: not held, not stripped, recorded with approximate counts, not as an abort.
+    let part_one =
+        Bytes::from_static(b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03compressed-part-one");
+    let part_two = Bytes::from_static(b"compressed-part-two\x00\x00");
+    let (one, two) = (part_one.clone(), part_two.clone());
+    let upstream = upstream_with(move |_| {
+        let mut script = Script::sse(vec![
+            Step::Send(one.clone()),
+            wait_ms(1_500),
+            Step::Send(two.clone()),
+        ]);
+        script.headers.push(("content-encoding", "gzip".into()));
+        script
+    })
+    .await;
+    let (server, records) = proxy_with(&upstream.url(), "", "").await;
+    const PLAIN: &str =
+        r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", server.proxy_addr))
+        .header("content-type", "application/json")
+        .header("accept-encoding", "gzip, deflate, br")
+        .body(Full::new(Bytes::from_static(PLAIN.as_bytes())))
+        .unwrap();
+    let response = send(request).await;
+    let asked = upstream.requests()[0].headers.clone();
+    assert_eq!(asked["accept-encoding"], "identity", "{asked:?}");
+    assert_eq!(response.headers["content-encoding"], "gzip");
+    let mut expected = part_one.to_vec();
+    expected.extend_from_slice(&part_two);
+    assert_eq!(response.bytes(), expected, "the bytes were changed");
+    // On time: the first part came as it was sent, not with the end.
+    let (first, _) = response.frames.first().unwrap();
+    let (last, _) = response.frames.last().unwrap();
+    assert!(
+        *last - *first >= Duration::from_millis(1_000),
+        "the first part was held until the end: {:?}",
+        *last - *first
+    );
+    let record = records.wait_for(1).await;
+    assert_eq!(record[0].outcome, Outcome::Ok, "not an upstream abort");
+    assert!(
+        !record[0].completion_exact,
+        "counts of an unread stream are approximate"
+    );
+    // An uncompressed stream through the same proxy is metered as ever.
+    let upstream = upstream_with(|_| Script::sse(vec![chunk("a", "1"), done()])).await;
+    let (server, records) = proxy_with(&upstream.url(), "", "").await;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        PLAIN,
+    )
+    .await;
+    assert!(!response.text().contains("usage"), "{}", response.text());
+    let record = records.wait_for(1).await;
+    assert_eq!(record[0].completion_tokens, 1);
+    assert!(record[0].completion_exact);
+}
+
+// ---------------------------------------------------------------------------------------
+// The store.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_capture_writes_are_logged_once_with_their_cause_and_the_lost_rows_counted() {
+    // The workload table vanishes under the running proxy (as a full or broken disk fails
+    // every write): each batch fails. One warning names the cause (not one per batch), and
+    // every lost row is counted in /metrics.
+    let upstream = upstream_with(|_| Script::sse(vec![chunk("a", "1"), done()])).await;
+    let dir = std::env::temp_dir().join(format!(
+        "tokentap-fault-capture-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let served = Served::start(
+        &upstream.url(),
+        &format!(
+            "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[workload]\ncapture = true\n[store]\ndata_dir = \"{}\"\n",
+            dir.display()
+        ),
+        None,
+    );
+    let url = format!("http://{}/v1/chat/completions", served.proxy);
+    assert_eq!(post(&url, CHAT_WITH_USAGE).await.status, 200);
+    let database = rusqlite::Connection::open(dir.join("tokentap.sqlite3")).unwrap();
+    database.busy_timeout(Duration::from_secs(10)).unwrap();
+    database.execute_batch("DROP TABLE workload").unwrap();
+    drop(database);
+    const REQUESTS: usize = 60;
+    for _ in 0..REQUESTS {
+        assert_eq!(post(&url, CHAT_WITH_USAGE).await.status, 200);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let metrics_url = format!("http://{}/metrics", served.admin);
+    let start = Instant::now();
+    let mut lost = 0.0;
+    while start.elapsed() < Duration::from_secs(10) {
+        let metrics = get(&metrics_url).await.text();
+        lost = sample(
+            &metrics,
+            "tokentap_workload_rows_lost_total",
+            &["reason=\"store_failed\""],
+        )
+        .unwrap_or(0.0);
+        if lost >= REQUESTS as f64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(lost, REQUESTS as f64, "lost rows are not counted");
+    let log = served.log();
+    let warnings: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("cannot store captured workload rows"))
+        .collect();
+    eprintln!("figure: {REQUESTS} requests whose capture rows all failed to store: {} warning(s), {lost} rows counted lost", warnings.len());
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("no such table"),
+        "the cause is not named: {}",
+        warnings[0]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------
+// Metric labels.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_model_names_cannot_take_the_labels_of_served_models() {
+    // The upstream serves `real-model` (its /v1/models, read in the background). A client
+    // sends more junk names than there are first-come slots before the first real request:
+    // the junk gets its slots, then `other`; the served model keeps its own label.
+    let upstream = ScriptedUpstream::start(|r| {
+        if r.path == "/v1/models" {
+            Script::json(
+                200,
+                r#"{"object":"list","data":[{"id":"real-model","object":"model"}]}"#,
+            )
+        } else {
+            Script::sse(vec![chunk("a", "1"), done()])
+        }
+    })
+    .await;
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"5s\"\n[metering]\nmax_models = 4\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    // The served list is read at start.
+    let start = Instant::now();
+    while !upstream.requests().iter().any(|r| r.path == "/v1/models")
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let chat = |model: &str| {
+        format!(
+            r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true,"continuous_usage_stats":true}},"messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    for n in 0..10 {
+        assert_eq!(post(&url, &chat(&format!("junk-{n}"))).await.status, 200);
+    }
+    assert_eq!(post(&url, &chat("real-model")).await.status, 200);
+    let all = records.wait_for(11).await;
+    let labels: Vec<&str> = all.iter().map(|r| &*r.model).collect();
+    assert_eq!(
+        labels.iter().filter(|l| l.starts_with("junk-")).count(),
+        4,
+        "{labels:?}"
+    );
+    assert_eq!(
+        labels.iter().filter(|l| **l == "other").count(),
+        6,
+        "{labels:?}"
+    );
+    assert_eq!(labels.last(), Some(&"real-model"), "{labels:?}");
 }

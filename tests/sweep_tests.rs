@@ -1476,3 +1476,45 @@ async fn default_prompts_work_on_a_tiny_vocabulary() {
         server.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_hanging_up_during_discovery_leaves_sweeps_usable() {
+    // Discovery is slow (every answer 1 s late, and useless: the plan cannot run). The first
+    // client hangs up 200 ms into its POST; the sweep it claimed must still end (here: failed)
+    // and free the slot, so the next POST gets its own answer, not a 409 forever.
+    let upstream = ScriptedUpstream::start(|_| {
+        let mut script = Script::json(404, r#"{"error":"no"}"#);
+        script.head_delay = Duration::from_secs(1);
+        script
+    })
+    .await;
+    let server = proxy_with_token(&upstream.url(), "").await;
+    let hung_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        admin(&server, "POST", "/sweeps", Some(TOKEN), "{}"),
+    )
+    .await;
+    assert!(hung_up.is_err(), "the POST answered before the hang-up");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (code, body) = loop {
+        let (code, body) = admin(&server, "POST", "/sweeps", Some(TOKEN), "{}").await;
+        if code != 409 || Instant::now() > deadline {
+            break (code, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(code, 400, "sweeps stayed wedged: {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("cannot run"),
+        "{body}"
+    );
+    let (code, list) = admin(&server, "GET", "/sweeps", Some(TOKEN), "").await;
+    assert_eq!(code, 200);
+    assert!(
+        !list.to_string().contains("\"starting\""),
+        "a sweep is still starting: {list}"
+    );
+}

@@ -429,6 +429,9 @@ where
             StatusCode::BAD_REQUEST,
             &format!("the sweep plan cannot run: {error}"),
         ),
+        Err(error @ crate::sweep::StartError::Interrupted { .. }) => {
+            message_page(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
+        }
     }
 }
 

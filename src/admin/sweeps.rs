@@ -124,6 +124,9 @@ where
         Err(error @ StartError::Busy { .. }) => {
             json_error(StatusCode::CONFLICT, &error.to_string())
         }
+        Err(error @ StartError::Interrupted { .. }) => {
+            json_error(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
+        }
         Err(StartError::Plan(error)) => json_error(
             StatusCode::BAD_REQUEST,
             &format!("the sweep plan cannot run: {error}"),

@@ -96,6 +96,8 @@ impl ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let config = args.load_config()?;
+    // Listening before the listeners open: a signal during start-up is not the default kill.
+    let mut signals = net::Signals::new();
     let server = ProxyServer::start(config).await?;
     tracing::info!(
         proxy = %server.proxy_addr,
@@ -104,8 +106,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         "tokentap is forwarding; metrics at http://{}/metrics",
         server.admin_addr
     );
-    net::os_signal().await;
-    tracing::info!("shutdown signal received");
+    let signal = signals.next().await;
+    tracing::info!(
+        signal,
+        grace = ?server.config.proxy.shutdown_grace,
+        "shutdown signal received: draining (a second signal closes what is left at once; SIGHUP does not reload: restart to apply a new configuration)"
+    );
+    let cut = server.grace_cut();
+    tokio::spawn(async move {
+        let signal = signals.next().await;
+        tracing::warn!(signal, "second signal: cutting the grace period short");
+        cut.trigger();
+    });
     server.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -125,6 +137,8 @@ pub struct ProxyServer {
     /// The SQLite store, when `store.data_dir` is set (also `admin.store`).
     pub store: Option<Arc<Store>>,
     trigger: ShutdownTrigger,
+    /// Cuts the data listener's grace period short (a second signal).
+    cut: Arc<ShutdownTrigger>,
     admin_trigger: ShutdownTrigger,
     snapshot_trigger: ShutdownTrigger,
     data_task: JoinHandle<()>,
@@ -215,6 +229,7 @@ impl ProxyServer {
             None => None,
         };
         let (trigger, shutdown) = net::shutdown_pair();
+        let (cut, cut_short) = net::shutdown_pair();
         let (admin_trigger, admin_shutdown) = net::shutdown_pair();
         let synthetic = crate::sweep::LatestMatrix::default();
         let sweep_store: Arc<dyn crate::sweep::SweepStore> = match &store {
@@ -269,28 +284,23 @@ impl ProxyServer {
         });
 
         // The descriptor limit decides how many streams one process can hold.
-        let descriptors = net::limits::raise_descriptor_limit();
-        let max_connections = match config.proxy.max_connections {
-            0 => {
-                let reserved = net::limits::RESERVED_DESCRIPTORS
-                    + u64::try_from(config.admin.max_connections).unwrap_or(u64::MAX);
-                let derived = net::limits::max_connections_for(&descriptors, reserved);
-                tracing::info!(
-                    max_connections = derived,
-                    descriptor_limit = %descriptors,
-                    "data listener: at most {derived} connections (proxy.max_connections = 0: two descriptors per proxied stream after {reserved} reserved); raise LimitNOFILE (ulimit -n) to hold more"
-                );
-                derived
-            }
-            configured => {
-                tracing::info!(
-                    max_connections = configured,
-                    descriptor_limit = %descriptors,
-                    "data listener: at most {configured} connections (proxy.max_connections)"
-                );
-                configured
-            }
-        };
+        let (max_connections, descriptors) = net::limits::data_listener_limit(
+            config.proxy.max_connections,
+            config.admin.max_connections,
+        );
+        if config.proxy.max_connections == 0 {
+            tracing::info!(
+                max_connections,
+                descriptor_limit = %descriptors,
+                "data listener: at most {max_connections} connections (proxy.max_connections = 0: two descriptors per proxied stream after a reserve); raise LimitNOFILE (ulimit -Hn) to hold more"
+            );
+        } else {
+            tracing::info!(
+                max_connections,
+                descriptor_limit = %descriptors,
+                "data listener: at most {max_connections} connections (proxy.max_connections)"
+            );
+        }
         let data_options = ServerOptions {
             name: "proxy",
             header_read_timeout: config.proxy.header_read_timeout,
@@ -300,6 +310,11 @@ impl ProxyServer {
             grace: config.proxy.shutdown_grace,
             max_connections,
             faults: Arc::clone(&proxy.faults),
+            http2_max_concurrent_streams: config.proxy.http2_max_concurrent_streams,
+            http2_max_send_buffer: config.proxy.max_stream_buffer,
+            http2_keep_alive_interval: config.proxy.http2_keep_alive_interval,
+            http2_keep_alive_timeout: config.proxy.http2_keep_alive_timeout,
+            send_stall_timeout: config.proxy.send_stall_timeout,
         };
         let admin_options = ServerOptions {
             header_read_timeout: config.proxy.header_read_timeout,
@@ -309,15 +324,31 @@ impl ProxyServer {
         metrics.watch_faults("proxy", Arc::clone(&proxy.faults));
         metrics.watch_faults("admin", Arc::clone(&admin_options.faults));
         metrics.watch_clamped_counts(&proxy.meter);
+        if let Some(workload) = &workload {
+            let (behind, failed) = workload.lost_counters();
+            use crate::telemetry::names::WORKLOAD_ROWS_LOST_TOTAL;
+            metrics.watch_count(
+                WORKLOAD_ROWS_LOST_TOTAL,
+                &[("reason", "writer_behind")],
+                behind,
+            );
+            metrics.watch_count(
+                WORKLOAD_ROWS_LOST_TOTAL,
+                &[("reason", "store_failed")],
+                failed,
+            );
+        }
         metrics.watch_server_state(&proxy.meter);
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
+        crate::proxy::served_models::spawn(&proxy);
         crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
         let service = ProxyService::new(Arc::clone(&proxy));
-        let data_task = tokio::spawn(net::serve(
+        let data_task = tokio::spawn(net::serve_until(
             proxy_listener,
             data_options,
             move |_peer| hyper_util::service::TowerToHyperService::new(service.clone()),
             shutdown.clone(),
+            Some(cut_short),
         ));
         let admin_state = Arc::clone(&admin);
         let admin_task = tokio::spawn(net::serve(
@@ -337,6 +368,7 @@ impl ProxyServer {
             production,
             store,
             trigger,
+            cut: Arc::new(cut),
             admin_trigger,
             snapshot_trigger,
             data_task,
@@ -346,7 +378,14 @@ impl ProxyServer {
         })
     }
 
-    /// Stops accepting, lets in-flight requests finish within the grace period, then returns.
+    /// What cuts the grace period of [`ProxyServer::shutdown`] short: triggered, the data
+    /// listener closes its remaining connections at once.
+    pub fn grace_cut(&self) -> Arc<ShutdownTrigger> {
+        Arc::clone(&self.cut)
+    }
+
+    /// Stops accepting, lets in-flight requests finish within the grace period, closes what
+    /// is left (each cut request recorded as `client_aborted`), then returns.
     /// The admin listener stops last, so /metrics stays scrapeable while streams drain; the
     /// snapshot task writes the part-interval since its last snapshot once streams are done.
     pub async fn shutdown(self) {
@@ -422,11 +461,28 @@ async fn load_references(
 
 /// Builds the data path from configuration.
 pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
+    let faults: Arc<crate::net::faults::FaultCounters> = Arc::default();
     let mut upstreams = Vec::new();
+    // upstream.max_connections = 0: one connection per data-listener connection (every
+    // proxied HTTP/1 stream holds one), so the upstream limit never cuts streams the
+    // listener accepted.
+    let (listener_limit, _) = crate::net::limits::data_listener_limit(
+        config.proxy.max_connections,
+        config.admin.max_connections,
+    );
     for upstream in &config.upstreams {
-        upstreams.push(Arc::new(Upstream::new(upstream.clone()).with_context(
-            || format!("cannot set up TLS to upstream `{}`", upstream.name),
-        )?));
+        let mut upstream = upstream.clone();
+        if upstream.max_connections == 0 {
+            upstream.max_connections = listener_limit;
+        }
+        upstreams.push(Arc::new(
+            Upstream::new(
+                upstream.clone(),
+                config.proxy.max_stream_buffer,
+                Arc::clone(&faults),
+            )
+            .with_context(|| format!("cannot set up TLS to upstream `{}`", upstream.name))?,
+        ));
     }
     let router = Router::new(upstreams).context("no upstream configured")?;
     let prefix_salt = if config.workload.capture {
@@ -453,7 +509,7 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
             metered_total: config.proxy.body_read_timeout,
         },
         body_budget: BodyBudget::new(config.metering.max_buffered_bytes),
-        faults: Arc::default(),
+        faults,
         prefix_salt,
     }))
 }

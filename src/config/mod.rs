@@ -311,6 +311,17 @@ pub struct ProxyConfig {
     /// Most connections open at once on the data listener; 0: what the descriptor limit allows
     /// (`net::limits::max_connections_for`), decided at start.
     pub max_connections: usize,
+    /// Most HTTP/2 streams open at once on one client connection.
+    pub http2_max_concurrent_streams: u32,
+    /// Most response bytes held per stream on each side: the HTTP/2 send buffer per client
+    /// stream, the HTTP/2 receive window per upstream stream, the HTTP/1 read buffer per
+    /// upstream connection.
+    pub max_stream_buffer: usize,
+    /// HTTP/2 keep-alive pings this often (zero: none), each answered within the timeout.
+    pub http2_keep_alive_interval: Duration,
+    pub http2_keep_alive_timeout: Duration,
+    /// A response the client has not taken for this long is cancelled (zero: never).
+    pub send_stall_timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -340,6 +351,9 @@ pub struct UpstreamConfig {
     pub stream_idle_timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle: usize,
+    /// Most connections open to this upstream at once (in use, idle and being opened); 0: the
+    /// data listener's connection limit, resolved when the proxy is built.
+    pub max_connections: usize,
     pub http2: bool,
     pub tls_ca: Option<PathBuf>,
     pub tls_client_cert: Option<PathBuf>,
@@ -521,7 +535,37 @@ impl Config {
             // 0: from the descriptor limit at start (`net::limits`).
             max_connections: usize::try_from(raw.proxy.max_connections)
                 .map_err(|_| err("proxy.max_connections", "too large".into()))?,
+            http2_max_concurrent_streams: u32::try_from(nonzero(
+                "proxy.http2_max_concurrent_streams",
+                raw.proxy.http2_max_concurrent_streams,
+            )?)
+            .map_err(|_| err("proxy.http2_max_concurrent_streams", "too large".into()))?,
+            max_stream_buffer: nonzero("proxy.max_stream_buffer", raw.proxy.max_stream_buffer)?,
+            http2_keep_alive_interval: duration(
+                "proxy.http2_keep_alive_interval",
+                &raw.proxy.http2_keep_alive_interval,
+            )?,
+            http2_keep_alive_timeout: duration(
+                "proxy.http2_keep_alive_timeout",
+                &raw.proxy.http2_keep_alive_timeout,
+            )?,
+            send_stall_timeout: duration(
+                "proxy.send_stall_timeout",
+                &raw.proxy.send_stall_timeout,
+            )?,
         };
+        if !(8192..=(16 << 20)).contains(&proxy.max_stream_buffer) {
+            return Err(err(
+                "proxy.max_stream_buffer",
+                "must lie between 8192 and 16777216 bytes".into(),
+            ));
+        }
+        if !proxy.http2_keep_alive_interval.is_zero() && proxy.http2_keep_alive_timeout.is_zero() {
+            return Err(err(
+                "proxy.http2_keep_alive_timeout",
+                "must be greater than zero while pings are on".into(),
+            ));
+        }
         for (key, value) in [
             ("proxy.body_idle_timeout", proxy.body_idle_timeout),
             ("proxy.body_read_timeout", proxy.body_read_timeout),
@@ -873,6 +917,10 @@ fn upstream(
         pool_idle_timeout: duration("pool_idle_timeout", &raw.pool_idle_timeout)?,
         pool_max_idle: usize::try_from(raw.pool_max_idle)
             .map_err(|_| err("pool_max_idle", "too large".into()))?,
+        // 0: as many as the data listener's connection limit (resolved when the proxy is built).
+        max_connections: usize::try_from(raw.max_connections)
+            .map_err(|_| err("max_connections", "too large".into()))?
+            .min(tokio::sync::Semaphore::MAX_PERMITS),
         http2: raw.http2,
         tls_ca: raw.tls_ca.as_ref().map(PathBuf::from),
         tls_client_cert: tls_client.0,

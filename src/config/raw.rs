@@ -54,6 +54,14 @@ pub struct RawProxy {
     #[serde(deserialize_with = "duration_text")]
     pub body_read_timeout: String,
     pub max_connections: u64,
+    pub http2_max_concurrent_streams: u64,
+    pub max_stream_buffer: u64,
+    #[serde(deserialize_with = "duration_text")]
+    pub http2_keep_alive_interval: String,
+    #[serde(deserialize_with = "duration_text")]
+    pub http2_keep_alive_timeout: String,
+    #[serde(deserialize_with = "duration_text")]
+    pub send_stall_timeout: String,
 }
 
 impl Default for RawProxy {
@@ -67,6 +75,11 @@ impl Default for RawProxy {
             body_idle_timeout: "10s".into(),
             body_read_timeout: "60s".into(),
             max_connections: 0,
+            http2_max_concurrent_streams: 100,
+            max_stream_buffer: 64 * 1024,
+            http2_keep_alive_interval: "30s".into(),
+            http2_keep_alive_timeout: "10s".into(),
+            send_stall_timeout: "30s".into(),
         }
     }
 }
@@ -96,6 +109,7 @@ pub struct RawUpstream {
     #[serde(deserialize_with = "duration_text")]
     pub pool_idle_timeout: String,
     pub pool_max_idle: u64,
+    pub max_connections: u64,
     pub http2: bool,
     pub tls_ca: Option<String>,
     pub tls_client_cert: Option<String>,
@@ -120,6 +134,7 @@ impl Default for RawUpstream {
             stream_idle_timeout: "120s".into(),
             pool_idle_timeout: "90s".into(),
             pool_max_idle: 1024,
+            max_connections: 0,
             http2: false,
             tls_ca: None,
             tls_client_cert: None,

@@ -24,10 +24,19 @@ pub enum Fault {
     /// Accepting failed for lack of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM);
     /// the accept loop backed off.
     AcceptBackoff,
+    /// A response waited longer than `send_stall_timeout` for the client to take it (the
+    /// client stopped reading, or never opened its HTTP/2 window); cancelled.
+    SendStalled,
+    /// An HTTP/2 connection had no stream for the idle time (`header_read_timeout`); closed
+    /// with a GOAWAY.
+    IdleClosed,
+    /// A request needed a new connection to an upstream already at its `max_connections`
+    /// and none came free within its `connect_timeout` (answered 503).
+    UpstreamConnectionLimit,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 7] = [
+    pub const ALL: [Fault; 10] = [
         Fault::HeaderTimeout,
         Fault::BodyIdleTimeout,
         Fault::BodyReadTimeout,
@@ -35,6 +44,9 @@ impl Fault {
         Fault::UpstreamStalled,
         Fault::ConnectionLimit,
         Fault::AcceptBackoff,
+        Fault::SendStalled,
+        Fault::IdleClosed,
+        Fault::UpstreamConnectionLimit,
     ];
 
     pub fn label(self) -> &'static str {
@@ -46,6 +58,9 @@ impl Fault {
             Fault::UpstreamStalled => "upstream_stalled",
             Fault::ConnectionLimit => "connection_limit",
             Fault::AcceptBackoff => "accept_backoff",
+            Fault::SendStalled => "send_stalled",
+            Fault::IdleClosed => "idle_closed",
+            Fault::UpstreamConnectionLimit => "upstream_connection_limit",
         }
     }
 
@@ -58,6 +73,9 @@ impl Fault {
             Fault::UpstreamStalled => 4,
             Fault::ConnectionLimit => 5,
             Fault::AcceptBackoff => 6,
+            Fault::SendStalled => 7,
+            Fault::IdleClosed => 8,
+            Fault::UpstreamConnectionLimit => 9,
         }
     }
 }

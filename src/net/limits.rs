@@ -100,6 +100,23 @@ pub fn max_connections_for(limit: &DescriptorLimit, reserved: u64) -> usize {
         .clamp(MIN_DERIVED_CONNECTIONS, MAX_DERIVED_CONNECTIONS)
 }
 
+/// The data listener's connection limit: `configured`, or when it is 0 what the descriptor
+/// limit allows after the admin listener's `admin_connections` and [`RESERVED_DESCRIPTORS`]
+/// (the soft limit is raised to the hard one first). Returns the limit and the descriptor
+/// limit it was judged against.
+pub fn data_listener_limit(
+    configured: usize,
+    admin_connections: usize,
+) -> (usize, DescriptorLimit) {
+    let descriptors = raise_descriptor_limit();
+    if configured > 0 {
+        return (configured, descriptors);
+    }
+    let reserved =
+        RESERVED_DESCRIPTORS.saturating_add(u64::try_from(admin_connections).unwrap_or(u64::MAX));
+    (max_connections_for(&descriptors, reserved), descriptors)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

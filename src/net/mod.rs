@@ -7,6 +7,7 @@
 pub mod faults;
 pub mod limits;
 pub mod redact;
+pub mod streams;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -18,16 +19,16 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use faults::{Fault, FaultCounters};
+use streams::{ConnStreams, StallTimer, StreamExecutor, StreamWatch};
 
 /// Fires shutdown for every listener holding a [`Shutdown`] from it.
 #[derive(Debug)]
@@ -70,29 +71,72 @@ impl Shutdown {
     }
 }
 
-/// Waits for SIGINT or SIGTERM.
-pub async fn os_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// The stop signals: SIGTERM, SIGINT (Ctrl-C) and SIGHUP all drain (tokentap does not reload
+/// its configuration: restart it for a new one), and one arriving while a drain runs cuts the
+/// grace period short.
+#[derive(Debug)]
+pub struct Signals {
     #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::terminate(),
-        ) {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM; only Ctrl-C will stop tokentap");
-                let _ = ctrl_c.await;
-                return;
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    hup: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    /// Listens from now on (a signal that arrives before the first [`Signals::next`] is kept).
+    pub fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let listen = |kind: SignalKind, name: &str| match signal(kind) {
+                Ok(listener) => Some(listener),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot listen for {name}");
+                    None
+                }
+            };
+            Self {
+                term: listen(SignalKind::terminate(), "SIGTERM"),
+                hup: listen(SignalKind::hangup(), "SIGHUP"),
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+        }
+        #[cfg(not(unix))]
+        {
+            Self {}
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    /// The next stop signal's name.
+    pub async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        {
+            async fn one(listener: &mut Option<tokio::signal::unix::Signal>) {
+                match listener {
+                    Some(listener) => {
+                        if listener.recv().await.is_none() {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = one(&mut self.term) => "SIGTERM",
+                _ = one(&mut self.hup) => "SIGHUP",
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
+    }
+}
+
+impl Default for Signals {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -103,7 +147,8 @@ pub struct ServerOptions {
     pub name: &'static str,
     /// Time from accept to a complete first request head: TLS handshake, HTTP/1 vs HTTP/2
     /// detection (an HTTP/2 preface alone does not count) and the head itself. Later request
-    /// heads on an HTTP/1 keep-alive connection get the same time from hyper.
+    /// heads on an HTTP/1 keep-alive connection get the same time from hyper, and an HTTP/2
+    /// connection without a stream for this long is closed.
     pub header_read_timeout: Duration,
     pub max_header_bytes: usize,
     pub http2: bool,
@@ -115,6 +160,17 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// Where this listener counts the faults it cuts short.
     pub faults: Arc<FaultCounters>,
+    /// Most HTTP/2 streams one connection may have open at once.
+    pub http2_max_concurrent_streams: u32,
+    /// Most response bytes buffered per HTTP/2 stream, whatever window the client advertises.
+    pub http2_max_send_buffer: usize,
+    /// HTTP/2 keep-alive pings this often (zero: none); a ping unanswered for
+    /// `http2_keep_alive_timeout` closes the connection.
+    pub http2_keep_alive_interval: Duration,
+    pub http2_keep_alive_timeout: Duration,
+    /// A response body the connection has not taken for this long (the client does not
+    /// read) is dropped, cancelling its upstream request; zero: never.
+    pub send_stall_timeout: Duration,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -131,6 +187,13 @@ impl std::fmt::Debug for ServerOptions {
 /// Connection limit of listeners built with [`ServerOptions::plain`] (admin, simulator).
 pub const PLAIN_MAX_CONNECTIONS: usize = 1024;
 
+/// HTTP/2 streams per connection of listeners built with [`ServerOptions::plain`] (and the
+/// data listener's default, `proxy.http2_max_concurrent_streams`).
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 100;
+
+/// Bytes buffered per stream on each side by default (`proxy.max_stream_buffer`).
+pub const DEFAULT_STREAM_BUFFER: usize = 64 * 1024;
+
 impl ServerOptions {
     /// Plain HTTP/1.1 + h2c with conservative limits (admin, simulator, tests).
     pub fn plain(name: &'static str) -> Self {
@@ -143,6 +206,11 @@ impl ServerOptions {
             grace: Duration::from_secs(5),
             max_connections: PLAIN_MAX_CONNECTIONS,
             faults: Arc::default(),
+            http2_max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            http2_max_send_buffer: DEFAULT_STREAM_BUFFER,
+            http2_keep_alive_interval: Duration::from_secs(30),
+            http2_keep_alive_timeout: Duration::from_secs(10),
+            send_stall_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -206,33 +274,68 @@ impl AcceptBackoff {
 }
 
 /// Tells the connection task that a request head arrived (hyper calls the service once per
-/// request), which ends the first-request deadline.
-struct FirstRequest<S> {
+/// request), which ends the first-request deadline, and gives each request its send watch.
+struct ConnService<S> {
     inner: S,
     seen: Arc<Notify>,
+    streams: Arc<ConnStreams>,
 }
 
-impl<S, R> hyper::service::Service<R> for FirstRequest<S>
+impl<S, B> hyper::service::Service<Request<B>> for ConnService<S>
 where
-    S: hyper::service::Service<R>,
+    S: hyper::service::Service<Request<B>>,
 {
     type Response = S::Response;
     type Error = S::Error;
     type Future = S::Future;
 
-    fn call(&self, request: R) -> Self::Future {
+    fn call(&self, mut request: Request<B>) -> Self::Future {
         self.seen.notify_one();
+        let watch = self.streams.watch_for(request.version());
+        request.extensions_mut().insert(StreamWatch(watch));
         self.inner.call(request)
     }
 }
 
-/// Serves `listener` until `shutdown`, then waits up to `options.grace` for open connections.
+/// The hyper builder of one connection: its HTTP/2 streams run on `executor`.
+fn connection_builder(
+    options: &ServerOptions,
+    executor: StreamExecutor,
+) -> auto::Builder<StreamExecutor> {
+    let mut builder = auto::Builder::new(executor);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout)
+        .max_buf_size(options.max_header_bytes.max(8192));
+    let keep_alive =
+        (!options.http2_keep_alive_interval.is_zero()).then_some(options.http2_keep_alive_interval);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(options.http2_max_concurrent_streams.max(1))
+        // hyper asserts the send buffer fits a u32.
+        .max_send_buf_size(options.http2_max_send_buffer.clamp(1024, u32::MAX as usize))
+        .keep_alive_interval(keep_alive)
+        .keep_alive_timeout(options.http2_keep_alive_timeout);
+    if !options.http2 {
+        builder = builder.http1_only();
+    }
+    builder
+}
+
+/// How long connections get to close once the grace period is over and they were told to.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// Serves `listener` until `shutdown`, then waits up to `options.grace` for open connections,
+/// then closes those still open (their requests end as client aborts, recorded) and waits
+/// for them to finish.
 /// `make_service` builds one service per connection from the peer address.
 pub async fn serve<M, S, B>(
     listener: TcpListener,
     options: ServerOptions,
     make_service: M,
-    mut shutdown: Shutdown,
+    shutdown: Shutdown,
 ) where
     M: Fn(SocketAddr) -> S,
     S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
@@ -242,19 +345,32 @@ pub async fn serve<M, S, B>(
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(options.header_read_timeout)
-        .max_buf_size(options.max_header_bytes.max(8192));
-    builder.http2().timer(TokioTimer::new());
-    if !options.http2 {
-        builder = builder.http1_only();
-    }
+    serve_until(listener, options, make_service, shutdown, None).await;
+}
+
+/// [`serve`], with a second signal that cuts the grace period short.
+pub async fn serve_until<M, S, B>(
+    listener: TcpListener,
+    options: ServerOptions,
+    make_service: M,
+    mut shutdown: Shutdown,
+    cut_short: Option<Shutdown>,
+) where
+    M: Fn(SocketAddr) -> S,
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
-    let graceful = GracefulShutdown::new();
-    let slots = Arc::new(Semaphore::new(options.max_connections.max(1)));
+    let (drain_tx, drain_rx) = watch::channel(Drain::Serving);
+    // At most u32::MAX: the drain below takes every permit back in one call.
+    let limit = options
+        .max_connections
+        .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+    let slots = Arc::new(Semaphore::new(limit));
     let mut backoff = AcceptBackoff::default();
     let mut at_limit = false;
     loop {
@@ -309,19 +425,32 @@ pub async fn serve<M, S, B>(
         let _ = stream.set_nodelay(true);
         let deadline = Instant::now() + options.header_read_timeout;
         let seen = Arc::new(Notify::new());
-        let service = FirstRequest {
+        let streams = Arc::new(ConnStreams::new(
+            options.send_stall_timeout,
+            Arc::clone(&options.faults),
+            options.name,
+            permit,
+        ));
+        let service = ConnService {
             inner: make_service(peer),
             seen: Arc::clone(&seen),
+            streams: Arc::clone(&streams),
         };
         let connection = Connection {
-            builder: builder.clone(),
-            watcher: graceful.watcher(),
+            builder: connection_builder(
+                &options,
+                StreamExecutor {
+                    streams: Arc::clone(&streams),
+                },
+            ),
+            streams,
+            drain: drain_rx.clone(),
             deadline,
+            idle: options.header_read_timeout,
             seen,
             faults: Arc::clone(&options.faults),
             name: options.name,
             peer,
-            _slot: permit,
         };
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
@@ -347,34 +476,69 @@ pub async fn serve<M, S, B>(
         });
     }
     drop(listener);
+    drop(drain_rx);
     tracing::info!(listener = options.name, grace = ?options.grace, "stopped accepting; draining connections");
+    let _ = drain_tx.send(Drain::Draining);
+    // Every connection holds a slot: all of them free means all connections closed.
+    let all_closed = slots.acquire_many(u32::try_from(limit).unwrap_or(u32::MAX));
+    tokio::pin!(all_closed);
+    let mut cut_short = cut_short;
+    let cut = async {
+        match cut_short.as_mut() {
+            Some(cut) => cut.wait().await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
-        _ = graceful.shutdown() => {}
+        _ = &mut all_closed => return,
         _ = tokio::time::sleep(options.grace) => {
             tracing::warn!(listener = options.name, "grace period over; closing remaining connections");
         }
+        _ = cut => {
+            tracing::warn!(listener = options.name, "second signal; closing remaining connections now");
+        }
     }
+    let _ = drain_tx.send(Drain::Close);
+    if tokio::time::timeout(CLOSE_WAIT, all_closed).await.is_err() {
+        tracing::warn!(
+            listener = options.name,
+            "connections still open after being closed"
+        );
+    }
+}
+
+/// What the listener tells its connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    Serving,
+    /// Finish what is in flight, take nothing new (HTTP/2 GOAWAY, HTTP/1 `connection: close`).
+    Draining,
+    /// The grace period is over: close now.
+    Close,
 }
 
 /// One accepted connection and what bounds it.
 struct Connection {
-    builder: auto::Builder<TokioExecutor>,
-    watcher: Watcher,
+    builder: auto::Builder<StreamExecutor>,
+    streams: Arc<ConnStreams>,
+    drain: watch::Receiver<Drain>,
     /// When the first request head must have arrived.
     deadline: Instant,
+    /// An HTTP/2 connection without streams for this long is closed.
+    idle: Duration,
     seen: Arc<Notify>,
     faults: Arc<FaultCounters>,
     name: &'static str,
     peer: SocketAddr,
-    /// The listener's connection slot, given back when the connection ends.
-    _slot: OwnedSemaphorePermit,
 }
 
 impl Connection {
     /// Serves HTTP on `io` until the connection ends; closes it if no request head arrives by
-    /// the deadline. hyper's own header timeout starts only once HTTP/1 is detected, so a peer
-    /// that sends nothing, or only an HTTP/2 preface, is bounded here.
-    async fn serve<I, S, B>(self, io: I, service: FirstRequest<S>)
+    /// the deadline (hyper's own header timeout starts only once HTTP/1 is detected, so a peer
+    /// that sends nothing, or only an HTTP/2 preface, is bounded here), when its HTTP/1
+    /// response has waited for the client past the send stall timeout, and when it is HTTP/2
+    /// and has had no stream for the idle time.
+    async fn serve<I, S, B>(mut self, io: I, service: ConnService<S>)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
@@ -388,24 +552,67 @@ impl Connection {
             .builder
             .serve_connection(TokioIo::new(io), service)
             .into_owned();
-        let conn = self.watcher.watch(conn);
         tokio::pin!(conn);
-        let ended_early = tokio::select! {
-            biased;
-            result = &mut conn => Some(result),
-            _ = self.seen.notified() => None,
-            _ = tokio::time::sleep_until(self.deadline) => {
-                self.faults.add(Fault::HeaderTimeout);
-                tracing::debug!(listener = self.name, peer = %self.peer, "no request head within the header read timeout; closed");
-                return;
+        let mut first_seen = false;
+        let mut closing = false;
+        let mut stall = StallTimer::new(self.streams.send_stall());
+        // The stream activity the idle deadline was set for.
+        let mut idle: Option<(u64, Instant)> = None;
+        let streams = Arc::clone(&self.streams);
+        let result = loop {
+            let drain = *self.drain.borrow_and_update();
+            match drain {
+                Drain::Close => return,
+                Drain::Draining if !closing => {
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                _ => {}
             }
-        };
-        let result = match ended_early {
-            Some(result) => result,
-            None => conn.await,
+            // HTTP/2 with no stream in flight: idle since the last change.
+            let (active, changes) = streams.activity();
+            if first_seen && active == 0 && changes > 0 {
+                if idle.is_none_or(|(seen, _)| seen != changes) {
+                    idle = Some((changes, Instant::now() + self.idle));
+                }
+            } else {
+                idle = None;
+            }
+            let idle_deadline = idle.map(|(_, at)| at);
+            tokio::select! {
+                biased;
+                result = conn.as_mut() => break result,
+                _ = std::future::poll_fn(|cx| stall.poll_stalled(&streams.http1, cx)) => {
+                    // The HTTP/1 client took nothing of its response for the timeout.
+                    streams.stalled();
+                    return;
+                }
+                _ = self.seen.notified(), if !first_seen => first_seen = true,
+                _ = tokio::time::sleep_until(self.deadline), if !first_seen => {
+                    self.faults.add(Fault::HeaderTimeout);
+                    tracing::debug!(listener = self.name, peer = %self.peer, "no request head within the header read timeout; closed");
+                    return;
+                }
+                _ = streams.changed.notified() => {}
+                _ = self.drain.changed() => {}
+                _ = sleep_until_some(idle_deadline), if !closing => {
+                    self.faults.add(Fault::IdleClosed);
+                    tracing::debug!(listener = self.name, peer = %self.peer, "HTTP/2 connection idle; closed");
+                    closing = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
         };
         if let Err(error) = result {
             tracing::debug!(listener = self.name, peer = %self.peer, error = %error, "connection ended with an error");
         }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
     }
 }

@@ -4,8 +4,11 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use std::sync::Arc;
+
 use super::timeout::{IdleError, UpstreamBody};
 use super::BoxError;
+use crate::net::streams::SendWatch;
 use crate::stream::body::MeteredBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -94,9 +97,13 @@ impl Body for RequestBody {
 }
 
 /// The body sent to the client.
+// Nearly every response is `Upstream`: boxing it to shrink the rare `Local` would cost an
+// allocation per request.
+#[allow(clippy::large_enum_variant)]
 pub enum ResponseBody {
-    /// The upstream's body under its idle timeout, measured on metered routes.
-    Upstream(MeteredBody<UpstreamBody>),
+    /// The upstream's body under its idle timeout, measured on metered routes, telling the
+    /// connection's send-stall timer whether it waits for the client (`net::streams`).
+    Upstream(MeteredBody<UpstreamBody>, Option<Watched>),
     /// An answer tokentap wrote itself (errors, admin pages).
     Local(Option<Bytes>),
 }
@@ -104,7 +111,7 @@ pub enum ResponseBody {
 impl std::fmt::Debug for ResponseBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ResponseBody::Upstream(_) => f.write_str("Upstream"),
+            ResponseBody::Upstream(..) => f.write_str("Upstream"),
             ResponseBody::Local(b) => f
                 .debug_tuple("Local")
                 .field(&b.as_ref().map(Bytes::len))
@@ -117,6 +124,26 @@ impl ResponseBody {
     pub fn local(bytes: impl Into<Bytes>) -> Self {
         ResponseBody::Local(Some(bytes.into()))
     }
+
+    /// The upstream's body, handed to the connection now; `watch` (from the request's
+    /// connection) learns when it waits for the client.
+    pub fn upstream(body: MeteredBody<UpstreamBody>, watch: Option<Arc<SendWatch>>) -> Self {
+        let watch = watch.filter(|_| !body.is_end_stream()).map(|watch| {
+            watch.handed_over();
+            Watched(watch)
+        });
+        ResponseBody::Upstream(body, watch)
+    }
+}
+
+/// A response body's send watch, told the body is finished when it is dropped.
+#[derive(Debug)]
+pub struct Watched(Arc<SendWatch>);
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.0.finished();
+    }
 }
 
 impl Body for ResponseBody {
@@ -128,7 +155,19 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
-            ResponseBody::Upstream(body) => Pin::new(body).poll_frame(cx),
+            ResponseBody::Upstream(body, watch) => {
+                let Some(Watched(watch)) = watch else {
+                    return Pin::new(body).poll_frame(cx);
+                };
+                watch.polling();
+                let polled = Pin::new(&mut *body).poll_frame(cx);
+                match &polled {
+                    Poll::Ready(Some(Ok(_))) => watch.yielded(body.is_end_stream()),
+                    Poll::Ready(_) => watch.finished(),
+                    Poll::Pending => {}
+                }
+                polled
+            }
             ResponseBody::Local(bytes) => Poll::Ready(
                 bytes
                     .take()
@@ -140,14 +179,14 @@ impl Body for ResponseBody {
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ResponseBody::Upstream(body) => body.is_end_stream(),
+            ResponseBody::Upstream(body, _) => body.is_end_stream(),
             ResponseBody::Local(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            ResponseBody::Upstream(body) => body.size_hint(),
+            ResponseBody::Upstream(body, _) => body.size_hint(),
             ResponseBody::Local(bytes) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }

@@ -2,7 +2,7 @@
 //!
 //! tokentap answers for itself only when the upstream could not: 502 when it is unreachable
 //! or broke before answering, 504 when it did not answer in time, 400 when the client's body
-//! could not be read, 408 when it did not arrive in time. The JSON body names the upstream and the cause so an operator can act
+//! could not be read, 408 when it did not arrive in time, 405 for `CONNECT` (a tunnel, never proxied). The JSON body names the upstream and the cause so an operator can act
 //! on it; it never echoes request headers (API keys stay out of responses and logs).
 
 use std::sync::Arc;
@@ -28,8 +28,16 @@ pub enum ProxyError {
         url: String,
         after: Duration,
     },
+    #[error("upstream `{upstream}` ({url}) is busy: {cause}")]
+    Busy {
+        upstream: Arc<str>,
+        url: String,
+        cause: String,
+    },
     #[error("cannot build the upstream request for `{upstream}`: {cause}")]
     BadUpstreamUri { upstream: Arc<str>, cause: String },
+    #[error("{method} is not proxied: tokentap forwards requests, not tunnels")]
+    Method { method: &'static str },
     #[error("cannot read the request body: {cause}")]
     ClientBody { cause: String },
     #[error("the request body was not received in time ({after:?} {limit})")]
@@ -68,7 +76,9 @@ impl ProxyError {
                 StatusCode::BAD_GATEWAY
             }
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         }
     }
@@ -77,9 +87,9 @@ impl ProxyError {
     pub fn outcome(&self) -> Outcome {
         match self {
             ProxyError::Timeout { .. } => Outcome::Timeout,
-            ProxyError::ClientBody { .. } | ProxyError::BodyTimeout { .. } => {
-                Outcome::ClientAborted
-            }
+            ProxyError::ClientBody { .. }
+            | ProxyError::BodyTimeout { .. }
+            | ProxyError::Method { .. } => Outcome::ClientAborted,
             _ => Outcome::UpstreamError,
         }
     }
@@ -88,9 +98,11 @@ impl ProxyError {
         match self {
             ProxyError::Upstream { .. } => "upstream_unavailable",
             ProxyError::Timeout { .. } => "upstream_timeout",
+            ProxyError::Busy { .. } => "upstream_connection_limit",
             ProxyError::BadUpstreamUri { .. } => "bad_upstream_uri",
             ProxyError::ClientBody { .. } => "bad_request_body",
             ProxyError::BodyTimeout { .. } => "request_body_timeout",
+            ProxyError::Method { .. } => "method_not_allowed",
         }
     }
 
@@ -98,8 +110,11 @@ impl ProxyError {
         match self {
             ProxyError::Upstream { upstream, .. }
             | ProxyError::Timeout { upstream, .. }
+            | ProxyError::Busy { upstream, .. }
             | ProxyError::BadUpstreamUri { upstream, .. } => Some(upstream),
-            ProxyError::ClientBody { .. } | ProxyError::BodyTimeout { .. } => None,
+            ProxyError::ClientBody { .. }
+            | ProxyError::BodyTimeout { .. }
+            | ProxyError::Method { .. } => None,
         }
     }
 

@@ -1,15 +1,15 @@
 //! Header hygiene between client and upstream: hop-by-hop headers are per connection
-//! (RFC 9110 §7.6.1) and must not be forwarded; everything else is.
+//! (RFC 9110 §7.6.1) and must not be forwarded; everything else is. Two are about the message
+//! and pass: `TE: trailers` (the client takes trailers: without it the upstream may not send
+//! them, and hyper sends an HTTP/1 client none) and `Trailer` (which trailer fields follow).
 
 use http::header::{self, HeaderMap, HeaderName};
 
 /// Headers that describe one connection, never the message.
-const HOP_BY_HOP: [HeaderName; 8] = [
+const HOP_BY_HOP: [HeaderName; 6] = [
     header::CONNECTION,
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
     HeaderName::from_static("keep-alive"),
@@ -31,6 +31,21 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
         headers.remove(name);
     }
     headers.remove("proxy-connection");
+    // TE: only `trailers` is about the message (and the only value HTTP/2 allows).
+    let trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
+    headers.remove(header::TE);
+    if trailers {
+        headers.insert(header::TE, http::HeaderValue::from_static("trailers"));
+    }
 }
 
 /// True for `text/event-stream` (any parameters).
@@ -61,9 +76,17 @@ mod tests {
             header::CONTENT_TYPE,
             "text/event-stream; charset=utf-8".parse().unwrap(),
         );
+        headers.insert(header::TE, "gzip, trailers;q=1".parse().unwrap());
+        headers.insert(header::TRAILER, "x-checksum".parse().unwrap());
         remove_hop_by_hop(&mut headers);
-        assert_eq!(headers.len(), 2);
+        assert_eq!(headers.len(), 4);
         assert!(headers.contains_key(header::AUTHORIZATION));
+        assert_eq!(headers[header::TE], "trailers");
+        assert_eq!(headers[header::TRAILER], "x-checksum");
         assert!(is_event_stream(&headers));
+        let mut headers = HeaderMap::new();
+        headers.insert(header::TE, "gzip".parse().unwrap());
+        remove_hop_by_hop(&mut headers);
+        assert!(headers.is_empty());
     }
 }

@@ -3,8 +3,10 @@
 //! statuses.
 
 pub mod body;
+pub mod connector;
 pub mod error;
 pub mod headers;
+pub mod served_models;
 pub mod service;
 pub mod timeout;
 pub mod upstream;

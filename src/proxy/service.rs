@@ -25,6 +25,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use super::body::{DynBody, RequestBody, ResponseBody};
+use super::connector::at_capacity;
 use super::error::{error_chain, ProxyError};
 use super::headers::{is_event_stream, remove_hop_by_hop};
 use super::timeout::{is_stall, IdleError, IdleTimeout};
@@ -37,6 +38,7 @@ use crate::config::MeteringConfig;
 use crate::meter::slo::SLO_HEADER;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
 use crate::net::faults::{Fault, FaultCounters};
+use crate::net::streams::StreamWatch;
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
 use crate::stream::fingerprint::PrefixSalt;
 use crate::stream::request::{injection, inspect};
@@ -49,34 +51,68 @@ pub struct Synthetic {
     pub tag: Option<Arc<str>>,
 }
 
-/// Interns model names for labels, keeping at most `max` distinct ones (then `other`), so a
-/// client cannot blow up metric cardinality by inventing model names.
+/// Interns model names for labels. Names the upstreams serve (their `/v1/models`, refreshed
+/// in the background by `served_models`, and the configured `models` and `default_model`)
+/// always get their own label; any other name a client sends takes one of `max` first-come
+/// slots, then is `other`. So junk names can never turn a served model into `other`, and the
+/// label set stays bounded by what the servers serve plus `max`.
 #[derive(Debug)]
 pub struct ModelLabels {
     known: RwLock<HashMap<Box<str>, Arc<str>>>,
+    /// Names the upstreams serve.
+    served: RwLock<std::collections::HashSet<Box<str>>>,
+    /// Slots taken by names no upstream serves.
+    unserved: std::sync::atomic::AtomicUsize,
     max: usize,
     other: Arc<str>,
 }
+
+/// Most served names kept (a server listing more is not believed past this).
+pub const MAX_SERVED_MODELS: usize = 1024;
 
 impl ModelLabels {
     pub fn new(max: usize) -> Self {
         Self {
             known: RwLock::new(HashMap::new()),
+            served: RwLock::new(std::collections::HashSet::new()),
+            unserved: std::sync::atomic::AtomicUsize::new(0),
             max,
             other: Arc::from("other"),
         }
     }
 
+    /// Adds names the upstreams serve (kept for the process's life, at most
+    /// [`MAX_SERVED_MODELS`]).
+    pub fn serve<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let mut served = lock::write(&self.served);
+        for name in names {
+            if served.len() >= MAX_SERVED_MODELS {
+                break;
+            }
+            if name.len() <= 200 && !served.contains(name) {
+                served.insert(Box::from(name));
+            }
+        }
+    }
+
     pub fn label(&self, model: &str) -> Arc<str> {
+        use std::sync::atomic::Ordering;
         if let Some(label) = lock::read(&self.known).get(model) {
             return Arc::clone(label);
         }
         if model.len() > 200 {
             return Arc::clone(&self.other);
         }
+        let served = lock::read(&self.served).contains(model);
         let mut known = lock::write(&self.known);
-        if known.len() >= self.max {
-            return Arc::clone(&self.other);
+        if let Some(label) = known.get(model) {
+            return Arc::clone(label);
+        }
+        if !served {
+            if self.unserved.load(Ordering::Relaxed) >= self.max {
+                return Arc::clone(&self.other);
+            }
+            self.unserved.fetch_add(1, Ordering::Relaxed);
         }
         Arc::clone(
             known
@@ -185,8 +221,11 @@ where
 }
 
 /// A body read as far as the parse limit and the buffer budget allow.
-enum ReadBody {
-    Complete(Bytes),
+enum ReadBody<'a> {
+    /// The whole body, and the share of the budget it holds: kept until the upstream has
+    /// answered (it has read the body by then), so bodies forwarded to a hung upstream count
+    /// as much as bodies being read.
+    Complete(Bytes, Option<SemaphorePermit<'a>>),
     /// Longer than the limit, or than the budget allowed: what was read, and the rest still
     /// streaming.
     TooLong(Bytes, DynBody),
@@ -196,7 +235,7 @@ async fn read_limited(
     mut body: DynBody,
     limit: usize,
     budget: &BodyBudget,
-) -> Result<ReadBody, BoxError> {
+) -> Result<ReadBody<'_>, BoxError> {
     let mut held = None;
     let mut buffer = BytesMut::new();
     let mut first: Option<Bytes> = None;
@@ -218,7 +257,10 @@ async fn read_limited(
             return Ok(ReadBody::TooLong(prefix, body));
         }
     }
-    Ok(ReadBody::Complete(first.unwrap_or_else(|| buffer.freeze())))
+    Ok(ReadBody::Complete(
+        first.unwrap_or_else(|| buffer.freeze()),
+        held,
+    ))
 }
 
 impl Proxy {
@@ -243,6 +285,11 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let head_in = Instant::now();
+        if request.method() == Method::CONNECT {
+            // A tunnel, not a request for the upstream: the client's mistake, not the
+            // upstream's failure (HTTP/1 `CONNECT host:port`, HTTP/2 extended CONNECT alike).
+            return ProxyError::Method { method: "CONNECT" }.into_response();
+        }
         let (mut parts, body) = request.into_parts();
         let synthetic = parts.extensions.remove::<Synthetic>();
         let path = parts.uri.path().to_string();
@@ -278,8 +325,9 @@ impl Proxy {
             }
             Ok(read) => read,
         };
-        let bytes = match bytes {
-            Ok(ReadBody::Complete(bytes)) => bytes,
+        // Held until this request is answered (the upstream has read the body by then).
+        let (bytes, _budget) = match bytes {
+            Ok(ReadBody::Complete(bytes, held)) => (bytes, held),
             Ok(ReadBody::TooLong(prefix, rest)) => {
                 tracing::debug!(
                     path,
@@ -338,6 +386,13 @@ impl Proxy {
             }
         }
 
+        // The response is read as it passes (events, or the JSON body's usage): ask for it
+        // uncompressed. `identity` is always acceptable to the client; a compressed stream
+        // could be neither metered nor stripped of what tokentap injected.
+        parts.headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
         let model = match facts.model.as_deref() {
             Some(model) => self.models.label(model),
             None => Arc::clone(&upstream.default_model),
@@ -417,6 +472,13 @@ impl Proxy {
         remove_hop_by_hop(&mut parts.headers);
         // The client addressed tokentap; the upstream gets its own authority.
         parts.headers.remove(header::HOST);
+        // The connection's send-stall watch, for the response body (not for a HEAD answer:
+        // hyper never polls that body).
+        let watch = parts
+            .extensions
+            .remove::<StreamWatch>()
+            .filter(|_| parts.method != Method::HEAD)
+            .map(|StreamWatch(watch)| watch);
         parts.extensions = http::Extensions::new();
         let request = Request::from_parts(parts, body);
 
@@ -435,6 +497,17 @@ impl Proxy {
             Ok(Err(error)) if is_stall(&error) => {
                 // The client's streamed body went silent while hyper was sending it.
                 return fail(self.body_stalled(), metered);
+            }
+            Ok(Err(error)) if at_capacity(&error).is_some() => {
+                let error = ProxyError::Busy {
+                    upstream: Arc::clone(&upstream.name),
+                    url: upstream.url(),
+                    cause: at_capacity(&error)
+                        .map(|full| full.to_string())
+                        .unwrap_or_default(),
+                };
+                tracing::warn!(upstream = %upstream.name, %error, "upstream connection limit");
+                return fail(error, metered);
             }
             Ok(Err(error)) => {
                 let error = ProxyError::Upstream {
@@ -470,6 +543,15 @@ impl Proxy {
             meter.timeline.response_head = Some(Instant::now());
             meter.status = parts.status.as_u16();
             let event_stream = is_event_stream(&parts.headers);
+            // Compressed although asked not to be: passed through untouched, counts
+            // approximate, nothing stripped.
+            let encoded = parts
+                .headers
+                .get(header::CONTENT_ENCODING)
+                .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+            if encoded {
+                tracing::debug!(upstream = %upstream.name, "a metered response is content-encoded: forwarded unread");
+            }
             let metering = Metering::new(
                 meter,
                 MeteringOptions {
@@ -482,6 +564,7 @@ impl Proxy {
                     },
                     max_event_bytes: self.metering.max_event_bytes,
                     max_body_bytes: self.metering.max_parse_bytes,
+                    encoded,
                 },
             );
             if metering.rewrites() {
@@ -491,7 +574,7 @@ impl Proxy {
         });
         Response::from_parts(
             parts,
-            ResponseBody::Upstream(MeteredBody::new(incoming, metering)),
+            ResponseBody::upstream(MeteredBody::new(incoming, metering), watch),
         )
     }
 }

@@ -14,12 +14,19 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::RequestBody;
+use super::connector::Limited;
 use crate::config::{UpstreamConfig, UsageUnasked};
+use crate::net::faults::FaultCounters;
 use crate::net::tls::{client_config, TlsError};
 use crate::stream::request::ServerUsage;
 
 /// The pooled client type of every upstream.
-pub type UpstreamClient = Client<HttpsConnector<HttpConnector>, RequestBody>;
+pub type UpstreamClient = Client<Limited<HttpsConnector<HttpConnector>>, RequestBody>;
+
+/// The receive window of each HTTP/2 connection to an upstream: what its streams together
+/// may have sent and tokentap not yet forwarded (each stream's own window is
+/// `proxy.max_stream_buffer`).
+pub const UPSTREAM_CONNECTION_WINDOW: u32 = 4 << 20;
 
 /// One upstream inference server.
 #[derive(Debug)]
@@ -35,7 +42,13 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(config: UpstreamConfig) -> Result<Self, TlsError> {
+    /// `stream_buffer` bounds what one response may have read from the upstream and not yet
+    /// forwarded (`proxy.max_stream_buffer`); connection limits count in `faults`.
+    pub fn new(
+        config: UpstreamConfig,
+        stream_buffer: usize,
+        faults: Arc<FaultCounters>,
+    ) -> Result<Self, TlsError> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -55,12 +68,27 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        let connector = Limited::new(
+            connector,
+            config.max_connections,
+            config.connect_timeout,
+            faults,
+        );
+        // hyper's minimum read buffer is 8192; the window fits a u32 (validated ≤ 16 MiB).
+        let buffer = stream_buffer.max(8192);
+        let window = u32::try_from(buffer).unwrap_or(u32::MAX);
         let client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(config.pool_idle_timeout)
             .pool_max_idle_per_host(config.pool_max_idle)
             .http2_only(config.http2)
+            // What tokentap reads from the upstream ahead of what it forwards: one buffer per
+            // HTTP/1 connection, one window per HTTP/2 stream, not the 400 KiB / 2 MiB defaults.
+            .http1_max_buf_size(buffer)
+            .http2_initial_stream_window_size(window)
+            .http2_initial_connection_window_size(UPSTREAM_CONNECTION_WINDOW.max(window))
+            .http2_adaptive_window(false)
             .build(connector);
         Ok(Self {
             name: Arc::from(config.name.as_str()),

@@ -76,7 +76,7 @@ pub async fn ask(upstream: &Upstream) -> Discovery {
 }
 
 /// `GET path` on the upstream: status and body (cut at [`MAX_BODY`]), `None` on any failure.
-async fn get(upstream: &Upstream, path: &str) -> Option<(u16, Bytes)> {
+pub(super) async fn get(upstream: &Upstream, path: &str) -> Option<(u16, Bytes)> {
     let uri = upstream.uri(path).ok()?;
     let request = Request::builder()
         .method(Method::GET)

@@ -30,6 +30,9 @@ use crate::base::Route;
 /// How the response body is read.
 #[derive(Debug)]
 enum Mode {
+    /// A content-encoded (compressed) body: forwarded untouched, not read; its counts are
+    /// approximate (none).
+    Opaque,
     /// `text/event-stream`: scanned event by event.
     Sse(SseScanner),
     /// Any other body on a metered route: copied up to `limit` bytes and parsed at the end
@@ -72,6 +75,45 @@ impl Rewriter {
     /// Forwards the held finish chunk (and what was held after it).
     fn release(&mut self, queue: &mut VecDeque<Bytes>) {
         queue.extend(self.finish.drain(..));
+    }
+
+    /// At the end of the stream (clean or not): the unfinished last event, which no blank
+    /// line closed, is forwarded as the upstream sent it minus what tokentap injected, edited
+    /// as the complete event would have been (the usage chunk tokentap asked for is dropped,
+    /// injected per-chunk usage removed); then whatever else is held. Once per stream.
+    fn flush_partial(&mut self, queue: &mut VecDeque<Bytes>) {
+        let held = Bytes::from(std::mem::take(&mut self.held));
+        if held.is_empty() {
+            self.release(queue);
+            return;
+        }
+        if self.passthrough {
+            self.release(queue);
+            queue.push_back(held);
+            return;
+        }
+        // Its data, as a scanner reads it once the event is closed.
+        let mut closed = Vec::with_capacity(held.len() + 2);
+        closed.extend_from_slice(&held);
+        closed.extend_from_slice(b"\n\n");
+        let mut payload: Option<Vec<u8>> = None;
+        let mut first = true;
+        SseScanner::new(self.limit).feed(&closed, |block| {
+            if std::mem::take(&mut first) && !block.oversized {
+                payload = block.event.data.map(<[u8]>::to_vec);
+            }
+        });
+        let mut cursor = 0;
+        self.on_block(
+            queue,
+            &held,
+            0,
+            held.len(),
+            payload.as_deref(),
+            false,
+            &mut cursor,
+        );
+        self.release(queue);
     }
 
     /// Puts the members of the dropped usage chunk `src[start..end]` that belong in the held
@@ -244,11 +286,16 @@ pub struct MeteringOptions {
     pub max_event_bytes: usize,
     /// Largest non-streamed body copied for parsing usage.
     pub max_body_bytes: usize,
+    /// The body has a `Content-Encoding` (gzip, br…): it cannot be read as it passes, so it
+    /// is forwarded untouched and nothing is stripped from it.
+    pub encoded: bool,
 }
 
 impl Metering {
     pub fn new(meter: RequestMeter, options: MeteringOptions) -> Box<Self> {
-        let mode = if options.event_stream {
+        let mode = if options.encoded {
+            Mode::Opaque
+        } else if options.event_stream {
             Mode::Sse(SseScanner::new(options.max_event_bytes))
         } else {
             Mode::Json {
@@ -257,16 +304,19 @@ impl Metering {
                 overflowed: false,
             }
         };
-        let rewriter = (options.event_stream && options.injected.any()).then(|| Rewriter {
-            injected: options.injected,
-            held: Vec::new(),
-            passthrough: false,
-            previous_dropped: false,
-            limit: options.max_event_bytes,
-            finish: VecDeque::with_capacity(MAX_FINISH_PIECES),
-            finish_close: 0,
-            finish_keys: KeySet::default(),
-        });
+        let rewriter =
+            (options.event_stream && !options.encoded && options.injected.any()).then(|| {
+                Rewriter {
+                    injected: options.injected,
+                    held: Vec::new(),
+                    passthrough: false,
+                    previous_dropped: false,
+                    limit: options.max_event_bytes,
+                    finish: VecDeque::with_capacity(MAX_FINISH_PIECES),
+                    finish_close: 0,
+                    finish_keys: KeySet::default(),
+                }
+            });
         let mut meter = meter;
         meter.streaming = options.event_stream;
         Box::new(Self {
@@ -294,6 +344,7 @@ impl Metering {
             queue,
         } = self;
         match mode {
+            Mode::Opaque => Some(data),
             Mode::Json {
                 buffer,
                 limit,
@@ -424,21 +475,18 @@ impl Metering {
         };
         self.finish(outcome);
         if let Some(rewriter) = &mut self.rewriter {
-            rewriter.release(&mut self.queue);
-            let held = std::mem::take(&mut rewriter.held);
-            if !held.is_empty() {
-                self.queue.push_back(Bytes::from(held));
-            }
+            rewriter.flush_partial(&mut self.queue);
         }
     }
 
     fn finish(&mut self, outcome: Outcome) {
         let classifier = &self.classifier;
+        let exact = classifier.completion_exact() && !matches!(self.mode, Mode::Opaque);
         self.meter.finish(
             outcome,
             classifier.usage(),
             classifier.completion_tokens(),
-            classifier.completion_exact(),
+            exact,
         );
     }
 
@@ -471,6 +519,8 @@ pin_project! {
         // Trailers to hand on once held bytes are forwarded.
         pending_trailers: Option<http::HeaderMap>,
         inner_done: bool,
+        // The pending error waited one poll.
+        error_delayed: bool,
     }
 }
 
@@ -482,6 +532,7 @@ impl<B: Body> MeteredBody<B> {
             pending_error: None,
             pending_trailers: None,
             inner_done: false,
+            error_delayed: false,
         }
     }
 }
@@ -517,6 +568,13 @@ where
                 }
             }
             if *this.inner_done {
+                if this.pending_error.is_some() && !*this.error_delayed {
+                    // Once: the connection flushes what came before the error (hyper writes
+                    // when its body is pending), instead of aborting with it still buffered.
+                    *this.error_delayed = true;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 if let Some(error) = this.pending_error.take() {
                     return Poll::Ready(Some(Err(error)));
                 }
@@ -555,11 +613,7 @@ where
                         metering.finish(error.outcome());
                     }
                     if let Some(rewriter) = &mut metering.rewriter {
-                        rewriter.release(&mut metering.queue);
-                        let held = std::mem::take(&mut rewriter.held);
-                        if !held.is_empty() {
-                            metering.queue.push_back(Bytes::from(held));
-                        }
+                        rewriter.flush_partial(&mut metering.queue);
                     }
                     *this.pending_error = Some(error);
                     *this.inner_done = true;

@@ -123,9 +123,9 @@ impl EventClassifier {
             Route::Responses => self.responses(name, data),
         };
         if facts.output {
-            self.output_events += 1;
+            self.output_events = self.output_events.saturating_add(1);
             if facts.exact {
-                self.exact_tokens += facts.tokens;
+                self.exact_tokens = self.exact_tokens.saturating_add(facts.tokens);
             } else {
                 self.all_exact = false;
                 facts.tokens = facts.tokens.max(1);
@@ -133,7 +133,7 @@ impl EventClassifier {
         } else if facts.tokens > 0 && facts.exact {
             // Tokens that produced no visible text yet (held-back partial UTF-8, a swallowed
             // `<think>`): they still count as generated.
-            self.exact_tokens += facts.tokens;
+            self.exact_tokens = self.exact_tokens.saturating_add(facts.tokens);
         }
         self.error_seen |= facts.error;
         self.terminal_seen |= facts.terminal;
@@ -225,7 +225,7 @@ impl EventClassifier {
                 }
                 if !self.final_usage_seen {
                     self.read_openai_usage(data, usage);
-                    let sum: u64 = self.cumulative.iter().sum();
+                    let sum = saturating_sum(&self.cumulative);
                     self.usage.completion_tokens = Some(sum);
                 }
             } else {
@@ -298,7 +298,7 @@ impl EventClassifier {
                 facts.exact = true;
                 *slot = cumulative.max(*slot);
             }
-            let sum: u64 = self.cumulative.iter().sum();
+            let sum = saturating_sum(&self.cumulative);
             self.usage.completion_tokens = Some(sum);
         }
         if let Some(p) = usage.prompt_tokens {
@@ -424,8 +424,14 @@ fn generate_usage(data: &[u8], start: usize) -> Usage {
 fn add_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (None, None) => None,
-        _ => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        _ => Some(a.unwrap_or(0).saturating_add(b.unwrap_or(0))),
     }
+}
+
+/// The choices' cumulative counts together; a sum past u64::MAX stays at u64::MAX (the meter
+/// then clamps it like any absurd count) instead of wrapping to a small number.
+fn saturating_sum(counts: &[u64]) -> u64 {
+    counts.iter().fold(0u64, |sum, &n| sum.saturating_add(n))
 }
 
 /// The event type: the `event:` field, else the payload's `"type"` string (without quotes).

@@ -123,6 +123,7 @@ pub fn metered_body(
             injected,
             max_event_bytes: 1 << 16,
             max_body_bytes: 1 << 16,
+            encoded: false,
         },
     );
     MeteredBody::new(Frames(frames.into_iter().collect()), Some(metering))

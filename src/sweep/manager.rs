@@ -36,6 +36,42 @@ pub enum StartError {
     Busy { id: String },
     #[error("the sweep plan cannot run")]
     Plan(#[from] PlanError),
+    #[error("sweep {id} was interrupted before it started (tokentap is stopping)")]
+    Interrupted { id: String },
+}
+
+/// The slot of a sweep that has not started running yet: dropped before the run takes it
+/// over (an error, or a task that never finished), it marks the sweep failed and frees the
+/// slot, so a sweep can never stay `starting`.
+struct Claim {
+    manager: Arc<SweepManager>,
+    active: Option<Arc<Active>>,
+}
+
+impl Claim {
+    /// Frees the slot (the status says why already).
+    fn release(&mut self) {
+        if let Some(active) = self.active.take() {
+            let mut current = lock(&self.manager.current);
+            if current.as_ref().is_some_and(|a| a.id == active.id) {
+                *current = None;
+            }
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(active) = self.active.as_ref() {
+            if active.status.state() == SweepState::Starting {
+                active.status.update(|s| {
+                    s.state = SweepState::Failed;
+                    s.error = Some("the sweep was interrupted before it started".into());
+                });
+            }
+        }
+        self.release();
+    }
 }
 
 /// Why a cancel did nothing.
@@ -135,6 +171,10 @@ impl SweepManager {
 
     /// Starts a sweep: asks the server what it is, resolves the plan (errors name the field)
     /// and runs it in the background. Returns its id. One sweep at a time.
+    ///
+    /// Once the slot is claimed, the work runs in its own task: a caller that goes away (an
+    /// admin client hanging up during discovery) leaves a sweep that starts, or fails, as if
+    /// it had waited, and the slot is released whatever happens (`Claim`).
     pub async fn start(self: &Arc<Self>, request: SweepRequest) -> Result<String, StartError> {
         let id = self.new_id();
         let status = StatusCell::new(SweepStatus::new(id.clone(), request.clone()));
@@ -153,7 +193,32 @@ impl SweepManager {
             }
             *current = Some(Arc::clone(&active));
         }
+        let claim = Claim {
+            manager: Arc::clone(self),
+            active: Some(active),
+        };
+        let manager = Arc::clone(self);
+        let begun = tokio::spawn(async move { manager.begin(claim, request, cancel_rx).await });
+        match begun.await {
+            Ok(result) => result,
+            // The task ended without an answer (the runtime is stopping); the claim's drop
+            // released the slot.
+            Err(_) => Err(StartError::Interrupted { id }),
+        }
+    }
 
+    /// Discovery, the plan and the run of a claimed sweep.
+    async fn begin(
+        self: Arc<Self>,
+        mut claim: Claim,
+        request: SweepRequest,
+        cancel_rx: watch::Receiver<bool>,
+    ) -> Result<String, StartError> {
+        let Some(active) = claim.active.clone() else {
+            return Err(StartError::Interrupted { id: String::new() });
+        };
+        let id = active.id.clone();
+        let status = Arc::clone(&active.status);
         let facts = discover(&self.proxy).await;
         let plan = match Plan::resolve(&request, &facts, &self.config) {
             Ok(plan) => plan,
@@ -163,10 +228,7 @@ impl SweepManager {
                     s.server = Some(facts);
                     s.error = Some(error.to_string());
                 });
-                let mut current = lock(&self.current);
-                if current.as_ref().is_some_and(|a| a.id == id) {
-                    *current = None;
-                }
+                claim.release();
                 return Err(StartError::Plan(error));
             }
         };
@@ -179,7 +241,7 @@ impl SweepManager {
         tracing::info!(sweep = %id, model = %plan.model, measurements = total, "sweep started");
         self.persist_now(&status).await;
 
-        let manager = Arc::clone(self);
+        let manager = Arc::clone(&self);
         let input = RunnerInput {
             proxy: Arc::clone(&self.proxy),
             id: id.clone(),
@@ -190,6 +252,8 @@ impl SweepManager {
             latest: self.synthetic.clone(),
             cancel: cancel_rx,
         };
+        // From here the run owns the slot: it ends in a final state, which frees it.
+        claim.active = None;
         tokio::spawn(async move {
             let persister = manager.spawn_persister(Arc::clone(&status));
             let matrix = run(input).await;

@@ -31,6 +31,7 @@ pub const OVERLAPPING_PREFILLS: &str = "tokentap_overlapping_prefills";
 pub const PREFILL_BUSY_SECONDS: &str = "tokentap_prefill_busy_seconds";
 pub const FAULTS_TOTAL: &str = "tokentap_faults_total";
 pub const CLAMPED_COUNTS_TOTAL: &str = "tokentap_clamped_token_counts_total";
+pub const WORKLOAD_ROWS_LOST_TOTAL: &str = "tokentap_workload_rows_lost_total";
 pub const SLO_REQUESTS_TOTAL: &str = "tokentap_slo_requests_total";
 pub const SLO_GOODPUT_TOKENS_TOTAL: &str = "tokentap_slo_goodput_tokens_total";
 pub const SLO_HEADER_INVALID_TOTAL: &str = "tokentap_slo_header_invalid_total";
@@ -97,8 +98,9 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (SLO_GOODPUT_TOKENS_TOTAL, "Completion tokens of requests that met their SLO targets, split by concurrency bucket like tokentap_tokens_total{type=\"completion\"}; its rate is the matrix's goodput."),
     (SLO_HEADER_INVALID_TOTAL, "Requests whose x-tokentap-slo header could not be read; it was ignored and the configured targets applied."),
     (PREFILL_BUSY_SECONDS, "Decode time during which another request was in prefill, split by concurrency bucket like tokentap_decode_seconds, in seconds; its _sum divided by tokentap_decode_seconds_sum is the matrix's Prefill overlap."),
-    (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_idle_timeout, body_read_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff); docs/operations.md."),
+    (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_idle_timeout, body_read_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff, send_stalled, idle_closed, upstream_connection_limit); docs/operations.md."),
     (ADMIN_LOGIN_FAILURES_TOTAL, "Failed browser logins on the admin listener (POST /login) by reason: bad_token (the token given was wrong) or throttled (the address was still waiting after earlier failures; the token was not checked)."),
+    (WORKLOAD_ROWS_LOST_TOTAL, "Workload capture rows lost, by reason: writer_behind (the writer's queue was full) or store_failed (a batch the store could not write; the log names the cause)."),
     (CLAMPED_COUNTS_TOTAL, "Requests with a token count from the upstream that no real server could send, clamped (their records are approximate)."),
 ];
 

@@ -6,6 +6,7 @@
 //! its per-request histograms are flushed bucket by bucket (`record_many`).
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -100,6 +101,11 @@ enum Watched {
         meter: Weak<Meter>,
         handle: Counter,
     },
+    /// A plain count kept elsewhere.
+    Count {
+        value: Arc<AtomicU64>,
+        handle: Counter,
+    },
     /// The upstreams' scraped state and scrape counts, written as text at each render (a
     /// state the server did not expose must have no sample, which the exporter's gauges
     /// cannot express).
@@ -192,6 +198,24 @@ impl PrometheusMetrics {
         });
     }
 
+    /// Shows `value` as the counter `name{labels}` (a name of `telemetry::names`).
+    pub fn watch_count(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &'static str)],
+        value: Arc<AtomicU64>,
+    ) {
+        let key = Key::from_parts(
+            name,
+            labels
+                .iter()
+                .map(|(k, v)| Label::new(*k, *v))
+                .collect::<Vec<_>>(),
+        );
+        let handle = self.recorder.register_counter(&key, &METADATA);
+        self.watch(Watched::Count { value, handle });
+    }
+
     /// Shows the upstreams' scraped state (`tokentap_upstream_*`) and scrape counts.
     pub fn watch_server_state(&self, meter: &Arc<Meter>) {
         self.watch(Watched::ServerState {
@@ -222,6 +246,9 @@ impl PrometheusMetrics {
                     if let Some(meter) = meter.upgrade() {
                         render_server_state(meter.server_state(), &mut extra);
                     }
+                }
+                Watched::Count { value, handle } => {
+                    handle.absolute(value.load(std::sync::atomic::Ordering::Relaxed));
                 }
             }
         }

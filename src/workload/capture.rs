@@ -57,7 +57,9 @@ pub struct WorkloadCapture {
     /// Rows handed to the writer.
     captured: AtomicU64,
     /// Rows dropped because the writer was behind.
-    dropped: AtomicU64,
+    dropped: Arc<AtomicU64>,
+    /// Rows of batches the store failed to write.
+    failed: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Message {
@@ -77,26 +79,36 @@ impl WorkloadCapture {
             Some(store) => Keep::Store(store),
             None => Keep::Memory(Arc::default()),
         };
+        let failed: Arc<AtomicU64> = Arc::default();
         tokio::spawn(write_rows(
             receiver,
             keep.clone(),
             config.max_requests,
             (!config.max_age.is_zero()).then_some(config.max_age),
+            Arc::clone(&failed),
         ));
         Arc::new(Self {
             sender,
             keep,
             captured: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
+            dropped: Arc::default(),
+            failed,
         })
     }
 
-    /// Rows captured and rows dropped (the writer was behind) since start.
-    pub fn counts(&self) -> (u64, u64) {
+    /// Rows captured, rows dropped (the writer was behind) and rows lost to failed store
+    /// writes, since start.
+    pub fn counts(&self) -> (u64, u64, u64) {
         (
             self.captured.load(Ordering::Relaxed),
             self.dropped.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
         )
+    }
+
+    /// The counters of lost rows, for `/metrics`: (writer behind, store failed).
+    pub fn lost_counters(&self) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
+        (Arc::clone(&self.dropped), Arc::clone(&self.failed))
     }
 
     /// Waits until every row captured so far is kept.
@@ -195,6 +207,63 @@ pub fn trace_of_rows(mut rows: Vec<WorkloadRow>) -> Trace {
     )
 }
 
+/// Least time between two warnings about failing store writes in one episode.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// Failing batch writes, told once per episode with their cause (a full disk fails every batch:
+/// one line per batch would flood the log), then at most once a minute with the rows lost, and
+/// once when writing works again.
+#[derive(Debug, Default)]
+struct StoreFailures {
+    batches: u64,
+    rows: u64,
+    last_warned: Option<tokio::time::Instant>,
+}
+
+impl StoreFailures {
+    fn failed(&mut self, error: &(dyn std::error::Error + 'static), rows: u64) {
+        self.batches += 1;
+        self.rows += rows;
+        let now = tokio::time::Instant::now();
+        if self
+            .last_warned
+            .is_some_and(|at| now.duration_since(at) < FAILURE_LOG_EVERY)
+        {
+            return;
+        }
+        self.last_warned = Some(now);
+        tracing::warn!(
+            cause = %error_chain(error),
+            batches = self.batches,
+            rows_lost = self.rows,
+            "cannot store captured workload rows; they are lost (tokentap_workload_rows_lost_total{{reason=\"store_failed\"}})"
+        );
+    }
+
+    fn worked(&mut self) {
+        if self.batches > 0 {
+            tracing::warn!(
+                batches = self.batches,
+                rows_lost = self.rows,
+                "storing captured workload rows again"
+            );
+            *self = Self::default();
+        }
+    }
+}
+
+/// An error and its sources, joined: the cause a bare "store query failed" hides.
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// The writer: batches rows into the store (or the ring), prunes, answers flushes. Ends when
 /// the capture is dropped.
 async fn write_rows(
@@ -202,7 +271,9 @@ async fn write_rows(
     keep: Keep,
     max_rows: u64,
     max_age: Option<Duration>,
+    failed_rows: Arc<AtomicU64>,
 ) {
+    let mut failures = StoreFailures::default();
     let mut batch = Vec::with_capacity(BATCH_ROWS);
     let mut flushes = Vec::new();
     let mut since_prune = 0usize;
@@ -219,6 +290,7 @@ async fn write_rows(
         }
         since_prune += batch.len();
         let rows = std::mem::take(&mut batch);
+        let count = rows.len() as u64;
         let cutoff = max_age.and_then(|age| SystemTime::now().checked_sub(age));
         match &keep {
             Keep::Store(store) => {
@@ -238,11 +310,15 @@ async fn write_rows(
                 })
                 .await;
                 match written {
-                    Ok(Ok(())) => {}
+                    Ok(Ok(())) => failures.worked(),
                     Ok(Err(error)) => {
-                        tracing::warn!(error = %error, "cannot store captured workload rows");
+                        failed_rows.fetch_add(count, Ordering::Relaxed);
+                        failures.failed(&error, count);
                     }
-                    Err(error) => tracing::warn!(%error, "the workload writer task failed"),
+                    Err(error) => {
+                        failed_rows.fetch_add(count, Ordering::Relaxed);
+                        failures.failed(&error, count);
+                    }
                 }
             }
             Keep::Memory(ring) => {
