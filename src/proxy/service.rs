@@ -340,7 +340,13 @@ impl Proxy {
 
         let model = match facts.model.as_deref() {
             Some(model) => self.models.label(model),
-            None => Arc::clone(&upstream.default_model),
+            // A request that names no model (sglang `/generate`): the configured label, else
+            // the model the server serves.
+            None => match (&upstream.default_model, upstream.served_model()) {
+                (Some(configured), _) => Arc::clone(configured),
+                (None, Some(served)) => self.models.label(&served),
+                (None, None) => self.models.label(super::served_model::UNKNOWN_MODEL),
+            },
         };
         let (source, tag) = match synthetic {
             Some(s) => (Source::Synthetic, s.tag),
