@@ -812,7 +812,9 @@ def run_sglang_bench(home, port, label, out_dir, input_len, output_len, prompts,
     if os.path.exists(path):
         os.remove(path)
     argv = [
-        os.path.join(venv, "bin", "python"), "-m", "sglang.benchmark.serving",
+        # sglang_bench.py: the client unchanged, but its GETs bounded in time (it asks
+        # /server_info after the run without a timeout; the fake scheduler never answers).
+        os.path.join(venv, "bin", "python"), os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_bench.py"),
         "--backend", backend, "--base-url", f"http://127.0.0.1:{port}",
         "--model", MODEL_NAME, "--tokenizer", os.path.join(home, "models", "tiny", "hf"),
         "--dataset-name", "random-ids", "--random-input-len", str(input_len),
