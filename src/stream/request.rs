@@ -122,13 +122,10 @@ pub fn injection(
     if !facts.stream || !route.accepts_stream_options() {
         return None;
     }
-    if facts.prompt.is_none() {
-        // No `messages` / `prompt`: the server refuses the request, and sglang's validation
-        // error repeats the whole body it was sent (pydantic's `missing` error), injected
-        // flags and all (tests/fixtures/engines/sglang-0.5.23/invalid-request). There is
-        // nothing to count anyway.
-        return None;
-    }
+    // No `messages` / `prompt`: the server refuses the request, and sglang's validation error
+    // repeats the whole body it was sent (pydantic's `missing` error), injected flags and all
+    // (tests/fixtures/engines/sglang-0.5.23/invalid-request). There is nothing to count anyway.
+    facts.prompt?;
     match server {
         // The server already sends exact per-chunk counts to every stream: adding anything
         // would only risk a difference from what the client gets direct.
