@@ -1178,10 +1178,17 @@ async fn a_server_whose_server_info_never_answers_still_gets_a_sweep() {
     assert_eq!(status.state, SweepState::Finished, "{status:#?}");
     let facts = status.server.unwrap();
     assert_eq!(facts.engine, tokentap::sweep::plan::EngineKind::Sglang);
-    let served = Profile::builtin(STEP).unwrap().model.served_model_name;
-    assert_eq!(facts.served_model.as_deref(), Some(served.as_str()));
+    let model = Profile::builtin(STEP).unwrap().model;
+    assert_eq!(
+        facts.served_model.as_deref(),
+        Some(model.served_model_name.as_str())
+    );
     assert!(facts.context_length.is_some(), "{facts:?}");
-    assert!(facts.model_path.is_some(), "from /model_info: {facts:?}");
+    assert_eq!(
+        facts.model_path.as_deref(),
+        Some(model.model_path.as_str()),
+        "from /model_info (sglang's /v1/models root is the served name)"
+    );
     assert_eq!(facts.kv_budget_tokens, None, "only /server_info says it");
     let plan = status.plan.unwrap();
     assert!(plan.kv_source.starts_with("unknown"), "{}", plan.kv_source);

@@ -50,6 +50,13 @@ pub async fn discover(proxy: &Arc<Proxy>) -> ServerFacts {
     if let Some(info) = model_info.as_ref().and_then(Answer::json) {
         apply_model_info(&mut facts, &info);
     }
+    if facts.model_path.is_none() {
+        // Last: vLLM's `root` is the model path; sglang's is the served name.
+        facts.model_path = models
+            .as_ref()
+            .and_then(Answer::json)
+            .and_then(|m| models_root(&m));
+    }
     if facts.engine_version.is_none() {
         if let Some(version) = version.as_ref().and_then(Answer::json) {
             facts.engine_version = text(&version, "version");
@@ -79,8 +86,8 @@ async fn server_info(proxy: &Arc<Proxy>) -> Option<(&'static str, Answer)> {
     }
 }
 
-/// `/v1/models`: the first model, its `max_model_len`, which engine lists it (`owned_by`: sglang
-/// and vLLM write their names there) and what it was loaded from (`root`).
+/// `/v1/models`: the first model, its `max_model_len`, and which engine lists it (`owned_by`:
+/// sglang and vLLM write their names there).
 pub fn apply_models(facts: &mut ServerFacts, models: &Value) {
     let Some(first) = models
         .get("data")
@@ -100,13 +107,16 @@ pub fn apply_models(facts: &mut ServerFacts, models: &Value) {
             _ => EngineKind::Unknown,
         };
     }
-    if facts.model_path.is_none() {
-        facts.model_path = text(first, "root");
-    }
+}
+
+/// `/v1/models`: what the first model was loaded from (`root`), the model path's last fallback.
+pub fn models_root(models: &Value) -> Option<String> {
+    let first = models.get("data")?.as_array()?.first()?;
+    text(first, "root")
 }
 
 /// sglang `/model_info`: the model path (it needs no scheduler, so it answers where
-/// `/server_info` may not), and that the server is sglang.
+/// `/server_info` may not), and that the server is sglang. `/server_info`'s path wins.
 pub fn apply_model_info(facts: &mut ServerFacts, info: &Value) {
     let Some(path) = text(info, "model_path") else {
         return;
@@ -316,6 +326,27 @@ mod tests {
                 ("c".to_owned(), "x\\y".to_owned())
             ]
         );
+    }
+
+    #[test]
+    fn without_server_info_sglang_is_known_by_its_model_list_and_model_info() {
+        let models = serde_json::json!({"object": "list", "data": [{"id": "tiny-llama", "object": "model", "owned_by": "sglang", "root": "tiny-llama", "max_model_len": 2048}]});
+        let mut facts = ServerFacts::default();
+        apply_models(&mut facts, &models);
+        assert_eq!(facts.engine, EngineKind::Sglang);
+        assert_eq!(facts.context_length, Some(2048));
+        apply_model_info(
+            &mut facts,
+            &serde_json::json!({"model_path": "/models/tiny/hf", "served_model_name": "tiny-llama"}),
+        );
+        assert_eq!(facts.model_path.as_deref(), Some("/models/tiny/hf"));
+        assert_eq!(models_root(&models).as_deref(), Some("tiny-llama"));
+        let mut vllm = ServerFacts::default();
+        apply_models(
+            &mut vllm,
+            &serde_json::json!({"data": [{"id": "m", "owned_by": "vllm", "root": "/m"}]}),
+        );
+        assert_eq!(vllm.engine, EngineKind::Vllm);
     }
 
     #[test]
