@@ -312,8 +312,9 @@ class LlamaCpp(Engine):
 class Sglang(Engine):
     """sglang 0.5.23's own HTTP stack (launch_server: FastAPI app, TokenizerManager, detokenizer
     process, ZMQ IPC), unmodified, with its scheduler hook pointed at sglang_fake_engine.py: a
-    fake scheduler that emits a fixed sentence one token per FAKE_ENGINE_STEP_MS (20 ms), then
-    EOS (cycled under ignore_eos). Every byte a client sees is written by sglang's code; only the
+    fake scheduler that emits a fixed sentence one token per step (~42 ms: it waits up to
+    FAKE_ENGINE_STEP_MS, 20, for new requests, then sleeps as long), then EOS (cycled under
+    ignore_eos). Every byte a client sees is written by sglang's code; only the
     model is fake. /metrics is sglang's HTTP side (TTFT, ITL, token counters from the
     TokenizerManager); the scheduler's gauges (running, queued, KV) are not there."""
 
