@@ -490,7 +490,9 @@ def as_forwarded(body, engine=None):
     if isinstance(body, bytes) or not body.get("stream") or getattr(engine, "sends_usage_unasked", False):
         return body
     if "messages" not in body and "prompt" not in body:
-        return body  # sglang /generate: nothing is injected
+        # Nothing is injected into sglang /generate, nor into a request without its prompt
+        # (the server refuses it, and sglang's validation error repeats the body).
+        return body
     opts = dict(body.get("stream_options") or {})
     opts["include_usage"] = True
     opts["continuous_usage_stats"] = True
