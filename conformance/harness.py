@@ -196,6 +196,8 @@ class Engine:
     has_server_state = True
     # sglang.benchmark.serving backends run against this engine (direct and through).
     sglang_backends = ["vllm-chat"]
+    # Parts left out unless --parts names them.
+    default_skip = set()
     tokentap_env = {}
     load_defaults = {}
 
@@ -334,6 +336,9 @@ class Sglang(Engine):
     load_defaults = {"sweep_max_output": 128}
     # sglang's own client on sglang's own routes: /generate and chat.
     sglang_backends = ["sglang", "sglang-oai-chat"]
+    # The pairs compare prefix-cache states and the engine's own speed under a client's CPU
+    # load; the fake scheduler has no cache and a fixed step.
+    default_skip = {"pairs"}
 
     def start(self):
         venv = os.path.join(self.home, "venv-sglang-server")
@@ -1322,9 +1327,10 @@ def main():
     ap.add_argument("--out", help="results directory")
     ap.add_argument("--engines", default="vllm,llamacpp")
     ap.add_argument(
-        "--parts", default="cases,bench,ttft,sweep,pairs",
+        "--parts", default=None,
         help="any of cases, bench, ttft (vllm bench serve one at a time, direct/through/through/direct), "
-        "sweep, pairs (one-cell sweeps each followed by vllm bench serve)",
+        "sweep, pairs (one-cell sweeps each followed by vllm bench serve); default: all of them, "
+        "less an engine's default_skip (sglang's fake scheduler: pairs)",
     )
     ap.add_argument("--attach", action="store_true", help="use engines already serving on their ports")
     ap.add_argument("--no-fixtures", action="store_true", help="do not write tests/fixtures/engines")
@@ -1365,7 +1371,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     logs = os.path.join(args.out, "logs")
     os.makedirs(logs, exist_ok=True)
-    parts = set(args.parts.split(","))
+    all_parts = {"cases", "bench", "ttft", "sweep", "pairs"}
+    chosen = set(args.parts.split(",")) if args.parts else None
     tv, tc = tokentap_version(args.binary, args.repo)
     results = {
         "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -1402,6 +1409,7 @@ def main():
                 engine.start()
             eng["version"] = engine.version
             eargs = engine_args(args, engine)
+            parts = chosen if chosen is not None else all_parts - engine.default_skip
             tap = Tokentap(
                 args.binary, engine.url, port + 1, port + 2, logs, f"tokentap-{key}", engine.tokentap_env
             )
