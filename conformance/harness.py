@@ -184,6 +184,20 @@ class Engine:
 
     case_prefix = "live-"
     sends_usage_unasked = False
+    # The engine's own /metrics names (when has_metrics): what bench_pair reads around each run.
+    metric_names = {
+        "ttft": "vllm:time_to_first_token_seconds",
+        "itl": "vllm:inter_token_latency_seconds",
+        "tpot": "vllm:request_time_per_output_token_seconds",
+        "generation_tokens": "vllm:generation_tokens_total",
+        "requests": "vllm:request_success_total",
+    }
+    # The engine's running and queued gauges answer on /metrics (the sweep's server state).
+    has_server_state = True
+    # sglang.benchmark.serving backends run against this engine (direct and through).
+    sglang_backends = ["vllm-chat"]
+    # Parts left out unless --parts names them.
+    default_skip = set()
     tokentap_env = {}
     load_defaults = {}
 
@@ -297,6 +311,97 @@ class LlamaCpp(Engine):
         return out.stdout.strip() or "unknown"
 
 
+class Sglang(Engine):
+    """sglang 0.5.23's own HTTP stack (launch_server: FastAPI app, TokenizerManager, detokenizer
+    process, ZMQ IPC), unmodified, with its scheduler hook pointed at sglang_fake_engine.py: a
+    fake scheduler that emits a fixed sentence one token per step (~42 ms: it waits up to
+    FAKE_ENGINE_STEP_MS, 20, for new requests, then sleeps as long), then EOS (cycled under
+    ignore_eos). Every byte a client sees is written by sglang's code; only the
+    model is fake. /metrics is sglang's HTTP side (TTFT, ITL, token counters from the
+    TokenizerManager); the scheduler's gauges (running, queued, KV) are not there."""
+
+    label = "sglang (its own HTTP stack, fake scheduler)"
+    fixture_name = "sglang"
+    case_prefix = ""
+    has_metrics = True
+    has_server_state = False
+    honours_ignore_eos = True
+    metric_names = {
+        "ttft": "sglang:time_to_first_token_seconds",
+        "itl": "sglang:inter_token_latency_seconds",
+        "tpot": None,
+        "generation_tokens": "sglang:generation_tokens_total",
+        "requests": "sglang:num_requests_total",
+    }
+    load_defaults = {"sweep_max_output": 128}
+    # sglang's own client on sglang's own routes: /generate and chat.
+    sglang_backends = ["sglang", "sglang-oai-chat"]
+    # The pairs compare prefix-cache states and the engine's own speed under a client's CPU
+    # load; the fake scheduler has no cache and a fixed step.
+    default_skip = {"pairs"}
+
+    def start(self):
+        venv = os.path.join(self.home, "venv-sglang-server")
+        launcher = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_fake_engine.py")
+        argv = [
+            os.path.join(venv, "bin", "python"), launcher,
+            "--model-path", os.path.join(self.home, "models", "tiny", "hf"),
+            "--served-model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(self.port),
+            "--context-length", "2048", "--enable-metrics",
+        ]
+        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"}
+        self.proc = Proc(self.key, PIN_OTHERS + argv, self.log_dir, env=env)
+        wait_until("sglang launch_server", self.ready, 600, self.proc)
+        self.version = self.ask_version()
+
+    def ready(self):
+        # /v1/models answers before the scheduler is up; /health runs a one-token generation.
+        return super().ready() and http_call(self.port, "GET", "/health", timeout=10)[0] == 200
+
+    def ask_version(self):
+        python = os.path.join(self.home, "venv-sglang-server", "bin", "python")
+        out = subprocess.run(
+            [python, "-c", "import importlib.metadata as m; print(m.version('sglang'))"],
+            capture_output=True, text=True,
+        )
+        return out.stdout.strip() or "unknown"
+
+    def cases(self):
+        """The byte-identity cases of issue 24: every metered route and usage mode, EOS, n=2,
+        token-id prompts, /generate, and the error answers."""
+        common = {"model": MODEL_NAME, "max_tokens": 24, "temperature": 0, "seed": 7, "ignore_eos": True}
+        chat = dict(common, messages=[{"role": "user", "content": "Tell me about tokens and latency."}])
+        comp = dict(common, prompt="The server streams tokens to the client")
+        ids = dict(common, prompt=[72, 101, 108, 108, 111, 32, 116, 111, 107, 101, 110, 115])
+        usage = {"include_usage": True}
+        continuous = {"include_usage": True, "continuous_usage_stats": True}
+        gen = {"text": "The server streams tokens to the client",
+               "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+        # Past the 2,048-token context: ~2,100 tokens of one short word.
+        too_long = " ".join(["go"] * 2100)
+        chat_eos = {k: v for k, v in chat.items() if k != "ignore_eos"}
+        C, P, G = "/v1/chat/completions", "/v1/completions", "/generate"
+        return [
+            ("chat-stream", C, dict(chat, stream=True)),
+            ("chat-stream-usage", C, dict(chat, stream=True, stream_options=usage)),
+            ("chat-stream-continuous", C, dict(chat, stream=True, stream_options=continuous)),
+            ("chat-stream-eos", C, dict(chat_eos, stream=True, max_tokens=64)),
+            ("chat-stream-n2", C, dict(chat, stream=True, n=2, max_tokens=6)),
+            ("chat-nonstream", C, dict(chat, stream=False)),
+            ("completions-stream", P, dict(comp, stream=True)),
+            ("completions-stream-usage", P, dict(comp, stream=True, stream_options=usage)),
+            ("completions-tokenids-stream", P, dict(ids, stream=True)),
+            ("completions-tokenids-usage", P, dict(ids, stream=True, stream_options=usage)),
+            ("completions-nonstream", P, dict(comp, stream=False)),
+            ("generate-stream", G, dict(gen, stream=True)),
+            ("generate-nonstream", G, dict(gen, stream=False)),
+            ("too-long-chat-stream", C, dict(chat, stream=True, messages=[{"role": "user", "content": too_long}])),
+            ("too-long-generate-stream", G, dict(gen, stream=True, text=too_long)),
+            ("invalid-json", C, b'{"model": "tiny-llama", "stream": true, "messages": ['),
+            ("invalid-request", C, {"model": MODEL_NAME, "stream": True, "max_tokens": "many"}),
+        ]
+
+
 # The load each engine gets unless a flag says otherwise: sized so that a run ends in minutes on
 # 2 cores (llama-cpp-python serves one request at a time at ~80 ms a token here).
 # The random tokens after the shared prefix in the pairs' second client run (see `pairs`).
@@ -324,6 +429,7 @@ ENGINES = {
     "vllm": (Vllm, 18100),
     "llamacpp": (LlamaCpp, 18200),
     "vllm-force-usage": (VllmForceUsage, 18300),
+    "sglang": (Sglang, 18400),
 }
 
 
@@ -355,6 +461,8 @@ class Tokentap:
 
 def cases(engine):
     """(case name, route, request body) for every metered route and usage mode."""
+    if hasattr(engine, "cases"):
+        return engine.cases()
     common = {"model": MODEL_NAME, "max_tokens": 24, "temperature": 0, "seed": 7}
     if engine.honours_ignore_eos:
         common["ignore_eos"] = True
@@ -384,7 +492,11 @@ def as_forwarded(body, engine=None):
     sends usage on every chunk unasked (vLLM's force flag, `sends_usage_unasked = "every_chunk"`)
     gets the body as sent.
     """
-    if not body.get("stream") or getattr(engine, "sends_usage_unasked", False):
+    if isinstance(body, bytes) or not body.get("stream") or getattr(engine, "sends_usage_unasked", False):
+        return body
+    if "messages" not in body and "prompt" not in body:
+        # Nothing is injected into sglang /generate, nor into a request without its prompt
+        # (the server refuses it, and sglang's validation error repeats the body).
         return body
     opts = dict(body.get("stream_options") or {})
     opts["include_usage"] = True
@@ -394,18 +506,45 @@ def as_forwarded(body, engine=None):
 
 ID_RE = re.compile(rb'"id":\s*"[^"]*"')
 CREATED_RE = re.compile(rb'"created":\s*\d+')
+# sglang's /generate meta_info: the wall time an event was sent and the request's duration.
+TIMES_RE = re.compile(
+    rb'"(response_sent_to_client_ts|request_received_ts|api_server_dispatch_finish_ts|request_finished_ts'
+    rb'|e2e_latency|first_token_latency|decode_throughput)":\s*[0-9.eE+-]+'
+)
 PING_RE = re.compile(rb"^: ping - [^\r\n]*\r?\n", re.M)
 
 
 def normalise(body):
-    """Blanks only what the engine randomises per request: ids and creation timestamps.
+    """Blanks only what the engine randomises per request: ids and timestamps (creation, and
+    sglang /generate's meta_info times: received, dispatched, first token sent, finished, and
+    the latencies and decode rate measured between them).
 
     llama-cpp-python's idle `: ping - <time>` comments are dropped too (they depend on wall
     time). Nothing else is touched: system_fingerprint, usage, order and framing must match.
     """
     body = ID_RE.sub(b'"id":"<id>"', body)
     body = CREATED_RE.sub(b'"created":0', body)
+    body = TIMES_RE.sub(lambda m: b'"' + m.group(1) + b'":0', body)
     return PING_RE.sub(b"", body)
+
+
+def choice_order(body):
+    """An n > 1 stream with its events grouped by choice, in order within each choice.
+
+    sglang streams each choice of `n` as its own request; how their chunks interleave varies
+    from run to run (timing, not the request), so two answers to one request compare equal
+    only per choice. Events without a choice (usage, [DONE]) keep their order after them.
+    """
+    events = [e for e in body.split(b"\n\n") if e]
+
+    def key(event):
+        try:
+            choices = json.loads(event[len(b"data: "):]).get("choices") or []
+            return choices[0].get("index", 0) if choices else 1 << 30
+        except (ValueError, AttributeError):
+            return 1 << 30
+
+    return b"".join(e + b"\n\n" for e in sorted(events, key=key))
 
 
 def sse_payloads(body):
@@ -458,15 +597,17 @@ def final_usage(body, stream):
     """The engine's own final usage (prompt_tokens, completion_tokens), if it sent any."""
     try:
         if not stream:
-            u = json.loads(body).get("usage")
+            doc = json.loads(body)
+            u = doc.get("usage") or doc.get("meta_info")
             return {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"]} if u else None
         usage = None
         for p in sse_payloads(body):
             if p.strip() == "[DONE]":
                 continue
             try:
-                u = json.loads(p).get("usage")
-            except ValueError:
+                doc = json.loads(p)
+                u = doc.get("usage") or doc.get("meta_info")
+            except (ValueError, AttributeError):
                 continue
             if u:
                 usage = {"prompt_tokens": u["prompt_tokens"], "completion_tokens": u["completion_tokens"]}
@@ -479,17 +620,27 @@ def content_sequence(body, stream):
     """What the engine generated, event by event: (choice index, text, finish reason) per choice.
 
     Usage-only events and usage fields are left out, so a stream with injected usage and one
-    without compare equal when the engine chunked the tokens the same way.
+    without compare equal when the engine chunked the tokens the same way. sglang /generate
+    events are (None, cumulative text, finish reason object); an error body is itself.
     """
+    def of(doc):
+        if not isinstance(doc, dict):
+            return [repr(doc)]
+        if "meta_info" in doc:
+            return [(None, doc.get("text"), json.dumps((doc.get("meta_info") or {}).get("finish_reason")))]
+        if "choices" not in doc:
+            return [json.dumps(doc, sort_keys=True)]
+        key = "delta" if stream else "message"
+        return [
+            (c.get("index"), (c.get(key) or {}).get("content", c.get("text")), c.get("finish_reason"))
+            for c in doc.get("choices") or []
+        ]
+
     if not stream:
         try:
-            doc = json.loads(body)
+            return of(json.loads(body))
         except ValueError:
             return None
-        return [
-            (c.get("index"), (c.get("message") or {}).get("content", c.get("text")), c.get("finish_reason"))
-            for c in doc.get("choices", [])
-        ]
     seq = []
     for p in sse_payloads(body):
         try:
@@ -497,12 +648,16 @@ def content_sequence(body, stream):
         except ValueError:
             seq.append(p)
             continue
-        for c in doc.get("choices") or []:
-            seq.append((c.get("index"), (c.get("delta") or {}).get("content", c.get("text")), c.get("finish_reason")))
+        seq.extend(of(doc))
     return seq
 
 
 ATTEMPTS = 4
+
+
+def per_choice(body):
+    """Requests whose answer is compared per choice (n > 1: see choice_order)."""
+    return isinstance(body, dict) and bool(body.get("stream")) and (body.get("n") or 1) > 1
 
 
 def capture_case(engine, tap, route, body):
@@ -513,7 +668,7 @@ def capture_case(engine, tap, route, body):
     an attempt where the engine framed the direct, through, forwarded and repeated requests the
     same way; up to ATTEMPTS are made and the count is reported.
     """
-    stream = bool(body.get("stream"))
+    stream = isinstance(body, dict) and bool(body.get("stream"))
     for attempt in range(1, ATTEMPTS + 1):
         st_d, h_d, direct = http_call(engine.port, "POST", route, body)
         st_t, h_t, through = http_call(tap.port, "POST", route, body)
@@ -523,7 +678,10 @@ def capture_case(engine, tap, route, body):
         # chunked alike as well, or a difference would say nothing about tokentap. A tokentap
         # that changed the text would fail this every time, and the last attempt is reported.
         seqs = [content_sequence(b, stream) for b in (direct, upstream, direct_again, through)]
-        alike = all(q == seqs[0] for q in seqs) and normalise(direct) == normalise(direct_again)
+        if per_choice(body):
+            seqs = [sorted(q, key=lambda e: e[0] if isinstance(e, tuple) and e[0] is not None else 1 << 30) for q in seqs]
+        again = (choice_order if per_choice(body) else (lambda b: b))
+        alike = all(q == seqs[0] for q in seqs) and again(normalise(direct)) == again(normalise(direct_again))
         if alike:
             break
     return {
@@ -542,11 +700,13 @@ def run_cases(engine, tap, fixture_root, today):
     results = []
     folder = os.path.join(fixture_root, f"{engine.fixture_name or engine.key}-{engine.version}")
     for name, route, body in cases(engine):
-        stream = bool(body.get("stream"))
+        stream = isinstance(body, dict) and bool(body.get("stream"))
         cap = capture_case(engine, tap, route, body)
         direct, through, upstream = cap["direct"], cap["through"], cap["upstream"]
         h_d, h_t = cap["headers"]
         nd, nt = normalise(direct), normalise(through)
+        if per_choice(body):
+            nd, nt = choice_order(nd), choice_order(nt)
         usage = final_usage(upstream, stream) if stream else final_usage(direct, stream)
         same_content = content_sequence(direct, stream) == content_sequence(through, stream)
         results.append(
@@ -593,12 +753,17 @@ def run_cases(engine, tap, fixture_root, today):
                    else f"The engine framed them differently in each of {ATTEMPTS} attempts (timing).")
             ),
         }
+        if cap["status"][0] != 200:
+            meta["status"] = cap["status"][0]
+        if per_choice(body):
+            meta["compare"] = "per-choice"
+            meta["notes"] += " Compared per choice: the interleaving of the choices' chunks varies from run to run."
         with open(os.path.join(case_dir, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2)
             f.write("\n")
-        with open(os.path.join(case_dir, "request.json"), "w") as f:
-            json.dump(body, f)
-            f.write("\n")
+        with open(os.path.join(case_dir, "request.json"), "wb") as f:
+            # A case whose body is not JSON (invalid-json) is written as sent.
+            f.write(body if isinstance(body, bytes) else json.dumps(body).encode() + b"\n")
         for fname, data in (("direct.body", direct), ("upstream.body", upstream), ("through.body", through)):
             with open(os.path.join(case_dir, fname), "wb") as f:
                 f.write(data)
@@ -645,15 +810,20 @@ def run_vllm_bench(home, port, label, out_dir, input_len, output_len, prompts, c
         return json.load(f)
 
 
-def run_sglang_bench(home, port, label, out_dir, input_len, output_len, prompts, concurrency, seed, extra_body=None):
+SGLANG_BACKEND_ROUTES = {"vllm-chat": "/v1/chat/completions", "sglang-oai-chat": "/v1/chat/completions", "sglang": "/generate"}
+
+
+def run_sglang_bench(home, port, label, out_dir, input_len, output_len, prompts, concurrency, seed, extra_body=None, backend="vllm-chat"):
     venv = os.path.join(home, "venv-sglang")
-    fname = f"sglang-bench-{label}-{input_len}-{output_len}-c{concurrency}.jsonl"
+    fname = f"sglang-bench-{backend}-{label}-{input_len}-{output_len}-c{concurrency}.jsonl"
     path = os.path.join(out_dir, fname)
     if os.path.exists(path):
         os.remove(path)
     argv = [
-        os.path.join(venv, "bin", "python"), "-m", "sglang.benchmark.serving",
-        "--backend", "vllm-chat", "--base-url", f"http://127.0.0.1:{port}",
+        # sglang_bench.py: the client unchanged, but its GETs bounded in time (it asks
+        # /server_info after the run without a timeout; the fake scheduler never answers).
+        os.path.join(venv, "bin", "python"), os.path.join(os.path.dirname(os.path.abspath(__file__)), "sglang_bench.py"),
+        "--backend", backend, "--base-url", f"http://127.0.0.1:{port}",
         "--model", MODEL_NAME, "--tokenizer", os.path.join(home, "models", "tiny", "hf"),
         "--dataset-name", "random-ids", "--random-input-len", str(input_len),
         "--random-output-len", str(output_len), "--random-range-ratio", "1.0",
@@ -691,12 +861,13 @@ def bench_pair(engine, tap, runner, out_dir, **load):
         t1 = tap.metrics()
         run = {"client": summarise_client(result), "wall_s": wall}
         if engine.has_metrics:
+            names = engine.metric_names
             run["engine"] = {
-                "ttft": hist_delta(e0, e1, "vllm:time_to_first_token_seconds"),
-                "itl": hist_delta(e0, e1, "vllm:inter_token_latency_seconds"),
-                "tpot": hist_delta(e0, e1, "vllm:request_time_per_output_token_seconds"),
-                "generation_tokens": counter_delta(e0, e1, "vllm:generation_tokens_total"),
-                "requests": counter_delta(e0, e1, "vllm:request_success_total"),
+                "ttft": hist_delta(e0, e1, names["ttft"]),
+                "itl": hist_delta(e0, e1, names["itl"]),
+                "tpot": hist_delta(e0, e1, names["tpot"]) if names.get("tpot") else None,
+                "generation_tokens": counter_delta(e0, e1, names["generation_tokens"]),
+                "requests": counter_delta(e0, e1, names["requests"]),
             }
         if label == "through":
             run["tokentap"] = {
@@ -891,7 +1062,7 @@ def client_ttft_abba(engine, tap, home, out_dir, prompts, concurrency, extra_bod
         e1 = scrape(engine.port) if engine.has_metrics else ""
         run = {"label": label, "client": summarise_client(r)}
         if engine.has_metrics:
-            run["engine_ttft"] = hist_delta(e0, e1, "vllm:time_to_first_token_seconds")
+            run["engine_ttft"] = hist_delta(e0, e1, engine.metric_names["ttft"])
         runs.append(run)
     medians = {"direct": [], "through": []}
     for run in runs:
@@ -1156,9 +1327,10 @@ def main():
     ap.add_argument("--out", help="results directory")
     ap.add_argument("--engines", default="vllm,llamacpp")
     ap.add_argument(
-        "--parts", default="cases,bench,ttft,sweep,pairs",
+        "--parts", default=None,
         help="any of cases, bench, ttft (vllm bench serve one at a time, direct/through/through/direct), "
-        "sweep, pairs (one-cell sweeps each followed by vllm bench serve)",
+        "sweep, pairs (one-cell sweeps each followed by vllm bench serve); default: all of them, "
+        "less an engine's default_skip (sglang's fake scheduler: pairs)",
     )
     ap.add_argument("--attach", action="store_true", help="use engines already serving on their ports")
     ap.add_argument("--no-fixtures", action="store_true", help="do not write tests/fixtures/engines")
@@ -1199,7 +1371,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     logs = os.path.join(args.out, "logs")
     os.makedirs(logs, exist_ok=True)
-    parts = set(args.parts.split(","))
+    all_parts = {"cases", "bench", "ttft", "sweep", "pairs"}
+    chosen = set(args.parts.split(",")) if args.parts else None
     tv, tc = tokentap_version(args.binary, args.repo)
     results = {
         "started": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -1236,6 +1409,7 @@ def main():
                 engine.start()
             eng["version"] = engine.version
             eargs = engine_args(args, engine)
+            parts = chosen if chosen is not None else all_parts - engine.default_skip
             tap = Tokentap(
                 args.binary, engine.url, port + 1, port + 2, logs, f"tokentap-{key}", engine.tokentap_env
             )
@@ -1262,12 +1436,15 @@ def main():
                     engine, tap, lambda **kw: run_vllm_bench(args.home, **kw), args.out, **load
                 )
                 save()
-                print(f"[{key}] sglang serving benchmark direct and through", flush=True)
-                name = f"sglang.benchmark.serving (vllm-chat), {eargs.bench_prompts} requests, concurrency {eargs.bench_concurrency}, {eargs.bench_input} in / {eargs.bench_output} out"
-                eng["bench"][name] = bench_pair(
-                    engine, tap, lambda **kw: run_sglang_bench(args.home, **kw), args.out, **load
-                )
-                save()
+                for backend in engine.sglang_backends:
+                    print(f"[{key}] sglang serving benchmark ({backend}) direct and through", flush=True)
+                    name = f"sglang.benchmark.serving ({backend}: {SGLANG_BACKEND_ROUTES.get(backend, '')}), {eargs.bench_prompts} requests, concurrency {eargs.bench_concurrency}, {eargs.bench_input} in / {eargs.bench_output} out"
+                    eng["bench"][name] = bench_pair(
+                        engine, tap,
+                        lambda backend=backend, **kw: run_sglang_bench(args.home, backend=backend, **kw),
+                        args.out, **load,
+                    )
+                    save()
             if "ttft" in parts:
                 eng["client_ttft"] = []
                 for c in (int(x) for x in eargs.ttft_concurrency.split(",")):
@@ -1290,7 +1467,9 @@ def main():
                     + (f" --prompt {eargs.sweep_prompt}" if eargs.sweep_prompt else "")
                 )
                 sw["cells"] = sweep_cells(sw.get("matrix"))
-                sw["server_state_check"] = server_state_check(sw["cells"], getattr(engine, "has_metrics", False))
+                sw["server_state_check"] = server_state_check(
+                    sw["cells"], engine.has_metrics and engine.has_server_state
+                )
                 sw["notes"] = ((sw.get("matrix") or {}).get("metadata") or {}).get("notes", [])
                 eng["sweep"] = sw
                 save()
@@ -1335,9 +1514,9 @@ def main():
                         if engine.has_metrics:
                             # The engine's own inter-token latency during each half: tells a
                             # measuring difference from the engine running at another speed.
-                            row["engine_itl_ms_sweep"] = hist_mean_ms(e0, e1, "vllm:inter_token_latency_seconds")
-                            row["engine_itl_ms_bench"] = hist_mean_ms(e1, e2, "vllm:inter_token_latency_seconds")
-                            row["engine_itl_ms_bench_shared"] = hist_mean_ms(e2, e3, "vllm:inter_token_latency_seconds")
+                            row["engine_itl_ms_sweep"] = hist_mean_ms(e0, e1, engine.metric_names["itl"])
+                            row["engine_itl_ms_bench"] = hist_mean_ms(e1, e2, engine.metric_names["itl"])
+                            row["engine_itl_ms_bench_shared"] = hist_mean_ms(e2, e3, engine.metric_names["itl"])
                         tpot = (r or {}).get("median_tpot_ms")
                         row["pair_status"] = cell.get("status")
                         row["pair_tps"] = cell.get("per_request_tps")

@@ -53,10 +53,11 @@ async fn proxy_with(
     proxy_keys: &str,
     upstream_keys: &str,
 ) -> (ProxyServer, Arc<Records>) {
-    // `sends_usage_unasked = "no"`, `metrics_interval = "0"`: no background `/server_info`
-    // questions or `/metrics` scrapes in the upstream's request log, which several faults count.
+    // `sends_usage_unasked = "no"`, `metrics_interval = "0"`, a `default_model`: no background
+    // `/server_info` or `/v1/models` questions or `/metrics` scrapes in the upstream's request
+    // log, which several faults count.
     proxy_from_config(&format!(
-        "[proxy]\n{proxy_keys}\n[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n{upstream_keys}\n[store]\ndata_dir = \"\"\n"
+        "[proxy]\n{proxy_keys}\n[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n{upstream_keys}\n[store]\ndata_dir = \"\"\n"
     ))
     .await
 }

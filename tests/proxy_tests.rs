@@ -777,3 +777,80 @@ async fn wait_for_disconnect(received: &Received) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// An sglang whose scheduler never answers internal-state requests (sglang 0.5.23's HTTP stack
+/// on the conformance harness's fake scheduler): `/server_info` never answers, `/v1/models`
+/// says `served`, `/generate` streams as sglang does.
+fn sglang_without_server_info(request: &Received, served: &'static str) -> Script {
+    match request.path.as_str() {
+        "/server_info" | "/get_server_info" => Script {
+            head_delay: Duration::from_secs(3600),
+            end: End::Hang,
+            ..Script::sse(Vec::new())
+        },
+        "/v1/models" => Script::json(
+            200,
+            &format!(
+                r#"{{"object":"list","data":[{{"id":"{served}","object":"model","created":1,"owned_by":"sglang","root":"{served}","parent":null,"max_model_len":512}}]}}"#
+            ),
+        ),
+        "/generate" => Script::sse(vec![
+            data(
+                r#"{"text":"H","output_ids":[45],"meta_info":{"id":"g","finish_reason":null,"prompt_tokens":2,"completion_tokens":1,"cached_tokens":0}}"#,
+            ),
+            data(
+                r#"{"text":"Hi","output_ids":[45,46],"meta_info":{"id":"g","finish_reason":{"type":"length","length":2},"prompt_tokens":2,"completion_tokens":2,"cached_tokens":0}}"#,
+            ),
+            data("[DONE]"),
+        ]),
+        _ => Script::json(404, r#"{"detail":"Not Found"}"#),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_no_model_is_recorded_under_the_served_model() {
+    let upstream = ScriptedUpstream::start(|r| sglang_without_server_info(r, "tiny-llama")).await;
+    // The usage question goes to /server_info too (and never gets an answer): the model list
+    // must not wait on it.
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"auto\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    let default = std::sync::Arc::clone(server.proxy.router.default_upstream());
+    for _ in 0..500 {
+        if default.served_model().is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(default.served_model().as_deref(), Some("tiny-llama"));
+    let body = r#"{"text":"hi","sampling_params":{"max_new_tokens":2},"stream":true}"#;
+    let through = post(&format!("http://{}/generate", server.proxy_addr), body).await;
+    assert!(
+        through.text().ends_with("data: [DONE]\n\n"),
+        "{}",
+        through.text()
+    );
+    let record = &records.wait_for(1).await[0];
+    assert_eq!(record.route, Route::Generate);
+    assert_eq!(&*record.model, "tiny-llama");
+    assert_eq!(record.completion_tokens, 2);
+    assert!(
+        upstream.requests().iter().any(|r| r.path == "/server_info"),
+        "the usage question was asked (and hangs)"
+    );
+    server.shutdown().await;
+
+    // A configured label wins, and then the server is not asked.
+    let upstream = ScriptedUpstream::start(|r| sglang_without_server_info(r, "other")).await;
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"configured\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    post(&format!("http://{}/generate", server.proxy_addr), body).await;
+    assert_eq!(&*records.wait_for(1).await[0].model, "configured");
+    assert!(upstream.requests().iter().all(|r| r.path == "/generate"));
+    server.shutdown().await;
+}

@@ -39,6 +39,10 @@ struct Case {
     server_usage: ServerUsage,
     /// `"shape"`: direct and upstream come from different generations (mask generated text).
     shape_only: bool,
+    /// `"per-choice"`: an `n` > 1 stream whose choices interleave differently from run to run
+    /// (sglang streams each choice as its own request): compared with the events grouped by
+    /// choice, in order within each.
+    per_choice: bool,
     request: Vec<u8>,
     direct: Vec<u8>,
     upstream: Vec<u8>,
@@ -96,6 +100,7 @@ fn load(dir: &Path) -> Case {
             _ => ServerUsage::OnlyAsked,
         },
         shape_only: meta["compare"].as_str() == Some("shape"),
+        per_choice: meta["compare"].as_str() == Some("per-choice"),
         request: read("request.json"),
         direct: read("direct.body"),
         upstream: read("upstream.body"),
@@ -119,8 +124,11 @@ fn cases() -> Vec<Case> {
 
 impl Case {
     /// What tokentap injects into this request, decided by the proxy's own code.
+    /// (A request that is not a JSON object, as sglang's `invalid-json` case, gets nothing.)
     fn injected(&self) -> Injected {
-        let facts = inspect(self.route, &self.request).expect("request.json is a JSON object");
+        let Some(facts) = inspect(self.route, &self.request) else {
+            return Injected::default();
+        };
         injection(self.route, &self.request, &facts, self.server_usage)
             .map_or(Injected::default(), |(_, injected)| injected)
     }
@@ -193,7 +201,8 @@ fn split_at(bytes: &[u8], points: &[usize]) -> Vec<Bytes> {
     frames
 }
 
-/// Masks the string value of every `"key":"…"` and the number of every `"key":N` for `keys`.
+/// Masks the string value of every `"key":"…"` and the number of every `"key":N` (integer or
+/// decimal) for `keys`.
 fn mask(text: &str, keys: &[&str]) -> String {
     let bytes = text.as_bytes();
     let mut out = String::with_capacity(text.len());
@@ -215,7 +224,10 @@ fn mask(text: &str, keys: &[&str]) -> String {
                     out.push_str("\"<masked>\"");
                     i = j + 1;
                 } else if bytes.get(j).is_some_and(u8::is_ascii_digit) {
-                    while bytes.get(j).is_some_and(u8::is_ascii_digit) {
+                    while bytes
+                        .get(j)
+                        .is_some_and(|b| b.is_ascii_digit() || b".eE+-".contains(b))
+                    {
                         j += 1;
                     }
                     out.push_str("<n>");
@@ -233,24 +245,72 @@ fn mask(text: &str, keys: &[&str]) -> String {
     out
 }
 
+/// What the engine randomises per request: ids and timestamps (sglang's `/generate` also
+/// puts in `meta_info` when the request was received, dispatched, its first token sent and
+/// it finished, and the latencies and decode rate measured between them).
+const PER_REQUEST: [&str; 9] = [
+    "id",
+    "created",
+    "response_sent_to_client_ts",
+    "request_received_ts",
+    "api_server_dispatch_finish_ts",
+    "request_finished_ts",
+    "e2e_latency",
+    "first_token_latency",
+    "decode_throughput",
+];
+
 /// The bytes with what the engine randomises per request masked (and the generated text, for
 /// cases whose two captures are different generations). Never `system_fingerprint` or any
 /// other field.
 fn normalise(case: &Case, bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
+    let mut text = String::from_utf8_lossy(bytes).into_owned();
+    if case.per_choice {
+        text = choice_order(&text);
+    }
     if case.shape_only {
-        mask(&text, &["id", "created", "content", "text"])
+        let keys: Vec<&str> = PER_REQUEST
+            .iter()
+            .copied()
+            .chain(["content", "text"])
+            .collect();
+        mask(&text, &keys)
     } else {
-        mask(&text, &["id", "created"])
+        mask(&text, &PER_REQUEST)
     }
 }
 
+/// The LF-framed events of `text` grouped by the index of their (one) choice, in order within
+/// each; events without a choice (usage, `[DONE]`) after them, in order.
+fn choice_order(text: &str) -> String {
+    let mut events: Vec<(u64, &str)> = text
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|event| {
+            let index = event
+                .strip_prefix("data: ")
+                .and_then(|data| serde_json::from_str::<Value>(data).ok())
+                .and_then(|chunk| chunk["choices"][0]["index"].as_u64())
+                .unwrap_or(u64::MAX);
+            (index, event)
+        })
+        .collect();
+    events.sort_by_key(|(index, _)| *index);
+    events
+        .iter()
+        .map(|(_, event)| format!("{event}\n\n"))
+        .collect()
+}
+
 /// The engine's own account of `upstream.body`, read independently of tokentap's code: for
-/// each data event of a chat/completions stream, the tokens it delivered (from per-chunk usage)
-/// and whether it carried visible text.
+/// each data event of a chat/completions stream, the tokens it delivered (from per-chunk usage,
+/// per choice) and whether it carried visible text; of a `/generate` stream, from its cumulative
+/// `meta_info.completion_tokens` and `text`.
 fn engine_events(body: &[u8]) -> Vec<(u64, bool)> {
     let text = String::from_utf8_lossy(body);
     let mut cumulative = 0u64;
+    let mut per_choice: Vec<u64> = Vec::new();
+    let mut generated = 0usize;
     let mut events = Vec::new();
     for event in text.split("\n\n") {
         let Some(data) = event.strip_prefix("data: ") else {
@@ -259,6 +319,15 @@ fn engine_events(body: &[u8]) -> Vec<(u64, bool)> {
         let Ok(chunk) = serde_json::from_str::<Value>(data) else {
             continue;
         };
+        // sglang `/generate`: cumulative `text`, cumulative `meta_info.completion_tokens`.
+        if let Some(meta) = chunk.get("meta_info") {
+            let total = meta["completion_tokens"].as_u64().unwrap_or(cumulative);
+            let length = chunk["text"].as_str().map_or(generated, str::len);
+            events.push((total.saturating_sub(cumulative), length > generated));
+            cumulative = cumulative.max(total);
+            generated = generated.max(length);
+            continue;
+        }
         let Some(choices) = chunk["choices"].as_array().filter(|c| !c.is_empty()) else {
             continue;
         };
@@ -268,10 +337,17 @@ fn engine_events(body: &[u8]) -> Vec<(u64, bool)> {
                     || c["delta"][k].as_str().is_some_and(|s| !s.is_empty())
             })
         });
+        // Per-chunk usage counts the chunk's choice (sglang's `n` > 1 streams each choice as
+        // its own request, with its own running count).
+        let index = choices[0]["index"].as_u64().unwrap_or(0) as usize;
+        if per_choice.len() <= index.min(64) {
+            per_choice.resize(index.min(64) + 1, 0);
+        }
+        let so_far = &mut per_choice[index.min(64)];
         let delivered = chunk["usage"]["completion_tokens"]
             .as_u64()
-            .map_or(0, |c| c.saturating_sub(cumulative));
-        cumulative += delivered;
+            .map_or(0, |c| c.saturating_sub(*so_far));
+        *so_far += delivered;
         events.push((delivered, visible));
     }
     events
@@ -682,7 +758,12 @@ proptest! {
         framing in framing(24),
         cuts in proptest::collection::vec(any::<proptest::sample::Index>(), 0..24),
     ) {
-        let streams: Vec<Case> = cases().into_iter().filter(Case::event_stream).collect();
+        // (Per-choice cases are compared by regrouping LF-framed events; the frame-split test
+        // above replays them in every split.)
+        let streams: Vec<Case> = cases()
+            .into_iter()
+            .filter(|c| c.event_stream() && !c.per_choice)
+            .collect();
         let case = index.get(&streams);
         let upstream_events = payloads(&case.upstream);
         let direct_events = payloads(&case.direct);

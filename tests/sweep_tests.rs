@@ -1517,4 +1517,61 @@ async fn a_client_hanging_up_during_discovery_leaves_sweeps_usable() {
         !list.to_string().contains("\"starting\""),
         "a sweep is still starting: {list}"
     );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_server_info_never_answers_still_gets_a_sweep() {
+    // sglang answers /server_info only after a round trip to its scheduler, which may never
+    // come (the conformance harness's fake scheduler never answers it): the plan comes from
+    // /v1/models, /model_info and /metrics, which did answer.
+    let sim = SimServer::start(
+        Profile::builtin(STEP).unwrap(),
+        SimOptions {
+            seed: 3,
+            hang_server_info: true,
+            ..SimOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let hung = tokio::time::timeout(
+        Duration::from_millis(500),
+        common::get(&format!("{}/server_info", sim.base_url())),
+    )
+    .await;
+    assert!(hung.is_err(), "the simulator's /server_info hangs");
+    let (server, _) = proxy(&sim.base_url(), "").await;
+    let plan = request(json!({
+        "contexts": [1000, 2000],
+        "concurrency": [1, 2],
+        "cell_duration": "1s",
+    }));
+    let status = run_sweep(&server, plan, Duration::from_secs(90)).await;
+    assert_eq!(status.state, SweepState::Finished, "{status:#?}");
+    let facts = status.server.unwrap();
+    assert_eq!(facts.engine, tokentap::sweep::plan::EngineKind::Sglang);
+    let model = Profile::builtin(STEP).unwrap().model;
+    assert_eq!(
+        facts.served_model.as_deref(),
+        Some(model.served_model_name.as_str())
+    );
+    assert!(facts.context_length.is_some(), "{facts:?}");
+    assert_eq!(
+        facts.model_path.as_deref(),
+        Some(model.model_path.as_str()),
+        "from /model_info (sglang's /v1/models root is the served name)"
+    );
+    assert_eq!(facts.kv_budget_tokens, None, "only /server_info says it");
+    let plan = status.plan.unwrap();
+    assert!(plan.kv_source.starts_with("unknown"), "{}", plan.kv_source);
+    let matrix = status.matrix.unwrap();
+    assert!(!matrix.decode.is_empty());
+    for row in &matrix.prefill {
+        assert_eq!(row.status, CellStatus::Valid, "{row:?}");
+    }
+    for cell in &matrix.decode {
+        assert_eq!(cell.status, CellStatus::Valid, "{cell:?}");
+    }
+    server.shutdown().await;
 }

@@ -340,7 +340,7 @@ impl ProxyServer {
         }
         metrics.watch_server_state(&proxy.meter);
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
-        crate::proxy::served_models::spawn(&proxy);
+        crate::proxy::served_model::spawn(&proxy);
         crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
         let service = ProxyService::new(Arc::clone(&proxy));
         let data_task = tokio::spawn(net::serve_until(
@@ -439,7 +439,8 @@ async fn load_references(
             .model
             .served_model
             .clone()
-            .unwrap_or_else(|| upstream.default_model.clone());
+            .or_else(|| upstream.default_model.clone())
+            .unwrap_or_else(|| crate::proxy::served_model::UNKNOWN_MODEL.to_owned());
         let reference = crate::matrix::compare::Reference {
             upstream: upstream.name.clone(),
             model,

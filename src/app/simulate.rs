@@ -56,6 +56,10 @@ pub struct SimulateArgs {
     /// every stream, asked or not (and say so in /server_info). Default: off, as in sglang.
     #[arg(long)]
     pub stream_response_default_include_usage: bool,
+    /// Never answer /server_info (and /get_server_info), as sglang's does while its scheduler
+    /// does not answer internal-state requests. Default: answer.
+    #[arg(long)]
+    pub hang_server_info: bool,
     /// Override the profile's KV capacity in tokens (max_total_num_tokens). Default: the
     /// profile's `capacity.kv_tokens`.
     #[arg(long, value_name = "TOKENS")]
@@ -142,6 +146,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         enable_cache_report: args.enable_cache_report,
         vocab_size: args.vocab_size,
         stream_response_default_include_usage: args.stream_response_default_include_usage,
+        hang_server_info: args.hang_server_info,
     };
     if let Some(streams) = args.measure_lag {
         let report = lag::measure(

@@ -341,8 +341,10 @@ pub struct UpstreamConfig {
     pub models: Vec<String>,
     /// Requests whose path starts with this go here, with the prefix stripped (extra upstreams only).
     pub path_prefix: Option<String>,
-    /// Model label for requests that name none (sglang `/generate`).
-    pub default_model: String,
+    /// Model label for requests that name none (sglang `/generate`). `None`: the model the
+    /// server serves (the first of its `/v1/models`, asked in the background), `"default"`
+    /// until it has answered.
+    pub default_model: Option<String>,
     pub connect_timeout: Duration,
     /// Longest wait for the response head; zero waits forever (sglang sends headers only at
     /// the first token, which can take minutes for a 1M-token prompt).
@@ -910,7 +912,7 @@ fn upstream(
         url,
         models: raw.models.clone(),
         path_prefix,
-        default_model: raw.default_model.clone(),
+        default_model: raw.default_model.clone().filter(|m| !m.is_empty()),
         connect_timeout: duration("connect_timeout", &raw.connect_timeout)?,
         response_timeout: duration("response_timeout", &raw.response_timeout)?,
         stream_idle_timeout: duration("stream_idle_timeout", &raw.stream_idle_timeout)?,

@@ -99,7 +99,7 @@ pub struct RawUpstream {
     pub url: String,
     pub models: Vec<String>,
     pub path_prefix: Option<String>,
-    pub default_model: String,
+    pub default_model: Option<String>,
     #[serde(deserialize_with = "duration_text")]
     pub connect_timeout: String,
     #[serde(deserialize_with = "duration_text")]
@@ -128,7 +128,7 @@ impl Default for RawUpstream {
             url: "http://127.0.0.1:30000".into(),
             models: Vec::new(),
             path_prefix: None,
-            default_model: "default".into(),
+            default_model: None,
             connect_timeout: "5s".into(),
             response_timeout: "600s".into(),
             stream_idle_timeout: "120s".into(),

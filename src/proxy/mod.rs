@@ -2,11 +2,12 @@
 //! bodies and their idle timeouts, header hygiene, and the one place errors become HTTP
 //! statuses.
 
+pub mod ask;
 pub mod body;
 pub mod connector;
 pub mod error;
 pub mod headers;
-pub mod served_models;
+pub mod served_model;
 pub mod service;
 pub mod timeout;
 pub mod upstream;

@@ -52,7 +52,7 @@ pub struct Synthetic {
 }
 
 /// Interns model names for labels. Names the upstreams serve (their `/v1/models`, refreshed
-/// in the background by `served_models`, and the configured `models` and `default_model`)
+/// in the background by `served_model`, and the configured `models` and `default_model`)
 /// always get their own label; any other name a client sends takes one of `max` first-come
 /// slots, then is `other`. So junk names can never turn a served model into `other`, and the
 /// label set stays bounded by what the servers serve plus `max`.
@@ -395,7 +395,13 @@ impl Proxy {
         );
         let model = match facts.model.as_deref() {
             Some(model) => self.models.label(model),
-            None => Arc::clone(&upstream.default_model),
+            // A request that names no model (sglang `/generate`): the configured label, else
+            // the model the server serves.
+            None => match (&upstream.default_model, upstream.served_model()) {
+                (Some(configured), _) => Arc::clone(configured),
+                (None, Some(served)) => self.models.label(&served),
+                (None, None) => self.models.label(super::served_model::UNKNOWN_MODEL),
+            },
         };
         let (source, tag) = match synthetic {
             Some(s) => (Source::Synthetic, s.tag),

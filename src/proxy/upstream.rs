@@ -5,7 +5,7 @@
 //! `models` match on a metered request's JSON `model`, else the default upstream.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use http::uri::{PathAndQuery, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -15,6 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::RequestBody;
 use super::connector::Limited;
+use crate::base::lock;
 use crate::config::{UpstreamConfig, UsageUnasked};
 use crate::net::faults::FaultCounters;
 use crate::net::tls::{client_config, TlsError};
@@ -34,8 +35,12 @@ pub struct Upstream {
     pub name: Arc<str>,
     pub config: UpstreamConfig,
     pub client: UpstreamClient,
-    /// The default model label (interned once).
-    pub default_model: Arc<str>,
+    /// The configured label for requests that name no model (interned once), if any.
+    pub default_model: Option<Arc<str>>,
+    /// The model the server says it serves (`served_model`, from `/v1/models`), once known:
+    /// the label of requests that name none when no `default_model` is configured. Read once
+    /// per such request, written once a minute.
+    served_model: RwLock<Option<Arc<str>>>,
     /// The server sends the final usage chunk to streams that did not ask (configured
     /// `"final"`, or discovered by `usage_unasked` for `"auto"`).
     pub usage_unasked: AtomicBool,
@@ -92,7 +97,8 @@ impl Upstream {
             .build(connector);
         Ok(Self {
             name: Arc::from(config.name.as_str()),
-            default_model: Arc::from(config.default_model.as_str()),
+            default_model: config.default_model.as_deref().map(Arc::from),
+            served_model: RwLock::new(None),
             usage_unasked: AtomicBool::new(config.sends_usage_unasked == UsageUnasked::Final),
             config,
             client,
@@ -122,6 +128,20 @@ impl Upstream {
                 }
             }
         }
+    }
+
+    /// The model the server last said it serves, if it has.
+    pub fn served_model(&self) -> Option<Arc<str>> {
+        lock::read(&self.served_model).clone()
+    }
+
+    /// Records the model the server says it serves; whether it changed.
+    pub fn set_served_model(&self, model: &str) -> bool {
+        if lock::read(&self.served_model).as_deref() == Some(model) {
+            return false;
+        }
+        *lock::write(&self.served_model) = Some(Arc::from(model));
+        true
     }
 
     /// The upstream URL for messages (no credentials are ever part of it).

@@ -15,11 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use http::{Method, Request};
-use http_body_util::BodyExt;
-
-use super::body::RequestBody;
+use super::ask::{get, DEADLINE};
 use super::upstream::{Router, Upstream};
 use crate::config::UsageUnasked;
 
@@ -28,9 +24,6 @@ pub const RECHECK: Duration = Duration::from_secs(600);
 /// First wait after an upstream did not answer; doubled up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MAX: Duration = Duration::from_secs(60);
-/// Longest wait for one answer, and the largest body read (sglang's server info is ~20 KB).
-const TIMEOUT: Duration = Duration::from_secs(10);
-const MAX_BODY: usize = 1 << 20;
 
 /// What one ask found out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,17 +48,21 @@ pub fn from_server_info(info: &serde_json::Value) -> Discovery {
 }
 
 /// Asks `upstream` once, direct (not through the proxy: routing could send the question to
-/// another upstream).
+/// another upstream), each question within [`DEADLINE`]: sglang's answer waits on its
+/// scheduler, which may not answer at all. The older name `/get_server_info` is asked only when
+/// `/server_info` answered something else than 200 (an sglang before 0.4.7 has no
+/// `/server_info`; a later one serves both from one handler, so one that did not answer the
+/// first would not answer the second, and asking it logs a deprecation warning).
 pub async fn ask(upstream: &Upstream) -> Discovery {
     let mut answered = false;
     for path in ["/server_info", "/get_server_info"] {
-        match get(upstream, path).await {
+        match get(upstream, path, DEADLINE).await {
             Some((200, body)) => {
                 return serde_json::from_slice(&body)
                     .map_or(Discovery::Silent, |info| from_server_info(&info));
             }
             Some(_) => answered = true,
-            None => {}
+            None => break,
         }
     }
     if answered {
@@ -73,33 +70,6 @@ pub async fn ask(upstream: &Upstream) -> Discovery {
     } else {
         Discovery::NoAnswer
     }
-}
-
-/// `GET path` on the upstream: status and body (cut at [`MAX_BODY`]), `None` on any failure.
-pub(super) async fn get(upstream: &Upstream, path: &str) -> Option<(u16, Bytes)> {
-    let uri = upstream.uri(path).ok()?;
-    let request = Request::builder()
-        .method(Method::GET)
-        .uri(uri)
-        .body(RequestBody::Full(None))
-        .ok()?;
-    let exchange = async {
-        let response = upstream.client.request(request).await.ok()?;
-        let status = response.status().as_u16();
-        let mut body = response.into_body();
-        let mut bytes = BytesMut::new();
-        while let Some(frame) = body.frame().await {
-            if let Ok(data) = frame.ok()?.into_data() {
-                let room = MAX_BODY.saturating_sub(bytes.len());
-                bytes.extend_from_slice(data.get(..room.min(data.len())).unwrap_or_default());
-                if bytes.len() >= MAX_BODY {
-                    break;
-                }
-            }
-        }
-        Some((status, bytes.freeze()))
-    };
-    tokio::time::timeout(TIMEOUT, exchange).await.ok().flatten()
 }
 
 /// Starts one background task per `"auto"` upstream. Each holds only a weak reference, so it

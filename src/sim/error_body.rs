@@ -68,6 +68,10 @@ impl Reply {
 pub enum ErrorShape {
     /// sglang's native `/generate`: `{"error":{"message":…}}`.
     SglangNative,
+    /// The error event of sglang's streamed `/generate` (the request was refused after the
+    /// status line): `{"error":{"message":…,"type":"invalid_request_error","code":400,
+    /// "retryable":false}}` (tests/fixtures/engines/sglang-0.5.23/too-long-generate-stream).
+    SglangNativeStream,
     /// sglang's OpenAI-compatible `ErrorResponse`: `{"object":"error","message":…,"type":…,
     /// "param":null,"code":400}`.
     SglangOpenAi { kind: &'static str },
@@ -99,6 +103,11 @@ pub fn write_error(out: &mut String, shape: ErrorShape, message: &str) {
             out.push_str("{\"error\":{\"message\":");
             push_json_str(out, message);
             out.push_str("}}");
+        }
+        ErrorShape::SglangNativeStream => {
+            out.push_str("{\"error\":{\"message\":");
+            push_json_str(out, message);
+            out.push_str(",\"type\":\"invalid_request_error\",\"code\":400,\"retryable\":false}}");
         }
         ErrorShape::SglangOpenAi { kind } => {
             out.push_str("{\"object\":\"error\",\"message\":");
@@ -148,6 +157,15 @@ pub fn write_stream_error(out: &mut String, message: &str) {
     out.push_str("data: ");
     write_error(out, ErrorShape::StreamEvent, message);
     out.push_str("\n\ndata: [DONE]\n\n");
+}
+
+/// sglang's streamed `/generate` refusing a request (too long for the context): status 200,
+/// the error event, `data: [DONE]`.
+pub fn sglang_generate_stream_error(message: &str) -> Reply {
+    let mut out = String::from("data: ");
+    write_error(&mut out, ErrorShape::SglangNativeStream, message);
+    out.push_str("\n\ndata: [DONE]\n\n");
+    Reply::event_stream(out)
 }
 
 impl ApiError {

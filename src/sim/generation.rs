@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::api::{generate, messages, openai, responses};
 use super::body::{CancelGuard, SimBody, SseBody};
-use super::error_body::{write_stream_error, Reply};
+use super::error_body::{sglang_generate_stream_error, write_stream_error, Reply};
 use super::json_out::unix_seconds;
 use super::model::mix_seed;
 use super::options::Dialect;
@@ -71,6 +71,9 @@ where
         Ok(n) => n,
         Err(error) if api == Api::Messages => {
             return messages::engine_error(dialect, parsed.stream, &error.message).into()
+        }
+        Err(error) if api == Api::Generate && dialect == Dialect::Sglang && parsed.stream => {
+            return sglang_generate_stream_error(&error.message).into()
         }
         Err(error) => return error.reply(dialect, api).into(),
     };

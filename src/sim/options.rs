@@ -30,4 +30,8 @@ pub struct SimOptions {
     /// sglang `--stream-response-default-include-usage`: every stream gets the final usage
     /// chunk, asked or not, and `/server_info` says so.
     pub stream_response_default_include_usage: bool,
+    /// `/server_info` (`/get_server_info`) never answers, as sglang's does while its scheduler
+    /// does not answer the tokenizer manager's internal-state request (a scheduler stuck in a
+    /// long step; the conformance harness's fake scheduler never answers it).
+    pub hang_server_info: bool,
 }

@@ -113,6 +113,9 @@ pub struct Output {
     pub reasoning_emitted: u64,
     pub cached_tokens: u64,
     started_output: bool,
+    /// When the first scheduler output was produced (sglang's `/generate` reports the time to
+    /// it as `first_token_latency`).
+    pub first_output_at: Option<Instant>,
     /// Cumulative content (non-stream bodies, `/generate`, Responses' `.done` events).
     pub content: String,
     pub reasoning: String,
@@ -132,6 +135,7 @@ impl Output {
             reasoning_emitted: 0,
             cached_tokens: 0,
             started_output: false,
+            first_output_at: None,
             content: String::new(),
             reasoning: String::new(),
             output_ids: Vec::new(),
@@ -146,6 +150,9 @@ impl Output {
         self.cached_tokens = cached_tokens;
         let first = !self.started_output;
         self.started_output = true;
+        if first {
+            self.first_output_at = Some(Instant::now());
+        }
 
         let mut reasoning_delta = String::new();
         let mut content_delta = String::new();

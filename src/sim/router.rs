@@ -152,6 +152,11 @@ where
     let reply = match route.handler {
         Handler::Generation(api) => return Ok(generation::handle(&state, request, api).await),
         Handler::Models => engine_info::models(&state),
+        Handler::ServerInfo if state.options.hang_server_info => {
+            // Until the client gives up: its connection closing drops this future.
+            std::future::pending::<()>().await;
+            engine_info::server_info(&state)
+        }
         Handler::ServerInfo => engine_info::server_info(&state),
         Handler::ModelInfo => engine_info::model_info(&state),
         Handler::Health => Reply {

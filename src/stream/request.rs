@@ -122,6 +122,10 @@ pub fn injection(
     if !facts.stream || !route.accepts_stream_options() {
         return None;
     }
+    // No `messages` / `prompt`: the server refuses the request, and sglang's validation error
+    // repeats the whole body it was sent (pydantic's `missing` error), injected flags and all
+    // (tests/fixtures/engines/sglang-0.5.23/invalid-request). There is nothing to count anyway.
+    facts.prompt?;
     match server {
         // The server already sends exact per-chunk counts to every stream: adding anything
         // would only risk a difference from what the client gets direct.
@@ -278,6 +282,11 @@ mod tests {
         }
         assert_eq!(
             decide(r#"{"stream":false,"messages":[]}"#, ServerUsage::OnlyAsked),
+            None
+        );
+        // No prompt: refused by the server, whose error may repeat the body it got.
+        assert_eq!(
+            decide(r#"{"stream":true,"model":"m"}"#, ServerUsage::OnlyAsked),
             None
         );
     }

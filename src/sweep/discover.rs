@@ -1,42 +1,45 @@
 //! What the server says about itself, asked through the proxy: `/v1/models` (model,
-//! `max_model_len`), sglang `/server_info` or `/get_server_info` (`max_total_num_tokens`,
-//! `context_length`, version), `/metrics` (which engine: `sglang:` or `vllm:` gauges; vLLM's
-//! KV budget from `vllm:cache_config_info` blocks × block size), `/version`.
+//! `max_model_len`, `owned_by`, `root`), sglang `/server_info` or `/get_server_info`
+//! (`max_total_num_tokens`, `context_length`, version), sglang `/model_info` (model path),
+//! `/metrics` (which engine: `sglang:` or `vllm:` gauges; vLLM's KV budget from
+//! `vllm:cache_config_info` blocks × block size), `/version`.
 //!
-//! Nothing here fails: a fact the server does not offer stays `None`, and the plan says what
-//! it fell back to. The Prometheus text parsing is deliberately small (gauges and one info
-//! metric's labels) and never panics on any input.
+//! Every question has the short deadline [`DISCOVERY_TIMEOUT`] and they are asked at once, so a
+//! server that never answers one of them (sglang answers `/server_info` only after a round trip
+//! to its scheduler) delays the plan by that deadline at most, and the plan is made from what
+//! did answer. Nothing here fails: a fact the server does not offer stays `None`, and the plan
+//! says what it fell back to. The Prometheus text parsing is deliberately small (gauges and one
+//! info metric's labels) and never panics on any input.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use super::client::get_ok;
+use super::client::{get_ok, Answer};
 use super::plan::{EngineKind, ServerFacts};
 use crate::proxy::Proxy;
 
-/// How long one discovery request may take.
-pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one discovery question may take.
+pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Asks the server behind `proxy` what it is.
 pub async fn discover(proxy: &Arc<Proxy>) -> ServerFacts {
     let mut facts = ServerFacts::default();
-    let (models, server_info, metrics) = tokio::join!(
+    let (models, server_info, model_info, metrics, version) = tokio::join!(
         get_ok(proxy, "/v1/models", DISCOVERY_TIMEOUT),
-        async {
-            match get_ok(proxy, "/server_info", DISCOVERY_TIMEOUT).await {
-                Some(answer) => Some(("/server_info", answer)),
-                None => get_ok(proxy, "/get_server_info", DISCOVERY_TIMEOUT)
-                    .await
-                    .map(|answer| ("/get_server_info", answer)),
-            }
-        },
+        server_info(proxy),
+        get_ok(proxy, "/model_info", DISCOVERY_TIMEOUT),
         get_ok(proxy, "/metrics", DISCOVERY_TIMEOUT),
+        get_ok(proxy, "/version", DISCOVERY_TIMEOUT),
     );
 
-    facts.answered = models.is_some() || server_info.is_some() || metrics.is_some();
-    if let Some(models) = models.as_ref().and_then(|a| a.json()) {
+    facts.answered = models.is_some()
+        || server_info.is_some()
+        || model_info.is_some()
+        || metrics.is_some()
+        || version.is_some();
+    if let Some(models) = models.as_ref().and_then(Answer::json) {
         apply_models(&mut facts, &models);
     }
     let metrics_text = metrics.map(|a| a.text()).unwrap_or_default();
@@ -44,18 +47,47 @@ pub async fn discover(proxy: &Arc<Proxy>) -> ServerFacts {
     if let Some((path, info)) = server_info.and_then(|(path, a)| a.json().map(|v| (path, v))) {
         apply_server_info(&mut facts, path, &info);
     }
+    if let Some(info) = model_info.as_ref().and_then(Answer::json) {
+        apply_model_info(&mut facts, &info);
+    }
+    if facts.model_path.is_none() {
+        // Last: vLLM's `root` is the model path; sglang's is the served name.
+        facts.model_path = models
+            .as_ref()
+            .and_then(Answer::json)
+            .and_then(|m| models_root(&m));
+    }
     if facts.engine_version.is_none() {
-        if let Some(version) = get_ok(proxy, "/version", DISCOVERY_TIMEOUT).await {
-            facts.answered = true;
-            if let Some(version) = version.json() {
-                facts.engine_version = text(&version, "version");
-            }
+        if let Some(version) = version.as_ref().and_then(Answer::json) {
+            facts.engine_version = text(&version, "version");
         }
     }
     facts
 }
 
-/// `/v1/models`: the first model and its `max_model_len`.
+/// sglang `/server_info`; its older name `/get_server_info` only when the first is missing
+/// (a non-2xx answer: an sglang before 0.4.7). A `/server_info` that does not answer in time is
+/// not asked again under its other name: a later sglang serves both from one handler.
+async fn server_info(proxy: &Arc<Proxy>) -> Option<(&'static str, Answer)> {
+    match super::client::call(
+        proxy,
+        http::Method::GET,
+        "/server_info",
+        None,
+        DISCOVERY_TIMEOUT,
+    )
+    .await
+    {
+        Ok(answer) if answer.ok() => Some(("/server_info", answer)),
+        Ok(_) => get_ok(proxy, "/get_server_info", DISCOVERY_TIMEOUT)
+            .await
+            .map(|answer| ("/get_server_info", answer)),
+        Err(_) => None,
+    }
+}
+
+/// `/v1/models`: the first model, its `max_model_len`, and which engine lists it (`owned_by`:
+/// sglang and vLLM write their names there).
 pub fn apply_models(facts: &mut ServerFacts, models: &Value) {
     let Some(first) = models
         .get("data")
@@ -68,6 +100,31 @@ pub fn apply_models(facts: &mut ServerFacts, models: &Value) {
     if let Some(length) = first.get("max_model_len").and_then(Value::as_u64) {
         facts.context_length = Some(length);
     }
+    if facts.engine == EngineKind::Unknown {
+        facts.engine = match text(first, "owned_by").as_deref() {
+            Some("sglang") => EngineKind::Sglang,
+            Some("vllm") => EngineKind::Vllm,
+            _ => EngineKind::Unknown,
+        };
+    }
+}
+
+/// `/v1/models`: what the first model was loaded from (`root`), the model path's last fallback.
+pub fn models_root(models: &Value) -> Option<String> {
+    let first = models.get("data")?.as_array()?.first()?;
+    text(first, "root")
+}
+
+/// sglang `/model_info`: the model path (it needs no scheduler, so it answers where
+/// `/server_info` may not), and that the server is sglang. `/server_info`'s path wins.
+pub fn apply_model_info(facts: &mut ServerFacts, info: &Value) {
+    let Some(path) = text(info, "model_path") else {
+        return;
+    };
+    if facts.engine == EngineKind::Unknown {
+        facts.engine = EngineKind::Sglang;
+    }
+    facts.model_path.get_or_insert(path);
 }
 
 /// sglang `/server_info` (or `/get_server_info`): KV budget, context length, version, labels.
@@ -269,6 +326,27 @@ mod tests {
                 ("c".to_owned(), "x\\y".to_owned())
             ]
         );
+    }
+
+    #[test]
+    fn without_server_info_sglang_is_known_by_its_model_list_and_model_info() {
+        let models = serde_json::json!({"object": "list", "data": [{"id": "tiny-llama", "object": "model", "owned_by": "sglang", "root": "tiny-llama", "max_model_len": 2048}]});
+        let mut facts = ServerFacts::default();
+        apply_models(&mut facts, &models);
+        assert_eq!(facts.engine, EngineKind::Sglang);
+        assert_eq!(facts.context_length, Some(2048));
+        apply_model_info(
+            &mut facts,
+            &serde_json::json!({"model_path": "/models/tiny/hf", "served_model_name": "tiny-llama"}),
+        );
+        assert_eq!(facts.model_path.as_deref(), Some("/models/tiny/hf"));
+        assert_eq!(models_root(&models).as_deref(), Some("tiny-llama"));
+        let mut vllm = ServerFacts::default();
+        apply_models(
+            &mut vllm,
+            &serde_json::json!({"data": [{"id": "m", "owned_by": "vllm", "root": "/m"}]}),
+        );
+        assert_eq!(vllm.engine, EngineKind::Vllm);
     }
 
     #[test]

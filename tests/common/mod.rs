@@ -281,11 +281,11 @@ impl Records {
 
 /// A proxy on 127.0.0.1:0 in front of `upstream`, with `extra` TOML appended to its config.
 pub async fn proxy(upstream: &str, extra: &str) -> (ProxyServer, Arc<Records>) {
-    // `sends_usage_unasked = "no"` and `metrics_interval = "0"`: no background `/server_info`
-    // questions or `/metrics` scrapes in the upstream's request log (tests of those configure
-    // them themselves).
+    // `sends_usage_unasked = "no"`, `metrics_interval = "0"` and a `default_model`: no
+    // background `/server_info` or `/v1/models` questions or `/metrics` scrapes in the
+    // upstream's request log (tests of those configure them themselves).
     proxy_from_config(&format!(
-        "[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"\"\n{extra}\n"
+        "[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n[store]\ndata_dir = \"\"\n{extra}\n"
     ))
     .await
 }

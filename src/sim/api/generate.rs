@@ -107,10 +107,12 @@ fn write_object(o: &Output, out: &mut String, first: bool, finish: Option<&Finis
             "{\"type\":\"abort\",\"message\":null,\"status_code\":null,\"err_type\":null}",
         ),
     }
-    // `/generate` never separates reasoning, so its `reasoning_tokens` is always 0.
+    // `/generate` never separates reasoning, so its `reasoning_tokens` is always 0. sglang
+    // 0.5.23 follows `cached_tokens` with `cached_tokens_details` (null without a hierarchical
+    // cache) and the request's data-parallel rank (tests/fixtures/engines/sglang-0.5.23/).
     let _ = write!(
         out,
-        ",\"prompt_tokens\":{},\"weight_version\":\"default\",\"num_retractions\":0,\"reasoning_tokens\":0,\"completion_tokens\":{},\"cached_tokens\":{}",
+        ",\"prompt_tokens\":{},\"weight_version\":\"default\",\"num_retractions\":0,\"reasoning_tokens\":0,\"completion_tokens\":{},\"cached_tokens\":{},\"cached_tokens_details\":null,\"dp_rank\":0",
         o.spec.prompt_tokens, o.completion_tokens, o.cached_tokens
     );
     if first {
@@ -121,10 +123,45 @@ fn write_object(o: &Output, out: &mut String, first: bool, finish: Option<&Finis
         );
     }
     if finish.is_some() {
-        let e2e = Instant::now()
-            .saturating_duration_since(o.spec.started)
-            .as_secs_f64();
-        let _ = write!(out, ",\"e2e_latency\":{e2e:.6}");
+        write_times(o, out);
     }
     out.push_str("}}");
+}
+
+/// The finished request's times, as sglang 0.5.23 ends `meta_info` with them
+/// (tests/fixtures/engines/sglang-0.5.23/generate-*): its end-to-end latency, when it was
+/// received and handed to the scheduler (one instant here: the simulator has no tokenizer
+/// stage), the time to its first output (the whole answer's, not streamed), when the last
+/// event was sent and the request finished, and, streamed, its decode rate after the first
+/// token.
+fn write_times(o: &Output, out: &mut String) {
+    let now = Instant::now();
+    let now_unix = unix_seconds_f64();
+    let e2e = now.saturating_duration_since(o.spec.started).as_secs_f64();
+    let received = now_unix - e2e;
+    let first = match (o.spec.stream, o.first_output_at) {
+        (true, Some(at)) => at.saturating_duration_since(o.spec.started).as_secs_f64(),
+        _ => e2e,
+    };
+    let _ = write!(
+        out,
+        ",\"e2e_latency\":{e2e:.6},\"request_received_ts\":{received:.6},\"first_token_latency\":{first:.6},\"api_server_dispatch_finish_ts\":{received:.6}"
+    );
+    if o.spec.stream {
+        let decoding = e2e - first;
+        let rate = if decoding > 0.0 {
+            o.completion_tokens.saturating_sub(1) as f64 / decoding
+        } else {
+            0.0
+        };
+        let _ = write!(
+            out,
+            ",\"response_sent_to_client_ts\":{now_unix:.6},\"request_finished_ts\":{now_unix:.6},\"decode_throughput\":{rate:.6}"
+        );
+    } else {
+        let _ = write!(
+            out,
+            ",\"request_finished_ts\":{now_unix:.6},\"response_sent_to_client_ts\":{now_unix:.6}"
+        );
+    }
 }

@@ -361,7 +361,9 @@ pub fn write_body(o: &Output, finish: &FinishReason, out: &mut String) {
             push_json_str(out, &o.content);
             out.push_str(",\"reasoning_content\":");
             write_reasoning(o, out);
-            out.push_str(",\"tool_calls\":null},\"logprobs\":null,\"finish_reason\":\"");
+            // sglang 0.5.23 leaves `tool_calls` out when there are none
+            // (tests/fixtures/engines/sglang-0.5.23/chat-nonstream).
+            out.push_str("},\"logprobs\":null,\"finish_reason\":\"");
             out.push_str(finish.openai());
             out.push_str("\",\"matched_stop\":");
             finish.write_matched(out);
@@ -378,7 +380,8 @@ pub fn write_body(o: &Output, finish: &FinishReason, out: &mut String) {
             finish.write_matched(out);
             out.push_str("}],\"usage\":");
             sglang_usage(o, out, completion, false);
-            out.push('}');
+            // Completions carry the weight version too (sglang-0.5.23/completions-nonstream).
+            out.push_str(",\"metadata\":{\"weight_version\":\"default\"}}");
         }
         (Api::Chat, Dialect::Vllm) => {
             out.push_str(
