@@ -1443,7 +1443,7 @@ async fn streams_reset_at_once_never_hold_more_upstream_connections_than_the_lim
     let upstream = EndlessUpstream::start(true).await;
     let served = Served::start(
         &upstream.url(),
-        "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\nmax_connections = 8\nconnect_timeout = \"500ms\"\n",
+        "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"m\"\nmax_connections = 8\nconnect_timeout = \"500ms\"\n",
         None,
     );
     let descriptors = || {
@@ -1552,7 +1552,7 @@ async fn streams_cut_at_the_end_of_the_grace_are_in_the_final_snapshot() {
         rand_suffix()
     ));
     let (server, records) = proxy_from_config(&format!(
-        "[proxy]\nshutdown_grace = \"1s\"\n[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"{}\"\n",
+        "[proxy]\nshutdown_grace = \"1s\"\n[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"m\"\n[store]\ndata_dir = \"{}\"\n",
         upstream.url(),
         dir.display()
     ))

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use common::{client, get, proxy};
+use common::{client, get, proxy, NO_EVIDENCE_MINIMUM};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 use tokentap::aggregate::Window;
@@ -68,7 +68,7 @@ async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_producti
     // Two rounds per level: the figures themselves are under test, not their evidence.
     let (server, records) = proxy(
         &sim.base_url(),
-        "[workload]\ncapture = true\n[evidence]\nmin_requests = 0\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n",
+        &format!("[workload]\ncapture = true\n{NO_EVIDENCE_MINIMUM}"),
     )
     .await;
     let url = format!("http://{}/v1/completions", server.proxy_addr);

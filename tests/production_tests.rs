@@ -26,10 +26,6 @@ const GAP: Duration = Duration::from_millis(25);
 /// Tokens per stream.
 const TOKENS: u64 = 40;
 
-/// An `[evidence]` section that passes every cell, for tests of the figures themselves.
-const NO_EVIDENCE_MINIMUM: &str =
-    "[evidence]\nmin_requests = 0\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n";
-
 /// The scripted upstream of these tests: see `timed_chat_stream`.
 fn timed_stream(request: &Received) -> Script {
     timed_chat_stream(request, TTFT, GAP, None)

@@ -906,16 +906,11 @@ async fn headroom_on_steady_traffic_is_one_minus_load_over_capacity() {
 async fn a_finished_sweep_replaces_the_partial_matrix_on_the_page_at_once() {
     let sim = sim(STEP).await;
     let server = proxy_with_token(&sim.base_url(), "").await;
-    let (code, body) = admin(
+    let id = start_sweep(
         &server,
-        "POST",
-        "/sweeps",
-        Some(TOKEN),
         r#"{"contexts": ["8K"], "concurrency": [1, 2], "cell_duration": "1s"}"#,
     )
     .await;
-    assert_eq!(code, 202, "{body}");
-    let id = body["id"].as_str().unwrap().to_owned();
     let done = wait_status(&server, &id, "finished", Duration::from_secs(90), |s| {
         s["state"] == "finished"
     })
@@ -1373,16 +1368,11 @@ async fn a_matrix_round_trips_through_the_simulator_and_a_sweep() {
 async fn production_arriving_mid_cell_interrupts_it_and_the_cell_is_measured_again() {
     let sim = sim(STEP).await;
     let server = proxy_with_token(&sim.base_url(), "[sweep]\nproduction_guard = 0\n").await;
-    let (code, body) = admin(
+    let id = start_sweep(
         &server,
-        "POST",
-        "/sweeps",
-        Some(TOKEN),
         r#"{"contexts": ["4K"], "concurrency": [2], "cell_duration": "3s"}"#,
     )
     .await;
-    assert_eq!(code, 202, "{body}");
-    let id = body["id"].as_str().unwrap().to_owned();
     wait_status(&server, &id, "the window", Duration::from_secs(30), |s| {
         s["progress"]["current"]["phase"] == "window"
     })

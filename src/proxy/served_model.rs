@@ -23,9 +23,7 @@ pub const REFRESH: Duration = Duration::from_secs(60);
 /// First wait after an upstream did not answer; doubled up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
-/// The label of a request that names no model while neither the configuration nor the server
-/// says one.
-pub const UNKNOWN_MODEL: &str = "default";
+pub use super::upstream::UNKNOWN_MODEL;
 
 /// The first model id of a `/v1/models` answer (OpenAI's list: `{"data":[{"id":…},…]}`).
 pub fn first_model(body: &[u8]) -> Option<String> {

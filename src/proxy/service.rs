@@ -400,7 +400,7 @@ impl Proxy {
             None => match (&upstream.default_model, upstream.served_model()) {
                 (Some(configured), _) => Arc::clone(configured),
                 (None, Some(served)) => self.models.label(&served),
-                (None, None) => self.models.label(super::served_model::UNKNOWN_MODEL),
+                (None, None) => self.models.label(super::upstream::UNKNOWN_MODEL),
             },
         };
         let (source, tag) = match synthetic {

@@ -21,6 +21,10 @@ use crate::net::faults::FaultCounters;
 use crate::net::tls::{client_config, TlsError};
 use crate::stream::request::ServerUsage;
 
+/// The label of a request that names no model while neither the configuration nor the server
+/// says one (`served_model`).
+pub const UNKNOWN_MODEL: &str = "default";
+
 /// The pooled client type of every upstream.
 pub type UpstreamClient = Client<Limited<HttpsConnector<HttpConnector>>, RequestBody>;
 

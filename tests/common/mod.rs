@@ -280,6 +280,11 @@ impl Records {
 }
 
 /// A proxy on 127.0.0.1:0 in front of `upstream`, with `extra` TOML appended to its config.
+/// An `[evidence]` section that passes every cell, for tests of the figures themselves (a
+/// test's traffic lasts seconds; production's default asks for 20 requests, 10 s, 500 tokens).
+pub const NO_EVIDENCE_MINIMUM: &str =
+    "[evidence]\nmin_requests = 0\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n";
+
 pub async fn proxy(upstream: &str, extra: &str) -> (ProxyServer, Arc<Records>) {
     // `sends_usage_unasked = "no"`, `metrics_interval = "0"` and a `default_model`: no
     // background `/server_info` or `/v1/models` questions or `/metrics` scrapes in the
