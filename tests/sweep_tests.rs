@@ -799,6 +799,10 @@ async fn the_capacity_search_finds_the_profile_boundary_with_fewer_cells_than_th
         measured < runnable,
         "the search measured {measured} cells, the ladder {runnable}"
     );
+    assert_eq!(
+        searched["progress"]["measurements_done"], searched["progress"]["measurements_total"],
+        "the cells the search skipped are not left to come"
+    );
     let notes = searched["matrix"]["metadata"]["notes"].to_string();
     assert!(
         notes.contains("Capacity search at 8K: measured 1 ✓, 2 ✓"),

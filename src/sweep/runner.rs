@@ -414,6 +414,11 @@ impl Runner {
                     }
                     let skipped = search.skipped();
                     self.clock.cells_left = self.clock.cells_left.saturating_sub(skipped.len());
+                    // The cells the search did not need are no longer measurements to come.
+                    self.status.update(|s| {
+                        s.progress.measurements_total =
+                            s.progress.measurements_total.saturating_sub(skipped.len());
+                    });
                     let measured: Vec<String> = search
                         .measured()
                         .iter()
