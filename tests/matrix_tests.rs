@@ -1007,6 +1007,13 @@ fn html_report_and_svg_render_in_headless_chromium() {
     b.decode
         .iter_mut()
         .for_each(|cell| cell.total_tok_s = cell.total_tok_s.map(|v| v * 1.1));
+    if let Some(cell) = b
+        .decode
+        .iter_mut()
+        .find(|c| c.context_tokens == 8192 && c.concurrency == 2)
+    {
+        *cell = DecodeCell::status_only(8192, 2, CellStatus::NotRun);
+    }
     let diff_path = dir.join("diff.html");
     std::fs::write(&diff_path, html::render_diff_html(&diff(&doc, &b))).unwrap();
     let diff_dom = chromium_dump_dom(&diff_path, &dir.join("profile-diff"));
@@ -1025,6 +1032,19 @@ fn html_report_and_svg_render_in_headless_chromium() {
             "td"
         ),
         "Not run"
+    );
+    // A status change sits in no ratio cell: one word there, the change in the list below.
+    assert_eq!(
+        element_text(
+            &diff_dom,
+            "data-context=\"8K\" data-concurrency=\"2\"",
+            "td"
+        ),
+        "status changed"
+    );
+    assert!(
+        diff_dom.contains("<li>8K × 2: Valid → Not run</li>"),
+        "{diff_dom}"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

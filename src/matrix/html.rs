@@ -434,19 +434,34 @@ pub fn ratio_grid_fragment(diff: &MatrixDiff) -> String {
         let _ = write!(out, "<tr><th>{}</th>", escape(&label));
         for concurrency in &concurrencies {
             let cell = diff.cell(*context, *concurrency);
-            let text = grid_text(cell);
+            let changed = cell.is_some_and(|c| c.status_changed);
+            // A status change is not a ratio: the cell says so in one word, the change itself
+            // is in its title and in the "Status changes" list.
+            let (text, title) = if changed {
+                ("status changed".to_owned(), grid_text(cell))
+            } else {
+                (grid_text(cell), String::new())
+            };
             let ratio = cell
                 .filter(|c| !c.status_changed && c.status_a == Some(CellStatus::Valid))
                 .and_then(|c| c.ratios.total_tok_s);
-            let changed = cell.is_some_and(|c| c.status_changed);
-            let class = if changed { " class=\"changed\"" } else { "" };
+            let class = if changed {
+                " class=\"changed not-compared\""
+            } else {
+                ""
+            };
+            let title = if title.is_empty() {
+                String::new()
+            } else {
+                format!(" title=\"{}\"", escape(&title))
+            };
             let style = ratio.map_or_else(String::new, |r| {
                 format!(" style=\"background:{}\"", ratio_colour(r))
             });
             let data_ratio = ratio.map_or_else(String::new, |r| format!(" data-ratio=\"{r}\""));
             let _ = write!(
                 out,
-                "<td{class}{style} data-context=\"{}\" data-concurrency=\"{concurrency}\"{data_ratio}>{}</td>",
+                "<td{class}{style}{title} data-context=\"{}\" data-concurrency=\"{concurrency}\"{data_ratio}>{}</td>",
                 escape(&label),
                 escape(&text)
             );
