@@ -1492,7 +1492,16 @@ async fn streams_reset_at_once_never_hold_more_upstream_connections_than_the_lim
         most_fds - idle_fds
     );
     task.abort();
+    // The reset streams' upstream connections are closed first (the proxy's descriptors back
+    // to idle), so the 8 requests below take all 8 slots.
+    let start = Instant::now();
+    while descriptors() > idle_fds + 2 && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // At the limit, a request that cannot get a connection within connect_timeout is a 503.
+    // (The hanging upstream never notices a closed connection, so what is counted is the new
+    // connections it accepted for these 8.)
+    let accepted_before = upstream.accepted.load(std::sync::atomic::Ordering::SeqCst);
     let mut waiting = Vec::new();
     for _ in 0..8 {
         let url = format!("http://{}/v1/chat/completions", served.proxy);
@@ -1501,9 +1510,15 @@ async fn streams_reset_at_once_never_hold_more_upstream_connections_than_the_lim
         ));
     }
     let start = Instant::now();
-    while upstream.open() < 8 && start.elapsed() < Duration::from_secs(10) {
+    while upstream.accepted.load(std::sync::atomic::Ordering::SeqCst) < accepted_before + 8
+        && start.elapsed() < Duration::from_secs(10)
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    assert!(
+        upstream.accepted.load(std::sync::atomic::Ordering::SeqCst) >= accepted_before + 8,
+        "the 8 requests hold the 8 upstream connections"
+    );
     let response = post(
         &format!("http://{}/v1/chat/completions", served.proxy),
         CHAT_WITH_USAGE,
