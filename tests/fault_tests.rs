@@ -2005,6 +2005,18 @@ async fn failing_capture_writes_are_logged_once_with_their_cause_and_the_lost_ro
     assert_eq!(post(&url, CHAT_WITH_USAGE).await.status, 200);
     let database = rusqlite::Connection::open(dir.join("tokentap.sqlite3")).unwrap();
     database.busy_timeout(Duration::from_secs(10)).unwrap();
+    // The first request's row is written (batches are asynchronous) before the table goes, so
+    // exactly the next REQUESTS rows are the lost ones.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let stored: i64 = database
+            .query_row("SELECT count(*) FROM workload", [], |row| row.get(0))
+            .unwrap_or(0);
+        if stored >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     database.execute_batch("DROP TABLE workload").unwrap();
     drop(database);
     const REQUESTS: usize = 60;
