@@ -183,19 +183,79 @@ fn free_port() -> u16 {
         .port()
 }
 
-async fn wait_for_port(addr: SocketAddr) {
+/// Whether something listens on `addr` within 5 s.
+async fn listens(addr: SocketAddr) -> bool {
     for _ in 0..200 {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return;
+            return true;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    panic!("nothing listens on {addr}");
+    false
 }
 
-async fn start_proxy(upstream: SocketAddr, upstream_http2: bool) -> Proxy {
+async fn wait_for_port(addr: SocketAddr) {
+    assert!(listens(addr).await, "nothing listens on {addr}");
+}
+
+/// One tokentap under test: a name, its binary, and environment settings for it (config
+/// overrides such as `TOKENTAP_PROXY__MAX_STREAM_BUFFER=409600`).
+struct Subject {
+    name: String,
+    binary: String,
+    env: Vec<(String, String)>,
+}
+
+/// The tokentaps under test: `OVERHEAD_AB="A=/path/old,B=/path/new;TOKENTAP_X__Y=v"` runs them
+/// interleaved in one run (each entry `name=binary[;KEY=VALUE…]`); otherwise
+/// `OVERHEAD_TOKENTAP` or this build's `tokentap`.
+fn tokentap_subjects() -> Vec<Subject> {
+    if let Ok(list) = std::env::var("OVERHEAD_AB") {
+        let parsed: Vec<Subject> = list
+            .split(',')
+            .filter_map(|entry| {
+                let mut parts = entry.split(';');
+                let (name, binary) = parts.next()?.split_once('=')?;
+                let env = parts
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                    .collect();
+                Some(Subject {
+                    name: name.trim().to_string(),
+                    binary: binary.trim().to_string(),
+                    env,
+                })
+            })
+            .collect();
+        if !parsed.is_empty() {
+            return parsed;
+        }
+    }
+    let binary = std::env::var("OVERHEAD_TOKENTAP")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_tokentap").to_string());
+    vec![Subject {
+        name: "tokentap".to_string(),
+        binary,
+        env: Vec::new(),
+    }]
+}
+
+/// A command that runs `program` pinned to the cores of `OVERHEAD_PROXY_CPUS` (taskset), or
+/// unpinned when it is not set; every proxy under test gets the same cores.
+fn proxy_command(program: &str) -> Command {
+    match std::env::var("OVERHEAD_PROXY_CPUS") {
+        Ok(cpus) if !cpus.is_empty() => {
+            let mut command = Command::new("taskset");
+            command.args(["-c", &cpus, program]);
+            command
+        }
+        _ => Command::new(program),
+    }
+}
+
+async fn start_proxy(subject: &Subject, upstream: SocketAddr, upstream_http2: bool) -> Proxy {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+    let child = proxy_command(&subject.binary)
         .args([
             "serve",
             "--upstream",
@@ -210,6 +270,7 @@ async fn start_proxy(upstream: SocketAddr, upstream_http2: bool) -> Proxy {
             if upstream_http2 { "true" } else { "false" },
         )
         .env("RUST_LOG", "warn")
+        .envs(subject.env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
@@ -217,14 +278,15 @@ async fn start_proxy(upstream: SocketAddr, upstream_http2: bool) -> Proxy {
     Proxy { child, addr }
 }
 
-/// nginx with `proxy_buffering off` in front of `upstream`; `None` when nginx is not installed.
-struct Nginx {
+/// A baseline proxy process (nginx or HAProxy) and its config directory; killed and removed on drop.
+/// `start_nginx`: nginx with `proxy_buffering off` in front of `upstream`; `None` without nginx.
+struct Baseline {
     child: Child,
     addr: SocketAddr,
     dir: std::path::PathBuf,
 }
 
-impl Drop for Nginx {
+impl Drop for Baseline {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -232,7 +294,7 @@ impl Drop for Nginx {
     }
 }
 
-async fn start_nginx(upstream: SocketAddr) -> Option<Nginx> {
+async fn start_nginx(upstream: SocketAddr) -> Option<Baseline> {
     let binary = ["/usr/sbin/nginx", "/usr/bin/nginx"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())?;
@@ -240,11 +302,11 @@ async fn start_nginx(upstream: SocketAddr) -> Option<Nginx> {
     let dir = std::env::temp_dir().join(format!("tokentap-nginx-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("logs")).unwrap();
     let config = format!(
-        "worker_processes 2;\ndaemon off;\nmaster_process on;\npid {dir}/nginx.pid;\nerror_log {dir}/logs/error.log warn;\nevents {{ worker_connections 20000; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {dir}/body;\n  proxy_temp_path {dir}/proxy;\n  upstream up {{ server {upstream}; keepalive 1024; }}\n  server {{\n    listen {addr};\n    location / {{\n      proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_request_buffering off;\n      proxy_read_timeout 3600s;\n    }}\n  }}\n}}\n",
+        "worker_processes 2;\nworker_rlimit_nofile 100000;\ndaemon off;\nmaster_process on;\npid {dir}/nginx.pid;\nerror_log {dir}/logs/error.log warn;\nevents {{ worker_connections 40000; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {dir}/body;\n  proxy_temp_path {dir}/proxy;\n  upstream up {{ server {upstream}; keepalive 1024; }}\n  server {{\n    listen {addr};\n    location / {{\n      proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_request_buffering off;\n      proxy_read_timeout 3600s;\n    }}\n  }}\n}}\n",
         dir = dir.display()
     );
     std::fs::write(dir.join("nginx.conf"), config).unwrap();
-    let child = Command::new(binary)
+    let child = proxy_command(binary)
         .args([
             "-c",
             &dir.join("nginx.conf").display().to_string(),
@@ -256,7 +318,39 @@ async fn start_nginx(upstream: SocketAddr) -> Option<Nginx> {
         .spawn()
         .ok()?;
     wait_for_port(addr).await;
-    Some(Nginx { child, addr, dir })
+    Some(Baseline { child, addr, dir })
+}
+
+/// HAProxy in front of `upstream` (`option http-no-delay`, no request buffering, two threads as
+/// nginx has two workers); `None` when HAProxy is not installed.
+async fn start_haproxy(upstream: SocketAddr) -> Option<Baseline> {
+    let binary = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())?;
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let dir = std::env::temp_dir().join(format!("tokentap-haproxy-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Two descriptors per proxied stream: HAProxy refuses to start with more than the limit allows.
+    let descriptors = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .unwrap_or(1_048_576);
+    let maxconn = descriptors.saturating_sub(200) / 2;
+    let config = format!(
+        "global\n  maxconn {maxconn}\n  nbthread 2\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n  option http-no-delay\n  http-reuse always\nfrontend bench\n  bind {addr}\n  default_backend up\nbackend up\n  server up {upstream} maxconn {maxconn}\n"
+    );
+    std::fs::write(dir.join("haproxy.cfg"), config).unwrap();
+    let child = proxy_command(binary)
+        .args(["-db", "-f", &dir.join("haproxy.cfg").display().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    let haproxy = Baseline { child, addr, dir };
+    if !listens(addr).await {
+        println!("haproxy: did not start (see its config in {})", haproxy.dir.display());
+        return None;
+    }
+    Some(haproxy)
 }
 
 /// CPU seconds (user + system) used so far by `pid` and its children processes (nginx workers).
@@ -529,22 +623,154 @@ async fn idle_rss(proxy: &Proxy, streams: u64) -> (u64, u64, u64) {
     (opened, base, with_streams)
 }
 
+/// A CPU list as taskset writes it (`0-3,8`), or `None` when empty or unreadable.
+fn cpu_list(text: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<usize>().ok()?..=b.parse::<usize>().ok()?),
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+/// Pins the calling thread to `cpus` (a no-op when the list is empty).
+fn pin_thread(cpus: &[usize]) {
+    if cpus.is_empty() {
+        return;
+    }
+    let mut set = rustix::thread::CpuSet::new();
+    for &cpu in cpus {
+        set.set(cpu);
+    }
+    let _ = rustix::thread::sched_setaffinity(None, &set);
+}
+
+/// A multi-threaded runtime whose workers are pinned to the cores in the environment variable
+/// `pin_from` (all cores when it is unset).
+fn runtime_pinned(pin_from: &str) -> tokio::runtime::Runtime {
+    let cpus = std::env::var(pin_from)
+        .ok()
+        .and_then(|v| cpu_list(&v))
+        .unwrap_or_default();
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if !cpus.is_empty() {
+        builder.worker_threads(cpus.len());
+        let pinned = cpus.clone();
+        builder.on_thread_start(move || pin_thread(&pinned));
+    }
+    pin_thread(&cpus);
+    builder.enable_all().build().unwrap()
+}
+
+/// Raises this process's open-file soft limit to its hard limit: the client and the in-process
+/// upstream hold a socket per stream each.
+fn raise_fd_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    limit.current = limit.maximum;
+    let _ = setrlimit(Resource::Nofile, limit);
+}
+
+/// What one proxy added to one run of streams, against the direct run just before it.
+struct Row {
+    round: u64,
+    subject: String,
+    events: u64,
+    failures: u64,
+    ttft_p50: f64,
+    ttft_p99: f64,
+    frame_p50: f64,
+    frame_p99: f64,
+    finish_p99: f64,
+    cpu_us_per_event: f64,
+    idle_kib_per_stream: Option<f64>,
+}
+
+/// Runs the streams direct and then through `target` (the proxy process `pid`), and returns
+/// what the proxy added (ms) and its CPU per forwarded event (µs).
+async fn measure(
+    subject: &str,
+    round: u64,
+    target: SocketAddr,
+    pid: u32,
+    upstream: SocketAddr,
+    shape: (u64, u64, u64),
+    epoch: Instant,
+) -> Row {
+    let (streams, events, interval) = shape;
+    // Warm both paths (connections, allocator, page cache) before measuring either.
+    run_streams(upstream, streams.min(100), 10, interval, epoch).await;
+    run_streams(target, streams.min(100), 10, interval, epoch).await;
+    let mut direct = run_streams(upstream, streams, events, interval, epoch).await;
+    let before = cpu_seconds(pid);
+    let mut through = run_streams(target, streams, events, interval, epoch).await;
+    let cpu = cpu_seconds(pid) - before;
+    let added = |through: &mut Vec<u64>, direct: &mut Vec<u64>, q: f64| {
+        quantile(through, q) - quantile(direct, q)
+    };
+    Row {
+        round,
+        subject: subject.to_string(),
+        events: through.events,
+        failures: through.failures + direct.failures,
+        ttft_p50: added(&mut through.ttft_us, &mut direct.ttft_us, 0.5),
+        ttft_p99: added(&mut through.ttft_us, &mut direct.ttft_us, 0.99),
+        frame_p50: added(&mut through.lateness_us, &mut direct.lateness_us, 0.5),
+        frame_p99: added(&mut through.lateness_us, &mut direct.lateness_us, 0.99),
+        finish_p99: quantile(&mut through.finish_lateness_us, 0.99),
+        cpu_us_per_event: cpu * 1e6 / through.events.max(1) as f64,
+        idle_kib_per_stream: None,
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.retain(|v| v.is_finite());
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+/// The CPU ratio of `row` to the nginx row of the same round, when nginx ran.
+fn nginx_ratio(row: &Row, rows: &[Row]) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.round == row.round && r.subject == "nginx")
+        .map(|nginx| row.cpu_us_per_event / nginx.cpu_us_per_event)
+}
+
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    raise_fd_limit();
+    let streams = env_or("OVERHEAD_STREAMS", 1000);
+    let events = env_or("OVERHEAD_EVENTS", 200);
+    let interval = env_or("OVERHEAD_INTERVAL_MS", 50);
+    let idle = env_or("OVERHEAD_IDLE", 2000);
+    let held = env_or("OVERHEAD_HELD", 10_000);
+    let rounds = env_or("OVERHEAD_ROUNDS", 1).max(1);
+    let soak_seconds = env_or("OVERHEAD_SOAK_SECS", 0);
+    let subjects = tokentap_subjects();
+    let epoch = Instant::now();
+    // With OVERHEAD_UPSTREAM_CPUS the upstream runs on a runtime of its own, pinned there; the
+    // client (this runtime) is pinned to OVERHEAD_CLIENT_CPUS; the proxies to OVERHEAD_PROXY_CPUS.
+    let upstream_runtime = std::env::var("OVERHEAD_UPSTREAM_CPUS")
+        .ok()
+        .filter(|v| cpu_list(v).is_some())
+        .map(|_| runtime_pinned("OVERHEAD_UPSTREAM_CPUS"));
+    let runtime = runtime_pinned("OVERHEAD_CLIENT_CPUS");
+    let upstream = match &upstream_runtime {
+        Some(own) => own.block_on(upstream(epoch)),
+        None => runtime.block_on(upstream(epoch)),
+    };
     runtime.block_on(async {
-        let streams = env_or("OVERHEAD_STREAMS", 1000);
-        let events = env_or("OVERHEAD_EVENTS", 200);
-        let interval = env_or("OVERHEAD_INTERVAL_MS", 50);
-        let idle = env_or("OVERHEAD_IDLE", 2000);
-        let held = env_or("OVERHEAD_HELD", 10_000);
-        let soak_seconds = env_or("OVERHEAD_SOAK_SECS", 0);
-        let epoch = Instant::now();
-        let upstream = upstream(epoch).await;
         if soak_seconds > 0 {
-            let proxy = start_proxy(upstream, false).await;
+            let proxy = start_proxy(&subjects[0], upstream, false).await;
             println!("soak: {streams} clients running back-to-back 5 s streams through tokentap for {soak_seconds} s");
             let (samples, completed) = soak(&proxy, streams, soak_seconds, Duration::from_secs(30)).await;
             for (at, kib) in &samples {
@@ -555,76 +781,115 @@ fn main() {
             println!("soak: {completed} streams completed; RSS after the first 30 s {first_full} KiB, at the end {last} KiB ({:+.1}%)", (last as f64 / first_full.max(1) as f64 - 1.0) * 100.0);
             return;
         }
-        println!("overhead bench: {streams} streams × {events} events every {interval} ms (client, upstream and proxy share this machine)");
-
-        let proxy = start_proxy(upstream, false).await;
-        // Warm both paths (connections, allocator, page cache) before measuring either.
-        run_streams(upstream, streams.min(100), 10, interval, epoch).await;
-        run_streams(proxy.addr, streams.min(100), 10, interval, epoch).await;
-        let mut direct = run_streams(upstream, streams, events, interval, epoch).await;
-        let cpu_before = cpu_seconds(proxy.child.id());
-        let mut through = run_streams(proxy.addr, streams, events, interval, epoch).await;
-        let proxy_cpu = cpu_seconds(proxy.child.id()) - cpu_before;
-        println!("| path | events | failures | TTFT p50 ms | TTFT p99 ms | frame lateness p50 ms | p99 ms |");
-        println!("|---|---|---|---|---|---|---|");
-        for (name, r) in [("direct (baseline)", &mut direct), ("through tokentap", &mut through)] {
+        let pinning = match std::env::var("OVERHEAD_PROXY_CPUS") {
+            Ok(cpus) if !cpus.is_empty() => format!(
+                "pinned: proxy cores {cpus}, upstream cores {}, client cores {}",
+                std::env::var("OVERHEAD_UPSTREAM_CPUS").unwrap_or_default(),
+                std::env::var("OVERHEAD_CLIENT_CPUS").unwrap_or_default()
+            ),
+            _ => "client, upstream and proxy share this machine's cores".to_string(),
+        };
+        println!("overhead bench: {streams} streams × {events} events every {interval} ms; {rounds} round(s); {pinning}");
+        let shape = (streams, events, interval);
+        let mut rows = Vec::new();
+        for round in 1..=rounds {
+            // A B A B: every binary and baseline once per round, so drift of a shared machine
+            // lands on all of them alike.
+            for subject in &subjects {
+                let proxy = start_proxy(subject, upstream, false).await;
+                // Idle streams first, on a fresh process: after the streaming run the allocator
+                // keeps what 1,000 active streams used, and idle ones would cost nothing new.
+                let idle_kib = if idle > 0 {
+                    let (opened, base_rss, rss) = idle_rss(&proxy, idle).await;
+                    Some(rss.saturating_sub(base_rss) as f64 / opened.max(1) as f64)
+                } else {
+                    None
+                };
+                let mut row = measure(&subject.name, round, proxy.addr, proxy.child.id(), upstream, shape, epoch).await;
+                row.idle_kib_per_stream = idle_kib;
+                rows.push(row);
+            }
+            match start_nginx(upstream).await {
+                Some(nginx) => rows.push(measure("nginx", round, nginx.addr, nginx.child.id(), upstream, shape, epoch).await),
+                None if round == 1 => println!("nginx: skipped (not installed: apt-get install nginx-light)"),
+                None => {}
+            }
+            match start_haproxy(upstream).await {
+                Some(haproxy) => rows.push(measure("haproxy", round, haproxy.addr, haproxy.child.id(), upstream, shape, epoch).await),
+                None if round == 1 => println!("haproxy: skipped (not installed: apt-get install haproxy)"),
+                None => {}
+            }
+        }
+        println!("| round | proxy | events | failures | added TTFT p50 ms | p99 ms | added per frame p50 ms | p99 ms | finish event p99 ms | CPU µs/event | ÷ nginx | KiB per idle stream |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        for row in &rows {
             println!(
-                "| {name} | {} | {} | {:.3} | {:.3} | {:.3} | {:.3} |",
-                r.events,
-                r.failures,
-                quantile(&mut r.ttft_us, 0.5),
-                quantile(&mut r.ttft_us, 0.99),
-                quantile(&mut r.lateness_us, 0.5),
-                quantile(&mut r.lateness_us, 0.99)
+                "| {} | {} | {} | {} | {:+.3} | {:+.3} | {:+.3} | {:+.3} | {:.3} | {:.1} | {} | {} |",
+                row.round,
+                row.subject,
+                row.events,
+                row.failures,
+                row.ttft_p50,
+                row.ttft_p99,
+                row.frame_p50,
+                row.frame_p99,
+                row.finish_p99,
+                row.cpu_us_per_event,
+                nginx_ratio(row, &rows).map_or("—".to_string(), |r| format!("{r:.2}")),
+                row.idle_kib_per_stream.map_or("—".to_string(), |k| format!("{k:.1}")),
             );
         }
-        println!(
-            "added by tokentap: TTFT p50 {:+.3} ms, p99 {:+.3} ms; per frame p50 {:+.3} ms, p99 {:+.3} ms",
-            quantile(&mut through.ttft_us, 0.5) - quantile(&mut direct.ttft_us, 0.5),
-            quantile(&mut through.ttft_us, 0.99) - quantile(&mut direct.ttft_us, 0.99),
-            quantile(&mut through.lateness_us, 0.5) - quantile(&mut direct.lateness_us, 0.5),
-            quantile(&mut through.lateness_us, 0.99) - quantile(&mut direct.lateness_us, 0.99),
-        );
-        println!(
-            "finish event lateness (held until the next event when tokentap injected usage): direct p50 {:.3} ms, p99 {:.3} ms; through tokentap p50 {:.3} ms, p99 {:.3} ms",
-            quantile(&mut direct.finish_lateness_us, 0.5),
-            quantile(&mut direct.finish_lateness_us, 0.99),
-            quantile(&mut through.finish_lateness_us, 0.5),
-            quantile(&mut through.finish_lateness_us, 0.99),
-        );
-        let per_event = |cpu: f64, events: u64| cpu * 1e6 / events.max(1) as f64;
-        println!("tokentap CPU: {proxy_cpu:.2} s for {} events = {:.1} µs/event", through.events, per_event(proxy_cpu, through.events));
-        match start_nginx(upstream).await {
-            Some(nginx) => {
-                let before = cpu_seconds(nginx.child.id());
-                let via_nginx = run_streams(nginx.addr, streams, events, interval, epoch).await;
-                let nginx_cpu = cpu_seconds(nginx.child.id()) - before;
-                println!(
-                    "nginx CPU (proxy_buffering off): {nginx_cpu:.2} s for {} events = {:.1} µs/event; tokentap/nginx = {:.2}",
-                    via_nginx.events,
-                    per_event(nginx_cpu, via_nginx.events),
-                    per_event(proxy_cpu, through.events) / per_event(nginx_cpu, via_nginx.events)
-                );
+        let mut names: Vec<&str> = Vec::new();
+        for row in &rows {
+            if !names.contains(&row.subject.as_str()) {
+                names.push(&row.subject);
             }
-            None => println!("nginx CPU: skipped (nginx not installed: apt-get install nginx-light)"),
+        }
+        for subject in &names {
+            let of = |f: &dyn Fn(&Row) -> Option<f64>| {
+                median(rows.iter().filter(|r| r.subject == *subject).filter_map(f).collect())
+            };
+            println!(
+                "median {subject}: added TTFT p99 {:+.3} ms; per frame p50 {:+.3} ms, p99 {:+.3} ms; CPU {:.1} µs/event; ÷ nginx {:.2}; idle stream {:.1} KiB",
+                of(&|r| Some(r.ttft_p99)),
+                of(&|r| Some(r.frame_p50)),
+                of(&|r| Some(r.frame_p99)),
+                of(&|r| Some(r.cpu_us_per_event)),
+                of(&|r| nginx_ratio(r, &rows)),
+                of(&|r| r.idle_kib_per_stream),
+            );
+        }
+        if env_or("OVERHEAD_VERDICT", 0) == 1 {
+            for Subject { name, .. } in &subjects {
+                let mine: Vec<&Row> = rows.iter().filter(|r| &r.subject == name).collect();
+                let ttft = median(mine.iter().map(|r| r.ttft_p99).collect());
+                let frame = median(mine.iter().map(|r| r.frame_p99).collect());
+                let ratio = median(mine.iter().filter_map(|r| nginx_ratio(r, &rows)).collect());
+                let verdict = |ok: bool| if ok { "PASS" } else { "FAIL" };
+                println!("verdict {name} at {streams} streams: added TTFT p99 {ttft:+.3} ms (bar ≤ 1 ms): {}", verdict(ttft <= 1.0));
+                println!("verdict {name} at {streams} streams: added per-frame p99 {:+.0} µs (bar ≤ 200 µs): {}", frame * 1000.0, verdict(frame <= 0.2));
+                if ratio.is_finite() {
+                    println!("verdict {name} at {streams} streams: CPU ÷ nginx {ratio:.2} (bar ≤ 1.00, goal ≤ 0.90): {}", verdict(ratio <= 1.0));
+                } else {
+                    println!("verdict {name} at {streams} streams: CPU ÷ nginx not measured (no nginx)");
+                }
+            }
         }
 
-        // Memory per idle in-flight stream, HTTP/1.1 on both sides.
-        let (opened, base_rss, rss) = idle_rss(&proxy, idle).await;
-        println!(
-            "idle streams: {opened}/{idle} open; proxy RSS {base_rss} KiB → {rss} KiB = {:.1} KiB per idle in-flight stream",
-            (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64
-        );
-        drop(proxy);
-
-        // 10,000 held: HTTP/1.1 from clients, HTTP/2 to the upstream (this machine's 20,000
-        // file descriptors per process would not fit 10,000 upstream sockets beside 10,000
-        // client sockets in one proxy process).
-        let proxy = start_proxy(upstream, true).await;
-        let (opened, base_rss, rss) = idle_rss(&proxy, held).await;
-        println!(
-            "held: {opened}/{held} concurrent streams open through one proxy; RSS {base_rss} KiB → {rss} KiB ({:.1} KiB per stream)",
-            (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64
-        );
+        if held > 0 {
+            // Held streams: HTTP/1.1 from clients, HTTP/2 to the upstream (this machine's 20,000
+            // file descriptors per process would not fit 10,000 upstream sockets beside 10,000
+            // client sockets in one proxy process), with the default config.
+            let proxy = start_proxy(&subjects[0], upstream, true).await;
+            let (opened, base_rss, rss) = idle_rss(&proxy, held).await;
+            println!(
+                "held: {opened}/{held} concurrent streams open through one proxy ({}); RSS {base_rss} KiB → {rss} KiB ({:.1} KiB per stream)",
+                subjects[0].name,
+                (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64
+            );
+            if env_or("OVERHEAD_VERDICT", 0) == 1 {
+                println!("verdict {} held: {opened}/{held} streams: {}", subjects[0].name, if opened == held { "PASS" } else { "FAIL" });
+            }
+        }
     });
 }

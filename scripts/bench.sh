@@ -1,20 +1,115 @@
 #!/usr/bin/env bash
 # Runs tokentap's benchmarks and prints the figures recorded in docs/benchmarks.md.
 # Every figure is a ratio or a count measured against a baseline in the same run.
-#   scripts/bench.sh            all benches
-#   scripts/bench.sh stream     only the hot-path bench
-#   scripts/bench.sh overhead   only the end-to-end bench (direct vs tokentap vs nginx)
+#   scripts/bench.sh                       all benches
+#   scripts/bench.sh stream                only the hot-path bench
+#   scripts/bench.sh overhead              only the end-to-end bench (direct vs tokentap vs nginx vs HAProxy)
+#   scripts/bench.sh overhead --dedicated  the bars on a machine with cores to spare: proxy, upstream
+#                                          and client pinned to disjoint cores (8 or more), 1,000 and
+#                                          10,000 streams, one verdict line per bar
+#   scripts/bench.sh overhead --ab OLD_BINARY   the tree's tokentap against another build, interleaved
+#                                          A B A B (OVERHEAD_ROUNDS, default 3)
+# --dedicated needs only built binaries: with cargo it builds them; without, it runs
+# $OVERHEAD_BENCH_BIN (target/release/deps/overhead-*) against $OVERHEAD_TOKENTAP
+# (target/release/tokentap), so both can be copied to another machine with this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(uname -sr)"
 which=${1:-all}
+mode=${2:-}
+
+# nginx and HAProxy are the baselines; the bench says "skipped" for one that is missing.
+install_baselines() {
+  local missing=()
+  command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
+  command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || missing+=(haproxy)
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "installing ${missing[*]} (the baselines)"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null \
+        || echo "warning: could not install ${missing[*]}; their rows will say skipped"
+    else
+      echo "warning: ${missing[*]} not installed and cannot install here (needs root and apt-get); their rows will say skipped"
+    fi
+  fi
+  # The packages start their services; the bench runs its own instances.
+  if command -v systemctl >/dev/null 2>&1; then systemctl stop nginx haproxy >/dev/null 2>&1 || true; fi
+}
+
+# The bench binary and the tokentap binary it runs: built here when cargo exists.
+find_binaries() {
+  if [ -z "${OVERHEAD_BENCH_BIN:-}" ] && command -v cargo >/dev/null 2>&1; then
+    cargo build --release --quiet
+    OVERHEAD_BENCH_BIN=$(cargo bench --bench overhead --no-run --message-format=json 2>/dev/null \
+      | grep -o '"executable":"[^"]*overhead[^"]*"' | tail -1 | cut -d'"' -f4)
+  fi
+  if [ -z "${OVERHEAD_BENCH_BIN:-}" ]; then
+    OVERHEAD_BENCH_BIN=$(ls -t target/release/deps/overhead-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
+  fi
+  if [ -z "${OVERHEAD_BENCH_BIN:-}" ] || [ ! -x "$OVERHEAD_BENCH_BIN" ]; then
+    echo "error: no overhead bench binary: build it with 'cargo bench --bench overhead --no-run' or set OVERHEAD_BENCH_BIN" >&2
+    exit 2
+  fi
+  export OVERHEAD_TOKENTAP=${OVERHEAD_TOKENTAP:-$PWD/target/release/tokentap}
+  if [ ! -x "$OVERHEAD_TOKENTAP" ]; then
+    echo "error: no tokentap binary at $OVERHEAD_TOKENTAP: 'cargo build --release' or set OVERHEAD_TOKENTAP" >&2
+    exit 2
+  fi
+}
+
+# Disjoint core sets when the machine has 8 or more: a quarter (at least 2) for the proxy under
+# test, a quarter for the upstream, the rest for the client.
+pin_cores() {
+  local cores proxy upstream
+  cores=$(nproc)
+  if [ "$cores" -ge 8 ]; then
+    proxy=$(( cores / 4 )); [ "$proxy" -ge 2 ] || proxy=2
+    upstream=$proxy
+    export OVERHEAD_PROXY_CPUS="0-$(( proxy - 1 ))"
+    export OVERHEAD_UPSTREAM_CPUS="$proxy-$(( proxy + upstream - 1 ))"
+    export OVERHEAD_CLIENT_CPUS="$(( proxy + upstream ))-$(( cores - 1 ))"
+    echo "pinning: proxy cores $OVERHEAD_PROXY_CPUS, upstream cores $OVERHEAD_UPSTREAM_CPUS, client cores $OVERHEAD_CLIENT_CPUS"
+    return 0
+  fi
+  echo "warning: $cores cores: cannot pin proxy, upstream and client to disjoint cores (needs 8 or more); running shared — latency figures include their contention, and the 10,000-stream run is paced to the 1,000-stream event rate"
+  return 1
+}
+
+if [ "$which" = overhead ] && [ "$mode" = --dedicated ]; then
+  install_baselines
+  find_binaries
+  pinned=1; pin_cores || pinned=0
+  for streams in 1000 10000; do
+    interval=50
+    if [ "$pinned" = 0 ] && [ "$streams" = 10000 ]; then interval=500; fi
+    idle=2000; held=0
+    if [ "$streams" = 10000 ]; then idle=0; held=10000; fi
+    echo "== $streams streams, an event every $interval ms =="
+    OVERHEAD_STREAMS=$streams OVERHEAD_INTERVAL_MS=$interval OVERHEAD_IDLE=$idle OVERHEAD_HELD=$held \
+      OVERHEAD_RAMP_MS=$(( streams )) OVERHEAD_VERDICT=1 "$OVERHEAD_BENCH_BIN" | tee /dev/stderr | grep '^verdict' >> "${TMPDIR:-/tmp}/tokentap-verdicts.$$" || true
+  done
+  echo "== verdicts =="
+  cat "${TMPDIR:-/tmp}/tokentap-verdicts.$$"
+  rm -f "${TMPDIR:-/tmp}/tokentap-verdicts.$$"
+  exit 0
+fi
+
+if [ "$which" = overhead ] && [ "$mode" = --ab ]; then
+  old=${3:?usage: scripts/bench.sh overhead --ab OLD_TOKENTAP_BINARY}
+  install_baselines
+  find_binaries
+  OVERHEAD_AB="A=$old,B=$OVERHEAD_TOKENTAP" OVERHEAD_ROUNDS=${OVERHEAD_ROUNDS:-3} OVERHEAD_HELD=0 \
+    "$OVERHEAD_BENCH_BIN"
+  exit 0
+fi
+
 if [ "$which" = all ] || [ "$which" = stream ]; then
   cargo bench --bench stream -- --warm-up-time 1 --measurement-time 5 2>&1 \
     | grep -E '^(scan|body)|time:|thrpt:|allocations per event'
 fi
 if [ "$which" = all ] || [ "$which" = overhead ]; then
-  # nginx is the CPU baseline; the bench says "skipped" without it (apt-get install nginx-light).
+  install_baselines
   cargo bench --bench overhead 2>&1 | grep -vE '^\s*(Compiling|Finished|Running)'
-  OVERHEAD_INJECT=1 OVERHEAD_IDLE=10 OVERHEAD_HELD=10 cargo bench --bench overhead 2>&1 \
-    | grep -E '^overhead|through|added|CPU' | sed 's/^/[usage injected and stripped] /'
+  OVERHEAD_INJECT=1 OVERHEAD_IDLE=10 OVERHEAD_HELD=0 cargo bench --bench overhead 2>&1 \
+    | grep -E '^(overhead|\| 1 \||median)' | sed 's/^/[usage injected and stripped] /'
 fi

@@ -287,12 +287,13 @@ impl ProxyServer {
         let (max_connections, descriptors) = net::limits::data_listener_limit(
             config.proxy.max_connections,
             config.admin.max_connections,
+            upstream_descriptors(&config),
         );
         if config.proxy.max_connections == 0 {
             tracing::info!(
                 max_connections,
                 descriptor_limit = %descriptors,
-                "data listener: at most {max_connections} connections (proxy.max_connections = 0: two descriptors per proxied stream after a reserve); raise LimitNOFILE (ulimit -Hn) to hold more"
+                "data listener: at most {max_connections} connections (proxy.max_connections = 0: what the descriptor limit allows after a reserve, at two descriptors per stream with HTTP/1 upstreams, one with HTTP/2 ones); raise LimitNOFILE (ulimit -Hn) to hold more"
             );
         } else {
             tracing::info!(
@@ -460,21 +461,44 @@ async fn load_references(
     Ok(())
 }
 
+/// What the upstreams cost in descriptors beside the client connections: a fixed pool when
+/// every upstream speaks HTTP/2 (streams multiplex), else one per stream.
+fn upstream_descriptors(config: &Config) -> crate::net::limits::UpstreamDescriptors {
+    use crate::net::limits::{UpstreamDescriptors, HTTP2_UPSTREAM_CONNECTIONS};
+    if !config.upstreams.iter().all(|u| u.http2) {
+        return UpstreamDescriptors::PerStream;
+    }
+    let pool: usize = config
+        .upstreams
+        .iter()
+        .map(|u| match u.max_connections {
+            0 => HTTP2_UPSTREAM_CONNECTIONS,
+            n => n,
+        })
+        .sum();
+    UpstreamDescriptors::Fixed(u64::try_from(pool).unwrap_or(u64::MAX))
+}
+
 /// Builds the data path from configuration.
 pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
     let faults: Arc<crate::net::faults::FaultCounters> = Arc::default();
     let mut upstreams = Vec::new();
     // upstream.max_connections = 0: one connection per data-listener connection (every
     // proxied HTTP/1 stream holds one), so the upstream limit never cuts streams the
-    // listener accepted.
+    // listener accepted; a small pool for HTTP/2, which multiplexes them.
     let (listener_limit, _) = crate::net::limits::data_listener_limit(
         config.proxy.max_connections,
         config.admin.max_connections,
+        upstream_descriptors(config),
     );
     for upstream in &config.upstreams {
         let mut upstream = upstream.clone();
         if upstream.max_connections == 0 {
-            upstream.max_connections = listener_limit;
+            upstream.max_connections = if upstream.http2 {
+                crate::net::limits::HTTP2_UPSTREAM_CONNECTIONS
+            } else {
+                listener_limit
+            };
         }
         upstreams.push(Arc::new(
             Upstream::new(

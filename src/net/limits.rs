@@ -81,11 +81,30 @@ pub fn raise_descriptor_limit() -> DescriptorLimit {
     }
 }
 
-/// The data listener's connection limit a descriptor limit allows: two descriptors per
-/// proxied stream after `reserved` (the admin listener's connections and
-/// [`RESERVED_DESCRIPTORS`]); [`FALLBACK_MAX_CONNECTIONS`] when the limit is unknown, and
-/// within [`MIN_DERIVED_CONNECTIONS`]‥[`MAX_DERIVED_CONNECTIONS`].
-pub fn max_connections_for(limit: &DescriptorLimit, reserved: u64) -> usize {
+/// Connections an HTTP/2 upstream may open when `upstream.max_connections` is 0: hyper's pool
+/// multiplexes every stream on one, so a few cover reconnects and a slow handshake.
+pub const HTTP2_UPSTREAM_CONNECTIONS: usize = 32;
+
+/// What the upstream side costs in descriptors beside each client connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamDescriptors {
+    /// One per proxied stream: an HTTP/1 upstream connection carries one stream at a time.
+    PerStream,
+    /// A fixed number whatever the streams: HTTP/2 upstreams multiplex every stream on a
+    /// bounded pool (`upstream.max_connections`).
+    Fixed(u64),
+}
+
+/// The data listener's connection limit a descriptor limit allows: one descriptor per client
+/// connection plus what `upstream` costs (a second per stream, or a fixed pool), after
+/// `reserved` (the admin listener's connections and [`RESERVED_DESCRIPTORS`]);
+/// [`FALLBACK_MAX_CONNECTIONS`] when the limit is unknown, and within
+/// [`MIN_DERIVED_CONNECTIONS`]‥[`MAX_DERIVED_CONNECTIONS`].
+pub fn max_connections_for(
+    limit: &DescriptorLimit,
+    reserved: u64,
+    upstream: UpstreamDescriptors,
+) -> usize {
     let Some(soft) = limit.soft else {
         return if limit.hard.is_none() && limit.raised_from.is_none() {
             // Unlimited (or unknown): the fallback is as good as any number.
@@ -94,19 +113,23 @@ pub fn max_connections_for(limit: &DescriptorLimit, reserved: u64) -> usize {
             MAX_DERIVED_CONNECTIONS
         };
     };
-    let streams = soft.saturating_sub(reserved) / 2;
+    let streams = match upstream {
+        UpstreamDescriptors::PerStream => soft.saturating_sub(reserved) / 2,
+        UpstreamDescriptors::Fixed(pool) => soft.saturating_sub(reserved.saturating_add(pool)),
+    };
     usize::try_from(streams)
         .unwrap_or(MAX_DERIVED_CONNECTIONS)
         .clamp(MIN_DERIVED_CONNECTIONS, MAX_DERIVED_CONNECTIONS)
 }
 
 /// The data listener's connection limit: `configured`, or when it is 0 what the descriptor
-/// limit allows after the admin listener's `admin_connections` and [`RESERVED_DESCRIPTORS`]
-/// (the soft limit is raised to the hard one first). Returns the limit and the descriptor
-/// limit it was judged against.
+/// limit allows after the admin listener's `admin_connections`, [`RESERVED_DESCRIPTORS`] and
+/// the upstream side (the soft limit is raised to the hard one first). Returns the limit and
+/// the descriptor limit it was judged against.
 pub fn data_listener_limit(
     configured: usize,
     admin_connections: usize,
+    upstream: UpstreamDescriptors,
 ) -> (usize, DescriptorLimit) {
     let descriptors = raise_descriptor_limit();
     if configured > 0 {
@@ -114,7 +137,10 @@ pub fn data_listener_limit(
     }
     let reserved =
         RESERVED_DESCRIPTORS.saturating_add(u64::try_from(admin_connections).unwrap_or(u64::MAX));
-    (max_connections_for(&descriptors, reserved), descriptors)
+    (
+        max_connections_for(&descriptors, reserved, upstream),
+        descriptors,
+    )
 }
 
 #[cfg(test)]
@@ -131,21 +157,28 @@ mod tests {
 
     #[test]
     fn two_descriptors_per_stream_after_the_reserve() {
+        let per_stream = |soft, reserved| {
+            max_connections_for(&limit(soft), reserved, UpstreamDescriptors::PerStream)
+        };
         // The shipped systemd unit's LimitNOFILE: far more than 10,000 streams.
-        assert_eq!(max_connections_for(&limit(Some(1_048_576)), 384), 524_096);
+        assert_eq!(per_stream(Some(1_048_576), 384), 524_096);
         // A shell's usual 1,024 leaves a few hundred, never fewer than the floor.
-        assert_eq!(max_connections_for(&limit(Some(1024)), 384), 320);
+        assert_eq!(per_stream(Some(1024), 384), 320);
+        assert_eq!(per_stream(Some(100), 384), MIN_DERIVED_CONNECTIONS);
+        assert_eq!(per_stream(None, 384), FALLBACK_MAX_CONNECTIONS);
+        assert_eq!(per_stream(Some(u64::MAX), 384), MAX_DERIVED_CONNECTIONS);
+    }
+
+    #[test]
+    fn a_multiplexed_upstream_costs_its_pool_not_a_descriptor_per_stream() {
+        // 20,000 descriptors hold 10,000 HTTP/2-upstream streams, not 9,808.
         assert_eq!(
-            max_connections_for(&limit(Some(100)), 384),
+            max_connections_for(&limit(Some(20_000)), 384, UpstreamDescriptors::Fixed(32)),
+            19_584
+        );
+        assert_eq!(
+            max_connections_for(&limit(Some(100)), 384, UpstreamDescriptors::Fixed(32)),
             MIN_DERIVED_CONNECTIONS
-        );
-        assert_eq!(
-            max_connections_for(&limit(None), 384),
-            FALLBACK_MAX_CONNECTIONS
-        );
-        assert_eq!(
-            max_connections_for(&limit(Some(u64::MAX)), 384),
-            MAX_DERIVED_CONNECTIONS
         );
     }
 }

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
@@ -105,6 +105,11 @@ impl StallTimer {
 
     /// Ready once `watch` has waited `limit` since the same hand-over. Call it after polling
     /// what drives the body, so the body's state is current.
+    ///
+    /// Every frame is a new hand-over, so the deadline moves with each one; the sleep is not
+    /// moved with it (a timer-wheel reset per frame is the costliest thing on the path), it
+    /// stays at the deadline it was armed for and, when it fires early, is armed once more for
+    /// the deadline now in force: one timer operation per `limit`, not per frame.
     pub(super) fn poll_stalled(&mut self, watch: &SendWatch, cx: &mut Context<'_>) -> Poll<()> {
         if self.limit.is_zero() {
             return Poll::Pending;
@@ -125,10 +130,18 @@ impl StallTimer {
         let sleep = self
             .sleep
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if sleep.deadline() != deadline {
+        if sleep.is_elapsed() && sleep.deadline() < deadline {
+            // Fired for an older hand-over while nothing polled it: arm it for this one.
             sleep.as_mut().reset(deadline);
         }
-        sleep.as_mut().poll(cx)
+        loop {
+            ready!(sleep.as_mut().poll(cx));
+            if sleep.deadline() >= deadline {
+                return Poll::Ready(());
+            }
+            // Early: the hand-over it was armed for is gone; wait out the one in force.
+            sleep.as_mut().reset(deadline);
+        }
     }
 }
 

@@ -137,10 +137,16 @@ impl<B: Body<Data = Bytes>> Body for IdleTimeout<B> {
         let timer = this
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-        if timer.deadline() < deadline {
+        // The deadline moves with every frame; the timer does not (a timer-wheel reset per
+        // frame costs more than the rest of the frame's path): armed for an older gap, it
+        // fires early and is armed once more for the gap in force.
+        loop {
+            ready!(timer.as_mut().poll(cx));
+            if timer.deadline() >= deadline {
+                break;
+            }
             timer.as_mut().reset(deadline);
         }
-        ready!(timer.as_mut().poll(cx));
         *this.stalled = true;
         if let Some((faults, fault)) = this.faults.as_ref() {
             faults.add(*fault);
