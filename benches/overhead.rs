@@ -610,14 +610,19 @@ async fn soak(
     (samples, completed)
 }
 
-/// Opens `streams` idle streams through `proxy`, reads its RSS before and with them open, then
-/// closes them: (streams opened, RSS before, RSS with them open), in KiB.
+/// The marginal memory of idle in-flight streams through `proxy`: opens `streams / 2` (which
+/// also grows the allocator's arenas and the runtime's tables to their working size), reads the
+/// RSS, opens `streams / 2` more and reads it again, then closes all of them: (streams in the
+/// second half, RSS before it, RSS with it open), in KiB. The first half's growth is what any
+/// process pays once; the second half's is what each further stream costs.
 async fn idle_rss(proxy: &Proxy, streams: u64) -> (u64, u64, u64) {
+    let (first, _) = hold_idle(proxy.addr, streams / 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let base = rss_kib(proxy.child.id());
-    let (handles, opened) = hold_idle(proxy.addr, streams).await;
+    let (second, opened) = hold_idle(proxy.addr, streams - streams / 2).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let with_streams = rss_kib(proxy.child.id());
-    for handle in handles {
+    for handle in first.into_iter().chain(second) {
         handle.abort();
     }
     (opened, base, with_streams)
@@ -881,9 +886,13 @@ fn main() {
             // file descriptors per process would not fit 10,000 upstream sockets beside 10,000
             // client sockets in one proxy process), with the default config.
             let proxy = start_proxy(&subjects[0], upstream, true).await;
-            let (opened, base_rss, rss) = idle_rss(&proxy, held).await;
+            let base_rss = rss_kib(proxy.child.id());
+            let (handles, opened) = hold_idle(proxy.addr, held).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let rss = rss_kib(proxy.child.id());
+            drop(handles);
             println!(
-                "held: {opened}/{held} concurrent streams open through one proxy ({}); RSS {base_rss} KiB → {rss} KiB ({:.1} KiB per stream)",
+                "held: {opened}/{held} concurrent streams open through one proxy ({}); RSS of the fresh process {base_rss} KiB → {rss} KiB ({:.1} KiB per stream, the process's one-time growth included)",
                 subjects[0].name,
                 (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64
             );
