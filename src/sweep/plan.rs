@@ -15,6 +15,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::base::duration::parse_duration;
+use crate::base::engine_metrics;
 use crate::config::SweepConfig;
 use crate::matrix::capacity::{Basis, CapacityQuery, Targets};
 use crate::matrix::units::{context_label, parse_context};
@@ -167,8 +168,8 @@ impl EngineKind {
     /// The gauge of running requests in the engine's `/metrics`.
     pub fn running_gauge(self) -> Option<&'static str> {
         match self {
-            EngineKind::Sglang => Some("sglang:num_running_reqs"),
-            EngineKind::Vllm => Some("vllm:num_requests_running"),
+            EngineKind::Sglang => Some(engine_metrics::sglang::RUNNING),
+            EngineKind::Vllm => Some(engine_metrics::vllm::RUNNING),
             EngineKind::Unknown => None,
         }
     }
@@ -176,8 +177,8 @@ impl EngineKind {
     /// The gauge of queued requests in the engine's `/metrics`.
     pub fn queued_gauge(self) -> Option<&'static str> {
         match self {
-            EngineKind::Sglang => Some("sglang:num_queue_reqs"),
-            EngineKind::Vllm => Some("vllm:num_requests_waiting"),
+            EngineKind::Sglang => Some(engine_metrics::sglang::QUEUED),
+            EngineKind::Vllm => Some(engine_metrics::vllm::WAITING),
             EngineKind::Unknown => None,
         }
     }

@@ -14,7 +14,6 @@
 //! from the proxy's records of the sweep's requests (collected by tag) and from its live
 //! synthetic token counter.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -22,25 +21,18 @@ use crate::base::lock::lock;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{HeaderValue, Method};
+use http::HeaderValue;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::cell::{decode_cell, off_target, prefill_row, CellMeasurement};
-use super::client::call;
-use super::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
 use super::latest::LatestMatrix;
 use super::plan::{EngineKind, Plan, PrefillTarget, PromptMode, ServerFacts};
-use super::prompt::{
-    calibrated_text_prompt, run_seed, token_id_pool, token_id_prompt, Prompt, PromptKind,
-};
 use super::search::CapacitySearch;
-use super::server_load::{fresh_scraped, ServerLoad};
 use super::status::{CurrentStep, StatusCell, StepPhase, SweepState};
 use crate::base::json::push_json_string;
 use crate::base::wallclock::format_rfc3339 as rfc3339;
-use crate::base::Source;
 use crate::matrix::capacity::{capacity, judge, CapacityQuery, CapacityReport};
 use crate::matrix::units::context_label;
 use crate::matrix::{
@@ -48,8 +40,13 @@ use crate::matrix::{
     Source as MatrixSource,
 };
 use crate::meter::record::RequestRecord;
-use crate::meter::RecordSink;
-use crate::proxy::Proxy;
+use crate::synthetic::prompt::{
+    calibrated_text_prompt, run_seed, token_id_pool, token_id_prompt, Prompt, PromptKind,
+};
+use crate::synthetic::{
+    DataPath, LoadGauges, RecordCollector, ServerLoad, StreamEnd, StreamFailure, StreamPhase,
+    StreamRequest, StreamSignals,
+};
 
 /// How long a `/metrics` scrape or an abort may take.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -107,56 +104,11 @@ const SCOUT_OVERHEAD_S: f64 = 0.3;
 /// Room in a request body for everything but the prompt (model, options, rid).
 const BODY_FIELDS_BYTES: usize = 256;
 
-/// Collects the records of one sweep's requests (their tags start with its prefix).
-#[derive(Debug)]
-pub struct RecordCollector {
-    prefix: String,
-    records: Mutex<HashMap<Arc<str>, Arc<RequestRecord>>>,
-}
-
-impl RecordCollector {
-    pub fn new(prefix: String) -> Arc<Self> {
-        Arc::new(Self {
-            prefix,
-            records: Mutex::new(HashMap::new()),
-        })
-    }
-
-    /// Removes and returns the record of the request tagged `tag`.
-    pub fn take(&self, tag: &str) -> Option<Arc<RequestRecord>> {
-        lock(&self.records).remove(tag)
-    }
-}
-
-impl RecordSink for RecordCollector {
-    fn record(&self, record: &Arc<RequestRecord>) {
-        if record.source != Source::Synthetic {
-            return;
-        }
-        if let Some(tag) = &record.tag {
-            if tag.starts_with(&self.prefix) {
-                lock(&self.records).insert(Arc::clone(tag), Arc::clone(record));
-            }
-        }
-    }
-}
-
-/// Removes the collector from the meter however the run ends.
-struct SinkGuard {
-    proxy: Arc<Proxy>,
-    sink: Arc<dyn RecordSink>,
-}
-
-impl Drop for SinkGuard {
-    fn drop(&mut self) {
-        self.proxy.meter.remove_sink(&self.sink);
-    }
-}
-
 /// Everything a run needs.
 #[derive(Debug)]
 pub struct RunnerInput {
-    pub proxy: Arc<Proxy>,
+    /// The one door to the data path (the proxy's, or a scripted fake in tests).
+    pub path: Arc<dyn DataPath>,
     pub id: String,
     pub plan: Plan,
     pub facts: ServerFacts,
@@ -191,7 +143,7 @@ struct Clock {
 }
 
 struct Runner {
-    proxy: Arc<Proxy>,
+    path: Arc<dyn DataPath>,
     id: String,
     plan: Plan,
     facts: ServerFacts,
@@ -221,12 +173,8 @@ struct Runner {
 pub async fn run(input: RunnerInput) -> MatrixDoc {
     let tag_prefix = format!("tokentap-{}-", input.id);
     let records = RecordCollector::new(tag_prefix.clone());
-    let sink: Arc<dyn RecordSink> = records.clone();
-    input.proxy.meter.add_sink(Arc::clone(&sink));
-    let _guard = SinkGuard {
-        proxy: Arc::clone(&input.proxy),
-        sink,
-    };
+    // Removed from the meter however the run ends (its future dropped included).
+    let _scope = input.path.collect(records.clone());
     let mut model_json = String::new();
     push_json_string(&mut model_json, &input.plan.model);
     let matrix = initial_matrix(&input.id, &input.plan, &input.facts);
@@ -241,7 +189,7 @@ pub async fn run(input: RunnerInput) -> MatrixDoc {
     };
     let mut runner = Runner {
         seed: run_seed(&input.id),
-        proxy: input.proxy,
+        path: input.path,
         id: input.id,
         prompt_kind: match input.plan.prompt {
             PromptMode::Text => PromptKind::Text,
@@ -273,7 +221,7 @@ impl Runner {
     /// Learns which token ids the served model has (its `/tokenize`), so that token-id prompts
     /// are valid on any vocabulary, not only on the large ones where 1000–9999 are.
     async fn harvest_token_ids(&mut self) {
-        match token_id_pool(&self.proxy, &self.plan.model, &self.id).await {
+        match token_id_pool(&*self.path, &self.plan.model, &self.id).await {
             Ok(pool) => {
                 self.note(format!(
                     "Token-id prompts draw from {} ids the server's tokenizer produced ({}–{})",
@@ -294,7 +242,7 @@ impl Runner {
     }
 
     fn production(&self) -> u64 {
-        self.proxy.meter.inflight(Source::Production)
+        self.path.production_in_flight()
     }
 
     fn note(&mut self, note: String) {
@@ -683,7 +631,7 @@ impl Runner {
                 self.id_pool.as_deref(),
             )),
             PromptKind::Text => calibrated_text_prompt(
-                &self.proxy,
+                &*self.path,
                 &self.plan.model,
                 &self.id,
                 step.context,
@@ -722,17 +670,15 @@ impl Runner {
             let record = self.records.take(&rid);
             match end {
                 StreamEnd::Stopped => return Err("cancelled".to_owned()),
-                StreamEnd::Failed(reason) => {
+                StreamEnd::Failed(failure) => {
                     // A refusal: any 4xx/5xx (llama-cpp-python answers token ids with 500), or
                     // (vLLM) a 200 whose stream is only an error event. Only the first token-id
                     // request gets here, so a server fault is retried once, with text.
-                    let refused = reason.starts_with("HTTP 4")
-                        || reason.starts_with("HTTP 5")
-                        || reason.starts_with("error event in the stream");
+                    let reason = failure.to_string();
                     if self.plan.prompt == PromptMode::Auto
                         && self.prompt_kind == PromptKind::TokenIds
                         && !self.token_ids_work
-                        && refused
+                        && failure.is_refusal()
                         && !tried_text
                     {
                         tried_text = true;
@@ -805,7 +751,7 @@ impl Runner {
             slo_header: template.slo_header,
         };
         let signals = Arc::new(StreamSignals::default());
-        let stream = drive(Arc::clone(&self.proxy), request, phase_rx, signals);
+        let stream = self.path.stream(request, phase_rx, signals);
         tokio::pin!(stream);
         let mut cancel = self.cancel.clone();
         let limit = SCOUT_LIMIT_BASE + Duration::from_secs(prompt.tokens / SLOWEST_PREFILL_TOK_S);
@@ -817,10 +763,9 @@ impl Runner {
                     self.abort_rids(std::slice::from_ref(&rid)).await;
                     let _ = phase_tx.send(StreamPhase::Disconnect);
                     let _ = (&mut stream).await;
-                    return StreamEnd::Failed(format!(
-                        "no end of the request within {} s",
-                        limit.as_secs()
-                    ));
+                    return StreamEnd::Failed(StreamFailure::Timeout {
+                        limit_s: limit.as_secs(),
+                    });
                 }
                 changed = cancel.changed() => {
                     if changed.is_err() || *cancel.borrow() {
@@ -838,35 +783,20 @@ impl Runner {
         if self.plan.engine != EngineKind::Sglang || rids.is_empty() {
             return;
         }
-        let mut aborts = JoinSet::new();
-        for rid in rids {
-            let proxy = Arc::clone(&self.proxy);
-            let mut body = String::from("{\"rid\":");
-            push_json_string(&mut body, rid);
-            body.push('}');
-            aborts.spawn(async move {
-                call(
-                    &proxy,
-                    Method::POST,
-                    "/abort_request",
-                    Some(Bytes::from(body)),
-                    CONTROL_TIMEOUT,
-                )
-                .await
-            });
-        }
-        while aborts.join_next().await.is_some() {}
+        self.path.abort(rids, CONTROL_TIMEOUT).await;
     }
 
     /// How this sweep reads the server's running and queued gauges (`None` without them).
     fn server_load_reader(&self) -> Option<ServerLoad> {
-        let running_gauge = self.plan.engine.running_gauge()?;
+        let running = self.plan.engine.running_gauge()?;
         self.facts.has_running_gauge.then(|| ServerLoad {
-            proxy: Arc::clone(&self.proxy),
+            path: Arc::clone(&self.path),
             model: Arc::from(self.plan.model.as_str()),
-            running_gauge,
-            queued_gauge: self.plan.engine.queued_gauge(),
-            timeout: CONTROL_TIMEOUT,
+            gauges: LoadGauges {
+                running,
+                queued: self.plan.engine.queued_gauge(),
+                timeout: CONTROL_TIMEOUT,
+            },
         })
     }
 
@@ -880,7 +810,7 @@ impl Runner {
     /// state before a phase change does not stand for what follows it (`server_load`).
     async fn refresh_server_state(&self) {
         let model: Arc<str> = Arc::from(self.plan.model.as_str());
-        let _ = fresh_scraped(&self.proxy, &model).await;
+        self.path.refresh_server_state(&model).await;
     }
 
     /// One attempt at a decode cell, in three phases over one [`CellAttempt`]: warm-up (every
@@ -912,13 +842,13 @@ impl Runner {
         let shared = Arc::new(CellShared::default());
         let mut slots = JoinSet::new();
         for slot in 0..concurrency as usize {
-            let proxy = Arc::clone(&self.proxy);
+            let path = Arc::clone(&self.path);
             let shared = Arc::clone(&shared);
             let phase = phase_rx.clone();
             let prefix = format!("{}{context}x{concurrency}-", self.tag_prefix);
             let template = self.template(prompt, self.plan.max_output);
             slots.spawn(async move {
-                run_slot(proxy, shared, phase, slot, prefix, template).await;
+                run_slot(path, shared, phase, slot, prefix, template).await;
             });
         }
         CellAttempt {
@@ -1004,7 +934,7 @@ impl Runner {
         // Every stream runs now: the state held since the last read (the idle gap between
         // cells) must not stand for the window's first second.
         self.refresh_server_state().await;
-        let tokens_at_start = self.proxy.meter.live_tokens(Source::Synthetic);
+        let tokens_at_start = self.path.synthetic_tokens();
         let start = Instant::now();
         let end = start + length;
         let sampler = self.spawn_sampler(length);
@@ -1030,7 +960,7 @@ impl Runner {
                 () = attempt.shared.failed.notified() => {}
             }
         }
-        let tokens_at_end = self.proxy.meter.live_tokens(Source::Synthetic);
+        let tokens_at_end = self.path.synthetic_tokens();
         let measured = start.elapsed();
         let samples = sampler.finish().await;
         if let Some(stop) = stop {
@@ -1433,7 +1363,7 @@ impl RequestTemplate {
 
 /// One of a cell's C streams: sends, and while the cell runs, restarts a stream that completes.
 async fn run_slot(
-    proxy: Arc<Proxy>,
+    path: Arc<dyn DataPath>,
     shared: Arc<CellShared>,
     phase: watch::Receiver<StreamPhase>,
     slot: usize,
@@ -1452,13 +1382,9 @@ async fn run_slot(
             tag,
             slo_header: template.slo_header.clone(),
         };
-        let end = drive(
-            Arc::clone(&proxy),
-            request,
-            phase.clone(),
-            Arc::clone(&shared.signals),
-        )
-        .await;
+        let end = path
+            .stream(request, phase.clone(), Arc::clone(&shared.signals))
+            .await;
         match end {
             StreamEnd::Completed { at } => {
                 shared.end_stream(index, Some(at), None);
@@ -1468,8 +1394,8 @@ async fn run_slot(
                 shared.end_stream(index, None, None);
                 return;
             }
-            StreamEnd::Failed(reason) => {
-                shared.end_stream(index, None, Some(reason));
+            StreamEnd::Failed(failure) => {
+                shared.end_stream(index, None, Some(failure.to_string()));
                 return;
             }
         }

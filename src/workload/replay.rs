@@ -6,7 +6,7 @@
 //! recorded prompt length and `max_tokens` = the recorded output tokens with `ignore_eos`, so
 //! the server produces exactly as many tokens as production did. Prefix sharing is reproduced:
 //! the prompt's block `i` (of the trace's `block_tokens`) is a function of its `hash_ids[i]`
-//! alone (the exact-length ids of `sweep::prompt`, seeded by the id and the run), so requests
+//! alone (the exact-length ids of `synthetic::prompt`, seeded by the id and the run), so requests
 //! that shared a prefix block share those tokens; the rest of the prompt is the request's own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,9 +26,8 @@ use crate::matrix::{EvidenceRule, MatrixDoc};
 use crate::meter::record::{RequestRecord, SloVerdict};
 use crate::meter::slo::{SloFigures, SloTargets};
 use crate::meter::RecordSink;
-use crate::proxy::Proxy;
-use crate::sweep::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
-use crate::sweep::prompt::{mix, token_ids};
+use crate::synthetic::prompt::{mix, token_ids};
+use crate::synthetic::{DataPath, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
 
 use super::trace::{Trace, TraceRequest};
 
@@ -213,22 +212,20 @@ pub fn request_body(
     Bytes::from(json)
 }
 
-/// Replays `trace` through `proxy` until done, `stop` turns true, or the plan's bounds.
+/// Replays `trace` through `path` until done, `stop` turns true, or the plan's bounds.
 pub async fn replay(
-    proxy: Arc<Proxy>,
+    path: Arc<dyn DataPath>,
     trace: &Trace,
     plan: &ReplayPlan,
     mut stop: watch::Receiver<bool>,
     mut progress: impl FnMut(ReplayProgress),
 ) -> ReplayReport {
-    let matrix = ProductionMatrix::with_evidence(
-        proxy.meter.contexts().clone(),
-        proxy.meter.concurrency().clone(),
-        Source::Synthetic,
-        plan.evidence,
-    );
-    let sink: Arc<dyn RecordSink> = matrix.clone();
-    proxy.meter.add_sink(Arc::clone(&sink));
+    let (contexts, concurrency) = path.ladders();
+    let matrix =
+        ProductionMatrix::with_evidence(contexts, concurrency, Source::Synthetic, plan.evidence);
+    // Both sinks are scoped: a replay future dropped midway (Ctrl-C in a caller that gives up)
+    // leaves neither behind in the meter.
+    let matrix_scope = path.collect(matrix.clone());
     let tag: Arc<str> = Arc::from("replay");
     let tally = Arc::new(TallySink {
         tag: Arc::clone(&tag),
@@ -239,8 +236,7 @@ pub async fn replay(
             .unwrap_or_default(),
         tally: std::sync::Mutex::default(),
     });
-    let tally_sink: Arc<dyn RecordSink> = tally.clone();
-    proxy.meter.add_sink(Arc::clone(&tally_sink));
+    let tally_scope = path.collect(tally.clone());
 
     let speed = if plan.speed.is_finite() && plan.speed > 0.0 {
         plan.speed
@@ -275,7 +271,7 @@ pub async fn replay(
 
     let mut note = |end: Result<StreamEnd, tokio::task::JoinError>| {
         let reason = match end {
-            Ok(StreamEnd::Failed(reason)) => reason,
+            Ok(StreamEnd::Failed(failure)) => failure.to_string(),
             Ok(_) => return,
             Err(error) => error.to_string(),
         };
@@ -311,14 +307,10 @@ pub async fn replay(
                 }
             }
         }
-        let (proxy, phase, signals, finished) = (
-            Arc::clone(&proxy),
-            phase.clone(),
-            Arc::clone(&signals),
-            Arc::clone(&finished),
-        );
+        let stream = path.stream(stream, phase.clone(), Arc::clone(&signals));
+        let finished = Arc::clone(&finished);
         tasks.spawn(async move {
-            let end = drive(proxy, stream, phase, signals).await;
+            let end = stream.await;
             finished.fetch_add(1, Ordering::Relaxed);
             end
         });
@@ -345,8 +337,7 @@ pub async fn replay(
         }
     }
     report(sent, &finished);
-    proxy.meter.remove_sink(&sink);
-    proxy.meter.remove_sink(&tally_sink);
+    drop((matrix_scope, tally_scope));
     let mut tally = std::mem::take(&mut *lock(&tally.tally));
     tally.ttft.sort_unstable();
     ReplayReport {
