@@ -68,7 +68,11 @@ fn names_in(rest: &str) -> Vec<&str> {
     };
     let Some(group) = rest.strip_prefix('{') else {
         let end = ident_end(rest);
-        return if end > 0 { vec![&rest[..end]] } else { Vec::new() };
+        return if end > 0 {
+            vec![&rest[..end]]
+        } else {
+            Vec::new()
+        };
     };
     // Split the group at its own commas (depth 1), up to its closing brace.
     let mut names = Vec::new();
@@ -455,7 +459,10 @@ fn the_checker_sees_grouped_and_nested_imports() {
         ]
     );
     let set = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
-    assert_eq!(file_cycles(&files), [("sweep".to_owned(), set(&["a", "b"]))]);
+    assert_eq!(
+        file_cycles(&files),
+        [("sweep".to_owned(), set(&["a", "b"]))]
+    );
 }
 
 #[test]
