@@ -19,7 +19,8 @@
 //! fallback), `attempt` (one attempt at a decode cell: warm-up, window, finish), `streams` (a
 //! cell's stream slots, their shared book, request bodies, the load sampler, aborts), `eta`
 //! (the progress clock and the ETA, pure), `skeleton` (the matrix before anything ran). The
-//! data path is reached only through [`DataPath`], so a scripted fake can stand in for it.
+//! data path is reached only through [`DataPath`], so `tests` drives the runner against a
+//! scripted fake in paused time.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,8 @@ mod scout;
 mod skeleton;
 mod steps;
 mod streams;
+#[cfg(test)]
+mod tests;
 
 use eta::Clock;
 pub use skeleton::initial_matrix;
