@@ -13,7 +13,8 @@
 //! control requests, a scoped record sink, production in flight, synthetic tokens, the server's
 //! load, aborts); the stream driver, the prompts and the load reads are `synthetic`'s.
 //!
-//! Code map: `plan` (request → resolved plan, pure), `discover` (what the server says about
+//! Code map: `request` (what the user asks for), `plan` (server facts and the resolved plan),
+//! `resolve` (request → resolved plan, pure), `discover` (what the server says about
 //! itself), `cell` (records + window → matrix cells, pure),
 //! `runner` (the procedure), `search` (the capacity search's next level, pure), `status` (progress and the JSON of `GET /sweeps/{id}`), `progress` (the progress line on stderr),
 //! `store` (persistence seam over the shared SQLite store), `latest` (the latest synthetic matrix,
@@ -26,6 +27,8 @@ pub mod latest;
 pub mod manager;
 pub mod plan;
 pub mod progress;
+pub mod request;
+pub mod resolve;
 pub mod runner;
 pub mod search;
 pub mod status;

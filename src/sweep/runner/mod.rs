@@ -42,8 +42,6 @@ mod scout;
 mod skeleton;
 mod steps;
 mod streams;
-#[cfg(test)]
-mod tests;
 
 use eta::Clock;
 pub use skeleton::initial_matrix;
@@ -292,3 +290,8 @@ impl Runner {
         }
     }
 }
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod tests;
