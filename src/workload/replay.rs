@@ -430,4 +430,115 @@ mod tests {
             serde_json::from_slice(&request_body(&request(1, vec![]), 0, 512, &plan())).unwrap();
         assert_eq!(body["max_tokens"], 7);
     }
+
+    /// A data path whose streams never end: the replay can only be dropped midway.
+    #[derive(Default)]
+    struct Silent {
+        sinks: std::sync::Mutex<Vec<Arc<dyn RecordSink>>>,
+        streams: AtomicUsize,
+    }
+
+    impl std::fmt::Debug for Silent {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Silent")
+        }
+    }
+
+    impl DataPath for Arc<Silent> {
+        fn stream(
+            &self,
+            _request: StreamRequest,
+            _phase: watch::Receiver<StreamPhase>,
+            _signals: Arc<StreamSignals>,
+        ) -> crate::synthetic::BoxFuture<'static, StreamEnd> {
+            self.streams.fetch_add(1, Ordering::SeqCst);
+            Box::pin(std::future::pending())
+        }
+
+        fn call<'a>(
+            &'a self,
+            _method: http::Method,
+            _path: &'a str,
+            _body: Option<Bytes>,
+            _timeout: Duration,
+        ) -> crate::synthetic::BoxFuture<
+            'a,
+            Result<crate::synthetic::client::Answer, crate::synthetic::client::CallError>,
+        > {
+            Box::pin(std::future::pending())
+        }
+
+        fn collect(&self, sink: Arc<dyn RecordSink>) -> crate::synthetic::SinkScope {
+            self.sinks.lock().unwrap().push(Arc::clone(&sink));
+            let me = Arc::clone(self);
+            crate::synthetic::SinkScope::new(move || {
+                me.sinks.lock().unwrap().retain(|s| !Arc::ptr_eq(s, &sink));
+            })
+        }
+
+        fn production_in_flight(&self) -> u64 {
+            0
+        }
+
+        fn synthetic_tokens(&self) -> u64 {
+            0
+        }
+
+        fn ladders(&self) -> (crate::meter::buckets::Ladder, crate::meter::buckets::Ladder) {
+            (
+                crate::meter::buckets::Ladder::contexts(&[8192]).unwrap(),
+                crate::meter::buckets::Ladder::concurrency(&[1]).unwrap(),
+            )
+        }
+
+        fn server_load<'a>(
+            &'a self,
+            _model: &'a Arc<str>,
+            _gauges: &'a crate::synthetic::LoadGauges,
+        ) -> crate::synthetic::BoxFuture<'a, Option<(f64, f64)>> {
+            Box::pin(async { None })
+        }
+
+        fn refresh_server_state<'a>(
+            &'a self,
+            _model: &'a Arc<str>,
+        ) -> crate::synthetic::BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+
+        fn abort<'a>(
+            &'a self,
+            _rids: &'a [Arc<str>],
+            _timeout: Duration,
+        ) -> crate::synthetic::BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replay_dropped_midway_leaves_no_sink_behind() {
+        let silent = Arc::new(Silent::default());
+        let path: Arc<dyn DataPath> = Arc::new(Arc::clone(&silent));
+        let trace = Trace {
+            header: super::super::trace::TraceHeader {
+                schema: "tokentap.workload/v1".into(),
+                block_tokens: 512,
+                origin: "capture".into(),
+                start: None,
+                requests: 1,
+            },
+            requests: vec![request(64, vec![])],
+        };
+        let (_stop_tx, stop) = watch::channel(false);
+        let plan = plan();
+        let replaying = replay(path, &trace, &plan, stop, |_| {});
+        // Far longer than it takes to send the one request; its stream never ends.
+        let outcome = tokio::time::timeout(Duration::from_secs(10), replaying).await;
+        assert!(outcome.is_err(), "the replay cannot finish");
+        assert_eq!(silent.streams.load(Ordering::SeqCst), 1, "it was sent");
+        assert!(
+            silent.sinks.lock().unwrap().is_empty(),
+            "the dropped replay's matrix and tally sinks are gone"
+        );
+    }
 }
