@@ -14,6 +14,7 @@ pub mod sim;
 pub mod store;
 pub mod stream;
 pub mod sweep;
+pub mod synthetic;
 pub mod telemetry;
 pub mod upstream_metrics;
 pub mod workload;

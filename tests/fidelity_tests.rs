@@ -17,6 +17,7 @@ use tokentap::aggregate::Window;
 use tokentap::config::ConfigLoader;
 use tokentap::matrix::CellStatus;
 use tokentap::sim::{Profile, SimOptions, SimServer};
+use tokentap::synthetic::ProxyPath;
 use tokentap::workload::replay::{replay, ReplayPlan};
 
 const STEP: &str = "step-3.7-flash-fp8-4x-rtx-pro-6000";
@@ -118,7 +119,14 @@ async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_producti
         evidence: tokentap::matrix::EvidenceRule::NONE,
     };
     let (_stop_tx, stop) = tokio::sync::watch::channel(false);
-    let report = replay(Arc::clone(&replay_proxy), &trace, &plan, stop, |_| {}).await;
+    let report = replay(
+        ProxyPath::shared(Arc::clone(&replay_proxy)),
+        &trace,
+        &plan,
+        stop,
+        |_| {},
+    )
+    .await;
     assert_eq!((report.sent, report.failed), (expected, 0), "{report:?}");
     assert!(!report.stopped);
     let replayed = report.matrix.expect("replay records");

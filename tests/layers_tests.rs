@@ -58,19 +58,66 @@ fn non_test_part(text: &str) -> &str {
     }
 }
 
-/// Identifiers following `prefix` in `text` (`crate::` → `net`, `proxy`…).
+/// The names a path continues with right after `::`: one identifier (`proxy::X` → `proxy`), or
+/// the first identifier of each item of a brace group, at any depth of nesting
+/// (`{proxy::X, meter::{a, b}, self}` → `proxy`, `meter`; `self` names the prefix itself).
+fn names_in(rest: &str) -> Vec<&str> {
+    let ident_end = |text: &str| {
+        text.find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(text.len())
+    };
+    let Some(group) = rest.strip_prefix('{') else {
+        let end = ident_end(rest);
+        return if end > 0 {
+            vec![&rest[..end]]
+        } else {
+            Vec::new()
+        };
+    };
+    // Split the group at its own commas (depth 1), up to its closing brace.
+    let mut names = Vec::new();
+    let mut depth = 0usize;
+    let mut item_start = 0usize;
+    let mut items = Vec::new();
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                items.push(&group[item_start..i]);
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&group[item_start..i]);
+                item_start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    for item in items {
+        let item = item.trim_start();
+        if item.starts_with('{') {
+            names.extend(names_in(item)); // `crate::{{a, b}}`: a group in a group
+            continue;
+        }
+        let end = ident_end(item);
+        if end > 0 && &item[..end] != "self" {
+            names.push(&item[..end]);
+        }
+    }
+    names
+}
+
+/// Identifiers following `prefix` in `text` (`crate::` → `net`, `proxy`…), grouped imports
+/// included (`crate::{net::X, proxy::{a, b}}` → `net`, `proxy`).
 fn names_after<'a>(text: &'a str, prefix: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-    text.match_indices(prefix).filter_map(move |(at, _)| {
+    text.match_indices(prefix).flat_map(move |(at, _)| {
         // `xcrate::` is not `crate::`.
         let before = text[..at].chars().next_back();
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
-            return None;
+            return Vec::new();
         }
-        let rest = &text[at + prefix.len()..];
-        let end = rest
-            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .unwrap_or(rest.len());
-        (end > 0).then(|| &rest[..end])
+        names_in(&text[at + prefix.len()..])
     })
 }
 
@@ -172,10 +219,7 @@ fn file_imports(files: &[SourceFile]) -> BTreeMap<String, BTreeMap<String, BTree
                 rest = stripped;
             }
             if module.len() == depth + 1 {
-                let end = rest
-                    .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                    .unwrap_or(rest.len());
-                targets.insert(rest[..end].to_owned());
+                targets.extend(names_in(rest).into_iter().map(str::to_owned));
             }
         }
         let graph = graphs.entry(top.to_owned()).or_default();
@@ -377,6 +421,47 @@ fn the_checker_sees_an_upward_import_and_a_same_layer_import() {
             "`base` imports `app`, which is not in a lower layer",
             "`proxy` imports `telemetry`, which is not in a lower layer",
         ]
+    );
+}
+
+#[test]
+fn the_checker_sees_grouped_and_nested_imports() {
+    assert_eq!(
+        names_in("{proxy::X, meter::{record::{A, B}, slo}, self, {stream::sse}}; base::Y"),
+        ["proxy", "meter", "stream"]
+    );
+    assert_eq!(names_in("net::X"), ["net"]);
+    assert!(names_in("{}").is_empty());
+    let layers = layers_from_architecture(
+        "# A\n\n## Layers\n\n```text\napp\nsweep\nproxy telemetry\nbase\n```\n",
+    );
+    let files = tree(&[
+        ("lib.rs", "pub mod app;"),
+        (
+            "proxy/mod.rs",
+            "use crate::{\n    base::Route,\n    telemetry::{names::{A, B}, x},\n};\n",
+        ),
+        ("sweep/mod.rs", "use crate::{base::{self, X}, {app::Y}};\n"),
+        ("sweep/a.rs", "use super::{b::X, c};\n"),
+        ("sweep/b.rs", "use crate::sweep::{a, c::{D}};\n"),
+        ("sweep/c.rs", "use super::{super::proxy::P};\n"),
+    ]);
+    let imports = module_imports(&files);
+    assert_eq!(
+        imports["proxy"],
+        BTreeSet::from(["base".to_owned(), "telemetry".to_owned()])
+    );
+    assert_eq!(
+        layer_violations(&layers, &imports),
+        [
+            "`proxy` imports `telemetry`, which is not in a lower layer",
+            "`sweep` imports `app`, which is not in a lower layer",
+        ]
+    );
+    let set = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+    assert_eq!(
+        file_cycles(&files),
+        [("sweep".to_owned(), set(&["a", "b"]))]
     );
 }
 

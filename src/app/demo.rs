@@ -33,7 +33,9 @@ use super::output::OutputFormat;
 use super::serve::ProxyServer;
 use super::sweep::{follow_local, write_matrix};
 use crate::aggregate::{ProductionMatrix, Window};
+use crate::base::engine_metrics::LOAD_GAUGES;
 use crate::base::escape::xml_escape;
+use crate::base::exposition::sum_of;
 use crate::base::Source;
 use crate::config::ConfigLoader;
 use crate::matrix::html::{
@@ -44,13 +46,13 @@ use crate::matrix::side_by_side::{comparison_fragment, Axes};
 use crate::matrix::table::{render_table, MAX_WIDTH};
 use crate::matrix::units::{context_label, format_percent, MISSING};
 use crate::matrix::{render_markdown, DecodeCell, MatrixDoc};
-use crate::meter::{Meter, RecordSink};
+use crate::meter::Meter;
 use crate::sim::{Profile, SimOptions, SimServer};
-use crate::sweep::discover::gauge_sum;
 use crate::sweep::plan::{DurationValue, SweepRequest, TokensValue};
 use crate::sweep::progress::ProgressLine;
-use crate::sweep::prompt::{filler_text, mix};
 use crate::sweep::status::SweepState;
+use crate::synthetic::prompt::{filler_text, mix};
+use crate::synthetic::{DataPath, ProxyPath, SinkScope};
 
 /// The profile the demo simulates unless told otherwise (the seed page 003).
 pub const DEMO_PROFILE: &str = "step-3.7-flash-fp8-4x-rtx-pro-6000";
@@ -254,7 +256,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     }
     progress.done();
     wait_until_server_idle(&sim.base_url()).await;
-    let steady = steady_phase.end(&server, &model);
+    let steady = steady_phase.end(&model);
 
     // 3. Mixed traffic: cold prompts of many lengths at changing concurrency.
     eprintln!();
@@ -267,7 +269,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let burst = burst(server.proxy_addr, &model, args.requests, &mut progress).await;
     progress.done();
     wait_until_idle(&server.proxy.meter).await;
-    let mixed = mixed_phase.end(&server, &model);
+    let mixed = mixed_phase.end(&model);
     eprintln!(
         "    {} answered 200, {} failed, in {:.1} s",
         burst.ok,
@@ -488,7 +490,8 @@ pub fn steady_cells(synthetic: &MatrixDoc) -> Vec<(u64, u32)> {
 /// each phase's cells hold only its own requests.
 struct Phase {
     matrix: Arc<ProductionMatrix>,
-    sink: Arc<dyn RecordSink>,
+    /// The aggregator's registration with the meter, removed when the phase ends or is dropped.
+    scope: SinkScope,
 }
 
 impl Phase {
@@ -499,13 +502,12 @@ impl Phase {
             Source::Production,
             server.production.evidence(),
         );
-        let sink: Arc<dyn RecordSink> = matrix.clone();
-        server.proxy.meter.add_sink(Arc::clone(&sink));
-        Phase { matrix, sink }
+        let scope = ProxyPath::new(Arc::clone(&server.proxy)).collect(matrix.clone());
+        Phase { matrix, scope }
     }
 
-    fn end(self, server: &ProxyServer, model: &str) -> Option<MatrixDoc> {
-        server.proxy.meter.remove_sink(&self.sink);
+    fn end(self, model: &str) -> Option<MatrixDoc> {
+        drop(self.scope);
         self.matrix
             .matrix(Window::All, Some(model), SystemTime::now())
     }
@@ -545,15 +547,10 @@ async fn wait_until_server_idle(simulator: &str) {
         else {
             return;
         };
-        let held: f64 = [
-            "sglang:num_running_reqs",
-            "sglang:num_queue_reqs",
-            "vllm:num_requests_running",
-            "vllm:num_requests_waiting",
-        ]
-        .iter()
-        .filter_map(|name| gauge_sum(&text, name))
-        .sum();
+        let held: f64 = LOAD_GAUGES
+            .iter()
+            .filter_map(|name| sum_of(&text, name))
+            .sum();
         if held <= 0.0 {
             return;
         }

@@ -26,11 +26,11 @@ use crate::meter::slo::SloTargets;
 use crate::proxy::Proxy;
 use crate::sim::from_matrix::{profile_from_matrix, FromMatrixOptions};
 use crate::sim::{Profile, SimHandle, SimOptions, SimServer};
-use crate::sweep::client::call;
 use crate::sweep::discover::{apply_models, discover, DISCOVERY_TIMEOUT};
 use crate::sweep::plan::ServerFacts;
 use crate::sweep::progress::ProgressLine;
-use crate::sweep::server_load::ServerLoad;
+use crate::synthetic::client::call;
+use crate::synthetic::{LoadGauges, ProxyPath, ServerLoad};
 use crate::workload::Trace;
 
 use super::workload::read_trace_file;
@@ -395,16 +395,15 @@ async fn find_speed(
             // The same server replay after replay: wait until it has finished the last one.
             if settle.is_none() {
                 let facts = discover(&proxy).await;
-                settle = facts
-                    .engine
-                    .running_gauge()
-                    .map(|running_gauge| ServerLoad {
-                        proxy: Arc::clone(&proxy),
-                        model: Arc::from(facts.served_model.as_deref().unwrap_or_default()),
-                        running_gauge,
-                        queued_gauge: facts.engine.queued_gauge(),
+                settle = facts.engine.running_gauge().map(|running| ServerLoad {
+                    path: ProxyPath::shared(Arc::clone(&proxy)),
+                    model: Arc::from(facts.served_model.as_deref().unwrap_or_default()),
+                    gauges: LoadGauges {
+                        running,
+                        queued: facts.engine.queued_gauge(),
                         timeout: DISCOVERY_TIMEOUT,
-                    });
+                    },
+                });
             } else if let Some(load) = &settle {
                 wait_idle(load).await;
             }
@@ -530,12 +529,18 @@ async fn replay_at(
     prefix: &str,
 ) -> ReplayReport {
     let mut line = ProgressLine::new(!common.args.quiet);
-    let report = replay(proxy, common.trace, plan, common.stop.clone(), |p| {
-        line.message(
-            &format!("{prefix}{}", progress_text(&p)),
-            Some((p.finished, p.total)),
-        );
-    })
+    let report = replay(
+        ProxyPath::shared(proxy),
+        common.trace,
+        plan,
+        common.stop.clone(),
+        |p| {
+            line.message(
+                &format!("{prefix}{}", progress_text(&p)),
+                Some((p.finished, p.total)),
+            );
+        },
+    )
     .await;
     line.done();
     report

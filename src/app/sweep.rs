@@ -239,7 +239,7 @@ pub fn write_matrix(dir: &Path, stem: &str, matrix: &MatrixDoc) -> anyhow::Resul
 }
 
 /// Longest interval at which `tokentap sweep --target` reads the server's own state between the
-/// sweep's own looks at its load (each asks the scraper for a read: `sweep::server_load`), and
+/// sweep's own looks at its load (each asks the scraper for a read: `synthetic::server_load`), and
 /// for a server whose running gauge the sweep does not know (then it never looks): at the 5 s
 /// default a 10 s cell carried the previous cell's state for up to half its window.
 const SWEEP_METRICS_INTERVAL: Duration = Duration::from_secs(1);

@@ -1,10 +1,14 @@
-//! The bottom layer: the vocabulary every domain shares ([`Route`], [`Source`]) and small
-//! helpers (wall clock, durations, JSON string writing, escaping, the poison-tolerant lock).
+//! The bottom layer: the vocabulary every domain shares ([`Route`], [`Source`], the engines'
+//! metric names in `engine_metrics`), the one reader of the Prometheus text format
+//! (`exposition`), and small helpers (wall clock, durations, JSON string writing, escaping, the
+//! poison-tolerant lock).
 //!
 //! It imports nothing from the rest of the crate, so any module may use it.
 
 pub mod duration;
+pub mod engine_metrics;
 pub mod escape;
+pub mod exposition;
 pub mod json;
 pub mod lock;
 pub mod route;

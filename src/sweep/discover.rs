@@ -16,9 +16,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::client::{get_ok, Answer};
 use super::plan::{EngineKind, ServerFacts};
+use crate::base::engine_metrics::{sglang, vllm};
+use crate::base::exposition;
 use crate::proxy::Proxy;
+use crate::synthetic::client::{get_ok, Answer};
 
 /// How long one discovery question may take.
 pub const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(3);
@@ -69,7 +71,7 @@ pub async fn discover(proxy: &Arc<Proxy>) -> ServerFacts {
 /// (a non-2xx answer: an sglang before 0.4.7). A `/server_info` that does not answer in time is
 /// not asked again under its other name: a later sglang serves both from one handler.
 async fn server_info(proxy: &Arc<Proxy>) -> Option<(&'static str, Answer)> {
-    match super::client::call(
+    match crate::synthetic::client::call(
         proxy,
         http::Method::GET,
         "/server_info",
@@ -174,10 +176,10 @@ pub fn apply_server_info(facts: &mut ServerFacts, path: &str, info: &Value) {
 
 /// `/metrics`: which engine, whether the running gauge exists, vLLM's KV budget.
 pub fn apply_metrics(facts: &mut ServerFacts, text: &str) {
-    if gauge_sum(text, "vllm:num_requests_running").is_some() {
+    if gauge_sum(text, vllm::RUNNING).is_some() {
         facts.engine = EngineKind::Vllm;
         facts.has_running_gauge = true;
-        let labels = info_labels(text, "vllm:cache_config_info");
+        let labels = info_labels(text, vllm::CACHE_CONFIG_INFO);
         let label = |key: &str| {
             labels
                 .iter()
@@ -192,7 +194,7 @@ pub fn apply_metrics(facts: &mut ServerFacts, text: &str) {
                 ));
             }
         }
-    } else if gauge_sum(text, "sglang:num_running_reqs").is_some() {
+    } else if gauge_sum(text, sglang::RUNNING).is_some() {
         facts.engine = EngineKind::Sglang;
         facts.has_running_gauge = true;
     }
@@ -209,83 +211,14 @@ fn text(value: &Value, key: &str) -> Option<String> {
 
 /// The sum of every series of `name` in a Prometheus text page (`None` when absent).
 /// sglang and vLLM label their gauges per model and engine; the sum is the server's total.
+/// (Read by `base::exposition`, the crate's one reader of the format.)
 pub fn gauge_sum(text: &str, name: &str) -> Option<f64> {
-    let mut sum = None;
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        let value_part = if let Some(labelled) = rest.strip_prefix('{') {
-            match labelled.rfind('}') {
-                Some(end) => labelled.get(end + 1..).unwrap_or(""),
-                None => continue,
-            }
-        } else if rest.starts_with(' ') || rest.starts_with('\t') {
-            rest
-        } else {
-            continue; // a longer name with the same prefix
-        };
-        let Some(value) = value_part
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|v| v.is_finite())
-        else {
-            continue;
-        };
-        *sum.get_or_insert(0.0) += value;
-    }
-    sum
+    exposition::sum_of(text, name)
 }
 
 /// The labels of the first series of `name` (an info metric), unescaped.
 pub fn info_labels(text: &str, name: &str) -> Vec<(String, String)> {
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        let Some(body) = rest.strip_prefix('{') else {
-            continue;
-        };
-        return parse_labels(body);
-    }
-    Vec::new()
-}
-
-/// Parses `a="x",b="y\"z"}…` up to the closing brace.
-fn parse_labels(body: &str) -> Vec<(String, String)> {
-    let mut labels = Vec::new();
-    let mut chars = body.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
-            chars.next();
-        }
-        let mut key = String::new();
-        while let Some(&c) = chars.peek() {
-            if c == '=' || c == '}' {
-                break;
-            }
-            key.push(c);
-            chars.next();
-        }
-        if chars.next() != Some('=') || chars.next() != Some('"') {
-            return labels;
-        }
-        let mut value = String::new();
-        loop {
-            match chars.next() {
-                None => return labels,
-                Some('"') => break,
-                Some('\\') => match chars.next() {
-                    Some('n') => value.push('\n'),
-                    Some(other) => value.push(other),
-                    None => return labels,
-                },
-                Some(c) => value.push(c),
-            }
-        }
-        labels.push((key.trim().to_owned(), value));
-    }
+    exposition::first_labels(text, name)
 }
 
 #[cfg(test)]
@@ -317,7 +250,7 @@ mod tests {
 
     #[test]
     fn labels_unescape() {
-        let labels = parse_labels(r#"a="1",b="say \"hi\"",c="x\\y"} 1"#);
+        let labels = exposition::label_pairs(r#"a="1",b="say \"hi\"",c="x\\y"} 1"#);
         assert_eq!(
             labels,
             [

@@ -17,7 +17,6 @@ use tokio::sync::watch;
 use super::discover::discover;
 use super::latest::LatestMatrix;
 use super::plan::{Plan, PlanError, SweepRequest};
-use super::prompt::mix;
 use super::runner::{run, RunnerInput};
 use super::status::{StatusCell, SweepState, SweepStatus, SweepSummary};
 use super::store::{MemoryStore, SweepStore};
@@ -25,6 +24,8 @@ use crate::config::SweepConfig;
 use crate::matrix::MatrixDoc;
 use crate::proxy::Proxy;
 use crate::store::StoreError;
+use crate::synthetic::prompt::mix;
+use crate::synthetic::ProxyPath;
 
 /// Least time between two writes of a running sweep to the store.
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
@@ -243,7 +244,7 @@ impl SweepManager {
 
         let manager = Arc::clone(&self);
         let input = RunnerInput {
-            proxy: Arc::clone(&self.proxy),
+            path: ProxyPath::shared(Arc::clone(&self.proxy)),
             id: id.clone(),
             plan,
             facts,

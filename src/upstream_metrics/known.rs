@@ -11,9 +11,9 @@
 
 use std::collections::BTreeMap;
 
+use crate::base::engine_metrics::{sglang, vllm};
+use crate::base::exposition::samples;
 use crate::meter::server_state::{GaugeValues, ServerGauge, GAUGES};
-
-use super::exposition::samples;
 
 /// How the series of one model combine.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -30,18 +30,14 @@ enum Kind {
 /// The known names (a counter is accepted with or without prometheus_client's `_total`).
 fn kind_of(name: &str) -> Option<Kind> {
     Some(match name {
-        "sglang:num_running_reqs" | "vllm:num_requests_running" => {
-            Kind::Sum(ServerGauge::RunningRequests)
-        }
-        "sglang:num_queue_reqs" | "vllm:num_requests_waiting" => {
-            Kind::Sum(ServerGauge::QueuedRequests)
-        }
-        "sglang:token_usage" | "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
+        sglang::RUNNING | vllm::RUNNING => Kind::Sum(ServerGauge::RunningRequests),
+        sglang::QUEUED | vllm::WAITING => Kind::Sum(ServerGauge::QueuedRequests),
+        sglang::TOKEN_USAGE | vllm::KV_CACHE_USAGE | vllm::GPU_CACHE_USAGE => {
             Kind::Mean(ServerGauge::KvCacheUsage)
         }
-        "sglang:cache_hit_rate" => Kind::Mean(ServerGauge::PrefixCacheHitRate),
-        "vllm:prefix_cache_hits_total" | "vllm:prefix_cache_hits" => Kind::PrefixHits,
-        "vllm:prefix_cache_queries_total" | "vllm:prefix_cache_queries" => Kind::PrefixQueries,
+        sglang::CACHE_HIT_RATE => Kind::Mean(ServerGauge::PrefixCacheHitRate),
+        vllm::PREFIX_CACHE_HITS_TOTAL | vllm::PREFIX_CACHE_HITS => Kind::PrefixHits,
+        vllm::PREFIX_CACHE_QUERIES_TOTAL | vllm::PREFIX_CACHE_QUERIES => Kind::PrefixQueries,
         _ => return None,
     })
 }

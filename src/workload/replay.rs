@@ -6,7 +6,7 @@
 //! recorded prompt length and `max_tokens` = the recorded output tokens with `ignore_eos`, so
 //! the server produces exactly as many tokens as production did. Prefix sharing is reproduced:
 //! the prompt's block `i` (of the trace's `block_tokens`) is a function of its `hash_ids[i]`
-//! alone (the exact-length ids of `sweep::prompt`, seeded by the id and the run), so requests
+//! alone (the exact-length ids of `synthetic::prompt`, seeded by the id and the run), so requests
 //! that shared a prefix block share those tokens; the rest of the prompt is the request's own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,9 +26,8 @@ use crate::matrix::{EvidenceRule, MatrixDoc};
 use crate::meter::record::{RequestRecord, SloVerdict};
 use crate::meter::slo::{SloFigures, SloTargets};
 use crate::meter::RecordSink;
-use crate::proxy::Proxy;
-use crate::sweep::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
-use crate::sweep::prompt::{mix, token_ids};
+use crate::synthetic::prompt::{mix, token_ids};
+use crate::synthetic::{DataPath, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
 
 use super::trace::{Trace, TraceRequest};
 
@@ -213,22 +212,20 @@ pub fn request_body(
     Bytes::from(json)
 }
 
-/// Replays `trace` through `proxy` until done, `stop` turns true, or the plan's bounds.
+/// Replays `trace` through `path` until done, `stop` turns true, or the plan's bounds.
 pub async fn replay(
-    proxy: Arc<Proxy>,
+    path: Arc<dyn DataPath>,
     trace: &Trace,
     plan: &ReplayPlan,
     mut stop: watch::Receiver<bool>,
     mut progress: impl FnMut(ReplayProgress),
 ) -> ReplayReport {
-    let matrix = ProductionMatrix::with_evidence(
-        proxy.meter.contexts().clone(),
-        proxy.meter.concurrency().clone(),
-        Source::Synthetic,
-        plan.evidence,
-    );
-    let sink: Arc<dyn RecordSink> = matrix.clone();
-    proxy.meter.add_sink(Arc::clone(&sink));
+    let (contexts, concurrency) = path.ladders();
+    let matrix =
+        ProductionMatrix::with_evidence(contexts, concurrency, Source::Synthetic, plan.evidence);
+    // Both sinks are scoped: a replay future dropped midway (Ctrl-C in a caller that gives up)
+    // leaves neither behind in the meter.
+    let matrix_scope = path.collect(matrix.clone());
     let tag: Arc<str> = Arc::from("replay");
     let tally = Arc::new(TallySink {
         tag: Arc::clone(&tag),
@@ -239,8 +236,7 @@ pub async fn replay(
             .unwrap_or_default(),
         tally: std::sync::Mutex::default(),
     });
-    let tally_sink: Arc<dyn RecordSink> = tally.clone();
-    proxy.meter.add_sink(Arc::clone(&tally_sink));
+    let tally_scope = path.collect(tally.clone());
 
     let speed = if plan.speed.is_finite() && plan.speed > 0.0 {
         plan.speed
@@ -275,7 +271,7 @@ pub async fn replay(
 
     let mut note = |end: Result<StreamEnd, tokio::task::JoinError>| {
         let reason = match end {
-            Ok(StreamEnd::Failed(reason)) => reason,
+            Ok(StreamEnd::Failed(failure)) => failure.to_string(),
             Ok(_) => return,
             Err(error) => error.to_string(),
         };
@@ -311,14 +307,10 @@ pub async fn replay(
                 }
             }
         }
-        let (proxy, phase, signals, finished) = (
-            Arc::clone(&proxy),
-            phase.clone(),
-            Arc::clone(&signals),
-            Arc::clone(&finished),
-        );
+        let stream = path.stream(stream, phase.clone(), Arc::clone(&signals));
+        let finished = Arc::clone(&finished);
         tasks.spawn(async move {
-            let end = drive(proxy, stream, phase, signals).await;
+            let end = stream.await;
             finished.fetch_add(1, Ordering::Relaxed);
             end
         });
@@ -345,8 +337,7 @@ pub async fn replay(
         }
     }
     report(sent, &finished);
-    proxy.meter.remove_sink(&sink);
-    proxy.meter.remove_sink(&tally_sink);
+    drop((matrix_scope, tally_scope));
     let mut tally = std::mem::take(&mut *lock(&tally.tally));
     tally.ttft.sort_unstable();
     ReplayReport {
@@ -438,5 +429,116 @@ mod tests {
         let body: serde_json::Value =
             serde_json::from_slice(&request_body(&request(1, vec![]), 0, 512, &plan())).unwrap();
         assert_eq!(body["max_tokens"], 7);
+    }
+
+    /// A data path whose streams never end: the replay can only be dropped midway.
+    #[derive(Default)]
+    struct Silent {
+        sinks: std::sync::Mutex<Vec<Arc<dyn RecordSink>>>,
+        streams: AtomicUsize,
+    }
+
+    impl std::fmt::Debug for Silent {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Silent")
+        }
+    }
+
+    impl DataPath for Arc<Silent> {
+        fn stream(
+            &self,
+            _request: StreamRequest,
+            _phase: watch::Receiver<StreamPhase>,
+            _signals: Arc<StreamSignals>,
+        ) -> crate::synthetic::BoxFuture<'static, StreamEnd> {
+            self.streams.fetch_add(1, Ordering::SeqCst);
+            Box::pin(std::future::pending())
+        }
+
+        fn call<'a>(
+            &'a self,
+            _method: http::Method,
+            _path: &'a str,
+            _body: Option<Bytes>,
+            _timeout: Duration,
+        ) -> crate::synthetic::BoxFuture<
+            'a,
+            Result<crate::synthetic::client::Answer, crate::synthetic::client::CallError>,
+        > {
+            Box::pin(std::future::pending())
+        }
+
+        fn collect(&self, sink: Arc<dyn RecordSink>) -> crate::synthetic::SinkScope {
+            self.sinks.lock().unwrap().push(Arc::clone(&sink));
+            let me = Arc::clone(self);
+            crate::synthetic::SinkScope::new(move || {
+                me.sinks.lock().unwrap().retain(|s| !Arc::ptr_eq(s, &sink));
+            })
+        }
+
+        fn production_in_flight(&self) -> u64 {
+            0
+        }
+
+        fn synthetic_tokens(&self) -> u64 {
+            0
+        }
+
+        fn ladders(&self) -> (crate::meter::buckets::Ladder, crate::meter::buckets::Ladder) {
+            (
+                crate::meter::buckets::Ladder::contexts(&[8192]).unwrap(),
+                crate::meter::buckets::Ladder::concurrency(&[1]).unwrap(),
+            )
+        }
+
+        fn server_load<'a>(
+            &'a self,
+            _model: &'a Arc<str>,
+            _gauges: &'a crate::synthetic::LoadGauges,
+        ) -> crate::synthetic::BoxFuture<'a, Option<(f64, f64)>> {
+            Box::pin(async { None })
+        }
+
+        fn refresh_server_state<'a>(
+            &'a self,
+            _model: &'a Arc<str>,
+        ) -> crate::synthetic::BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+
+        fn abort<'a>(
+            &'a self,
+            _rids: &'a [Arc<str>],
+            _timeout: Duration,
+        ) -> crate::synthetic::BoxFuture<'a, ()> {
+            Box::pin(async {})
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_replay_dropped_midway_leaves_no_sink_behind() {
+        let silent = Arc::new(Silent::default());
+        let path: Arc<dyn DataPath> = Arc::new(Arc::clone(&silent));
+        let trace = Trace {
+            header: super::super::trace::TraceHeader {
+                schema: "tokentap.workload/v1".into(),
+                block_tokens: 512,
+                origin: "capture".into(),
+                start: None,
+                requests: 1,
+            },
+            requests: vec![request(64, vec![])],
+        };
+        let (_stop_tx, stop) = watch::channel(false);
+        let plan = plan();
+        let replaying = replay(path, &trace, &plan, stop, |_| {});
+        // Far longer than it takes to send the one request; its stream never ends.
+        let outcome = tokio::time::timeout(Duration::from_secs(10), replaying).await;
+        assert!(outcome.is_err(), "the replay cannot finish");
+        assert_eq!(silent.streams.load(Ordering::SeqCst), 1, "it was sent");
+        assert!(
+            silent.sinks.lock().unwrap().is_empty(),
+            "the dropped replay's matrix and tally sinks are gone"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! What the server says it is running and queueing now, for the sweep's warm-up and drain
-//! barriers and its samples during a window.
+//! barriers and its samples during a window, and the replay's wait for an idle server: the
+//! real reading behind [`super::DataPath::server_load`].
 //!
 //! When the upstream is scraped (`metrics_interval` not zero), the sweep asks the upstream's
 //! scraper for the read instead of fetching the page itself: the read is published to the
@@ -9,7 +10,8 @@
 //! back); at a periodic read's pace the old value stood for up to an interval (live vLLM 0.32:
 //! server running 1.33 in a one-stream cell that followed an eight-stream one, 7.02 against
 //! 7.97 average active in an eight-stream cell whose first second held the idle gap's 0).
-//! Otherwise it fetches `/metrics` through the proxy and sums the engine's gauge.
+//! Otherwise it fetches `/metrics` through the proxy and sums the engine's gauge (read by
+//! `base::exposition`, the crate's one reader of the format).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +19,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::client::get_ok;
-use super::discover::gauge_sum;
+use crate::base::exposition::sum_of;
 use crate::meter::server_state::{GaugeValues, ServerGauge};
 use crate::proxy::Proxy;
 
@@ -26,35 +28,37 @@ const READ_LIMIT: Duration = Duration::from_secs(2);
 /// How often that wait looks whether the read is in.
 const READ_TICK: Duration = Duration::from_millis(5);
 
-/// How the sweep reads the server's load: the model it runs and the engine's gauge names.
+/// Which of the engine's gauges say its load (`base::engine_metrics` names), and how long a
+/// fetch of the page through the proxy may take.
 #[derive(Debug, Clone)]
-pub struct ServerLoad {
-    pub proxy: Arc<Proxy>,
-    pub model: Arc<str>,
-    pub running_gauge: &'static str,
-    pub queued_gauge: Option<&'static str>,
-    /// How long a fetch through the proxy may take.
+pub struct LoadGauges {
+    pub running: &'static str,
+    pub queued: Option<&'static str>,
     pub timeout: Duration,
 }
 
-impl ServerLoad {
-    /// Running and queued requests now (`None` when the server does not say).
-    pub async fn read(&self) -> Option<(f64, f64)> {
-        if let Some(values) = fresh_scraped(&self.proxy, &self.model).await {
-            let value = |gauge: ServerGauge| values.get(gauge.index()).copied().flatten();
-            if let Some(running) = value(ServerGauge::RunningRequests) {
-                return Some((running, value(ServerGauge::QueuedRequests).unwrap_or(0.0)));
-            }
+/// Running and queued requests of the server serving `model` now (`None` when the server does
+/// not say): the scraper's fresh read when the upstream is scraped, else the page through the
+/// proxy.
+pub async fn read_load(
+    proxy: &Arc<Proxy>,
+    model: &Arc<str>,
+    gauges: &LoadGauges,
+) -> Option<(f64, f64)> {
+    if let Some(values) = fresh_scraped(proxy, model).await {
+        let value = |gauge: ServerGauge| values.get(gauge.index()).copied().flatten();
+        if let Some(running) = value(ServerGauge::RunningRequests) {
+            return Some((running, value(ServerGauge::QueuedRequests).unwrap_or(0.0)));
         }
-        let page = get_ok(&self.proxy, "/metrics", self.timeout).await?;
-        let text = page.text();
-        let running = gauge_sum(&text, self.running_gauge)?;
-        let queued = self
-            .queued_gauge
-            .and_then(|name| gauge_sum(&text, name))
-            .unwrap_or(0.0);
-        Some((running, queued))
     }
+    let page = get_ok(proxy, "/metrics", gauges.timeout).await?;
+    let text = page.text();
+    let running = sum_of(&text, gauges.running)?;
+    let queued = gauges
+        .queued
+        .and_then(|name| sum_of(&text, name))
+        .unwrap_or(0.0);
+    Some((running, queued))
 }
 
 /// Asks the scraper of the upstream serving `model` for a read now and waits (at most

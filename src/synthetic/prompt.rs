@@ -24,9 +24,8 @@ use bytes::Bytes;
 use http::Method;
 use serde_json::Value;
 
-use super::client::call;
+use super::path::DataPath;
 use crate::base::json::push_json_string;
-use crate::proxy::Proxy;
 
 /// Ids of the per-run prefix.
 pub const RUN_PREFIX_TOKENS: usize = 16;
@@ -170,16 +169,16 @@ pub enum CalibrationError {
 /// Counts the tokens of `text` with the server's tokenizer endpoint, through the proxy; a
 /// server with none (both answer 404/405) counts it in a probe request's usage instead.
 pub async fn tokenize(
-    proxy: &Arc<Proxy>,
+    data_path: &dyn DataPath,
     model: &str,
     text: &str,
     target: u64,
 ) -> Result<u64, CalibrationError> {
-    let value = match tokenize_value(proxy, model, text, target, true).await {
+    let value = match tokenize_value(data_path, model, text, target, true).await {
         Ok(value) => value,
         Err(CalibrationError::Status {
             status: 404 | 405, ..
-        }) => return probe_prompt_tokens(proxy, model, text, target).await,
+        }) => return probe_prompt_tokens(data_path, model, text, target).await,
         Err(error) => return Err(error),
     };
     value
@@ -198,7 +197,7 @@ pub async fn tokenize(
 /// filler text (without special tokens): distinct and sorted, only those below 10,000 when
 /// there are enough of them. An error when the server cannot tokenize or gives too few ids.
 pub async fn token_id_pool(
-    proxy: &Arc<Proxy>,
+    data_path: &dyn DataPath,
     model: &str,
     run_id: &str,
 ) -> Result<Vec<u64>, CalibrationError> {
@@ -207,7 +206,7 @@ pub async fn token_id_pool(
     for n in 0..200u32 {
         text.push_str(&format!(" {n}{}", n * 7919 % 1000));
     }
-    let value = tokenize_value(proxy, model, &text, 0, false).await?;
+    let value = tokenize_value(data_path, model, &text, 0, false).await?;
     let mut ids: Vec<u64> = value
         .get("tokens")
         .and_then(Value::as_array)
@@ -230,18 +229,18 @@ pub async fn token_id_pool(
 /// `POST /extras/tokenize` (`{"input": …}` → `{"tokens": […]}`, special tokens and BOS as its
 /// completions count them); the answer's JSON.
 async fn tokenize_value(
-    proxy: &Arc<Proxy>,
+    data_path: &dyn DataPath,
     model: &str,
     text: &str,
     target: u64,
     special_tokens: bool,
 ) -> Result<Value, CalibrationError> {
-    match tokenize_at(proxy, model, text, target, special_tokens, "/tokenize").await {
+    match tokenize_at(data_path, model, text, target, special_tokens, "/tokenize").await {
         Err(CalibrationError::Status {
             status: 404 | 405, ..
         }) => {
             tokenize_at(
-                proxy,
+                data_path,
                 model,
                 text,
                 target,
@@ -256,7 +255,7 @@ async fn tokenize_value(
 
 /// `POST path` of `text` in that endpoint's shape; the answer's JSON.
 async fn tokenize_at(
-    proxy: &Arc<Proxy>,
+    data_path: &dyn DataPath,
     model: &str,
     text: &str,
     target: u64,
@@ -278,15 +277,15 @@ async fn tokenize_at(
         push_json_string(&mut body, text);
     }
     body.push('}');
-    let answer = call(
-        proxy,
-        Method::POST,
-        path,
-        Some(Bytes::from(body)),
-        Duration::from_secs(60),
-    )
-    .await
-    .map_err(|source| CalibrationError::Call { target, source })?;
+    let answer = data_path
+        .call(
+            Method::POST,
+            path,
+            Some(Bytes::from(body)),
+            Duration::from_secs(60),
+        )
+        .await
+        .map_err(|source| CalibrationError::Call { target, source })?;
     if !answer.ok() {
         let mut text = answer.text();
         text.truncate(300);
@@ -302,7 +301,7 @@ async fn tokenize_at(
 /// The prompt tokens the server reports for `text` in a one-token, unstreamed completion: the
 /// count of last resort, for a server with no tokenizer endpoint (each probe is a prefill).
 async fn probe_prompt_tokens(
-    proxy: &Arc<Proxy>,
+    data_path: &dyn DataPath,
     model: &str,
     text: &str,
     target: u64,
@@ -314,16 +313,16 @@ async fn probe_prompt_tokens(
     push_json_string(&mut body, text);
     body.push_str(",\"max_tokens\":1,\"temperature\":0,\"stream\":false}");
     let probe_failed = |reason: String| CalibrationError::Probe { target, reason };
-    let answer = call(
-        proxy,
-        Method::POST,
-        "/v1/completions",
-        Some(Bytes::from(body)),
-        // As long as a scout may take: a minute plus the prompt at 500 tok/s.
-        Duration::from_secs(60 + target / 500),
-    )
-    .await
-    .map_err(|error| probe_failed(error.to_string()))?;
+    let answer = data_path
+        .call(
+            Method::POST,
+            "/v1/completions",
+            Some(Bytes::from(body)),
+            // As long as a scout may take: a minute plus the prompt at 500 tok/s.
+            Duration::from_secs(60 + target / 500),
+        )
+        .await
+        .map_err(|error| probe_failed(error.to_string()))?;
     if !answer.ok() {
         let mut text = answer.text();
         text.truncate(300);
@@ -344,7 +343,7 @@ async fn probe_prompt_tokens(
 
 /// A text prompt whose tokenizer count is `target` (or the closest below it).
 pub async fn calibrated_text_prompt(
-    proxy: &Arc<Proxy>,
+    data_path: &dyn DataPath,
     model: &str,
     run_id: &str,
     context: u64,
@@ -353,7 +352,7 @@ pub async fn calibrated_text_prompt(
     let count = |chars: usize| {
         let text = filler_text(run_id, context, chars);
         async move {
-            let tokens = tokenize(proxy, model, &text, target).await?;
+            let tokens = tokenize(data_path, model, &text, target).await?;
             Ok::<_, CalibrationError>((text, tokens))
         }
     };

@@ -53,8 +53,60 @@ pub enum StreamEnd {
     Completed { at: Instant },
     /// The runner stopped it (abort or disconnect).
     Stopped,
-    /// It failed; the reason is one line.
-    Failed(String),
+    /// It failed: why, as a type the caller decides on; its `Display` is the one line a cell's
+    /// status or a matrix note shows.
+    Failed(StreamFailure),
+}
+
+/// Why a synthetic stream failed. Callers decide on the variant (the sweep's token-id → text
+/// fallback takes [`StreamFailure::is_refusal`]), never on the words, which are only for people:
+/// `Display` prints the same line the driver wrote as text before this type existed, so matrices
+/// and notes read as they did.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamFailure {
+    /// The request could not be built (a header value the `http` crate refuses).
+    #[error("cannot build the request: {0}")]
+    Build(String),
+    /// The server answered with a status that is not 2xx; `message` is from its error body.
+    #[error("HTTP {status}: {message}")]
+    Status { status: u16, message: String },
+    /// The response body failed while the stream was running.
+    #[error("the stream broke off: {0}")]
+    BrokeOff(String),
+    /// An SSE event grew past [`MAX_EVENT_BYTES`] without ending.
+    #[error("an SSE event grew past {MAX_EVENT_BYTES} bytes without ending")]
+    OversizedEvent,
+    /// The stream carried an error event (vLLM answers a refused prompt so, with status 200).
+    #[error("error event in the stream: {0}")]
+    ErrorEvent(String),
+    /// The output repeats ([`LoopDetector`]); `chars` of output so far.
+    #[error("output loop: the last {LOOP_SPAN} characters repeat with a period of at most {LOOP_MAX_PERIOD} (after {chars} characters)")]
+    OutputLoop { chars: usize },
+    /// A finish reason came but `[DONE]` never did.
+    #[error("the stream ended without [DONE] (finish_reason {finish_reason})")]
+    NoTerminator { finish_reason: String },
+    /// The stream ended with neither a finish reason nor `[DONE]`.
+    #[error("the stream ended without a finish reason or [DONE] after {chars} characters")]
+    NoEnd { chars: usize },
+    /// The caller's limit on the whole request passed (the sweep's scout).
+    #[error("no end of the request within {limit_s} s")]
+    Timeout { limit_s: u64 },
+}
+
+impl StreamFailure {
+    /// The HTTP status class of a refused request (4 for 4xx, 5 for 5xx), else `None`.
+    pub fn status_class(&self) -> Option<u16> {
+        match self {
+            Self::Status { status, .. } => Some(status / 100),
+            _ => None,
+        }
+    }
+
+    /// The server refused the request itself: any 4xx or 5xx (llama-cpp-python answers token
+    /// ids with 500), or a stream that is only an error event (vLLM, status 200).
+    pub fn is_refusal(&self) -> bool {
+        matches!(self.status_class(), Some(4 | 5)) || matches!(self, Self::ErrorEvent(_))
+    }
 }
 
 /// One stream to send.
@@ -116,7 +168,7 @@ pub async fn drive(
     let built = builder.body(Full::new(request.body));
     let mut http_request = match built {
         Ok(r) => r,
-        Err(error) => return StreamEnd::Failed(format!("cannot build the request: {error}")),
+        Err(error) => return StreamEnd::Failed(StreamFailure::Build(error.to_string())),
     };
     http_request.extensions_mut().insert(Synthetic {
         tag: Some(Arc::clone(&request.tag)),
@@ -141,11 +193,10 @@ pub async fn drive(
             }
         };
         let _ = tokio::time::timeout(ERROR_BODY_TIMEOUT, read).await;
-        return StreamEnd::Failed(format!(
-            "HTTP {}: {}",
-            status.as_u16(),
-            error_message(&text)
-        ));
+        return StreamEnd::Failed(StreamFailure::Status {
+            status: status.as_u16(),
+            message: error_message(&text),
+        });
     }
 
     let mut scanner = SseScanner::new(MAX_EVENT_BYTES);
@@ -159,7 +210,7 @@ pub async fn drive(
             None => break,
             Some(Err(error)) => {
                 return if *phase.borrow() == StreamPhase::Running {
-                    StreamEnd::Failed(format!("the stream broke off: {error}"))
+                    StreamEnd::Failed(StreamFailure::BrokeOff(error.to_string()))
                 } else {
                     StreamEnd::Stopped
                 };
@@ -220,7 +271,7 @@ fn read_events(
     frame: &[u8],
     state: &mut StreamState,
     signals: &StreamSignals,
-) -> Result<(), String> {
+) -> Result<(), StreamFailure> {
     let mut oversized = false;
     scanner.feed(frame, |block| {
         oversized |= block.oversized;
@@ -230,9 +281,7 @@ fn read_events(
         }
     });
     if oversized || scanner.skipping_oversized() {
-        return Err(format!(
-            "an SSE event grew past {MAX_EVENT_BYTES} bytes without ending"
-        ));
+        return Err(StreamFailure::OversizedEvent);
     }
     Ok(())
 }
@@ -243,7 +292,7 @@ struct StreamState {
     saw_output: bool,
     done: bool,
     finish_reason: Option<String>,
-    failure: Option<String>,
+    failure: Option<StreamFailure>,
     output_chars: usize,
     loops: LoopDetector,
 }
@@ -263,7 +312,7 @@ impl StreamState {
                 .and_then(|m| m.as_str())
                 .map(str::to_owned)
                 .unwrap_or_else(|| error.to_string());
-            self.failure = Some(format!("error event in the stream: {message}"));
+            self.failure = Some(StreamFailure::ErrorEvent(message));
             return;
         }
         for choice in chunk.choices {
@@ -279,10 +328,9 @@ impl StreamState {
                 }
                 self.output_chars += text.len();
                 if self.loops.push(&text) {
-                    self.failure = Some(format!(
-                        "output loop: the last {LOOP_SPAN} characters repeat with a period of at most {LOOP_MAX_PERIOD} (after {} characters)",
-                        self.output_chars
-                    ));
+                    self.failure = Some(StreamFailure::OutputLoop {
+                        chars: self.output_chars,
+                    });
                 }
             }
             if let Some(reason) = choice.finish_reason {
@@ -296,14 +344,13 @@ impl StreamState {
             Some("abort") => StreamEnd::Stopped,
             Some(_) if self.done => StreamEnd::Completed { at: Instant::now() },
             _ if phase != StreamPhase::Running => StreamEnd::Stopped,
-            Some(reason) => StreamEnd::Failed(format!(
-                "the stream ended without [DONE] (finish_reason {reason})"
-            )),
+            Some(reason) => StreamEnd::Failed(StreamFailure::NoTerminator {
+                finish_reason: reason.to_owned(),
+            }),
             None if self.done => StreamEnd::Completed { at: Instant::now() },
-            None => StreamEnd::Failed(format!(
-                "the stream ended without a finish reason or [DONE] after {} characters",
-                self.output_chars
-            )),
+            None => StreamEnd::Failed(StreamFailure::NoEnd {
+                chars: self.output_chars,
+            }),
         }
     }
 }
@@ -367,7 +414,7 @@ mod tests {
     use super::*;
 
     /// Data of every event `read_events` hands on, frame by frame.
-    fn read_all(frames: &[&[u8]]) -> (Vec<String>, Result<(), String>) {
+    fn read_all(frames: &[&[u8]]) -> (Vec<String>, Result<(), StreamFailure>) {
         let signals = StreamSignals::default();
         let mut scanner = SseScanner::new(MAX_EVENT_BYTES);
         let mut state = StreamState::default();
@@ -410,7 +457,7 @@ mod tests {
         let mut frame = b"data: ".to_vec();
         frame.resize(MAX_EVENT_BYTES + 1, b'x');
         let (_, result) = read_all(&[&frame]);
-        assert!(result.unwrap_err().contains("grew past"));
+        assert_eq!(result, Err(StreamFailure::OversizedEvent));
         // Whole in one frame, too.
         frame.extend_from_slice(b"\n\n");
         let (_, result) = read_all(&[&frame]);
@@ -428,7 +475,7 @@ mod tests {
         assert!(found, "a repeated sentence is a loop");
 
         let mut detector = LoopDetector::default();
-        let words = crate::sweep::prompt::filler_text("x", 1, 200_000);
+        let words = crate::synthetic::prompt::filler_text("x", 1, 200_000);
         let found = words
             .as_bytes()
             .chunks(7)
@@ -437,11 +484,71 @@ mod tests {
 
         // A period longer than a quarter of the span is not a loop (fewer than 4 repeats).
         let long: String = (0..LOOP_MAX_PERIOD + 50)
-            .map(|i| char::from(b'a' + (crate::sweep::prompt::mix(i as u64) % 26) as u8))
+            .map(|i| char::from(b'a' + (crate::synthetic::prompt::mix(i as u64) % 26) as u8))
             .collect();
         let mut detector = LoopDetector::default();
         let found = (0..10).any(|_| detector.push(&long));
         assert!(!found);
+    }
+
+    #[test]
+    fn failures_print_the_words_the_driver_always_wrote() {
+        let cases = [
+            (
+                StreamFailure::Build("invalid header value".into()),
+                "cannot build the request: invalid header value",
+            ),
+            (
+                StreamFailure::Status {
+                    status: 400,
+                    message: "too long".into(),
+                },
+                "HTTP 400: too long",
+            ),
+            (
+                StreamFailure::BrokeOff("reset".into()),
+                "the stream broke off: reset",
+            ),
+            (
+                StreamFailure::OversizedEvent,
+                "an SSE event grew past 1048576 bytes without ending",
+            ),
+            (
+                StreamFailure::ErrorEvent("out of memory".into()),
+                "error event in the stream: out of memory",
+            ),
+            (
+                StreamFailure::OutputLoop { chars: 5000 },
+                "output loop: the last 4096 characters repeat with a period of at most 1024 (after 5000 characters)",
+            ),
+            (
+                StreamFailure::NoTerminator {
+                    finish_reason: "length".into(),
+                },
+                "the stream ended without [DONE] (finish_reason length)",
+            ),
+            (
+                StreamFailure::NoEnd { chars: 12 },
+                "the stream ended without a finish reason or [DONE] after 12 characters",
+            ),
+            (
+                StreamFailure::Timeout { limit_s: 60 },
+                "no end of the request within 60 s",
+            ),
+        ];
+        for (failure, words) in cases {
+            assert_eq!(failure.to_string(), words);
+        }
+        let status = |status| StreamFailure::Status {
+            status,
+            message: String::new(),
+        };
+        assert!(status(404).is_refusal() && status(500).is_refusal());
+        assert!(!status(302).is_refusal());
+        assert_eq!(status(503).status_class(), Some(5));
+        assert!(StreamFailure::ErrorEvent(String::new()).is_refusal());
+        assert!(!StreamFailure::NoEnd { chars: 0 }.is_refusal());
+        assert!(!StreamFailure::Timeout { limit_s: 1 }.is_refusal());
     }
 
     #[test]
@@ -490,8 +597,8 @@ mod tests {
             &signals,
         );
         assert_eq!(
-            s.failure.as_deref(),
-            Some("error event in the stream: out of memory")
+            s.failure,
+            Some(StreamFailure::ErrorEvent("out of memory".to_owned()))
         );
         assert_eq!(
             error_message(br#"{"object":"error","message":"too long","code":400}"#),

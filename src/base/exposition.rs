@@ -1,7 +1,10 @@
-//! A reader of the Prometheus text exposition format (version 0.0.4), just enough for an
-//! engine's `/metrics` page: sample lines `name{label="value",…} value [timestamp]`, comments
-//! and blank lines skipped. It borrows from the page (no copy unless a label value holds an
-//! escape) and never fails: a line it cannot read is skipped, whatever the bytes.
+//! The crate's one reader of the Prometheus text exposition format (version 0.0.4), just
+//! enough for an engine's `/metrics` page: sample lines `name{label="value",…} value
+//! [timestamp]`, comments and blank lines skipped. It borrows from the page (no copy unless a
+//! label value holds an escape) and never fails: a line it cannot read is skipped, whatever the
+//! bytes. It sits on the ground floor so that every layer reads pages through it: the
+//! upstreams' scraper (`upstream_metrics`), the synthetic traffic's load reads, the sweep's
+//! discovery and the demo. Engine metric names are in [`super::engine_metrics`].
 
 use std::borrow::Cow;
 
@@ -11,6 +14,8 @@ pub struct Sample<'a> {
     pub name: &'a str,
     /// The text between the braces (empty without labels).
     labels: &'a str,
+    /// Whether the line had braces.
+    braced: bool,
     pub value: f64,
 }
 
@@ -23,9 +28,54 @@ impl<'a> Sample<'a> {
     }
 }
 
+impl<'a> Sample<'a> {
+    /// Every label of the sample, in order, unescaped (stops at the first malformed pair).
+    pub fn labels(&self) -> impl Iterator<Item = (&'a str, Cow<'a, str>)> + 'a {
+        Labels { rest: self.labels }
+    }
+
+    /// Whether the sample line had a label set (`name{…}`, even an empty one).
+    pub fn has_label_set(&self) -> bool {
+        self.braced
+    }
+}
+
 /// Every sample of `page` that reads, in order.
 pub fn samples(page: &str) -> impl Iterator<Item = Sample<'_>> {
     page.lines().filter_map(sample)
+}
+
+/// The sum of the finite values of every series of `name` on `page` (`None` when it has
+/// none). sglang and vLLM label their gauges per model and engine; the sum is the server's
+/// total.
+pub fn sum_of(page: &str, name: &str) -> Option<f64> {
+    samples(page)
+        .filter(|s| s.name == name && s.value.is_finite())
+        .fold(None, |sum, s| Some(sum.unwrap_or(0.0) + s.value))
+}
+
+/// The labels of the first labelled series of `name` (an info metric), unescaped and owned.
+pub fn first_labels(page: &str, name: &str) -> Vec<(String, String)> {
+    samples(page)
+        .find(|s| s.name == name && s.braced)
+        .map(|s| {
+            s.labels()
+                .map(|(k, v)| (k.to_owned(), v.into_owned()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `key="value"` pairs of a label set's text (what is between the braces, or from after
+/// `{` to anywhere past the closing one), unescaped and owned; stops at the first malformed
+/// pair or at the closing brace.
+pub fn label_pairs(set: &str) -> Vec<(String, String)> {
+    let inside = closing_brace(set)
+        .and_then(|end| set.get(..end))
+        .unwrap_or(set);
+    Labels { rest: inside }
+        .map(|(k, v)| (k.to_owned(), v.into_owned()))
+        .collect()
 }
 
 fn is_name_start(c: char) -> bool {
@@ -45,12 +95,12 @@ fn sample(line: &str) -> Option<Sample<'_>> {
     let name_end = line.find(|c: char| !is_name_char(c)).unwrap_or(line.len());
     let name = line.get(..name_end)?;
     let rest = line.get(name_end..)?;
-    let (labels, rest) = match rest.strip_prefix('{') {
+    let (labels, braced, rest) = match rest.strip_prefix('{') {
         Some(inside) => {
             let close = closing_brace(inside)?;
-            (inside.get(..close)?, inside.get(close + 1..)?)
+            (inside.get(..close)?, true, inside.get(close + 1..)?)
         }
-        None => ("", rest),
+        None => ("", false, rest),
     };
     if !rest.starts_with([' ', '\t']) {
         return None;
@@ -67,6 +117,7 @@ fn sample(line: &str) -> Option<Sample<'_>> {
     Some(Sample {
         name,
         labels,
+        braced,
         value,
     })
 }
@@ -199,6 +250,23 @@ mod tests {
         assert_eq!(all[1].value, 2.5);
         assert_eq!(all[2].value, f64::NEG_INFINITY);
         assert!(all[3].value.is_nan());
+    }
+
+    #[test]
+    fn sums_series_and_reads_info_labels() {
+        let page = "# HELP x\nsglang:num_running_reqs{model_name=\"a\"} 3.0\nsglang:num_running_reqs_total 9\nsglang:num_running_reqs{model_name=\"b\"} 2\nsglang:num_running_reqs NaN\n";
+        assert_eq!(sum_of(page, "sglang:num_running_reqs"), Some(5.0));
+        assert_eq!(sum_of(page, "sglang:num_queue_reqs"), None);
+        let labels = first_labels(VLLM, "vllm:cache_config_info");
+        assert!(labels.contains(&("num_gpu_blocks".to_owned(), "16384".to_owned())));
+        assert!(first_labels(page, "absent").is_empty());
+        assert_eq!(
+            label_pairs("a=\"x\",b=\"y\\\"z\"} 1"),
+            [
+                ("a".to_owned(), "x".to_owned()),
+                ("b".to_owned(), "y\"z".to_owned())
+            ]
+        );
     }
 
     #[test]

@@ -1,0 +1,317 @@
+//! A cell's streams: the slot tasks (one stream at a time each, restarted when it completes),
+//! the book they share with the runner (one lock, taken when a stream starts or ends, never per
+//! event), the request bodies, stopping them (abort by rid, then disconnect), the server's
+//! load and the sampler that reads it during a window.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use super::{
+    Runner, BODY_FIELDS_BYTES, COMPLETIONS_PATH, CONTROL_TIMEOUT, SAMPLES_PER_WINDOW,
+    SAMPLE_EVERY_MAX, SAMPLE_EVERY_MIN,
+};
+use crate::base::json::push_json_string;
+use crate::base::lock::lock;
+use crate::sweep::plan::EngineKind;
+use crate::synthetic::prompt::Prompt;
+use crate::synthetic::{
+    DataPath, LoadGauges, ServerLoad, StreamEnd, StreamPhase, StreamRequest, StreamSignals,
+};
+
+impl Runner {
+    /// sglang `/abort_request` for each rid (never `abort_all`), concurrently, bounded.
+    pub(super) async fn abort_rids(&self, rids: &[Arc<str>]) {
+        if self.plan.engine != EngineKind::Sglang || rids.is_empty() {
+            return;
+        }
+        self.path.abort(rids, CONTROL_TIMEOUT).await;
+    }
+
+    /// How this sweep reads the server's running and queued gauges (`None` without them).
+    pub(super) fn server_load_reader(&self) -> Option<ServerLoad> {
+        let running = self.plan.engine.running_gauge()?;
+        self.facts.has_running_gauge.then(|| ServerLoad {
+            path: Arc::clone(&self.path),
+            model: Arc::from(self.plan.model.as_str()),
+            gauges: LoadGauges {
+                running,
+                queued: self.plan.engine.queued_gauge(),
+                timeout: CONTROL_TIMEOUT,
+            },
+        })
+    }
+
+    /// The server's running and queued gauges (None without metrics).
+    pub(super) async fn server_load(&self) -> Option<(f64, f64)> {
+        self.server_load_reader()?.read().await
+    }
+
+    /// Has the upstream's scraper read the server's whole state now (running, queued, KV cache,
+    /// prefix hits: the requests' "server state" figures are means of what it read), so the
+    /// state before a phase change does not stand for what follows it (`server_load`).
+    pub(super) async fn refresh_server_state(&self) {
+        let model: Arc<str> = Arc::from(self.plan.model.as_str());
+        self.path.refresh_server_state(&model).await;
+    }
+
+    /// Samples the running gauge during the window (a task of its own, so a slow scrape never
+    /// stretches the window).
+    pub(super) fn spawn_sampler(&self, window: Duration) -> Sampler {
+        let every = (window / SAMPLES_PER_WINDOW).clamp(SAMPLE_EVERY_MIN, SAMPLE_EVERY_MAX);
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let reader = self.server_load_reader();
+        let task = tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let Some(reader) = reader else {
+                return samples;
+            };
+            // Half a period in, so the samples sit in the middle of equal slices of the window.
+            let mut next = Instant::now() + every / 2;
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep_until(next) => {}
+                    _ = stop_rx.changed() => return samples,
+                }
+                next += every;
+                let at = Instant::now();
+                if let Some((running, _)) = reader.read().await {
+                    samples.push((at, running));
+                }
+                if *stop_rx.borrow() {
+                    return samples;
+                }
+            }
+        });
+        Sampler {
+            stop: stop_tx,
+            task,
+        }
+    }
+}
+
+pub(super) struct Sampler {
+    pub(super) stop: watch::Sender<bool>,
+    pub(super) task: tokio::task::JoinHandle<Vec<(Instant, f64)>>,
+}
+
+impl Sampler {
+    pub(super) async fn finish(self) -> Vec<(Instant, f64)> {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// What the streams of one cell share with the runner. One lock: the slots take it when a
+/// stream starts or ends (never per event), the runner when it polls for a failure.
+#[derive(Default)]
+pub(super) struct CellShared {
+    pub(super) signals: Arc<StreamSignals>,
+    pub(super) book: Mutex<CellBook>,
+    /// Woken when a stream fails, so the window stops at once.
+    pub(super) failed: Notify,
+}
+
+/// The cell's streams so far.
+#[derive(Default)]
+pub(super) struct CellBook {
+    /// Tags (rids) of every stream started, in order, and whether it is still running.
+    pub(super) streams: Vec<(Arc<str>, bool)>,
+    /// When each stream that finished by itself did.
+    pub(super) completions: Vec<Instant>,
+    /// Why streams failed.
+    pub(super) failures: Vec<String>,
+}
+
+/// What a cell's streams did, read once they have all ended.
+pub(super) struct EndedStreams {
+    pub(super) tags: Vec<Arc<str>>,
+    pub(super) completions: Vec<Instant>,
+    pub(super) failures: Vec<String>,
+}
+
+impl CellShared {
+    pub(super) fn book(&self) -> std::sync::MutexGuard<'_, CellBook> {
+        lock(&self.book)
+    }
+
+    /// Registers a new stream of `slot` and returns its index and tag. The serial in the tag
+    /// counts the cell's streams in the order they started.
+    pub(super) fn start_stream(
+        &self,
+        prefix: &str,
+        slot: usize,
+        restarts: usize,
+    ) -> (usize, Arc<str>) {
+        let mut book = self.book();
+        let serial = book.streams.len();
+        let tag: Arc<str> = Arc::from(format!("{prefix}{slot}-{restarts}-{serial}"));
+        book.streams.push((Arc::clone(&tag), true));
+        (serial, tag)
+    }
+
+    /// The stream `index` ended: completed at `completed` (by itself), or failed with a reason.
+    pub(super) fn end_stream(
+        &self,
+        index: usize,
+        completed: Option<Instant>,
+        failure: Option<String>,
+    ) {
+        let mut book = self.book();
+        if let Some((_, running)) = book.streams.get_mut(index) {
+            *running = false;
+        }
+        book.completions.extend(completed);
+        if let Some(reason) = failure {
+            book.failures.push(reason);
+            drop(book);
+            self.failed.notify_waiters();
+        }
+    }
+
+    pub(super) fn fail(&self, reason: String) {
+        self.book().failures.push(reason);
+        self.failed.notify_waiters();
+    }
+
+    pub(super) fn has_failed(&self) -> bool {
+        !self.book().failures.is_empty()
+    }
+
+    /// Tags of the streams still running (to abort them by rid).
+    pub(super) fn live(&self) -> Vec<Arc<str>> {
+        self.book()
+            .streams
+            .iter()
+            .filter(|(_, running)| *running)
+            .map(|(tag, _)| Arc::clone(tag))
+            .collect()
+    }
+
+    pub(super) fn ended(&self) -> EndedStreams {
+        let book = self.book();
+        EndedStreams {
+            tags: book
+                .streams
+                .iter()
+                .map(|(tag, _)| Arc::clone(tag))
+                .collect(),
+            completions: book.completions.clone(),
+            failures: book.failures.clone(),
+        }
+    }
+}
+
+/// How a slot builds its requests.
+pub(super) struct RequestTemplate {
+    /// The `x-tokentap-slo` value every stream carries (the plan's), if any.
+    pub(super) slo_header: Option<HeaderValue>,
+    pub(super) model_json: String,
+    pub(super) prompt: Prompt,
+    pub(super) max_tokens: u64,
+    pub(super) with_rid: bool,
+}
+
+impl RequestTemplate {
+    pub(super) fn body(&self, rid: &str) -> Bytes {
+        let mut body = String::with_capacity(self.prompt.json.len() + BODY_FIELDS_BYTES);
+        body.push_str("{\"model\":");
+        body.push_str(&self.model_json);
+        body.push_str(&format!(
+            ",\"max_tokens\":{},\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{{\"include_usage\":true,\"continuous_usage_stats\":true}}",
+            self.max_tokens
+        ));
+        if self.with_rid {
+            body.push_str(",\"rid\":");
+            push_json_string(&mut body, rid);
+        }
+        body.push_str(",\"prompt\":");
+        body.push_str(&self.prompt.json);
+        body.push('}');
+        Bytes::from(body)
+    }
+}
+
+/// One of a cell's C streams: sends, and while the cell runs, restarts a stream that completes.
+pub(super) async fn run_slot(
+    path: Arc<dyn DataPath>,
+    shared: Arc<CellShared>,
+    phase: watch::Receiver<StreamPhase>,
+    slot: usize,
+    prefix: String,
+    template: RequestTemplate,
+) {
+    let mut restarts = 0usize;
+    loop {
+        if *phase.borrow() != StreamPhase::Running {
+            return;
+        }
+        let (index, tag) = shared.start_stream(&prefix, slot, restarts);
+        let request = StreamRequest {
+            path: COMPLETIONS_PATH,
+            body: template.body(&tag),
+            tag,
+            slo_header: template.slo_header.clone(),
+        };
+        let end = path
+            .stream(request, phase.clone(), Arc::clone(&shared.signals))
+            .await;
+        match end {
+            StreamEnd::Completed { at } => {
+                shared.end_stream(index, Some(at), None);
+                restarts += 1;
+            }
+            StreamEnd::Stopped => {
+                shared.end_stream(index, None, None);
+                return;
+            }
+            StreamEnd::Failed(failure) => {
+                shared.end_stream(index, None, Some(failure.to_string()));
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_cell_book_keeps_streams_in_start_order_and_wakes_the_window_on_a_failure() {
+        let shared = CellShared::default();
+        let (first, first_tag) = shared.start_stream("p-8192x2-", 0, 0);
+        let (second, second_tag) = shared.start_stream("p-8192x2-", 1, 0);
+        let (third, third_tag) = shared.start_stream("p-8192x2-", 0, 1);
+        assert_eq!(&*first_tag, "p-8192x2-0-0-0");
+        assert_eq!(&*second_tag, "p-8192x2-1-0-1");
+        assert_eq!(&*third_tag, "p-8192x2-0-1-2");
+        let at = Instant::now();
+        shared.end_stream(first, Some(at), None);
+        assert_eq!(
+            shared.live(),
+            [Arc::clone(&second_tag), Arc::clone(&third_tag)]
+        );
+        assert!(!shared.has_failed());
+
+        let woken = shared.failed.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        shared.end_stream(second, None, Some("boom".to_owned()));
+        assert!(shared.has_failed());
+        tokio::time::timeout(Duration::from_secs(5), woken)
+            .await
+            .expect("a failure wakes the window");
+
+        shared.end_stream(third, None, None);
+        assert!(shared.live().is_empty());
+        let ended = shared.ended();
+        assert_eq!(ended.tags, [first_tag, second_tag, third_tag]);
+        assert_eq!(ended.completions, [at]);
+        assert_eq!(ended.failures, ["boom"]);
+    }
+}
