@@ -337,6 +337,11 @@ impl ProxyServer {
                 &[("reason", "store_failed")],
                 failed,
             );
+            metrics.watch_count(
+                crate::telemetry::names::WORKLOAD_EXPORTS_REFUSED_TOTAL,
+                &[],
+                workload.refused_exports(),
+            );
         }
         metrics.watch_server_state(&proxy.meter);
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
