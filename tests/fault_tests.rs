@@ -828,8 +828,17 @@ impl Served {
 
     /// Resident memory in bytes (Linux).
     fn rss(&self) -> Option<u64> {
+        self.status_bytes("VmRSS:")
+    }
+
+    /// Peak resident memory since start, in bytes (Linux).
+    fn peak_rss(&self) -> Option<u64> {
+        self.status_bytes("VmHWM:")
+    }
+
+    fn status_bytes(&self, key: &str) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let line = status.lines().find(|l| l.starts_with(key))?;
         let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kb * 1024)
     }
@@ -2111,4 +2120,243 @@ async fn junk_model_names_cannot_take_the_labels_of_served_models() {
         "{labels:?}"
     );
     assert_eq!(labels.last(), Some(&"real-model"), "{labels:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// The workload export.
+
+/// Rows in a full capture (`workload.max_requests`' default and the export's row limit).
+const FULL_CAPTURE: usize = 1_000_000;
+
+/// Fills `dir`'s store with `FULL_CAPTURE` rows in one transaction: one row a millisecond,
+/// ending now; each prompt's 3 blocks are one of 100 shared system prompts and two blocks of
+/// its own (so the export sees ~2,000,000 distinct prefix blocks: past the renumbering
+/// bound). Returns the first row's arrival (Unix ms).
+fn fill_capture(dir: &std::path::Path) -> i64 {
+    drop(tokentap::store::Store::open(dir).unwrap());
+    let mut database = rusqlite::Connection::open(dir.join("tokentap.sqlite3")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let first = now - FULL_CAPTURE as i64 - 1000;
+    let transaction = database.transaction().unwrap();
+    {
+        let mut insert = transaction
+            .prepare(
+                "INSERT INTO workload (started_ms, route, model, stream, prompt_tokens,
+                   cached_tokens, max_tokens, output_tokens, outcome, prefix_blocks)
+                 VALUES (?1, 'chat_completions', 'm', 1, 1100, ?2, 64, ?3, 'ok', ?4)",
+            )
+            .unwrap();
+        let mut blob = [0u8; 24];
+        for i in 0..FULL_CAPTURE as u64 {
+            let blocks = [
+                0xA5A5_0000_0000_0000 | (i % 100),
+                0x5A5A_0000_0000_0000 | (2 * i),
+                0x5A5A_0000_0000_0000 | (2 * i + 1),
+            ];
+            for (slot, id) in blob.chunks_exact_mut(8).zip(blocks) {
+                slot.copy_from_slice(&id.to_le_bytes());
+            }
+            let cached = (i % 3 == 0).then_some(512i64);
+            insert
+                .execute(rusqlite::params![
+                    first + i as i64,
+                    cached,
+                    (i % 500) as i64,
+                    &blob[..]
+                ])
+                .unwrap();
+        }
+    }
+    transaction.commit().unwrap();
+    first
+}
+
+/// An export's response head, its body not read yet.
+async fn export_head(admin: SocketAddr) -> http::Response<hyper::body::Incoming> {
+    let request = http::Request::get(format!("http://{admin}/workload?window=1h"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), client().request(request))
+        .await
+        .expect("the export's head within 60 s")
+        .unwrap()
+}
+
+/// Reads an export's body to its end: (line count, the first `keep` lines).
+async fn read_export(
+    response: http::Response<hyper::body::Incoming>,
+    keep: usize,
+) -> (usize, Vec<String>) {
+    let mut body = response.into_body();
+    let mut lines = 0;
+    let mut first = Vec::new();
+    let mut partial = Vec::new();
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(60), body.frame())
+        .await
+        .expect("an export frame within 60 s")
+    {
+        let Ok(data) = frame.expect("the export broke off").into_data() else {
+            continue;
+        };
+        lines += data.iter().filter(|b| **b == b'\n').count();
+        if first.len() < keep {
+            partial.extend_from_slice(&data);
+            while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=end).collect();
+                if first.len() < keep {
+                    first.push(String::from_utf8(line).unwrap().trim_end().to_string());
+                }
+            }
+        }
+    }
+    (lines, first)
+}
+
+/// The page and `/matrix` (and `/healthz`), each answered 200 within `bound`; the slowest.
+async fn page_answers(admin: SocketAddr, bound: Duration) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for path in ["/healthz", "/matrix", "/"] {
+        let started = Instant::now();
+        let answer = tokio::time::timeout(bound, get(&format!("http://{admin}{path}")))
+            .await
+            .unwrap_or_else(|_| panic!("{path} did not answer within {bound:?} during the export"));
+        assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+        slowest = slowest.max(started.elapsed());
+    }
+    slowest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_row_workload_export_streams_in_bounded_memory_beside_the_page() {
+    let dir = std::env::temp_dir().join(format!(
+        "tokentap-fault-export-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let filling = Instant::now();
+    let first_ms = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || fill_capture(&dir)
+    })
+    .await
+    .unwrap();
+    let filled = filling.elapsed();
+    // Today's format, from the in-memory trace of the first rows (the reference the stream
+    // must equal line for line: ids are renumbered in order of first appearance).
+    const FIRST: usize = 2000;
+    let reference = {
+        let store = tokentap::store::Store::open(&dir).unwrap();
+        let from = std::time::UNIX_EPOCH + Duration::from_millis(first_ms as u64);
+        let rows = store.workload_since(from, FIRST).unwrap();
+        let trace = tokentap::workload::capture::trace_of_rows(rows);
+        tokentap::workload::render(&trace, tokentap::workload::TraceFormat::Tokentap)
+    };
+    let reference: Vec<&str> = reference.lines().collect();
+    let upstream = upstream_with(|_| Script::sse(vec![chunk("a", "1"), done()])).await;
+    let served = Served::start(
+        &upstream.url(),
+        &format!(
+            "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[workload]\ncapture = true\n[store]\ndata_dir = \"{}\"\n",
+            dir.display()
+        ),
+        None,
+    );
+    page_answers(served.admin, Duration::from_secs(10)).await;
+    let before = served.rss().unwrap();
+
+    // Two exports run (the bound, `max_exports` = 2); their heads are in, their bodies wait.
+    let started = Instant::now();
+    let a = export_head(served.admin).await;
+    let b = export_head(served.admin).await;
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    // A third is refused by name, with a Retry-After, and counted.
+    let refused = get(&format!("http://{}/workload?window=1h", served.admin)).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(
+        refused
+            .headers
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("5")
+    );
+    assert!(
+        refused.text().contains("workload.max_exports = 2"),
+        "{}",
+        refused.text()
+    );
+    // The page answers while both exports are open and not read (their readers wait on the
+    // client: back-pressure, no store lock held)...
+    let paused = page_answers(served.admin, Duration::from_secs(5)).await;
+    // ...and while they stream.
+    let readers = [
+        tokio::spawn(read_export(a, FIRST + 1)),
+        tokio::spawn(read_export(b, 1)),
+    ];
+    let mut streaming = Duration::ZERO;
+    let mut looks = 0;
+    while !readers.iter().all(|r| r.is_finished()) && looks < 200 {
+        streaming = streaming.max(page_answers(served.admin, Duration::from_secs(5)).await);
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let [a, b] = readers;
+    let (lines_a, head_a) = a.await.unwrap();
+    let (lines_b, head_b) = b.await.unwrap();
+    let took = started.elapsed();
+    let peak = served.peak_rss().unwrap();
+    let growth = peak.saturating_sub(before);
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    eprintln!(
+        "figure: filled {FULL_CAPTURE} rows in {:.1} s; two concurrent exports of {FULL_CAPTURE} rows each in {:.1} s; RSS {:.1} MiB before, peak {:.1} MiB: growth {:.1} MiB; page with both exports paused {paused:?}, while streaming at most {streaming:?} over {looks} looks",
+        filled.as_secs_f64(),
+        took.as_secs_f64(),
+        mib(before),
+        mib(peak),
+        mib(growth)
+    );
+    // Exactly every row, after the header, in both.
+    assert_eq!(lines_a, FULL_CAPTURE + 1);
+    assert_eq!(lines_b, FULL_CAPTURE + 1);
+    // The format is today's: the header with the full count, then the same lines.
+    let header: serde_json::Value = serde_json::from_str(&head_a[0]).unwrap();
+    let mut expected: serde_json::Value = serde_json::from_str(reference[0]).unwrap();
+    expected["requests"] = serde_json::json!(FULL_CAPTURE);
+    assert_eq!(header, expected);
+    assert_eq!(head_b[0], head_a[0]);
+    assert_eq!(&head_a[1..], &reference[1..]);
+    assert!(
+        growth < 64 << 20,
+        "two exports of a full capture grew the proxy's memory by {:.1} MiB",
+        mib(growth)
+    );
+    let metrics = get(&format!("http://{}/metrics", served.admin))
+        .await
+        .text();
+    assert_eq!(
+        sample(&metrics, "tokentap_workload_exports_refused_total", &[]),
+        Some(1.0)
+    );
+    // Clients that hang up mid-export free their slots: a later export is served.
+    let c = export_head(served.admin).await;
+    let d = export_head(served.admin).await;
+    assert_eq!((c.status().as_u16(), d.status().as_u16()), (200, 200));
+    drop((c, d));
+    let start = Instant::now();
+    let mut status = 0;
+    while start.elapsed() < Duration::from_secs(20) {
+        status = get(&format!("http://{}/workload?window=1s", served.admin))
+            .await
+            .status;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 200, "hung-up exports kept their slots");
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }
