@@ -2360,3 +2360,229 @@ async fn a_million_row_workload_export_streams_in_bounded_memory_beside_the_page
     drop(served);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ---------------------------------------------------------------------------------------
+// The /metrics series budget.
+
+/// `promtool check metrics` on `page`: its complaints (empty when it parses; lint notes about
+/// naming conventions, exit status 3, aside) — Prometheus's own parser, from Debian's
+/// `prometheus` package (scripts/test installs it).
+fn promtool_check(page: &str) -> String {
+    use std::io::Write as _;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Exit status 1 and "parsing error": the page does not parse (checked against a broken
+    // line by hand: `foo{a="b" 1` → "text format parsing error in line 1", status 1).
+    if output.status.code() == Some(1) || text.contains("parsing error") {
+        text
+    } else {
+        String::new()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_page_keeps_its_series_budget_in_priority_order() {
+    use tokentap::telemetry::prometheus::{
+        histogram_series, CELL_CORE_HISTOGRAMS, CELL_DETAIL_HISTOGRAMS,
+    };
+    // Each request names its prompt size; the upstream reports it as the usage, so the
+    // requests fall into a new context bucket each: 4 models × 5 contexts = 20 cells of about
+    // 330 series each, against a budget of 2,000.
+    let upstream = upstream_with(|r| {
+        let body = String::from_utf8_lossy(&r.body);
+        let prompt: u64 = body
+            .split("p=")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(5);
+        Script::sse(vec![
+            data(&format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"content":"a"}}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":1}}}}"#
+            )),
+            data(&format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"content":"b"}}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":2}}}}"#
+            )),
+            done(),
+        ])
+    })
+    .await;
+    const BUDGET: usize = 2000;
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n[metering]\nmax_models = 8\n[telemetry]\nmax_series = {BUDGET}\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let models = ["m0", "m1", "m2", "m3"];
+    let prompts = [100u64, 9_000, 20_000, 40_000, 70_000];
+    // In order of first traffic.
+    let mut cells = Vec::new();
+    for model in models {
+        for prompt in prompts {
+            let body = format!(
+                r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true,"continuous_usage_stats":true}},"messages":[{{"role":"user","content":"p={prompt}"}}]}}"#
+            );
+            assert_eq!(post(&url, &body).await.status, 200);
+            cells.push((model, prompt));
+        }
+    }
+    let all = records.wait_for(cells.len()).await;
+    let buckets: Vec<String> = all
+        .iter()
+        .map(|r| format!("{}/{}", r.model, r.context_bucket))
+        .collect();
+    let distinct: std::collections::HashSet<&String> = buckets.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        cells.len(),
+        "each request a cell of its own: {buckets:?}"
+    );
+
+    let page = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    let samples: Vec<_> = tokentap::upstream_metrics::exposition::samples(&page).collect();
+    let lines = page
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .count();
+    // Every sample line reads (the crate's parser skips what it cannot read)...
+    assert_eq!(samples.len(), lines, "unreadable sample lines");
+    // ...and so does Prometheus's own.
+    let complaints = promtool_check(&page);
+    assert!(complaints.is_empty(), "promtool: {complaints}");
+    let gauge = |name: &str| {
+        samples
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.value)
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    let used = gauge("tokentap_metrics_series");
+    eprintln!(
+        "figure: {} cells reached, budget {BUDGET}: {} series on the page, {used} counted in use",
+        cells.len(),
+        samples.len()
+    );
+    assert!(samples.len() <= BUDGET, "{} series", samples.len());
+    assert!(used <= BUDGET as f64 && samples.len() as f64 <= used);
+    assert_eq!(gauge("tokentap_metrics_series_budget"), BUDGET as f64);
+    // Process-wide series are always there.
+    assert!(samples.iter().any(|s| s.name == "tokentap_faults_total"
+        && s.label("fault").as_deref() == Some("send_stalled")));
+
+    // Each cell in traffic order: every series, its core series only, or none.
+    let context_label = |prompt: u64| {
+        all.iter()
+            .find(|r| r.prompt_tokens == Some(prompt))
+            .map(|r| {
+                server
+                    .proxy
+                    .meter
+                    .contexts()
+                    .label(r.context_bucket)
+                    .to_string()
+            })
+            .unwrap()
+    };
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    enum Kept {
+        Full,
+        Core,
+        Nothing,
+    }
+    let in_cell = |name: &str, model: &str, context: &str| {
+        samples.iter().any(|s| {
+            s.name == name
+                && s.label("model").as_deref() == Some(model)
+                && s.label("context_bucket").as_deref() == Some(context)
+        })
+    };
+    let kept: Vec<Kept> = cells
+        .iter()
+        .map(|(model, prompt)| {
+            let context = context_label(*prompt);
+            let core = in_cell("tokentap_requests_total", model, &context)
+                && in_cell("tokentap_tokens_total", model, &context)
+                && in_cell(
+                    "tokentap_time_to_first_token_seconds_count",
+                    model,
+                    &context,
+                )
+                && in_cell(
+                    "tokentap_time_between_tokens_seconds_count",
+                    model,
+                    &context,
+                )
+                && in_cell("tokentap_decode_seconds_count", model, &context);
+            let detail = in_cell("tokentap_request_duration_seconds_count", model, &context)
+                || in_cell("tokentap_prompt_tokens_count", model, &context);
+            let any = samples.iter().any(|s| {
+                s.label("model").as_deref() == Some(*model)
+                    && s.label("context_bucket").as_deref() == Some(&*context)
+            });
+            match (core, detail, any) {
+                (true, true, _) => Kept::Full,
+                (true, false, _) => Kept::Core,
+                (false, false, false) => Kept::Nothing,
+                other => panic!("cell {model}/{context}: partial series {other:?}"),
+            }
+        })
+        .collect();
+    eprintln!("figure: cells in traffic order kept {kept:?}");
+    assert!(
+        kept.windows(2).all(|w| w[0] <= w[1]),
+        "priority broken: {kept:?}"
+    );
+    for kind in [Kept::Full, Kept::Core, Kept::Nothing] {
+        assert!(kept.contains(&kind), "no {kind:?} cell: {kept:?}");
+    }
+    // What was left out is counted, series by series.
+    let dropped = |what: &str| {
+        samples
+            .iter()
+            .find(|s| {
+                s.name == "tokentap_metrics_series_dropped_total"
+                    && s.label("what").as_deref() == Some(what)
+            })
+            .map(|s| s.value)
+            .unwrap()
+    };
+    let core_cost = 9 + CELL_CORE_HISTOGRAMS
+        .iter()
+        .map(|n| histogram_series(n))
+        .sum::<u64>();
+    let detail_cost = CELL_DETAIL_HISTOGRAMS
+        .iter()
+        .map(|n| histogram_series(n))
+        .sum::<u64>();
+    let count = |kind: Kept| kept.iter().filter(|k| **k == kind).count() as f64;
+    assert_eq!(
+        dropped("cell_detail"),
+        count(Kept::Core) * detail_cost as f64
+    );
+    assert_eq!(
+        dropped("cell"),
+        count(Kept::Nothing) * (core_cost + detail_cost) as f64
+    );
+    // Requests still count everywhere else (the production matrix keeps every cell).
+    still_serves(&server).await;
+}

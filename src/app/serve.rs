@@ -173,9 +173,10 @@ impl ProxyServer {
         let proxy_addr = proxy_listener.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
         let proxy = build_proxy(&config)?;
-        let metrics = PrometheusMetrics::new(
+        let metrics = PrometheusMetrics::with_budget(
             config.metering.contexts.clone(),
             config.metering.concurrency.clone(),
+            config.telemetry.max_series,
         )
         .context("cannot set up the Prometheus exporter")?;
         metrics.spawn_upkeep();
