@@ -2122,6 +2122,45 @@ async fn junk_model_names_cannot_take_the_labels_of_served_models() {
     assert_eq!(labels.last(), Some(&"real-model"), "{labels:?}");
 }
 
+#[test]
+fn a_model_served_later_takes_its_label_back_from_other_and_listed_names_stay_bounded() {
+    use tokentap::proxy::service::{ModelLabels, MAX_SERVED_MODELS};
+    // What the background refresh of each upstream's /v1/models does
+    // (`proxy::served_model`, every `REFRESH`): `serve` the names it lists now.
+    let labels = ModelLabels::new(4);
+    labels.serve(["real"]);
+    for n in 0..10 {
+        labels.label(&format!("junk-{n}"));
+    }
+    assert_eq!(&*labels.label("real"), "real");
+    // The upstream loads another model after junk took every slot: until a refresh lists
+    // it, it is `other`...
+    assert_eq!(&*labels.label("late"), "other");
+    // ...once listed, it has its own label, and junk still has none.
+    labels.serve(["real", "late"]);
+    assert_eq!(&*labels.label("late"), "late");
+    assert_eq!(&*labels.label("junk-99"), "other");
+    // A served name over 200 bytes is `other`, and a list of absurdly many names is believed
+    // only up to MAX_SERVED_MODELS: the labels stay bounded whatever the upstream says.
+    let long = "x".repeat(201);
+    labels.serve([long.as_str()]);
+    assert_eq!(&*labels.label(&long), "other");
+    let listed: Vec<String> = (0..5 * MAX_SERVED_MODELS)
+        .map(|n| format!("listed-{n}"))
+        .collect();
+    labels.serve(listed.iter().map(String::as_str));
+    let distinct: std::collections::HashSet<String> = listed
+        .iter()
+        .map(|name| labels.label(name).to_string())
+        .collect();
+    assert!(
+        distinct.len() <= MAX_SERVED_MODELS + 1,
+        "{}",
+        distinct.len()
+    );
+    assert!(distinct.contains("other"));
+}
+
 // ---------------------------------------------------------------------------------------
 // The workload export.
 
