@@ -2517,9 +2517,11 @@ async fn the_metrics_page_keeps_its_series_budget_in_priority_order() {
     };
     let used = gauge("tokentap_metrics_series");
     eprintln!(
-        "figure: {} cells reached, budget {BUDGET}: {} series on the page, {used} counted in use",
+        "figure: {} cells reached, budget {BUDGET}: {} series on the page ({} bytes, {} a series), {used} counted in use",
         cells.len(),
-        samples.len()
+        samples.len(),
+        page.len(),
+        page.len() / samples.len().max(1)
     );
     assert!(samples.len() <= BUDGET, "{} series", samples.len());
     assert!(used <= BUDGET as f64 && samples.len() as f64 <= used);
@@ -2613,6 +2615,10 @@ async fn the_metrics_page_keeps_its_series_budget_in_priority_order() {
         .iter()
         .map(|n| histogram_series(n))
         .sum::<u64>();
+    eprintln!(
+        "figure: a cell costs {} series, {core_cost} of them core",
+        core_cost + detail_cost
+    );
     let count = |kind: Kept| kept.iter().filter(|k| **k == kind).count() as f64;
     assert_eq!(
         dropped("cell_detail"),
