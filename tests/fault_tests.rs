@@ -1294,7 +1294,7 @@ async fn an_http2_window_never_opened_releases_upstreams_at_the_send_stall_timeo
     // upstream sees its connection close), recorded as client_aborted and counted.
     const STREAMS: usize = 40;
     let upstream = EndlessUpstream::start(false).await;
-    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"1s\"", "").await;
+    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"3s\"", "").await;
     let (mut send, _reading, task) = h2_connect(server.proxy_addr, 0).await;
     let mut responses = Vec::new();
     for _ in 0..STREAMS {
@@ -1352,7 +1352,7 @@ async fn an_http2_window_never_opened_releases_upstreams_at_the_send_stall_timeo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http1_reader_that_stops_reading_is_cut_at_the_send_stall_timeout() {
     let upstream = EndlessUpstream::start(false).await;
-    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"1s\"", "").await;
+    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"3s\"", "").await;
     let mut socket = TcpStream::connect(server.proxy_addr).await.unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{CHAT_WITH_USAGE}",
@@ -2172,13 +2172,17 @@ const FULL_CAPTURE: usize = 1_000_000;
 /// its own (so the export sees ~2,000,000 distinct prefix blocks: past the renumbering
 /// bound). Returns the first row's arrival (Unix ms).
 fn fill_capture(dir: &std::path::Path) -> i64 {
+    fill_capture_with(dir, FULL_CAPTURE)
+}
+
+fn fill_capture_with(dir: &std::path::Path, count: usize) -> i64 {
     drop(tokentap::store::Store::open(dir).unwrap());
     let mut database = rusqlite::Connection::open(dir.join("tokentap.sqlite3")).unwrap();
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    let first = now - FULL_CAPTURE as i64 - 1000;
+    let first = now - count as i64 - 1000;
     let transaction = database.transaction().unwrap();
     {
         let mut insert = transaction
@@ -2189,7 +2193,7 @@ fn fill_capture(dir: &std::path::Path) -> i64 {
             )
             .unwrap();
         let mut blob = [0u8; 24];
-        for i in 0..FULL_CAPTURE as u64 {
+        for i in 0..count as u64 {
             let blocks = [
                 0xA5A5_0000_0000_0000 | (i % 100),
                 0x5A5A_0000_0000_0000 | (2 * i),
@@ -2630,4 +2634,64 @@ async fn the_metrics_page_keeps_its_series_budget_in_priority_order() {
     );
     // Requests still count everywhere else (the production matrix keeps every cell).
     still_serves(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_whose_clients_stop_reading_are_cut_at_the_send_stall_timeout() {
+    // Two exports hold both slots and their clients never read: each is cut at the send-stall
+    // deadline (counted on the admin listener), its slot freed, and the next export is served.
+    let dir = std::env::temp_dir().join(format!(
+        "tokentap-fault-export-stall-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    // 200,000 rows: ~34 MB of trace, far more than the sockets' buffers hold.
+    tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || fill_capture_with(&dir, 200_000)
+    })
+    .await
+    .unwrap();
+    let upstream = upstream_with(|_| Script::sse(vec![chunk("a", "1"), done()])).await;
+    let served = Served::start(
+        &upstream.url(),
+        &format!(
+            "[proxy]\nsend_stall_timeout = \"3s\"\n[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[workload]\ncapture = true\n[store]\ndata_dir = \"{}\"\n",
+            dir.display()
+        ),
+        None,
+    );
+    let a = export_head(served.admin).await;
+    let b = export_head(served.admin).await;
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    let url = format!("http://{}/workload?window=1s", served.admin);
+    assert_eq!(get(&url).await.status, 503);
+    // The clients keep their connections open (a and b are alive) and read nothing.
+    let start = Instant::now();
+    let mut status = 503;
+    while start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        status = get(&url).await.status;
+        if status == 200 {
+            break;
+        }
+    }
+    let freed = start.elapsed();
+    assert_eq!(status, 200, "stalled exports kept their slots");
+    let metrics = get(&format!("http://{}/metrics", served.admin))
+        .await
+        .text();
+    let stalled = sample(
+        &metrics,
+        "tokentap_faults_total",
+        &["listener=\"admin\"", "fault=\"send_stalled\""],
+    );
+    eprintln!(
+        "figure: two unread exports cut at a 3 s send-stall timeout; a slot free after {freed:?}"
+    );
+    assert!(stalled >= Some(1.0), "{stalled:?}");
+    drop((a, b));
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -320,6 +320,9 @@ impl ProxyServer {
         let admin_options = ServerOptions {
             header_read_timeout: config.proxy.header_read_timeout,
             max_connections: config.admin.max_connections,
+            // A streamed export (`GET /workload`) whose client stops reading is cut like a
+            // proxied stream, freeing its export slot.
+            send_stall_timeout: config.proxy.send_stall_timeout,
             ..ServerOptions::plain("admin")
         };
         metrics.watch_faults("proxy", Arc::clone(&proxy.faults));
