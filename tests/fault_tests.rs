@@ -1671,8 +1671,15 @@ async fn sighup_drains_and_a_second_signal_cuts_the_grace_short() {
     let mut served = Served::start(&upstream.url(), "[proxy]\nshutdown_grace = \"30s\"\n", None);
     let url = format!("http://{}/v1/chat/completions", served.proxy);
     let stream = tokio::spawn(async move { post(&url, CHAT_WITH_USAGE).await });
+    // The stream's own request (both processes also ask the upstream's /v1/models in the
+    // background: waiting for any request let the signal come before the stream began).
     let start = Instant::now();
-    while upstream.requests().is_empty() && start.elapsed() < Duration::from_secs(10) {
+    while !upstream
+        .requests()
+        .iter()
+        .any(|r| r.path == "/v1/chat/completions")
+        && start.elapsed() < Duration::from_secs(10)
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     signal(&served, "TERM");
