@@ -828,8 +828,17 @@ impl Served {
 
     /// Resident memory in bytes (Linux).
     fn rss(&self) -> Option<u64> {
+        self.status_bytes("VmRSS:")
+    }
+
+    /// Peak resident memory since start, in bytes (Linux).
+    fn peak_rss(&self) -> Option<u64> {
+        self.status_bytes("VmHWM:")
+    }
+
+    fn status_bytes(&self, key: &str) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let line = status.lines().find(|l| l.starts_with(key))?;
         let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kb * 1024)
     }
@@ -1285,7 +1294,7 @@ async fn an_http2_window_never_opened_releases_upstreams_at_the_send_stall_timeo
     // upstream sees its connection close), recorded as client_aborted and counted.
     const STREAMS: usize = 40;
     let upstream = EndlessUpstream::start(false).await;
-    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"1s\"", "").await;
+    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"3s\"", "").await;
     let (mut send, _reading, task) = h2_connect(server.proxy_addr, 0).await;
     let mut responses = Vec::new();
     for _ in 0..STREAMS {
@@ -1343,7 +1352,7 @@ async fn an_http2_window_never_opened_releases_upstreams_at_the_send_stall_timeo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http1_reader_that_stops_reading_is_cut_at_the_send_stall_timeout() {
     let upstream = EndlessUpstream::start(false).await;
-    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"1s\"", "").await;
+    let (server, records) = proxy_with(&upstream.url(), "send_stall_timeout = \"3s\"", "").await;
     let mut socket = TcpStream::connect(server.proxy_addr).await.unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{CHAT_WITH_USAGE}",
@@ -1662,8 +1671,15 @@ async fn sighup_drains_and_a_second_signal_cuts_the_grace_short() {
     let mut served = Served::start(&upstream.url(), "[proxy]\nshutdown_grace = \"30s\"\n", None);
     let url = format!("http://{}/v1/chat/completions", served.proxy);
     let stream = tokio::spawn(async move { post(&url, CHAT_WITH_USAGE).await });
+    // The stream's own request (both processes also ask the upstream's /v1/models in the
+    // background: waiting for any request let the signal come before the stream began).
     let start = Instant::now();
-    while upstream.requests().is_empty() && start.elapsed() < Duration::from_secs(10) {
+    while !upstream
+        .requests()
+        .iter()
+        .any(|r| r.path == "/v1/chat/completions")
+        && start.elapsed() < Duration::from_secs(10)
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     signal(&served, "TERM");
@@ -2111,4 +2127,578 @@ async fn junk_model_names_cannot_take_the_labels_of_served_models() {
         "{labels:?}"
     );
     assert_eq!(labels.last(), Some(&"real-model"), "{labels:?}");
+}
+
+#[test]
+fn a_model_served_later_takes_its_label_back_from_other_and_listed_names_stay_bounded() {
+    use tokentap::proxy::service::{ModelLabels, MAX_SERVED_MODELS};
+    // What the background refresh of each upstream's /v1/models does
+    // (`proxy::served_model`, every `REFRESH`): `serve` the names it lists now.
+    let labels = ModelLabels::new(4);
+    labels.serve(["real"]);
+    for n in 0..10 {
+        labels.label(&format!("junk-{n}"));
+    }
+    assert_eq!(&*labels.label("real"), "real");
+    // The upstream loads another model after junk took every slot: until a refresh lists
+    // it, it is `other`...
+    assert_eq!(&*labels.label("late"), "other");
+    // ...once listed, it has its own label, and junk still has none.
+    labels.serve(["real", "late"]);
+    assert_eq!(&*labels.label("late"), "late");
+    assert_eq!(&*labels.label("junk-99"), "other");
+    // A served name over 200 bytes is `other`, and a list of absurdly many names is believed
+    // only up to MAX_SERVED_MODELS: the labels stay bounded whatever the upstream says.
+    let long = "x".repeat(201);
+    labels.serve([long.as_str()]);
+    assert_eq!(&*labels.label(&long), "other");
+    let listed: Vec<String> = (0..5 * MAX_SERVED_MODELS)
+        .map(|n| format!("listed-{n}"))
+        .collect();
+    labels.serve(listed.iter().map(String::as_str));
+    let distinct: std::collections::HashSet<String> = listed
+        .iter()
+        .map(|name| labels.label(name).to_string())
+        .collect();
+    assert!(
+        distinct.len() <= MAX_SERVED_MODELS + 1,
+        "{}",
+        distinct.len()
+    );
+    assert!(distinct.contains("other"));
+}
+
+// ---------------------------------------------------------------------------------------
+// The workload export.
+
+/// Rows in a full capture (`workload.max_requests`' default and the export's row limit).
+const FULL_CAPTURE: usize = 1_000_000;
+
+/// Fills `dir`'s store with `FULL_CAPTURE` rows in one transaction: one row a millisecond,
+/// ending now; each prompt's 3 blocks are one of 100 shared system prompts and two blocks of
+/// its own (so the export sees ~2,000,000 distinct prefix blocks: past the renumbering
+/// bound). Returns the first row's arrival (Unix ms).
+fn fill_capture(dir: &std::path::Path) -> i64 {
+    fill_capture_with(dir, FULL_CAPTURE)
+}
+
+fn fill_capture_with(dir: &std::path::Path, count: usize) -> i64 {
+    drop(tokentap::store::Store::open(dir).unwrap());
+    let mut database = rusqlite::Connection::open(dir.join("tokentap.sqlite3")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let first = now - count as i64 - 1000;
+    let transaction = database.transaction().unwrap();
+    {
+        let mut insert = transaction
+            .prepare(
+                "INSERT INTO workload (started_ms, route, model, stream, prompt_tokens,
+                   cached_tokens, max_tokens, output_tokens, outcome, prefix_blocks)
+                 VALUES (?1, 'chat_completions', 'm', 1, 1100, ?2, 64, ?3, 'ok', ?4)",
+            )
+            .unwrap();
+        let mut blob = [0u8; 24];
+        for i in 0..count as u64 {
+            let blocks = [
+                0xA5A5_0000_0000_0000 | (i % 100),
+                0x5A5A_0000_0000_0000 | (2 * i),
+                0x5A5A_0000_0000_0000 | (2 * i + 1),
+            ];
+            for (slot, id) in blob.chunks_exact_mut(8).zip(blocks) {
+                slot.copy_from_slice(&id.to_le_bytes());
+            }
+            let cached = (i % 3 == 0).then_some(512i64);
+            insert
+                .execute(rusqlite::params![
+                    first + i as i64,
+                    cached,
+                    (i % 500) as i64,
+                    &blob[..]
+                ])
+                .unwrap();
+        }
+    }
+    transaction.commit().unwrap();
+    first
+}
+
+/// An export's response head, its body not read yet.
+async fn export_head(admin: SocketAddr) -> http::Response<hyper::body::Incoming> {
+    let request = http::Request::get(format!("http://{admin}/workload?window=1h"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(60), client().request(request))
+        .await
+        .expect("the export's head within 60 s")
+        .unwrap()
+}
+
+/// Reads an export's body to its end: (line count, the first `keep` lines).
+async fn read_export(
+    response: http::Response<hyper::body::Incoming>,
+    keep: usize,
+) -> (usize, Vec<String>) {
+    let mut body = response.into_body();
+    let mut lines = 0;
+    let mut first = Vec::new();
+    let mut partial = Vec::new();
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(60), body.frame())
+        .await
+        .expect("an export frame within 60 s")
+    {
+        let Ok(data) = frame.expect("the export broke off").into_data() else {
+            continue;
+        };
+        lines += data.iter().filter(|b| **b == b'\n').count();
+        if first.len() < keep {
+            partial.extend_from_slice(&data);
+            while let Some(end) = partial.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=end).collect();
+                if first.len() < keep {
+                    first.push(String::from_utf8(line).unwrap().trim_end().to_string());
+                }
+            }
+        }
+    }
+    (lines, first)
+}
+
+/// The page and `/matrix` (and `/healthz`), each answered 200 within `bound`; the slowest.
+async fn page_answers(admin: SocketAddr, bound: Duration) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for path in ["/healthz", "/matrix", "/"] {
+        let started = Instant::now();
+        let answer = tokio::time::timeout(bound, get(&format!("http://{admin}{path}")))
+            .await
+            .unwrap_or_else(|_| panic!("{path} did not answer within {bound:?} during the export"));
+        assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+        slowest = slowest.max(started.elapsed());
+    }
+    slowest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_row_workload_export_streams_in_bounded_memory_beside_the_page() {
+    let dir = std::env::temp_dir().join(format!(
+        "tokentap-fault-export-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let filling = Instant::now();
+    let first_ms = tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || fill_capture(&dir)
+    })
+    .await
+    .unwrap();
+    let filled = filling.elapsed();
+    // Today's format, from the in-memory trace of the first rows (the reference the stream
+    // must equal line for line: ids are renumbered in order of first appearance).
+    const FIRST: usize = 2000;
+    let reference = {
+        let store = tokentap::store::Store::open(&dir).unwrap();
+        let from = std::time::UNIX_EPOCH + Duration::from_millis(first_ms as u64);
+        let rows = store.workload_since(from, FIRST).unwrap();
+        let trace = tokentap::workload::capture::trace_of_rows(rows);
+        tokentap::workload::render(&trace, tokentap::workload::TraceFormat::Tokentap)
+    };
+    let reference: Vec<&str> = reference.lines().collect();
+    let upstream = upstream_with(|_| Script::sse(vec![chunk("a", "1"), done()])).await;
+    let served = Served::start(
+        &upstream.url(),
+        &format!(
+            "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[workload]\ncapture = true\n[store]\ndata_dir = \"{}\"\n",
+            dir.display()
+        ),
+        None,
+    );
+    page_answers(served.admin, Duration::from_secs(10)).await;
+    let before = served.rss().unwrap();
+
+    // Two exports run (the bound, `max_exports` = 2); their heads are in, their bodies wait.
+    let started = Instant::now();
+    let a = export_head(served.admin).await;
+    let b = export_head(served.admin).await;
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    // A third is refused by name, with a Retry-After, and counted.
+    let refused = get(&format!("http://{}/workload?window=1h", served.admin)).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert_eq!(
+        refused
+            .headers
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap()),
+        Some("5")
+    );
+    assert!(
+        refused.text().contains("workload.max_exports = 2"),
+        "{}",
+        refused.text()
+    );
+    // The page answers while both exports are open and not read (their readers wait on the
+    // client: back-pressure, no store lock held)...
+    let paused = page_answers(served.admin, Duration::from_secs(5)).await;
+    // ...and while they stream.
+    let readers = [
+        tokio::spawn(read_export(a, FIRST + 1)),
+        tokio::spawn(read_export(b, 1)),
+    ];
+    let mut streaming = Duration::ZERO;
+    let mut looks = 0;
+    while !readers.iter().all(|r| r.is_finished()) && looks < 200 {
+        streaming = streaming.max(page_answers(served.admin, Duration::from_secs(5)).await);
+        looks += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let [a, b] = readers;
+    let (lines_a, head_a) = a.await.unwrap();
+    let (lines_b, head_b) = b.await.unwrap();
+    let took = started.elapsed();
+    let peak = served.peak_rss().unwrap();
+    let growth = peak.saturating_sub(before);
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    eprintln!(
+        "figure: filled {FULL_CAPTURE} rows in {:.1} s; two concurrent exports of {FULL_CAPTURE} rows each in {:.1} s; RSS {:.1} MiB before, peak {:.1} MiB: growth {:.1} MiB; page with both exports paused {paused:?}, while streaming at most {streaming:?} over {looks} looks",
+        filled.as_secs_f64(),
+        took.as_secs_f64(),
+        mib(before),
+        mib(peak),
+        mib(growth)
+    );
+    // Exactly every row, after the header, in both.
+    assert_eq!(lines_a, FULL_CAPTURE + 1);
+    assert_eq!(lines_b, FULL_CAPTURE + 1);
+    // The format is today's: the header with the full count, then the same lines.
+    let header: serde_json::Value = serde_json::from_str(&head_a[0]).unwrap();
+    let mut expected: serde_json::Value = serde_json::from_str(reference[0]).unwrap();
+    expected["requests"] = serde_json::json!(FULL_CAPTURE);
+    assert_eq!(header, expected);
+    assert_eq!(head_b[0], head_a[0]);
+    assert_eq!(&head_a[1..], &reference[1..]);
+    assert!(
+        growth < 64 << 20,
+        "two exports of a full capture grew the proxy's memory by {:.1} MiB",
+        mib(growth)
+    );
+    let metrics = get(&format!("http://{}/metrics", served.admin))
+        .await
+        .text();
+    assert_eq!(
+        sample(&metrics, "tokentap_workload_exports_refused_total", &[]),
+        Some(1.0)
+    );
+    // Clients that hang up mid-export free their slots: a later export is served.
+    let c = export_head(served.admin).await;
+    let d = export_head(served.admin).await;
+    assert_eq!((c.status().as_u16(), d.status().as_u16()), (200, 200));
+    drop((c, d));
+    let start = Instant::now();
+    let mut status = 0;
+    while start.elapsed() < Duration::from_secs(20) {
+        status = get(&format!("http://{}/workload?window=1s", served.admin))
+            .await
+            .status;
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 200, "hung-up exports kept their slots");
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------
+// The /metrics series budget.
+
+/// `promtool check metrics` on `page`: its complaints (empty when it parses; lint notes about
+/// naming conventions, exit status 3, aside) — Prometheus's own parser, from Debian's
+/// `prometheus` package (scripts/test installs it).
+fn promtool_check(page: &str) -> String {
+    use std::io::Write as _;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; scripts/test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Exit status 1 and "parsing error": the page does not parse (checked against a broken
+    // line by hand: `foo{a="b" 1` → "text format parsing error in line 1", status 1).
+    if output.status.code() == Some(1) || text.contains("parsing error") {
+        text
+    } else {
+        String::new()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_page_keeps_its_series_budget_in_priority_order() {
+    use tokentap::telemetry::prometheus::{
+        histogram_series, CELL_CORE_HISTOGRAMS, CELL_DETAIL_HISTOGRAMS,
+    };
+    // Each request names its prompt size; the upstream reports it as the usage, so the
+    // requests fall into a new context bucket each: 4 models × 5 contexts = 20 cells of about
+    // 330 series each, against a budget of 2,000.
+    let upstream = upstream_with(|r| {
+        let body = String::from_utf8_lossy(&r.body);
+        let prompt: u64 = body
+            .split("p=")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(5);
+        Script::sse(vec![
+            data(&format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"content":"a"}}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":1}}}}"#
+            )),
+            data(&format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"content":"b"}}}}],"usage":{{"prompt_tokens":{prompt},"completion_tokens":2}}}}"#
+            )),
+            done(),
+        ])
+    })
+    .await;
+    const BUDGET: usize = 2000;
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n[metering]\nmax_models = 8\n[telemetry]\nmax_series = {BUDGET}\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let models = ["m0", "m1", "m2", "m3"];
+    let prompts = [100u64, 9_000, 20_000, 40_000, 70_000];
+    // In order of first traffic.
+    let mut cells = Vec::new();
+    for model in models {
+        for prompt in prompts {
+            let body = format!(
+                r#"{{"model":"{model}","stream":true,"stream_options":{{"include_usage":true,"continuous_usage_stats":true}},"messages":[{{"role":"user","content":"p={prompt}"}}]}}"#
+            );
+            assert_eq!(post(&url, &body).await.status, 200);
+            cells.push((model, prompt));
+        }
+    }
+    let all = records.wait_for(cells.len()).await;
+    let buckets: Vec<String> = all
+        .iter()
+        .map(|r| format!("{}/{}", r.model, r.context_bucket))
+        .collect();
+    let distinct: std::collections::HashSet<&String> = buckets.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        cells.len(),
+        "each request a cell of its own: {buckets:?}"
+    );
+
+    let page = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    let samples: Vec<_> = tokentap::upstream_metrics::exposition::samples(&page).collect();
+    let lines = page
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .count();
+    // Every sample line reads (the crate's parser skips what it cannot read)...
+    assert_eq!(samples.len(), lines, "unreadable sample lines");
+    // ...and so does Prometheus's own.
+    let complaints = promtool_check(&page);
+    assert!(complaints.is_empty(), "promtool: {complaints}");
+    let gauge = |name: &str| {
+        samples
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.value)
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    let used = gauge("tokentap_metrics_series");
+    eprintln!(
+        "figure: {} cells reached, budget {BUDGET}: {} series on the page ({} bytes, {} a series), {used} counted in use",
+        cells.len(),
+        samples.len(),
+        page.len(),
+        page.len() / samples.len().max(1)
+    );
+    assert!(samples.len() <= BUDGET, "{} series", samples.len());
+    assert!(used <= BUDGET as f64 && samples.len() as f64 <= used);
+    assert_eq!(gauge("tokentap_metrics_series_budget"), BUDGET as f64);
+    // Process-wide series are always there.
+    assert!(samples.iter().any(|s| s.name == "tokentap_faults_total"
+        && s.label("fault").as_deref() == Some("send_stalled")));
+
+    // Each cell in traffic order: every series, its core series only, or none.
+    let context_label = |prompt: u64| {
+        all.iter()
+            .find(|r| r.prompt_tokens == Some(prompt))
+            .map(|r| {
+                server
+                    .proxy
+                    .meter
+                    .contexts()
+                    .label(r.context_bucket)
+                    .to_string()
+            })
+            .unwrap()
+    };
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    enum Kept {
+        Full,
+        Core,
+        Nothing,
+    }
+    let in_cell = |name: &str, model: &str, context: &str| {
+        samples.iter().any(|s| {
+            s.name == name
+                && s.label("model").as_deref() == Some(model)
+                && s.label("context_bucket").as_deref() == Some(context)
+        })
+    };
+    let kept: Vec<Kept> = cells
+        .iter()
+        .map(|(model, prompt)| {
+            let context = context_label(*prompt);
+            let core = in_cell("tokentap_requests_total", model, &context)
+                && in_cell("tokentap_tokens_total", model, &context)
+                && in_cell(
+                    "tokentap_time_to_first_token_seconds_count",
+                    model,
+                    &context,
+                )
+                && in_cell(
+                    "tokentap_time_between_tokens_seconds_count",
+                    model,
+                    &context,
+                )
+                && in_cell("tokentap_decode_seconds_count", model, &context);
+            let detail = in_cell("tokentap_request_duration_seconds_count", model, &context)
+                || in_cell("tokentap_prompt_tokens_count", model, &context);
+            let any = samples.iter().any(|s| {
+                s.label("model").as_deref() == Some(*model)
+                    && s.label("context_bucket").as_deref() == Some(&*context)
+            });
+            match (core, detail, any) {
+                (true, true, _) => Kept::Full,
+                (true, false, _) => Kept::Core,
+                (false, false, false) => Kept::Nothing,
+                other => panic!("cell {model}/{context}: partial series {other:?}"),
+            }
+        })
+        .collect();
+    eprintln!("figure: cells in traffic order kept {kept:?}");
+    assert!(
+        kept.windows(2).all(|w| w[0] <= w[1]),
+        "priority broken: {kept:?}"
+    );
+    for kind in [Kept::Full, Kept::Core, Kept::Nothing] {
+        assert!(kept.contains(&kind), "no {kind:?} cell: {kept:?}");
+    }
+    // What was left out is counted, series by series.
+    let dropped = |what: &str| {
+        samples
+            .iter()
+            .find(|s| {
+                s.name == "tokentap_metrics_series_dropped_total"
+                    && s.label("what").as_deref() == Some(what)
+            })
+            .map(|s| s.value)
+            .unwrap()
+    };
+    let core_cost = 9 + CELL_CORE_HISTOGRAMS
+        .iter()
+        .map(|n| histogram_series(n))
+        .sum::<u64>();
+    let detail_cost = CELL_DETAIL_HISTOGRAMS
+        .iter()
+        .map(|n| histogram_series(n))
+        .sum::<u64>();
+    eprintln!(
+        "figure: a cell costs {} series, {core_cost} of them core",
+        core_cost + detail_cost
+    );
+    let count = |kind: Kept| kept.iter().filter(|k| **k == kind).count() as f64;
+    assert_eq!(
+        dropped("cell_detail"),
+        count(Kept::Core) * detail_cost as f64
+    );
+    assert_eq!(
+        dropped("cell"),
+        count(Kept::Nothing) * (core_cost + detail_cost) as f64
+    );
+    // Requests still count everywhere else (the production matrix keeps every cell).
+    still_serves(&server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_whose_clients_stop_reading_are_cut_at_the_send_stall_timeout() {
+    // Two exports hold both slots and their clients never read: each is cut at the send-stall
+    // deadline (counted on the admin listener), its slot freed, and the next export is served.
+    let dir = std::env::temp_dir().join(format!(
+        "tokentap-fault-export-stall-{}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    // 200,000 rows: ~34 MB of trace, far more than the sockets' buffers hold.
+    tokio::task::spawn_blocking({
+        let dir = dir.clone();
+        move || fill_capture_with(&dir, 200_000)
+    })
+    .await
+    .unwrap();
+    let upstream = upstream_with(|_| Script::sse(vec![chunk("a", "1"), done()])).await;
+    let served = Served::start(
+        &upstream.url(),
+        &format!(
+            "[proxy]\nsend_stall_timeout = \"3s\"\n[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[workload]\ncapture = true\n[store]\ndata_dir = \"{}\"\n",
+            dir.display()
+        ),
+        None,
+    );
+    let a = export_head(served.admin).await;
+    let b = export_head(served.admin).await;
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    let url = format!("http://{}/workload?window=1s", served.admin);
+    assert_eq!(get(&url).await.status, 503);
+    // The clients keep their connections open (a and b are alive) and read nothing.
+    let start = Instant::now();
+    let mut status = 503;
+    while start.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        status = get(&url).await.status;
+        if status == 200 {
+            break;
+        }
+    }
+    let freed = start.elapsed();
+    assert_eq!(status, 200, "stalled exports kept their slots");
+    let metrics = get(&format!("http://{}/metrics", served.admin))
+        .await
+        .text();
+    let stalled = sample(
+        &metrics,
+        "tokentap_faults_total",
+        &["listener=\"admin\"", "fault=\"send_stalled\""],
+    );
+    eprintln!(
+        "figure: two unread exports cut at a 3 s send-stall timeout; a slot free after {freed:?}"
+    );
+    assert!(stalled >= Some(1.0), "{stalled:?}");
+    drop((a, b));
+    drop(served);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -173,9 +173,10 @@ impl ProxyServer {
         let proxy_addr = proxy_listener.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
         let proxy = build_proxy(&config)?;
-        let metrics = PrometheusMetrics::new(
+        let metrics = PrometheusMetrics::with_budget(
             config.metering.contexts.clone(),
             config.metering.concurrency.clone(),
+            config.telemetry.max_series,
         )
         .context("cannot set up the Prometheus exporter")?;
         metrics.spawn_upkeep();
@@ -320,6 +321,9 @@ impl ProxyServer {
         let admin_options = ServerOptions {
             header_read_timeout: config.proxy.header_read_timeout,
             max_connections: config.admin.max_connections,
+            // A streamed export (`GET /workload`) whose client stops reading is cut like a
+            // proxied stream, freeing its export slot.
+            send_stall_timeout: config.proxy.send_stall_timeout,
             ..ServerOptions::plain("admin")
         };
         metrics.watch_faults("proxy", Arc::clone(&proxy.faults));
@@ -337,6 +341,11 @@ impl ProxyServer {
                 WORKLOAD_ROWS_LOST_TOTAL,
                 &[("reason", "store_failed")],
                 failed,
+            );
+            metrics.watch_count(
+                crate::telemetry::names::WORKLOAD_EXPORTS_REFUSED_TOTAL,
+                &[],
+                workload.refused_exports(),
             );
         }
         metrics.watch_server_state(&proxy.meter);

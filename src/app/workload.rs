@@ -9,7 +9,8 @@ use anyhow::Context as _;
 
 use crate::store::{Store, FILE_NAME};
 
-use crate::workload::capture::{trace_of_rows, MAX_EXPORT_ROWS};
+use crate::workload::capture::MAX_EXPORT_ROWS;
+use crate::workload::export::{write_export, ExportRows};
 use crate::workload::trace::Trace;
 use crate::workload::{render, TraceFormat};
 
@@ -65,17 +66,9 @@ pub async fn run(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
         WorkloadCommand::Export(args) => {
             let window = crate::base::duration::parse_duration(&args.window)
                 .map_err(|m| anyhow::anyhow!("--window {:?}: {m}", args.window))?;
-            let store = args.store.clone();
-            let rows = tokio::task::spawn_blocking(move || {
-                let from = SystemTime::now()
-                    .checked_sub(window)
-                    .unwrap_or(SystemTime::UNIX_EPOCH);
-                open_existing(&store)?
-                    .workload_since(from, MAX_EXPORT_ROWS)
-                    .context("cannot read the captured workload")
-            })
-            .await??;
-            (trace_of_rows(rows), args.format, args.output)
+            let rows = tokio::task::spawn_blocking(move || export(&args, window)).await??;
+            eprintln!("{rows} request(s)");
+            return Ok(ExitCode::SUCCESS);
         }
         WorkloadCommand::Convert(args) => {
             let trace = read_trace_file(&args.input)?;
@@ -90,6 +83,48 @@ pub async fn run(args: WorkloadArgs) -> anyhow::Result<ExitCode> {
     }
     eprintln!("{} request(s)", trace.requests.len());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Streams the store's capture to the output page by page (as `GET /workload` does: memory
+/// stays bounded whatever the capture's size); returns the rows written.
+fn export(args: &ExportArgs, window: std::time::Duration) -> anyhow::Result<u64> {
+    use std::io::Write as _;
+    let from = SystemTime::now()
+        .checked_sub(window)
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    let store = open_existing(&args.store)?;
+    let mut rows = ExportRows::Store(
+        store
+            .workload_reader(from, MAX_EXPORT_ROWS)
+            .context("cannot read the captured workload")?,
+    );
+    let mut out: Box<dyn std::io::Write> = match &args.output {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .with_context(|| format!("cannot write {}", path.display()))?,
+        )),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let mut failed = None;
+    write_export(&mut rows, args.format, |chunk| {
+        match out.write_all(chunk.as_bytes()) {
+            Ok(()) => true,
+            Err(error) => {
+                failed = Some(error);
+                false
+            }
+        }
+    })
+    .context("cannot read the captured workload")?;
+    let written = match failed {
+        Some(error) => Err(error),
+        None => out.flush(),
+    };
+    written.with_context(|| match &args.output {
+        Some(path) => format!("cannot write {}", path.display()),
+        None => "cannot write to stdout".to_string(),
+    })?;
+    Ok(rows.rows())
 }
 
 /// Reads a trace file in any known format; errors name the file.

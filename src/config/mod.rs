@@ -421,6 +421,8 @@ pub struct TelemetryConfig {
     pub service_name: String,
     /// How often OTLP metrics are pushed.
     pub metric_interval: Duration,
+    /// Most series tokentap's own sink puts on `/metrics` (docs/operations.md, "Metrics").
+    pub max_series: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -453,6 +455,8 @@ pub struct WorkloadConfig {
     pub max_age: Duration,
     /// Secret the prefix fingerprints are keyed with; `None`: a random one per process.
     pub salt: Option<String>,
+    /// Most `GET /workload` exports running at once; one more is answered 503.
+    pub max_exports: usize,
 }
 
 impl std::fmt::Debug for WorkloadConfig {
@@ -463,6 +467,7 @@ impl std::fmt::Debug for WorkloadConfig {
             .field("max_requests", &self.max_requests)
             .field("max_age", &self.max_age)
             .field("salt", &self.salt.as_ref().map(|_| "<set>"))
+            .field("max_exports", &self.max_exports)
             .finish()
     }
 }
@@ -654,6 +659,7 @@ impl Config {
             otlp_endpoint,
             service_name: raw.telemetry.service_name,
             metric_interval: duration("telemetry.metric_interval", &raw.telemetry.metric_interval)?,
+            max_series: nonzero("telemetry.max_series", raw.telemetry.max_series)?,
         };
         if telemetry.metric_interval.is_zero() {
             return Err(err(
@@ -744,6 +750,7 @@ impl Config {
             max_requests: raw.workload.max_requests,
             max_age: duration("workload.max_age", &raw.workload.max_age)?,
             salt: Some(raw.workload.salt).filter(|s| !s.is_empty()),
+            max_exports: nonzero("workload.max_exports", raw.workload.max_exports)?,
         };
         if workload.max_requests == 0 {
             return Err(err(

@@ -203,6 +203,7 @@ pub struct RawTelemetry {
     pub service_name: String,
     #[serde(deserialize_with = "duration_text")]
     pub metric_interval: String,
+    pub max_series: u64,
 }
 
 impl Default for RawTelemetry {
@@ -211,6 +212,7 @@ impl Default for RawTelemetry {
             otlp_endpoint: None,
             service_name: "tokentap".into(),
             metric_interval: "60s".into(),
+            max_series: 50_000,
         }
     }
 }
@@ -243,6 +245,7 @@ pub struct RawWorkload {
     #[serde(deserialize_with = "duration_text")]
     pub max_age: String,
     pub salt: String,
+    pub max_exports: u64,
 }
 
 impl Default for RawWorkload {
@@ -252,6 +255,7 @@ impl Default for RawWorkload {
             max_requests: 1_000_000,
             max_age: "168h".into(),
             salt: String::new(),
+            max_exports: 2,
         }
     }
 }

@@ -1,17 +1,18 @@
 //! The two body types of the data path: what goes to the upstream and what goes to the
-//! client. Both are enums, not boxed trait objects, so the common cases cost no allocation.
+//! client (the upstream's answer, or one tokentap writes: whole, or streamed from a channel). Both are enums, not boxed trait objects, so the common cases cost no allocation.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use std::sync::Arc;
 
-use super::timeout::{IdleError, UpstreamBody};
+use super::timeout::{BrokenOff, IdleError, UpstreamBody};
 use super::BoxError;
 use crate::net::streams::SendWatch;
 use crate::stream::body::MeteredBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use tokio::sync::mpsc;
 
 /// A streamed client body of any type (one allocation per request that needs it).
 pub type DynBody = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send>>;
@@ -106,6 +107,11 @@ pub enum ResponseBody {
     Upstream(MeteredBody<UpstreamBody>, Option<Watched>),
     /// An answer tokentap wrote itself (errors, admin pages).
     Local(Option<Bytes>),
+    /// An answer tokentap writes as it goes (the admin's streamed `/workload` export): chunks
+    /// from a small bounded channel, so a client that reads slowly makes the producer wait; an
+    /// `Err` breaks the response off. Watched like `Upstream`, so a client that stops reading
+    /// is cut at the send-stall deadline (and the producer, its channel closed, stops).
+    Channel(mpsc::Receiver<Result<Bytes, BrokenOff>>, Option<Watched>),
 }
 
 impl std::fmt::Debug for ResponseBody {
@@ -116,6 +122,7 @@ impl std::fmt::Debug for ResponseBody {
                 .debug_tuple("Local")
                 .field(&b.as_ref().map(Bytes::len))
                 .finish(),
+            ResponseBody::Channel(..) => f.write_str("Channel"),
         }
     }
 }
@@ -133,6 +140,19 @@ impl ResponseBody {
             Watched(watch)
         });
         ResponseBody::Upstream(body, watch)
+    }
+
+    /// A body fed by `chunks`; `watch` (from the request's connection) as for
+    /// [`ResponseBody::upstream`].
+    pub fn channel(
+        chunks: mpsc::Receiver<Result<Bytes, BrokenOff>>,
+        watch: Option<Arc<SendWatch>>,
+    ) -> Self {
+        let watch = watch.map(|watch| {
+            watch.handed_over();
+            Watched(watch)
+        });
+        ResponseBody::Channel(chunks, watch)
     }
 }
 
@@ -174,6 +194,34 @@ impl Body for ResponseBody {
                     .filter(|b| !b.is_empty())
                     .map(|b| Ok(Frame::data(b))),
             ),
+            ResponseBody::Channel(chunks, watch) => {
+                if let Some(Watched(watch)) = watch {
+                    watch.polling();
+                }
+                let polled = chunks.poll_recv(cx);
+                let finished = |watch: &Option<Watched>| {
+                    if let Some(Watched(watch)) = watch {
+                        watch.finished();
+                    }
+                };
+                match polled {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(Some(Ok(bytes))) => {
+                        if let Some(Watched(watch)) = watch {
+                            watch.yielded(false);
+                        }
+                        Poll::Ready(Some(Ok(Frame::data(bytes))))
+                    }
+                    Poll::Ready(Some(Err(broken))) => {
+                        finished(watch);
+                        Poll::Ready(Some(Err(IdleError::BrokenOff(broken))))
+                    }
+                    Poll::Ready(None) => {
+                        finished(watch);
+                        Poll::Ready(None)
+                    }
+                }
+            }
         }
     }
 
@@ -181,6 +229,7 @@ impl Body for ResponseBody {
         match self {
             ResponseBody::Upstream(body, _) => body.is_end_stream(),
             ResponseBody::Local(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
+            ResponseBody::Channel(..) => false,
         }
     }
 
@@ -190,6 +239,7 @@ impl Body for ResponseBody {
             ResponseBody::Local(bytes) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
+            ResponseBody::Channel(..) => SizeHint::new(),
         }
     }
 }

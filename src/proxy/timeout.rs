@@ -34,13 +34,22 @@ pub struct Stalled {
     pub after: Duration,
 }
 
-/// The error of a body under an idle timeout: its own, or the stall.
+/// A body tokentap produces itself (a streamed admin export) broke off: what came before it
+/// is not the whole answer.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the body broke off: its producer failed")]
+pub struct BrokenOff;
+
+/// The error of a body under an idle timeout: its own, or the stall; or a body tokentap
+/// produces that broke off.
 #[derive(Debug, thiserror::Error)]
 pub enum IdleError<E> {
     #[error(transparent)]
     Inner(E),
     #[error(transparent)]
     Stalled(Stalled),
+    #[error(transparent)]
+    BrokenOff(BrokenOff),
 }
 
 impl IdleError<BoxError> {
@@ -49,6 +58,7 @@ impl IdleError<BoxError> {
         match self {
             IdleError::Inner(error) => error,
             IdleError::Stalled(stalled) => Box::new(stalled),
+            IdleError::BrokenOff(broken) => Box::new(broken),
         }
     }
 }
@@ -56,7 +66,7 @@ impl IdleError<BoxError> {
 impl<E> BodyFailure for IdleError<E> {
     fn outcome(&self) -> Outcome {
         match self {
-            IdleError::Inner(_) => Outcome::UpstreamAborted,
+            IdleError::Inner(_) | IdleError::BrokenOff(_) => Outcome::UpstreamAborted,
             IdleError::Stalled(_) => Outcome::UpstreamStalled,
         }
     }

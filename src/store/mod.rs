@@ -12,7 +12,7 @@
 pub mod reference;
 mod workload;
 
-pub use workload::WorkloadRow;
+pub use workload::{WorkloadReader, WorkloadRow, EXPORT_PAGE_ROWS};
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

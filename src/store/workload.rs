@@ -1,10 +1,10 @@
 //! The `workload` table: one row per captured production request, shapes only (token counts,
 //! route, model, outcome, salted prefix block ids), bounded by count and age by
-//! [`Store::prune_workload`].
+//! [`Store::prune_workload`]; and [`WorkloadReader`], the paged read an export streams from.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
-use rusqlite::params;
+use rusqlite::{params, Connection, OpenFlags};
 
 use crate::base::wallclock::unix_millis;
 
@@ -100,24 +100,60 @@ impl Store {
         let rows = statement
             .query_map(
                 params![unix_millis(from), i64::try_from(limit).unwrap_or(i64::MAX)],
-                |row| {
-                    Ok(WorkloadRow {
-                        started_ms: row.get(0)?,
-                        route: row.get(1)?,
-                        model: row.get(2)?,
-                        stream: row.get(3)?,
-                        prompt_tokens: from_sql(row.get(4)?),
-                        cached_tokens: from_sql(row.get(5)?),
-                        max_tokens: from_sql(row.get(6)?),
-                        output_tokens: from_sql(row.get(7)?).unwrap_or(0),
-                        outcome: row.get(8)?,
-                        prefix_blocks: blob_to_blocks(&row.get::<_, Vec<u8>>(9)?),
-                    })
-                },
+                |row| workload_row(row, 0),
             )
             .map_err(query("select workload"))?;
         rows.collect::<Result<Vec<_>, _>>()
             .map_err(query("read a workload row"))
+    }
+
+    /// A reader of the captured requests that arrived at or after `from` (at most `limit`,
+    /// oldest first), for an export that streams them page by page.
+    ///
+    /// It reads on a connection of its own, read-only, inside one read transaction: WAL lets
+    /// it proceed beside the writer, so it never takes the store's mutex (the page, `/matrix`,
+    /// the snapshot task and the capture writer never wait for an export), and it sees one
+    /// consistent state of the table however long the export takes (the rows it counted at
+    /// the start are exactly the rows it reads, whatever the writer and the pruning do
+    /// meanwhile). Blocking: open it on a blocking thread.
+    pub fn workload_reader(
+        &self,
+        from: SystemTime,
+        limit: usize,
+    ) -> Result<WorkloadReader, StoreError> {
+        let open = |source| StoreError::Open {
+            path: self.path.clone(),
+            source,
+        };
+        let connection = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(open)?;
+        connection
+            .busy_timeout(Duration::from_secs(5))
+            .map_err(open)?;
+        connection
+            .execute_batch("BEGIN")
+            .map_err(query("begin the workload export"))?;
+        let from_ms = unix_millis(from);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let (rows, first_ms): (i64, Option<i64>) = connection
+            .query_row(
+                "SELECT count(*), min(started_ms) FROM (SELECT started_ms FROM workload
+                   WHERE started_ms >= ?1 ORDER BY started_ms, id LIMIT ?2)",
+                params![from_ms, limit],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .map_err(query("count the workload export"))?;
+        Ok(WorkloadReader {
+            connection,
+            from_ms,
+            rows: u64::try_from(rows).unwrap_or(0),
+            left: u64::try_from(rows).unwrap_or(0),
+            first_ms,
+            after: (i64::MIN, i64::MIN),
+        })
     }
 
     /// Deletes captured requests that arrived before `older_than` (when given) and all but the
@@ -146,6 +182,96 @@ impl Store {
             .map_err(query("prune workload by count"))?;
         Ok(deleted)
     }
+}
+
+/// Rows one [`WorkloadReader::next_page`] reads at most.
+pub const EXPORT_PAGE_ROWS: usize = 2048;
+
+/// One export's read of the `workload` table ([`Store::workload_reader`]): a consistent
+/// snapshot, read in pages of [`EXPORT_PAGE_ROWS`] by keyset on (`started_ms`, `id`), so
+/// memory holds one page whatever the table's size. Dropping it ends the read transaction.
+#[derive(Debug)]
+pub struct WorkloadReader {
+    connection: Connection,
+    from_ms: i64,
+    rows: u64,
+    left: u64,
+    first_ms: Option<i64>,
+    /// The last row read: the next page starts after it.
+    after: (i64, i64),
+}
+
+impl WorkloadReader {
+    /// The rows this export holds (counted at the start, in the snapshot it reads).
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// The first row's arrival (Unix milliseconds), when there is one.
+    pub fn first_ms(&self) -> Option<i64> {
+        self.first_ms
+    }
+
+    /// The next rows in arrival order (`started_ms`, then insertion), at most `max` and at
+    /// most [`EXPORT_PAGE_ROWS`]; empty when every row was read.
+    pub fn next_page(&mut self, max: usize) -> Result<Vec<WorkloadRow>, StoreError> {
+        let page = u64::try_from(max.clamp(1, EXPORT_PAGE_ROWS))
+            .unwrap_or(1)
+            .min(self.left);
+        if page == 0 {
+            return Ok(Vec::new());
+        }
+        let mut statement = self
+            .connection
+            // Prepared per page (the `cache` feature is off): microseconds against a page's
+            // milliseconds.
+            .prepare(
+                "SELECT id, started_ms, route, model, stream, prompt_tokens, cached_tokens,
+                   max_tokens, output_tokens, outcome, prefix_blocks
+                 FROM workload WHERE started_ms >= ?1 AND (started_ms, id) > (?2, ?3)
+                 ORDER BY started_ms, id LIMIT ?4",
+            )
+            .map_err(query("select a workload export page"))?;
+        let mut rows = statement
+            .query(params![
+                self.from_ms,
+                self.after.0,
+                self.after.1,
+                i64::try_from(page).unwrap_or(i64::MAX)
+            ])
+            .map_err(query("select a workload export page"))?;
+        let mut out = Vec::with_capacity(usize::try_from(page).unwrap_or(0));
+        while let Some(row) = rows.next().map_err(query("read a workload row"))? {
+            let id: i64 = row.get(0).map_err(query("read a workload row"))?;
+            let read = workload_row(row, 1).map_err(query("read a workload row"))?;
+            self.after = (read.started_ms, id);
+            out.push(read);
+        }
+        // A page shorter than asked means the snapshot has no more rows (it cannot shrink
+        // under a read transaction; this only guards against a table changed behind it).
+        self.left = if (out.len() as u64) < page {
+            0
+        } else {
+            self.left - page
+        };
+        Ok(out)
+    }
+}
+
+/// A row's fields from column `first` on, in `SELECT`'s order.
+fn workload_row(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<WorkloadRow> {
+    Ok(WorkloadRow {
+        started_ms: row.get(first)?,
+        route: row.get(first + 1)?,
+        model: row.get(first + 2)?,
+        stream: row.get(first + 3)?,
+        prompt_tokens: from_sql(row.get(first + 4)?),
+        cached_tokens: from_sql(row.get(first + 5)?),
+        max_tokens: from_sql(row.get(first + 6)?),
+        output_tokens: from_sql(row.get(first + 7)?).unwrap_or(0),
+        outcome: row.get(first + 8)?,
+        prefix_blocks: blob_to_blocks(&row.get::<_, Vec<u8>>(first + 9)?),
+    })
 }
 
 #[cfg(test)]
@@ -197,6 +323,49 @@ mod tests {
             store.workload_since(at(0), 10).unwrap(),
             vec![row(2000, vec![7])]
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_export_reader_pages_through_one_snapshot_beside_the_writer() {
+        let dir = std::env::temp_dir().join(format!(
+            "tokentap-store-workload-reader-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        let store = Store::open(&dir).unwrap();
+        let at = |ms: i64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms as u64);
+        // Many rows share a millisecond: the keyset must not skip or repeat them.
+        let rows: Vec<WorkloadRow> = (0..5000)
+            .map(|i| row(1000 + i / 3, vec![i as u64]))
+            .collect();
+        store.put_workload(&rows).unwrap();
+        let mut reader = store.workload_reader(at(1100), 4500).unwrap();
+        assert_eq!(reader.rows(), 4500);
+        assert_eq!(reader.first_ms(), Some(1100));
+        // The writer and the pruning go on while it reads; its snapshot does not change, and
+        // the store's own connection is free all along.
+        store.put_workload(&[row(1200, vec![99])]).unwrap();
+        store.prune_workload(None, 10).unwrap();
+        let mut read = Vec::new();
+        loop {
+            let page = reader.next_page(1000).unwrap();
+            if page.is_empty() {
+                break;
+            }
+            assert!(page.len() <= 1000);
+            read.extend(page);
+        }
+        assert_eq!(read.len(), 4500);
+        let expected: Vec<WorkloadRow> = rows
+            .iter()
+            .filter(|r| r.started_ms >= 1100)
+            .take(4500)
+            .cloned()
+            .collect();
+        assert_eq!(read, expected);
+        drop(reader);
+        assert_eq!(store.workload_since(at(0), 100).unwrap().len(), 10);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -32,6 +32,10 @@ pub const PREFILL_BUSY_SECONDS: &str = "tokentap_prefill_busy_seconds";
 pub const FAULTS_TOTAL: &str = "tokentap_faults_total";
 pub const CLAMPED_COUNTS_TOTAL: &str = "tokentap_clamped_token_counts_total";
 pub const WORKLOAD_ROWS_LOST_TOTAL: &str = "tokentap_workload_rows_lost_total";
+pub const WORKLOAD_EXPORTS_REFUSED_TOTAL: &str = "tokentap_workload_exports_refused_total";
+pub const METRICS_SERIES: &str = "tokentap_metrics_series";
+pub const METRICS_SERIES_BUDGET: &str = "tokentap_metrics_series_budget";
+pub const METRICS_SERIES_DROPPED_TOTAL: &str = "tokentap_metrics_series_dropped_total";
 pub const SLO_REQUESTS_TOTAL: &str = "tokentap_slo_requests_total";
 pub const SLO_GOODPUT_TOKENS_TOTAL: &str = "tokentap_slo_goodput_tokens_total";
 pub const SLO_HEADER_INVALID_TOTAL: &str = "tokentap_slo_header_invalid_total";
@@ -101,6 +105,10 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (FAULTS_TOTAL, "Faults tokentap cut short, by listener and fault (header_timeout, body_idle_timeout, body_read_timeout, upstream_timeout, upstream_stalled, connection_limit, accept_backoff, send_stalled, idle_closed, upstream_connection_limit); docs/operations.md."),
     (ADMIN_LOGIN_FAILURES_TOTAL, "Failed browser logins on the admin listener (POST /login) by reason: bad_token (the token given was wrong) or throttled (the address was still waiting after earlier failures; the token was not checked)."),
     (WORKLOAD_ROWS_LOST_TOTAL, "Workload capture rows lost, by reason: writer_behind (the writer's queue was full) or store_failed (a batch the store could not write; the log names the cause)."),
+    (WORKLOAD_EXPORTS_REFUSED_TOTAL, "GET /workload exports refused (503) because workload.max_exports were already running."),
+    (METRICS_SERIES, "Series tokentap's own metrics hold on this page, counted against telemetry.max_series (docs/operations.md, Metrics)."),
+    (METRICS_SERIES_BUDGET, "The series budget, telemetry.max_series."),
+    (METRICS_SERIES_DROPPED_TOTAL, "Series left off this page because the budget was spent, by what: cell_detail (a cell's series past its core ones), cell (a whole cell), base (per model, upstream, route and source) or slo (a cell's SLO series); each series counted once, when first refused."),
     (CLAMPED_COUNTS_TOTAL, "Requests with a token count from the upstream that no real server could send, clamped (their records are approximate)."),
 ];
 

@@ -4,9 +4,20 @@
 //! instances — tests, the demo — can live in one process. Metric handles are resolved once per
 //! label set and cached; a finished request costs a few hash lookups and atomic updates, and
 //! its per-request histograms are flushed bucket by bucket (`record_many`).
+//!
+//! **Series budget** (`telemetry.max_series`, [`SeriesBudget`]): a cell (model × upstream ×
+//! route × source × context × concurrency) costs up to ~330 series and ~1,300 cells are
+//! reachable, so the series this sink registers are counted (a histogram costs its buckets +
+//! 3) and new ones are admitted by priority, decided once when a label set is first seen:
+//! the process-wide series (faults, lost rows, clamped counts, logins, the budget's own)
+//! always; a cell every series while the budget is under half spent, its core series
+//! ([`CELL_CORE_HISTOGRAMS`], requests by outcome, tokens by type) until it is spent, then
+//! none; per-model series (in flight, overhead) and a cell's SLO series while there is room.
+//! What is refused gets no-op handles (cheaper than real ones) and is counted once in
+//! `tokentap_metrics_series_dropped_total{what}`.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -73,6 +84,175 @@ struct BaseHandles {
     slo_header_invalid: Counter,
 }
 
+/// The default of `telemetry.max_series`.
+pub const DEFAULT_MAX_SERIES: usize = 50_000;
+
+/// The histograms a cell keeps while the budget has room for its core series only (with
+/// `tokentap_requests_total{outcome}` and `tokentap_tokens_total{type}`): the matrix's
+/// requests, throughput (tokens ÷ decode seconds), TTFT and TBT.
+pub const CELL_CORE_HISTOGRAMS: [&str; 3] =
+    [TIME_TO_FIRST_TOKEN, TIME_BETWEEN_TOKENS, DECODE_SECONDS];
+
+/// A cell's other histograms, kept only while the budget is under half spent.
+pub const CELL_DETAIL_HISTOGRAMS: [&str; 11] = [
+    INTER_TOKEN_LATENCY,
+    REQUEST_DURATION,
+    PREFILL_TOKENS_PER_SECOND,
+    PER_REQUEST_TOKENS_PER_SECOND,
+    PROMPT_TOKENS,
+    COMPLETION_TOKENS,
+    TOKENS_PER_EVENT,
+    AVERAGE_ACTIVE_REQUESTS,
+    PREFILL_OVERLAP,
+    OVERLAPPING_PREFILLS,
+    PREFILL_BUSY_SECONDS,
+];
+
+/// Series one histogram puts on the page: one per bucket bound, `+Inf`, `_sum` and `_count`.
+pub fn histogram_series(name: &str) -> u64 {
+    HISTOGRAM_BUCKETS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, bounds)| bounds.len() as u64)
+        + 3
+}
+
+/// What the budget refused, by what it was (`tokentap_metrics_series_dropped_total{what}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    /// A cell's series past its core ones.
+    CellDetail,
+    /// A whole cell.
+    Cell,
+    /// Per model, upstream, route and source: in flight, overhead, bad SLO headers.
+    Base,
+    /// A cell's SLO verdicts and goodput.
+    Slo,
+}
+
+impl Dropped {
+    pub const ALL: [Dropped; 4] = [
+        Dropped::CellDetail,
+        Dropped::Cell,
+        Dropped::Base,
+        Dropped::Slo,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Dropped::CellDetail => "cell_detail",
+            Dropped::Cell => "cell",
+            Dropped::Base => "base",
+            Dropped::Slo => "slo",
+        }
+    }
+}
+
+/// How much of a new cell the budget admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admitted {
+    Full,
+    Core,
+    Nothing,
+}
+
+/// The series budget: series registered so far, the most allowed, and what was refused.
+#[derive(Debug)]
+pub struct SeriesBudget {
+    max: u64,
+    used: AtomicU64,
+    dropped: [AtomicU64; Dropped::ALL.len()],
+    /// A cell's series: every one, its core ones.
+    cell_full: u64,
+    cell_core: u64,
+}
+
+impl SeriesBudget {
+    fn new(max: usize) -> Self {
+        let counters = (Outcome::ALL.len() + 3) as u64;
+        let core: u64 = CELL_CORE_HISTOGRAMS
+            .iter()
+            .map(|n| histogram_series(n))
+            .sum();
+        let detail: u64 = CELL_DETAIL_HISTOGRAMS
+            .iter()
+            .map(|n| histogram_series(n))
+            .sum();
+        Self {
+            max: max as u64,
+            used: AtomicU64::new(0),
+            dropped: Default::default(),
+            cell_full: counters + core + detail,
+            cell_core: counters + core,
+        }
+    }
+
+    /// Series that are always kept.
+    fn force(&self, series: u64) {
+        self.used.fetch_add(series, Ordering::Relaxed);
+    }
+
+    /// Takes `series` if the total stays within `limit`.
+    fn take(&self, series: u64, limit: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                (used + series <= limit).then_some(used + series)
+            })
+            .is_ok()
+    }
+
+    fn drop_series(&self, what: Dropped, series: u64) {
+        if let Some(count) = self.dropped.get(what as usize) {
+            count.fetch_add(series, Ordering::Relaxed);
+        }
+    }
+
+    /// Admits `series` of kind `what` while there is room, or counts them dropped.
+    fn admit(&self, what: Dropped, series: u64) -> bool {
+        let admitted = self.take(series, self.max);
+        if !admitted {
+            self.drop_series(what, series);
+        }
+        admitted
+    }
+
+    fn admit_cell(&self) -> Admitted {
+        if self.take(self.cell_full, self.max / 2) {
+            Admitted::Full
+        } else if self.take(self.cell_core, self.max) {
+            self.drop_series(Dropped::CellDetail, self.cell_full - self.cell_core);
+            Admitted::Core
+        } else {
+            self.drop_series(Dropped::Cell, self.cell_full);
+            Admitted::Nothing
+        }
+    }
+
+    /// Series registered (`tokentap_metrics_series`).
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// `telemetry.max_series`.
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
+    /// Series refused, of kind `what`.
+    pub fn dropped(&self, what: Dropped) -> u64 {
+        self.dropped
+            .get(what as usize)
+            .map_or(0, |count| count.load(Ordering::Relaxed))
+    }
+}
+
+/// The budget's own series, set at each render.
+struct BudgetHandles {
+    used: Gauge,
+    max: Gauge,
+    dropped: [Counter; Dropped::ALL.len()],
+}
+
 /// The Prometheus sink and renderer of one proxy instance.
 pub struct PrometheusMetrics {
     recorder: PrometheusRecorder,
@@ -88,6 +268,9 @@ pub struct PrometheusMetrics {
     pub drift: super::drift::DriftGauges,
     /// Live headroom per model, set by the same refresher, appended at each render.
     pub capacity: super::capacity::CapacityGauges,
+    /// What the series this sink registers may cost (`telemetry.max_series`).
+    pub budget: SeriesBudget,
+    budget_handles: BudgetHandles,
 }
 
 /// An outside count and the exporter counter showing it.
@@ -119,7 +302,17 @@ impl std::fmt::Debug for PrometheusMetrics {
 }
 
 impl PrometheusMetrics {
+    /// A sink with the default series budget ([`DEFAULT_MAX_SERIES`]).
     pub fn new(contexts: Ladder, concurrency: Ladder) -> Result<Arc<Self>, BuildError> {
+        Self::with_budget(contexts, concurrency, DEFAULT_MAX_SERIES)
+    }
+
+    /// A sink whose own series stay within `max_series` (`telemetry.max_series`).
+    pub fn with_budget(
+        contexts: Ladder,
+        concurrency: Ladder,
+        max_series: usize,
+    ) -> Result<Arc<Self>, BuildError> {
         let mut builder = PrometheusBuilder::new();
         for (name, buckets) in HISTOGRAM_BUCKETS {
             builder =
@@ -137,6 +330,21 @@ impl PrometheusMetrics {
             recorder.describe_counter((*name).into(), unit, (*help).into());
             recorder.describe_gauge((*name).into(), unit, (*help).into());
         }
+        let budget = SeriesBudget::new(max_series);
+        let budget_handles = BudgetHandles {
+            used: recorder.register_gauge(&Key::from_name(METRICS_SERIES), &METADATA),
+            max: recorder.register_gauge(&Key::from_name(METRICS_SERIES_BUDGET), &METADATA),
+            dropped: Dropped::ALL.map(|what| {
+                recorder.register_counter(
+                    &Key::from_parts(
+                        METRICS_SERIES_DROPPED_TOTAL,
+                        vec![Label::new("what", what.label())],
+                    ),
+                    &METADATA,
+                )
+            }),
+        };
+        budget.force(2 + Dropped::ALL.len() as u64);
         Ok(Arc::new(Self {
             recorder,
             handle,
@@ -148,6 +356,8 @@ impl PrometheusMetrics {
             watched: Mutex::new(Vec::new()),
             drift: super::drift::DriftGauges::default(),
             capacity: super::capacity::CapacityGauges::default(),
+            budget,
+            budget_handles,
         }))
     }
 
@@ -163,6 +373,7 @@ impl PrometheusMetrics {
             );
             self.recorder.register_counter(&key, &METADATA)
         });
+        self.budget.force(handles.len() as u64);
         self.watch(Watched::Faults { counters, handles });
     }
 
@@ -172,6 +383,7 @@ impl PrometheusMetrics {
         for reason in reasons {
             let _ = self.login_failure(reason);
         }
+        self.budget.force(reasons.len() as u64);
     }
 
     /// Counts one failed admin login (not the request path: a handful per minute at most).
@@ -192,6 +404,7 @@ impl PrometheusMetrics {
         let handle = self
             .recorder
             .register_counter(&Key::from_name(CLAMPED_COUNTS_TOTAL), &METADATA);
+        self.budget.force(1);
         self.watch(Watched::Clamped {
             meter: Arc::downgrade(meter),
             handle,
@@ -213,6 +426,7 @@ impl PrometheusMetrics {
                 .collect::<Vec<_>>(),
         );
         let handle = self.recorder.register_counter(&key, &METADATA);
+        self.budget.force(1);
         self.watch(Watched::Count { value, handle });
     }
 
@@ -251,6 +465,12 @@ impl PrometheusMetrics {
                     handle.absolute(value.load(std::sync::atomic::Ordering::Relaxed));
                 }
             }
+        }
+        let handles = &self.budget_handles;
+        handles.used.set(self.budget.used() as f64);
+        handles.max.set(self.budget.max() as f64);
+        for (what, handle) in Dropped::ALL.iter().zip(&handles.dropped) {
+            handle.absolute(self.budget.dropped(*what));
         }
         let mut out = Vec::with_capacity(64 * 1024);
         if self.handle.render_to_write(&mut out).is_err() {
@@ -304,28 +524,40 @@ impl PrometheusMetrics {
         if let Some(handles) = bases.get(&key) {
             return Arc::clone(handles);
         }
-        let labels = self.base_labels(&key.0, &key.1, key.2, key.3);
-        let with = |name: &'static str, extra: Option<Label>| {
-            let mut labels = labels.clone();
-            labels.extend(extra);
-            Key::from_parts(name, labels)
+        let handles = if self
+            .budget
+            .admit(Dropped::Base, 2 + 2 * histogram_series(PROXY_OVERHEAD))
+        {
+            let labels = self.base_labels(&key.0, &key.1, key.2, key.3);
+            let with = |name: &'static str, extra: Option<Label>| {
+                let mut labels = labels.clone();
+                labels.extend(extra);
+                Key::from_parts(name, labels)
+            };
+            Arc::new(BaseHandles {
+                inflight: self
+                    .recorder
+                    .register_gauge(&with(INFLIGHT_REQUESTS, None), &METADATA),
+                overhead_request: self.recorder.register_histogram(
+                    &with(PROXY_OVERHEAD, Some(Label::new("phase", "request"))),
+                    &METADATA,
+                ),
+                overhead_frame: self.recorder.register_histogram(
+                    &with(PROXY_OVERHEAD, Some(Label::new("phase", "frame"))),
+                    &METADATA,
+                ),
+                slo_header_invalid: self
+                    .recorder
+                    .register_counter(&with(SLO_HEADER_INVALID_TOTAL, None), &METADATA),
+            })
+        } else {
+            Arc::new(BaseHandles {
+                inflight: Gauge::noop(),
+                overhead_request: Histogram::noop(),
+                overhead_frame: Histogram::noop(),
+                slo_header_invalid: Counter::noop(),
+            })
         };
-        let handles = Arc::new(BaseHandles {
-            inflight: self
-                .recorder
-                .register_gauge(&with(INFLIGHT_REQUESTS, None), &METADATA),
-            overhead_request: self.recorder.register_histogram(
-                &with(PROXY_OVERHEAD, Some(Label::new("phase", "request"))),
-                &METADATA,
-            ),
-            overhead_frame: self.recorder.register_histogram(
-                &with(PROXY_OVERHEAD, Some(Label::new("phase", "frame"))),
-                &METADATA,
-            ),
-            slo_header_invalid: self
-                .recorder
-                .register_counter(&with(SLO_HEADER_INVALID_TOTAL, None), &METADATA),
-        });
         bases.insert(key, Arc::clone(&handles));
         handles
     }
@@ -349,7 +581,13 @@ impl PrometheusMetrics {
         if let Some(handles) = cells.get(&key) {
             return Arc::clone(handles);
         }
-        let labels = self.cell_labels(&key);
+        // The budget decides once, here, what this cell's series are; refused ones are no-ops.
+        let admitted = self.budget.admit_cell();
+        let labels = if admitted == Admitted::Nothing {
+            Vec::new()
+        } else {
+            self.cell_labels(&key)
+        };
         let key_of = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
             let mut labels = labels.clone();
             if let Some((k, v)) = extra {
@@ -358,8 +596,25 @@ impl PrometheusMetrics {
             Key::from_parts(name, labels)
         };
         let r = &self.recorder;
-        let histogram = |name| r.register_histogram(&key_of(name, None), &METADATA);
-        let counter = |name, extra| r.register_counter(&key_of(name, extra), &METADATA);
+        let histogram = |name: &'static str| {
+            let kept = match admitted {
+                Admitted::Full => true,
+                Admitted::Core => CELL_CORE_HISTOGRAMS.contains(&name),
+                Admitted::Nothing => false,
+            };
+            if kept {
+                r.register_histogram(&key_of(name, None), &METADATA)
+            } else {
+                Histogram::noop()
+            }
+        };
+        let counter = |name, extra| {
+            if admitted == Admitted::Nothing {
+                Counter::noop()
+            } else {
+                r.register_counter(&key_of(name, extra), &METADATA)
+            }
+        };
         let handles = Arc::new(CellHandles {
             ttft: histogram(TIME_TO_FIRST_TOKEN),
             tbt: histogram(TIME_BETWEEN_TOKENS),
@@ -398,8 +653,18 @@ impl PrometheusMetrics {
         if let Some(handles) = cells.get(&key) {
             return Arc::clone(handles);
         }
-        let labels = self.cell_labels(&key);
+        let admitted = self
+            .budget
+            .admit(Dropped::Slo, SloVerdict::JUDGED.len() as u64 + 1);
+        let labels = if admitted {
+            self.cell_labels(&key)
+        } else {
+            Vec::new()
+        };
         let counter = |name: &'static str, extra: Option<Label>| {
+            if !admitted {
+                return Counter::noop();
+            }
             let mut labels = labels.clone();
             labels.extend(extra);
             self.recorder

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
 use crate::base::wallclock::{format_rfc3339, from_unix_millis, unix_millis};
 use crate::base::Source;
@@ -21,7 +21,8 @@ use crate::meter::record::RequestRecord;
 use crate::meter::RecordSink;
 use crate::store::{Store, WorkloadRow};
 
-use super::trace::{Trace, TraceRequest, BLOCK_TOKENS};
+use super::export::{request_of_row, ExportRows};
+use super::trace::Trace;
 
 /// Rows waiting for the writer; past this they are dropped (and counted).
 const CHANNEL_ROWS: usize = 4096;
@@ -33,8 +34,7 @@ const BATCH_ROWS: usize = 512;
 /// with its block ids is up to ~0.5 KiB, so this bounds the ring at ~50 MiB.
 pub const MAX_MEMORY_ROWS: u64 = 100_000;
 
-/// Most rows one export returns.
-pub const MAX_EXPORT_ROWS: usize = 1_000_000;
+pub use super::export::MAX_EXPORT_ROWS;
 
 enum Message {
     Row(WorkloadRow),
@@ -60,6 +60,11 @@ pub struct WorkloadCapture {
     dropped: Arc<AtomicU64>,
     /// Rows of batches the store failed to write.
     failed: Arc<AtomicU64>,
+    /// One permit per export running (`workload.max_exports`).
+    exports: Arc<Semaphore>,
+    max_exports: usize,
+    /// Exports refused because `max_exports` were running.
+    refused: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Message {
@@ -93,6 +98,9 @@ impl WorkloadCapture {
             captured: AtomicU64::new(0),
             dropped: Arc::default(),
             failed,
+            exports: Arc::new(Semaphore::new(config.max_exports)),
+            max_exports: config.max_exports,
+            refused: Arc::default(),
         })
     }
 
@@ -109,6 +117,53 @@ impl WorkloadCapture {
     /// The counters of lost rows, for `/metrics`: (writer behind, store failed).
     pub fn lost_counters(&self) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
         (Arc::clone(&self.dropped), Arc::clone(&self.failed))
+    }
+
+    /// The counter of exports refused at the bound, for `/metrics`.
+    pub fn refused_exports(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.refused)
+    }
+
+    /// A slot for one export, held until the export ends; `Err(max_exports)` (counted) when
+    /// that many are running.
+    pub fn export_slot(&self) -> Result<OwnedSemaphorePermit, usize> {
+        Arc::clone(&self.exports).try_acquire_owned().map_err(|_| {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            self.max_exports
+        })
+    }
+
+    /// The rows of the requests that arrived in the last `window` (flushed first), ready to be
+    /// streamed by `export::write_export`: from the store, a reader on its own connection
+    /// (never the store's mutex); from the ring, a copy (at most [`MAX_MEMORY_ROWS`]).
+    pub async fn export_rows(&self, window: Duration) -> anyhow::Result<ExportRows> {
+        self.flush().await;
+        let from = SystemTime::now()
+            .checked_sub(window)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        Ok(match &self.keep {
+            Keep::Store(store) => {
+                let store = Arc::clone(store);
+                ExportRows::Store(
+                    tokio::task::spawn_blocking(move || {
+                        store.workload_reader(from, MAX_EXPORT_ROWS)
+                    })
+                    .await??,
+                )
+            }
+            Keep::Memory(ring) => {
+                let from = unix_millis(from);
+                ExportRows::memory(
+                    ring.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .iter()
+                        .filter(|r| r.started_ms >= from)
+                        .take(MAX_EXPORT_ROWS)
+                        .cloned()
+                        .collect(),
+                )
+            }
+        })
     }
 
     /// Waits until every row captured so far is kept.
@@ -175,30 +230,14 @@ pub fn row_of(record: &RequestRecord) -> WorkloadRow {
 }
 
 /// Stored rows (oldest first) as a trace: arrival offsets from the first, block ids cut to
-/// the blocks the prompt's token count covers, then renumbered.
+/// the blocks the prompt's token count covers, then renumbered. (The whole trace in memory:
+/// for small captures; exports stream through `export::write_export`.)
 pub fn trace_of_rows(mut rows: Vec<WorkloadRow>) -> Trace {
     rows.sort_by_key(|r| r.started_ms);
     let first = rows.first().map(|r| r.started_ms);
     let requests = rows
         .into_iter()
-        .map(|row| {
-            let prompt_tokens = row.prompt_tokens.unwrap_or(0);
-            let covered = usize::try_from(prompt_tokens.div_ceil(BLOCK_TOKENS)).unwrap_or(0);
-            let mut hash_ids = row.prefix_blocks;
-            hash_ids.truncate(covered);
-            TraceRequest {
-                at_ms: u64::try_from(row.started_ms - first.unwrap_or(row.started_ms)).unwrap_or(0),
-                route: Some(row.route),
-                model: Some(row.model),
-                stream: row.stream,
-                prompt_tokens,
-                cached_tokens: row.cached_tokens,
-                max_tokens: row.max_tokens,
-                output_tokens: row.output_tokens,
-                outcome: Some(row.outcome),
-                hash_ids,
-            }
-        })
+        .map(|row| request_of_row(row, first.unwrap_or(0)))
         .collect();
     Trace::new(
         "capture",

@@ -2,6 +2,7 @@
 //! interchange with public trace formats, and their replay.
 //!
 //! - `capture.rs`: the [`capture::WorkloadCapture`] sink (opt-in, `[workload] capture`).
+//! - `export.rs`: a capture's export written page by page as it is read (bounded memory).
 //! - `trace.rs`: the versioned JSONL trace (`tokentap.workload/v1`), reading any known format.
 //! - `mooncake.rs`, `azure.rs`: the Mooncake JSONL and Azure CSV trace formats.
 //! - `replay.rs`: the open-loop replay of a trace through the proxy's data path, tagged
@@ -17,6 +18,7 @@
 
 pub mod azure;
 pub mod capture;
+pub mod export;
 pub mod mooncake;
 pub mod replay;
 pub mod speed;

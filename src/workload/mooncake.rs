@@ -21,17 +21,19 @@ pub struct MooncakeLine {
 pub fn write(trace: &Trace) -> String {
     let mut out = String::new();
     for request in &trace.requests {
-        push_line(
-            &mut out,
-            &MooncakeLine {
-                timestamp: request.at_ms as f64,
-                input_length: request.prompt_tokens,
-                output_length: request.output_tokens,
-                hash_ids: request.hash_ids.clone(),
-            },
-        );
+        push_line(&mut out, &line_of(request));
     }
     out
+}
+
+/// One request's Mooncake line.
+pub fn line_of(request: &TraceRequest) -> MooncakeLine {
+    MooncakeLine {
+        timestamp: request.at_ms as f64,
+        input_length: request.prompt_tokens,
+        output_length: request.output_tokens,
+        hash_ids: request.hash_ids.clone(),
+    }
 }
 
 /// Reads Mooncake JSONL into a trace (blank lines skipped).
