@@ -2509,7 +2509,7 @@ async fn the_metrics_page_keeps_its_series_budget_in_priority_order() {
     let page = get(&format!("http://{}/metrics", server.admin_addr))
         .await
         .text();
-    let samples: Vec<_> = tokentap::upstream_metrics::exposition::samples(&page).collect();
+    let samples: Vec<_> = tokentap::base::exposition::samples(&page).collect();
     let lines = page
         .lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
