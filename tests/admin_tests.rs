@@ -5,7 +5,7 @@
 //! reference API still need the bearer token; logging out, expiry, failed logins counted and
 //! slowed; the redirect to the login form in headless Chromium.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! the synthetic sweep's cell (L, c) on total tok/s, per-request tok/s, TBT and TTFT.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime};
 

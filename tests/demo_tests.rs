@@ -6,10 +6,7 @@
 
 use std::process::ExitCode;
 
-mod common {
-    #[path = "chromium.rs"]
-    pub mod chromium;
-}
+use crate::common;
 
 use tokentap::app::demo::{run, steady_cells, DemoArgs, DEMO_PROFILE};
 use tokentap::matrix::{load, DecodeCell, MatrixDoc};

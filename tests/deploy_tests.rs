@@ -21,7 +21,7 @@
 #[path = "deploy/yaml.rs"]
 mod yaml;
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

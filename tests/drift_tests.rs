@@ -10,7 +10,7 @@
 //! - a reference pinned from a sweep on the simulator, then ordinary traffic that reproduces
 //!   the swept cell: per-request tok/s ratio ≈ 1.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -8,7 +8,7 @@
 //! bounded with generous slack; no assertion depends on the machine being fast.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -4,7 +4,7 @@
 //! open-loop against the same simulator through a fresh in-process proxy must reproduce the
 //! production cells: per-request tok/s, TBT and TTFT within 5 %.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-mod common;
+use crate::common;
 
 use proptest::prelude::*;
 use tokentap::matrix::diff::{diff, evaluate_gate, DiffColumn, Gate};

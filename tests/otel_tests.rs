@@ -2,7 +2,7 @@
 //! request with GenAI attributes and a first-token event, the GenAI metrics, and no secrets.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::*;

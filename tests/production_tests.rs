@@ -5,7 +5,7 @@
 //! Also the admin page in headless Chromium, and snapshots in the SQLite store across a
 //! restart, read back by `tokentap matrix show --store`.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! 127.0.0.1 sockets. Timing assertions use generous ratios, never tight thresholds.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

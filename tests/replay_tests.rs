@@ -8,7 +8,7 @@
 //! up without touching this file; no engine is needed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;

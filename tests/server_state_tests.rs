@@ -9,7 +9,7 @@
 //! stay absent; and a page that fails in every way is counted while requests go on unharmed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

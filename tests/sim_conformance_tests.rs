@@ -8,7 +8,7 @@
 //! timestamps and counts may differ, and runs of events of one shape count once (the two
 //! "models" produce different numbers of tokens). What stays different is listed in
 //! [`KNOWN_DIFFERENCES`] and in `docs/simulator.md`, with why.
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

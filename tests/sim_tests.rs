@@ -4,7 +4,7 @@
 //! queueing, abort, disconnect, bad input, the vLLM dialect read by the proxy's own scanner,
 //! the Messages and Responses routes, and the simulator behind a real `ProxyServer`. Every
 //! wait is bounded.
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! configured targets for its request; an unreadable one is ignored and counted.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -2,7 +2,7 @@
 //! Integration tests of synthetic sweeps: the simulator on 127.0.0.1 behind a real proxy, the
 //! sweep driven through the proxy's metering path (the manager, the admin API, the CLI). Every
 //! wait is bounded; windows are short (1–2 s) at small contexts.
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};

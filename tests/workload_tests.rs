@@ -4,7 +4,7 @@
 //! `tokentap workload export --store` must give back each request's shape, the prefix sharing
 //! between prompts, and no text. The trace readers take arbitrary bytes without panicking.
 
-mod common;
+use crate::common;
 
 use common::*;
 use proptest::prelude::*;
