@@ -6,6 +6,7 @@ pub mod aggregate;
 pub mod app;
 pub mod base;
 pub mod config;
+pub mod fleet;
 pub mod matrix;
 pub mod meter;
 pub mod net;

@@ -110,6 +110,9 @@ pub enum Command {
     ///   tokentap reference clear --model nvidia/GLM-5.3-Flash-NVFP4 --token "$TOKEN"
     #[command(verbatim_doc_comment)]
     Reference(super::reference::ReferenceArgs),
+    /// Read the fleet's matrix back from Prometheus, Thanos or Mimir (per configuration
+    /// fingerprint) and compare a canary with its baseline on live traffic (docs/fleet.md).
+    Fleet(super::fleet::FleetArgs),
     /// Export the captured production workload, or convert a public trace (Azure CSV,
     /// Mooncake JSONL) to tokentap's trace format (docs/workload.md).
     Workload(super::workload::WorkloadArgs),
@@ -174,6 +177,7 @@ pub fn main() -> ExitCode {
             Command::Demo(args) => super::demo::run(args).await,
             Command::Reference(args) => super::reference::run(args).await,
             Command::Workload(args) => super::workload::run(args).await,
+            Command::Fleet(args) => super::fleet::run(args).await,
             Command::Replay(args) => super::replay::run(args, super::serve::build_proxy).await,
             Command::Completions(_) => Ok(ExitCode::SUCCESS),
         }
