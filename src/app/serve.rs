@@ -339,6 +339,7 @@ impl ProxyServer {
             );
         }
         metrics.watch_server_state(&proxy.meter);
+        metrics.watch_identities(&proxy.meter);
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
         crate::proxy::served_model::spawn(&proxy);
         crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
@@ -500,6 +501,9 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         config.metering.contexts.clone(),
         config.metering.concurrency.clone(),
     );
+    for upstream in router.all() {
+        meter.identities().add(Arc::clone(&upstream.identity));
+    }
     Ok(Arc::new(Proxy {
         router,
         meter,
