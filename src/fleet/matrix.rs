@@ -22,7 +22,7 @@ use crate::telemetry::names;
 
 /// The info metric of each upstream's configuration fingerprint (one series per upstream and
 /// fingerprint, value 1).
-pub const CONFIG_INFO: &str = "tokentap_upstream_config_info";
+const CONFIG_INFO: &str = names::UPSTREAM_CONFIG_INFO;
 
 /// Share of a cell's finished requests that may fail before the cell is an `Error`, as in the
 /// in-process production matrix.
