@@ -555,6 +555,53 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
         );
     }
 
+    // The same comparison in Grafana: the matrix dashboard's canary grid, its variables set.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("deploy/grafana/dashboards/tokentap-matrix.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let panel = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| {
+            p["title"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("Per-request tok/s: candidate ÷ baseline"))
+        })
+        .expect("the canary grid on the matrix dashboard");
+    let expr = panel["targets"][0]["expr"]
+        .as_str()
+        .unwrap()
+        .replace("${window}", "5m")
+        .replace("$window", "5m")
+        .replace("$model", MODEL)
+        .replace("$baseline", BASELINE)
+        .replace("$candidate", CANDIDATE)
+        .replace("$min_requests", "5");
+    let grid = instant(&base, &expr).await;
+    for concurrency in ["1", "4"] {
+        let ratio = grid
+            .iter()
+            .find(|s| {
+                s["metric"]["context"].as_str().map(str::trim) == Some("8K")
+                    && s["metric"]["concurrency_bucket"] == concurrency
+            })
+            .and_then(|s| s["value"][1].as_str()?.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no 8K × {concurrency} in the canary grid: {grid:?}"));
+        report.push(format!("Grafana canary grid 8K×{concurrency}: ×{ratio:.3}"));
+        close(
+            &format!("Grafana canary grid 8K × {concurrency}"),
+            ratio,
+            1.0 / SLOWER,
+            0.05,
+        );
+    }
+
     // A PromQL error names the URL and Prometheus' own message.
     let bad = tokentap(
         [
