@@ -16,5 +16,6 @@ pub mod store;
 pub mod stream;
 pub mod sweep;
 pub mod telemetry;
+pub mod upstream_identity;
 pub mod upstream_metrics;
 pub mod workload;

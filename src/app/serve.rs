@@ -340,6 +340,7 @@ impl ProxyServer {
         }
         metrics.watch_server_state(&proxy.meter);
         metrics.watch_identities(&proxy.meter);
+        crate::upstream_identity::spawn(&proxy, &config.fingerprint, store.clone());
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
         crate::proxy::served_model::spawn(&proxy);
         crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);

@@ -196,6 +196,11 @@ pub struct UpstreamIdentity {
     current: AtomicU64,
     flapping: AtomicBool,
     history: Mutex<History>,
+    /// The upstream failed (a request that could not reach it, or a read nobody answered)
+    /// and has not answered since.
+    down: AtomicBool,
+    /// Wakes the reader when the upstream answers again after failing.
+    back: tokio::sync::Notify,
 }
 
 impl UpstreamIdentity {
@@ -205,7 +210,35 @@ impl UpstreamIdentity {
             current: AtomicU64::new(UNKNOWN),
             flapping: AtomicBool::new(false),
             history: Mutex::new(History::default()),
+            down: AtomicBool::new(false),
+            back: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Notes whether the upstream answered a request (or a read): the first answer after a
+    /// failure wakes the reader (a restarted server may be another configuration). Atomics
+    /// only; called at request end.
+    pub fn note_answer(&self, answered: bool) {
+        if !answered {
+            self.down.store(true, Ordering::Relaxed);
+        } else if self.down.swap(false, Ordering::Relaxed) {
+            self.back.notify_one();
+        }
+    }
+
+    /// The reader's own read answered: no longer down, without waking the reader.
+    pub fn clear_down(&self) {
+        self.down.store(false, Ordering::Relaxed);
+    }
+
+    /// Whether the upstream failed and has not answered since.
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::Relaxed)
+    }
+
+    /// Resolves when the upstream answers again after a failure.
+    pub async fn back(&self) {
+        self.back.notified().await;
     }
 
     /// The label requests get now: one atomic load.

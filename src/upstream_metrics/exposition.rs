@@ -21,6 +21,11 @@ impl<'a> Sample<'a> {
             .find(|(k, _)| *k == key)
             .map(|(_, v)| v)
     }
+
+    /// Every label, in order, unescaped (an info metric's facts).
+    pub fn labels(&self) -> impl Iterator<Item = (&'a str, Cow<'a, str>)> {
+        Labels { rest: self.labels }
+    }
 }
 
 /// Every sample of `page` that reads, in order.
