@@ -20,7 +20,6 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -303,14 +302,48 @@ fn close(what: &str, ours: f64, theirs: f64, tolerance: f64) {
     );
 }
 
-/// Fingerprint labels of the two configurations, given to the scrape targets.
-const BASELINE: &str = "aaaaaaaaaaaa";
-const CANDIDATE: &str = "bbbbbbbbbbbb";
+/// A sidecar in front of `upstream` that reads its upstream's configuration (the fingerprint)
+/// at start, unlike `common::proxy`, which turns that read off.
+async fn sidecar(upstream: &str, extra: &str) -> ProxyServer {
+    let (server, _records) = common::proxy_from_config(&format!(
+        "[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n[store]\ndata_dir = \"\"\n[fingerprint]\ninterval = \"60s\"\n{extra}\n"
+    ))
+    .await;
+    server
+}
+
+/// The fingerprint a sidecar labels its series with now, once it has read its upstream
+/// (bounded wait).
+async fn current_fingerprint(server: &ProxyServer) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = common::get(&format!("http://{}/metrics", server.admin_addr)).await;
+        let found = page
+            .text()
+            .lines()
+            .filter(|l| l.starts_with("tokentap_upstream_config_info{"))
+            .find_map(|l| {
+                let rest = &l[l.find("fingerprint=\"")? + 13..];
+                Some(rest[..rest.find('"')?].to_owned())
+            });
+        if let Some(fingerprint) = found {
+            return fingerprint;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} never exported tokentap_upstream_config_info:\n{}",
+            server.admin_addr,
+            page.text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
     let started = Instant::now();
-    // Two replicas of the baseline configuration, one of the candidate (slower by SLOWER).
+    // Two replicas of the baseline configuration, one of the candidate: another engine
+    // version, and slower by SLOWER (the simulator's --slowdown).
     let mut sims = Vec::new();
     for slowdown in [1.0, 1.0, SLOWER] {
         let options = SimOptions {
@@ -325,21 +358,24 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
         );
     }
     let mut servers = Vec::new();
+    let mut fingerprints = Vec::new();
     for sim in &sims {
-        let (server, _records) = common::proxy(&sim.base_url(), "").await;
+        let server = sidecar(&sim.base_url(), "").await;
+        fingerprints.push(current_fingerprint(&server).await);
         servers.push(server);
     }
-    let fingerprints = [BASELINE, BASELINE, CANDIDATE];
+    // The two baseline replicas share a configuration; the candidate's differs.
+    assert_eq!(fingerprints[0], fingerprints[1], "{fingerprints:?}");
+    assert_ne!(fingerprints[0], fingerprints[2], "{fingerprints:?}");
+    let (baseline, candidate) = (fingerprints[0].clone(), fingerprints[2].clone());
+    let (baseline, candidate) = (baseline.as_str(), candidate.as_str());
 
     let dir = TempDir::new("prometheus");
-    // Every admin listener, each with its configuration's fingerprint, scraped every second;
-    // the shipped rules evaluated every second.
+    // Every admin listener scraped every second (the sidecars label their series with the
+    // fingerprint themselves); the shipped rules evaluated every second.
     let mut targets = String::new();
-    for (server, fingerprint) in servers.iter().zip(fingerprints) {
-        targets.push_str(&format!(
-            "      - targets: [\"{}\"]\n        labels:\n          fingerprint: \"{fingerprint}\"\n",
-            server.admin_addr
-        ));
+    for server in &servers {
+        targets.push_str(&format!("      - targets: [\"{}\"]\n", server.admin_addr));
     }
     let config = format!(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - rules/tokentap.rules.yml\nscrape_configs:\n  - job_name: tokentap\n    metrics_path: /metrics\n    static_configs:\n{targets}"
@@ -399,11 +435,27 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
 
     // Each fingerprint's fleet matrix against its replicas' own matrices.
     let mut report = Vec::new();
-    for (fingerprint, replicas) in [(BASELINE, &own[0..2]), (CANDIDATE, &own[2..3])] {
+    for (fingerprint, replicas) in [(baseline, &own[0..2]), (candidate, &own[2..3])] {
         let doc = json_of(&fleet("10m", &["--fingerprint", fingerprint]).await);
         assert_eq!(doc["schema"], "tokentap.matrix/v1");
         assert_eq!(doc["metadata"]["model"]["served_model"], MODEL);
         assert_eq!(doc["metadata"]["run"]["source"], "production");
+        // The metadata from tokentap_upstream_config_info of the fingerprint.
+        assert_eq!(
+            doc["metadata"]["engine"]["name"], "sglang",
+            "{}",
+            doc["metadata"]
+        );
+        let version = if fingerprint == candidate {
+            "simulated-2"
+        } else {
+            "simulated"
+        };
+        assert_eq!(
+            doc["metadata"]["engine"]["version"], version,
+            "{}",
+            doc["metadata"]
+        );
         let mut compared = 0;
         for concurrency in [1, 4] {
             let ours = cell(&doc, 8192, concurrency)
@@ -445,9 +497,9 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
             "--prometheus",
             base.as_str(),
             "--baseline",
-            BASELINE,
+            baseline,
             "--candidate",
-            CANDIDATE,
+            candidate,
             "--window",
             "10m",
             "--min-requests",
@@ -500,9 +552,9 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
             "--prometheus",
             base.as_str(),
             "--baseline",
-            BASELINE,
+            baseline,
             "--candidate",
-            CANDIDATE,
+            candidate,
             "--window",
             "10m",
             "--min-requests",
@@ -519,16 +571,16 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
     assert_eq!(md.status.code(), Some(3), "{md:?}");
     let text = String::from_utf8_lossy(&md.stdout);
     assert!(
-        text.contains(&format!("{CANDIDATE} ÷ {BASELINE}")),
+        text.contains(&format!("{candidate} ÷ {baseline}")),
         "{text}"
     );
     assert!(text.contains("too few"), "{text}");
 
     // Over 5m the fleet matrix follows the shipped recording rules.
-    let all = json_of(&fleet("5m", &["--fingerprint", BASELINE]).await);
+    let all = json_of(&fleet("5m", &["--fingerprint", baseline]).await);
     let rules = instant(
         &base,
-        &format!("cell:tokentap_request_tokens_per_second:rate5m{{source=\"production\",fingerprint=\"{BASELINE}\"}}"),
+        &format!("cell:tokentap_request_tokens_per_second:rate5m{{source=\"production\",fingerprint=\"{baseline}\"}}"),
     )
     .await;
     for concurrency in ["1", "4"] {
@@ -580,8 +632,8 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
         .replace("${window}", "5m")
         .replace("$window", "5m")
         .replace("$model", MODEL)
-        .replace("$baseline", BASELINE)
-        .replace("$candidate", CANDIDATE)
+        .replace("$baseline", baseline)
+        .replace("$candidate", candidate)
         .replace("$min_requests", "5");
     let grid = instant(&base, &expr).await;
     for concurrency in ["1", "4"] {
