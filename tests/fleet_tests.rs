@@ -280,7 +280,7 @@ async fn sidecar_matrix(server: &ProxyServer) -> Value {
     serde_json::from_str(&answer.text()).unwrap()
 }
 
-fn cell<'a>(doc: &'a Value, context: u64, concurrency: u64) -> Option<&'a Value> {
+fn cell(doc: &Value, context: u64, concurrency: u64) -> Option<&Value> {
     doc["decode"]
         .as_array()?
         .iter()
