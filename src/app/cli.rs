@@ -84,6 +84,8 @@ pub enum Command {
     /// Examples:
     ///   tokentap sweep --target http://127.0.0.1:30000 --contexts 8K,32K --cell-duration 10s
     ///   tokentap sweep --admin http://127.0.0.1:9464 --token "$TOKEN"
+    ///   tokentap sweep --admin http://10.0.0.11:9464,http://10.0.0.12:9464 --token "$TOKEN"
+    ///     (a fleet: one replica at a time, then the spread per cell; docs/fleet.md)
     #[command(verbatim_doc_comment)]
     Sweep(super::sweep::SweepArgs),
     /// Start here: simulator + proxy + a short sweep + ordinary traffic, then both matrices.

@@ -42,7 +42,7 @@ pub struct SweepArgs {
     /// proxy's production guard applies. Several URLs, comma-separated, sweep a fleet: the
     /// replicas one at a time, each through its own sidecar (and its own guard), then each
     /// replica's matrix and the spread per cell (min, median, max ÷ median) are printed.
-    #[arg(long, value_name = "URL[,URL…]")]
+    #[arg(long, value_name = "URL")]
     pub admin: Option<String>,
     /// Bearer token of the admin API (that proxy's admin.token). Default: the
     /// TOKENTAP_ADMIN__TOKEN environment variable.
