@@ -379,6 +379,69 @@ mod tests {
         }
     }
 
+    /// A loopback server that answers every connection with `answer` (or never, when `None`).
+    async fn server(answer: Option<&'static str>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = socket.read(&mut buf).await;
+                    match answer {
+                        Some(text) => {
+                            let _ = socket.write_all(text.as_bytes()).await;
+                        }
+                        None => tokio::time::sleep(Duration::from_secs(30)).await,
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn failures_name_the_url() {
+        let timeout = Duration::from_millis(300);
+        // Nothing listens.
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap()
+        };
+        let client = PromClient::new(&format!("http://{closed}"), None, &[], timeout).unwrap();
+        let err = client.query("up", 0.0).await.unwrap_err();
+        assert!(matches!(err, PromError::Connect { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("http://{closed}/api/v1/query")),
+            "{err}"
+        );
+        // Something that is not Prometheus.
+        let html = server(Some(
+            "HTTP/1.1 502 Bad Gateway\r\ncontent-length: 13\r\nconnection: close\r\n\r\n<html>x</html",
+        ))
+        .await;
+        let err = PromClient::new(&html, None, &[], timeout)
+            .unwrap()
+            .query("up", 0.0)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, PromError::NotPrometheus { status: 502, .. }),
+            "{err}"
+        );
+        // A server that never answers: the deadline.
+        let silent = server(None).await;
+        let err = PromClient::new(&silent, None, &[], timeout)
+            .unwrap()
+            .query("up", 0.0)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, PromError::Timeout { .. }), "{err}");
+        assert!(err.to_string().contains(&silent), "{err}");
+    }
+
     #[test]
     fn quoting_escapes_what_promql_reads() {
         assert_eq!(quote("a/b"), "\"a/b\"");
