@@ -530,8 +530,9 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
             "{entry}"
         );
         let ratio = figure(entry, "per_request_tok_s");
+        let ttft_mean = figure(entry, "ttft_mean_ms");
         report.push(format!(
-            "compare {context}×{concurrency}: per-request ×{ratio:.3}, TTFT ×{:.3}, requests {} vs {}",
+            "compare {context}×{concurrency}: per-request ×{ratio:.3}, TTFT mean ×{ttft_mean:.3}, TTFT median ×{:.3}, requests {} vs {}",
             entry["ttft_ms"].as_f64().unwrap_or(f64::NAN),
             entry["baseline_requests"],
             entry["candidate_requests"]
@@ -541,6 +542,16 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
             ratio,
             1.0 / SLOWER,
             0.05,
+        );
+        // The exact mean TTFT shows the factor too, a little below it: the part of a 15 ms
+        // TTFT that the slowdown does not multiply (the sidecar, loopback, the simulator's own
+        // HTTP handling: ~0.5–1 ms, more on a loaded machine) is the same on both sides
+        // (×1.44–1.47 measured), hence 10 %. The median from buckets is coarser still (×1.83).
+        close(
+            &format!("compare {context} × {concurrency} mean TTFT"),
+            ttft_mean,
+            SLOWER,
+            0.10,
         );
     }
     assert!(with_evidence >= 2, "{comparison}");

@@ -13,7 +13,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use super::matrix::EXIT_GATE_FAILED;
 use crate::base::Source;
 use crate::fleet::compare::{compare, render_compare_json, render_compare_markdown};
-use crate::fleet::matrix::{fleet_matrix, FleetQuery};
+use crate::fleet::matrix::{fleet_matrix, mean_ttft_ms, FleetQuery};
 use crate::fleet::promql::PromClient;
 use crate::matrix::EvidenceRule;
 
@@ -248,7 +248,27 @@ async fn compare_command(args: &CompareArgs) -> anyhow::Result<ExitCode> {
     )
     .await
     .with_context(|| format!("candidate {}", args.candidate))?;
-    let result = compare(&baseline, &candidate, &args.baseline, &args.candidate);
+    let baseline_means = mean_ttft_ms(
+        &client,
+        &args.source.query(Some(args.baseline.clone()))?,
+        &baseline,
+        now,
+    )
+    .await?;
+    let candidate_means = mean_ttft_ms(
+        &client,
+        &args.source.query(Some(args.candidate.clone()))?,
+        &candidate,
+        now,
+    )
+    .await?;
+    let result = compare(
+        &baseline,
+        &candidate,
+        &args.baseline,
+        &args.candidate,
+        Some((&baseline_means, &candidate_means)),
+    );
     let text = match args.format {
         CompareFormat::Md => render_compare_markdown(&result),
         CompareFormat::Json => render_compare_json(&result),

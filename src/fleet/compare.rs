@@ -4,6 +4,8 @@
 //! only cells `Valid` on both sides get ratios, as in `matrix::diff`, which does the
 //! arithmetic). Pure: documents in, a comparison and its text out.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::matrix::diff::{self, format_ratio, DiffColumn, MatrixDiff};
@@ -34,7 +36,13 @@ pub struct CompareCell {
     pub ttft_ms: Option<f64>,
     pub tbt_ms: Option<f64>,
     pub ttft_p99_ms: Option<f64>,
+    /// Candidate ÷ baseline of the mean TTFT (exact from sums and counts, where the median
+    /// is as coarse as the histogram's buckets); absent when no means were given.
+    pub ttft_mean_ms: Option<f64>,
 }
+
+/// Mean TTFT per cell (context, concurrency), milliseconds.
+pub type CellMeans = BTreeMap<(u64, u32), f64>;
 
 /// Candidate against baseline.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -50,17 +58,20 @@ pub struct FleetComparison {
     pub total_tok_s: Option<f64>,
     pub ttft_ms: Option<f64>,
     pub tbt_ms: Option<f64>,
+    pub ttft_mean_ms: Option<f64>,
     /// The underlying matrix diff (baseline = A, candidate = B), for the HTML ratio grid.
     #[serde(skip)]
     pub diff: MatrixDiff,
 }
 
-/// Compares `candidate` with `baseline` (ratios candidate ÷ baseline).
+/// Compares `candidate` with `baseline` (ratios candidate ÷ baseline); `means` are each
+/// side's mean TTFT per cell, when known.
 pub fn compare(
     baseline: &MatrixDoc,
     candidate: &MatrixDoc,
     baseline_label: &str,
     candidate_label: &str,
+    means: Option<(&CellMeans, &CellMeans)>,
 ) -> FleetComparison {
     let mut result = diff::diff(baseline, candidate);
     result.a.label = baseline_label.to_owned();
@@ -92,9 +103,19 @@ pub fn compare(
                 ttft_ms: gate(cell.ratios.ttft_ms),
                 tbt_ms: gate(cell.ratios.tbt_ms),
                 ttft_p99_ms: gate(diff::ratio(p99(a), p99(b))),
+                ttft_mean_ms: gate(
+                    means
+                        .and_then(|(a, b)| diff::ratio(a.get(&key).copied(), b.get(&key).copied())),
+                ),
             }
         })
+        .collect::<Vec<CompareCell>>();
+    let mean_ttft: Vec<f64> = cells
+        .iter()
+        .filter_map(|c| c.ttft_mean_ms)
+        .filter(|r| r.is_finite() && *r > 0.0)
         .collect();
+    let ttft_mean_ms = diff::summarise(DiffColumn::TtftMs, &mean_ttft).geometric_mean;
     let mean = |column: DiffColumn| result.column_summary(column).and_then(|s| s.geometric_mean);
     FleetComparison {
         schema: COMPARE_SCHEMA.to_owned(),
@@ -110,6 +131,7 @@ pub fn compare(
         total_tok_s: mean(DiffColumn::TotalTokS),
         ttft_ms: mean(DiffColumn::TtftMs),
         tbt_ms: mean(DiffColumn::TbtMs),
+        ttft_mean_ms,
         diff: result,
     }
 }
@@ -146,18 +168,19 @@ pub fn render_compare_markdown(comparison: &FleetComparison) -> String {
         .filter(|c| c.enough_evidence)
         .count();
     out.push_str(&format!(
-        "Over {with_evidence} cells with enough traffic on both sides (geometric mean): per-request tok/s {}, Total tok/s {}, TTFT {}, TBT {}.\n\n",
+        "Over {with_evidence} cells with enough traffic on both sides (geometric mean): per-request tok/s {}, Total tok/s {}, TTFT {} (mean {}), TBT {}. Medians and p99 come from histogram buckets and are as coarse as they are; the mean TTFT is exact.\n\n",
         format_ratio(comparison.per_request_tok_s),
         format_ratio(comparison.total_tok_s),
         format_ratio(comparison.ttft_ms),
+        format_ratio(comparison.ttft_mean_ms),
         format_ratio(comparison.tbt_ms),
     ));
-    out.push_str("| Context | Concurrency | Baseline requests | Candidate requests | Per-request tok/s | Total tok/s | TTFT | TBT | TTFT p99 | |\n");
-    out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| Context | Concurrency | Baseline requests | Candidate requests | Per-request tok/s | Total tok/s | TTFT | TTFT mean | TBT | TTFT p99 | |\n");
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for cell in &comparison.cells {
         let mark = if cell.enough_evidence { "" } else { "too few" };
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {mark} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {mark} |\n",
             context_label(cell.context_tokens),
             cell.concurrency,
             side_text(cell.baseline_requests, cell.baseline_status.as_ref()),
@@ -165,6 +188,7 @@ pub fn render_compare_markdown(comparison: &FleetComparison) -> String {
             format_ratio(cell.per_request_tok_s),
             format_ratio(cell.total_tok_s),
             format_ratio(cell.ttft_ms),
+            format_ratio(cell.ttft_mean_ms),
             format_ratio(cell.tbt_ms),
             format_ratio(cell.ttft_p99_ms),
         ));
@@ -200,7 +224,15 @@ mod tests {
             (8192, 4, 50.0, 30, CellStatus::Valid),
             (16384, 1, 50.0, 30, CellStatus::Valid),
         ]);
-        let result = compare(&baseline, &candidate, "aaa", "bbb");
+        let means_a = CellMeans::from([((8192, 1), 10.0), ((8192, 4), 10.0)]);
+        let means_b = CellMeans::from([((8192, 1), 15.0), ((8192, 4), 15.0)]);
+        let result = compare(
+            &baseline,
+            &candidate,
+            "aaa",
+            "bbb",
+            Some((&means_a, &means_b)),
+        );
         assert_eq!(result.cells.len(), 3);
         let first = &result.cells[0];
         assert!(first.enough_evidence);
@@ -209,9 +241,12 @@ mod tests {
             (40, 30)
         );
         assert!((first.per_request_tok_s.unwrap() - 0.66).abs() < 1e-9);
+        assert_eq!(first.ttft_mean_ms, Some(1.5));
+        assert_eq!(result.ttft_mean_ms, Some(1.5));
         let second = &result.cells[1];
         assert!(!second.enough_evidence);
         assert_eq!(second.per_request_tok_s, None);
+        assert_eq!(second.ttft_mean_ms, None);
         assert_eq!(second.baseline_status, Some(CellStatus::LowEvidence));
         let third = &result.cells[2];
         assert!(!third.enough_evidence);

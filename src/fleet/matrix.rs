@@ -424,6 +424,45 @@ pub async fn fleet_matrix(
     Ok(doc)
 }
 
+/// Mean TTFT per cell in milliseconds (Σ TTFT ÷ requests, exact from the histogram's sum and
+/// count, unlike the bucket-interpolated median), for the cells of `doc` (a fleet matrix of
+/// `query`, whose served model it uses), over the same window at `now`.
+pub async fn mean_ttft_ms(
+    client: &PromClient,
+    query: &FleetQuery,
+    doc: &MatrixDoc,
+    now: SystemTime,
+) -> Result<BTreeMap<(u64, u32), f64>, FleetError> {
+    let selector = query.selector(doc.metadata.model.served_model.as_deref());
+    let range = query.range();
+    let text = format!(
+        "{} / {}",
+        increase_by(
+            CELL,
+            "tokentap_time_to_first_token_seconds_sum",
+            &selector,
+            "",
+            &range
+        ),
+        increase_by(
+            CELL,
+            "tokentap_time_to_first_token_seconds_count",
+            &selector,
+            "",
+            &range
+        )
+    );
+    let mut out = BTreeMap::new();
+    for ((context, concurrency), seconds) in by_cell(ask(client, &text, unix_seconds(now)).await?) {
+        if let (Ok(context_tokens), Ok(level)) =
+            (parse_context(&context), concurrency.parse::<u32>())
+        {
+            out.insert((context_tokens, level), seconds * 1000.0);
+        }
+    }
+    Ok(out)
+}
+
 /// The prefill rows by context: uncached prompt tokens per second of TTFT (exact from
 /// counters, as `context:tokentap_prefill_tokens_per_second:ratio_rate5m`) and the median TTFT.
 async fn prefill_rows(
