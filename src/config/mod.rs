@@ -299,6 +299,9 @@ pub struct FingerprintConfig {
     pub gpu_count: u32,
     pub node: String,
     pub zone: String,
+    /// How the server was started, when it does not say (vLLM has no launch command to
+    /// read); shown redacted, never hashed. sglang's own `launch_command` wins.
+    pub launch_command: String,
 }
 
 /// `[capacity]`: how live headroom is computed (docs/capacity.md).
@@ -774,6 +777,7 @@ impl Config {
             gpu_count: raw.fingerprint.gpu_count,
             node: raw.fingerprint.node.trim().to_owned(),
             zone: raw.fingerprint.zone.trim().to_owned(),
+            launch_command: raw.fingerprint.launch_command.trim().to_owned(),
         };
         if !fingerprint.interval.is_zero() && fingerprint.interval < Duration::from_secs(1) {
             return Err(err(

@@ -349,6 +349,7 @@ pub struct RawFingerprint {
     pub gpu_count: u32,
     pub node: String,
     pub zone: String,
+    pub launch_command: String,
 }
 
 impl Default for RawFingerprint {
@@ -359,6 +360,7 @@ impl Default for RawFingerprint {
             gpu_count: 0,
             node: String::new(),
             zone: String::new(),
+            launch_command: String::new(),
         }
     }
 }

