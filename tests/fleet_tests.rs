@@ -456,6 +456,14 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
             "{}",
             doc["metadata"]
         );
+        let facts = doc["metadata"]["extra_facts"].as_array().unwrap();
+        assert!(
+            facts.iter().any(|f| f["section"] == "Engine"
+                && f["key"] == "Fingerprint"
+                && f["value"] == fingerprint),
+            "{}",
+            doc["metadata"]
+        );
         let mut compared = 0;
         for concurrency in [1, 4] {
             let ours = cell(&doc, 8192, concurrency)

@@ -613,9 +613,10 @@ async fn metadata(
         (None, _) => Some(fingerprints.iter().copied().collect::<Vec<_>>().join(", ")),
     };
     if let Some(text) = fingerprint_text {
+        // The same fact a sidecar's own matrix and a sweep record their fingerprint in.
         metadata.extra_facts.push(Fact {
-            section: crate::matrix::facts::SECTION_ENGINE.to_owned(),
-            key: "Fingerprint".to_owned(),
+            section: crate::aggregate::config::FINGERPRINT_SECTION.to_owned(),
+            key: crate::aggregate::config::FINGERPRINT_KEY.to_owned(),
             value: text,
         });
     }
