@@ -413,7 +413,7 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
         }
         own
     };
-    let fleet = |window: &str, extra: &[&str]| {
+    let fleet_as = |format: &str, window: &str, extra: &[&str]| {
         let mut args: Vec<String> = [
             "fleet",
             "matrix",
@@ -424,7 +424,7 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
             "--min-requests",
             "5",
             "--format",
-            "json",
+            format,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -432,6 +432,7 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
         args.extend(extra.iter().map(|s| s.to_string()));
         tokentap(args)
     };
+    let fleet = |window: &str, extra: &[&str]| fleet_as("json", window, extra);
 
     // Each fingerprint's fleet matrix against its replicas' own matrices.
     let mut report = Vec::new();
@@ -496,6 +497,24 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
         }
         assert_eq!(compared, 2);
     }
+
+    // The other renderings take the same document: Markdown (which imports back to it) and
+    // the HTML report.
+    let md = fleet_as("md", "10m", &["--fingerprint", candidate]).await;
+    assert!(md.status.success(), "{md:?}");
+    let md = String::from_utf8(md.stdout).unwrap();
+    assert!(
+        md.contains("simulated-2") && md.contains(candidate) && md.contains("Replicas"),
+        "{md}"
+    );
+    let imported = tokentap::matrix::parse_any(&md).unwrap();
+    assert_eq!(
+        imported.metadata.engine.version.as_deref(),
+        Some("simulated-2")
+    );
+    let html = fleet_as("html", "10m", &["--fingerprint", candidate]).await;
+    assert!(html.status.success(), "{html:?}");
+    assert!(String::from_utf8_lossy(&html.stdout).contains("<html"));
 
     // The canary: candidate ÷ baseline per cell shows the factor.
     let output = tokentap(
