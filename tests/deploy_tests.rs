@@ -1521,8 +1521,8 @@ fn the_dashboards_read_at_a_glance() {
         }
     }
     assert_eq!(
-        ratio_grids, 2,
-        "production ÷ sweep and production ÷ reference"
+        ratio_grids, 3,
+        "production ÷ sweep, production ÷ reference and the canary's candidate ÷ baseline"
     );
     for tail in ["TTFT p90", "TTFT p99", "TBT p90", "TBT p99"] {
         assert!(tails.contains(tail), "a {tail} stat panel: {tails:?}");
@@ -2079,6 +2079,19 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
         model_values.iter().any(|s| s["metric"]["model"] == MODEL),
         "{model_values:?}"
     );
+    // The configuration fingerprints the sidecar labelled its series with (one sidecar here:
+    // the canary panels compare its configuration with itself).
+    let fingerprint_values = api
+        .instant("count by (fingerprint) (tokentap_requests_total)")
+        .await
+        .unwrap();
+    let fingerprint = fingerprint_values
+        .iter()
+        .find_map(|s| s["metric"]["fingerprint"].as_str())
+        .unwrap_or_else(|| {
+            panic!("no fingerprint label on tokentap_requests_total: {fingerprint_values:?}")
+        })
+        .to_string();
     let mut failures = Vec::new();
     let mut queries = 0;
     let mut key_panels_seen = BTreeSet::new();
@@ -2124,6 +2137,9 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
                     vec![variable["allValue"].as_str().unwrap().to_string()]
                 }
                 "query" if var == "model" => vec![MODEL.to_string()],
+                "query" if ["fingerprint", "baseline", "candidate"].contains(&var) => {
+                    vec![fingerprint.clone()]
+                }
                 "datasource" => continue,
                 other => panic!(
                     "{name}: variable {var} of type {other}: teach the test to substitute it"
@@ -2192,6 +2208,21 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
                             }
                             key_panels_seen.insert(format!("ratio grid {window}"));
                         }
+                        // The canary grid with one configuration on both sides: ×1.00.
+                        if title.starts_with("Per-request tok/s: candidate ÷ baseline")
+                            && values["min_requests"] == "5"
+                        {
+                            let window = &values["window"];
+                            let ratio = value_where(
+                                &result,
+                                &[("context", "   8K"), ("concurrency_bucket", "1")],
+                            );
+                            assert!(
+                                ratio.is_some_and(|r| (r - 1.0).abs() < 1e-9),
+                                "{title} with window {window}: (8K, 1) = {ratio:?} in {result:?}"
+                            );
+                            key_panels_seen.insert(format!("canary grid {window}"));
+                        }
                         if defaults && title == "TTFT p50 by context" {
                             let contexts: BTreeSet<&str> = result
                                 .iter()
@@ -2224,6 +2255,8 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
     assert_eq!(
         key_panels_seen,
         BTreeSet::from([
+            "canary grid 1h".to_string(),
+            "canary grid 5m".to_string(),
             "heat map 1h".to_string(),
             "heat map 5m".to_string(),
             "ratio grid 1h".to_string(),

@@ -13,6 +13,8 @@ mod deploy_tests;
 mod drift_tests;
 mod fault_tests;
 mod fidelity_tests;
+mod fingerprint_tests;
+mod fleet_tests;
 mod interference_tests;
 mod layers_tests;
 mod matrix_tests;

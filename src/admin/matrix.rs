@@ -2,6 +2,11 @@
 //! the production matrix over a window, or the latest synthetic one, in any rendering.
 //! `compare=reference` (json, md, html; `upstream=` to choose the reference's upstream) gives
 //! the production window ÷ the pinned reference per cell instead (`matrix::compare`).
+//! `fingerprint=current|all|ID` chooses which of the upstream's configurations the
+//! production matrix covers (default `current`: the one it runs now, plus requests from
+//! before it was first read); the document's metadata is filled from that configuration's
+//! facts. `compare=previous` gives the current configuration's cells ÷ the previous one's
+//! (`matrix::diff`).
 //!
 //! Also owns [`synthetic_matrix`]: the sweep engine's [`LatestMatrix`](crate::sweep::LatestMatrix) slot, else the store's
 //! latest finished sweep.
@@ -12,10 +17,13 @@ use std::time::SystemTime;
 
 use http::{header, Request, Response, StatusCode};
 
-use crate::aggregate::{Window, DEFAULT_WINDOW};
+use crate::aggregate::config::{apply_config, fingerprint_of, set_fingerprint};
+use crate::aggregate::{FingerprintFilter, Window, DEFAULT_WINDOW};
 use crate::base::Source;
 use crate::matrix::doc::{MatrixDoc, Metadata};
+use crate::meter::identity::{ConfigEntry, FingerprintId};
 use crate::proxy::body::ResponseBody;
+use crate::proxy::upstream::Upstream;
 
 use super::query::percent_decode;
 use super::{json_error, respond, AdminState};
@@ -40,17 +48,74 @@ pub async fn synthetic_matrix(
     Ok(row.and_then(|row| row.matrix).map(Arc::new))
 }
 
-/// The production matrix of `model` (or the busiest) over `window`; an empty document with a
-/// note when nothing ended in the window. `None` only when a named model had no traffic.
+/// The production matrix of `model` (or the busiest) over `window`, of the configuration the
+/// upstream runs now; an empty document with a note when nothing ended in the window. `None`
+/// only when a named model had no traffic.
 pub fn production_matrix(
     state: &AdminState,
     window: Window,
     model: Option<&str>,
 ) -> Option<MatrixDoc> {
+    production_matrix_of(state, window, model, FingerprintChoice::Current)
+}
+
+/// Which of an upstream's configurations a production matrix covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FingerprintChoice {
+    /// The one each upstream runs now (and requests from before it was first read).
+    #[default]
+    Current,
+    /// Every configuration together.
+    All,
+    /// This one.
+    Id(FingerprintId),
+}
+
+impl FingerprintChoice {
+    fn parse(text: &str) -> Option<Self> {
+        match text {
+            "current" | "" => Some(Self::Current),
+            "all" => Some(Self::All),
+            _ => FingerprintId::parse(text).map(Self::Id),
+        }
+    }
+}
+
+/// The upstream requests for `model` go to (the default one when no model is named).
+pub fn routed_upstream<'a>(state: &'a AdminState, model: Option<&str>) -> &'a Arc<Upstream> {
+    let router = &state.proxy.router;
+    model
+        .and_then(|m| router.by_model(m))
+        .unwrap_or_else(|| router.default_upstream())
+}
+
+/// As [`production_matrix`], of the configurations `choice` names; the metadata is filled
+/// from the configuration's facts and names the others the window holds.
+pub fn production_matrix_of(
+    state: &AdminState,
+    window: Window,
+    model: Option<&str>,
+    choice: FingerprintChoice,
+) -> Option<MatrixDoc> {
     let now = SystemTime::now();
-    match state.production.matrix(window, model, now) {
-        Some(doc) => Some(doc),
-        None if model.is_some() => None,
+    let registry = state.proxy.meter.identities();
+    let (filter, config): (FingerprintFilter, Option<ConfigEntry>) = match choice {
+        FingerprintChoice::All => (FingerprintFilter::All, None),
+        FingerprintChoice::Id(id) => (FingerprintFilter::Only(vec![id]), registry.config(id)),
+        FingerprintChoice::Current => {
+            let mut ids: Vec<FingerprintId> = registry.all().iter().map(|u| u.current()).collect();
+            ids.push(FingerprintId::UNKNOWN);
+            ids.sort();
+            ids.dedup();
+            (
+                FingerprintFilter::Only(ids),
+                routed_upstream(state, model).identity.current_config(),
+            )
+        }
+    };
+    let mut doc = match state.production.matrix_of(window, model, now, &filter) {
+        Some(doc) => doc,
+        None if model.is_some() => return None,
         None => {
             let mut metadata = Metadata::default();
             metadata.run.source = Some(Source::Production);
@@ -59,9 +124,46 @@ pub fn production_matrix(
                 "No production requests ended in the window ({}).",
                 window.label()
             ));
-            Some(MatrixDoc::new(metadata))
+            MatrixDoc::new(metadata)
+        }
+    };
+    match (&config, choice) {
+        (Some(config), _) => apply_config(&mut doc.metadata, config),
+        (None, FingerprintChoice::Id(id)) => set_fingerprint(&mut doc.metadata, id),
+        (None, _) => {}
+    }
+    let served = model
+        .map(str::to_owned)
+        .or_else(|| doc.metadata.model.served_model.clone());
+    if let Some(served) = served {
+        let present = state.production.fingerprints(window, &served, now);
+        let describe = |ids: &[(FingerprintId, u64)]| {
+            ids.iter()
+                .map(|(id, n)| format!("{id} ({n} requests)"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if choice == FingerprintChoice::All {
+            if !present.is_empty() {
+                doc.metadata.notes.push(format!(
+                    "Covers every configuration (fingerprint) of the upstream in the window: {}.",
+                    describe(&present)
+                ));
+            }
+        } else {
+            let others: Vec<(FingerprintId, u64)> = present
+                .into_iter()
+                .filter(|(id, _)| !filter.admits(*id))
+                .collect();
+            if !others.is_empty() {
+                doc.metadata.notes.push(format!(
+                    "Other configurations (fingerprints) in this window, not in this matrix: {} (ask with ?fingerprint=ID or fingerprint=all).",
+                    describe(&others)
+                ));
+            }
         }
     }
+    Some(doc)
 }
 
 /// Renderings `/matrix` offers.
@@ -134,6 +236,10 @@ pub struct MatrixQuery {
     pub compare_reference: bool,
     /// The upstream whose reference to compare with (default: where the model is routed).
     pub upstream: Option<String>,
+    /// `fingerprint=current|all|ID`: which configurations the production matrix covers.
+    pub fingerprint: FingerprintChoice,
+    /// `compare=previous`: the current configuration ÷ the previous one.
+    pub compare_previous: bool,
 }
 
 impl MatrixQuery {
@@ -146,6 +252,8 @@ impl MatrixQuery {
             model: None,
             compare_reference: false,
             upstream: None,
+            fingerprint: FingerprintChoice::Current,
+            compare_previous: false,
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -172,13 +280,19 @@ impl MatrixQuery {
                 }
                 "model" if !value.is_empty() => parsed.model = Some(value),
                 "upstream" if !value.is_empty() => parsed.upstream = Some(value),
-                "compare" => {
-                    if value != "reference" {
+                "compare" => match &*value {
+                    "reference" => parsed.compare_reference = true,
+                    "previous" => parsed.compare_previous = true,
+                    _ => {
                         return Err(format!(
-                            "compare `{value}`: the only comparison is compare=reference"
-                        ));
+                            "compare `{value}`: expected compare=reference or compare=previous"
+                        ))
                     }
-                    parsed.compare_reference = true;
+                },
+                "fingerprint" => {
+                    parsed.fingerprint = FingerprintChoice::parse(&value).ok_or_else(|| {
+                        format!("fingerprint `{value}`: expected current, all or a 12-hex-digit id")
+                    })?;
                 }
                 _ => {}
             }
@@ -191,7 +305,15 @@ impl MatrixQuery {
 pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
     let query = match MatrixQuery::parse(
         request.uri().query(),
-        &["source", "window", "format", "model", "compare", "upstream"],
+        &[
+            "source",
+            "window",
+            "format",
+            "model",
+            "compare",
+            "upstream",
+            "fingerprint",
+        ],
     ) {
         Ok(query) => query,
         Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
@@ -214,9 +336,23 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         }
         return compare_reference(state, &query, format);
     }
+    if query.compare_previous {
+        if query.source == Source::Synthetic {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "compare=previous compares the production matrix; leave out source=synthetic",
+            );
+        }
+        return compare_previous(state, &query, format);
+    }
     let doc = match query.source {
         Source::Production => {
-            match production_matrix(state, query.window, query.model.as_deref()) {
+            match production_matrix_of(
+                state,
+                query.window,
+                query.model.as_deref(),
+                query.fingerprint,
+            ) {
                 Some(doc) => Arc::new(doc),
                 None => {
                     return json_error(
@@ -271,6 +407,7 @@ pub fn production_compare(
             ),
         )
     })?;
+    let named_model = model;
     let Some(model) = model
         .map(str::to_owned)
         .or_else(|| production.metadata.model.served_model.clone())
@@ -291,12 +428,118 @@ pub fn production_compare(
             format!("no reference is pinned for upstream `{upstream}` and model `{model}`: pin one with `tokentap reference pin` (PUT /reference)"),
         )
     })?;
-    Ok(crate::matrix::compare::compare(
+    // A reference pinned on one configuration is compared with that configuration's
+    // production only; the comparison says so when the upstream runs another one now.
+    let mut label = String::from("production");
+    let production = match fingerprint_of(&reference.matrix.metadata) {
+        None => production,
+        Some(pinned) => {
+            let now = state
+                .proxy
+                .meter
+                .identities()
+                .get(&upstream)
+                .map(|u| u.current());
+            let doc = production_matrix_of(state, window, named_model.or(Some(&model)), FingerprintChoice::Id(pinned))
+                .ok_or_else(|| {
+                    (
+                        StatusCode::NOT_FOUND,
+                        format!(
+                            "the reference was pinned on configuration {pinned}; no production request of model `{model}` on that configuration ended in the window ({}){}",
+                            window.label(),
+                            now.filter(|n| *n != pinned)
+                                .map(|n| format!(": upstream `{upstream}` runs configuration {n} now (its fingerprint differs)"))
+                                .unwrap_or_default()
+                        ),
+                    )
+                })?;
+            label = match now.filter(|n| *n != pinned) {
+                Some(now) => format!("production on configuration {pinned}, the reference's (the upstream runs {now} now: its fingerprint differs)"),
+                None => format!("production on configuration {pinned}, the reference's"),
+            };
+            doc
+        }
+    };
+    let mut compared = crate::matrix::compare::compare(
         &production,
         &reference.matrix,
         crate::aggregate::drift::reference_info(&reference),
         &state.drift.settings.evidence,
-    ))
+    );
+    if compared.production.label.is_empty() {
+        compared.production.label = label;
+    }
+    Ok(compared)
+}
+
+/// `compare=previous`: the routed upstream's current configuration's production cells ÷ its
+/// previous configuration's, over the window.
+fn compare_previous(
+    state: &AdminState,
+    query: &MatrixQuery,
+    format: Format,
+) -> Response<ResponseBody> {
+    let model = query.model.as_deref();
+    let upstream = routed_upstream(state, model);
+    let Some(current) = upstream.identity.current_config() else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "upstream `{}` has no known configuration now ({}): nothing to compare",
+                upstream.name,
+                upstream.identity.current()
+            ),
+        );
+    };
+    let Some(previous) = upstream.identity.previous_config() else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "upstream `{}` has run one configuration ({}) since tokentap started: there is no previous one to compare with",
+                upstream.name, current.id
+            ),
+        );
+    };
+    let side = |entry: &ConfigEntry| {
+        production_matrix_of(state, query.window, model, FingerprintChoice::Id(entry.id))
+            .filter(|doc| !doc.decode.is_empty() || !doc.prefill.is_empty())
+    };
+    let (Some(before), Some(after)) = (side(&previous), side(&current)) else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "no production requests of both configurations (previous {}, current {}) ended in the window ({}): widen it with window=24h",
+                previous.id,
+                current.id,
+                query.window.label()
+            ),
+        );
+    };
+    let mut diff = crate::matrix::diff::diff(&before, &after);
+    diff.a.label = format!(
+        "previous configuration {} ({} {})",
+        previous.id,
+        previous.engine(),
+        previous.version()
+    );
+    diff.b.label = format!(
+        "current configuration {} ({} {})",
+        current.id,
+        current.engine(),
+        current.version()
+    );
+    let text = match format {
+        Format::Json => crate::matrix::diff::render_diff_json(&diff),
+        Format::Markdown => crate::matrix::diff::render_diff_markdown(&diff),
+        Format::Html => crate::matrix::html::render_diff_html(&diff),
+        Format::Csv | Format::Svg => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "compare=previous renders as json, md or html",
+            )
+        }
+    };
+    respond(StatusCode::OK, format.content_type(), text)
 }
 
 fn compare_reference(

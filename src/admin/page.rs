@@ -5,6 +5,9 @@
 //! in the DOM without JavaScript. Query: `window=` (1m … 24h, `all`) and `model=`. Below the
 //! grids: the drift grid (production ÷ the reference pinned for the model,
 //! when one is) and the production "All measurements" table (prefill rows included).
+//! Under the header: each upstream's configuration (fingerprint, engine, version) and, when it
+//! changed since start, a marker with the time and the field-by-field difference of the facts
+//! (`config_fragment`).
 //!
 //! Builds only markup around `matrix::html` fragments; figures come from `admin::matrix`.
 
@@ -69,6 +72,7 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         query.model.as_deref(),
         SystemTime::now(),
     );
+    let html = with_after_header(html, &config_fragment(state));
     let html = match super::session::session_of(state, request) {
         Some(session) => with_controls(html, &super::session::page_controls(state, &session)),
         None => html,
@@ -243,6 +247,84 @@ fn headroom_fragment(answer: &CapacityAnswer) -> String {
 
 /// The page with a logged-in browser's controls (`session::page_controls`) at the top of its
 /// body.
+/// `fragment` right after the page's header section.
+fn with_after_header(html: String, fragment: &str) -> String {
+    const HEADER_END: &str = "</p></section>";
+    match html.find(HEADER_END) {
+        Some(at) => {
+            let at = at + HEADER_END.len();
+            let mut out = String::with_capacity(html.len() + fragment.len());
+            out.push_str(&html[..at]);
+            out.push_str(fragment);
+            out.push_str(&html[at..]);
+            out
+        }
+        None => html,
+    }
+}
+
+/// Each upstream's configuration and its change markers (newest first): when, from which
+/// fingerprint to which, and what changed, field by field.
+fn config_fragment(state: &AdminState) -> String {
+    use crate::upstream_identity::facts::diff;
+    let mut out = String::from("<section id=\"configuration\"><h2>Configuration</h2>");
+    for upstream in state.proxy.meter.identities().all() {
+        let current = upstream.current();
+        let configs = upstream.configs();
+        let _ = write!(
+            out,
+            "<p class=\"note\">Upstream <code>{}</code>: fingerprint <code class=\"fingerprint\">{}</code>",
+            escape(&upstream.upstream),
+            escape(&current.to_string())
+        );
+        if let Some(entry) = configs.iter().find(|c| c.id == current) {
+            let _ = write!(
+                out,
+                " · {} {} · since {}",
+                escape(entry.engine()),
+                escape(entry.version()),
+                escape(&format_rfc3339(entry.since))
+            );
+        }
+        if upstream.is_flapping() {
+            out.push_str(" · <strong>flapping</strong>: the configuration changes more than 6 times an hour; no new fingerprint is minted until it settles");
+        }
+        out.push_str("</p>");
+        for entry in configs.iter().rev() {
+            let Some(previous) = entry
+                .previous
+                .and_then(|p| configs.iter().find(|c| c.id == p))
+            else {
+                continue;
+            };
+            let _ = write!(
+                out,
+                "<div class=\"config-change\" data-fingerprint=\"{id}\" data-previous=\"{prev}\"><p><strong>Configuration changed</strong> at {at}: <code>{prev}</code> → <code>{id}</code> (<a href=\"/matrix?compare=previous&amp;format=html\">current ÷ previous</a>)</p><table class=\"measurements\"><thead><tr><th>Fact</th><th>Before</th><th>After</th></tr></thead><tbody>",
+                id = escape(&entry.id.to_string()),
+                prev = escape(&previous.id.to_string()),
+                at = escape(&format_rfc3339(entry.since)),
+            );
+            for change in diff(&previous.facts, &entry.facts) {
+                let _ = write!(
+                    out,
+                    "<tr><td>{}{}</td><td>{}</td><td>{}</td></tr>",
+                    escape(&change.key),
+                    if change.hashed {
+                        ""
+                    } else {
+                        " (not in the fingerprint)"
+                    },
+                    escape(change.before.as_deref().unwrap_or("(absent)")),
+                    escape(change.after.as_deref().unwrap_or("(absent)")),
+                );
+            }
+            out.push_str("</tbody></table></div>");
+        }
+    }
+    out.push_str("</section>");
+    out
+}
+
 fn with_controls(html: String, controls: &str) -> String {
     match html.find("<body>\n") {
         Some(at) => {

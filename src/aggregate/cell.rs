@@ -816,6 +816,7 @@ pub(crate) mod test_records {
             model: Arc::from("m"),
             upstream: Arc::from("default"),
             tag: None,
+            fingerprint: crate::meter::identity::FingerprintId::UNKNOWN,
             outcome,
             status: 200,
             streaming: true,

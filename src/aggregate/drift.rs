@@ -81,7 +81,8 @@ pub fn reference_info(reference: &Reference) -> ReferenceInfo {
 }
 
 /// The production window of the reference's model against the reference; `None` when no
-/// production request of that model ended in the window.
+/// production request of that model (on the reference's configuration, when it names one)
+/// ended in the window.
 pub fn compare_production(
     production: &ProductionMatrix,
     reference: &Reference,
@@ -89,7 +90,13 @@ pub fn compare_production(
     evidence: &crate::matrix::EvidenceRule,
     now: SystemTime,
 ) -> Option<MatrixCompare> {
-    let doc = production.matrix(window, Some(&reference.model), now)?;
+    // A reference pinned on one configuration (its `Fingerprint` fact) is compared with that
+    // configuration's production only.
+    let filter = match super::config::fingerprint_of(&reference.matrix.metadata) {
+        Some(id) => super::FingerprintFilter::Only(vec![id]),
+        None => super::FingerprintFilter::All,
+    };
+    let doc = production.matrix_of(window, Some(&reference.model), now, &filter)?;
     Some(compare(
         &doc,
         &reference.matrix,

@@ -15,6 +15,7 @@
 //! matrix module does) and never touches the network.
 
 pub mod cell;
+pub mod config;
 pub mod drift;
 pub mod headroom;
 pub mod sketch;
@@ -23,4 +24,6 @@ pub mod window;
 
 pub use cell::{CellAccumulator, Fragment, MatrixAccumulator, PrefillAccumulator};
 pub use sketch::QuantileSketch;
-pub use window::{ProductionMatrix, Window, WindowError, WindowMatrix, DEFAULT_WINDOW};
+pub use window::{
+    FingerprintFilter, ProductionMatrix, Window, WindowError, WindowMatrix, DEFAULT_WINDOW,
+};

@@ -18,6 +18,7 @@ use crate::base::Source;
 use crate::matrix::doc::{MatrixDoc, Metadata};
 use crate::matrix::evidence::EvidenceRule;
 use crate::meter::buckets::Ladder;
+use crate::meter::identity::FingerprintId;
 use crate::meter::record::RequestRecord;
 use crate::meter::RecordSink;
 
@@ -93,7 +94,32 @@ impl Window {
     }
 }
 
-type ByModel = HashMap<Arc<str>, MatrixAccumulator>;
+/// Accumulators by (model, the upstream's configuration): two configurations never share one.
+type ByModel = HashMap<(Arc<str>, FingerprintId), MatrixAccumulator>;
+
+/// Configurations kept per model in the since-start accumulators; past it the one first seen
+/// longest ago goes (the time slices expire by themselves).
+pub const MAX_FINGERPRINTS_PER_MODEL: usize = 8;
+
+/// Which configurations a matrix covers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum FingerprintFilter {
+    /// Every record, whatever configuration served it (what the matrix was before
+    /// fingerprints).
+    #[default]
+    All,
+    /// Only records served by one of these.
+    Only(Vec<FingerprintId>),
+}
+
+impl FingerprintFilter {
+    pub fn admits(&self, id: FingerprintId) -> bool {
+        match self {
+            Self::All => true,
+            Self::Only(ids) => ids.contains(&id),
+        }
+    }
+}
 
 #[derive(Debug)]
 struct Slice {
@@ -149,6 +175,8 @@ struct Slices {
     minutes: Ring,
     hours: Ring,
     all: ByModel,
+    /// The keys of `all`, first seen first (for [`MAX_FINGERPRINTS_PER_MODEL`]).
+    all_order: VecDeque<(Arc<str>, FingerprintId)>,
 }
 
 /// One model's matrix over a window, with the window's bounds.
@@ -208,6 +236,7 @@ impl ProductionMatrix {
                 minutes: Ring::new(MINUTE, MINUTE_SLICES),
                 hours: Ring::new(HOUR, HOUR_SLICES),
                 all: ByModel::new(),
+                all_order: VecDeque::new(),
             }),
         })
     }
@@ -240,39 +269,73 @@ impl ProductionMatrix {
         let mut single = MatrixAccumulator::default();
         single.add_record(record, &self.concurrency);
         let at = unix_seconds(ended).max(0.0) as u64;
+        let key = (Arc::clone(&record.model), record.fingerprint);
         let mut slices = lock::lock(&self.slices);
         let Slices {
             minutes,
             hours,
             all,
+            all_order,
         } = &mut *slices;
+        if !all.contains_key(&key) {
+            let same_model = all_order.iter().filter(|(m, _)| *m == key.0).count();
+            if same_model >= MAX_FINGERPRINTS_PER_MODEL {
+                if let Some(oldest) = all_order.iter().position(|(m, _)| *m == key.0) {
+                    if let Some(gone) = all_order.remove(oldest) {
+                        all.remove(&gone);
+                    }
+                }
+            }
+            all_order.push_back(key.clone());
+        }
         for models in [minutes.slice_at(at), hours.slice_at(at), Some(all)]
             .into_iter()
             .flatten()
         {
-            models
-                .entry(Arc::clone(&record.model))
-                .or_default()
-                .merge(&single);
+            models.entry(key.clone()).or_default().merge(&single);
         }
     }
 
-    /// Every model's accumulated figures over `window` ending at `now`.
-    pub fn window(&self, window: Window, now: SystemTime) -> Vec<WindowMatrix> {
-        let slices = lock::lock(&self.slices);
-        let mut merged = ByModel::new();
-        let mut add = |models: &ByModel| {
-            for (model, accumulator) in models {
-                merged
-                    .entry(Arc::clone(model))
-                    .or_default()
-                    .merge(accumulator);
+    /// The configurations whose records of `model` ended in `window`, with their request
+    /// counts, busiest first.
+    pub fn fingerprints(
+        &self,
+        window: Window,
+        model: &str,
+        now: SystemTime,
+    ) -> Vec<(FingerprintId, u64)> {
+        let mut counts: HashMap<FingerprintId, u64> = HashMap::new();
+        self.each_slice(window, now, |models| {
+            for ((m, id), accumulator) in models {
+                if &**m == model {
+                    *counts.entry(*id).or_default() += accumulator.requests;
+                }
             }
-        };
+        });
+        let mut out: Vec<(FingerprintId, u64)> = counts.into_iter().collect();
+        out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        out
+    }
+
+    /// Every model's accumulated figures over `window` ending at `now`, every configuration
+    /// together.
+    pub fn window(&self, window: Window, now: SystemTime) -> Vec<WindowMatrix> {
+        self.window_of(window, now, &FingerprintFilter::All)
+    }
+
+    /// Calls `each` with every slice (or the since-start accumulators) `window` ending at
+    /// `now` covers; returns when the window starts.
+    fn each_slice(
+        &self,
+        window: Window,
+        now: SystemTime,
+        mut each: impl FnMut(&ByModel),
+    ) -> SystemTime {
+        let slices = lock::lock(&self.slices);
         let now_s = unix_seconds(now).max(0.0) as u64;
-        let from = match window {
+        match window {
             Window::All => {
-                add(&slices.all);
+                each(&slices.all);
                 self.started_at
             }
             Window::Last(length) => {
@@ -280,7 +343,7 @@ impl ProductionMatrix {
                 if length.as_secs() <= HOUR {
                     for slice in &slices.minutes.slices {
                         if slice.start + MINUTE > from_s && slice.start <= now_s {
-                            add(&slice.models);
+                            each(&slice.models);
                         }
                     }
                 } else {
@@ -289,12 +352,12 @@ impl ProductionMatrix {
                     let cut = now_s.saturating_sub(HOUR) / HOUR * HOUR;
                     for slice in &slices.minutes.slices {
                         if slice.start >= cut && slice.start <= now_s {
-                            add(&slice.models);
+                            each(&slice.models);
                         }
                     }
                     for slice in &slices.hours.slices {
                         if slice.start < cut && slice.start + HOUR > from_s {
-                            add(&slice.models);
+                            each(&slice.models);
                         }
                     }
                 }
@@ -303,8 +366,28 @@ impl ProductionMatrix {
                     .unwrap_or(self.started_at)
                     .max(self.started_at)
             }
-        };
-        drop(slices);
+        }
+    }
+
+    /// Every model's figures over `window` ending at `now`, of the configurations `filter`
+    /// admits.
+    pub fn window_of(
+        &self,
+        window: Window,
+        now: SystemTime,
+        filter: &FingerprintFilter,
+    ) -> Vec<WindowMatrix> {
+        let mut merged: HashMap<Arc<str>, MatrixAccumulator> = HashMap::new();
+        let from = self.each_slice(window, now, |models| {
+            for ((model, id), accumulator) in models {
+                if filter.admits(*id) {
+                    merged
+                        .entry(Arc::clone(model))
+                        .or_default()
+                        .merge(accumulator);
+                }
+            }
+        });
         let mut out: Vec<WindowMatrix> = merged
             .into_iter()
             .map(|(model, accumulator)| WindowMatrix {
@@ -333,7 +416,18 @@ impl ProductionMatrix {
         model: Option<&str>,
         now: SystemTime,
     ) -> Option<MatrixDoc> {
-        let all = self.window(window, now);
+        self.matrix_of(window, model, now, &FingerprintFilter::All)
+    }
+
+    /// As [`ProductionMatrix::matrix`], of the configurations `filter` admits.
+    pub fn matrix_of(
+        &self,
+        window: Window,
+        model: Option<&str>,
+        now: SystemTime,
+        filter: &FingerprintFilter,
+    ) -> Option<MatrixDoc> {
+        let all = self.window_of(window, now, filter);
         let chosen = match model {
             Some(name) => all.iter().find(|w| &*w.model == name)?,
             None => all.first()?,

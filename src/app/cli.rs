@@ -84,6 +84,8 @@ pub enum Command {
     /// Examples:
     ///   tokentap sweep --target http://127.0.0.1:30000 --contexts 8K,32K --cell-duration 10s
     ///   tokentap sweep --admin http://127.0.0.1:9464 --token "$TOKEN"
+    ///   tokentap sweep --admin http://10.0.0.11:9464,http://10.0.0.12:9464 --token "$TOKEN"
+    ///     (a fleet: one replica at a time, then the spread per cell; docs/fleet.md)
     #[command(verbatim_doc_comment)]
     Sweep(super::sweep::SweepArgs),
     /// Start here: simulator + proxy + a short sweep + ordinary traffic, then both matrices.
@@ -110,6 +112,9 @@ pub enum Command {
     ///   tokentap reference clear --model nvidia/GLM-5.3-Flash-NVFP4 --token "$TOKEN"
     #[command(verbatim_doc_comment)]
     Reference(super::reference::ReferenceArgs),
+    /// Read the fleet's matrix back from Prometheus, Thanos or Mimir (per configuration
+    /// fingerprint) and compare a canary with its baseline on live traffic (docs/fleet.md).
+    Fleet(super::fleet::FleetArgs),
     /// Export the captured production workload, or convert a public trace (Azure CSV,
     /// Mooncake JSONL) to tokentap's trace format (docs/workload.md).
     Workload(super::workload::WorkloadArgs),
@@ -174,6 +179,7 @@ pub fn main() -> ExitCode {
             Command::Demo(args) => super::demo::run(args).await,
             Command::Reference(args) => super::reference::run(args).await,
             Command::Workload(args) => super::workload::run(args).await,
+            Command::Fleet(args) => super::fleet::run(args).await,
             Command::Replay(args) => super::replay::run(args, super::serve::build_proxy).await,
             Command::Completions(_) => Ok(ExitCode::SUCCESS),
         }

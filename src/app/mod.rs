@@ -8,6 +8,7 @@
 //! - [`sweep`]: `tokentap sweep`.
 //! - [`simulate`]: `tokentap simulate`.
 //! - [`matrix`]: `tokentap matrix`.
+//! - [`fleet`]: `tokentap fleet matrix|compare` (the fleet read back from PromQL).
 //! - [`demo`]: `tokentap demo`.
 //! - [`drift`]: the drift refresher (production against pinned references → the drift gauges).
 //! - [`reference`](mod@reference): `tokentap reference` (pin, show, clear the drift reference through the admin API).
@@ -18,6 +19,7 @@
 pub mod cli;
 pub mod demo;
 pub mod drift;
+pub mod fleet;
 pub mod matrix;
 pub mod output;
 pub mod reference;

@@ -349,6 +349,8 @@ impl ProxyServer {
             );
         }
         metrics.watch_server_state(&proxy.meter);
+        metrics.watch_identities(&proxy.meter);
+        crate::upstream_identity::spawn(&proxy, &config.fingerprint, store.clone());
         crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
         crate::proxy::served_model::spawn(&proxy);
         crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
@@ -533,6 +535,9 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         config.metering.contexts.clone(),
         config.metering.concurrency.clone(),
     );
+    for upstream in router.all() {
+        meter.identities().add(Arc::clone(&upstream.identity));
+    }
     Ok(Arc::new(Proxy {
         router,
         meter,

@@ -60,6 +60,19 @@ pub struct SimulateArgs {
     /// does not answer internal-state requests. Default: answer.
     #[arg(long)]
     pub hang_server_info: bool,
+    /// Present this engine version in /server_info and /version instead of the profile's
+    /// (another release of the same deployment, for fingerprint tests). Default: the
+    /// profile's `labels.engine_version`.
+    #[arg(long, value_name = "VERSION")]
+    pub engine_version: Option<String>,
+    /// Add or replace a server argument in /server_info, as KEY=VALUE (VALUE is JSON, else a
+    /// string); repeatable: another configuration of the same profile, for fingerprint tests.
+    #[arg(long = "server-arg", value_name = "KEY=VALUE", value_parser = parse_server_arg)]
+    pub server_args: Vec<(String, String)>,
+    /// Be this many times slower than the profile: every prefill and decode time multiplied
+    /// (1.5: 1.5 times slower). Not visible in any answer. Default: 1.
+    #[arg(long, value_name = "FACTOR", default_value_t = 1.0, value_parser = parse_slowdown)]
+    pub slowdown: f64,
     /// Override the profile's KV capacity in tokens (max_total_num_tokens). Default: the
     /// profile's `capacity.kv_tokens`.
     #[arg(long, value_name = "TOKENS")]
@@ -147,6 +160,9 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         vocab_size: args.vocab_size,
         stream_response_default_include_usage: args.stream_response_default_include_usage,
         hang_server_info: args.hang_server_info,
+        engine_version: args.engine_version.clone(),
+        server_args: args.server_args.clone(),
+        slowdown: args.slowdown,
     };
     if let Some(streams) = args.measure_lag {
         let report = lag::measure(
@@ -178,4 +194,22 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     })
     .await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--server-arg KEY=VALUE`.
+fn parse_server_arg(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_owned(), value.to_owned()))
+        }
+        _ => Err(format!("`{text}` is not KEY=VALUE")),
+    }
+}
+
+/// `--slowdown FACTOR`: a finite number above 0.
+fn parse_slowdown(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(factor) if factor.is_finite() && factor > 0.0 => Ok(factor),
+        _ => Err(format!("`{text}` is not a factor above 0")),
+    }
 }

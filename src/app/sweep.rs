@@ -39,7 +39,9 @@ pub struct SweepArgs {
     pub target: Option<String>,
     /// Start the sweep on a running `tokentap serve` through its admin API (e.g.
     /// http://127.0.0.1:9464) and follow it; production traffic keeps flowing and the
-    /// proxy's production guard applies.
+    /// proxy's production guard applies. Several URLs, comma-separated, sweep a fleet: the
+    /// replicas one at a time, each through its own sidecar (and its own guard), then each
+    /// replica's matrix and the spread per cell (min, median, max ÷ median) are printed.
     #[arg(long, value_name = "URL")]
     pub admin: Option<String>,
     /// Bearer token of the admin API (that proxy's admin.token). Default: the
@@ -173,11 +175,147 @@ impl SweepArgs {
 
 /// `tokentap sweep`.
 pub async fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
-    let status = match &args.admin {
+    let admins = args.admin.as_deref().map(admin_urls).unwrap_or_default();
+    if admins.len() > 1 {
+        return run_fleet(&args, &admins).await;
+    }
+    let status = match admins.first() {
         Some(admin) => run_remote(&args, admin).await?,
         None => run_local(&args).await?,
     };
     finish(&args, &status)
+}
+
+/// The admin URLs of `--admin` (comma-separated, blanks dropped).
+pub fn admin_urls(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `tokentap sweep --admin URL1,URL2,…`: the replicas one at a time through their own
+/// sidecars, then each replica's matrix and the spread per cell. Ctrl-C cancels the running
+/// replica's sweep and sweeps no further replica. Exit code 0 when every replica finished with
+/// a measurement, 130 when cancelled, 1 otherwise.
+async fn run_fleet(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCode> {
+    use crate::fleet::spread::{fleet_spread, render_spread_json, render_spread_markdown};
+    if args.follow.is_some() {
+        bail!("--follow follows one sweep: give one --admin URL with it");
+    }
+    let mut replicas: Vec<(String, SweepStatus)> = Vec::new();
+    let mut failures = Vec::new();
+    let mut cancelled = false;
+    for (i, admin) in admins.iter().enumerate() {
+        if !args.quiet {
+            eprintln!(
+                "tokentap sweep: replica {} of {}: {}",
+                i + 1,
+                admins.len(),
+                crate::net::redact::redact_url(admin)
+            );
+        }
+        match run_remote(args, admin).await {
+            Ok(status) => {
+                let state = status.state;
+                replicas.push((admin.clone(), status));
+                if state == SweepState::Cancelled {
+                    cancelled = true;
+                    break;
+                }
+            }
+            Err(error) => failures.push(format!(
+                "{}: {error:#}",
+                crate::net::redact::redact_url(admin)
+            )),
+        }
+    }
+    let docs: Vec<(String, MatrixDoc)> = replicas
+        .iter()
+        .filter_map(|(admin, status)| {
+            Some((
+                crate::net::redact::redact_url(admin),
+                status.matrix.clone()?,
+            ))
+        })
+        .collect();
+    let spread = fleet_spread(&docs);
+    let dir = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from(format!(
+            "tokentap-fleet-sweep-{}",
+            replicas.first().map_or("none", |(_, s)| s.id.as_str())
+        ))
+    });
+    let mut written = Vec::new();
+    for (i, (_, status)) in replicas.iter().enumerate() {
+        if let Some(matrix) = &status.matrix {
+            written.extend(write_matrix(&dir, &format!("replica-{}", i + 1), matrix)?);
+        }
+    }
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+    for (name, text) in [
+        ("spread.json", render_spread_json(&spread)),
+        ("spread.md", render_spread_markdown(&spread)),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
+        written.push(path.display().to_string());
+    }
+    if args.format.resolve() == OutputFormat::Json {
+        let replicas_json: Vec<serde_json::Value> = replicas
+            .iter()
+            .map(|(admin, status)| {
+                serde_json::json!({
+                    "admin": crate::net::redact::redact_url(admin),
+                    "sweep_id": status.id,
+                    "state": status.state.as_str(),
+                    "matrix": status.matrix,
+                })
+            })
+            .collect();
+        let out = serde_json::json!({
+            "schema": "tokentap.fleet-sweep/v1",
+            "replicas": replicas_json,
+            "failures": failures,
+            "spread": spread,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for (i, (admin, status)) in replicas.iter().enumerate() {
+            println!(
+                "## Replica R{}: {} (sweep {}, {})\n",
+                i + 1,
+                crate::net::redact::redact_url(admin),
+                status.id,
+                status.state.as_str()
+            );
+            if let Some(matrix) = &status.matrix {
+                println!("{}", crate::matrix::render_markdown(matrix));
+            }
+        }
+        print!("{}", render_spread_markdown(&spread));
+    }
+    eprintln!("tokentap sweep: {}", written.join(", "));
+    for failure in &failures {
+        eprintln!("tokentap sweep: {failure}");
+    }
+    let all_measured = replicas.len() == admins.len()
+        && replicas.iter().all(|(_, status)| {
+            status.state == SweepState::Finished
+                && status.matrix.as_ref().is_some_and(|m| {
+                    m.prefill.iter().any(|r| r.status.is_valid())
+                        || m.decode.iter().any(|c| c.status.is_valid())
+                })
+        });
+    Ok(if cancelled {
+        ExitCode::from(EXIT_CANCELLED)
+    } else if all_measured {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// Prints the matrix and writes the files; the exit code says how the sweep ended (0 finished

@@ -283,6 +283,25 @@ pub struct Config {
     /// `[capacity]`: live headroom (`aggregate::headroom`).
     pub capacity: CapacityConfig,
     pub workload: WorkloadConfig,
+    /// `[fingerprint]`: each upstream's configuration, read in the background.
+    pub fingerprint: FingerprintConfig,
+}
+
+/// `[fingerprint]`: how each upstream's configuration is read (docs/fleet.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FingerprintConfig {
+    /// How often each upstream is asked what it is (0: never; the label stays `unknown`).
+    pub interval: Duration,
+    /// Operator-given facts (empty: not given). `hardware` and `gpu_count` enter the
+    /// fingerprint; `node` and `zone` are shown only (replicas of one configuration on other
+    /// nodes share a fingerprint).
+    pub hardware: String,
+    pub gpu_count: u32,
+    pub node: String,
+    pub zone: String,
+    /// How the server was started, when it does not say (vLLM has no launch command to
+    /// read); shown redacted, never hashed. sglang's own `launch_command` wins.
+    pub launch_command: String,
 }
 
 /// `[capacity]`: how live headroom is computed (docs/capacity.md).
@@ -759,7 +778,23 @@ impl Config {
             ));
         }
 
+        let fingerprint = FingerprintConfig {
+            interval: duration("fingerprint.interval", &raw.fingerprint.interval)?,
+            hardware: raw.fingerprint.hardware.trim().to_owned(),
+            gpu_count: raw.fingerprint.gpu_count,
+            node: raw.fingerprint.node.trim().to_owned(),
+            zone: raw.fingerprint.zone.trim().to_owned(),
+            launch_command: raw.fingerprint.launch_command.trim().to_owned(),
+        };
+        if !fingerprint.interval.is_zero() && fingerprint.interval < Duration::from_secs(1) {
+            return Err(err(
+                "fingerprint.interval",
+                "must be 0 (off) or at least 1s".into(),
+            ));
+        }
+
         Ok(Config {
+            fingerprint,
             proxy,
             upstreams,
             admin,

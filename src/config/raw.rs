@@ -37,6 +37,7 @@ pub struct RawConfig {
     pub evidence: RawEvidence,
     pub capacity: RawCapacity,
     pub workload: RawWorkload,
+    pub fingerprint: RawFingerprint,
 }
 
 #[derive(Debug, Deserialize)]
@@ -337,6 +338,33 @@ impl Default for RawCapacity {
             window: "5m".into(),
             basis: "median".into(),
             attainment: 0.95,
+        }
+    }
+}
+
+/// `[fingerprint]`: how often each upstream is asked what it is, and what the operator knows
+/// of its hardware that a sidecar cannot see.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawFingerprint {
+    #[serde(deserialize_with = "duration_text")]
+    pub interval: String,
+    pub hardware: String,
+    pub gpu_count: u32,
+    pub node: String,
+    pub zone: String,
+    pub launch_command: String,
+}
+
+impl Default for RawFingerprint {
+    fn default() -> Self {
+        Self {
+            interval: "60s".into(),
+            hardware: String::new(),
+            gpu_count: 0,
+            node: String::new(),
+            zone: String::new(),
+            launch_command: String::new(),
         }
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod bounds;
 pub mod buckets;
+pub mod identity;
 pub mod inflight;
 pub mod record;
 pub mod server_state;
@@ -67,6 +68,8 @@ pub struct Meter {
     inflight: InflightRegistry,
     /// The upstreams' own state as scraped from their `/metrics` (empty when not scraped).
     server_state: ServerStateRegistry,
+    /// Which configuration each upstream runs (its fingerprint), as last read.
+    identities: identity::IdentityRegistry,
     sinks: RwLock<Vec<Arc<dyn RecordSink>>>,
     /// Completion tokens seen in token events, per source, as they pass: the sweep reads this
     /// at window start and end to get "usage increments inside the window".
@@ -94,6 +97,7 @@ impl Meter {
             concurrency,
             inflight: InflightRegistry::default(),
             server_state: ServerStateRegistry::default(),
+            identities: identity::IdentityRegistry::default(),
             sinks: RwLock::new(Vec::new()),
             live_tokens: [AtomicU64::new(0), AtomicU64::new(0)],
             inflight_by_source: [AtomicI64::new(0), AtomicI64::new(0)],
@@ -117,6 +121,11 @@ impl Meter {
     /// The upstreams' scraped state, which each request reads at its start and end.
     pub fn server_state(&self) -> &ServerStateRegistry {
         &self.server_state
+    }
+
+    /// Which configuration each upstream runs: the fingerprint slots and their history.
+    pub fn identities(&self) -> &identity::IdentityRegistry {
+        &self.identities
     }
 
     /// Adds a sink; it sees every record finished from now on.
@@ -167,6 +176,7 @@ impl Meter {
             labels,
             guard: Some(guard),
             max_tokens: None,
+            fingerprint: identity::FingerprintId::UNKNOWN,
             prefix_blocks: Vec::new(),
             status: 0,
             streaming: false,
@@ -205,6 +215,9 @@ pub struct RequestMeter {
     pub timeline: Timeline,
     pub started_at: SystemTime,
     pub max_tokens: Option<u64>,
+    /// The upstream's configuration when the request started (read from its lock-free slot
+    /// by whoever begins the request; `unknown` if nobody does).
+    pub fingerprint: identity::FingerprintId,
     /// The prompt's salted prefix block ids (empty unless the workload capture is on).
     pub prefix_blocks: Vec<u64>,
     /// Upstream status (or tokentap's own answer, e.g. 502).
@@ -392,6 +405,7 @@ impl RequestMeter {
             completion_exact: exact,
             token_events: timeline.token_events,
             max_tokens: self.max_tokens,
+            fingerprint: self.fingerprint,
             prefix_blocks: std::mem::take(&mut self.prefix_blocks),
             time_between_tokens: tbt,
             per_request_tokens_per_second: tbt.map(|t| 1.0 / t.as_secs_f64()),

@@ -90,6 +90,8 @@ pub struct RequestRecord {
     pub upstream: Arc<str>,
     /// Free-form tag set by in-process callers (the sweep engine tags its cell's requests).
     pub tag: Option<Arc<str>>,
+    /// The upstream's configuration (fingerprint) at request start.
+    pub fingerprint: super::identity::FingerprintId,
     pub outcome: Outcome,
     /// HTTP status from the upstream (or the one tokentap answered with, e.g. 502).
     pub status: u16,

@@ -419,6 +419,8 @@ impl Proxy {
         );
         meter.timeline.body_read = Some(body_read);
         meter.max_tokens = facts.max_tokens;
+        // One atomic load: the configuration the upstream runs as this request starts.
+        meter.fingerprint = upstream.identity.current();
         meter.prefix_blocks = prefix_blocks;
         // Once per request, off the hot path; the header is forwarded like any other.
         meter.slo = self.metering.slo.resolve(

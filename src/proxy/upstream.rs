@@ -48,6 +48,9 @@ pub struct Upstream {
     /// The server sends the final usage chunk to streams that did not ask (configured
     /// `"final"`, or discovered by `usage_unasked` for `"auto"`).
     pub usage_unasked: AtomicBool,
+    /// Which configuration the server runs (its fingerprint slot, read once per request;
+    /// written by `upstream_identity`).
+    pub identity: Arc<crate::meter::identity::UpstreamIdentity>,
 }
 
 impl Upstream {
@@ -99,8 +102,12 @@ impl Upstream {
             .http2_initial_connection_window_size(UPSTREAM_CONNECTION_WINDOW.max(window))
             .http2_adaptive_window(false)
             .build(connector);
+        let name: Arc<str> = Arc::from(config.name.as_str());
         Ok(Self {
-            name: Arc::from(config.name.as_str()),
+            identity: Arc::new(crate::meter::identity::UpstreamIdentity::new(Arc::clone(
+                &name,
+            ))),
+            name,
             default_model: config.default_model.as_deref().map(Arc::from),
             served_model: RwLock::new(None),
             usage_unasked: AtomicBool::new(config.sends_usage_unasked == UsageUnasked::Final),

@@ -58,7 +58,7 @@ pub fn server_info(state: &AppState) -> Reply {
     } else {
         Value::String(p.labels.speculative_algorithm.clone())
     };
-    let value = json!({
+    let mut value = json!({
         "model_path": p.model.model_path,
         "served_model_name": state.served_model_name(),
         "context_length": p.model.context_length,
@@ -82,7 +82,7 @@ pub fn server_info(state: &AppState) -> Reply {
             "avg_spec_accept_length": if p.labels.speculative_algorithm.is_empty() { Value::Null } else { json!(p.decode.tokens_per_step) },
             "memory_usage": {"token_capacity": p.capacity.kv_tokens},
         }],
-        "version": p.labels.engine_version,
+        "version": state.options.engine_version(&p.labels.engine_version),
         "frontend": "tokentap-simulate",
         "tokentap_profile": {
             "engine": p.labels.engine,
@@ -91,6 +91,12 @@ pub fn server_info(state: &AppState) -> Reply {
             "source": p.labels.source,
         },
     });
+    if let Some(map) = value.as_object_mut() {
+        for (key, raw) in &state.options.server_args {
+            let arg = serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.clone()));
+            map.insert(key.clone(), arg);
+        }
+    }
     Reply::json(StatusCode::OK, value.to_string())
 }
 
@@ -118,7 +124,8 @@ pub fn model_info(state: &AppState) -> Reply {
 
 /// `/version`.
 pub fn version(state: &AppState) -> Reply {
-    let value = json!({"version": state.profile.labels.engine_version});
+    let value =
+        json!({"version": state.options.engine_version(&state.profile.labels.engine_version)});
     Reply::json(StatusCode::OK, value.to_string())
 }
 

@@ -34,4 +34,19 @@ pub struct SimOptions {
     /// does not answer the tokenizer manager's internal-state request (a scheduler stuck in a
     /// long step; the conformance harness's fake scheduler never answers it).
     pub hang_server_info: bool,
+    /// Present this engine version (`/server_info`, `/version`) instead of the profile's.
+    pub engine_version: Option<String>,
+    /// Extra or replaced server arguments in `/server_info` (`key`, value as JSON text, or a
+    /// string if it is not JSON): another configuration of the same profile.
+    pub server_args: Vec<(String, String)>,
+    /// Every prefill and decode time multiplied by this (1.5: 1.5 times slower); 0 or 1: the
+    /// profile's speed. Not shown anywhere: a slow node looks like any other.
+    pub slowdown: f64,
+}
+
+impl SimOptions {
+    /// The engine version the simulator presents.
+    pub fn engine_version<'a>(&'a self, profile_version: &'a str) -> &'a str {
+        self.engine_version.as_deref().unwrap_or(profile_version)
+    }
 }

@@ -173,6 +173,27 @@ pub struct CachedTtftGrid {
 }
 
 impl Profile {
+    /// The same deployment `factor` times slower: prefill and decode throughput divided by it,
+    /// cached-prompt TTFT multiplied (so every prefill and decode time is `factor` times the
+    /// profile's). A factor that is not finite and above 0 changes nothing.
+    pub fn slowed(mut self, factor: f64) -> Self {
+        if !(factor.is_finite() && factor > 0.0) || factor == 1.0 {
+            return self;
+        }
+        self.prefill.tok_s.iter_mut().for_each(|v| *v /= factor);
+        self.decode
+            .per_request_tok_s
+            .iter_mut()
+            .flatten()
+            .for_each(|v| *v /= factor);
+        self.cached_ttft
+            .ms
+            .iter_mut()
+            .flatten()
+            .for_each(|v| *v *= factor);
+        self
+    }
+
     /// A built-in profile by name (see [`BUILTIN_PROFILES`]).
     pub fn builtin(name: &str) -> Result<Profile, ProfileError> {
         let Some((_, text)) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == name) else {

@@ -21,6 +21,7 @@ pub fn build_state(
     profile: Profile,
     options: SimOptions,
 ) -> (Arc<AppState>, tokio::task::JoinHandle<()>) {
+    let profile = profile.slowed(options.slowdown);
     let (scheduler, scheduler_task) = scheduler::spawn(&profile, options.seed);
     let fingerprint = format!("vllm-0.32.0-{:08x}", options.seed as u32);
     let state = Arc::new(AppState {

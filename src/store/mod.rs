@@ -9,6 +9,7 @@
 //! short (one statement under a mutex): call them from `spawn_blocking` on async paths. This
 //! module never decides *when* to write — the snapshot task and the sweep engine do.
 
+pub mod configs;
 pub mod reference;
 mod workload;
 

@@ -300,6 +300,7 @@ mod tests {
             model: Arc::from("m"),
             upstream: Arc::from("default"),
             tag: None,
+            fingerprint: crate::meter::identity::FingerprintId::UNKNOWN,
             outcome: Outcome::Ok,
             status: 200,
             streaming: true,

@@ -64,6 +64,9 @@ pub async fn discover(proxy: &Arc<Proxy>) -> ServerFacts {
             facts.engine_version = text(&version, "version");
         }
     }
+    // The configuration the sweep runs on, as the proxy's reader last saw it.
+    let fingerprint = proxy.router.default_upstream().identity.current();
+    facts.fingerprint = fingerprint.is_config().then(|| fingerprint.to_string());
     facts
 }
 

@@ -99,6 +99,9 @@ pub struct ServerFacts {
     pub hardware: Option<String>,
     pub gpu_count: Option<u32>,
     pub quantization: Option<String>,
+    /// The upstream's configuration id (`upstream_identity`) when the sweep began, if read.
+    #[serde(default)]
+    pub fingerprint: Option<String>,
 }
 
 /// One prefill measurement: a scout request of `prompt_tokens` tokens reported at the nominal

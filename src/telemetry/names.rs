@@ -55,6 +55,14 @@ pub const UPSTREAM_STATE_GAUGES: [(&str, &str); 4] = [
     (UPSTREAM_KV_CACHE_USAGE, "Share (0-1) of the upstream server's KV cache in use (sglang token_usage, vLLM kv_cache_usage_perc), at the latest scrape."),
     (UPSTREAM_PREFIX_CACHE_HIT_RATE, "Share (0-1) of prompt tokens found in the upstream server's prefix cache (sglang cache_hit_rate; vLLM prefix_cache_hits / prefix_cache_queries increments between the latest two scrapes)."),
 ];
+/// Written as text from `meter::identity` (kept configurations come and go), so not in
+/// [`DESCRIPTIONS`].
+pub const UPSTREAM_CONFIG_INFO: &str = "tokentap_upstream_config_info";
+pub const UPSTREAM_CONFIG_INFO_HELP: &str = "A configuration (fingerprint) the upstream ran, always 1: the current one and at most three before it per upstream (docs/fleet.md lists the fields the fingerprint covers). The per-cell series carry the same fingerprint label.";
+pub const UPSTREAM_CONFIG_CHANGES_TOTAL: &str = "tokentap_upstream_config_changes_total";
+pub const UPSTREAM_CONFIG_CHANGES_HELP: &str = "Times the upstream's configuration fingerprint changed since start (the first read is not a change).";
+pub const UPSTREAM_CONFIG_FLAPPING: &str = "tokentap_upstream_config_flapping";
+pub const UPSTREAM_CONFIG_FLAPPING_HELP: &str = "1 while the upstream's fingerprint changes more than 6 times an hour: its requests are labelled fingerprint=\"flapping\" and no new configuration is kept until an hour passes with at most 6 changes.";
 pub const UPSTREAM_SCRAPES_HELP: &str = "Reads of an upstream's /metrics page by result: ok, unreachable, status (not 200), timeout, too_large, unreadable (not text, or no metric tokentap knows).";
 
 /// Written by `telemetry::drift` itself rather than the exporter (a cell's series must vanish

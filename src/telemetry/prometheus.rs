@@ -30,6 +30,7 @@ use crate::base::lock;
 use crate::base::Route;
 use crate::base::Source;
 use crate::meter::buckets::Ladder;
+use crate::meter::identity::{FingerprintId, IdentityRegistry};
 use crate::meter::record::SloVerdict;
 use crate::meter::record::{Outcome, RequestRecord};
 use crate::meter::server_state::{ScrapeOutcome, ServerStateRegistry};
@@ -43,8 +44,16 @@ use super::names::*;
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
-/// (model, upstream, route, source, context bucket, concurrency bucket).
-type CellKey = (Arc<str>, Arc<str>, Route, Source, usize, usize);
+/// (model, upstream, route, source, context bucket, concurrency bucket, fingerprint).
+type CellKey = (
+    Arc<str>,
+    Arc<str>,
+    Route,
+    Source,
+    usize,
+    usize,
+    FingerprintId,
+);
 /// (model, upstream, route, source).
 type BaseKey = (Arc<str>, Arc<str>, Route, Source);
 
@@ -293,6 +302,8 @@ enum Watched {
     /// state the server did not expose must have no sample, which the exporter's gauges
     /// cannot express).
     ServerState { meter: Weak<Meter> },
+    /// The upstreams' configurations (`tokentap_upstream_config_*`), written as text.
+    Identities { meter: Weak<Meter> },
 }
 
 impl std::fmt::Debug for PrometheusMetrics {
@@ -437,6 +448,14 @@ impl PrometheusMetrics {
         });
     }
 
+    /// Shows the upstreams' configurations: `tokentap_upstream_config_info` (the kept ones),
+    /// `tokentap_upstream_config_changes_total` and `tokentap_upstream_config_flapping`.
+    pub fn watch_identities(&self, meter: &Arc<Meter>) {
+        self.watch(Watched::Identities {
+            meter: Arc::downgrade(meter),
+        });
+    }
+
     fn watch(&self, watched: Watched) {
         lock::lock(&self.watched).push(watched);
     }
@@ -459,6 +478,11 @@ impl PrometheusMetrics {
                 Watched::ServerState { meter } => {
                     if let Some(meter) = meter.upgrade() {
                         render_server_state(meter.server_state(), &mut extra);
+                    }
+                }
+                Watched::Identities { meter } => {
+                    if let Some(meter) = meter.upgrade() {
+                        render_identities(meter.identities(), &mut extra);
                     }
                 }
                 Watched::Count { value, handle } => {
@@ -562,7 +586,8 @@ impl PrometheusMetrics {
         handles
     }
 
-    /// The labels of one cell: the base labels plus its context and concurrency buckets.
+    /// The labels of one cell: the base labels plus its context and concurrency buckets and
+    /// the upstream's configuration (`fingerprint`: 12 hex, `unknown` or `flapping`).
     fn cell_labels(&self, key: &CellKey) -> Vec<Label> {
         let mut labels = self.base_labels(&key.0, &key.1, key.2, key.3);
         labels.push(Label::new(
@@ -573,6 +598,7 @@ impl PrometheusMetrics {
             "concurrency_bucket",
             self.concurrency.label(key.5).to_string(),
         ));
+        labels.push(Label::new("fingerprint", key.6.label().as_str().to_owned()));
         labels
     }
 
@@ -693,6 +719,7 @@ impl PrometheusMetrics {
                 r.source,
                 r.context_bucket,
                 bucket,
+                r.fingerprint,
             )
         };
         if let Some(counter) = self
@@ -793,6 +820,60 @@ fn render_server_state(registry: &ServerStateRegistry, out: &mut String) {
     }
 }
 
+/// Writes the upstreams' configurations: one info series per kept configuration (at most
+/// `meter::identity::KEPT_CONFIGS` per upstream, so the label set stays bounded), the change
+/// counter and the flapping gauge.
+fn render_identities(registry: &IdentityRegistry, out: &mut String) {
+    use std::fmt::Write as _;
+    let upstreams = registry.all();
+    if upstreams.is_empty() {
+        return;
+    }
+    let mut info = String::new();
+    for upstream in &upstreams {
+        for config in upstream.configs() {
+            let _ = writeln!(
+                info,
+                "{UPSTREAM_CONFIG_INFO}{{upstream=\"{}\",fingerprint=\"{}\",engine=\"{}\",version=\"{}\"}} 1",
+                escape_label(&upstream.upstream),
+                config.id.label().as_str(),
+                escape_label(config.engine()),
+                escape_label(config.version()),
+            );
+        }
+    }
+    if !info.is_empty() {
+        let _ = write!(
+            out,
+            "# HELP {UPSTREAM_CONFIG_INFO} {UPSTREAM_CONFIG_INFO_HELP}\n# TYPE {UPSTREAM_CONFIG_INFO} gauge\n{info}"
+        );
+    }
+    let _ = write!(
+        out,
+        "# HELP {UPSTREAM_CONFIG_CHANGES_TOTAL} {UPSTREAM_CONFIG_CHANGES_HELP}\n# TYPE {UPSTREAM_CONFIG_CHANGES_TOTAL} counter\n"
+    );
+    for upstream in &upstreams {
+        let _ = writeln!(
+            out,
+            "{UPSTREAM_CONFIG_CHANGES_TOTAL}{{upstream=\"{}\"}} {}",
+            escape_label(&upstream.upstream),
+            upstream.changes_total()
+        );
+    }
+    let _ = write!(
+        out,
+        "# HELP {UPSTREAM_CONFIG_FLAPPING} {UPSTREAM_CONFIG_FLAPPING_HELP}\n# TYPE {UPSTREAM_CONFIG_FLAPPING} gauge\n"
+    );
+    for upstream in &upstreams {
+        let _ = writeln!(
+            out,
+            "{UPSTREAM_CONFIG_FLAPPING}{{upstream=\"{}\"}} {}",
+            escape_label(&upstream.upstream),
+            u8::from(upstream.is_flapping())
+        );
+    }
+}
+
 impl RecordSink for PrometheusMetrics {
     fn started(&self, labels: &RequestLabels) {
         let key = (
@@ -828,6 +909,7 @@ impl RecordSink for PrometheusMetrics {
             r.source,
             r.context_bucket,
             r.concurrency_bucket,
+            r.fingerprint,
         ));
         if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
             if let Some(counter) = cell.outcomes.get(i) {
@@ -890,6 +972,7 @@ impl RecordSink for PrometheusMetrics {
                     r.source,
                     r.context_bucket,
                     bucket,
+                    r.fingerprint,
                 ))
             };
             split.completion_tokens.increment(tokens);

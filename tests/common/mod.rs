@@ -286,11 +286,11 @@ pub const NO_EVIDENCE_MINIMUM: &str =
     "[evidence]\nmin_requests = 0\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n";
 
 pub async fn proxy(upstream: &str, extra: &str) -> (ProxyServer, Arc<Records>) {
-    // `sends_usage_unasked = "no"`, `metrics_interval = "0"` and a `default_model`: no
-    // background `/server_info` or `/v1/models` questions or `/metrics` scrapes in the
-    // upstream's request log (tests of those configure them themselves).
+    // `sends_usage_unasked = "no"`, `metrics_interval = "0"`, a `default_model` and no
+    // fingerprint reads: no background `/server_info` or `/v1/models` questions or `/metrics`
+    // scrapes in the upstream's request log (tests of those configure them themselves).
     proxy_from_config(&format!(
-        "[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n[store]\ndata_dir = \"\"\n{extra}\n"
+        "[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n[store]\ndata_dir = \"\"\n[fingerprint]\ninterval = \"0s\"\n{extra}\n"
     ))
     .await
 }

@@ -116,6 +116,7 @@ pub(super) fn scout_record(tag: Arc<str>, prompt_tokens: u64) -> Arc<RequestReco
         source: Source::Synthetic,
         model: Arc::from("m"),
         upstream: Arc::from("default"),
+        fingerprint: crate::meter::identity::FingerprintId::UNKNOWN,
         tag: Some(tag),
         outcome: Outcome::Ok,
         status: 200,

@@ -58,7 +58,17 @@ pub fn initial_matrix(id: &str, plan: &Plan, facts: &ServerFacts) -> MatrixDoc {
             ended_at: None,
         },
         launch_command: None,
-        extra_facts: Vec::new(),
+        // The configuration it ran on (`aggregate::config`'s fact), so drift against a
+        // reference pinned from it compares the same configuration's production.
+        extra_facts: facts
+            .fingerprint
+            .iter()
+            .map(|id| crate::matrix::doc::Fact {
+                section: crate::aggregate::config::FINGERPRINT_SECTION.to_owned(),
+                key: crate::aggregate::config::FINGERPRINT_KEY.to_owned(),
+                value: id.clone(),
+            })
+            .collect(),
         notes,
     };
     let mut doc = MatrixDoc::new(metadata);

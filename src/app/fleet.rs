@@ -1,0 +1,292 @@
+//! `tokentap fleet matrix|compare`: the fleet matrix and the canary comparison read back from
+//! a PromQL store (Prometheus, Thanos, Mimir) that scrapes every replica's sidecar
+//! (`fleet::matrix`, `fleet::compare`), rendered with the matrix renderers; a failed
+//! `--fail-below` gate exits with code 3 like `matrix diff`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand, ValueEnum};
+
+use super::matrix::EXIT_GATE_FAILED;
+use crate::base::Source;
+use crate::fleet::compare::{compare, render_compare_json, render_compare_markdown};
+use crate::fleet::matrix::{fleet_matrix, mean_ttft_ms, FleetQuery};
+use crate::fleet::promql::PromClient;
+use crate::matrix::EvidenceRule;
+
+/// Read the fleet's matrix back from Prometheus (or Thanos, Mimir: anything that speaks
+/// PromQL), per configuration fingerprint, and compare a canary with its baseline.
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    #[command(subcommand)]
+    pub command: FleetCommand,
+}
+
+#[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)]
+pub enum FleetCommand {
+    /// The fleet matrix: every replica's production cells summed in PromQL over a window.
+    ///
+    /// Examples:
+    ///   tokentap fleet matrix --prometheus http://prometheus:9090 --window 1h
+    ///   tokentap fleet matrix --prometheus http://prometheus:9090 --fingerprint 3f2a9c01b7de --format html -o fleet.html
+    #[command(verbatim_doc_comment)]
+    Matrix(MatrixArgs),
+    /// Canary comparison: per cell, candidate ÷ baseline fingerprint over the same window.
+    ///
+    /// Each side's request count is shown; a cell where either side has too few requests
+    /// (the evidence rule, --min-requests) gets no ratio and is marked. Exit code 3 when
+    /// --fail-below is set and the geometric mean of the per-request tok/s ratios is below it.
+    ///
+    /// Example:
+    ///   tokentap fleet compare --prometheus http://prometheus:9090 --baseline 3f2a9c01b7de --candidate 91c0d2e4aa10 --window 1h
+    #[command(verbatim_doc_comment)]
+    Compare(CompareArgs),
+}
+
+/// Where the fleet's series are and which of them.
+#[derive(Debug, Clone, Args)]
+pub struct SourceArgs {
+    /// The PromQL HTTP API's base URL (Prometheus, Thanos Query, Mimir's
+    /// http://host/prometheus); /api/v1/query is appended.
+    #[arg(long, value_name = "URL")]
+    pub prometheus: String,
+    /// The window every figure covers, ending now (30s, 5m, 1h, 1d).
+    #[arg(long, value_name = "DURATION", default_value = "1h")]
+    pub window: String,
+    /// The served model. Default: the only model with requests in the window.
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+    /// Production or synthetic traffic.
+    #[arg(long, value_enum, default_value_t = TrafficSource::Production)]
+    pub source: TrafficSource,
+    /// More PromQL label matchers for every series, e.g. --match 'cluster="eu-1"'
+    /// (repeatable).
+    #[arg(long = "match", value_name = "MATCHER")]
+    pub matchers: Vec<String>,
+    /// A cell with fewer completed requests in the window is Low evidence: shown grey, never in
+    /// a ratio. Default 20 (the [evidence] default).
+    #[arg(long, value_name = "N")]
+    pub min_requests: Option<u64>,
+    /// Bearer token sent to the PromQL endpoint. Default: TOKENTAP_PROMETHEUS_TOKEN.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "TOKENTAP_PROMETHEUS_TOKEN",
+        hide_env_values = true
+    )]
+    pub prometheus_token: Option<String>,
+    /// A header sent with every query, `Name: value` (e.g. 'X-Scope-OrgID: tenant' for
+    /// Mimir; repeatable).
+    #[arg(long = "header", value_name = "HEADER")]
+    pub headers: Vec<String>,
+    /// Longest wait for one query's answer.
+    #[arg(long, value_name = "DURATION", default_value = "30s")]
+    pub timeout: String,
+}
+
+/// `--source`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TrafficSource {
+    Production,
+    Synthetic,
+}
+
+/// Output formats of `fleet matrix`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FleetMatrixFormat {
+    Md,
+    Json,
+    Html,
+    Svg,
+    Csv,
+    Table,
+}
+
+/// Output formats of `fleet compare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompareFormat {
+    /// One row per cell: each side's requests and the ratios.
+    Md,
+    /// JSON (schema tokentap.fleet-compare/v1).
+    Json,
+    /// The matrix diff's HTML page (ratio grid as a heat map; baseline = A, candidate = B).
+    Html,
+}
+
+#[derive(Debug, Args)]
+pub struct MatrixArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Only replicas of this configuration fingerprint (the `fingerprint` label).
+    #[arg(long, value_name = "ID")]
+    pub fingerprint: Option<String>,
+    #[arg(long, short, value_enum, default_value_t = FleetMatrixFormat::Md)]
+    pub format: FleetMatrixFormat,
+    /// Write to this file instead of standard output.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// The fingerprint the fleet runs now.
+    #[arg(long, value_name = "ID")]
+    pub baseline: String,
+    /// The fingerprint being rolled out (the canary).
+    #[arg(long, value_name = "ID")]
+    pub candidate: String,
+    #[arg(long, short, value_enum, default_value_t = CompareFormat::Md)]
+    pub format: CompareFormat,
+    /// Write to this file instead of standard output.
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+    /// Exit with code 3 when the geometric mean of per-request tok/s candidate ÷ baseline is
+    /// below R (e.g. 0.95), or when no cell has enough traffic on both sides.
+    #[arg(long, value_name = "R")]
+    pub fail_below: Option<f64>,
+}
+
+impl SourceArgs {
+    fn client(&self) -> anyhow::Result<PromClient> {
+        let timeout = crate::base::duration::parse_duration(&self.timeout)
+            .map_err(|e| anyhow::anyhow!("--timeout {:?}: {e}", self.timeout))?;
+        Ok(PromClient::new(
+            &self.prometheus,
+            self.prometheus_token.as_deref(),
+            &self.headers,
+            timeout.max(Duration::from_millis(100)),
+        )?)
+    }
+
+    fn query(&self, fingerprint: Option<String>) -> anyhow::Result<FleetQuery> {
+        let window = crate::base::duration::parse_duration(&self.window)
+            .map_err(|e| anyhow::anyhow!("--window {:?}: {e}", self.window))?;
+        let mut evidence = EvidenceRule::default();
+        if let Some(n) = self.min_requests {
+            evidence.min_requests = n;
+        }
+        Ok(FleetQuery {
+            model: self.model.clone(),
+            source: match self.source {
+                TrafficSource::Production => Source::Production,
+                TrafficSource::Synthetic => Source::Synthetic,
+            },
+            fingerprint,
+            matchers: self.matchers.clone(),
+            window,
+            evidence,
+        })
+    }
+}
+
+pub async fn run(args: FleetArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        FleetCommand::Matrix(args) => matrix(&args).await,
+        FleetCommand::Compare(args) => compare_command(&args).await,
+    }
+}
+
+fn write_output(output: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {
+    match output {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+        }
+        None => {
+            use std::io::Write as _;
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+                .context("cannot write to standard output")
+        }
+    }
+}
+
+async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
+    let client = args.source.client()?;
+    let query = args.source.query(args.fingerprint.clone())?;
+    let doc = fleet_matrix(&client, &query, SystemTime::now()).await?;
+    let text = match args.format {
+        FleetMatrixFormat::Md => crate::matrix::render_markdown(&doc),
+        FleetMatrixFormat::Json => crate::matrix::render_json(&doc),
+        FleetMatrixFormat::Html => crate::matrix::html::render_html(&doc),
+        FleetMatrixFormat::Svg => crate::matrix::svg::render_svg(&doc),
+        FleetMatrixFormat::Csv => crate::matrix::csv::render_csv(&doc),
+        FleetMatrixFormat::Table => crate::matrix::render_table(&doc),
+    };
+    write_output(args.output.as_deref(), &text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn compare_command(args: &CompareArgs) -> anyhow::Result<ExitCode> {
+    if let Some(value) = args.fail_below {
+        anyhow::ensure!(
+            value.is_finite() && value > 0.0,
+            "--fail-below must be a positive ratio like 0.95, found {value}"
+        );
+    }
+    let client = args.source.client()?;
+    // Both sides at the same instant, so they cover the same window.
+    let now = SystemTime::now();
+    let baseline = fleet_matrix(
+        &client,
+        &args.source.query(Some(args.baseline.clone()))?,
+        now,
+    )
+    .await
+    .with_context(|| format!("baseline {}", args.baseline))?;
+    let candidate = fleet_matrix(
+        &client,
+        &args.source.query(Some(args.candidate.clone()))?,
+        now,
+    )
+    .await
+    .with_context(|| format!("candidate {}", args.candidate))?;
+    let baseline_means = mean_ttft_ms(
+        &client,
+        &args.source.query(Some(args.baseline.clone()))?,
+        &baseline,
+        now,
+    )
+    .await?;
+    let candidate_means = mean_ttft_ms(
+        &client,
+        &args.source.query(Some(args.candidate.clone()))?,
+        &candidate,
+        now,
+    )
+    .await?;
+    let result = compare(
+        &baseline,
+        &candidate,
+        &args.baseline,
+        &args.candidate,
+        Some((&baseline_means, &candidate_means)),
+    );
+    let text = match args.format {
+        CompareFormat::Md => render_compare_markdown(&result),
+        CompareFormat::Json => render_compare_json(&result),
+        CompareFormat::Html => crate::matrix::html::render_diff_html(&result.diff),
+    };
+    write_output(args.output.as_deref(), &text)?;
+    if let Some(threshold) = args.fail_below {
+        match result.per_request_tok_s {
+            Some(mean) if mean >= threshold => {}
+            Some(mean) => {
+                eprintln!("gate failed: per-request tok/s candidate ÷ baseline is {mean:.3}, below {threshold}");
+                return Ok(ExitCode::from(EXIT_GATE_FAILED));
+            }
+            None => {
+                eprintln!("gate failed: no cell has enough traffic on both sides");
+                return Ok(ExitCode::from(EXIT_GATE_FAILED));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
