@@ -489,3 +489,38 @@ async fn a_flapping_upstream_keeps_its_label_bounded() {
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_fingerprint_section_reads_from_file_and_environment() {
+    use tokentap::config::ConfigLoader;
+    let text = "[upstream]\nurl = \"http://127.0.0.1:9\"\n[fingerprint]\ninterval = \"30s\"\nhardware = \"H100-SXM\"\ngpu_count = 8\n";
+    let config = ConfigLoader::new()
+        .text(text, "t.toml")
+        .unwrap()
+        .env([(
+            "TOKENTAP_FINGERPRINT__NODE".to_owned(),
+            "gpu-node-17".to_owned(),
+        )])
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(config.fingerprint.interval, Duration::from_secs(30));
+    assert_eq!(config.fingerprint.hardware, "H100-SXM");
+    assert_eq!(config.fingerprint.gpu_count, 8);
+    assert_eq!(config.fingerprint.node, "gpu-node-17");
+    let default = ConfigLoader::new()
+        .text("[upstream]\nurl = \"http://127.0.0.1:9\"\n", "t.toml")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(default.fingerprint.interval, Duration::from_secs(60));
+    for bad in ["interval = \"10ms\"", "colour = \"red\""] {
+        let error = ConfigLoader::new()
+            .text(
+                &format!("[upstream]\nurl = \"http://127.0.0.1:9\"\n[fingerprint]\n{bad}\n"),
+                "t.toml",
+            )
+            .and_then(|l| l.load());
+        assert!(error.is_err(), "{bad}");
+    }
+}
