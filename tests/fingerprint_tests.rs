@@ -153,6 +153,9 @@ async fn a_restart_as_another_version_is_a_new_fingerprint_everywhere() {
     let (server, records) = proxy(&sim.url(), dir.to_str().unwrap(), "").await;
     until("the first read", || current(&server).is_config()).await;
     let first = current(&server);
+    // A sweep records the configuration it runs on (its discovery reads the slot).
+    let facts = tokentap::sweep::discover::discover(&server.proxy).await;
+    assert_eq!(facts.fingerprint, Some(first.to_string()));
 
     for _ in 0..3 {
         assert_eq!(chat(&server, "m").await, 200);
@@ -284,6 +287,51 @@ async fn a_restart_as_another_version_is_a_new_fingerprint_everywhere() {
         Some("9.9.9-canary")
     );
 
+    server.shutdown().await;
+    sim.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With an hour between reads, an upstream that comes back from an outage (requests failed
+/// with 502, then one is answered) is read again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_back_from_an_outage_is_read_again_at_once() {
+    let dir = temp_dir("outage");
+    let sim = Sim::start("127.0.0.1:0", options(None)).await;
+    let (server, _records) = common::proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"{}\"\n[fingerprint]\ninterval = \"1h\"\n",
+        sim.url(),
+        dir.display()
+    ))
+    .await;
+    until("the first read", || current(&server).is_config()).await;
+    let first = current(&server);
+    let addr = sim.addr.to_string();
+    sim.stop().await;
+    assert_eq!(chat(&server, "m").await, 502, "the upstream is down");
+    let sim = Sim::start(&addr, options(Some("10.0.0-after-outage"))).await;
+    // The first answered request wakes the reader, an hour early.
+    let mut answered = false;
+    for _ in 0..3 {
+        if chat(&server, "m").await == 200 {
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered);
+    until("the read after the outage", || {
+        let now = current(&server);
+        now.is_config() && now != first
+    })
+    .await;
+    let entry = server
+        .proxy
+        .router
+        .default_upstream()
+        .identity
+        .current_config()
+        .unwrap();
+    assert_eq!(entry.version(), "10.0.0-after-outage");
     server.shutdown().await;
     sim.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
