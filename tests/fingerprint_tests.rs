@@ -260,6 +260,17 @@ async fn a_restart_as_another_version_is_a_new_fingerprint_everywhere() {
         .unwrap()
         .contains("9.9.9-canary"));
     assert!(!compared["decode"].as_array().unwrap().is_empty());
+    for format in ["md", "html"] {
+        let (status, text) = admin(
+            &server,
+            &format!("/matrix?compare=previous&format={format}"),
+        )
+        .await;
+        assert_eq!(status, 200, "{format}: {text}");
+        assert!(text.contains("9.9.9-canary"), "{format}: {text}");
+    }
+    let (status, _) = admin(&server, "/matrix?compare=previous&format=csv").await;
+    assert_eq!(status, 400);
 
     // Counted: both configurations are kept in the info series.
     let (_, metrics) = admin(&server, "/metrics").await;
