@@ -53,11 +53,11 @@ async fn proxy_with(
     proxy_keys: &str,
     upstream_keys: &str,
 ) -> (ProxyServer, Arc<Records>) {
-    // `sends_usage_unasked = "no"`, `metrics_interval = "0"`, a `default_model`: no background
-    // `/server_info` or `/v1/models` questions or `/metrics` scrapes in the upstream's request
-    // log, which several faults count.
+    // `sends_usage_unasked = "no"`, `metrics_interval = "0"`, a `default_model`, no
+    // fingerprint reads: no background `/server_info` or `/v1/models` questions or `/metrics`
+    // scrapes in the upstream's request log, which several faults count.
     proxy_from_config(&format!(
-        "[proxy]\n{proxy_keys}\n[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n{upstream_keys}\n[store]\ndata_dir = \"\"\n"
+        "[proxy]\n{proxy_keys}\n[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n{upstream_keys}\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n"
     ))
     .await
 }
@@ -774,7 +774,7 @@ impl Served {
         let store = if config.contains("[store]") {
             ""
         } else {
-            "[store]\ndata_dir = \"\"\n"
+            "[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n"
         };
         std::fs::write(&file, format!("{store}{config}")).unwrap();
         let binary = env!("CARGO_BIN_EXE_tokentap");
@@ -1576,7 +1576,7 @@ async fn streams_cut_at_the_end_of_the_grace_are_in_the_final_snapshot() {
         rand_suffix()
     ));
     let (server, records) = proxy_from_config(&format!(
-        "[proxy]\nshutdown_grace = \"1s\"\n[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"m\"\n[store]\ndata_dir = \"{}\"\n",
+        "[proxy]\nshutdown_grace = \"1s\"\n[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"m\"\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"{}\"\n",
         upstream.url(),
         dir.display()
     ))
@@ -1850,7 +1850,7 @@ async fn the_body_budget_covers_metered_bodies_until_the_upstream_answers() {
         }
     });
     let (server, records) = proxy_from_config(&format!(
-        "[upstream]\nurl = \"http://{addr}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\nresponse_timeout = \"3s\"\n[metering]\nmax_buffered_bytes = 2097152\n[store]\ndata_dir = \"\"\n"
+        "[upstream]\nurl = \"http://{addr}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\nresponse_timeout = \"3s\"\n[metering]\nmax_buffered_bytes = 2097152\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n"
     ))
     .await;
     let body = format!(
@@ -2012,7 +2012,7 @@ async fn failing_capture_writes_are_logged_once_with_their_cause_and_the_lost_ro
     let served = Served::start(
         &upstream.url(),
         &format!(
-            "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[workload]\ncapture = true\n[store]\ndata_dir = \"{}\"\n",
+            "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[workload]\ncapture = true\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"{}\"\n",
             dir.display()
         ),
         None,
@@ -2092,7 +2092,7 @@ async fn junk_model_names_cannot_take_the_labels_of_served_models() {
     })
     .await;
     let (server, records) = proxy_from_config(&format!(
-        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"5s\"\n[metering]\nmax_models = 4\n[store]\ndata_dir = \"\"\n",
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"5s\"\n[metering]\nmax_models = 4\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n",
         upstream.url()
     ))
     .await;

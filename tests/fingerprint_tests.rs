@@ -153,6 +153,9 @@ async fn a_restart_as_another_version_is_a_new_fingerprint_everywhere() {
     let (server, records) = proxy(&sim.url(), dir.to_str().unwrap(), "").await;
     until("the first read", || current(&server).is_config()).await;
     let first = current(&server);
+    // A sweep records the configuration it runs on (its discovery reads the slot).
+    let facts = tokentap::sweep::discover::discover(&server.proxy).await;
+    assert_eq!(facts.fingerprint, Some(first.to_string()));
 
     for _ in 0..3 {
         assert_eq!(chat(&server, "m").await, 200);
@@ -257,6 +260,17 @@ async fn a_restart_as_another_version_is_a_new_fingerprint_everywhere() {
         .unwrap()
         .contains("9.9.9-canary"));
     assert!(!compared["decode"].as_array().unwrap().is_empty());
+    for format in ["md", "html"] {
+        let (status, text) = admin(
+            &server,
+            &format!("/matrix?compare=previous&format={format}"),
+        )
+        .await;
+        assert_eq!(status, 200, "{format}: {text}");
+        assert!(text.contains("9.9.9-canary"), "{format}: {text}");
+    }
+    let (status, _) = admin(&server, "/matrix?compare=previous&format=csv").await;
+    assert_eq!(status, 400);
 
     // Counted: both configurations are kept in the info series.
     let (_, metrics) = admin(&server, "/metrics").await;
@@ -284,6 +298,51 @@ async fn a_restart_as_another_version_is_a_new_fingerprint_everywhere() {
         Some("9.9.9-canary")
     );
 
+    server.shutdown().await;
+    sim.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With an hour between reads, an upstream that comes back from an outage (requests failed
+/// with 502, then one is answered) is read again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_back_from_an_outage_is_read_again_at_once() {
+    let dir = temp_dir("outage");
+    let sim = Sim::start("127.0.0.1:0", options(None)).await;
+    let (server, _records) = common::proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"{}\"\n[fingerprint]\ninterval = \"1h\"\n",
+        sim.url(),
+        dir.display()
+    ))
+    .await;
+    until("the first read", || current(&server).is_config()).await;
+    let first = current(&server);
+    let addr = sim.addr.to_string();
+    sim.stop().await;
+    assert_eq!(chat(&server, "m").await, 502, "the upstream is down");
+    let sim = Sim::start(&addr, options(Some("10.0.0-after-outage"))).await;
+    // The first answered request wakes the reader, an hour early.
+    let mut answered = false;
+    for _ in 0..3 {
+        if chat(&server, "m").await == 200 {
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered);
+    until("the read after the outage", || {
+        let now = current(&server);
+        now.is_config() && now != first
+    })
+    .await;
+    let entry = server
+        .proxy
+        .router
+        .default_upstream()
+        .identity
+        .current_config()
+        .unwrap();
+    assert_eq!(entry.version(), "10.0.0-after-outage");
     server.shutdown().await;
     sim.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -488,4 +547,39 @@ async fn a_flapping_upstream_keeps_its_label_bounded() {
     assert!(metrics.contains("fingerprint=\"flapping\""));
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_fingerprint_section_reads_from_file_and_environment() {
+    use tokentap::config::ConfigLoader;
+    let text = "[upstream]\nurl = \"http://127.0.0.1:9\"\n[fingerprint]\ninterval = \"30s\"\nhardware = \"H100-SXM\"\ngpu_count = 8\n";
+    let config = ConfigLoader::new()
+        .text(text, "t.toml")
+        .unwrap()
+        .env([(
+            "TOKENTAP_FINGERPRINT__NODE".to_owned(),
+            "gpu-node-17".to_owned(),
+        )])
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(config.fingerprint.interval, Duration::from_secs(30));
+    assert_eq!(config.fingerprint.hardware, "H100-SXM");
+    assert_eq!(config.fingerprint.gpu_count, 8);
+    assert_eq!(config.fingerprint.node, "gpu-node-17");
+    let default = ConfigLoader::new()
+        .text("[upstream]\nurl = \"http://127.0.0.1:9\"\n", "t.toml")
+        .unwrap()
+        .load()
+        .unwrap();
+    assert_eq!(default.fingerprint.interval, Duration::from_secs(60));
+    for bad in ["interval = \"10ms\"", "colour = \"red\""] {
+        let error = ConfigLoader::new()
+            .text(
+                &format!("[upstream]\nurl = \"http://127.0.0.1:9\"\n[fingerprint]\n{bad}\n"),
+                "t.toml",
+            )
+            .and_then(|l| l.load());
+        assert!(error.is_err(), "{bad}");
+    }
 }

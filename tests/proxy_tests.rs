@@ -845,7 +845,7 @@ async fn a_request_naming_no_model_is_recorded_under_the_served_model() {
     // A configured label wins, and then the server is not asked.
     let upstream = ScriptedUpstream::start(|r| sglang_without_server_info(r, "other")).await;
     let (server, records) = proxy_from_config(&format!(
-        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"configured\"\n[store]\ndata_dir = \"\"\n",
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"configured\"\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n",
         upstream.url()
     ))
     .await;

@@ -35,7 +35,7 @@ const CHAT: &str = r#"{"model":"tiny-llama","stream":true,"max_tokens":9,"messag
 /// A proxy that scrapes its upstream's `/metrics` every `interval`.
 async fn proxy_scraping(upstream: &str, interval: &str) -> (ProxyServer, Arc<Records>) {
     common::proxy_from_config(&format!(
-        "[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"{interval}\"\n[store]\ndata_dir = \"\"\n"
+        "[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"{interval}\"\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n"
     ))
     .await
 }

@@ -151,3 +151,61 @@ pub fn gauge_samples(
     }
     samples
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aggregate::cell::test_records::record;
+    use crate::aggregate::config::set_fingerprint;
+    use crate::base::Source;
+    use crate::matrix::doc::MatrixDoc;
+    use crate::matrix::EvidenceRule;
+    use crate::meter::buckets::{DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
+    use crate::meter::identity::FingerprintId;
+    use crate::meter::record::Outcome;
+    use std::time::Duration;
+
+    #[test]
+    fn a_reference_on_one_configuration_meets_only_its_production() {
+        let production = ProductionMatrix::new(
+            Ladder::contexts(&DEFAULT_CONTEXTS).unwrap(),
+            Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap(),
+            Source::Production,
+        );
+        let ms = Duration::from_millis;
+        let a = FingerprintId::from_hash(0xa);
+        let mut r = record(Some(1000), &[(0, 20)], ms(100), ms(10), 1.0, Outcome::Ok);
+        r.model = "m".into();
+        r.fingerprint = a;
+        production.add(&r);
+        let now = SystemTime::now() + Duration::from_secs(1);
+        let mut matrix = production.matrix(Window::All, Some("m"), now).unwrap();
+        let reference = |matrix: &MatrixDoc| Reference {
+            upstream: "u".into(),
+            model: "m".into(),
+            source: "test".into(),
+            pinned_at: now,
+            matrix: matrix.clone(),
+        };
+        let compare = |matrix: &MatrixDoc| {
+            compare_production(
+                &production,
+                &reference(matrix),
+                Window::All,
+                &EvidenceRule::NONE,
+                now,
+            )
+        };
+        assert!(
+            compare(&matrix).is_some(),
+            "no fingerprint: every configuration"
+        );
+        set_fingerprint(&mut matrix.metadata, a);
+        assert!(compare(&matrix).is_some(), "the same configuration");
+        set_fingerprint(&mut matrix.metadata, FingerprintId::from_hash(0xb));
+        assert!(
+            compare(&matrix).is_none(),
+            "another configuration has no production"
+        );
+    }
+}

@@ -677,4 +677,49 @@ mod tests {
         assert_eq!(Window::Last(Duration::from_secs(300)).label(), "5m");
         assert_eq!(DEFAULT_WINDOW.label(), "1h");
     }
+
+    #[test]
+    fn configurations_never_mix_and_stay_bounded() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000);
+        let production = aggregator(start);
+        let at = |s: u64| start + Duration::from_secs(s);
+        let a = FingerprintId::from_hash(0xa);
+        let b = FingerprintId::from_hash(0xb);
+        for (fingerprint, tokens) in [(a, 10), (a, 10), (b, 30)] {
+            let mut r = ending_at(at(60), tokens, "m");
+            r.fingerprint = fingerprint;
+            production.add(&r);
+        }
+        let now = at(120);
+        let tokens = |filter: &FingerprintFilter| {
+            production
+                .matrix_of(Window::All, Some("m"), now, filter)
+                .map_or(0, |doc| {
+                    doc.decode
+                        .iter()
+                        .filter_map(|c| c.output_tokens)
+                        .sum::<u64>()
+                })
+        };
+        assert_eq!(tokens(&FingerprintFilter::Only(vec![a])), 20);
+        assert_eq!(tokens(&FingerprintFilter::Only(vec![b])), 30);
+        assert_eq!(tokens(&FingerprintFilter::All), 50);
+        assert_eq!(
+            tokens(&FingerprintFilter::Only(vec![FingerprintId::UNKNOWN])),
+            0
+        );
+        assert_eq!(
+            production.fingerprints(Window::All, "m", now),
+            [(a, 2), (b, 1)]
+        );
+        // Past MAX_FINGERPRINTS_PER_MODEL since start, the first seen goes.
+        for i in 0..MAX_FINGERPRINTS_PER_MODEL as u64 {
+            let mut r = ending_at(at(60), 1, "m");
+            r.fingerprint = FingerprintId::from_hash(0x100 + i);
+            production.add(&r);
+        }
+        let kept = production.fingerprints(Window::All, "m", now);
+        assert_eq!(kept.len(), MAX_FINGERPRINTS_PER_MODEL);
+        assert!(kept.iter().all(|(id, _)| *id != a && *id != b), "{kept:?}");
+    }
 }

@@ -295,6 +295,37 @@ mod tests {
     }
 
     #[test]
+    fn a_slowdown_multiplies_prefill_and_decode_times() {
+        let base = PerformanceModel::new(&glm());
+        let slow = PerformanceModel::new(&glm().slowed(1.5));
+        let profile = glm();
+        let close = |a: Duration, b: Duration| {
+            let (a, b) = (a.as_secs_f64(), b.as_secs_f64());
+            (a - b).abs() <= 1e-6 * b.max(1e-9)
+        };
+        for &context in &profile.prefill.contexts {
+            assert!(close(
+                slow.prefill_time(context, context),
+                base.prefill_time(context, context).mul_f64(1.5)
+            ));
+        }
+        let row = &profile.decode.per_request_tok_s[0];
+        let context = profile.decode.contexts[0] as f64;
+        for (col, _) in row.iter().enumerate() {
+            let batch = profile.decode.batch_sizes[col] as usize;
+            assert!(close(
+                slow.decode_step_time(context, batch),
+                base.decode_step_time(context, batch).mul_f64(1.5)
+            ));
+        }
+        let unchanged = PerformanceModel::new(&glm().slowed(0.0));
+        assert_eq!(
+            unchanged.prefill_time(8192, 8192),
+            base.prefill_time(8192, 8192)
+        );
+    }
+
+    #[test]
     fn grid_points_are_reproduced_exactly() {
         let profile = glm();
         let model = PerformanceModel::new(&profile);

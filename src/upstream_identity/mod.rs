@@ -70,6 +70,8 @@ async fn read_forever(
     store: Option<Arc<Store>>,
 ) {
     let mut last = Answers::default();
+    // Woken because the upstream answered after failing: read everything afresh.
+    let mut back = false;
     loop {
         let identity = {
             let Some(upstream) = upstream.upgrade() else {
@@ -80,7 +82,7 @@ async fn read_forever(
             drop(upstream);
             if answers.any() {
                 // After an outage everything is read afresh: the server may be another one.
-                let answers = if identity.is_down() {
+                let answers = if identity.is_down() || back {
                     answers
                 } else {
                     answers.or_from(&last)
@@ -101,10 +103,10 @@ async fn read_forever(
         } else {
             interval
         };
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = identity.back() => {}
-        }
+        back = tokio::select! {
+            () = tokio::time::sleep(wait) => false,
+            () = identity.back() => true,
+        };
     }
 }
 
