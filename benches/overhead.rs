@@ -347,7 +347,10 @@ async fn start_haproxy(upstream: SocketAddr) -> Option<Baseline> {
         .ok()?;
     let haproxy = Baseline { child, addr, dir };
     if !listens(addr).await {
-        println!("haproxy: did not start (see its config in {})", haproxy.dir.display());
+        println!(
+            "haproxy: did not start (see its config in {})",
+            haproxy.dir.display()
+        );
         return None;
     }
     Some(haproxy)

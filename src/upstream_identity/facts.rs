@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::base::exposition;
 use crate::matrix::redact::redact_launch_command;
 use crate::meter::identity::{ConfigFacts, FingerprintId};
-use crate::base::exposition;
 
 /// Longest fact value kept (longer values are cut, on a character boundary).
 pub const MAX_VALUE_CHARS: usize = 256;
