@@ -68,7 +68,7 @@ pub struct SourceArgs {
     #[arg(long = "match", value_name = "MATCHER")]
     pub matchers: Vec<String>,
     /// A cell with fewer completed requests in the window is Low evidence: shown grey, never in
-    /// a ratio. Default 20 (the [evidence] default).
+    /// a ratio. Default 20 (the `[evidence]` default).
     #[arg(long, value_name = "N")]
     pub min_requests: Option<u64>,
     /// Bearer token sent to the PromQL endpoint. Default: TOKENTAP_PROMETHEUS_TOKEN.
