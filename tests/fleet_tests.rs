@@ -19,7 +19,7 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -86,39 +86,7 @@ fn tool(name: &str) -> PathBuf {
     panic!("`{name}` is not on PATH: it comes with Debian's `prometheus` package (scripts/test installs it)");
 }
 
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "tokentap-fleet-{label}-{}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A child process killed (and reaped) on every path out of the test, panics included.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::common::{ChildGuard, TempDir};
 
 /// `GET /api/v1/query?query=…` on Prometheus: the result vector (empty on any failure).
 async fn instant(base: &str, query: &str) -> Vec<Value> {

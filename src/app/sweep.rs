@@ -5,6 +5,7 @@
 //! files. Ctrl-C cancels the sweep (its streams are
 //! aborted) and still writes what was measured.
 
+use crate::base::error::error_chain as chain;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -446,18 +447,6 @@ pub async fn follow_local(
             }
         }
     }
-}
-
-/// The message of an error and its sources on one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(inner) = source {
-        message.push_str(": ");
-        message.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    message
 }
 
 /// A small client of a remote admin API (also used by `tokentap reference`).

@@ -1,10 +1,22 @@
 //! JSON text: a string literal written into a buffer, for bodies built by hand (the simulator's
-//! responses, the sweep's requests), and the one pretty rendering of documents.
+//! responses, the sweep's requests), the one pretty rendering of documents, and a trimmed text
+//! field read from a server's answer.
 //!
 //! Hand-written because the simulator must write the exact bytes an engine writes (raw UTF-8,
 //! short escapes), into a buffer it reuses, without serde_json's intermediate `String`.
 
 use std::fmt::Write as _;
+
+/// The string at `key` of a JSON object, trimmed; `None` when absent, not a string or blank
+/// (how a server's self-description is read: a blank field says nothing).
+pub fn field_text(value: &serde_json::Value, key: &str) -> Option<String> {
+    value
+        .get(key)
+        .and_then(serde_json::Value::as_str)
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+}
 
 /// A document as pretty JSON with a trailing newline: the stable file and API rendering of the
 /// matrix, its diff and its comparison.

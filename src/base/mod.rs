@@ -7,6 +7,7 @@
 
 pub mod duration;
 pub mod engine_metrics;
+pub mod error;
 pub mod escape;
 pub mod exposition;
 pub mod json;

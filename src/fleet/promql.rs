@@ -3,6 +3,7 @@
 //! and in the size of the answer, with errors that name the URL (without userinfo) and the
 //! server's own error text.
 
+use crate::base::error::error_chain;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -224,18 +225,6 @@ impl PromClient {
             })??;
         parse_answer(&shown, status, &body, query)
     }
-}
-
-/// The message of an error and its sources on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(inner) = source {
-        message.push_str(": ");
-        message.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    message
 }
 
 /// Reads an API answer: `{"status":"success","data":{"resultType":"vector","result":[…]}}`

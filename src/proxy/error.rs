@@ -48,20 +48,7 @@ pub enum ProxyError {
     },
 }
 
-/// Joins an error and its sources: "client error (Connect): tcp connect error: Connection refused".
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let more = cause.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = cause.source();
-    }
-    text
-}
+pub use crate::base::error::error_chain;
 
 impl ProxyError {
     pub fn client_body(error: BoxError) -> Self {

@@ -11,6 +11,7 @@
 //! says what it fell back to. The Prometheus text parsing is deliberately small (gauges and one
 //! info metric's labels) and never panics on any input.
 
+use crate::base::json::field_text as text;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -201,15 +202,6 @@ pub fn apply_metrics(facts: &mut ServerFacts, text: &str) {
         facts.engine = EngineKind::Sglang;
         facts.has_running_gauge = true;
     }
-}
-
-fn text(value: &Value, key: &str) -> Option<String> {
-    value
-        .get(key)
-        .and_then(Value::as_str)
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
 }
 
 /// The sum of every series of `name` in a Prometheus text page (`None` when absent).

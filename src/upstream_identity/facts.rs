@@ -8,6 +8,7 @@
 //! secrets never enter it; the launch command is shown (redacted by `matrix::redact`) but not
 //! hashed, as are the node, the zone and the served model name.
 
+use crate::base::json::field_text as text;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -425,15 +426,6 @@ fn scalar(value: &Value) -> Option<String> {
             }
         }
     }
-}
-
-fn text(value: &Value, key: &str) -> Option<String> {
-    value
-        .get(key)
-        .and_then(Value::as_str)
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
 }
 
 fn cut(text: &str, max_chars: usize) -> String {

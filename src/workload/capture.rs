@@ -7,6 +7,7 @@
 //! channel in batches into the store's `workload` table (pruned by age and count), or into a
 //! bounded in-memory ring when there is no store.
 
+use crate::base::error::error_chain;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -289,18 +290,6 @@ impl StoreFailures {
             *self = Self::default();
         }
     }
-}
-
-/// An error and its sources, joined: the cause a bare "store query failed" hides.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// The writer: batches rows into the store (or the ring), prunes, answers flushes. Ends when
