@@ -1123,7 +1123,8 @@ async fn tokentap_serves_with_the_service_links_kubernetes_injects() {
     env.push(("TOKENTAP_ADMIN_TOKEN".into(), "compose-env-token".into()));
     env.push(("TOKENTAP_BIN".into(), "/usr/local/bin/tokentap".into()));
 
-    let profile = Profile::from_toml_str(LIVE_PROFILE, "the live deploy test profile").unwrap();
+    // 100 tok/s per stream at any batch size and a near-instant prefill: known figures.
+    let profile = common::flat_profile(MODEL, 100.0, 15.0, "tests/deploy_tests.rs");
     let sim = SimServer::start(profile, SimOptions::default())
         .await
         .unwrap();
@@ -1559,41 +1560,6 @@ fn substitute(expr: &str, values: &BTreeMap<&str, String>) -> String {
 
 // ----------------------------------------------------------------------------- live Prometheus
 
-/// The simulator profile for the live test: 100 tok/s per stream at any batch size and a
-/// near-instant prefill, so the cells' figures are known and no prefill stalls decode.
-const LIVE_PROFILE: &str = r#"
-[model]
-served_model_name = "deploy/sim"
-model_path = "deploy/sim"
-context_length = 131072
-reasoning = false
-
-[labels]
-engine = "sglang"
-engine_version = "simulated"
-source = "tests/deploy_tests.rs"
-
-[capacity]
-kv_tokens = 4000000
-max_running_requests = 256
-chunked_prefill_size = 65536
-
-[prefill]
-contexts = [1024]
-tok_s = [2000000.0]
-
-[decode]
-tokens_per_step = 1.0
-contexts = [1024]
-batch_sizes = [1, 256]
-per_request_tok_s = [[100.0, 100.0]]
-
-[cached_ttft]
-contexts = [1024]
-batch_sizes = [1]
-ms = [[15.0]]
-"#;
-
 const ADMIN_TOKEN: &str = "deploy-test-token";
 const MODEL: &str = "deploy/sim";
 
@@ -1874,7 +1840,8 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
     let started = Instant::now();
     let prometheus = require_prometheus_tool("prometheus");
 
-    let profile = Profile::from_toml_str(LIVE_PROFILE, "the live deploy test profile").unwrap();
+    // 100 tok/s per stream at any batch size and a near-instant prefill: known figures.
+    let profile = common::flat_profile(MODEL, 100.0, 15.0, "tests/deploy_tests.rs");
     let sim = SimServer::start(profile, SimOptions::default())
         .await
         .unwrap();

@@ -39,41 +39,7 @@ const BASE_TOK_S: f64 = 100.0;
 /// A simulator profile decoding at `tok_s` per stream at any batch size, with a near-instant
 /// prefill (so no prefill stalls decode and the cells' figures are known).
 fn profile(tok_s: f64, ttft_ms: f64) -> Profile {
-    let text = format!(
-        r#"
-[model]
-served_model_name = "{MODEL}"
-model_path = "{MODEL}"
-context_length = 131072
-reasoning = false
-
-[labels]
-engine = "sglang"
-engine_version = "simulated"
-source = "tests/fleet_tests.rs"
-
-[capacity]
-kv_tokens = 4000000
-max_running_requests = 256
-chunked_prefill_size = 65536
-
-[prefill]
-contexts = [1024]
-tok_s = [2000000.0]
-
-[decode]
-tokens_per_step = 1.0
-contexts = [1024]
-batch_sizes = [1, 256]
-per_request_tok_s = [[{tok_s:.4}, {tok_s:.4}]]
-
-[cached_ttft]
-contexts = [1024]
-batch_sizes = [1]
-ms = [[{ttft_ms:.4}]]
-"#
-    );
-    Profile::from_toml_str(&text, "the fleet test profile").unwrap()
+    crate::common::flat_profile(MODEL, tok_s, ttft_ms, "tests/fleet_tests.rs")
 }
 
 fn tool(name: &str) -> PathBuf {

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context as _;
 use clap::{Args, Subcommand, ValueEnum};
 
-use super::matrix::EXIT_GATE_FAILED;
+use super::matrix::{write_output, EXIT_GATE_FAILED};
 use crate::base::Source;
 use crate::fleet::compare::{compare, render_compare_json, render_compare_markdown};
 use crate::fleet::matrix::{fleet_matrix, mean_ttft_ms, FleetQuery};
@@ -189,22 +189,6 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         FleetCommand::Matrix(args) => matrix(&args).await,
         FleetCommand::Compare(args) => compare_command(&args).await,
-    }
-}
-
-fn write_output(output: Option<&std::path::Path>, text: &str) -> anyhow::Result<()> {
-    match output {
-        Some(path) => {
-            std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
-        }
-        None => {
-            use std::io::Write as _;
-            let mut stdout = std::io::stdout().lock();
-            stdout
-                .write_all(text.as_bytes())
-                .and_then(|()| stdout.flush())
-                .context("cannot write to standard output")
-        }
     }
 }
 

@@ -255,7 +255,8 @@ fn capacity_command(args: &CapacityArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn write_output(output: Option<&Path>, text: &str) -> anyhow::Result<()> {
+/// Writes a rendering to `output`, or to standard output (flushed) when there is none.
+pub(super) fn write_output(output: Option<&Path>, text: &str) -> anyhow::Result<()> {
     match output {
         Some(path) => {
             std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))

@@ -549,3 +549,44 @@ impl Drop for ChildGuard {
         let _ = self.0.wait();
     }
 }
+
+/// A simulator profile serving `model`, decoding at `tok_s` per stream at any batch size, with
+/// a near-instant prefill (so no prefill stalls decode and the cells' figures are known) and a
+/// cached-prompt TTFT of `ttft_ms`.
+pub fn flat_profile(model: &str, tok_s: f64, ttft_ms: f64, source: &str) -> tokentap::sim::Profile {
+    let text = format!(
+        r#"
+[model]
+served_model_name = "{model}"
+model_path = "{model}"
+context_length = 131072
+reasoning = false
+
+[labels]
+engine = "sglang"
+engine_version = "simulated"
+source = "{source}"
+
+[capacity]
+kv_tokens = 4000000
+max_running_requests = 256
+chunked_prefill_size = 65536
+
+[prefill]
+contexts = [1024]
+tok_s = [2000000.0]
+
+[decode]
+tokens_per_step = 1.0
+contexts = [1024]
+batch_sizes = [1, 256]
+per_request_tok_s = [[{tok_s:.4}, {tok_s:.4}]]
+
+[cached_ttft]
+contexts = [1024]
+batch_sizes = [1]
+ms = [[{ttft_ms:.4}]]
+"#
+    );
+    tokentap::sim::Profile::from_toml_str(&text, "a flat test profile").unwrap()
+}
