@@ -1606,16 +1606,6 @@ impl PrometheusApi {
     }
 
     /// Whether `/-/ready` answers 200 (connection errors are "not yet").
-    async fn ready(&self) -> bool {
-        let request = Request::get(format!("{}/-/ready", self.base))
-            .body(Full::new(Bytes::new()))
-            .unwrap();
-        matches!(
-            tokio::time::timeout(Duration::from_secs(2), common::client().request(request)).await,
-            Ok(Ok(response)) if response.status() == 200
-        )
-    }
-
     async fn instant(&self, query: &str) -> Result<Vec<Value>, String> {
         let data = self
             .call("/api/v1/query", &[("query", query.to_string())])
@@ -1671,51 +1661,10 @@ fn value_where(result: &[Value], labels: &[(&str, &str)]) -> Option<f64> {
         .filter(|v| v.is_finite())
 }
 
-/// Starts `prometheus` on a free loopback port with `config`; retries if the port was taken
-/// between choosing and binding it.
+/// Starts `prometheus` on a free loopback port with `config` (`common::start_prometheus`).
 async fn start_prometheus(binary: &Path, dir: &Path, config: &Path) -> (ChildGuard, PrometheusApi) {
-    let mut last_log = String::new();
-    for attempt in 0..3 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let log_path = dir.join(format!("prometheus-{attempt}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let child = Command::new(binary)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join(format!("data-{attempt}")).display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let mut guard = ChildGuard(child);
-        let api = PrometheusApi {
-            base: format!("http://127.0.0.1:{port}"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = guard.0.try_wait() {
-                break;
-            }
-            if api.ready().await {
-                return (guard, api);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        last_log = read(&log_path);
-        if !last_log.contains("address already in use") {
-            break;
-        }
-    }
-    panic!("prometheus did not become ready:\n{last_log}");
+    let (guard, base) = common::start_prometheus(binary, dir, config).await;
+    (guard, PrometheusApi { base })
 }
 
 /// Polls `query` until `done` holds for its result, within `limit`.

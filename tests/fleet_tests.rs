@@ -78,55 +78,9 @@ async fn instant(base: &str, query: &str) -> Vec<Value> {
     }
 }
 
-/// Starts `prometheus` on a free loopback port; retries if the port was taken meanwhile.
+/// Starts `prometheus` on a free loopback port (`common::start_prometheus`).
 async fn start_prometheus(dir: &Path, config: &Path) -> (ChildGuard, String) {
-    let binary = tool("prometheus");
-    let mut last_log = String::new();
-    for attempt in 0..3 {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let log_path = dir.join(format!("prometheus-{attempt}.log"));
-        let log = std::fs::File::create(&log_path).unwrap();
-        let child = Command::new(&binary)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join(format!("data-{attempt}")).display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let mut guard = ChildGuard(child);
-        let base = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = guard.0.try_wait() {
-                break;
-            }
-            let ready = Request::get(format!("{base}/-/ready"))
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            if matches!(
-                tokio::time::timeout(Duration::from_secs(2), common::client().request(ready)).await,
-                Ok(Ok(r)) if r.status() == 200
-            ) {
-                return (guard, base);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        last_log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if !last_log.contains("address already in use") {
-            break;
-        }
-    }
-    panic!("prometheus did not become ready:\n{last_log}");
+    common::start_prometheus(&tool("prometheus"), dir, config).await
 }
 
 fn completion_body(max_tokens: u64) -> String {

@@ -590,3 +590,64 @@ ms = [[{ttft_ms:.4}]]
     );
     tokentap::sim::Profile::from_toml_str(&text, "a flat test profile").unwrap()
 }
+
+/// Whether the Prometheus at `base` answers `/-/ready` with 200 within 2 s.
+pub async fn prometheus_ready(base: &str) -> bool {
+    let request = Request::get(format!("{base}/-/ready"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), client().request(request)).await,
+        Ok(Ok(response)) if response.status() == 200
+    )
+}
+
+/// Starts the Prometheus `binary` on a free loopback port with `config`, its data and logs in
+/// `dir`; retries if the port was taken between choosing and binding it. Returns the process
+/// (killed on drop) and its base URL once it is ready.
+pub async fn start_prometheus(
+    binary: &std::path::Path,
+    dir: &std::path::Path,
+    config: &std::path::Path,
+) -> (ChildGuard, String) {
+    let mut last_log = String::new();
+    for attempt in 0..3 {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log_path = dir.join(format!("prometheus-{attempt}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = std::process::Command::new(binary)
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join(format!("data-{attempt}")).display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
+        let mut guard = ChildGuard(child);
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = guard.0.try_wait() {
+                break;
+            }
+            if prometheus_ready(&base).await {
+                return (guard, base);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        last_log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if !last_log.contains("address already in use") {
+            break;
+        }
+    }
+    panic!("prometheus did not become ready:\n{last_log}");
+}
