@@ -29,7 +29,7 @@ pub async fn get(upstream: &Upstream, path: &str, deadline: Duration) -> Option<
         .body(RequestBody::Full(None))
         .ok()?;
     let exchange = async {
-        let response = upstream.client.request(request).await.ok()?;
+        let response = upstream.send(request).await.ok()?;
         let status = response.status().as_u16();
         let mut body = response.into_body();
         let mut bytes = BytesMut::new();

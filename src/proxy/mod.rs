@@ -7,6 +7,7 @@ pub mod body;
 pub mod connector;
 pub mod error;
 pub mod headers;
+pub mod inline_pool;
 pub mod served_model;
 pub mod service;
 pub mod timeout;

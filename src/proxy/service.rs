@@ -493,7 +493,7 @@ impl Proxy {
         if let Some(m) = metered.as_mut() {
             m.meter.timeline.upstream_sent = Some(Instant::now());
         }
-        let call = upstream.client.request(request);
+        let call = upstream.send(request);
         let timeout = upstream.config.response_timeout;
         let result = if timeout.is_zero() {
             Ok(call.await)
@@ -502,15 +502,15 @@ impl Proxy {
         };
         let response = match result {
             Ok(Ok(response)) => response,
-            Ok(Err(error)) if is_stall(&error) => {
+            Ok(Err(error)) if is_stall(&*error) => {
                 // The client's streamed body went silent while hyper was sending it.
                 return fail(self.body_stalled(), metered);
             }
-            Ok(Err(error)) if at_capacity(&error).is_some() => {
+            Ok(Err(error)) if at_capacity(&*error).is_some() => {
                 let error = ProxyError::Busy {
                     upstream: Arc::clone(&upstream.name),
                     url: upstream.url(),
-                    cause: at_capacity(&error)
+                    cause: at_capacity(&*error)
                         .map(|full| full.to_string())
                         .unwrap_or_default(),
                 };
@@ -521,7 +521,7 @@ impl Proxy {
                 let error = ProxyError::Upstream {
                     upstream: Arc::clone(&upstream.name),
                     url: upstream.url(),
-                    cause: error_chain(&error),
+                    cause: error_chain(&*error),
                 };
                 tracing::warn!(upstream = %upstream.name, %error, "upstream request failed");
                 return fail(error, metered);

@@ -86,7 +86,7 @@ pub fn is_stall(error: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// The upstream's response body under its `stream_idle_timeout`.
-pub type UpstreamBody = IdleTimeout<hyper::body::Incoming>;
+pub type UpstreamBody = IdleTimeout<super::inline_pool::DrivenBody>;
 
 pin_project! {
     /// `inner`, ended with [`Stalled`] when no frame arrives for `idle` (zero: never).

@@ -15,6 +15,8 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::body::RequestBody;
 use super::connector::Limited;
+use super::inline_pool::{DrivenBody, InlineOptions, InlinePool};
+use super::BoxError;
 use crate::base::lock;
 use crate::config::{UpstreamConfig, UsageUnasked};
 use crate::net::faults::FaultCounters;
@@ -39,6 +41,9 @@ pub struct Upstream {
     pub name: Arc<str>,
     pub config: UpstreamConfig,
     pub client: UpstreamClient,
+    /// Plain-HTTP/1 upstreams: connections driven inside the client's task (`inline_pool`);
+    /// `None` for TLS and HTTP/2 upstreams, which use `client`.
+    inline: Option<Arc<InlinePool>>,
     /// The configured label for requests that name no model (interned once), if any.
     pub default_model: Option<Arc<str>>,
     /// The model the server says it serves (`served_model`, from `/v1/models`), once known:
@@ -80,6 +85,22 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
+        let inline = if config.http2 {
+            None
+        } else {
+            InlinePool::new(
+                &config.url,
+                InlineOptions {
+                    connect_timeout: config.connect_timeout,
+                    idle_timeout: config.pool_idle_timeout,
+                    max_idle: config.pool_max_idle,
+                    max_connections: config.max_connections,
+                    max_buf_size: stream_buffer,
+                },
+                Arc::clone(&faults),
+            )
+            .ok()
+        };
         let connector = Limited::new(
             connector,
             config.max_connections,
@@ -113,7 +134,20 @@ impl Upstream {
             usage_unasked: AtomicBool::new(config.sends_usage_unasked == UsageUnasked::Final),
             config,
             client,
+            inline,
         })
+    }
+
+    /// Sends `request` (its URI from [`Upstream::uri`]) to the upstream: plain HTTP/1 through
+    /// the inline pool, anything else through the pooled client.
+    pub async fn send(
+        &self,
+        request: http::Request<RequestBody>,
+    ) -> Result<http::Response<DrivenBody>, BoxError> {
+        match &self.inline {
+            Some(pool) => pool.send(request).await,
+            None => Ok(self.client.request(request).await?.map(DrivenBody::pooled)),
+        }
     }
 
     /// The upstream URI for a request path and query (the upstream's base path is prepended).

@@ -62,8 +62,7 @@ pub async fn fetch(upstream: &Upstream, timeout: Duration) -> Result<String, Scr
         .map_err(|_| ScrapeOutcome::Unreachable)?;
     let exchange = async {
         let response = upstream
-            .client
-            .request(request)
+            .send(request)
             .await
             .map_err(|_| ScrapeOutcome::Unreachable)?;
         if response.status() != http::StatusCode::OK {
