@@ -23,9 +23,10 @@ use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
+use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use http::header::{HeaderValue, HOST};
 use http::{Request, Response, Uri};
@@ -207,11 +208,14 @@ impl InlinePool {
             let sent = sender.try_send_request(request);
             match drive_until(&mut connection, sent).await {
                 Ok(response) => {
+                    let wakes = OwnWakes::new();
                     let driver = Driver {
                         sender,
                         connection,
                         closed: false,
                         pool: Arc::downgrade(self),
+                        waker: Waker::from(Arc::clone(&wakes)),
+                        wakes,
                     };
                     return Ok(response.map(|incoming| DrivenBody {
                         incoming,
@@ -317,8 +321,7 @@ impl InlinePool {
     /// Closes connections idle past `idle_timeout` even when no request comes to check them
     /// out (their descriptors and slots are freed). One task per pool, ended with the pool.
     fn start_reaper(self: &Arc<Self>) {
-        if self.options.idle_timeout.is_zero()
-            || self.reaper_started.swap(true, Ordering::Relaxed)
+        if self.options.idle_timeout.is_zero() || self.reaper_started.swap(true, Ordering::Relaxed)
         {
             return;
         }
@@ -396,6 +399,59 @@ struct Driver {
     connection: Connection,
     closed: bool,
     pool: Weak<InlinePool>,
+    /// What the connection and the body channel are polled with (see [`OwnWakes`]).
+    wakes: Arc<OwnWakes>,
+    waker: Waker,
+}
+
+/// The waker the connection and its body channel see. hyper's dispatcher and the body
+/// channel wake each other on every chunk (the dispatcher wakes the receiver when it sends,
+/// the receiver wakes the dispatcher when it takes); both run in this task, inside one
+/// `poll_frame`, so those wakes would only make the runtime poll the whole client
+/// connection once more for nothing. While `poll_frame` runs they are noted, not passed on:
+/// it polls again itself when one came before it would answer `Pending`. Any wake from
+/// outside (the upstream socket became readable while the task slept) goes to the task.
+struct OwnWakes {
+    task: AtomicWaker,
+    polling: AtomicBool,
+    woken: AtomicBool,
+}
+
+impl Wake for OwnWakes {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Noted first, then `polling` read: whichever order this meets `settle`'s in, either
+        // `settle` sees the note or this wakes the task (SeqCst: one order for both).
+        self.woken.store(true, Ordering::SeqCst);
+        if !self.polling.load(Ordering::SeqCst) {
+            self.task.wake();
+        }
+    }
+}
+
+impl OwnWakes {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            task: AtomicWaker::new(),
+            polling: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+        })
+    }
+
+    fn begin(&self, task: &Waker) {
+        self.task.register(task);
+        self.woken.store(false, Ordering::SeqCst);
+        self.polling.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends a poll: whether a wake came during it.
+    fn settle(&self) -> bool {
+        self.polling.store(false, Ordering::SeqCst);
+        self.woken.swap(false, Ordering::SeqCst)
+    }
 }
 
 /// An upstream response body; from an [`InlinePool`] it carries and drives its connection.
@@ -431,14 +487,34 @@ impl Body for DrivenBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        if let Some(driver) = this.driver.as_mut() {
+        let Some(driver) = this.driver.as_mut() else {
+            return Pin::new(&mut this.incoming).poll_frame(cx);
+        };
+        // Bounded: each round either answers or follows a wake that brought progress; a
+        // connection that keeps waking itself is left to the runtime after a few.
+        let mut rounds = 0u8;
+        let frame = loop {
+            rounds += 1;
+            driver.wakes.begin(cx.waker());
+            let mut own = Context::from_waker(&driver.waker);
             if !driver.closed {
                 // Reads what the socket has into the body channel (and finishes writing the
                 // request body, if the upstream answered before it ended).
-                driver.closed = Pin::new(&mut driver.connection).poll(cx).is_ready();
+                driver.closed = Pin::new(&mut driver.connection).poll(&mut own).is_ready();
             }
-        }
-        let frame = Pin::new(&mut this.incoming).poll_frame(cx);
+            let frame = Pin::new(&mut this.incoming).poll_frame(&mut own);
+            let woken = driver.wakes.settle();
+            match frame {
+                Poll::Pending if woken && rounds < 4 => continue,
+                Poll::Pending if woken => {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                // A `Ready` needs no wake: whoever took it polls again when it wants more,
+                // and a wake noted meanwhile left its readiness where that poll finds it.
+                frame => break frame,
+            }
+        };
         // The end shows as `None`, or as `is_end_stream` after the last data frame of a body
         // with a length (hyper's server then never polls for the `None`).
         let ended = match &frame {
@@ -468,5 +544,253 @@ impl Body for DrivenBody {
 
     fn size_hint(&self) -> SizeHint {
         self.incoming.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::net::TcpListener;
+
+    /// A loopback HTTP/1 server answering `host path` (chunked, in `chunks` pieces), counting
+    /// the connections it accepted; `close_after_one` answers with `Connection: close`.
+    async fn upstream(chunks: usize, close: bool) -> (Uri, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                        let host = request
+                            .headers()
+                            .get(HOST)
+                            .and_then(|h| h.to_str().ok())
+                            .unwrap_or("-")
+                            .to_string();
+                        let line = format!("{host} {}", request.uri());
+                        async move {
+                            let pieces: VecDeque<Bytes> = (0..chunks)
+                                .map(|i| {
+                                    Bytes::from(if i == 0 {
+                                        line.clone()
+                                    } else {
+                                        format!(" {i}")
+                                    })
+                                })
+                                .collect();
+                            let body = Chunks(pieces);
+                            let mut response = Response::new(body);
+                            if close {
+                                response.headers_mut().insert(
+                                    http::header::CONNECTION,
+                                    HeaderValue::from_static("close"),
+                                );
+                            }
+                            Ok::<_, std::convert::Infallible>(response)
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (format!("http://{address}").parse().unwrap(), accepted)
+    }
+
+    /// A body of ready chunks.
+    struct Chunks(VecDeque<Bytes>);
+
+    impl Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|chunk| Ok(Frame::data(chunk))))
+        }
+    }
+
+    fn pool(url: &Uri, idle_timeout: Duration) -> Arc<InlinePool> {
+        InlinePool::new(
+            url,
+            InlineOptions {
+                connect_timeout: Duration::from_secs(5),
+                idle_timeout,
+                max_idle: 8,
+                max_connections: 4,
+                max_buf_size: 8192,
+            },
+            Arc::new(FaultCounters::default()),
+        )
+        .unwrap()
+    }
+
+    fn get(url: &Uri, path: &str) -> Request<RequestBody> {
+        let uri: Uri = format!("{url}{}", path.trim_start_matches('/'))
+            .parse()
+            .unwrap();
+        Request::builder()
+            .uri(uri)
+            .body(RequestBody::empty())
+            .unwrap()
+    }
+
+    async fn text(response: Response<DrivenBody>) -> String {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_read_to_the_end_serves_the_next_request_with_host_and_origin_form() {
+        let (url, accepted) = upstream(3, false).await;
+        let pool = pool(&url, Duration::from_secs(60));
+        let authority = url.authority().unwrap().to_string();
+        for round in 0..3 {
+            let response = pool
+                .send(get(&url, &format!("/v1/x?round={round}")))
+                .await
+                .unwrap();
+            assert_eq!(
+                text(response).await,
+                format!("{authority} /v1/x?round={round} 1 2")
+            );
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(pool.idle_connections(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_early_closes_its_connection() {
+        let (url, accepted) = upstream(3, false).await;
+        let pool = pool(&url, Duration::from_secs(60));
+        let mut body = pool.send(get(&url, "/")).await.unwrap().into_body();
+        let first = body.frame().await.unwrap().unwrap();
+        assert!(first.is_data());
+        drop(body);
+        assert_eq!(pool.idle_connections(), 0);
+        let response = pool.send(get(&url, "/")).await.unwrap();
+        assert!(text(response).await.ends_with("/ 1 2"));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_server_closed_is_not_reused() {
+        let (url, accepted) = upstream(1, true).await;
+        let pool = pool(&url, Duration::from_secs(60));
+        for _ in 0..3 {
+            let response = pool.send(get(&url, "/a")).await.unwrap();
+            assert!(text(response).await.ends_with(" /a"));
+            // Let the server's close reach the idle connection.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_the_server_dropped_is_replaced_unseen() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Keep-alive answers, then the server drops the idle connection 30 ms later.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let _ = stream
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                });
+            }
+        });
+        let pool = pool(&url, Duration::from_secs(60));
+        for _ in 0..2 {
+            let response = pool.send(get(&url, "/")).await.unwrap();
+            assert_eq!(text(response).await, "ok");
+            assert_eq!(pool.idle_connections(), 1);
+            tokio::time::sleep(Duration::from_millis(150)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn at_most_max_connections_then_at_capacity() {
+        let (url, _) = upstream(2, false).await;
+        let pool = InlinePool::new(
+            &url,
+            InlineOptions {
+                connect_timeout: Duration::from_millis(100),
+                idle_timeout: Duration::from_secs(60),
+                max_idle: 8,
+                max_connections: 1,
+                max_buf_size: 8192,
+            },
+            Arc::new(FaultCounters::default()),
+        )
+        .unwrap();
+        // The first response's body is held open (not read to the end): its connection is busy.
+        let held = pool.send(get(&url, "/")).await.unwrap();
+        let error = pool.send(get(&url, "/")).await.unwrap_err();
+        assert!(
+            super::super::connector::at_capacity(&*error).is_some(),
+            "{error}"
+        );
+        drop(held);
+        let response = pool.send(get(&url, "/")).await.unwrap();
+        assert!(text(response).await.ends_with("/ 1"));
+    }
+
+    #[tokio::test]
+    async fn idle_connections_close_after_the_idle_timeout() {
+        let (url, _) = upstream(1, false).await;
+        let pool = pool(&url, Duration::from_secs(1));
+        let response = pool.send(get(&url, "/")).await.unwrap();
+        text(response).await;
+        assert_eq!(pool.idle_connections(), 1);
+        // The reaper runs every second; bounded wait.
+        for _ in 0..40 {
+            if pool.idle_connections() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(pool.idle_connections(), 0);
+    }
+
+    #[test]
+    fn only_plain_http_upstreams() {
+        let faults = Arc::new(FaultCounters::default());
+        let options = InlineOptions {
+            connect_timeout: Duration::ZERO,
+            idle_timeout: Duration::ZERO,
+            max_idle: 0,
+            max_connections: 1,
+            max_buf_size: 8192,
+        };
+        let https: Uri = "https://example.test/".parse().unwrap();
+        assert!(InlinePool::new(&https, options.clone(), Arc::clone(&faults)).is_err());
+        let http: Uri = "http://[::1]:8000/".parse().unwrap();
+        let pool = InlinePool::new(&http, options, faults).unwrap();
+        assert_eq!(pool.host, "::1");
+        assert_eq!(pool.host_header, "[::1]:8000");
     }
 }
