@@ -647,7 +647,9 @@ fn the_dockerfile_builds_from_what_the_repository_has() {
             parts[1..parts.len() - 1].to_vec()
         })
         .collect();
-    for (file, included) in compiled_in_files(&repo().join("src")) {
+    let mut compiled_in = compiled_in_files(&repo().join("src"));
+    compiled_in.extend(compiled_in_files(&repo().join("crates")));
+    for (file, included) in compiled_in {
         let rel = included
             .strip_prefix(repo())
             .unwrap()

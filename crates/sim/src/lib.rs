@@ -19,7 +19,8 @@
 //!   (the route table), `server` (the listener and the shared state it builds), `lag` (the
 //!   schedule-lag measurement, which runs a `server`).
 //!
-//! This module must not depend on the proxy or the sweep engine: they call it, through
+//! The crate `tokentap-sim` (`tokentap::sim`), on `tokentap-base` and `tokentap-matrix` only: it
+//! cannot depend on the proxy or the sweep engine (the compiler keeps that); they call it, through
 //! [`serve`], [`SimServer::start`] and [`Profile`].
 use std::future::Future;
 use std::net::SocketAddr;

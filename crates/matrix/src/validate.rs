@@ -10,7 +10,7 @@ use super::doc::{
     CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, ServerState, Tails, SCHEMA,
 };
 use super::facts::{FactValue, FACTS, FACT_SECTIONS};
-use crate::base::wallclock::is_rfc3339;
+use tokentap_base::wallclock::is_rfc3339;
 
 /// Why a document is not acceptable; each names the offending item.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

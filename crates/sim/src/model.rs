@@ -288,7 +288,7 @@ pub fn natural_output_tokens(seed: u64, mean: u32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::profile::Profile;
+    use crate::profile::Profile;
 
     fn glm() -> Profile {
         Profile::builtin("glm-5.3-flash-nvfp4-4x-rtx-pro-6000").unwrap()

@@ -1,11 +1,11 @@
 //! JSON output and wall-clock seconds for the simulator's bodies. Written by hand, not through
 //! serde, because the servers' exact bytes (key order, compact separators, raw UTF-8) are the
-//! product and no per-chunk `serde_json::Value` may be built; the string writer is the crate's
+//! product and no per-chunk `serde_json::Value` may be built; the string writer is the workspace's
 //! one (`base::json`), which writes raw UTF-8 as orjson/msgspec/pydantic do.
 use std::time::SystemTime;
 
-pub use crate::base::json::push_json_string as push_json_str;
-use crate::base::wallclock;
+pub use tokentap_base::json::push_json_string as push_json_str;
+use tokentap_base::wallclock;
 
 /// Whole seconds since the Unix epoch (0 if the clock is before it): `created` fields.
 pub fn unix_seconds() -> u64 {

@@ -9,7 +9,7 @@
 //!   gaps inside a row are interpolated, a row's missing leading columns are scaled from the
 //!   nearest row that has them, and trailing cells are left to `model.rs`'s fill rule;
 //! * KV budget: the midpoint of the bracket the Valid / Over capacity boundary implies
-//!   ([`crate::matrix::infer::kv_budget`]);
+//!   ([`tokentap_matrix::infer::kv_budget`]);
 //! * context length, model path, reasoning, speculative decoding, chunked prefill and block size
 //!   from the launch command when it says so, else inferred or defaulted;
 //! * tokens per event: the caller's value, else [`SPECULATIVE_TOKENS_PER_EVENT`] when the launch
@@ -19,8 +19,8 @@
 //! not hold timing logic (`model.rs` interprets the profile).
 use std::collections::BTreeSet;
 
-use crate::matrix::infer::{self, InferError, DEFAULT_MAX_OUTPUT_TOKENS};
-use crate::matrix::{CellStatus, MatrixDoc};
+use tokentap_matrix::infer::{self, InferError, DEFAULT_MAX_OUTPUT_TOKENS};
+use tokentap_matrix::{CellStatus, MatrixDoc};
 
 use super::profile::{
     CachedTtftGrid, Capacity, DecodeGrid, Labels, ModelSection, PrefillCurve, Profile, ProfileError,
@@ -303,7 +303,7 @@ fn prefill_curve(doc: &MatrixDoc) -> Result<PrefillCurve, FromMatrixError> {
 /// gaps, and rows may end early (model.rs fills the rest).
 fn grid(
     doc: &MatrixDoc,
-    figure: impl Fn(&crate::matrix::DecodeCell) -> Option<f64>,
+    figure: impl Fn(&tokentap_matrix::DecodeCell) -> Option<f64>,
 ) -> (Vec<u64>, Vec<u32>, Vec<Vec<f64>>) {
     let batches: Vec<u32> = doc
         .decode
@@ -459,13 +459,13 @@ impl<'a> LaunchCommand<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::PerformanceModel;
+    use crate::PerformanceModel;
 
     fn seed(name: &str) -> MatrixDoc {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/seeds")
+            .join("../../tests/fixtures/seeds")
             .join(name);
-        crate::matrix::load(&path).unwrap()
+        tokentap_matrix::load(&path).unwrap()
     }
 
     const GLM: &str = "000_7bda87e292bd4f4e.txt";
@@ -566,7 +566,7 @@ mod tests {
             if (cell.context_tokens, cell.concurrency) == (8192, 4)
                 || (cell.context_tokens, cell.concurrency) == (16384, 1)
             {
-                *cell = crate::matrix::DecodeCell::status_only(
+                *cell = tokentap_matrix::DecodeCell::status_only(
                     cell.context_tokens,
                     cell.concurrency,
                     CellStatus::error("stream reset"),

@@ -3,7 +3,7 @@
 //! well-formed XML with every text escaped; the HTML page inlines the same elements.
 use std::fmt::Write as _;
 
-pub use crate::base::escape::xml_escape;
+pub use tokentap_base::escape::xml_escape;
 
 use super::doc::MatrixDoc;
 use super::units::{context_label, format_rate};

@@ -3,7 +3,8 @@
 //! (`exposition`), and small helpers (wall clock, durations, JSON string writing, escaping, the
 //! poison-tolerant lock).
 //!
-//! It imports nothing from the rest of the crate, so any module may use it.
+//! The crate `tokentap-base` (`tokentap::base`): it depends on no other crate of the workspace,
+//! so every crate and module may use it.
 
 pub mod duration;
 pub mod engine_metrics;

@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::sim::json_out::{push_json_str, unix_seconds_f64};
-use crate::sim::output::{FinishReason, Output, Step};
-use crate::sim::request::{opt_bool, opt_int, opt_string, stop_strings, ApiError, GenRequest};
-use crate::sim::text;
+use crate::json_out::{push_json_str, unix_seconds_f64};
+use crate::output::{FinishReason, Output, Step};
+use crate::request::{opt_bool, opt_int, opt_string, stop_strings, ApiError, GenRequest};
+use crate::text;
 
 /// sglang's default `max_new_tokens`.
 const DEFAULT_MAX_NEW_TOKENS: i64 = 128;

@@ -6,14 +6,14 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
-use crate::sim::json_out::push_json_str;
-use crate::sim::options::Dialect;
-use crate::sim::output::{FinishReason, Output, Step};
-use crate::sim::request::{
+use crate::json_out::push_json_str;
+use crate::options::Dialect;
+use crate::output::{FinishReason, Output, Step};
+use crate::request::{
     chat_messages, opt_bool, opt_int, opt_string, require_object, schema_error, stop_strings,
     thinking_off, Api, ApiError, GenRequest,
 };
-use crate::sim::text;
+use crate::text;
 
 /// What `max_tokens` is on `/v1/completions` when the request does not say (OpenAI's default).
 const COMPLETION_DEFAULT_MAX_TOKENS: i64 = 16;

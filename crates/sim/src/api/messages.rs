@@ -12,15 +12,15 @@ use std::fmt::Write as _;
 use http::StatusCode;
 use serde_json::Value;
 
-use crate::sim::error_body::{error_body, ErrorShape, Reply};
-use crate::sim::json_out::push_json_str;
-use crate::sim::options::Dialect;
-use crate::sim::output::{Block, FinishReason, Output, Step};
-use crate::sim::request::{
+use crate::error_body::{error_body, ErrorShape, Reply};
+use crate::json_out::push_json_str;
+use crate::options::Dialect;
+use crate::output::{Block, FinishReason, Output, Step};
+use crate::request::{
     chat_messages, opt_bool, opt_int, opt_string, require_object, schema_error, stop_strings,
     thinking_off, ApiError, GenRequest,
 };
-use crate::sim::text;
+use crate::text;
 
 /// `/v1/messages` (sglang's `AnthropicMessagesRequest`): `model`, `messages` and a positive
 /// `max_tokens` are required; `system` becomes a system message; `stop_sequences` are stop

@@ -388,7 +388,7 @@ pub fn render_compare_markdown(compare: &MatrixCompare) -> String {
 
 /// The stable JSON rendering (pretty, trailing newline).
 pub fn render_compare_json(compare: &MatrixCompare) -> String {
-    crate::base::json::pretty_json_line(compare)
+    tokentap_base::json::pretty_json_line(compare)
 }
 
 /// The per-request tok/s ratio grid as an HTML section, coloured like `matrix diff`'s grid
@@ -476,7 +476,7 @@ pub fn render_compare_html(compare: &MatrixCompare) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matrix::doc::{DecodeCell, Metadata};
+    use crate::doc::{DecodeCell, Metadata};
 
     fn cell(
         context: u64,

@@ -8,7 +8,7 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-pub use crate::base::Source;
+pub use tokentap_base::Source;
 
 /// The schema tag every JSON document carries; bump it when a field changes meaning or is added.
 pub const SCHEMA: &str = "tokentap.matrix/v1";
@@ -36,7 +36,7 @@ pub struct Metadata {
     pub engine: Engine,
     pub run: RunInfo,
     /// The server's launch command with secrets replaced by `<redacted>`
-    /// (see [`crate::matrix::redact::redact_launch_command`]).
+    /// (see [`crate::redact::redact_launch_command`]).
     pub launch_command: Option<String>,
     /// Facts the page listed that have no field of their own, kept in page order so nothing is lost.
     #[serde(default)]
@@ -574,7 +574,7 @@ impl MatrixDoc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::wallclock::is_rfc3339;
+    use tokentap_base::wallclock::is_rfc3339;
 
     #[test]
     fn status_text_round_trips() {

@@ -13,11 +13,11 @@ use serde::{Deserialize, Serialize};
 pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
         "glm-5.3-flash-nvfp4-4x-rtx-pro-6000",
-        include_str!("../../config/profiles/glm-5.3-flash-nvfp4-4x-rtx-pro-6000.toml"),
+        include_str!("../../../config/profiles/glm-5.3-flash-nvfp4-4x-rtx-pro-6000.toml"),
     ),
     (
         "step-3.7-flash-fp8-4x-rtx-pro-6000",
-        include_str!("../../config/profiles/step-3.7-flash-fp8-4x-rtx-pro-6000.toml"),
+        include_str!("../../../config/profiles/step-3.7-flash-fp8-4x-rtx-pro-6000.toml"),
     ),
 ];
 
@@ -46,7 +46,7 @@ pub enum ProfileError {
 
 /// One simulated deployment. A plain data structure: build it in code (the matrix
 /// importer does) or load it from TOML; either way call [`Profile::validate`] before use
-/// ([`crate::sim::serve`] does).
+/// ([`crate::serve`] does).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {

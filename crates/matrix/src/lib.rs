@@ -6,6 +6,9 @@
 //! reads files for the commands and other modules (the `tokentap matrix` command is `app::matrix`). Producers
 //! (sweep engine, production aggregator) build a [`MatrixDoc`] in code and call
 //! [`MatrixDoc::validate`]; consumers render it with the functions re-exported here.
+//!
+//! The crate `tokentap-matrix` (`tokentap::matrix`), on `tokentap-base` only: the format cannot
+//! reach the proxy (the compiler keeps that).
 pub mod capacity;
 pub mod compare;
 pub mod csv;
@@ -43,5 +46,5 @@ pub use validate::ValidationError;
 
 /// The stable JSON rendering (pretty-printed, fields in struct order, trailing newline).
 pub fn render_json(doc: &MatrixDoc) -> String {
-    crate::base::json::pretty_json_line(doc)
+    tokentap_base::json::pretty_json_line(doc)
 }

@@ -111,8 +111,8 @@ impl Renderer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::options::Dialect;
-    use crate::sim::scheduler::Finish;
+    use crate::options::Dialect;
+    use crate::scheduler::Finish;
     use tokio::time::Instant;
 
     fn spec(api: Api, dialect: Dialect) -> OutputSpec {

@@ -454,13 +454,13 @@ pub fn render_capacity_markdown(report: &CapacityReport) -> String {
 
 /// The report as JSON (schema [`CAPACITY_SCHEMA`]).
 pub fn render_capacity_json(report: &CapacityReport) -> String {
-    crate::base::json::pretty_json_line(report)
+    tokentap_base::json::pretty_json_line(report)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matrix::doc::Tails;
+    use crate::doc::Tails;
 
     fn cell(concurrency: u32, ttft: f64, tbt: f64) -> DecodeCell {
         let mut cell = DecodeCell::status_only(8192, concurrency, CellStatus::Valid);

@@ -615,5 +615,5 @@ pub fn render_diff_markdown(diff: &MatrixDiff) -> String {
 
 /// The stable JSON rendering of a diff (pretty, trailing newline).
 pub fn render_diff_json(diff: &MatrixDiff) -> String {
-    crate::base::json::pretty_json_line(diff)
+    tokentap_base::json::pretty_json_line(diff)
 }

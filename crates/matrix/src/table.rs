@@ -6,8 +6,8 @@
 //! same in a pipe, a log and a terminal. [`TextTable`] is the aligned-table primitive, also used
 //! for the demo's comparison tables.
 
-use crate::matrix::doc::{DecodeCell, MatrixDoc, PrefillRow};
-use crate::matrix::units::{
+use crate::doc::{DecodeCell, MatrixDoc, PrefillRow};
+use crate::units::{
     context_label, format_count, format_decimal, format_ms_tenths, format_ms_whole, format_rate,
     format_seconds_tenths,
 };
@@ -137,9 +137,9 @@ fn decode_row(cell: &DecodeCell) -> Vec<String> {
 /// The matrix as aligned text, at most [`MAX_WIDTH`] columns wide.
 pub fn render_table(doc: &MatrixDoc) -> String {
     let mut out = String::new();
-    out.push_str(&cut(&crate::matrix::page::title(&doc.metadata), MAX_WIDTH));
+    out.push_str(&cut(&crate::page::title(&doc.metadata), MAX_WIDTH));
     out.push('\n');
-    let summary = crate::matrix::page::summary_line(doc, " · ");
+    let summary = crate::page::summary_line(doc, " · ");
     if !summary.is_empty() {
         out.push_str(&cut(&summary, MAX_WIDTH));
         out.push('\n');
@@ -217,7 +217,7 @@ fn ratio(value: Option<f64>) -> String {
 }
 
 /// A diff (B ÷ A per cell) as aligned text, at most [`MAX_WIDTH`] columns wide.
-pub fn render_diff_table(diff: &crate::matrix::diff::MatrixDiff) -> String {
+pub fn render_diff_table(diff: &crate::diff::MatrixDiff) -> String {
     let mut out = String::new();
     for (name, side) in [("A", &diff.a), ("B", &diff.b)] {
         let label = if side.label.is_empty() {
@@ -229,7 +229,7 @@ pub fn render_diff_table(diff: &crate::matrix::diff::MatrixDiff) -> String {
         out.push('\n');
     }
     out.push_str("Each figure is B ÷ A of the same cell.\n");
-    let status = |s: &Option<crate::matrix::doc::CellStatus>| {
+    let status = |s: &Option<crate::doc::CellStatus>| {
         s.as_ref()
             .map_or_else(|| "absent".to_owned(), ToString::to_string)
     };
