@@ -158,13 +158,20 @@ impl ConfigLoader {
     }
 
     /// Parses TOML text as the base layer (tests, embedded defaults).
-    pub fn text(mut self, text: &str, name: &str) -> Result<Self, ConfigError> {
-        self.table = toml::from_str(text).map_err(|source| ConfigError::Syntax {
+    pub fn text(self, text: &str, name: &str) -> Result<Self, ConfigError> {
+        let table = toml::from_str(text).map_err(|source| ConfigError::Syntax {
             path: PathBuf::from(name),
             source,
         })?;
+        Ok(self.base(table, name))
+    }
+
+    /// A table as the base layer, named in errors as a file would be (a command's own
+    /// configuration, built as a value: `tokentap demo`'s).
+    pub fn base(mut self, table: toml::Table, name: &str) -> Self {
+        self.table = table;
         self.origins.file = Some(PathBuf::from(name));
-        Ok(self)
+        self
     }
 
     /// Applies `TOKENTAP_<SECTION>__<KEY>=value` overrides from `vars`. The value is read as a
