@@ -110,3 +110,45 @@ fn config(
         .set_args(set)?
         .load()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The configuration built as a value is the one the demo wrote as TOML text before, and
+    /// errors still name the demo's own keys `config file tokentap demo`.
+    #[test]
+    fn the_demo_config_is_the_text_it_replaced() {
+        let (url, token, hold) = ("http://127.0.0.1:4321", "demo-0123", Duration::from_secs(4));
+        let text = format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[upstream]\nurl = \"{url}\"\n[store]\ndata_dir = \"\"\n[workload]\ncapture = true\n[evidence]\nmin_requests = 0\nmin_measured_for = \"{}ms\"\nmin_output_tokens = 100\n",
+            (hold / 2).as_millis()
+        );
+        let set = ["slo.ttft=500ms".to_owned()];
+        let from_text = ConfigLoader::new()
+            .text(&text, "tokentap demo")
+            .unwrap()
+            .set_args(&set)
+            .unwrap()
+            .load()
+            .unwrap();
+        assert_eq!(config(url, token, hold, &set).unwrap(), from_text);
+        let error = config(
+            url,
+            token,
+            hold,
+            &["proxy.http2_keep_alive_timeout=0".to_owned()],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with("flag --set proxy.http2_keep_alive_timeout: "),
+            "{error}"
+        );
+        let error = config("ftp://x", token, hold, &[]).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "config file tokentap demo: key `upstream.url`: `ftp://x` must be an http:// or https:// URL with a host"
+        );
+    }
+}
