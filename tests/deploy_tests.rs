@@ -647,7 +647,27 @@ fn the_dockerfile_builds_from_what_the_repository_has() {
             parts[1..parts.len() - 1].to_vec()
         })
         .collect();
-    for (file, included) in compiled_in_files(&repo().join("src")) {
+    // Every crate of the workspace is in what the builder copies (Cargo reads every member).
+    let manifest = read(&repo().join("Cargo.toml"));
+    let members = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("members = ["))
+        .expect("Cargo.toml's [workspace] members");
+    for member in members.trim_end_matches(']').split(',') {
+        let member = member.trim().trim_matches('"');
+        if member == "." || member.is_empty() {
+            continue;
+        }
+        assert!(
+            copied
+                .iter()
+                .any(|c| member == *c || member.starts_with(&format!("{c}/"))),
+            "the workspace member {member} is not copied by deploy/Dockerfile"
+        );
+    }
+    let mut compiled_in = compiled_in_files(&repo().join("src"));
+    compiled_in.extend(compiled_in_files(&repo().join("crates")));
+    for (file, included) in compiled_in {
         let rel = included
             .strip_prefix(repo())
             .unwrap()

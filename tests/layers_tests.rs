@@ -1,6 +1,11 @@
-//! The crate's layer rule, checked on the source text: a top-level module of `src/` imports
+//! The workspace's layer rule, checked on the source text: a top-level module of `src/` imports
 //! only modules of lower layers (the order is the "Layers" block of ARCHITECTURE.md, read
 //! from there), and the files of one module never import each other in a cycle.
+//!
+//! `base`, `matrix` and `sim` are crates of the workspace (`crates/<name>/`, re-exported by
+//! `src/lib.rs` under those names): the compiler already keeps them off the proxy, and this
+//! test reads them as if they were the folders `src/<name>/`, so the same block orders them and
+//! their files are held to the same cycle rule.
 //!
 //! An import is any `crate::<module>` path outside the file's `#[cfg(test)]` part, doc links
 //! included (rustdoc resolves them, so they are dependencies too). Inside a module, a file
@@ -16,7 +21,8 @@ use std::path::{Path, PathBuf};
 /// the list cannot outlive the cycles.
 const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[];
 
-/// One source file: its path below `src/` (with `/` separators) and its text.
+/// One source file: its path below `src/` (with `/` separators; a crate's files as
+/// `<name>/…`, see [`read_workspace`]) and its text.
 struct SourceFile {
     path: String,
     text: String,
@@ -325,12 +331,74 @@ fn crate_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A crate's source as if it were the folder `src/<name>/` of the root crate: its own paths
+/// `crate::x` become `crate::<name>::x`, and a sibling crate's `tokentap_<other>::x` (one of
+/// `crates`) becomes `crate::<other>::x` (the name `src/lib.rs` re-exports it under).
+fn as_module(name: &str, crates: &[String], text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().next_back();
+        out.push_str(&rest[..at + "crate::".len()]);
+        if !before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            out.push_str(name);
+            out.push_str("::");
+        }
+        rest = &rest[at + "crate::".len()..];
+    }
+    out.push_str(rest);
+    for other in crates {
+        out = out.replace(&format!("tokentap_{other}::"), &format!("crate::{other}::"));
+    }
+    out
+}
+
+/// The names of the workspace's crates below the root package: each folder `crates/<name>/`
+/// with a `src/lib.rs`.
+fn workspace_crates() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(crate_root().join("crates"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.join("src/lib.rs").is_file())
+        .map(|path| path.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Every file the layer rule covers: `src/`, and each crate's `src/` as `<name>/…` with
+/// `lib.rs` as `<name>/mod.rs` and its paths rewritten by [`as_module`].
+fn read_workspace() -> Vec<SourceFile> {
+    let mut files = read_tree(&crate_root().join("src"));
+    let crates = workspace_crates();
+    for name in &crates {
+        for file in read_tree(&crate_root().join("crates").join(name).join("src")) {
+            let path = match file.path.as_str() {
+                "lib.rs" => format!("{name}/mod.rs"),
+                other => format!("{name}/{other}"),
+            };
+            files.push(SourceFile {
+                path,
+                text: as_module(name, &crates, &file.text),
+            });
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    files
+}
+
 #[test]
 fn no_module_imports_from_its_own_or_a_higher_layer() {
     let architecture = std::fs::read_to_string(crate_root().join("ARCHITECTURE.md")).unwrap();
     let layers = layers_from_architecture(&architecture);
     assert!(layers.len() >= 3, "layers read: {layers:?}");
-    let files = read_tree(&crate_root().join("src"));
+    let files = read_workspace();
+    assert!(
+        ["base", "matrix", "sim"]
+            .iter()
+            .all(|c| files.iter().any(|f| f.path == format!("{c}/mod.rs"))),
+        "the crates base, matrix and sim were not read"
+    );
     let violations = layer_violations(&layers, &module_imports(&files));
     assert!(
         violations.is_empty(),
@@ -343,21 +411,36 @@ fn no_module_imports_from_its_own_or_a_higher_layer() {
 fn every_module_of_the_layers_exists_and_is_in_the_code_map() {
     let architecture = std::fs::read_to_string(crate_root().join("ARCHITECTURE.md")).unwrap();
     let src = crate_root().join("src");
+    let crates = workspace_crates();
     for module in layers_from_architecture(&architecture).concat() {
+        let (folder, is_there) = if crates.contains(&module) {
+            (format!("crates/{module}/"), true)
+        } else {
+            let folder = format!("src/{module}/");
+            (folder, src.join(&module).join("mod.rs").is_file())
+        };
         assert!(
-            src.join(&module).join("mod.rs").is_file(),
-            "ARCHITECTURE.md's layers name `{module}`, which is no folder of src/"
+            is_there,
+            "ARCHITECTURE.md's layers name `{module}`, which is no folder of src/ or crates/"
         );
         assert!(
-            architecture.contains(&format!("`src/{module}/`")),
-            "`src/{module}/` is missing from ARCHITECTURE.md's code map"
+            architecture.contains(&format!("`{folder}`")),
+            "`{folder}` is missing from ARCHITECTURE.md's code map"
+        );
+    }
+    for name in &crates {
+        assert!(
+            layers_from_architecture(&architecture)
+                .concat()
+                .contains(name),
+            "the crate `crates/{name}/` is in no layer of ARCHITECTURE.md"
         );
     }
 }
 
 #[test]
 fn no_file_cycle_within_a_module_beyond_the_known_ones() {
-    let found = file_cycles(&read_tree(&crate_root().join("src")));
+    let found = file_cycles(&read_workspace());
     let known: Vec<(String, BTreeSet<String>)> = KNOWN_FILE_CYCLES
         .iter()
         .map(|(module, files)| {
@@ -494,5 +577,38 @@ fn the_checker_sees_file_cycles_through_super_and_crate_paths() {
             ("meter".to_owned(), set(&["record", "slo"])),
             ("proxy".to_owned(), set(&["body", "timeout"])),
         ]
+    );
+}
+
+#[test]
+fn a_crate_reads_as_a_module_of_the_layers() {
+    let crates: Vec<String> = ["base", "matrix", "sim"].map(str::to_owned).to_vec();
+    let text = "//! See [`crate::doc`].\nuse crate::{doc::X, units};\nuse tokentap_base::{json, Source};\nfn f() { xcrate::y(); }\nconst M: &str = \"tokentap_requests_total\";\n";
+    assert_eq!(
+        as_module("matrix", &crates, text),
+        "//! See [`crate::matrix::doc`].\nuse crate::matrix::{doc::X, units};\nuse crate::base::{json, Source};\nfn f() { xcrate::y(); }\nconst M: &str = \"tokentap_requests_total\";\n"
+    );
+    let layers = layers_from_architecture("# A\n\n## Layers\n\n```text\nsim\nmatrix\nbase\n```\n");
+    let sources = [
+        ("matrix/mod.rs", "matrix", "use tokentap_base::Source;\n"),
+        ("matrix/doc.rs", "matrix", "use crate::units::U;\n"),
+        ("matrix/units.rs", "matrix", "use super::doc::D;\n"),
+        ("base/mod.rs", "base", "use tokentap_sim::Profile;\n"),
+    ];
+    let files: Vec<SourceFile> = sources
+        .iter()
+        .map(|(path, name, text)| SourceFile {
+            path: (*path).to_owned(),
+            text: as_module(name, &crates, text),
+        })
+        .collect();
+    assert_eq!(
+        layer_violations(&layers, &module_imports(&files)),
+        ["`base` imports `sim`, which is not in a lower layer"]
+    );
+    let set = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+    assert_eq!(
+        file_cycles(&files),
+        [("matrix".to_owned(), set(&["doc", "units"]))]
     );
 }

@@ -1,9 +1,9 @@
 //! The simulator's files keep one direction: each imports only files of a lower layer (the
-//! order ARCHITECTURE.md's `src/sim/` row and `src/sim/mod.rs` list them in), so no file
-//! cycle can form inside `src/sim/`. Reads the sources as text.
+//! order ARCHITECTURE.md's `crates/sim/` row and `crates/sim/src/lib.rs` list them in), so no
+//! file cycle can form inside the `tokentap-sim` crate. Reads the sources as text.
 use std::path::Path;
 
-/// `src/sim/` files, lowest layer first; `api` stands for every file of `src/sim/api/`.
+/// `crates/sim/src/` files, lowest layer first; `api` stands for every file of `api/`.
 const LAYERS: &[&str] = &[
     "options",
     "profile",
@@ -27,15 +27,15 @@ const LAYERS: &[&str] = &[
     "lag",
 ];
 
-/// The `src/sim/` module a file belongs to (`api/openai.rs` → `api`), `None` for `mod.rs`.
+/// The module of the crate a file belongs to (`api/openai.rs` → `api`), `None` for `lib.rs`.
 fn module_of(relative: &Path) -> Option<String> {
     let first = relative.components().next()?.as_os_str().to_str()?;
     let name = first.strip_suffix(".rs").unwrap_or(first);
-    (name != "mod").then(|| name.to_owned())
+    (name != "lib").then(|| name.to_owned())
 }
 
-/// Every name a source reaches through `crate::sim::x` or (top-level files only) `super::x`,
-/// outside comments and its test module: a module of `src/sim/`, or an item of `mod.rs`.
+/// Every name a source reaches through `crate::x` or (top-level files only) `super::x`,
+/// outside comments and its test module: a module of the crate, or an item of `lib.rs`.
 fn imports(source: &str, top_level: bool) -> Vec<String> {
     let code: String = source
         .split("#[cfg(test)]")
@@ -46,23 +46,54 @@ fn imports(source: &str, top_level: bool) -> Vec<String> {
         .collect::<Vec<_>>()
         .join("\n");
     let mut found = Vec::new();
-    let mut prefixes = vec!["crate::sim::"];
+    let mut prefixes = vec!["crate::"];
     if top_level {
         prefixes.push("super::");
     }
     for prefix in prefixes {
         for (at, _) in code.match_indices(prefix) {
-            let rest = &code[at + prefix.len()..];
-            let name: String = rest
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() {
-                found.push(name);
-            }
+            found.extend(first_names(&code[at + prefix.len()..]));
         }
     }
     found
+}
+
+/// The identifier a path continues with (`render::X` → `render`), or the first identifier of
+/// each item of a brace group (`{render::X, body::{A, B}, self}` → `render`, `body`).
+fn first_names(rest: &str) -> Vec<String> {
+    let ident = |text: &str| -> String {
+        text.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let Some(group) = rest.strip_prefix('{') else {
+        return Some(ident(rest))
+            .filter(|n| !n.is_empty())
+            .into_iter()
+            .collect();
+    };
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                items.push(&group[start..i]);
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&group[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items
+        .into_iter()
+        .map(|item| ident(item.trim_start()))
+        .filter(|n| !n.is_empty() && n != "self")
+        .collect()
 }
 
 fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
@@ -81,10 +112,13 @@ fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 
 #[test]
 fn every_sim_file_imports_only_lower_layers() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/sim");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates/sim/src");
     let mut files = Vec::new();
     sources(&root, &mut files);
-    assert!(files.len() > LAYERS.len(), "src/sim/ not found at {root:?}");
+    assert!(
+        files.len() > LAYERS.len(),
+        "crates/sim/src/ not found at {root:?}"
+    );
     let mut violations = Vec::new();
     for file in &files {
         let relative = file.strip_prefix(&root).unwrap_or(file);
@@ -105,7 +139,7 @@ fn every_sim_file_imports_only_lower_layers() {
                 Some(_) => {
                     violations.push(format!("{relative:?} imports `{import}`, a layer above"))
                 }
-                None => violations.push(format!("{relative:?} imports `{import}` from mod.rs")),
+                None => violations.push(format!("{relative:?} imports `{import}` from lib.rs")),
             }
         }
     }
@@ -116,9 +150,11 @@ fn every_sim_file_imports_only_lower_layers() {
 fn an_upward_import_is_caught() {
     let upward = "use super::render::Renderer;\n";
     assert_eq!(imports(upward, true), ["render"]);
-    let from_mod_rs = "use super::SimOptions;\nuse crate::sim::serve;\n";
-    assert_eq!(imports(from_mod_rs, true), ["serve", "SimOptions"]);
-    let in_docs = "//! Served by [`crate::sim::serve`].\n";
+    let from_lib_rs = "use super::SimOptions;\nuse crate::serve;\n";
+    assert_eq!(imports(from_lib_rs, true), ["serve", "SimOptions"]);
+    let grouped = "use crate::{\n    render::Renderer,\n    body::{A, B},\n    self,\n};\n";
+    assert_eq!(imports(grouped, false), ["render", "body"]);
+    let in_docs = "//! Served by [`crate::serve`].\n";
     assert!(imports(in_docs, true).is_empty());
     let in_tests = "fn f() {}\n#[cfg(test)]\nmod tests { use super::render; }\n";
     assert!(imports(in_tests, true).is_empty());

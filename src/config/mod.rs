@@ -2,26 +2,48 @@
 //! variables, overridden by command-line flags.
 //!
 //! Two phases (tensorzero's `UninitializedConfig::load()`): the layers are merged into one TOML
-//! table and deserialised into `raw` structs that deny unknown keys (errors name the key path
-//! via `serde_path_to_error`), then `Config::from_raw` validates values and cross-field rules
-//! into typed settings. Every error names the key, where it came from, and what was wrong.
+//! table and deserialised into `raw` structs that deny unknown keys, with durations, addresses,
+//! URLs and enums typed as they are read (`value.rs`), so a bad value fails naming its key path
+//! (`serde_path_to_error`); then each section's `from_raw`, beside its type (`proxy.rs`,
+//! `upstream.rs`, `admin.rs`, `metering.rs` with `[slo]`, `telemetry.rs`, `store.rs`, `sweep.rs`,
+//! `drift.rs` with `[evidence]`, `capacity.rs`, `workload.rs`, `fingerprint.rs`), checks ranges
+//! and the rules between its keys. Every error names the key, where it came from, and what was
+//! wrong. This file is the loader, the error and `Config`; file order: `value` ← `raw` ← each
+//! section.
 
+mod admin;
+mod capacity;
+mod drift;
+mod fingerprint;
+mod metering;
+mod proxy;
 mod raw;
+mod store;
+mod sweep;
+mod telemetry;
+mod upstream;
+mod value;
+mod workload;
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::Uri;
-
-use crate::base::duration::parse_duration;
-use crate::matrix::capacity::Basis;
 use crate::matrix::evidence::EvidenceRule;
-use crate::meter::buckets::Ladder;
-use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
 
+pub use admin::AdminConfig;
+pub use capacity::CapacityConfig;
+pub use drift::DriftConfig;
+pub use fingerprint::FingerprintConfig;
+pub use metering::MeteringConfig;
+pub use proxy::{ListenerTls, ProxyConfig};
 pub use raw::RawConfig;
+pub use store::StoreConfig;
+pub use sweep::SweepConfig;
+pub use telemetry::TelemetryConfig;
+pub use upstream::UpstreamConfig;
+pub use value::UsageUnasked;
+pub use workload::WorkloadConfig;
 
 /// A configuration error, naming the key and the reason. The file errors keep their cause as
 /// the error's source, not in their own text (the CLI prints the chain, which would say it
@@ -86,6 +108,27 @@ impl Origins {
             message: message.into(),
         }
     }
+
+    /// A count that must be above zero, as a `usize`.
+    fn nonzero(&self, key: &str, value: u64) -> Result<usize, ConfigError> {
+        if value == 0 {
+            return Err(self.error(key, "must be greater than zero"));
+        }
+        self.size(key, value)
+    }
+
+    /// A count as a `usize`.
+    fn size(&self, key: &str, value: u64) -> Result<usize, ConfigError> {
+        usize::try_from(value).map_err(|_| self.error(key, "too large"))
+    }
+
+    /// A duration where zero is not allowed.
+    fn positive(&self, key: &str, value: Duration) -> Result<(), ConfigError> {
+        if value.is_zero() {
+            return Err(self.error(key, "must be greater than zero"));
+        }
+        Ok(())
+    }
 }
 
 /// Layered configuration source: file, environment, then flags.
@@ -115,13 +158,20 @@ impl ConfigLoader {
     }
 
     /// Parses TOML text as the base layer (tests, embedded defaults).
-    pub fn text(mut self, text: &str, name: &str) -> Result<Self, ConfigError> {
-        self.table = toml::from_str(text).map_err(|source| ConfigError::Syntax {
+    pub fn text(self, text: &str, name: &str) -> Result<Self, ConfigError> {
+        let table = toml::from_str(text).map_err(|source| ConfigError::Syntax {
             path: PathBuf::from(name),
             source,
         })?;
+        Ok(self.base(table, name))
+    }
+
+    /// A table as the base layer, named in errors as a file would be (a command's own
+    /// configuration, built as a value: `tokentap demo`'s).
+    pub fn base(mut self, table: toml::Table, name: &str) -> Self {
+        self.table = table;
         self.origins.file = Some(PathBuf::from(name));
-        Ok(self)
+        self
     }
 
     /// Applies `TOKENTAP_<SECTION>__<KEY>=value` overrides from `vars`. The value is read as a
@@ -287,514 +337,29 @@ pub struct Config {
     pub fingerprint: FingerprintConfig,
 }
 
-/// `[fingerprint]`: how each upstream's configuration is read (docs/fleet.md).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FingerprintConfig {
-    /// How often each upstream is asked what it is (0: never; the label stays `unknown`).
-    pub interval: Duration,
-    /// Operator-given facts (empty: not given). `hardware` and `gpu_count` enter the
-    /// fingerprint; `node` and `zone` are shown only (replicas of one configuration on other
-    /// nodes share a fingerprint).
-    pub hardware: String,
-    pub gpu_count: u32,
-    pub node: String,
-    pub zone: String,
-    /// How the server was started, when it does not say (vLLM has no launch command to
-    /// read); shown redacted, never hashed. sglang's own `launch_command` wins.
-    pub launch_command: String,
-}
-
-/// `[capacity]`: how live headroom is computed (docs/capacity.md).
-#[derive(Debug, Clone, PartialEq)]
-pub struct CapacityConfig {
-    /// The production window whose load is compared with the capacity boundary.
-    pub window: Duration,
-    /// What the sweep's (or reference's) cells are judged by against `[slo]`.
-    pub basis: Basis,
-    /// The attainment a cell needs when judged by SLO attainment.
-    pub attainment: f64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProxyConfig {
-    pub listen: SocketAddr,
-    pub shutdown_grace: Duration,
-    pub header_read_timeout: Duration,
-    pub max_header_bytes: usize,
-    pub http2: bool,
-    pub tls: Option<ListenerTls>,
-    /// Longest gap between frames of a client's request body.
-    pub body_idle_timeout: Duration,
-    /// Most time to read a metered request body (up to the parse limit) in all.
-    pub body_read_timeout: Duration,
-    /// Most connections open at once on the data listener; 0: what the descriptor limit allows
-    /// (`net::limits::max_connections_for`), decided at start.
-    pub max_connections: usize,
-    /// Most HTTP/2 streams open at once on one client connection.
-    pub http2_max_concurrent_streams: u32,
-    /// Most response bytes held per stream on each side: the HTTP/2 send buffer per client
-    /// stream, the HTTP/2 receive window per upstream stream, the HTTP/1 read buffer per
-    /// upstream connection.
-    pub max_stream_buffer: usize,
-    /// HTTP/2 keep-alive pings this often (zero: none), each answered within the timeout.
-    pub http2_keep_alive_interval: Duration,
-    pub http2_keep_alive_timeout: Duration,
-    /// A response the client has not taken for this long is cancelled (zero: never).
-    pub send_stall_timeout: Duration,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct ListenerTls {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// When set, clients must present a certificate signed by this CA.
-    pub client_ca: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct UpstreamConfig {
-    pub name: String,
-    /// Scheme and authority (and optional base path) requests are forwarded to.
-    pub url: Uri,
-    /// Requests whose `model` is one of these go here (extra upstreams only).
-    pub models: Vec<String>,
-    /// Requests whose path starts with this go here, with the prefix stripped (extra upstreams only).
-    pub path_prefix: Option<String>,
-    /// Model label for requests that name none (sglang `/generate`). `None`: the model the
-    /// server serves (the first of its `/v1/models`, asked in the background), `"default"`
-    /// until it has answered.
-    pub default_model: Option<String>,
-    pub connect_timeout: Duration,
-    /// Longest wait for the response head; zero waits forever (sglang sends headers only at
-    /// the first token, which can take minutes for a 1M-token prompt).
-    pub response_timeout: Duration,
-    /// Longest gap between frames of the response body; zero waits forever.
-    pub stream_idle_timeout: Duration,
-    pub pool_idle_timeout: Duration,
-    pub pool_max_idle: usize,
-    /// Most connections open to this upstream at once (in use, idle and being opened); 0: the
-    /// data listener's connection limit, resolved when the proxy is built.
-    pub max_connections: usize,
-    pub http2: bool,
-    pub tls_ca: Option<PathBuf>,
-    pub tls_client_cert: Option<PathBuf>,
-    pub tls_client_key: Option<PathBuf>,
-    /// What usage the server sends to streams that did not ask for it.
-    pub sends_usage_unasked: UsageUnasked,
-    /// Path of the server's Prometheus page, read for its own state (running and queued
-    /// requests, KV-cache usage, prefix-cache hits).
-    pub metrics_path: String,
-    /// How often that page is read; zero never reads it.
-    pub metrics_interval: Duration,
-    /// A reference matrix file (seed page, Markdown or JSON) pinned for this upstream at start.
-    pub reference_file: Option<PathBuf>,
-}
-
-/// Whether an upstream sends usage to streams that did not ask (`sends_usage_unasked`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UsageUnasked {
-    /// Ask the server where it says so (sglang `/server_info`: then [`Self::Final`]); until it
-    /// answers, no.
-    Auto,
-    /// `"final"`: the final usage chunk only (sglang `--stream-response-default-include-usage`).
-    Final,
-    /// `"every_chunk"` (or its alias `"yes"`): usage on every chunk and a final usage chunk
-    /// (vLLM `--enable-force-include-usage`). tokentap then adds nothing to streamed requests,
-    /// which is byte-safe on either engine; `"final"` keeps exact per-chunk counts on sglang.
-    EveryChunk,
-    No,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct AdminConfig {
-    pub listen: SocketAddr,
-    /// Bearer token; required when the admin listener is not on loopback, and for sweeps.
-    pub token: Option<String>,
-    /// Most connections open at once on the admin listener.
-    pub max_connections: usize,
-    /// How long a browser session (`POST /login`) lasts.
-    pub session_ttl: Duration,
-    /// Most browser sessions kept at once; a login past it ends the oldest.
-    pub max_sessions: usize,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct MeteringConfig {
-    pub inject_usage: bool,
-    pub max_parse_bytes: usize,
-    /// Most bytes of metered request bodies held at once while they are being read, over all
-    /// requests; past it bodies are forwarded as they stream, unmetered.
-    pub max_buffered_bytes: usize,
-    pub max_event_bytes: usize,
-    pub contexts: Ladder,
-    pub concurrency: Ladder,
-    /// Distinct model labels kept before further models are labelled `other`.
-    pub max_models: usize,
-    /// SLO targets per model (`[slo]`); none by default.
-    pub slo: SloPolicy,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct TelemetryConfig {
-    pub otlp_endpoint: Option<Uri>,
-    pub service_name: String,
-    /// How often OTLP metrics are pushed.
-    pub metric_interval: Duration,
-    /// Most series tokentap's own sink puts on `/metrics` (docs/operations.md, "Metrics").
-    pub max_series: usize,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoreConfig {
-    /// Directory of the SQLite store; `None` keeps nothing on disk.
-    pub data_dir: Option<PathBuf>,
-    pub snapshot_interval: Duration,
-    pub retention: Duration,
-}
-
-/// `[drift]`: production against pinned reference matrices.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DriftConfig {
-    /// What a production cell needs in the window before it gets ratios (`[evidence]`).
-    pub evidence: EvidenceRule,
-    /// The production window the drift gauges compare (`/matrix?compare=` takes `window=`).
-    pub window: Duration,
-    /// How often the drift gauges are recomputed.
-    pub refresh_interval: Duration,
-}
-
-/// `[workload]`: the opt-in capture of request shapes for replay.
-#[derive(Clone, PartialEq)]
-pub struct WorkloadConfig {
-    /// Keep one shape row per production request (never text).
-    pub capture: bool,
-    /// Most captured requests kept; the oldest go first.
-    pub max_requests: u64,
-    /// Captured requests older than this are deleted; zero keeps them until `max_requests`.
-    pub max_age: Duration,
-    /// Secret the prefix fingerprints are keyed with; `None`: a random one per process.
-    pub salt: Option<String>,
-    /// Most `GET /workload` exports running at once; one more is answered 503.
-    pub max_exports: usize,
-}
-
-impl std::fmt::Debug for WorkloadConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The salt is a secret: never logged.
-        f.debug_struct("WorkloadConfig")
-            .field("capture", &self.capture)
-            .field("max_requests", &self.max_requests)
-            .field("max_age", &self.max_age)
-            .field("salt", &self.salt.as_ref().map(|_| "<set>"))
-            .field("max_exports", &self.max_exports)
-            .finish()
-    }
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SweepConfig {
-    /// Pause a running sweep while more production requests than this are in flight.
-    pub production_guard: u64,
-    pub cell_duration: Duration,
-    pub max_output: u64,
-    /// KV budget in tokens when the server does not report one (0: ask the server).
-    pub kv_budget_tokens: u64,
-}
-
 impl Config {
     /// The defaults, as if no file, variable or flag were given.
     pub fn defaults() -> Result<Self, ConfigError> {
         ConfigLoader::new().load()
     }
 
+    /// Each section validated beside its type, in the order of the file, then the rules
+    /// between sections (none today: each section's checks are its own).
     fn from_raw(raw: RawConfig, origins: &Origins) -> Result<Self, ConfigError> {
-        let err = |key: &str, message: String| origins.error(key, message);
-        let duration = |key: &str, value: &str| parse_duration(value).map_err(|m| err(key, m));
-        let addr = |key: &str, value: &str| {
-            value.parse::<SocketAddr>().map_err(|e| {
-                err(
-                    key,
-                    format!("`{value}` is not an address like 127.0.0.1:8000: {e}"),
-                )
-            })
-        };
-        let nonzero = |key: &str, value: u64| {
-            if value == 0 {
-                Err(err(key, "must be greater than zero".into()))
-            } else {
-                usize::try_from(value).map_err(|_| err(key, "too large".into()))
-            }
-        };
-
-        let tls = match (&raw.tls.cert, &raw.tls.key) {
-            (Some(cert), Some(key)) => Some(ListenerTls {
-                cert: cert.into(),
-                key: key.into(),
-                client_ca: raw.tls.client_ca.as_ref().map(PathBuf::from),
-            }),
-            (None, None) if raw.tls.client_ca.is_none() => None,
-            (None, None) => {
-                return Err(err("tls.client_ca", "needs tls.cert and tls.key".into()));
-            }
-            (Some(_), None) => {
-                return Err(err("tls.key", "tls.cert is set, tls.key is missing".into()))
-            }
-            (None, Some(_)) => {
-                return Err(err(
-                    "tls.cert",
-                    "tls.key is set, tls.cert is missing".into(),
-                ))
-            }
-        };
-        let proxy = ProxyConfig {
-            listen: addr("proxy.listen", &raw.proxy.listen)?,
-            shutdown_grace: duration("proxy.shutdown_grace", &raw.proxy.shutdown_grace)?,
-            header_read_timeout: duration(
-                "proxy.header_read_timeout",
-                &raw.proxy.header_read_timeout,
-            )?,
-            max_header_bytes: nonzero("proxy.max_header_bytes", raw.proxy.max_header_bytes)?,
-            http2: raw.proxy.http2,
-            tls,
-            body_idle_timeout: duration("proxy.body_idle_timeout", &raw.proxy.body_idle_timeout)?,
-            body_read_timeout: duration("proxy.body_read_timeout", &raw.proxy.body_read_timeout)?,
-            // 0: from the descriptor limit at start (`net::limits`).
-            max_connections: usize::try_from(raw.proxy.max_connections)
-                .map_err(|_| err("proxy.max_connections", "too large".into()))?,
-            http2_max_concurrent_streams: u32::try_from(nonzero(
-                "proxy.http2_max_concurrent_streams",
-                raw.proxy.http2_max_concurrent_streams,
-            )?)
-            .map_err(|_| err("proxy.http2_max_concurrent_streams", "too large".into()))?,
-            max_stream_buffer: nonzero("proxy.max_stream_buffer", raw.proxy.max_stream_buffer)?,
-            http2_keep_alive_interval: duration(
-                "proxy.http2_keep_alive_interval",
-                &raw.proxy.http2_keep_alive_interval,
-            )?,
-            http2_keep_alive_timeout: duration(
-                "proxy.http2_keep_alive_timeout",
-                &raw.proxy.http2_keep_alive_timeout,
-            )?,
-            send_stall_timeout: duration(
-                "proxy.send_stall_timeout",
-                &raw.proxy.send_stall_timeout,
-            )?,
-        };
-        if !(8192..=(16 << 20)).contains(&proxy.max_stream_buffer) {
-            return Err(err(
-                "proxy.max_stream_buffer",
-                "must lie between 8192 and 16777216 bytes".into(),
-            ));
-        }
-        if !proxy.http2_keep_alive_interval.is_zero() && proxy.http2_keep_alive_timeout.is_zero() {
-            return Err(err(
-                "proxy.http2_keep_alive_timeout",
-                "must be greater than zero while pings are on".into(),
-            ));
-        }
-        for (key, value) in [
-            ("proxy.body_idle_timeout", proxy.body_idle_timeout),
-            ("proxy.body_read_timeout", proxy.body_read_timeout),
-        ] {
-            if value.is_zero() {
-                return Err(err(key, "must be greater than zero".into()));
-            }
-        }
-        if proxy.header_read_timeout.is_zero() {
-            return Err(err(
-                "proxy.header_read_timeout",
-                "must be greater than zero".into(),
-            ));
-        }
-        if proxy.max_header_bytes < 8192 {
-            return Err(err(
-                "proxy.max_header_bytes",
-                "must be at least 8192 (hyper's minimum)".into(),
-            ));
-        }
-
-        let mut upstreams = vec![upstream("upstream", &raw.upstream, origins, true)?];
-        for (i, extra) in raw.upstreams.iter().enumerate() {
-            let prefix = format!("upstreams[{i}]");
-            let parsed = upstream(&prefix, extra, origins, false)?;
-            if parsed.models.is_empty() && parsed.path_prefix.is_none() {
-                return Err(err(
-                    &format!("{prefix}.models"),
-                    "an extra upstream needs `models` or `path_prefix` to be chosen".into(),
-                ));
-            }
-            if upstreams.iter().any(|u| u.name == parsed.name) {
-                return Err(err(
-                    &format!("{prefix}.name"),
-                    format!("`{}` is used twice", parsed.name),
-                ));
-            }
-            upstreams.push(parsed);
-        }
-
-        let admin = AdminConfig {
-            listen: addr("admin.listen", &raw.admin.listen)?,
-            token: raw.admin.token.filter(|t| !t.is_empty()),
-            max_connections: nonzero("admin.max_connections", raw.admin.max_connections)?,
-            session_ttl: duration("admin.session_ttl", &raw.admin.session_ttl)?,
-            max_sessions: nonzero("admin.max_sessions", raw.admin.max_sessions)?,
-        };
-        if admin.session_ttl.is_zero() {
-            return Err(err("admin.session_ttl", "must be greater than zero".into()));
-        }
-        if !admin.listen.ip().is_loopback() && admin.token.is_none() {
-            return Err(err(
-                "admin.token",
-                format!(
-                    "the admin listener {} is not on loopback, so it needs a bearer token (set admin.token or TOKENTAP_ADMIN__TOKEN)",
-                    admin.listen
-                ),
-            ));
-        }
-
-        let contexts = Ladder::contexts(&raw.metering.context_buckets)
-            .map_err(|m| err("metering.context_buckets", m))?;
-        let concurrency = Ladder::concurrency(&raw.metering.concurrency_buckets)
-            .map_err(|m| err("metering.concurrency_buckets", m))?;
-        let metering = MeteringConfig {
-            inject_usage: raw.metering.inject_usage,
-            max_parse_bytes: nonzero("metering.max_parse_bytes", raw.metering.max_parse_bytes)?,
-            max_buffered_bytes: nonzero(
-                "metering.max_buffered_bytes",
-                raw.metering.max_buffered_bytes,
-            )?,
-            max_event_bytes: nonzero("metering.max_event_bytes", raw.metering.max_event_bytes)?,
-            contexts,
-            concurrency,
-            max_models: nonzero("metering.max_models", raw.metering.max_models)?,
-            slo: slo_policy(&raw.slo, &err)?,
-        };
-
-        let otlp_endpoint = match raw.telemetry.otlp_endpoint.as_deref() {
-            None | Some("") => None,
-            Some(text) => Some(http_uri("telemetry.otlp_endpoint", text, origins)?),
-        };
-        let telemetry = TelemetryConfig {
-            otlp_endpoint,
-            service_name: raw.telemetry.service_name,
-            metric_interval: duration("telemetry.metric_interval", &raw.telemetry.metric_interval)?,
-            max_series: nonzero("telemetry.max_series", raw.telemetry.max_series)?,
-        };
-        if telemetry.metric_interval.is_zero() {
-            return Err(err(
-                "telemetry.metric_interval",
-                "must be greater than zero".into(),
-            ));
-        }
-
-        let store = StoreConfig {
-            data_dir: raw
-                .store
-                .data_dir
-                .filter(|d| !d.is_empty())
-                .map(PathBuf::from),
-            snapshot_interval: duration("store.snapshot_interval", &raw.store.snapshot_interval)?,
-            retention: duration("store.retention", &raw.store.retention)?,
-        };
-        if store.snapshot_interval.is_zero() {
-            return Err(err(
-                "store.snapshot_interval",
-                "must be greater than zero".into(),
-            ));
-        }
-
-        let sweep = SweepConfig {
-            production_guard: raw.sweep.production_guard,
-            cell_duration: duration("sweep.cell_duration", &raw.sweep.cell_duration)?,
-            max_output: raw.sweep.max_output,
-            kv_budget_tokens: raw.sweep.kv_budget_tokens,
-        };
-        if sweep.cell_duration.is_zero() {
-            return Err(err(
-                "sweep.cell_duration",
-                "must be greater than zero".into(),
-            ));
-        }
-        if sweep.max_output == 0 {
-            return Err(err("sweep.max_output", "must be greater than zero".into()));
-        }
-
-        let evidence = EvidenceRule {
-            min_requests: raw.evidence.min_requests,
-            min_measured_s: duration("evidence.min_measured_for", &raw.evidence.min_measured_for)?
-                .as_secs_f64(),
-            min_output_tokens: raw.evidence.min_output_tokens,
-        };
-        let capacity = CapacityConfig {
-            window: duration("capacity.window", &raw.capacity.window)?,
-            basis: Basis::parse(&raw.capacity.basis).ok_or_else(|| {
-                err(
-                    "capacity.basis",
-                    format!(
-                        "`{}`: expected auto, attainment, median, p90 or p99",
-                        raw.capacity.basis
-                    ),
-                )
-            })?,
-            attainment: raw.capacity.attainment,
-        };
-        if capacity.window < Duration::from_secs(60)
-            || capacity.window > Duration::from_secs(24 * 3600)
-        {
-            return Err(err("capacity.window", "must lie between 1m and 24h".into()));
-        }
-        if !(capacity.attainment > 0.0 && capacity.attainment <= 1.0) {
-            return Err(err(
-                "capacity.attainment",
-                format!("must lie in (0, 1], found {}", capacity.attainment),
-            ));
-        }
-        let drift = DriftConfig {
-            evidence,
-            window: duration("drift.window", &raw.drift.window)?,
-            refresh_interval: duration("drift.refresh_interval", &raw.drift.refresh_interval)?,
-        };
-        // The production aggregator keeps minute slices for up to a day.
-        if drift.window < Duration::from_secs(60) || drift.window > Duration::from_secs(24 * 3600) {
-            return Err(err("drift.window", "must lie between 1m and 24h".into()));
-        }
-        if drift.refresh_interval.is_zero() {
-            return Err(err(
-                "drift.refresh_interval",
-                "must be greater than zero".into(),
-            ));
-        }
-        let workload = WorkloadConfig {
-            capture: raw.workload.capture,
-            max_requests: raw.workload.max_requests,
-            max_age: duration("workload.max_age", &raw.workload.max_age)?,
-            salt: Some(raw.workload.salt).filter(|s| !s.is_empty()),
-            max_exports: nonzero("workload.max_exports", raw.workload.max_exports)?,
-        };
-        if workload.max_requests == 0 {
-            return Err(err(
-                "workload.max_requests",
-                "must be greater than zero".into(),
-            ));
-        }
-
-        let fingerprint = FingerprintConfig {
-            interval: duration("fingerprint.interval", &raw.fingerprint.interval)?,
-            hardware: raw.fingerprint.hardware.trim().to_owned(),
-            gpu_count: raw.fingerprint.gpu_count,
-            node: raw.fingerprint.node.trim().to_owned(),
-            zone: raw.fingerprint.zone.trim().to_owned(),
-            launch_command: raw.fingerprint.launch_command.trim().to_owned(),
-        };
-        if !fingerprint.interval.is_zero() && fingerprint.interval < Duration::from_secs(1) {
-            return Err(err(
-                "fingerprint.interval",
-                "must be 0 (off) or at least 1s".into(),
-            ));
-        }
-
+        let tls = ListenerTls::from_raw(raw.tls, origins)?;
+        let proxy = ProxyConfig::from_raw(raw.proxy, tls, origins)?;
+        let upstreams = upstream::upstreams(raw.upstream, raw.upstreams, origins)?;
+        let admin = AdminConfig::from_raw(raw.admin, origins)?;
+        let metering = MeteringConfig::from_raw(raw.metering, &raw.slo, origins)?;
+        let telemetry = TelemetryConfig::from_raw(raw.telemetry, origins)?;
+        let store = StoreConfig::from_raw(raw.store, origins)?;
+        let sweep = SweepConfig::from_raw(raw.sweep, origins)?;
+        let evidence = drift::evidence_rule(raw.evidence);
+        let capacity = CapacityConfig::from_raw(raw.capacity, origins)?;
+        let drift = DriftConfig::from_raw(raw.drift, evidence, origins)?;
+        let workload = WorkloadConfig::from_raw(raw.workload, origins)?;
+        let fingerprint = FingerprintConfig::from_raw(raw.fingerprint, origins)?;
         Ok(Config {
-            fingerprint,
             proxy,
             upstreams,
             admin,
@@ -806,178 +371,15 @@ impl Config {
             evidence,
             capacity,
             workload,
+            fingerprint,
         })
     }
-}
-
-/// Validates `[slo]`: each target a positive duration (`500ms`, `2s`, `1m`).
-fn slo_policy(
-    raw: &raw::RawSlo,
-    err: &dyn Fn(&str, String) -> ConfigError,
-) -> Result<SloPolicy, ConfigError> {
-    let targets = |prefix: &str, t: &raw::RawSloTargets| -> Result<SloTargets, ConfigError> {
-        let one = |name: &str, text: &Option<String>| {
-            text.as_deref()
-                .map(|text| {
-                    parse_target(text.trim()).ok_or_else(|| {
-                        err(
-                            &format!("{prefix}{name}"),
-                            format!("`{text}` is not a positive duration like 500ms, 2s or 1m"),
-                        )
-                    })
-                })
-                .transpose()
-        };
-        Ok(SloTargets {
-            ttft: one("ttft", &t.ttft)?,
-            tbt: one("tbt", &t.tbt)?,
-            e2e: one("e2e", &t.e2e)?,
-        })
-    };
-    let default = targets(
-        "slo.",
-        &raw::RawSloTargets {
-            ttft: raw.ttft.clone(),
-            tbt: raw.tbt.clone(),
-            e2e: raw.e2e.clone(),
-        },
-    )?;
-    let mut models = std::collections::BTreeMap::new();
-    for (model, table) in &raw.models {
-        models.insert(
-            model.clone(),
-            targets(&format!("slo.models.\"{model}\"."), table)?,
-        );
-    }
-    Ok(SloPolicy { default, models })
-}
-
-fn http_uri(key: &str, text: &str, origins: &Origins) -> Result<Uri, ConfigError> {
-    // Messages show the URL without its secrets: they end up in logs and terminals.
-    let shown = crate::net::redact::redact_url(text);
-    let uri: Uri = text
-        .parse()
-        .map_err(|e| origins.error(key, format!("`{shown}` is not a URL: {e}")))?;
-    match uri.scheme_str() {
-        Some("http") | Some("https") if uri.authority().is_some() => Ok(uri),
-        _ => Err(origins.error(
-            key,
-            format!("`{shown}` must be an http:// or https:// URL with a host"),
-        )),
-    }
-}
-
-fn upstream(
-    prefix: &str,
-    raw: &raw::RawUpstream,
-    origins: &Origins,
-    primary: bool,
-) -> Result<UpstreamConfig, ConfigError> {
-    let key = |k: &str| format!("{prefix}.{k}");
-    let err = |k: &str, m: String| origins.error(&key(k), m);
-    let duration = |k: &str, v: &str| parse_duration(v).map_err(|m| err(k, m));
-    let mut url = http_uri(&key("url"), &raw.url, origins)?;
-    // Userinfo is never sent (hyper does not turn it into credentials), so it is dropped here
-    // and the URL kept is safe to show in answers, logs and traces.
-    if let Some(stripped) = crate::net::redact::without_userinfo(&url) {
-        tracing::warn!(
-            upstream = %raw.name,
-            url = %stripped,
-            "credentials in the upstream URL are not used and have been removed"
-        );
-        url = stripped;
-    }
-    if url.query().is_some() {
-        return Err(err("url", "must not have a query string".into()));
-    }
-    if primary && (!raw.models.is_empty() || raw.path_prefix.is_some()) {
-        return Err(err(
-            "models",
-            "the default [upstream] takes every request no other upstream claims; put `models` and `path_prefix` on [[upstreams]] entries".into(),
-        ));
-    }
-    let path_prefix = match raw.path_prefix.as_deref() {
-        None | Some("") => None,
-        Some(p) if p.starts_with('/') && !p.ends_with('/') => Some(p.to_string()),
-        Some(p) => {
-            return Err(err(
-                "path_prefix",
-                format!("`{p}` must start with / and not end with /"),
-            ))
-        }
-    };
-    let tls_client = match (&raw.tls_client_cert, &raw.tls_client_key) {
-        (Some(c), Some(k)) => (Some(PathBuf::from(c)), Some(PathBuf::from(k))),
-        (None, None) => (None, None),
-        _ => {
-            return Err(err(
-                "tls_client_cert",
-                "tls_client_cert and tls_client_key go together".into(),
-            ))
-        }
-    };
-    if url.scheme_str() == Some("http") && (raw.tls_ca.is_some() || tls_client.0.is_some()) {
-        return Err(err("tls_ca", "TLS settings need an https:// url".into()));
-    }
-    if raw.name.is_empty() || raw.name.len() > 64 {
-        return Err(err("name", "must be 1 to 64 characters".into()));
-    }
-    let sends_usage_unasked = match raw.sends_usage_unasked.as_str() {
-        "auto" => UsageUnasked::Auto,
-        "final" => UsageUnasked::Final,
-        "every_chunk" | "yes" => UsageUnasked::EveryChunk,
-        "no" => UsageUnasked::No,
-        other => {
-            return Err(err(
-                "sends_usage_unasked",
-                format!(
-                    "`{other}` must be \"auto\", \"final\", \"every_chunk\", \"yes\" or \"no\""
-                ),
-            ))
-        }
-    };
-    let metrics_path = raw.metrics_path.clone();
-    if !metrics_path.starts_with('/') || http::uri::PathAndQuery::try_from(&*metrics_path).is_err()
-    {
-        return Err(err(
-            "metrics_path",
-            format!("`{metrics_path}` must be a path starting with /"),
-        ));
-    }
-    Ok(UpstreamConfig {
-        reference_file: raw
-            .reference_file
-            .as_deref()
-            .filter(|f| !f.is_empty())
-            .map(PathBuf::from),
-        name: raw.name.clone(),
-        url,
-        models: raw.models.clone(),
-        path_prefix,
-        default_model: raw.default_model.clone().filter(|m| !m.is_empty()),
-        connect_timeout: duration("connect_timeout", &raw.connect_timeout)?,
-        response_timeout: duration("response_timeout", &raw.response_timeout)?,
-        stream_idle_timeout: duration("stream_idle_timeout", &raw.stream_idle_timeout)?,
-        pool_idle_timeout: duration("pool_idle_timeout", &raw.pool_idle_timeout)?,
-        pool_max_idle: usize::try_from(raw.pool_max_idle)
-            .map_err(|_| err("pool_max_idle", "too large".into()))?,
-        // 0: as many as the data listener's connection limit (resolved when the proxy is built).
-        max_connections: usize::try_from(raw.max_connections)
-            .map_err(|_| err("max_connections", "too large".into()))?
-            .min(tokio::sync::Semaphore::MAX_PERMITS),
-        http2: raw.http2,
-        tls_ca: raw.tls_ca.as_ref().map(PathBuf::from),
-        tls_client_cert: tls_client.0,
-        tls_client_key: tls_client.1,
-        sends_usage_unasked,
-        metrics_path,
-        metrics_interval: duration("metrics_interval", &raw.metrics_interval)?,
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::base::duration::parse_duration;
 
     #[test]
     fn the_documented_example_parses_and_matches_the_defaults() {
@@ -1262,6 +664,97 @@ mod tests {
             assert!(error.starts_with(&format!("--set {shown}:")), "{error}");
             assert!(!error.contains("secret"), "{error}");
         }
+    }
+
+    /// Every error message, word for word, from each layer: the typed raw values and the
+    /// per-section checks must say what the one `from_raw` said.
+    #[test]
+    fn error_messages_word_for_word() {
+        let file = |text: &str| {
+            ConfigLoader::new()
+                .text(text, "x.toml")
+                .and_then(ConfigLoader::load)
+                .map_or_else(|e| e.to_string(), |_| "accepted".to_owned())
+        };
+        let env = |var: &str, value: &str| {
+            ConfigLoader::new()
+                .env([(var.to_owned(), value.to_owned())])
+                .and_then(ConfigLoader::load)
+                .map_or_else(|e| e.to_string(), |_| "accepted".to_owned())
+        };
+        let set = |arg: &str| {
+            ConfigLoader::new()
+                .set_args(&[arg.to_owned()])
+                .and_then(ConfigLoader::load)
+                .map_or_else(|e| e.to_string(), |_| "accepted".to_owned())
+        };
+        let cases: Vec<(String, &str)> = vec![
+            (file("[proxy]\nshutdown_grace = \"10 parsecs\"\n"), "config file x.toml: key `proxy.shutdown_grace`: unknown unit `parsecs` in `10 parsecs`: use ms, s, m, h or d"),
+            (env("TOKENTAP_PROXY__SHUTDOWN_GRACE", "5"), "environment variable TOKENTAP_PROXY__SHUTDOWN_GRACE: key `proxy.shutdown_grace`: `5` has no unit: write e.g. 500ms, 30s, 5m, 1h or 7d"),
+            (set("upstream.connect_timeout=fast"), "flag --set upstream.connect_timeout: key `upstream.connect_timeout`: `fast` is not a duration: write e.g. 500ms, 30s, 5m, 1h or 7d"),
+            (file("[proxy]\nshutdown_grace = true\n"), "config file x.toml: key `proxy.shutdown_grace`: data did not match any variant of untagged enum Text"),
+            (file("[proxy]\nshutdown_grace = 1.5\n"), "config file x.toml: key `proxy.shutdown_grace`: data did not match any variant of untagged enum Text"),
+            (file("[store]\nretention = \"1e999h\"\n"), "config file x.toml: key `store.retention`: unknown unit `e999h` in `1e999h`: use ms, s, m, h or d"),
+            (env("TOKENTAP_PROXY__LISTEN", "nowhere"), "environment variable TOKENTAP_PROXY__LISTEN: key `proxy.listen`: `nowhere` is not an address like 127.0.0.1:8000: invalid socket address syntax"),
+            (file("[admin]\nlisten = 5\n"), "config file x.toml: key `admin.listen`: invalid type: integer `5`, expected a string"),
+            (env("TOKENTAP_UPSTREAM__URL", "ftp://x"), "environment variable TOKENTAP_UPSTREAM__URL: key `upstream.url`: `ftp://x` must be an http:// or https:// URL with a host"),
+            (file("[upstream]\nurl = \"http://user:secret@exa mple\"\n"), "config file x.toml: key `upstream.url`: `http://***@exa mple` is not a URL: invalid uri character"),
+            (file("[upstream]\nurl = \"http://x/?a=1\"\n"), "config file x.toml: key `upstream.url`: must not have a query string"),
+            (file("[upstream]\nurl = 5\n"), "config file x.toml: key `upstream.url`: invalid type: integer `5`, expected a string"),
+            (file("[[upstreams]]\nname = \"b\"\nurl = \"ftp://y\"\nmodels = [\"m\"]\n"), "config file x.toml: key `upstreams[0].url`: `ftp://y` must be an http:// or https:// URL with a host"),
+            (file("[[upstreams]]\nname = \"b\"\nmodels = [\"m\"]\nconnect_timeout = \"1y\"\n"), "config file x.toml: key `upstreams[0].connect_timeout`: unknown unit `y` in `1y`: use ms, s, m, h or d"),
+            (file("[[upstreams]]\nname = \"b\"\n"), "config file x.toml: key `upstreams[0].models`: an extra upstream needs `models` or `path_prefix` to be chosen"),
+            (file("[[upstreams]]\nname = \"default\"\nmodels = [\"m\"]\n"), "config file x.toml: key `upstreams[0].name`: `default` is used twice"),
+            (file("[upstream]\nmodels = [\"m\"]\n"), "config file x.toml: key `upstream.models`: the default [upstream] takes every request no other upstream claims; put `models` and `path_prefix` on [[upstreams]] entries"),
+            (file("[[upstreams]]\nname = \"b\"\npath_prefix = \"/a/\"\n"), "config file x.toml: key `upstreams[0].path_prefix`: `/a/` must start with / and not end with /"),
+            (file("[upstream]\ntls_client_cert = \"c\"\n"), "config file x.toml: key `upstream.tls_client_cert`: tls_client_cert and tls_client_key go together"),
+            (file("[upstream]\ntls_ca = \"c\"\n"), "config file x.toml: key `upstream.tls_ca`: TLS settings need an https:// url"),
+            (file("[upstream]\nname = \"\"\n"), "config file x.toml: key `upstream.name`: must be 1 to 64 characters"),
+            (file("[upstream]\nmetrics_path = \"metrics\"\n"), "config file x.toml: key `upstream.metrics_path`: `metrics` must be a path starting with /"),
+            (env("TOKENTAP_UPSTREAM__SENDS_USAGE_UNASKED", "sometimes"), "environment variable TOKENTAP_UPSTREAM__SENDS_USAGE_UNASKED: key `upstream.sends_usage_unasked`: `sometimes` must be \"auto\", \"final\", \"every_chunk\", \"yes\" or \"no\""),
+            (env("TOKENTAP_UPSTREAM__SENDS_USAGE_UNASKED", "true"), "environment variable TOKENTAP_UPSTREAM__SENDS_USAGE_UNASKED: key `upstream.sends_usage_unasked`: invalid type: boolean `true`, expected a string"),
+            (env("TOKENTAP_TELEMETRY__OTLP_ENDPOINT", "grpc://collector:4317"), "environment variable TOKENTAP_TELEMETRY__OTLP_ENDPOINT: key `telemetry.otlp_endpoint`: `grpc://collector:4317` must be an http:// or https:// URL with a host"),
+            (env("TOKENTAP_TELEMETRY__METRIC_INTERVAL", "0"), "environment variable TOKENTAP_TELEMETRY__METRIC_INTERVAL: key `telemetry.metric_interval`: must be greater than zero"),
+            (env("TOKENTAP_TELEMETRY__MAX_SERIES", "0"), "environment variable TOKENTAP_TELEMETRY__MAX_SERIES: key `telemetry.max_series`: must be greater than zero"),
+            (file("[capacity]\nbasis = \"p42\"\n"), "config file x.toml: key `capacity.basis`: `p42`: expected auto, attainment, median, p90 or p99"),
+            (file("[capacity]\nwindow = \"30s\"\n"), "config file x.toml: key `capacity.window`: must lie between 1m and 24h"),
+            (file("[capacity]\nattainment = 1.5\n"), "config file x.toml: key `capacity.attainment`: must lie in (0, 1], found 1.5"),
+            (file("[slo.models.m]\ne2e = \"5\"\n"), "config file x.toml: key `slo.models.\"m\".e2e`: `5` is not a positive duration like 500ms, 2s or 1m"),
+            (file("[slo]\nttft = \"0ms\"\n"), "config file x.toml: key `slo.ttft`: `0ms` is not a positive duration like 500ms, 2s or 1m"),
+            (file("[proxy]\nbody_idle_timeout = 0\n"), "config file x.toml: key `proxy.body_idle_timeout`: must be greater than zero"),
+            (file("[proxy]\nheader_read_timeout = \"0s\"\n"), "config file x.toml: key `proxy.header_read_timeout`: must be greater than zero"),
+            (file("[proxy]\nmax_stream_buffer = 100\n"), "config file x.toml: key `proxy.max_stream_buffer`: must lie between 8192 and 16777216 bytes"),
+            (file("[proxy]\nmax_header_bytes = 100\n"), "config file x.toml: key `proxy.max_header_bytes`: must be at least 8192 (hyper's minimum)"),
+            (file("[proxy]\nmax_header_bytes = 0\n"), "config file x.toml: key `proxy.max_header_bytes`: must be greater than zero"),
+            (file("[proxy]\nhttp2_max_concurrent_streams = 5000000000\n"), "config file x.toml: key `proxy.http2_max_concurrent_streams`: too large"),
+            (file("[proxy]\nhttp2_keep_alive_timeout = 0\n"), "config file x.toml: key `proxy.http2_keep_alive_timeout`: must be greater than zero while pings are on"),
+            (file("[tls]\ncert = \"c\"\n"), "config file x.toml: key `tls.key`: tls.cert is set, tls.key is missing"),
+            (file("[tls]\nkey = \"k\"\n"), "config file x.toml: key `tls.cert`: tls.key is set, tls.cert is missing"),
+            (file("[tls]\nclient_ca = \"a\"\n"), "config file x.toml: key `tls.client_ca`: needs tls.cert and tls.key"),
+            (file("[admin]\nlisten = \"0.0.0.0:9464\"\n"), "config file x.toml: key `admin.token`: the admin listener 0.0.0.0:9464 is not on loopback, so it needs a bearer token (set admin.token or TOKENTAP_ADMIN__TOKEN)"),
+            (file("[admin]\nsession_ttl = 0\n"), "config file x.toml: key `admin.session_ttl`: must be greater than zero"),
+            (file("[admin]\nmax_sessions = 0\n"), "config file x.toml: key `admin.max_sessions`: must be greater than zero"),
+            (file("[metering]\ncontext_buckets = [16, 8]\n"), "config file x.toml: key `metering.context_buckets`: values must be strictly increasing"),
+            (env("TOKENTAP_METERING__MAX_EVENT_BYTES", "\"lots\""), "environment variable TOKENTAP_METERING__MAX_EVENT_BYTES: key `metering.max_event_bytes`: invalid type: string \"lots\", expected u64"),
+            (file("[store]\nsnapshot_interval = 0\n"), "config file x.toml: key `store.snapshot_interval`: must be greater than zero"),
+            (file("[store]\nretention = \"x\"\n"), "config file x.toml: key `store.retention`: `x` is not a duration: write e.g. 500ms, 30s, 5m, 1h or 7d"),
+            (file("[sweep]\ncell_duration = 0\n"), "config file x.toml: key `sweep.cell_duration`: must be greater than zero"),
+            (file("[sweep]\nmax_output = 0\n"), "config file x.toml: key `sweep.max_output`: must be greater than zero"),
+            (file("[evidence]\nmin_measured_for = \"ten\"\n"), "config file x.toml: key `evidence.min_measured_for`: `ten` is not a duration: write e.g. 500ms, 30s, 5m, 1h or 7d"),
+            (file("[drift]\nwindow = \"25h\"\n"), "config file x.toml: key `drift.window`: must lie between 1m and 24h"),
+            (file("[drift]\nrefresh_interval = 0\n"), "config file x.toml: key `drift.refresh_interval`: must be greater than zero"),
+            (file("[workload]\nmax_age = \"1y\"\n"), "config file x.toml: key `workload.max_age`: unknown unit `y` in `1y`: use ms, s, m, h or d"),
+            (file("[workload]\nmax_requests = 0\n"), "config file x.toml: key `workload.max_requests`: must be greater than zero"),
+            (file("[workload]\nmax_exports = 0\n"), "config file x.toml: key `workload.max_exports`: must be greater than zero"),
+            (file("[fingerprint]\ninterval = \"500ms\"\n"), "config file x.toml: key `fingerprint.interval`: must be 0 (off) or at least 1s"),
+            (file("[fingerprint]\ninterval = \"soon\"\n"), "config file x.toml: key `fingerprint.interval`: `soon` is not a duration: write e.g. 500ms, 30s, 5m, 1h or 7d"),
+        ];
+        let wrong: Vec<String> = cases
+            .iter()
+            .filter(|(got, want)| got != want)
+            .map(|(got, want)| format!("got  {got:?}\nwant {want:?}"))
+            .collect();
+        assert!(wrong.is_empty(), "\n{}", wrong.join("\n"));
     }
 
     #[test]

@@ -1,23 +1,19 @@
 //! The configuration as written: serde structs that deny unknown keys, with the defaults.
 //! `config/tokentap.toml` documents every key; a test checks that file equals these defaults.
+//!
+//! Durations, listen addresses, URLs and enums are typed here (`value.rs` reads and checks
+//! each as it is deserialised); counts stay the integers written, and each section's
+//! `from_raw` checks their ranges. The `[slo]` targets stay text: their errors name a model's
+//! table as `slo.models."<model>"`, which a serde key path does not quote.
 
-use serde::{Deserialize, Deserializer};
+use std::net::SocketAddr;
+use std::time::Duration;
 
-/// A duration as written: `30s`, `500ms`, or a bare `0` (which TOML and the environment layer
-/// read as a number). Validation parses it (`base::duration::parse_duration`).
-fn duration_text<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Text {
-        Text(String),
-        Number(i64),
-    }
-    Ok(match Text::deserialize(deserializer)? {
-        Text::Text(text) => text,
-        Text::Number(n) => n.to_string(),
-    })
-}
+use http::Uri;
+use serde::Deserialize;
 
+use super::value::{self, UsageUnasked};
+use crate::matrix::capacity::Basis;
 use crate::meter::buckets::{DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
 
 #[derive(Debug, Deserialize, Default)]
@@ -43,44 +39,45 @@ pub struct RawConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawProxy {
-    pub listen: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub shutdown_grace: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub header_read_timeout: String,
+    #[serde(deserialize_with = "value::socket_addr")]
+    pub listen: SocketAddr,
+    #[serde(deserialize_with = "value::duration")]
+    pub shutdown_grace: Duration,
+    #[serde(deserialize_with = "value::duration")]
+    pub header_read_timeout: Duration,
     pub max_header_bytes: u64,
     pub http2: bool,
-    #[serde(deserialize_with = "duration_text")]
-    pub body_idle_timeout: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub body_read_timeout: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub body_idle_timeout: Duration,
+    #[serde(deserialize_with = "value::duration")]
+    pub body_read_timeout: Duration,
     pub max_connections: u64,
     pub http2_max_concurrent_streams: u64,
     pub max_stream_buffer: u64,
-    #[serde(deserialize_with = "duration_text")]
-    pub http2_keep_alive_interval: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub http2_keep_alive_timeout: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub send_stall_timeout: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub http2_keep_alive_interval: Duration,
+    #[serde(deserialize_with = "value::duration")]
+    pub http2_keep_alive_timeout: Duration,
+    #[serde(deserialize_with = "value::duration")]
+    pub send_stall_timeout: Duration,
 }
 
 impl Default for RawProxy {
     fn default() -> Self {
         Self {
-            listen: "0.0.0.0:8000".into(),
-            shutdown_grace: "30s".into(),
-            header_read_timeout: "10s".into(),
+            listen: SocketAddr::from(([0, 0, 0, 0], 8000)),
+            shutdown_grace: Duration::from_secs(30),
+            header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 64 * 1024,
             http2: true,
-            body_idle_timeout: "10s".into(),
-            body_read_timeout: "60s".into(),
+            body_idle_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(60),
             max_connections: 0,
             http2_max_concurrent_streams: 100,
             max_stream_buffer: 64 * 1024,
-            http2_keep_alive_interval: "30s".into(),
-            http2_keep_alive_timeout: "10s".into(),
-            send_stall_timeout: "30s".into(),
+            http2_keep_alive_interval: Duration::from_secs(30),
+            http2_keep_alive_timeout: Duration::from_secs(10),
+            send_stall_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -97,28 +94,29 @@ pub struct RawTls {
 #[serde(deny_unknown_fields, default)]
 pub struct RawUpstream {
     pub name: String,
-    pub url: String,
+    #[serde(deserialize_with = "value::http_uri")]
+    pub url: Uri,
     pub models: Vec<String>,
     pub path_prefix: Option<String>,
     pub default_model: Option<String>,
-    #[serde(deserialize_with = "duration_text")]
-    pub connect_timeout: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub response_timeout: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub stream_idle_timeout: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub pool_idle_timeout: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub connect_timeout: Duration,
+    #[serde(deserialize_with = "value::duration")]
+    pub response_timeout: Duration,
+    #[serde(deserialize_with = "value::duration")]
+    pub stream_idle_timeout: Duration,
+    #[serde(deserialize_with = "value::duration")]
+    pub pool_idle_timeout: Duration,
     pub pool_max_idle: u64,
     pub max_connections: u64,
     pub http2: bool,
     pub tls_ca: Option<String>,
     pub tls_client_cert: Option<String>,
     pub tls_client_key: Option<String>,
-    pub sends_usage_unasked: String,
+    pub sends_usage_unasked: UsageUnasked,
     pub metrics_path: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub metrics_interval: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub metrics_interval: Duration,
     pub reference_file: Option<String>,
 }
 
@@ -126,23 +124,23 @@ impl Default for RawUpstream {
     fn default() -> Self {
         Self {
             name: "default".into(),
-            url: "http://127.0.0.1:30000".into(),
+            url: Uri::from_static("http://127.0.0.1:30000"),
             models: Vec::new(),
             path_prefix: None,
             default_model: None,
-            connect_timeout: "5s".into(),
-            response_timeout: "600s".into(),
-            stream_idle_timeout: "120s".into(),
-            pool_idle_timeout: "90s".into(),
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(600),
+            stream_idle_timeout: Duration::from_secs(120),
+            pool_idle_timeout: Duration::from_secs(90),
             pool_max_idle: 1024,
             max_connections: 0,
             http2: false,
             tls_ca: None,
             tls_client_cert: None,
             tls_client_key: None,
-            sends_usage_unasked: "auto".into(),
+            sends_usage_unasked: UsageUnasked::Auto,
             metrics_path: "/metrics".into(),
-            metrics_interval: "5s".into(),
+            metrics_interval: Duration::from_secs(5),
             reference_file: None,
         }
     }
@@ -151,21 +149,22 @@ impl Default for RawUpstream {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawAdmin {
-    pub listen: String,
+    #[serde(deserialize_with = "value::socket_addr")]
+    pub listen: SocketAddr,
     pub token: Option<String>,
     pub max_connections: u64,
-    #[serde(deserialize_with = "duration_text")]
-    pub session_ttl: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub session_ttl: Duration,
     pub max_sessions: u64,
 }
 
 impl Default for RawAdmin {
     fn default() -> Self {
         Self {
-            listen: "127.0.0.1:9464".into(),
+            listen: SocketAddr::from(([127, 0, 0, 1], 9464)),
             token: None,
             max_connections: 256,
-            session_ttl: "12h".into(),
+            session_ttl: Duration::from_secs(12 * 3600),
             max_sessions: 64,
         }
     }
@@ -200,10 +199,11 @@ impl Default for RawMetering {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawTelemetry {
-    pub otlp_endpoint: Option<String>,
+    #[serde(deserialize_with = "value::optional_http_uri")]
+    pub otlp_endpoint: Option<Uri>,
     pub service_name: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub metric_interval: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub metric_interval: Duration,
     pub max_series: u64,
 }
 
@@ -212,7 +212,7 @@ impl Default for RawTelemetry {
         Self {
             otlp_endpoint: None,
             service_name: "tokentap".into(),
-            metric_interval: "60s".into(),
+            metric_interval: Duration::from_secs(60),
             max_series: 50_000,
         }
     }
@@ -222,18 +222,18 @@ impl Default for RawTelemetry {
 #[serde(deny_unknown_fields, default)]
 pub struct RawStore {
     pub data_dir: Option<String>,
-    #[serde(deserialize_with = "duration_text")]
-    pub snapshot_interval: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub retention: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub snapshot_interval: Duration,
+    #[serde(deserialize_with = "value::duration")]
+    pub retention: Duration,
 }
 
 impl Default for RawStore {
     fn default() -> Self {
         Self {
             data_dir: Some("tokentap-data".into()),
-            snapshot_interval: "1h".into(),
-            retention: "720h".into(),
+            snapshot_interval: Duration::from_secs(3600),
+            retention: Duration::from_secs(720 * 3600),
         }
     }
 }
@@ -243,8 +243,8 @@ impl Default for RawStore {
 pub struct RawWorkload {
     pub capture: bool,
     pub max_requests: u64,
-    #[serde(deserialize_with = "duration_text")]
-    pub max_age: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub max_age: Duration,
     pub salt: String,
     pub max_exports: u64,
 }
@@ -254,7 +254,7 @@ impl Default for RawWorkload {
         Self {
             capture: false,
             max_requests: 1_000_000,
-            max_age: "168h".into(),
+            max_age: Duration::from_secs(168 * 3600),
             salt: String::new(),
             max_exports: 2,
         }
@@ -265,8 +265,8 @@ impl Default for RawWorkload {
 #[serde(deny_unknown_fields, default)]
 pub struct RawSweep {
     pub production_guard: u64,
-    #[serde(deserialize_with = "duration_text")]
-    pub cell_duration: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub cell_duration: Duration,
     pub max_output: u64,
     pub kv_budget_tokens: u64,
 }
@@ -275,7 +275,7 @@ impl Default for RawSweep {
     fn default() -> Self {
         Self {
             production_guard: 4,
-            cell_duration: "30s".into(),
+            cell_duration: Duration::from_secs(30),
             max_output: 4096,
             kv_budget_tokens: 0,
         }
@@ -306,8 +306,8 @@ pub struct RawSlo {
 #[serde(deny_unknown_fields, default)]
 pub struct RawEvidence {
     pub min_requests: u64,
-    #[serde(deserialize_with = "duration_text")]
-    pub min_measured_for: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub min_measured_for: Duration,
     pub min_output_tokens: u64,
 }
 
@@ -316,7 +316,7 @@ impl Default for RawEvidence {
         // A median over fewer requests is too noisy to compare or alert on.
         Self {
             min_requests: 20,
-            min_measured_for: "10s".into(),
+            min_measured_for: Duration::from_secs(10),
             min_output_tokens: 500,
         }
     }
@@ -326,17 +326,18 @@ impl Default for RawEvidence {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawCapacity {
-    #[serde(deserialize_with = "duration_text")]
-    pub window: String,
-    pub basis: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub window: Duration,
+    #[serde(deserialize_with = "value::basis")]
+    pub basis: Basis,
     pub attainment: f64,
 }
 
 impl Default for RawCapacity {
     fn default() -> Self {
         Self {
-            window: "5m".into(),
-            basis: "median".into(),
+            window: Duration::from_secs(5 * 60),
+            basis: Basis::Median,
             attainment: 0.95,
         }
     }
@@ -347,8 +348,8 @@ impl Default for RawCapacity {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawFingerprint {
-    #[serde(deserialize_with = "duration_text")]
-    pub interval: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub interval: Duration,
     pub hardware: String,
     pub gpu_count: u32,
     pub node: String,
@@ -359,7 +360,7 @@ pub struct RawFingerprint {
 impl Default for RawFingerprint {
     fn default() -> Self {
         Self {
-            interval: "60s".into(),
+            interval: Duration::from_secs(60),
             hardware: String::new(),
             gpu_count: 0,
             node: String::new(),
@@ -373,17 +374,17 @@ impl Default for RawFingerprint {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawDrift {
-    #[serde(deserialize_with = "duration_text")]
-    pub window: String,
-    #[serde(deserialize_with = "duration_text")]
-    pub refresh_interval: String,
+    #[serde(deserialize_with = "value::duration")]
+    pub window: Duration,
+    #[serde(deserialize_with = "value::duration")]
+    pub refresh_interval: Duration,
 }
 
 impl Default for RawDrift {
     fn default() -> Self {
         Self {
-            window: "15m".into(),
-            refresh_interval: "30s".into(),
+            window: Duration::from_secs(15 * 60),
+            refresh_interval: Duration::from_secs(30),
         }
     }
 }

@@ -1,0 +1,43 @@
+//! `[admin]`: the admin listener, its token and its browser sessions.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::raw::RawAdmin;
+use super::{ConfigError, Origins};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// Bearer token; required when the admin listener is not on loopback, and for sweeps.
+    pub token: Option<String>,
+    /// Most connections open at once on the admin listener.
+    pub max_connections: usize,
+    /// How long a browser session (`POST /login`) lasts.
+    pub session_ttl: Duration,
+    /// Most browser sessions kept at once; a login past it ends the oldest.
+    pub max_sessions: usize,
+}
+
+impl AdminConfig {
+    pub(super) fn from_raw(raw: RawAdmin, origins: &Origins) -> Result<Self, ConfigError> {
+        let admin = AdminConfig {
+            listen: raw.listen,
+            token: raw.token.filter(|t| !t.is_empty()),
+            max_connections: origins.nonzero("admin.max_connections", raw.max_connections)?,
+            session_ttl: raw.session_ttl,
+            max_sessions: origins.nonzero("admin.max_sessions", raw.max_sessions)?,
+        };
+        origins.positive("admin.session_ttl", admin.session_ttl)?;
+        if !admin.listen.ip().is_loopback() && admin.token.is_none() {
+            return Err(origins.error(
+                "admin.token",
+                format!(
+                    "the admin listener {} is not on loopback, so it needs a bearer token (set admin.token or TOKENTAP_ADMIN__TOKEN)",
+                    admin.listen
+                ),
+            ));
+        }
+        Ok(admin)
+    }
+}

@@ -1,0 +1,89 @@
+//! `[metering]` and `[slo]`: what is read of each request, the bucket ladders, the bounds on
+//! buffered bytes and model labels, and the SLO targets per model.
+
+use std::collections::BTreeMap;
+
+use super::raw::{RawMetering, RawSlo, RawSloTargets};
+use super::{ConfigError, Origins};
+use crate::meter::buckets::Ladder;
+use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeteringConfig {
+    pub inject_usage: bool,
+    pub max_parse_bytes: usize,
+    /// Most bytes of metered request bodies held at once while they are being read, over all
+    /// requests; past it bodies are forwarded as they stream, unmetered.
+    pub max_buffered_bytes: usize,
+    pub max_event_bytes: usize,
+    pub contexts: Ladder,
+    pub concurrency: Ladder,
+    /// Distinct model labels kept before further models are labelled `other`.
+    pub max_models: usize,
+    /// SLO targets per model (`[slo]`); none by default.
+    pub slo: SloPolicy,
+}
+
+impl MeteringConfig {
+    pub(super) fn from_raw(
+        raw: RawMetering,
+        slo: &RawSlo,
+        origins: &Origins,
+    ) -> Result<Self, ConfigError> {
+        let contexts = Ladder::contexts(&raw.context_buckets)
+            .map_err(|m| origins.error("metering.context_buckets", m))?;
+        let concurrency = Ladder::concurrency(&raw.concurrency_buckets)
+            .map_err(|m| origins.error("metering.concurrency_buckets", m))?;
+        Ok(MeteringConfig {
+            inject_usage: raw.inject_usage,
+            max_parse_bytes: origins.nonzero("metering.max_parse_bytes", raw.max_parse_bytes)?,
+            max_buffered_bytes: origins
+                .nonzero("metering.max_buffered_bytes", raw.max_buffered_bytes)?,
+            max_event_bytes: origins.nonzero("metering.max_event_bytes", raw.max_event_bytes)?,
+            contexts,
+            concurrency,
+            max_models: origins.nonzero("metering.max_models", raw.max_models)?,
+            slo: slo_policy(slo, origins)?,
+        })
+    }
+}
+
+/// Validates `[slo]`: each target a positive duration (`500ms`, `2s`, `1m`). Checked here, not
+/// while deserialising, because the error names a model's table as `slo.models."<model>"`.
+fn slo_policy(raw: &RawSlo, origins: &Origins) -> Result<SloPolicy, ConfigError> {
+    let targets = |prefix: &str, t: &RawSloTargets| -> Result<SloTargets, ConfigError> {
+        let one = |name: &str, text: &Option<String>| {
+            text.as_deref()
+                .map(|text| {
+                    parse_target(text.trim()).ok_or_else(|| {
+                        origins.error(
+                            &format!("{prefix}{name}"),
+                            format!("`{text}` is not a positive duration like 500ms, 2s or 1m"),
+                        )
+                    })
+                })
+                .transpose()
+        };
+        Ok(SloTargets {
+            ttft: one("ttft", &t.ttft)?,
+            tbt: one("tbt", &t.tbt)?,
+            e2e: one("e2e", &t.e2e)?,
+        })
+    };
+    let default = targets(
+        "slo.",
+        &RawSloTargets {
+            ttft: raw.ttft.clone(),
+            tbt: raw.tbt.clone(),
+            e2e: raw.e2e.clone(),
+        },
+    )?;
+    let mut models = BTreeMap::new();
+    for (model, table) in &raw.models {
+        models.insert(
+            model.clone(),
+            targets(&format!("slo.models.\"{model}\"."), table)?,
+        );
+    }
+    Ok(SloPolicy { default, models })
+}

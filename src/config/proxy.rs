@@ -1,0 +1,115 @@
+//! `[proxy]` and `[tls]`: the data listener, its limits and timeouts, and its TLS.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::raw::{RawProxy, RawTls};
+use super::{ConfigError, Origins};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProxyConfig {
+    pub listen: SocketAddr,
+    pub shutdown_grace: Duration,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub http2: bool,
+    pub tls: Option<ListenerTls>,
+    /// Longest gap between frames of a client's request body.
+    pub body_idle_timeout: Duration,
+    /// Most time to read a metered request body (up to the parse limit) in all.
+    pub body_read_timeout: Duration,
+    /// Most connections open at once on the data listener; 0: what the descriptor limit allows
+    /// (`net::limits::max_connections_for`), decided at start.
+    pub max_connections: usize,
+    /// Most HTTP/2 streams open at once on one client connection.
+    pub http2_max_concurrent_streams: u32,
+    /// Most response bytes held per stream on each side: the HTTP/2 send buffer per client
+    /// stream, the HTTP/2 receive window per upstream stream, the HTTP/1 read buffer per
+    /// upstream connection.
+    pub max_stream_buffer: usize,
+    /// HTTP/2 keep-alive pings this often (zero: none), each answered within the timeout.
+    pub http2_keep_alive_interval: Duration,
+    pub http2_keep_alive_timeout: Duration,
+    /// A response the client has not taken for this long is cancelled (zero: never).
+    pub send_stall_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// When set, clients must present a certificate signed by this CA.
+    pub client_ca: Option<PathBuf>,
+}
+
+impl ListenerTls {
+    /// `[tls]`: none, or a certificate and its key (and optionally a client CA).
+    pub(super) fn from_raw(raw: RawTls, origins: &Origins) -> Result<Option<Self>, ConfigError> {
+        match (raw.cert, raw.key) {
+            (Some(cert), Some(key)) => Ok(Some(ListenerTls {
+                cert: cert.into(),
+                key: key.into(),
+                client_ca: raw.client_ca.map(PathBuf::from),
+            })),
+            (None, None) if raw.client_ca.is_none() => Ok(None),
+            (None, None) => Err(origins.error("tls.client_ca", "needs tls.cert and tls.key")),
+            (Some(_), None) => Err(origins.error("tls.key", "tls.cert is set, tls.key is missing")),
+            (None, Some(_)) => {
+                Err(origins.error("tls.cert", "tls.key is set, tls.cert is missing"))
+            }
+        }
+    }
+}
+
+impl ProxyConfig {
+    pub(super) fn from_raw(
+        raw: RawProxy,
+        tls: Option<ListenerTls>,
+        origins: &Origins,
+    ) -> Result<Self, ConfigError> {
+        let proxy = ProxyConfig {
+            listen: raw.listen,
+            shutdown_grace: raw.shutdown_grace,
+            header_read_timeout: raw.header_read_timeout,
+            max_header_bytes: origins.nonzero("proxy.max_header_bytes", raw.max_header_bytes)?,
+            http2: raw.http2,
+            tls,
+            body_idle_timeout: raw.body_idle_timeout,
+            body_read_timeout: raw.body_read_timeout,
+            // 0: from the descriptor limit at start (`net::limits`).
+            max_connections: origins.size("proxy.max_connections", raw.max_connections)?,
+            http2_max_concurrent_streams: u32::try_from(origins.nonzero(
+                "proxy.http2_max_concurrent_streams",
+                raw.http2_max_concurrent_streams,
+            )?)
+            .map_err(|_| origins.error("proxy.http2_max_concurrent_streams", "too large"))?,
+            max_stream_buffer: origins.nonzero("proxy.max_stream_buffer", raw.max_stream_buffer)?,
+            http2_keep_alive_interval: raw.http2_keep_alive_interval,
+            http2_keep_alive_timeout: raw.http2_keep_alive_timeout,
+            send_stall_timeout: raw.send_stall_timeout,
+        };
+        if !(8192..=(16 << 20)).contains(&proxy.max_stream_buffer) {
+            return Err(origins.error(
+                "proxy.max_stream_buffer",
+                "must lie between 8192 and 16777216 bytes",
+            ));
+        }
+        if !proxy.http2_keep_alive_interval.is_zero() && proxy.http2_keep_alive_timeout.is_zero() {
+            return Err(origins.error(
+                "proxy.http2_keep_alive_timeout",
+                "must be greater than zero while pings are on",
+            ));
+        }
+        origins.positive("proxy.body_idle_timeout", proxy.body_idle_timeout)?;
+        origins.positive("proxy.body_read_timeout", proxy.body_read_timeout)?;
+        origins.positive("proxy.header_read_timeout", proxy.header_read_timeout)?;
+        if proxy.max_header_bytes < 8192 {
+            return Err(origins.error(
+                "proxy.max_header_bytes",
+                "must be at least 8192 (hyper's minimum)",
+            ));
+        }
+        Ok(proxy)
+    }
+}
