@@ -763,7 +763,7 @@ mod tests {
                     expected,
                     "cuts at {a} and {b}"
                 );
-                assert_eq!(record.completion_tokens, 2);
+                assert_eq!(record.tokens.completion, 2);
             }
         }
     }
@@ -795,12 +795,12 @@ mod tests {
             let (client, record) = run(frames, both);
             prop_assert_eq!(String::from_utf8(client).unwrap(), expected_client);
             let total: u64 = pieces.iter().sum();
-            prop_assert_eq!(record.completion_tokens, total);
-            prop_assert!(record.completion_exact);
-            prop_assert_eq!(record.token_events, pieces.len() as u64);
-            prop_assert_eq!(record.prompt_tokens, Some(9));
-            prop_assert_eq!(record.itl.count(), total - pieces[0]);
-            prop_assert_eq!(record.split.total_tokens(), total);
+            prop_assert_eq!(record.tokens.completion, total);
+            prop_assert!(record.tokens.completion_exact);
+            prop_assert_eq!(record.tokens.events, pieces.len() as u64);
+            prop_assert_eq!(record.tokens.prompt, Some(9));
+            prop_assert_eq!(record.timing.itl.count(), total - pieces[0]);
+            prop_assert_eq!(record.interference.split.total_tokens(), total);
             prop_assert_eq!(record.outcome, Outcome::Ok);
         }
 
