@@ -781,6 +781,7 @@ impl MatrixAccumulator {
 pub(crate) mod test_records {
     use std::time::{Duration, SystemTime};
 
+    use crate::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
     use crate::meter::record::{
         time_between_tokens, Buckets, Interference, Outcome, Overhead, RequestRecord, Timing,
         Tokens,
@@ -814,12 +815,8 @@ pub(crate) mod test_records {
             split.seconds[bucket] += gaps as f64 * tbt.as_secs_f64();
         }
         let decode = tbt * u32::try_from(completion.saturating_sub(1)).unwrap();
-        let contexts =
-            crate::meter::buckets::Ladder::contexts(&crate::meter::buckets::DEFAULT_CONTEXTS)
-                .unwrap();
-        let concurrency =
-            crate::meter::buckets::Ladder::concurrency(&crate::meter::buckets::DEFAULT_CONCURRENCY)
-                .unwrap();
+        let contexts = Ladder::contexts(&DEFAULT_CONTEXTS).unwrap();
+        let concurrency = Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap();
         let first_token = (completion > 0).then_some(ttft);
         RequestRecord {
             outcome,

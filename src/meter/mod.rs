@@ -339,26 +339,8 @@ impl RequestMeter {
             c.fetch_sub(1, Ordering::Relaxed);
         }
         let timing = self.timing(now, completion_tokens);
-        let tokens = Tokens {
-            prompt: usage.prompt_tokens,
-            cached: usage.cached_tokens,
-            completion: completion_tokens,
-            completion_exact: exact,
-            events: self.timeline.token_events,
-            max: self.max_tokens,
-            per_second: timing.tbt.map(|t| 1.0 / t.as_secs_f64()),
-            prefill_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, timing.ttft),
-        };
-        let buckets = Buckets {
-            context: self
-                .meter
-                .contexts
-                .context_bucket(tokens.prompt.unwrap_or(0)),
-            concurrency: self
-                .meter
-                .concurrency
-                .concurrency_bucket(interference.average_active),
-        };
+        let tokens = self.tokens(usage, completion_tokens, exact, &timing);
+        let buckets = self.buckets(&tokens, &interference);
         let slo = self.slo_result(outcome, &timing, completion_tokens);
         let record = RequestRecord {
             route: self.labels.route,
@@ -409,6 +391,34 @@ impl RequestMeter {
             );
         }
         (usage, completion, exact && !self.clamped)
+    }
+
+    /// The counts (already clamped) and the rates derived from them and `timing`.
+    fn tokens(&self, usage: Usage, completion: u64, exact: bool, timing: &Timing) -> Tokens {
+        Tokens {
+            prompt: usage.prompt_tokens,
+            cached: usage.cached_tokens,
+            completion,
+            completion_exact: exact,
+            events: self.timeline.token_events,
+            max: self.max_tokens,
+            per_second: timing.tbt.map(|t| 1.0 / t.as_secs_f64()),
+            prefill_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, timing.ttft),
+        }
+    }
+
+    /// The matrix cell: the prompt's context bucket, the concurrency bucket of its average.
+    fn buckets(&self, tokens: &Tokens, interference: &Interference) -> Buckets {
+        Buckets {
+            context: self
+                .meter
+                .contexts
+                .context_bucket(tokens.prompt.unwrap_or(0)),
+            concurrency: self
+                .meter
+                .concurrency
+                .concurrency_bucket(interference.average_active),
+        }
     }
 
     /// The in-flight and prefill integrals over the decode interval, and the concurrency split
