@@ -202,6 +202,7 @@ impl Drop for Metering {
 }
 
 /// Feeds one event's classification to the request's meter.
+#[inline]
 fn measure(
     meter: &mut RequestMeter,
     classifier: &mut EventClassifier,

@@ -110,11 +110,13 @@ impl EditQueue {
     }
 
     /// The next piece for the client.
+    #[inline]
     pub fn pop(&mut self) -> Option<Bytes> {
         self.out.pop_front()
     }
 
     /// Nothing is queued or held.
+    #[inline]
     pub fn is_drained(&self) -> bool {
         self.out.is_empty() && self.held.is_empty() && !self.holding()
     }
