@@ -167,9 +167,12 @@ async fn a_u64_max_usage_jump_is_clamped_flagged_and_costs_microseconds() {
     assert_eq!(response.bytes(), sent);
     let record = &records.wait_for(1).await[0];
     assert_eq!(record.outcome, Outcome::Ok);
-    assert_eq!(record.completion_tokens, MAX_TOKENS_PER_REQUEST);
-    assert_eq!(record.prompt_tokens, Some(MAX_TOKENS_PER_REQUEST));
-    assert!(!record.completion_exact, "a clamped count is approximate");
+    assert_eq!(record.tokens.completion, MAX_TOKENS_PER_REQUEST);
+    assert_eq!(record.tokens.prompt, Some(MAX_TOKENS_PER_REQUEST));
+    assert!(
+        !record.tokens.completion_exact,
+        "a clamped count is approximate"
+    );
     assert_eq!(server.proxy.meter.clamped_counts(), 1);
     let text = server.metrics.render();
     assert_eq!(
@@ -434,7 +437,7 @@ async fn a_stalled_upstream_ends_the_stream_as_upstream_stalled() {
     );
     let record = &records.wait_for(1).await[0];
     assert_eq!(record.outcome, Outcome::UpstreamStalled);
-    assert_eq!(record.completion_tokens, 2);
+    assert_eq!(record.tokens.completion, 2);
     assert_eq!(server.proxy.faults.get(Fault::UpstreamStalled), 1);
     let text = server.metrics.render();
     assert_eq!(
@@ -716,7 +719,7 @@ async fn duplicate_keys_follow_the_server_and_usage_the_client_asked_for_is_kept
     let records = records.wait_for(2).await;
     assert!(records
         .iter()
-        .all(|r| r.outcome == Outcome::Ok && r.completion_tokens == 1));
+        .all(|r| r.outcome == Outcome::Ok && r.tokens.completion == 1));
     server.shutdown().await;
 }
 
@@ -1826,11 +1829,11 @@ async fn choices_whose_counts_sum_past_u64_max_saturate_instead_of_wrapping() {
     assert_eq!(response.status, 200);
     let record = records.wait_for(1).await;
     assert_eq!(
-        record[0].completion_tokens, MAX_TOKENS_PER_REQUEST,
+        record[0].tokens.completion, MAX_TOKENS_PER_REQUEST,
         "clamped at the most, not wrapped to nothing"
     );
     assert!(
-        !record[0].completion_exact,
+        !record[0].tokens.completion_exact,
         "a clamped count is approximate"
     );
 }
@@ -1924,7 +1927,7 @@ async fn with_injection_a_partial_last_event_is_forwarded_without_what_tokentap_
         let record = records.wait_for(1).await;
         // An event no blank line closed is no event to an SSE client (it discards it), so it
         // is not counted either.
-        assert_eq!(record[0].completion_tokens, 1, "{end:?}");
+        assert_eq!(record[0].tokens.completion, 1, "{end:?}");
         assert_eq!(record[0].outcome, Outcome::UpstreamAborted, "{end:?}");
     }
 }
@@ -1977,7 +1980,7 @@ async fn metered_requests_ask_for_identity_and_compressed_streams_pass_untouched
     let record = records.wait_for(1).await;
     assert_eq!(record[0].outcome, Outcome::Ok, "not an upstream abort");
     assert!(
-        !record[0].completion_exact,
+        !record[0].tokens.completion_exact,
         "counts of an unread stream are approximate"
     );
     // An uncompressed stream through the same proxy is metered as ever.
@@ -1990,8 +1993,8 @@ async fn metered_requests_ask_for_identity_and_compressed_streams_pass_untouched
     .await;
     assert!(!response.text().contains("usage"), "{}", response.text());
     let record = records.wait_for(1).await;
-    assert_eq!(record[0].completion_tokens, 1);
-    assert!(record[0].completion_exact);
+    assert_eq!(record[0].tokens.completion, 1);
+    assert!(record[0].tokens.completion_exact);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -2497,7 +2500,7 @@ async fn the_metrics_page_keeps_its_series_budget_in_priority_order() {
     let all = records.wait_for(cells.len()).await;
     let buckets: Vec<String> = all
         .iter()
-        .map(|r| format!("{}/{}", r.model, r.context_bucket))
+        .map(|r| format!("{}/{}", r.model, r.buckets.context))
         .collect();
     let distinct: std::collections::HashSet<&String> = buckets.iter().collect();
     assert_eq!(
@@ -2552,13 +2555,13 @@ async fn the_metrics_page_keeps_its_series_budget_in_priority_order() {
     // Each cell in traffic order: every series, its core series only, or none.
     let context_label = |prompt: u64| {
         all.iter()
-            .find(|r| r.prompt_tokens == Some(prompt))
+            .find(|r| r.tokens.prompt == Some(prompt))
             .map(|r| {
                 server
                     .proxy
                     .meter
                     .contexts()
-                    .label(r.context_bucket)
+                    .label(r.buckets.context)
                     .to_string()
             })
             .unwrap()

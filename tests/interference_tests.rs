@@ -60,7 +60,7 @@ async fn two_streams(url: &str) {
 fn streams(records: &[Arc<RequestRecord>]) -> Vec<Arc<RequestRecord>> {
     records
         .iter()
-        .filter(|r| r.completion_tokens == STREAM_TOKENS)
+        .filter(|r| r.tokens.completion == STREAM_TOKENS)
         .cloned()
         .collect()
 }
@@ -117,11 +117,13 @@ async fn per_request_speed_falls_with_prefill_interference_as_chunked_prefill_pr
     for r in quiet.iter().chain(&mixed) {
         assert_eq!(r.outcome, Outcome::Ok);
     }
-    let share =
-        |rs: &[Arc<RequestRecord>]| mean(rs.iter().map(|r| r.prefill_overlap_share.unwrap()));
-    let speed = |rs: &[Arc<RequestRecord>]| {
-        mean(rs.iter().map(|r| r.per_request_tokens_per_second.unwrap()))
+    let share = |rs: &[Arc<RequestRecord>]| {
+        mean(
+            rs.iter()
+                .map(|r| r.interference.prefill_overlap_share.unwrap()),
+        )
     };
+    let speed = |rs: &[Arc<RequestRecord>]| mean(rs.iter().map(|r| r.tokens.per_second.unwrap()));
     let (quiet_share, mixed_share) = (share(&quiet), share(&mixed));
     let (quiet_speed, mixed_speed) = (speed(&quiet), speed(&mixed));
     let predicted = quiet_speed * (1.0 - mixed_share);
@@ -132,9 +134,9 @@ async fn per_request_speed_falls_with_prefill_interference_as_chunked_prefill_pr
     for r in &mixed {
         eprintln!(
             "  stream: share {:.3}, overlapping prefills {:?}, {:.1} tok/s",
-            r.prefill_overlap_share.unwrap(),
-            r.overlapping_prefills,
-            r.per_request_tokens_per_second.unwrap()
+            r.interference.prefill_overlap_share.unwrap(),
+            r.interference.overlapping_prefills,
+            r.tokens.per_second.unwrap()
         );
     }
     // Alone, the two streams overlap only each other's short cache-hit prefill at the start.
@@ -152,7 +154,7 @@ async fn per_request_speed_falls_with_prefill_interference_as_chunked_prefill_pr
     );
     // Each mixed stream overlapped several of the cold prefills, and counts them.
     for r in &mixed {
-        assert!(r.overlapping_prefills.unwrap() >= 2, "{r:?}");
+        assert!(r.interference.overlapping_prefills.unwrap() >= 2, "{r:?}");
     }
 
     // The production matrix carries the figures per cell, and Prometheus per cell too.

@@ -100,14 +100,14 @@ fn within(measured: Option<f64>, truth: f64, tolerance: f64, what: &str) {
 /// each stream's first, over their mean decode time (no gauge samples, so average active
 /// requests comes from the records).
 fn sweep_cell(records: &[Arc<RequestRecord>], context: u64, concurrency: u32) -> DecodeCell {
-    let decode_times: Vec<Duration> = records.iter().filter_map(|r| r.decode_time).collect();
+    let decode_times: Vec<Duration> = records.iter().filter_map(|r| r.timing.decode).collect();
     assert_eq!(decode_times.len(), records.len(), "every stream decoded");
     let window = decode_times.iter().sum::<Duration>() / u32::try_from(records.len()).unwrap();
     decode_cell(&CellMeasurement {
         context,
         concurrency,
         window,
-        window_tokens: records.iter().map(|r| r.completion_tokens - 1).sum(),
+        window_tokens: records.iter().map(|r| r.tokens.completion - 1).sum(),
         running_samples: Vec::new(),
         completed_in_window: records.len() as u64,
         records: records.to_vec(),
@@ -291,7 +291,7 @@ async fn mixed_traffic_lands_in_the_right_cells_and_conserves_tokens() {
     assert!(doc.cell(16384, 4).unwrap().output_tokens.unwrap() as f64 >= 0.9 * at_16k as f64);
     // Conservation: cells = records = what the clients received.
     let in_cells: u64 = doc.decode.iter().filter_map(|c| c.output_tokens).sum();
-    let in_records: u64 = all.iter().map(|r| r.completion_tokens).sum();
+    let in_records: u64 = all.iter().map(|r| r.tokens.completion).sum();
     assert_eq!(in_cells, forwarded);
     assert_eq!(in_records, forwarded);
     assert_eq!(forwarded, 4 * TOKENS + 80 + 20);

@@ -94,11 +94,11 @@ async fn injection_is_invisible_to_the_client_and_counts_are_exact() {
     assert_eq!(record.route, Route::ChatCompletions);
     assert_eq!(record.source, Source::Production);
     assert_eq!(&*record.model, "m");
-    assert_eq!(record.completion_tokens, 5);
-    assert!(record.completion_exact);
-    assert_eq!(record.prompt_tokens, Some(PROMPT_TOKENS));
-    assert_eq!(record.token_events, 4);
-    assert_eq!(record.max_tokens, Some(16));
+    assert_eq!(record.tokens.completion, 5);
+    assert!(record.tokens.completion_exact);
+    assert_eq!(record.tokens.prompt, Some(PROMPT_TOKENS));
+    assert_eq!(record.tokens.events, 4);
+    assert_eq!(record.tokens.max, Some(16));
     server.shutdown().await;
 }
 
@@ -116,8 +116,8 @@ async fn without_injection_bytes_pass_untouched_and_counts_are_marked_approximat
     assert_eq!(through.bytes(), direct.bytes());
     assert_eq!(upstream.requests()[0].body, Bytes::from(CHAT));
     let record = &records.wait_for(1).await[0];
-    assert_eq!(record.completion_tokens, 3);
-    assert!(!record.completion_exact);
+    assert_eq!(record.tokens.completion, 3);
+    assert!(!record.tokens.completion_exact);
     server.shutdown().await;
 }
 
@@ -136,7 +136,7 @@ async fn a_client_that_asked_for_usage_keeps_its_usage_chunk() {
     let direct = post(&format!("{}/v1/chat/completions", upstream.url()), body).await;
     assert_eq!(through.text(), direct.text());
     assert!(through.text().contains(r#""choices":[],"usage""#));
-    assert_eq!(records.wait_for(1).await[0].completion_tokens, 3);
+    assert_eq!(records.wait_for(1).await[0].tokens.completion, 3);
     server.shutdown().await;
 }
 
@@ -160,8 +160,8 @@ async fn a_slow_role_chunk_does_not_count_as_the_first_token() {
     )
     .await;
     let record = &records.wait_for(1).await[0];
-    let ttft = record.time_to_first_token.unwrap();
-    let ttfb = record.time_to_first_byte.unwrap();
+    let ttft = record.timing.ttft.unwrap();
+    let ttfb = record.timing.to_first_byte.unwrap();
     assert!(
         ttft >= Duration::from_millis(400),
         "TTFT {ttft:?} must be the late content chunk"
@@ -191,8 +191,8 @@ async fn headers_at_first_token_like_sglang() {
     )
     .await;
     let record = &records.wait_for(1).await[0];
-    assert!(record.time_to_headers.unwrap() >= Duration::from_millis(300));
-    assert!(record.time_to_first_token.unwrap() >= record.time_to_headers.unwrap());
+    assert!(record.timing.to_headers.unwrap() >= Duration::from_millis(300));
+    assert!(record.timing.ttft.unwrap() >= record.timing.to_headers.unwrap());
     server.shutdown().await;
 }
 
@@ -208,19 +208,19 @@ async fn speculative_decoding_events_carry_several_tokens() {
     )
     .await;
     let record = &records.wait_for(1).await[0];
-    assert_eq!(record.completion_tokens, 12);
-    assert_eq!(record.token_events, 4);
-    assert_eq!(record.tokens_per_event(), Some(3.0));
+    assert_eq!(record.tokens.completion, 12);
+    assert_eq!(record.tokens.events, 4);
+    assert_eq!(record.tokens.per_event(), Some(3.0));
     // ITL is weighted by tokens: 9 tokens after the first event.
-    assert_eq!(record.itl.count(), 9);
+    assert_eq!(record.timing.itl.count(), 9);
     // TBT = decode time / (tokens − 1) = decode / 11, not decode / (events − 1) = decode / 3.
     // Exact whatever a loaded machine stretches the three 20 ms gaps to.
-    let decode = record.decode_time.unwrap();
+    let decode = record.timing.decode.unwrap();
     assert!(
         decode >= Duration::from_millis(60),
         "three gaps: {decode:?}"
     );
-    assert_eq!(record.time_between_tokens, Some(decode / 11));
+    assert_eq!(record.timing.tbt, Some(decode / 11));
     server.shutdown().await;
 }
 
@@ -274,7 +274,7 @@ async fn every_end_of_a_stream_is_recorded_once_with_its_outcome() {
             Outcome::ClientAborted
         ]
     );
-    assert!(records.iter().all(|r| r.completion_tokens >= 1));
+    assert!(records.iter().all(|r| r.tokens.completion >= 1));
     // The hang-up reached the upstream at once.
     let hung = upstream.requests().into_iter().last().unwrap();
     wait_for_disconnect(&hung).await;
@@ -327,8 +327,8 @@ async fn non_streaming_requests_are_metered_from_the_json_body() {
     let record = &records.wait_for(1).await[0];
     assert_eq!(record.outcome, Outcome::Ok);
     assert!(!record.streaming);
-    assert!(record.completion_exact);
-    assert!(record.completion_tokens > 0);
+    assert!(record.tokens.completion_exact);
+    assert!(record.tokens.completion > 0);
     assert_eq!(&*record.model, "tiny-llama");
     server.shutdown().await;
 }
@@ -351,9 +351,9 @@ async fn vllm_stream_with_reasoning_and_usage_on_every_chunk() {
     );
     let record = &records.wait_for(1).await[0];
     assert_eq!(record.outcome, Outcome::Ok);
-    assert_eq!(record.completion_tokens, 8);
-    assert!(record.completion_exact);
-    assert_eq!(record.prompt_tokens, Some(11));
+    assert_eq!(record.tokens.completion, 8);
+    assert!(record.tokens.completion_exact);
+    assert_eq!(record.tokens.prompt, Some(11));
 
     // The `reasoning` field (vLLM ≥ 0.12) counts as output.
     let reasoning = ScriptedUpstream::start(|_| {
@@ -376,7 +376,7 @@ async fn vllm_stream_with_reasoning_and_usage_on_every_chunk() {
     assert!(!response.text().contains("usage"), "{}", response.text());
     assert!(response.text().contains(r#"{"reasoning":"Okay"}"#));
     let record = &records2.wait_for(1).await[0];
-    assert_eq!((record.token_events, record.completion_tokens), (2, 2));
+    assert_eq!((record.tokens.events, record.tokens.completion), (2, 2));
     server.shutdown().await;
     server2.shutdown().await;
 }
@@ -611,7 +611,7 @@ async fn http2_cleartext_clients_are_served() {
     assert_eq!(response.version(), http::Version::HTTP_2);
     let text = response.into_body().collect().await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&text).ends_with("data: [DONE]\n\n"));
-    assert_eq!(records.wait_for(1).await[0].completion_tokens, 2);
+    assert_eq!(records.wait_for(1).await[0].tokens.completion, 2);
     server.shutdown().await;
 }
 
@@ -835,7 +835,7 @@ async fn a_request_naming_no_model_is_recorded_under_the_served_model() {
     let record = &records.wait_for(1).await[0];
     assert_eq!(record.route, Route::Generate);
     assert_eq!(&*record.model, "tiny-llama");
-    assert_eq!(record.completion_tokens, 2);
+    assert_eq!(record.tokens.completion, 2);
     assert!(
         upstream.requests().iter().any(|r| r.path == "/server_info"),
         "the usage question was asked (and hangs)"

@@ -369,21 +369,24 @@ fn check_metering(case: &Case, record: &RequestRecord) {
     assert_eq!(record.outcome, expected_outcome, "{name}: outcome");
     assert_eq!(record.status, case.status, "{name}: status");
     if let Some((prompt, completion)) = case.usage {
-        assert_eq!(record.prompt_tokens, Some(prompt), "{name}: prompt tokens");
+        assert_eq!(record.tokens.prompt, Some(prompt), "{name}: prompt tokens");
         assert_eq!(
-            record.completion_tokens, completion,
+            record.tokens.completion, completion,
             "{name}: completion tokens"
         );
-        assert!(record.completion_exact, "{name}: completion count exact");
+        assert!(
+            record.tokens.completion_exact,
+            "{name}: completion count exact"
+        );
     }
     if !case.event_stream() {
         return;
     }
     let events = engine_events(&case.upstream);
     let visible = events.iter().filter(|(_, v)| *v).count() as u64;
-    assert_eq!(record.token_events, visible, "{name}: token events");
+    assert_eq!(record.tokens.events, visible, "{name}: token events");
     assert_eq!(
-        record.time_to_first_token.is_some(),
+        record.timing.ttft.is_some(),
         visible > 0,
         "{name}: first token"
     );
@@ -397,7 +400,11 @@ fn check_metering(case: &Case, record: &RequestRecord) {
         (Some(_), Some(_)) => visible - 1,
         _ => 0,
     };
-    assert_eq!(record.itl.count(), expected_itl, "{name}: ITL samples");
+    assert_eq!(
+        record.timing.itl.count(),
+        expected_itl,
+        "{name}: ITL samples"
+    );
 }
 
 #[test]
@@ -480,7 +487,7 @@ fn server_default_usage_reaches_the_client() {
         client.contains("\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":19,\"completion_tokens\":8},\"system_fingerprint\""),
         "{client}"
     );
-    assert_eq!(record.completion_tokens, 8);
+    assert_eq!(record.tokens.completion, 8);
 }
 
 /// An sglang started with `--stream-response-default-include-usage`: says so in `/server_info`
@@ -561,8 +568,8 @@ async fn usage_an_sglang_sends_unasked_is_discovered_and_left_to_the_client() {
         serde_json::json!({"continuous_usage_stats": true})
     );
     let record = &records.wait_for(1).await[0];
-    assert_eq!(record.completion_tokens, 2);
-    assert!(record.completion_exact);
+    assert_eq!(record.tokens.completion, 2);
+    assert!(record.tokens.completion_exact);
     server.shutdown().await;
 }
 

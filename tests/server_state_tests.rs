@@ -140,7 +140,7 @@ async fn a_steady_cell_on_the_simulator_shows_the_servers_running_requests() {
             "stream: running {running:.2}, queued {queued:.2}, KV {:?}, prefix hits {:?}, active {:.2}",
             mean(r, ServerGauge::KvCacheUsage),
             mean(r, ServerGauge::PrefixCacheHitRate),
-            r.average_active_requests
+            r.interference.average_active
         );
         // The server ran all four streams together for nearly all of each one's life (its
         // start and end are within a scrape interval of the batch's).
@@ -361,7 +361,7 @@ async fn means_over_the_real_vllm_page_are_exact_per_request_and_per_cell() {
         0.75
     ));
     // The value was known for all of A's life (head in → end).
-    let life = a.duration.as_secs_f64();
+    let life = a.timing.duration.as_secs_f64();
     assert!(
         (known(&a, ServerGauge::RunningRequests) - life).abs() < 0.01,
         "{a:?}"

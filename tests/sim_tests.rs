@@ -1405,13 +1405,13 @@ async fn client_bytes_through_the_proxy_equal_the_bytes_direct_in(dialect: Diale
         let vllm_continuous_only = dialect == Dialect::Vllm
             && body["stream_options"] == json!({"continuous_usage_stats": true});
         assert_eq!(
-            record.completion_exact, !vllm_continuous_only,
+            record.tokens.completion_exact, !vllm_continuous_only,
             "{dialect:?} case {i} {path}: counts from usage"
         );
     }
     // The upstream really got the injected options on the first chat request.
     let first = &records.wait_for(cases.len()).await[0];
-    assert_eq!(first.completion_tokens, 40);
+    assert_eq!(first.tokens.completion, 40);
     server.shutdown().await;
 }
 
@@ -1463,8 +1463,8 @@ async fn usage_the_server_sends_by_default_reaches_the_client_through_the_proxy(
     assert!(a.contains("\"choices\":[],\"usage\""), "{a}");
     assert_eq!(a, b, "the client sees other bytes through the proxy");
     let record = &records.wait_for(1).await[0];
-    assert_eq!(record.completion_tokens, 20);
-    assert!(record.completion_exact);
+    assert_eq!(record.tokens.completion, 20);
+    assert!(record.tokens.completion_exact);
     server.shutdown().await;
 }
 
@@ -1511,7 +1511,7 @@ async fn the_proxy_measures_the_simulator_as_a_direct_client_does() {
         let cell: Vec<_> = all[seen - concurrency..].iter().collect();
         assert!(cell
             .iter()
-            .all(|r| r.completion_tokens == tokens && r.completion_exact));
+            .all(|r| r.tokens.completion == tokens && r.tokens.completion_exact));
 
         let client_ttft = median(
             &mut direct_streams
@@ -1528,19 +1528,19 @@ async fn the_proxy_measures_the_simulator_as_a_direct_client_does() {
         let proxy_ttft = median(
             &mut cell
                 .iter()
-                .map(|r| r.time_to_first_token.unwrap().as_secs_f64() * 1e3)
+                .map(|r| r.timing.ttft.unwrap().as_secs_f64() * 1e3)
                 .collect::<Vec<_>>(),
         );
         let proxy_rate = median(
             &mut cell
                 .iter()
-                .map(|r| r.per_request_tokens_per_second.unwrap())
+                .map(|r| r.tokens.per_second.unwrap())
                 .collect::<Vec<_>>(),
         );
         let proxy_tbt = median(
             &mut cell
                 .iter()
-                .map(|r| r.time_between_tokens.unwrap().as_secs_f64() * 1e3)
+                .map(|r| r.timing.tbt.unwrap().as_secs_f64() * 1e3)
                 .collect::<Vec<_>>(),
         );
         let through_rate = median(
@@ -1627,16 +1627,16 @@ async fn the_proxy_measures_messages_and_responses_streams() {
         let record = &records.wait_for(i + 1).await[i];
         assert_eq!(record.route, route);
         assert_eq!(record.outcome, Outcome::Ok, "{path}");
-        assert_eq!(record.completion_tokens, 100, "{path}");
-        assert!(record.completion_exact);
+        assert_eq!(record.tokens.completion, 100, "{path}");
+        assert!(record.tokens.completion_exact);
         // Chat rule: 3 + system (4 + 2) + user (4 + ⌈bytes / 4⌉); the Responses text has one
         // more byte.
         let user_bytes = text.len() as u64 + i as u64;
         let want_prompt = 3 + (4 + 2) + (4 + user_bytes.div_ceil(4));
-        assert_eq!(record.prompt_tokens, Some(want_prompt), "{path}");
+        assert_eq!(record.tokens.prompt, Some(want_prompt), "{path}");
         // One token per event with this profile: 64 reasoning + 36 answer deltas.
-        assert_eq!(record.token_events, 100, "{path}");
-        let ttft = record.time_to_first_token.unwrap();
+        assert_eq!(record.tokens.events, 100, "{path}");
+        let ttft = record.timing.ttft.unwrap();
         let client_ttft = r.ttft();
         assert!(
             ttft > Duration::from_millis(400),
@@ -1647,8 +1647,8 @@ async fn the_proxy_measures_messages_and_responses_streams() {
             "{path}: {ttft:?} vs {client_ttft:?}"
         );
         // Headers go out at once on these routes, long before the first token.
-        assert!(record.time_to_headers.unwrap() < ttft / 4, "{path}");
-        let rate = record.per_request_tokens_per_second.unwrap();
+        assert!(record.timing.to_headers.unwrap() < ttft / 4, "{path}");
+        let rate = record.tokens.per_second.unwrap();
         assert!(within(rate, 118.5, 0.05), "{path}: {rate} tok/s");
     }
     server.shutdown().await;

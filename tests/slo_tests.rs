@@ -75,7 +75,7 @@ fn slo_cells(doc: &MatrixDoc) -> Vec<&DecodeCell> {
 }
 
 fn verdicts(records: &[Arc<RequestRecord>]) -> Vec<SloVerdict> {
-    records.iter().map(|r| r.slo).collect()
+    records.iter().map(|r| r.slo.verdict).collect()
 }
 
 async fn metrics(server: &ProxyServer) -> String {
@@ -143,13 +143,13 @@ async fn tight_targets_give_no_attainment_and_no_goodput_and_a_header_overrides_
         [SloVerdict::Met; 2],
         "{with_header:#?}"
     );
-    assert!(with_header.iter().all(|r| !r.slo_header_invalid));
+    assert!(with_header.iter().all(|r| !r.slo.header_invalid));
     // An unreadable header is ignored (the configured targets apply) and counted; the request
     // itself goes through.
     two_streams(&url, Some("ttft=soon")).await;
     let with_bad = records.wait_for(6).await;
     assert_eq!(verdicts(&with_bad[4..]), [SloVerdict::Missed; 2]);
-    assert!(with_bad[4..].iter().all(|r| r.slo_header_invalid));
+    assert!(with_bad[4..].iter().all(|r| r.slo.header_invalid));
     for r in &with_bad {
         assert_eq!(r.outcome, Outcome::Ok);
     }
@@ -169,8 +169,8 @@ async fn tight_targets_give_no_attainment_and_no_goodput_and_a_header_overrides_
     // Goodput tokens: the two header-met requests' tokens, exactly.
     let met_tokens: u64 = with_bad
         .iter()
-        .filter(|r| r.slo == SloVerdict::Met)
-        .map(|r| r.completion_tokens)
+        .filter(|r| r.slo.verdict == SloVerdict::Met)
+        .map(|r| r.tokens.completion)
         .sum();
     assert_eq!(met_tokens, 2 * TOKENS);
     assert_eq!(
@@ -299,7 +299,7 @@ async fn the_header_is_forwarded_untouched_and_a_failed_request_misses() {
         [SloVerdict::Met, SloVerdict::Missed, SloVerdict::Met]
     );
     assert_eq!(
-        all.iter().map(|r| r.slo_header_invalid).collect::<Vec<_>>(),
+        all.iter().map(|r| r.slo.header_invalid).collect::<Vec<_>>(),
         [false, false, true]
     );
     // Every header value reached the upstream exactly as the client sent it, bad one included.

@@ -95,7 +95,7 @@ async fn captured_shapes_and_prefix_sharing_come_back_from_the_admin_listener() 
     check_trace(&trace);
     // Prompt tokens are the upstream's counts, as the records have them.
     let records = records.wait_for(3).await;
-    let mut counted: Vec<u64> = records.iter().map(|r| r.prompt_tokens.unwrap()).collect();
+    let mut counted: Vec<u64> = records.iter().map(|r| r.tokens.prompt.unwrap()).collect();
     let mut traced: Vec<u64> = trace.requests.iter().map(|r| r.prompt_tokens).collect();
     counted.sort_unstable();
     traced.sort_unstable();

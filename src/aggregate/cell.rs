@@ -54,29 +54,30 @@ pub struct Fragment {
 /// A request whose split is empty (non-streaming, or no token event) is one fragment at its
 /// own concurrency bucket, holding its tokens but no decode time.
 pub fn fragments(record: &RequestRecord, concurrency: &Ladder) -> Vec<(usize, Fragment)> {
-    let split = &record.split;
+    let split = &record.interference.split;
     let split_tokens = split.total_tokens();
     if split_tokens == 0 {
-        if record.completion_tokens == 0 && split.seconds.iter().all(|s| *s <= 0.0) {
+        if record.tokens.completion == 0 && split.seconds.iter().all(|s| *s <= 0.0) {
             return Vec::new();
         }
         return vec![(
-            record.concurrency_bucket,
+            record.buckets.concurrency,
             Fragment {
-                output_tokens: record.completion_tokens,
+                output_tokens: record.tokens.completion,
                 decode_tokens: 0.0,
                 decode_seconds: split.seconds.iter().sum(),
-                average_active: record.average_active_requests,
+                average_active: record.interference.average_active,
                 prefill_busy_seconds: record
+                    .interference
                     .prefill_overlap_share
-                    .map(|_| record.prefill_busy.iter().sum()),
-                slo_met: record.slo == SloVerdict::Met,
+                    .map(|_| record.interference.prefill_busy.iter().sum()),
+                slo_met: record.slo.verdict == SloVerdict::Met,
             },
         )];
     }
     // The first event carries tokens ÷ events on average; it ends the TTFT, not a gap.
-    let decode_share = if record.token_events > 0 {
-        1.0 - 1.0 / record.token_events as f64
+    let decode_share = if record.tokens.events > 0 {
+        1.0 - 1.0 / record.tokens.events as f64
     } else {
         0.0
     };
@@ -92,10 +93,15 @@ pub fn fragments(record: &RequestRecord, concurrency: &Ladder) -> Vec<(usize, Fr
                 decode_tokens: tokens as f64 * decode_share,
                 decode_seconds: seconds.max(0.0),
                 average_active: average_active_at(record, bucket, concurrency),
-                prefill_busy_seconds: record
-                    .prefill_overlap_share
-                    .map(|_| record.prefill_busy.get(bucket).copied().unwrap_or(0.0)),
-                slo_met: record.slo == SloVerdict::Met,
+                prefill_busy_seconds: record.interference.prefill_overlap_share.map(|_| {
+                    record
+                        .interference
+                        .prefill_busy
+                        .get(bucket)
+                        .copied()
+                        .unwrap_or(0.0)
+                }),
+                slo_met: record.slo.verdict == SloVerdict::Met,
             },
         ));
     }
@@ -107,7 +113,7 @@ pub fn fragments(record: &RequestRecord, concurrency: &Ladder) -> Vec<(usize, Fr
 /// (exact when the request stayed at one level; within the bucket otherwise).
 fn average_active_at(record: &RequestRecord, bucket: usize, ladder: &Ladder) -> f64 {
     let (low, high) = bucket_range(ladder, bucket);
-    let average = record.average_active_requests;
+    let average = record.interference.average_active;
     if average.is_finite() {
         average.clamp(low, high)
     } else {
@@ -311,7 +317,10 @@ impl InterferenceSum {
     /// Adds a whole record (a sweep's cell holds whole requests); records without a decode
     /// interval carry no figure.
     pub fn add(&mut self, record: &RequestRecord) {
-        if let (Some(share), Some(decode)) = (record.prefill_overlap_share, record.decode_time) {
+        if let (Some(share), Some(decode)) = (
+            record.interference.prefill_overlap_share,
+            record.timing.decode,
+        ) {
             let decode = decode.as_secs_f64();
             self.add_decode(decode, share * decode);
         }
@@ -328,7 +337,7 @@ impl InterferenceSum {
 
     /// Counts a record's overlapping prefills.
     pub fn add_count(&mut self, record: &RequestRecord) {
-        if let Some(overlapping) = record.overlapping_prefills {
+        if let Some(overlapping) = record.interference.overlapping_prefills {
             self.requests += 1;
             self.overlapping_prefills += u64::from(overlapping);
         }
@@ -387,39 +396,40 @@ impl CellAccumulator {
                 }
             }
         }
-        if let Some(ttft) = record.time_to_first_token {
+        if let Some(ttft) = record.timing.ttft {
             self.ttft.add(ttft.as_secs_f64(), 1.0);
         }
-        for (gap, count) in record.itl.buckets() {
+        for (gap, count) in record.timing.itl.buckets() {
             self.itl.add(gap, count as f64);
         }
-        if let Some(prompt) = record.prompt_tokens {
+        if let Some(prompt) = record.tokens.prompt {
             self.prompt_tokens += prompt;
             self.prompt_requests += 1;
         }
         self.interference.add_count(record);
-        self.slo.add_verdict(record.slo);
+        self.slo.add_verdict(record.slo.verdict);
         self.server_state.add(record);
     }
 
     /// Adds a whole request to this cell regardless of the levels it lived through: for a
     /// sweep, whose cell is known by construction.
     pub fn add_whole_request(&mut self, record: &RequestRecord) {
-        let decode_seconds: f64 = record.decode_time.map_or(0.0, |d| d.as_secs_f64());
-        let decode_tokens = if record.token_events > 0 {
-            record.completion_tokens as f64 * (1.0 - 1.0 / record.token_events as f64)
+        let decode_seconds: f64 = record.timing.decode.map_or(0.0, |d| d.as_secs_f64());
+        let decode_tokens = if record.tokens.events > 0 {
+            record.tokens.completion as f64 * (1.0 - 1.0 / record.tokens.events as f64)
         } else {
             0.0
         };
         self.add_fragment(&Fragment {
-            output_tokens: record.completion_tokens,
+            output_tokens: record.tokens.completion,
             decode_tokens,
             decode_seconds,
-            average_active: record.average_active_requests,
+            average_active: record.interference.average_active,
             prefill_busy_seconds: record
+                .interference
                 .prefill_overlap_share
                 .map(|share| share * decode_seconds),
-            slo_met: record.slo == SloVerdict::Met,
+            slo_met: record.slo.verdict == SloVerdict::Met,
         });
         self.add_request_end(record);
     }
@@ -549,7 +559,7 @@ impl PrefillSamples {
         self.ttft.add(ttft, 1.0);
         self.requests += 1;
         self.prompt_tokens += prompt;
-        self.active_sum += record.average_active_requests.max(1.0);
+        self.active_sum += record.interference.average_active.max(1.0);
     }
 
     fn merge(&mut self, other: &PrefillSamples) {
@@ -575,14 +585,14 @@ impl PrefillAccumulator {
         if is_failure(record.outcome) {
             return false;
         }
-        let (Some(prompt), Some(ttft)) = (record.prompt_tokens, record.time_to_first_token) else {
+        let (Some(prompt), Some(ttft)) = (record.tokens.prompt, record.timing.ttft) else {
             return false;
         };
         let ttft = ttft.as_secs_f64();
         if prompt == 0 || ttft <= 0.0 {
             return false;
         }
-        match record.cached_tokens {
+        match record.tokens.cached {
             Some(cached) => {
                 let uncached = prompt.saturating_sub(cached);
                 if (uncached as f64) < PREFILL_MIN_UNCACHED_SHARE * prompt as f64 {
@@ -650,13 +660,13 @@ impl MatrixAccumulator {
     /// sample. Records that reported no prompt token count are counted but placed nowhere.
     pub fn add_record(&mut self, record: &RequestRecord, concurrency: &Ladder) {
         self.requests += 1;
-        self.output_tokens += record.completion_tokens;
-        if record.prompt_tokens.is_none() {
+        self.output_tokens += record.tokens.completion;
+        if record.tokens.prompt.is_none() {
             self.unplaced_requests += 1;
-            self.unplaced_tokens += record.completion_tokens;
+            self.unplaced_tokens += record.tokens.completion;
             return;
         }
-        let context = record.context_bucket;
+        let context = record.buckets.context;
         for (bucket, fragment) in fragments(record, concurrency) {
             self.cells
                 .entry((context, bucket))
@@ -664,7 +674,7 @@ impl MatrixAccumulator {
                 .add_fragment(&fragment);
         }
         self.cells
-            .entry((context, record.concurrency_bucket))
+            .entry((context, record.buckets.concurrency))
             .or_default()
             .add_request_end(record);
         let mut row = PrefillAccumulator::default();
@@ -769,12 +779,13 @@ impl MatrixAccumulator {
 /// Records built by hand for the aggregation tests.
 #[cfg(test)]
 pub(crate) mod test_records {
-    use std::sync::Arc;
     use std::time::{Duration, SystemTime};
 
-    use crate::base::Route;
-    use crate::base::Source;
-    use crate::meter::record::{Outcome, RequestRecord};
+    use crate::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
+    use crate::meter::record::{
+        time_between_tokens, Buckets, Interference, Outcome, Overhead, RequestRecord, Timing,
+        Tokens,
+    };
     use crate::meter::timeline::{ConcurrencySplit, LocalHistogram};
 
     static BOUNDS: [f64; 1] = [1.0];
@@ -804,56 +815,43 @@ pub(crate) mod test_records {
             split.seconds[bucket] += gaps as f64 * tbt.as_secs_f64();
         }
         let decode = tbt * u32::try_from(completion.saturating_sub(1)).unwrap();
-        let contexts =
-            crate::meter::buckets::Ladder::contexts(&crate::meter::buckets::DEFAULT_CONTEXTS)
-                .unwrap();
-        let concurrency =
-            crate::meter::buckets::Ladder::concurrency(&crate::meter::buckets::DEFAULT_CONCURRENCY)
-                .unwrap();
+        let contexts = Ladder::contexts(&DEFAULT_CONTEXTS).unwrap();
+        let concurrency = Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap();
+        let first_token = (completion > 0).then_some(ttft);
         RequestRecord {
-            route: Route::ChatCompletions,
-            source: Source::Production,
-            model: Arc::from("m"),
-            upstream: Arc::from("default"),
-            tag: None,
-            fingerprint: crate::meter::identity::FingerprintId::UNKNOWN,
             outcome,
-            status: 200,
-            streaming: true,
-            started_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000),
-            time_to_headers: Some(ttft),
-            time_to_first_byte: Some(ttft),
-            time_to_first_token: (completion > 0).then_some(ttft),
-            time_to_first_delivery: (completion > 0).then_some(ttft),
-            duration: ttft + decode,
-            decode_time: (completion > 0).then_some(decode),
-            prompt_tokens: prompt,
-            cached_tokens: None,
-            completion_tokens: completion,
-            completion_exact: true,
-            token_events: completion,
-            max_tokens: None,
-            prefix_blocks: Vec::new(),
-            time_between_tokens: crate::meter::record::time_between_tokens(
-                Some(decode),
+            timing: Timing {
+                started_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_000),
+                to_headers: Some(ttft),
+                to_first_byte: Some(ttft),
+                ttft: first_token,
+                to_first_delivery: first_token,
+                duration: ttft + decode,
+                decode: (completion > 0).then_some(decode),
+                tbt: time_between_tokens(Some(decode), completion),
+                itl: LocalHistogram::new(&BOUNDS),
+            },
+            tokens: Tokens {
+                prompt,
                 completion,
-            ),
-            per_request_tokens_per_second: None,
-            prefill_tokens_per_second: None,
-            average_active_requests: average_active,
-            prefill_overlap_share: None,
-            overlapping_prefills: None,
-            prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
-            slo: crate::meter::record::SloVerdict::Unset,
-            slo_header_invalid: false,
-            server_state: Default::default(),
-            context_bucket: contexts.context_bucket(prompt.unwrap_or(0)),
-            concurrency_bucket: concurrency.concurrency_bucket(average_active),
-            itl: LocalHistogram::new(&BOUNDS),
-            split,
-            request_overhead: None,
-            frame_overhead: LocalHistogram::new(&BOUNDS),
-            frames: 0,
+                completion_exact: true,
+                events: completion,
+                ..Tokens::default()
+            },
+            interference: Interference {
+                average_active,
+                split,
+                ..Interference::default()
+            },
+            buckets: Buckets {
+                context: contexts.context_bucket(prompt.unwrap_or(0)),
+                concurrency: concurrency.concurrency_bucket(average_active),
+            },
+            overhead: Overhead {
+                per_frame: LocalHistogram::new(&BOUNDS),
+                ..Overhead::default()
+            },
+            ..RequestRecord::for_test()
         }
     }
 }
@@ -926,13 +924,13 @@ mod tests {
             1.5,
             Outcome::Ok,
         );
-        r.prefill_busy[1] = 0.4;
-        r.prefill_overlap_share = Some(0.4 / 1.5);
-        r.overlapping_prefills = Some(3);
+        r.interference.prefill_busy[1] = 0.4;
+        r.interference.prefill_overlap_share = Some(0.4 / 1.5);
+        r.interference.overlapping_prefills = Some(3);
         matrix.add_record(&r, &concurrency);
         // A request without the figure (one token event) changes no share.
         let mut single = record(Some(8000), &[(1, 1)], Duration::ZERO, tbt, 2.0, Outcome::Ok);
-        single.prefill_overlap_share = None;
+        single.interference.prefill_overlap_share = None;
         matrix.add_record(&single, &concurrency);
         let doc = matrix.to_doc(&contexts, &concurrency, Default::default());
         doc.validate().unwrap();
@@ -963,7 +961,7 @@ mod tests {
         let tbt = Duration::from_millis(10);
         let single = |verdict: SloVerdict, tokens: u64| {
             let mut r = record(Some(8000), &[(0, tokens)], tbt, tbt, 1.0, Outcome::Ok);
-            r.slo = verdict;
+            r.slo.verdict = verdict;
             r
         };
         // No targets anywhere: no figure, so the columns stay absent.
@@ -1075,11 +1073,11 @@ mod tests {
         let ms = Duration::from_millis;
         let mut row = PrefillAccumulator::default();
         let mut cold = record(Some(8000), &[(0, 2)], ms(400), ms(10), 1.0, Outcome::Ok);
-        cold.cached_tokens = Some(0);
+        cold.tokens.cached = Some(0);
         let mut warm = cold.clone();
-        warm.cached_tokens = Some(7000);
+        warm.tokens.cached = Some(7000);
         let mut half = cold.clone();
-        half.cached_tokens = Some(4000);
+        half.tokens.cached = Some(4000);
         let unknown = record(Some(8000), &[(0, 2)], ms(40), ms(10), 1.0, Outcome::Ok);
         assert!(row.add_record(&cold));
         assert!(!row.add_record(&warm));

@@ -261,9 +261,10 @@ impl ProductionMatrix {
     /// Files a record under the time it ended (head in + duration).
     pub fn add(&self, record: &RequestRecord) {
         let ended = record
+            .timing
             .started_at
-            .checked_add(record.duration)
-            .unwrap_or(record.started_at);
+            .checked_add(record.timing.duration)
+            .unwrap_or(record.timing.started_at);
         // One accumulator for the record, merged into three places: the per-record work
         // (splitting, sketch keys) is done once.
         let mut single = MatrixAccumulator::default();
@@ -561,7 +562,7 @@ mod tests {
             1.0,
             Outcome::Ok,
         );
-        r.started_at = end - r.duration;
+        r.timing.started_at = end - r.timing.duration;
         r.model = Arc::from(model);
         r
     }
@@ -641,7 +642,7 @@ mod tests {
                 1.0 + (next() % 200) as f64,
                 Outcome::Ok,
             );
-            r.started_at = start + Duration::from_secs(i * 4);
+            r.timing.started_at = start + Duration::from_secs(i * 4);
             production.add(&r);
         }
         assert!(production.slice_count() <= MINUTE_SLICES + HOUR_SLICES);

@@ -27,7 +27,10 @@ use crate::base::{Route, Source};
 use bounds::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
 use buckets::Ladder;
 use inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
-use record::{prefill_rate, time_between_tokens, Outcome, RequestRecord};
+use record::{
+    prefill_rate, time_between_tokens, Buckets, Interference, Outcome, Overhead, RequestRecord,
+    SloResult, Timing, Tokens,
+};
 use server_state::{ServerStateRegistry, ServerStateTracker, StateReading};
 use slo::{ResolvedSlo, SloFigures};
 use timeline::Timeline;
@@ -314,7 +317,62 @@ impl RequestMeter {
         if self.guard.is_none() {
             return;
         }
-        let completion_tokens = self.plausible(completion_tokens, MAX_TOKENS_PER_REQUEST);
+        let (usage, completion_tokens, exact) =
+            self.plausible_counts(usage, completion_tokens, exact);
+        let Some(guard) = self.guard.take() else {
+            return;
+        };
+        let now = Instant::now();
+        self.timeline.end = Some(now);
+        let interference = self.interference(completion_tokens, exact);
+        drop(guard);
+        let server_state = self
+            .server_state
+            .as_ref()
+            .map(|(tracker, start)| tracker.reading(now).means_since(start))
+            .unwrap_or_default();
+        if let Some(c) = self
+            .meter
+            .inflight_by_source
+            .get(self.labels.source.index())
+        {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+        let timing = self.timing(now, completion_tokens);
+        let tokens = self.tokens(usage, completion_tokens, exact, &timing);
+        let buckets = self.buckets(&tokens, &interference);
+        let slo = self.slo_result(outcome, &timing, completion_tokens);
+        let record = RequestRecord {
+            route: self.labels.route,
+            source: self.labels.source,
+            model: Arc::clone(&self.labels.model),
+            upstream: Arc::clone(&self.labels.upstream),
+            tag: self.labels.tag.clone(),
+            fingerprint: self.fingerprint,
+            outcome,
+            status: self.status,
+            streaming: self.streaming,
+            prefix_blocks: std::mem::take(&mut self.prefix_blocks),
+            timing,
+            tokens,
+            interference,
+            buckets,
+            server_state,
+            slo,
+            overhead: self.overhead(),
+        };
+        self.meter.publish(record);
+    }
+
+    /// The usage counts and the completion count, each clamped to what a real server could
+    /// report; `exact` unless a count of this request was clamped.
+    fn plausible_counts(
+        &mut self,
+        usage: Usage,
+        completion: u64,
+        exact: bool,
+    ) -> (Usage, u64, bool) {
+        let completion = self.plausible(completion, MAX_TOKENS_PER_REQUEST);
         let usage = Usage {
             prompt_tokens: usage
                 .prompt_tokens
@@ -332,104 +390,110 @@ impl RequestMeter {
                 "implausible token count from the upstream clamped; the record is approximate"
             );
         }
-        let exact = exact && !self.clamped;
-        let Some(guard) = self.guard.take() else {
-            return;
-        };
-        let now = Instant::now();
-        let timeline = &mut self.timeline;
-        timeline.end = Some(now);
-        let decode_time = timeline.decode_time();
-        let average_active_requests = match decode_time {
+        (usage, completion, exact && !self.clamped)
+    }
+
+    /// The counts (already clamped) and the rates derived from them and `timing`.
+    fn tokens(&self, usage: Usage, completion: u64, exact: bool, timing: &Timing) -> Tokens {
+        Tokens {
+            prompt: usage.prompt_tokens,
+            cached: usage.cached_tokens,
+            completion,
+            completion_exact: exact,
+            events: self.timeline.token_events,
+            max: self.max_tokens,
+            per_second: timing.tbt.map(|t| 1.0 / t.as_secs_f64()),
+            prefill_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, timing.ttft),
+        }
+    }
+
+    /// The matrix cell: the prompt's context bucket, the concurrency bucket of its average.
+    fn buckets(&self, tokens: &Tokens, interference: &Interference) -> Buckets {
+        Buckets {
+            context: self
+                .meter
+                .contexts
+                .context_bucket(tokens.prompt.unwrap_or(0)),
+            concurrency: self
+                .meter
+                .concurrency
+                .concurrency_bucket(interference.average_active),
+        }
+    }
+
+    /// The in-flight and prefill integrals over the decode interval, and the concurrency split
+    /// with its token counts rescaled to `completion` when that is the better count.
+    fn interference(&self, completion: u64, exact: bool) -> Interference {
+        let timeline = &self.timeline;
+        let decode = timeline.decode_time();
+        let average_active = match decode {
             Some(d) if !d.is_zero() => {
                 (timeline.area_at_last_token - timeline.area_at_first_token) / d.as_secs_f64()
             }
             _ if timeline.first_token.is_some() => f64::from(timeline.inflight_at_first_token),
             _ => f64::from(self.inflight_at_head),
         };
-        let interference = self
+        let overlap = self
             .interference
-            .result(decode_time.map_or(0.0, |d| d.as_secs_f64()));
-        drop(guard);
-        let server_state = self
-            .server_state
-            .as_ref()
-            .map(|(tracker, start)| tracker.reading(now).means_since(start))
-            .unwrap_or_default();
-        if let Some(c) = self
-            .meter
-            .inflight_by_source
-            .get(self.labels.source.index())
-        {
-            c.fetch_sub(1, Ordering::Relaxed);
-        }
+            .result(decode.map_or(0.0, |d| d.as_secs_f64()));
         let mut split = timeline.split;
-        if exact || completion_tokens != split.total_tokens() {
-            split.rescale_tokens(completion_tokens);
+        if exact || completion != split.total_tokens() {
+            split.rescale_tokens(completion);
         }
-        let ttft = timeline.since_head(timeline.first_token);
-        let tbt = time_between_tokens(decode_time, completion_tokens);
-        let duration = now.saturating_duration_since(timeline.head_in);
-        // A non-streamed answer reaches the client whole: its first token arrives at the end.
-        let client_ttft = ttft.or((!self.streaming && completion_tokens > 0).then_some(duration));
-        let slo = self.slo.targets.judge(&SloFigures {
-            outcome,
-            time_to_first_token: client_ttft,
-            time_between_tokens: tbt,
-            duration,
-        });
-        let meter = &self.meter;
-        let request_overhead = timeline.upstream_sent.map(|sent| {
-            let from = timeline.body_read.unwrap_or(timeline.head_in);
-            sent.saturating_duration_since(from)
-        });
-        let record = RequestRecord {
-            route: self.labels.route,
-            source: self.labels.source,
-            model: Arc::clone(&self.labels.model),
-            upstream: Arc::clone(&self.labels.upstream),
-            tag: self.labels.tag.clone(),
-            outcome,
-            status: self.status,
-            streaming: self.streaming,
-            started_at: self.started_at,
-            time_to_headers: timeline.since_head(timeline.response_head),
-            time_to_first_byte: timeline.since_head(timeline.first_byte),
-            time_to_first_token: ttft,
-            time_to_first_delivery: timeline.since_head(timeline.first_delivery),
-            duration,
-            decode_time,
-            prompt_tokens: usage.prompt_tokens,
-            cached_tokens: usage.cached_tokens,
-            completion_tokens,
-            completion_exact: exact,
-            token_events: timeline.token_events,
-            max_tokens: self.max_tokens,
-            fingerprint: self.fingerprint,
-            prefix_blocks: std::mem::take(&mut self.prefix_blocks),
-            time_between_tokens: tbt,
-            per_request_tokens_per_second: tbt.map(|t| 1.0 / t.as_secs_f64()),
-            prefill_tokens_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, ttft),
-            average_active_requests,
-            prefill_overlap_share: interference.map(|(share, _)| share),
-            overlapping_prefills: interference.map(|(_, count)| count),
+        Interference {
+            average_active,
+            prefill_overlap_share: overlap.map(|(share, _)| share),
+            overlapping_prefills: overlap.map(|(_, count)| count),
             prefill_busy: self.interference.busy_by_bucket,
-            slo,
-            slo_header_invalid: self.slo.header_invalid,
-            server_state,
-            context_bucket: meter
-                .contexts
-                .context_bucket(usage.prompt_tokens.unwrap_or(0)),
-            concurrency_bucket: meter
-                .concurrency
-                .concurrency_bucket(average_active_requests),
-            itl: timeline.itl.clone(),
             split,
-            request_overhead,
-            frame_overhead: timeline.frame_overhead.clone(),
+        }
+    }
+
+    /// The timeline read at `now`, the request's end, as durations from head in.
+    fn timing(&self, now: Instant, completion: u64) -> Timing {
+        let timeline = &self.timeline;
+        let decode = timeline.decode_time();
+        Timing {
+            started_at: self.started_at,
+            to_headers: timeline.since_head(timeline.response_head),
+            to_first_byte: timeline.since_head(timeline.first_byte),
+            ttft: timeline.since_head(timeline.first_token),
+            to_first_delivery: timeline.since_head(timeline.first_delivery),
+            duration: now.saturating_duration_since(timeline.head_in),
+            decode,
+            tbt: time_between_tokens(decode, completion),
+            itl: timeline.itl.clone(),
+        }
+    }
+
+    /// The request judged against its SLO targets, as its client saw it.
+    fn slo_result(&self, outcome: Outcome, timing: &Timing, completion: u64) -> SloResult {
+        // A non-streamed answer reaches the client whole: its first token arrives at the end.
+        let client_ttft = timing
+            .ttft
+            .or((!self.streaming && completion > 0).then_some(timing.duration));
+        SloResult {
+            verdict: self.slo.targets.judge(&SloFigures {
+                outcome,
+                time_to_first_token: client_ttft,
+                time_between_tokens: timing.tbt,
+                duration: timing.duration,
+            }),
+            header_invalid: self.slo.header_invalid,
+        }
+    }
+
+    /// Time spent inside tokentap: before the upstream send and per forwarded frame.
+    fn overhead(&self) -> Overhead {
+        let timeline = &self.timeline;
+        Overhead {
+            request: timeline.upstream_sent.map(|sent| {
+                let from = timeline.body_read.unwrap_or(timeline.head_in);
+                sent.saturating_duration_since(from)
+            }),
+            per_frame: timeline.frame_overhead.clone(),
             frames: timeline.frames,
-        };
-        meter.publish(record);
+        }
     }
 }
 

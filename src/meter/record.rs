@@ -81,7 +81,9 @@ impl Outcome {
     }
 }
 
-/// Everything measured about one metered request.
+/// Everything measured about one metered request: who it was and how it ended at the top,
+/// the measurements in one group per concern (`record.timing.ttft`, `record.tokens.completion`,
+/// `record.interference.average_active`, …).
 #[derive(Debug, Clone)]
 pub struct RequestRecord {
     pub route: Route,
@@ -97,63 +99,179 @@ pub struct RequestRecord {
     pub status: u16,
     /// The response was an event stream.
     pub streaming: bool,
-    /// Wall-clock time of request head in (for windows and traces).
-    pub started_at: SystemTime,
-    pub time_to_headers: Option<Duration>,
-    pub time_to_first_byte: Option<Duration>,
-    pub time_to_first_token: Option<Duration>,
-    /// To the first event that delivered a token, visible or not (usage advanced): the end of
-    /// prefill even when the first token is silent (a partial UTF-8 byte). The sweep's scout
-    /// times prefill with it.
-    pub time_to_first_delivery: Option<Duration>,
-    pub duration: Duration,
-    /// First token → last token.
-    pub decode_time: Option<Duration>,
-    pub prompt_tokens: Option<u64>,
-    pub cached_tokens: Option<u64>,
-    pub completion_tokens: u64,
-    /// `completion_tokens` came from the upstream's usage, not from counting events.
-    pub completion_exact: bool,
-    pub token_events: u64,
-    pub max_tokens: Option<u64>,
     /// Salted block ids of the prompt's prefix (`stream::fingerprint`), for the workload
     /// capture; empty when capture is off.
     pub prefix_blocks: Vec<u64>,
-    pub time_between_tokens: Option<Duration>,
-    pub per_request_tokens_per_second: Option<f64>,
-    pub prefill_tokens_per_second: Option<f64>,
+    pub timing: Timing,
+    pub tokens: Tokens,
+    pub interference: Interference,
+    /// The production-matrix cell the request lands in.
+    pub buckets: Buckets,
+    /// The upstream's own state (scraped from its `/metrics`), time-weighted over this
+    /// request's interval (head in → end); a gauge no scrape covered is absent.
+    pub server_state: ServerStateMeans,
+    pub slo: SloResult,
+    pub overhead: Overhead,
+}
+
+/// When things happened, relative to request head in (`started_at` is wall-clock).
+#[derive(Debug, Clone)]
+pub struct Timing {
+    /// Wall-clock time of request head in (for windows and traces).
+    pub started_at: SystemTime,
+    pub to_headers: Option<Duration>,
+    pub to_first_byte: Option<Duration>,
+    /// Time to first token.
+    pub ttft: Option<Duration>,
+    /// To the first event that delivered a token, visible or not (usage advanced): the end of
+    /// prefill even when the first token is silent (a partial UTF-8 byte). The sweep's scout
+    /// times prefill with it.
+    pub to_first_delivery: Option<Duration>,
+    pub duration: Duration,
+    /// First token → last token.
+    pub decode: Option<Duration>,
+    /// Time between tokens: `decode / (completion − 1)`.
+    pub tbt: Option<Duration>,
+    /// Inter-token latency, per token (see [`super::timeline::Timeline::itl`]).
+    pub itl: LocalHistogram,
+}
+
+impl Default for Timing {
+    /// Nothing timed, started at the Unix epoch, an ITL histogram without bounds.
+    fn default() -> Self {
+        Self {
+            started_at: SystemTime::UNIX_EPOCH,
+            to_headers: None,
+            to_first_byte: None,
+            ttft: None,
+            to_first_delivery: None,
+            duration: Duration::ZERO,
+            decode: None,
+            tbt: None,
+            itl: LocalHistogram::new(&[]),
+        }
+    }
+}
+
+/// Token counts and the rates derived from them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tokens {
+    pub prompt: Option<u64>,
+    pub cached: Option<u64>,
+    pub completion: u64,
+    /// `completion` came from the upstream's usage, not from counting events.
+    pub completion_exact: bool,
+    /// Events that carried output.
+    pub events: u64,
+    /// The request's `max_tokens`.
+    pub max: Option<u64>,
+    /// Per-request tok/s = 1 / TBT.
+    pub per_second: Option<f64>,
+    /// Prefill tok/s = (prompt − cached) / TTFT.
+    pub prefill_per_second: Option<f64>,
+}
+
+impl Tokens {
+    /// Completion tokens per event (speculative decoding shows several).
+    pub fn per_event(&self) -> Option<f64> {
+        (self.events > 0).then(|| self.completion as f64 / self.events as f64)
+    }
+}
+
+/// What else the upstream was doing while this request decoded.
+#[derive(Debug, Clone, Copy)]
+pub struct Interference {
     /// Time-weighted mean in-flight count (same upstream and model) over the decode interval.
-    pub average_active_requests: f64,
+    pub average_active: f64,
     /// Share (0–1) of the decode interval during which at least one other request to the
     /// same upstream and model was in prefill (head in → first token); `None` without a
     /// decode interval.
     pub prefill_overlap_share: Option<f64>,
     /// Prefills of other requests that overlapped the decode interval.
     pub overlapping_prefills: Option<u32>,
-    /// How the request fared against its SLO targets (configured or from its header).
-    pub slo: SloVerdict,
-    /// The request's `x-tokentap-slo` header could not be read (and was ignored).
-    pub slo_header_invalid: bool,
-    /// The upstream's own state (scraped from its `/metrics`), time-weighted over this
-    /// request's interval (head in → end); a gauge no scrape covered is absent.
-    pub server_state: ServerStateMeans,
     /// Seconds of the decode gaps during which another request was in prefill, by the
     /// concurrency bucket in force when each gap's token event arrived (as `split.seconds`).
     pub prefill_busy: [f64; MAX_LADDER],
-    pub context_bucket: usize,
-    pub concurrency_bucket: usize,
-    pub itl: LocalHistogram,
+    /// Tokens and decode seconds by the concurrency bucket in force at each token event.
     pub split: ConcurrencySplit,
-    /// Time inside tokentap between request head in (or body read) and upstream send.
-    pub request_overhead: Option<Duration>,
-    pub frame_overhead: LocalHistogram,
+}
+
+impl Default for Interference {
+    fn default() -> Self {
+        Self {
+            average_active: 0.0,
+            prefill_overlap_share: None,
+            overlapping_prefills: None,
+            prefill_busy: [0.0; MAX_LADDER],
+            split: ConcurrencySplit::default(),
+        }
+    }
+}
+
+/// The ladder buckets (indices) of the request's production-matrix cell.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Buckets {
+    /// From the prompt's length.
+    pub context: usize,
+    /// From [`Interference::average_active`].
+    pub concurrency: usize,
+}
+
+/// The request's SLO verdict and how its targets were read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SloResult {
+    /// How the request fared against its SLO targets (configured or from its header).
+    pub verdict: SloVerdict,
+    /// The request's `x-tokentap-slo` header could not be read (and was ignored).
+    pub header_invalid: bool,
+}
+
+/// Time spent inside tokentap itself.
+#[derive(Debug, Clone)]
+pub struct Overhead {
+    /// Between request head in (or body read) and upstream send.
+    pub request: Option<Duration>,
+    /// Per forwarded frame.
+    pub per_frame: LocalHistogram,
+    /// Frames forwarded.
     pub frames: u64,
 }
 
+impl Default for Overhead {
+    fn default() -> Self {
+        Self {
+            request: None,
+            per_frame: LocalHistogram::new(&[]),
+            frames: 0,
+        }
+    }
+}
+
+#[cfg(test)]
 impl RequestRecord {
-    /// Completion tokens per event (speculative decoding shows several).
-    pub fn tokens_per_event(&self) -> Option<f64> {
-        (self.token_events > 0).then(|| self.completion_tokens as f64 / self.token_events as f64)
+    /// A streamed chat request to model `m` on upstream `default`, production, `ok` with
+    /// status 200, nothing measured: tests set the groups they need
+    /// (`RequestRecord { tokens, ..RequestRecord::for_test() }`).
+    pub fn for_test() -> Self {
+        Self {
+            route: Route::ChatCompletions,
+            source: Source::Production,
+            model: Arc::from("m"),
+            upstream: Arc::from("default"),
+            tag: None,
+            fingerprint: super::identity::FingerprintId::UNKNOWN,
+            outcome: Outcome::Ok,
+            status: 200,
+            streaming: true,
+            prefix_blocks: Vec::new(),
+            timing: Timing::default(),
+            tokens: Tokens::default(),
+            interference: Interference::default(),
+            buckets: Buckets::default(),
+            server_state: ServerStateMeans::default(),
+            slo: SloResult::default(),
+            overhead: Overhead::default(),
+        }
     }
 }
 

@@ -3,14 +3,14 @@
 //!
 //! Shape (linkerd `record_response.rs`, tower-http `trace/body.rs`): poll the inner body,
 //! look at the frame, hand the same `Bytes` on. Frames are never collected. When usage was
-//! injected the client-facing bytes are edited (see [`super::rewrite`]) with `Bytes::slice`,
-//! holding back only the unfinished tail of an event that straddles frames.
+//! injected the client-facing bytes are edited by an [`EditQueue`] (pure: frame in, pieces
+//! out; see [`super::edits`]), which holds back only the unfinished tail of an event that
+//! straddles frames and, briefly, a finish chunk.
 //!
 //! End of stream arrives four ways — `None`, trailers, an error, `is_end_stream()` after a
 //! data frame — and a client hang-up only as `Drop`; the record is published exactly once
 //! whichever comes first.
 
-use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
@@ -23,7 +23,8 @@ use crate::meter::record::Outcome;
 use crate::meter::RequestMeter;
 
 use super::classify::EventClassifier;
-use super::rewrite::{decide, restorable_members, Edit, Injected, KeySet};
+use super::edits::EditQueue;
+use super::rewrite::Injected;
 use super::sse::SseScanner;
 use crate::base::Route;
 
@@ -44,225 +45,13 @@ enum Mode {
     },
 }
 
-/// Client-facing edits for an injected stream.
-#[derive(Debug)]
-struct Rewriter {
-    injected: Injected,
-    /// Bytes of an unfinished event, not yet forwarded.
-    held: Vec<u8>,
-    /// The current event outgrew the limit: forward the rest of it untouched.
-    passthrough: bool,
-    /// The previous block was dropped (its CRLF's stray LF must go too).
-    previous_dropped: bool,
-    limit: usize,
-    /// A finish chunk, already edited, held until the next event (see `rewrite`): its pieces,
-    /// then any comment blocks that followed it. Empty when nothing is held.
-    finish: VecDeque<Bytes>,
-    /// Index in `finish` of the piece that starts with the finish chunk's closing `}`.
-    finish_close: usize,
-    finish_keys: KeySet,
-}
-
-/// Most pieces a held finish chunk may gather (its own, restored members, trailing comments)
-/// before it is let go regardless: the hold is bounded.
-const MAX_FINISH_PIECES: usize = 16;
-
-impl Rewriter {
-    fn holding(&self) -> bool {
-        !self.finish.is_empty()
-    }
-
-    /// Forwards the held finish chunk (and what was held after it).
-    fn release(&mut self, queue: &mut VecDeque<Bytes>) {
-        queue.extend(self.finish.drain(..));
-    }
-
-    /// At the end of the stream (clean or not): the unfinished last event, which no blank
-    /// line closed, is forwarded as the upstream sent it minus what tokentap injected, edited
-    /// as the complete event would have been (the usage chunk tokentap asked for is dropped,
-    /// injected per-chunk usage removed); then whatever else is held. Once per stream.
-    fn flush_partial(&mut self, queue: &mut VecDeque<Bytes>) {
-        let held = Bytes::from(std::mem::take(&mut self.held));
-        if held.is_empty() {
-            self.release(queue);
-            return;
-        }
-        if self.passthrough {
-            self.release(queue);
-            queue.push_back(held);
-            return;
-        }
-        // Its data, as a scanner reads it once the event is closed.
-        let mut closed = Vec::with_capacity(held.len() + 2);
-        closed.extend_from_slice(&held);
-        closed.extend_from_slice(b"\n\n");
-        let mut payload: Option<Vec<u8>> = None;
-        let mut first = true;
-        SseScanner::new(self.limit).feed(&closed, |block| {
-            if std::mem::take(&mut first) && !block.oversized {
-                payload = block.event.data.map(<[u8]>::to_vec);
-            }
-        });
-        let mut cursor = 0;
-        self.on_block(
-            queue,
-            &held,
-            0,
-            held.len(),
-            payload.as_deref(),
-            false,
-            &mut cursor,
-        );
-        self.release(queue);
-    }
-
-    /// Puts the members of the dropped usage chunk `src[start..end]` that belong in the held
-    /// finish chunk back into it, then forwards it.
-    fn restore_and_release(
-        &mut self,
-        queue: &mut VecDeque<Bytes>,
-        src: &Bytes,
-        start: usize,
-        end: usize,
-        payload: &[u8],
-    ) {
-        let raw = src.get(start..end).unwrap_or_default();
-        let mut at = self.finish_close;
-        for (from, to) in restorable_members(raw, payload, &self.finish_keys) {
-            let (from, to) = (start + from, start + to);
-            if at > self.finish.len()
-                || self.finish.len() + 2 > MAX_FINISH_PIECES
-                || from >= to
-                || to > src.len()
-            {
-                break;
-            }
-            self.finish.insert(at, Bytes::from_static(b","));
-            self.finish.insert(at + 1, src.slice(from..to));
-            at += 2;
-        }
-        self.release(queue);
-    }
-
-    /// Handles one complete block `src[start..end]` whose data is `payload`. In-frame blocks
-    /// that are kept as they are stay where they are (`cursor` is not moved past them), so a
-    /// frame with nothing to edit is forwarded whole; a block from a copy (`in_frame` false)
-    /// is always queued.
-    #[allow(clippy::too_many_arguments)]
-    fn on_block(
-        &mut self,
-        queue: &mut VecDeque<Bytes>,
-        src: &Bytes,
-        start: usize,
-        end: usize,
-        payload: Option<&[u8]>,
-        in_frame: bool,
-        cursor: &mut usize,
-    ) {
-        let raw = src.get(start..end).unwrap_or_default();
-        let decision = payload.map(|p| decide(raw, p, self.injected));
-        if self.holding() {
-            match decision {
-                None if self.finish.len() < MAX_FINISH_PIECES => {
-                    // A comment or other data-less block after the finish chunk: it stays
-                    // after it.
-                    if in_frame {
-                        push_slice(queue, src, *cursor, start);
-                    }
-                    push_slice(&mut self.finish, src, start, end);
-                    *cursor = end;
-                    return;
-                }
-                Some(d) if d.edit == Edit::Drop => {
-                    if let Some(payload) = payload {
-                        self.restore_and_release(queue, src, start, end, payload);
-                    }
-                }
-                _ => self.release(queue),
-            }
-        }
-        let Some(decision) = decision else {
-            if !in_frame {
-                push_slice(queue, src, start, end);
-            }
-            return;
-        };
-        self.previous_dropped = decision.edit == Edit::Drop;
-        if decision.hold {
-            if in_frame {
-                push_slice(queue, src, *cursor, start);
-            }
-            self.finish_close = push_edited(
-                &mut self.finish,
-                src,
-                start,
-                end,
-                decision.edit,
-                Some(decision.close),
-            );
-            self.finish_keys = decision.keys;
-            *cursor = end;
-            return;
-        }
-        if in_frame {
-            if decision.edit == Edit::Keep {
-                return;
-            }
-            push_slice(queue, src, *cursor, start);
-        }
-        push_edited(queue, src, start, end, decision.edit, None);
-        *cursor = end;
-    }
-}
-
-/// Queues the pieces of `src[start..end]` with `edit` applied (its ranges relative to
-/// `start`), without copying. With `split` (a raw offset relative to `start`, after the edited
-/// range), the last piece is cut there; returns the index in `out` of the piece that starts at
-/// `split`.
-fn push_edited(
-    out: &mut VecDeque<Bytes>,
-    src: &Bytes,
-    start: usize,
-    end: usize,
-    edit: Edit,
-    split: Option<usize>,
-) -> usize {
-    let (head, tail) = match edit {
-        Edit::Drop => return out.len(),
-        Edit::Keep => (None, start),
-        Edit::Remove { start: a, end: b } => (Some((start + a, false)), start + b),
-        Edit::ReplaceWithNull { start: a, end: b } => (Some((start + a, true)), start + b),
-    };
-    if let Some((head_end, null)) = head {
-        push_slice(out, src, start, head_end);
-        if null {
-            out.push_back(Bytes::from_static(b"null"));
-        }
-    }
-    // The split point (a closing `}`) follows every member, so it lies in the last piece.
-    let cut = split.map(|s| (start + s).clamp(tail, end));
-    match cut {
-        Some(cut) => {
-            push_slice(out, src, tail, cut);
-            let index = out.len();
-            push_slice(out, src, cut, end);
-            index
-        }
-        None => {
-            push_slice(out, src, tail, end);
-            out.len()
-        }
-    }
-}
-
 /// Per-request metering state carried by the body.
 pub struct Metering {
     meter: RequestMeter,
     classifier: EventClassifier,
     mode: Mode,
-    rewriter: Option<Rewriter>,
-    /// Frames (pieces of upstream frames) ready to forward.
-    queue: VecDeque<Bytes>,
+    /// What the client gets of the upstream's bytes, when tokentap injected usage.
+    edits: Option<EditQueue>,
 }
 
 impl std::fmt::Debug for Metering {
@@ -304,33 +93,21 @@ impl Metering {
                 overflowed: false,
             }
         };
-        let rewriter =
-            (options.event_stream && !options.encoded && options.injected.any()).then(|| {
-                Rewriter {
-                    injected: options.injected,
-                    held: Vec::new(),
-                    passthrough: false,
-                    previous_dropped: false,
-                    limit: options.max_event_bytes,
-                    finish: VecDeque::with_capacity(MAX_FINISH_PIECES),
-                    finish_close: 0,
-                    finish_keys: KeySet::default(),
-                }
-            });
+        let edits = (options.event_stream && !options.encoded && options.injected.any())
+            .then(|| EditQueue::new(options.injected, options.max_event_bytes));
         let mut meter = meter;
         meter.streaming = options.event_stream;
         Box::new(Self {
             meter,
             classifier: EventClassifier::new(options.route),
             mode,
-            rewriter,
-            queue: VecDeque::with_capacity(4),
+            edits,
         })
     }
 
     /// True when the forwarded bytes differ from the upstream's (size hints are then unknown).
     pub fn rewrites(&self) -> bool {
-        self.rewriter.is_some()
+        self.edits.is_some()
     }
 
     /// Measures one data frame that arrived at `now` and queues what the client gets.
@@ -340,8 +117,7 @@ impl Metering {
             meter,
             classifier,
             mode,
-            rewriter,
-            queue,
+            edits,
         } = self;
         match mode {
             Mode::Opaque => Some(data),
@@ -358,98 +134,21 @@ impl Metering {
                 Some(data)
             }
             Mode::Sse(scanner) => {
-                let mut cursor = 0usize; // bytes before this are decided
-                let mut last_end = 0usize;
+                let mut frame = edits.as_mut().map(|edits| edits.frame(&data));
                 scanner.feed(&data, |block| {
+                    // What the event says (its tokens, when), then what the client gets of
+                    // its bytes.
                     if let Some(payload) = block.event.data {
-                        let facts = classifier.observe(block.event.name, payload);
-                        if facts.output {
-                            meter.token_event(now, facts.tokens);
-                        } else if facts.tokens > 0 {
-                            meter.silent_tokens(now, facts.tokens);
-                        }
+                        measure(meter, classifier, now, block.event.name, payload);
                     }
-                    let Some(rewriter) = rewriter.as_mut() else {
-                        return;
-                    };
-                    let end = block.end_in_chunk;
-                    last_end = end;
-                    let dropped_before = std::mem::take(&mut rewriter.previous_dropped);
-                    let payload = if block.oversized {
-                        None
-                    } else {
-                        block.event.data
-                    };
-                    match block.start_in_chunk {
-                        Some(start) if block.terminator_tail => {
-                            // The LF of the previous block's CRLF: it goes where that block
-                            // went.
-                            if dropped_before {
-                                push_slice(queue, &data, cursor, start);
-                                cursor = end;
-                            } else if rewriter.holding() {
-                                push_slice(queue, &data, cursor, start);
-                                push_slice(&mut rewriter.finish, &data, start, end);
-                                cursor = end;
-                            }
-                        }
-                        Some(start) => {
-                            rewriter.on_block(queue, &data, start, end, payload, true, &mut cursor);
-                        }
-                        None if rewriter.passthrough => {
-                            rewriter.release(queue);
-                            push_slice(queue, &data, cursor, end);
-                            cursor = end;
-                            rewriter.passthrough = false;
-                        }
-                        None => {
-                            // The rare event that straddled frames: edit a copy.
-                            rewriter
-                                .held
-                                .extend_from_slice(data.get(..end).unwrap_or_default());
-                            let copy = Bytes::copy_from_slice(&rewriter.held);
-                            rewriter.held.clear();
-                            let mut copy_cursor = 0;
-                            rewriter.on_block(
-                                queue,
-                                &copy,
-                                0,
-                                copy.len(),
-                                payload,
-                                false,
-                                &mut copy_cursor,
-                            );
-                            cursor = end;
-                        }
+                    if let Some(frame) = frame.as_mut() {
+                        frame.block(&block);
                     }
                 });
-                let Some(rewriter) = rewriter.as_mut() else {
-                    return Some(data);
-                };
-                // Complete events not yet forwarded, then the unfinished tail.
-                let complete_end = last_end.max(cursor);
-                if cursor == 0 && complete_end == data.len() && queue.is_empty() {
-                    return Some(data); // nothing edited in this frame
+                match frame {
+                    Some(frame) => frame.finish().then_some(data),
+                    None => Some(data),
                 }
-                push_slice(queue, &data, cursor, complete_end);
-                if complete_end < data.len() {
-                    let tail = data.get(complete_end..).unwrap_or_default();
-                    if rewriter.passthrough {
-                        push_slice(queue, &data, complete_end, data.len());
-                    } else if rewriter.held.len() + tail.len() > rewriter.limit {
-                        // Too big to hold: forward what we held and the rest of this event as is.
-                        rewriter.release(queue);
-                        let held = std::mem::take(&mut rewriter.held);
-                        if !held.is_empty() {
-                            queue.push_back(Bytes::from(held));
-                        }
-                        push_slice(queue, &data, complete_end, data.len());
-                        rewriter.passthrough = true;
-                    } else {
-                        rewriter.held.extend_from_slice(tail);
-                    }
-                }
-                None
             }
         }
     }
@@ -474,8 +173,8 @@ impl Metering {
             Outcome::Ok
         };
         self.finish(outcome);
-        if let Some(rewriter) = &mut self.rewriter {
-            rewriter.flush_partial(&mut self.queue);
+        if let Some(edits) = &mut self.edits {
+            edits.end();
         }
     }
 
@@ -502,9 +201,20 @@ impl Drop for Metering {
     }
 }
 
-fn push_slice(queue: &mut VecDeque<Bytes>, data: &Bytes, from: usize, to: usize) {
-    if from < to && to <= data.len() {
-        queue.push_back(data.slice(from..to));
+/// Feeds one event's classification to the request's meter.
+#[inline]
+fn measure(
+    meter: &mut RequestMeter,
+    classifier: &mut EventClassifier,
+    now: Instant,
+    name: &[u8],
+    payload: &[u8],
+) {
+    let facts = classifier.observe(name, payload);
+    if facts.output {
+        meter.token_event(now, facts.tokens);
+    } else if facts.tokens > 0 {
+        meter.silent_tokens(now, facts.tokens);
     }
 }
 
@@ -563,7 +273,7 @@ where
         let mut this = self.project();
         loop {
             if let Some(metering) = this.metering.as_mut() {
-                if let Some(piece) = metering.queue.pop_front() {
+                if let Some(piece) = metering.edits.as_mut().and_then(EditQueue::pop) {
                     return Poll::Ready(Some(Ok(Frame::data(piece))));
                 }
             }
@@ -612,8 +322,8 @@ where
                     if !metering.is_finished() {
                         metering.finish(error.outcome());
                     }
-                    if let Some(rewriter) = &mut metering.rewriter {
-                        rewriter.flush_partial(&mut metering.queue);
+                    if let Some(edits) = &mut metering.edits {
+                        edits.end();
                     }
                     *this.pending_error = Some(error);
                     *this.inner_done = true;
@@ -630,14 +340,10 @@ where
         match &self.metering {
             None => self.inner.is_end_stream(),
             Some(metering) => {
-                metering.queue.is_empty()
-                    && self.pending_error.is_none()
+                self.pending_error.is_none()
                     && self.pending_trailers.is_none()
                     && (self.inner_done || self.inner.is_end_stream())
-                    && metering
-                        .rewriter
-                        .as_ref()
-                        .is_none_or(|r| r.held.is_empty() && !r.holding())
+                    && metering.edits.as_ref().is_none_or(EditQueue::is_drained)
             }
         }
     }
@@ -763,7 +469,7 @@ mod tests {
                     expected,
                     "cuts at {a} and {b}"
                 );
-                assert_eq!(record.completion_tokens, 2);
+                assert_eq!(record.tokens.completion, 2);
             }
         }
     }
@@ -795,12 +501,12 @@ mod tests {
             let (client, record) = run(frames, both);
             prop_assert_eq!(String::from_utf8(client).unwrap(), expected_client);
             let total: u64 = pieces.iter().sum();
-            prop_assert_eq!(record.completion_tokens, total);
-            prop_assert!(record.completion_exact);
-            prop_assert_eq!(record.token_events, pieces.len() as u64);
-            prop_assert_eq!(record.prompt_tokens, Some(9));
-            prop_assert_eq!(record.itl.count(), total - pieces[0]);
-            prop_assert_eq!(record.split.total_tokens(), total);
+            prop_assert_eq!(record.tokens.completion, total);
+            prop_assert!(record.tokens.completion_exact);
+            prop_assert_eq!(record.tokens.events, pieces.len() as u64);
+            prop_assert_eq!(record.tokens.prompt, Some(9));
+            prop_assert_eq!(record.timing.itl.count(), total - pieces[0]);
+            prop_assert_eq!(record.interference.split.total_tokens(), total);
             prop_assert_eq!(record.outcome, Outcome::Ok);
         }
 

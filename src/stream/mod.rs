@@ -8,6 +8,7 @@
 
 pub mod body;
 pub mod classify;
+pub mod edits;
 pub mod fingerprint;
 pub mod json;
 pub mod request;

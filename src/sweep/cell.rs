@@ -80,48 +80,48 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
     let with_tokens: Vec<&Arc<RequestRecord>> = m
         .records
         .iter()
-        .filter(|r| r.time_to_first_token.is_some())
+        .filter(|r| r.timing.ttft.is_some())
         .collect();
     let per_request = median(
         with_tokens
             .iter()
-            .filter_map(|r| r.per_request_tokens_per_second)
+            .filter_map(|r| r.tokens.per_second)
             .collect(),
     );
     let tbt = median(
         with_tokens
             .iter()
-            .filter_map(|r| r.time_between_tokens.map(millis))
+            .filter_map(|r| r.timing.tbt.map(millis))
             .collect(),
     );
     let ttft = median(
         with_tokens
             .iter()
-            .filter_map(|r| r.time_to_first_token.map(millis))
+            .filter_map(|r| r.timing.ttft.map(millis))
             .collect(),
     );
     let average_active = if m.running_samples.is_empty() {
         let values: Vec<f64> = with_tokens
             .iter()
-            .map(|r| r.average_active_requests)
+            .map(|r| r.interference.average_active)
             .collect();
         (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
     } else {
         Some(m.running_samples.iter().sum::<f64>() / m.running_samples.len() as f64)
     };
-    let prompt_tokens = most_common(m.records.iter().filter_map(|r| r.prompt_tokens));
+    let prompt_tokens = most_common(m.records.iter().filter_map(|r| r.tokens.prompt));
     let mut interference = InterferenceSum::default();
     let mut slo = SloSum::default();
     let mut server_state = ServerStateSum::default();
     for record in &with_tokens {
         interference.add(record);
         server_state.add(record);
-        slo.add_verdict(record.slo);
-        if record.slo == SloVerdict::Met {
-            slo.met_tokens += record.completion_tokens as f64;
+        slo.add_verdict(record.slo.verdict);
+        if record.slo.verdict == SloVerdict::Met {
+            slo.met_tokens += record.tokens.completion as f64;
         }
     }
-    let record_tokens: u64 = with_tokens.iter().map(|r| r.completion_tokens).sum();
+    let record_tokens: u64 = with_tokens.iter().map(|r| r.tokens.completion).sum();
     let tails = stream_tails(&with_tokens);
     let total_tok_s = (window_s > 0.0).then(|| m.window_tokens as f64 / window_s);
     DecodeCell {
@@ -155,13 +155,13 @@ fn stream_tails(records: &[&Arc<RequestRecord>]) -> Option<Tails> {
     let mut tbt = QuantileSketch::new();
     let mut itl = QuantileSketch::new();
     for record in records {
-        if let Some(value) = record.time_to_first_token {
+        if let Some(value) = record.timing.ttft {
             ttft.add(value.as_secs_f64(), 1.0);
         }
-        if let Some(value) = record.time_between_tokens {
+        if let Some(value) = record.timing.tbt {
             tbt.add(value.as_secs_f64(), 1.0);
         }
-        for (gap, count) in record.itl.buckets() {
+        for (gap, count) in record.timing.itl.buckets() {
             itl.add(gap, count as f64);
         }
     }
@@ -245,17 +245,17 @@ pub fn prefill_row(
     }
     // Prefill ends with the first token delivered, visible or not: a scout's one token can be
     // silent (vLLM's `"text":""` for a partial UTF-8 byte, counted only by usage).
-    let Some(ttft) = record.time_to_first_delivery.or(record.time_to_first_token) else {
+    let Some(ttft) = record.timing.to_first_delivery.or(record.timing.ttft) else {
         return failed("the scout request produced no token");
     };
     // The record's own rate is timed to the first visible token: recomputed when that differs.
-    let rate = if record.time_to_first_token == Some(ttft) {
-        record.prefill_tokens_per_second
+    let rate = if record.timing.ttft == Some(ttft) {
+        record.tokens.prefill_per_second
     } else {
-        prefill_rate(record.prompt_tokens, record.cached_tokens, Some(ttft))
+        prefill_rate(record.tokens.prompt, record.tokens.cached, Some(ttft))
     };
     let prompt_tok_s = rate.or_else(|| {
-        let prompt = record.prompt_tokens.unwrap_or(context) as f64;
+        let prompt = record.tokens.prompt.unwrap_or(context) as f64;
         (ttft.as_secs_f64() > 0.0).then(|| prompt / ttft.as_secs_f64())
     });
     PrefillRow {
@@ -265,7 +265,7 @@ pub fn prefill_row(
         prompt_tok_s,
         ttft_ms: Some(millis(ttft)),
         completed_requests: Some(1),
-        prompt_tokens: record.prompt_tokens,
+        prompt_tokens: record.tokens.prompt,
     }
 }
 
@@ -289,52 +289,37 @@ mod tests {
     use super::*;
     use crate::base::Route;
     use crate::base::Source;
-    use crate::meter::timeline::{ConcurrencySplit, LocalHistogram};
+    use crate::meter::record::{Interference, Timing, Tokens};
     use std::time::SystemTime;
 
     fn record(ttft_ms: u64, tbt_ms: f64, active: f64) -> Arc<RequestRecord> {
         let tbt = Duration::from_secs_f64(tbt_ms / 1000.0);
         Arc::new(RequestRecord {
-            route: Route::Completions,
             source: Source::Synthetic,
-            model: Arc::from("m"),
-            upstream: Arc::from("default"),
-            tag: None,
-            fingerprint: crate::meter::identity::FingerprintId::UNKNOWN,
-            outcome: Outcome::Ok,
-            status: 200,
-            streaming: true,
-            started_at: SystemTime::now(),
-            time_to_headers: None,
-            time_to_first_byte: None,
-            time_to_first_token: Some(Duration::from_millis(ttft_ms)),
-            time_to_first_delivery: Some(Duration::from_millis(ttft_ms)),
-            duration: Duration::from_secs(3),
-            decode_time: None,
-            prompt_tokens: Some(8192),
-            cached_tokens: Some(8191),
-            completion_tokens: 300,
-            completion_exact: true,
-            token_events: 300,
-            max_tokens: Some(4096),
-            prefix_blocks: Vec::new(),
-            time_between_tokens: Some(tbt),
-            per_request_tokens_per_second: Some(1.0 / tbt.as_secs_f64()),
-            prefill_tokens_per_second: None,
-            average_active_requests: active,
-            prefill_overlap_share: None,
-            overlapping_prefills: None,
-            prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
-            slo: SloVerdict::Unset,
-            slo_header_invalid: false,
-            server_state: Default::default(),
-            context_bucket: 0,
-            concurrency_bucket: 0,
-            itl: LocalHistogram::new(&[]),
-            split: ConcurrencySplit::default(),
-            request_overhead: None,
-            frame_overhead: LocalHistogram::new(&[]),
-            frames: 0,
+            route: Route::Completions,
+            timing: Timing {
+                started_at: SystemTime::now(),
+                ttft: Some(Duration::from_millis(ttft_ms)),
+                to_first_delivery: Some(Duration::from_millis(ttft_ms)),
+                duration: Duration::from_secs(3),
+                tbt: Some(tbt),
+                ..Timing::default()
+            },
+            tokens: Tokens {
+                prompt: Some(8192),
+                cached: Some(8191),
+                completion: 300,
+                completion_exact: true,
+                events: 300,
+                max: Some(4096),
+                per_second: Some(1.0 / tbt.as_secs_f64()),
+                prefill_per_second: None,
+            },
+            interference: Interference {
+                average_active: active,
+                ..Interference::default()
+            },
+            ..RequestRecord::for_test()
         })
     }
 
@@ -434,15 +419,15 @@ mod tests {
     fn scout_rows() {
         let r = record(500, 10.0, 1.0);
         let mut cold = (*r).clone();
-        cold.prefill_tokens_per_second = Some(16_384.0);
+        cold.tokens.prefill_per_second = Some(16_384.0);
         let row = prefill_row(8192, Some(&cold), None);
         assert_eq!(row.status, CellStatus::Valid);
         assert_eq!(row.prompt_tok_s, Some(16_384.0));
         assert_eq!(row.ttft_ms, Some(500.0));
         // The one token was silent: no visible first token, prefill still timed (1 fresh token).
         let mut silent = (*r).clone();
-        silent.time_to_first_token = None;
-        silent.time_to_first_delivery = Some(Duration::from_millis(250));
+        silent.timing.ttft = None;
+        silent.timing.to_first_delivery = Some(Duration::from_millis(250));
         let row = prefill_row(8192, Some(&silent), None);
         assert_eq!(row.status, CellStatus::Valid);
         assert_eq!(row.ttft_ms, Some(250.0));

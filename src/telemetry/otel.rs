@@ -200,62 +200,65 @@ impl RecordSink for OtelSink {
 
         let mut attributes = common.to_vec();
         attributes.extend([
-            KeyValue::new("gen_ai.usage.output_tokens", as_i64(r.completion_tokens)),
+            KeyValue::new("gen_ai.usage.output_tokens", as_i64(r.tokens.completion)),
             KeyValue::new("http.response.status_code", i64::from(r.status)),
             KeyValue::new("tokentap.route", r.route.label()),
             KeyValue::new("tokentap.outcome", r.outcome.label()),
             KeyValue::new("tokentap.streaming", r.streaming),
-            KeyValue::new("tokentap.completion_tokens_exact", r.completion_exact),
-            KeyValue::new("tokentap.token_events", as_i64(r.token_events)),
+            KeyValue::new(
+                "tokentap.completion_tokens_exact",
+                r.tokens.completion_exact,
+            ),
+            KeyValue::new("tokentap.token_events", as_i64(r.tokens.events)),
             KeyValue::new(
                 "tokentap.average_active_requests",
-                r.average_active_requests,
+                r.interference.average_active,
             ),
             KeyValue::new(
                 "tokentap.context_bucket",
-                self.contexts.label(r.context_bucket).to_string(),
+                self.contexts.label(r.buckets.context).to_string(),
             ),
             KeyValue::new(
                 "tokentap.concurrency_bucket",
-                self.concurrency.label(r.concurrency_bucket).to_string(),
+                self.concurrency.label(r.buckets.concurrency).to_string(),
             ),
         ]);
-        if let Some(prompt) = r.prompt_tokens {
+        if let Some(prompt) = r.tokens.prompt {
             attributes.push(KeyValue::new("gen_ai.usage.input_tokens", as_i64(prompt)));
         }
-        if let Some(cached) = r.cached_tokens {
+        if let Some(cached) = r.tokens.cached {
             attributes.push(KeyValue::new(
                 "gen_ai.usage.cache_read.input_tokens",
                 as_i64(cached),
             ));
         }
-        if let Some(max) = r.max_tokens {
+        if let Some(max) = r.tokens.max {
             attributes.push(KeyValue::new("gen_ai.request.max_tokens", as_i64(max)));
         }
-        if let Some(ttft) = r.time_to_first_token {
+        if let Some(ttft) = r.timing.ttft {
             attributes.push(KeyValue::new(
                 "tokentap.time_to_first_token_s",
                 ttft.as_secs_f64(),
             ));
         }
-        if let Some(tbt) = r.time_between_tokens {
+        if let Some(tbt) = r.timing.tbt {
             attributes.push(KeyValue::new(
                 "tokentap.time_between_tokens_s",
                 tbt.as_secs_f64(),
             ));
         }
-        if let Some(rate) = r.prefill_tokens_per_second {
+        if let Some(rate) = r.tokens.prefill_per_second {
             attributes.push(KeyValue::new("tokentap.prefill_tokens_per_second", rate));
         }
-        if r.slo != crate::meter::record::SloVerdict::Unset {
+        if r.slo.verdict != crate::meter::record::SloVerdict::Unset {
             // met / missed against the request's SLO targets (docs/metrics.md).
-            attributes.push(KeyValue::new("tokentap.slo", r.slo.label()));
+            attributes.push(KeyValue::new("tokentap.slo", r.slo.verdict.label()));
         }
         if r.outcome != Outcome::Ok {
             attributes.push(KeyValue::new("error.type", r.outcome.label()));
         }
 
-        let start = r.started_at;
+        let start = r.timing.started_at;
         let mut span = self
             .tracer
             .span_builder(format!("{op} {}", r.model))
@@ -263,13 +266,13 @@ impl RecordSink for OtelSink {
             .with_start_time(start)
             .with_attributes(attributes)
             .start(&self.tracer);
-        if let Some(ttft) = r.time_to_first_token {
+        if let Some(ttft) = r.timing.ttft {
             span.add_event_with_timestamp("gen_ai.first_token", start + ttft, Vec::new());
         }
         if r.outcome != Outcome::Ok {
             span.set_status(Status::error(r.outcome.label()));
         }
-        span.end_with_timestamp(start + r.duration);
+        span.end_with_timestamp(start + r.timing.duration);
 
         let i = &self.instruments;
         let mut with_outcome = common.to_vec();
@@ -277,19 +280,19 @@ impl RecordSink for OtelSink {
             with_outcome.push(KeyValue::new("error.type", r.outcome.label()));
         }
         i.operation_duration
-            .record(r.duration.as_secs_f64(), &with_outcome);
+            .record(r.timing.duration.as_secs_f64(), &with_outcome);
         i.request_duration
-            .record(r.duration.as_secs_f64(), &with_outcome);
-        if let Some(ttft) = r.time_to_first_token {
+            .record(r.timing.duration.as_secs_f64(), &with_outcome);
+        if let Some(ttft) = r.timing.ttft {
             i.time_to_first_token.record(ttft.as_secs_f64(), &common);
         }
-        if let Some(tbt) = r.time_between_tokens {
+        if let Some(tbt) = r.timing.tbt {
             i.time_per_output_token.record(tbt.as_secs_f64(), &common);
         }
         let mut tokens = common.to_vec();
         tokens.push(KeyValue::new("gen_ai.token.type", "output"));
-        i.token_usage.record(r.completion_tokens, &tokens);
-        if let Some(prompt) = r.prompt_tokens {
+        i.token_usage.record(r.tokens.completion, &tokens);
+        if let Some(prompt) = r.tokens.prompt {
             if let Some(kind) = tokens.last_mut() {
                 *kind = KeyValue::new("gen_ai.token.type", "input");
             }

@@ -708,7 +708,7 @@ impl PrometheusMetrics {
     /// SLO counters: the verdict at the request's own cell, a met request's tokens split by
     /// concurrency bucket like the completion tokens.
     fn record_slo(&self, r: &RequestRecord) {
-        let Some(verdict) = SloVerdict::JUDGED.iter().position(|v| *v == r.slo) else {
+        let Some(verdict) = SloVerdict::JUDGED.iter().position(|v| *v == r.slo.verdict) else {
             return;
         };
         let key = |bucket: usize| {
@@ -717,28 +717,28 @@ impl PrometheusMetrics {
                 Arc::clone(&r.upstream),
                 r.route,
                 r.source,
-                r.context_bucket,
+                r.buckets.context,
                 bucket,
                 r.fingerprint,
             )
         };
         if let Some(counter) = self
-            .slo_cell(key(r.concurrency_bucket))
+            .slo_cell(key(r.buckets.concurrency))
             .requests
             .get(verdict)
         {
             counter.increment(1);
         }
-        if r.slo != SloVerdict::Met {
+        if r.slo.verdict != SloVerdict::Met {
             return;
         }
-        if r.split.total_tokens() == 0 {
-            self.slo_cell(key(r.concurrency_bucket))
+        if r.interference.split.total_tokens() == 0 {
+            self.slo_cell(key(r.buckets.concurrency))
                 .goodput_tokens
-                .increment(r.completion_tokens);
+                .increment(r.tokens.completion);
             return;
         }
-        for (bucket, &tokens) in r.split.tokens.iter().enumerate() {
+        for (bucket, &tokens) in r.interference.split.tokens.iter().enumerate() {
             if tokens > 0 {
                 self.slo_cell(key(bucket)).goodput_tokens.increment(tokens);
             }
@@ -893,11 +893,11 @@ impl RecordSink for PrometheusMetrics {
             r.source,
         ));
         base.inflight.decrement(1.0);
-        if let Some(overhead) = r.request_overhead {
+        if let Some(overhead) = r.overhead.request {
             base.overhead_request.record(overhead.as_secs_f64());
         }
-        flush(&base.overhead_frame, &r.frame_overhead);
-        if r.slo_header_invalid {
+        flush(&base.overhead_frame, &r.overhead.per_frame);
+        if r.slo.header_invalid {
             base.slo_header_invalid.increment(1);
         }
         self.record_slo(r);
@@ -907,8 +907,8 @@ impl RecordSink for PrometheusMetrics {
             Arc::clone(&r.upstream),
             r.route,
             r.source,
-            r.context_bucket,
-            r.concurrency_bucket,
+            r.buckets.context,
+            r.buckets.concurrency,
             r.fingerprint,
         ));
         if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
@@ -916,53 +916,54 @@ impl RecordSink for PrometheusMetrics {
                 counter.increment(1);
             }
         }
-        cell.duration.record(r.duration.as_secs_f64());
-        if let Some(ttft) = r.time_to_first_token {
+        cell.duration.record(r.timing.duration.as_secs_f64());
+        if let Some(ttft) = r.timing.ttft {
             cell.ttft.record(ttft.as_secs_f64());
         }
-        if let Some(tbt) = r.time_between_tokens {
+        if let Some(tbt) = r.timing.tbt {
             cell.tbt.record(tbt.as_secs_f64());
         }
-        if let Some(rate) = r.per_request_tokens_per_second {
+        if let Some(rate) = r.tokens.per_second {
             cell.per_request.record(rate);
         }
-        if let Some(rate) = r.prefill_tokens_per_second {
+        if let Some(rate) = r.tokens.prefill_per_second {
             cell.prefill.record(rate);
         }
-        if let Some(prompt) = r.prompt_tokens {
+        if let Some(prompt) = r.tokens.prompt {
             cell.prompt.record(prompt as f64);
             cell.prompt_tokens.increment(prompt);
         }
-        if let Some(cached) = r.cached_tokens {
+        if let Some(cached) = r.tokens.cached {
             cell.cached_tokens.increment(cached);
         }
-        cell.completion.record(r.completion_tokens as f64);
-        if let Some(per_event) = r.tokens_per_event() {
+        cell.completion.record(r.tokens.completion as f64);
+        if let Some(per_event) = r.tokens.per_event() {
             cell.tokens_per_event.record(per_event);
         }
-        flush(&cell.itl, &r.itl);
-        if r.decode_time.is_some() {
-            cell.average_active.record(r.average_active_requests);
+        flush(&cell.itl, &r.timing.itl);
+        if r.timing.decode.is_some() {
+            cell.average_active.record(r.interference.average_active);
         }
-        if let Some(share) = r.prefill_overlap_share {
+        if let Some(share) = r.interference.prefill_overlap_share {
             cell.prefill_overlap.record(share);
         }
-        if let Some(overlapping) = r.overlapping_prefills {
+        if let Some(overlapping) = r.interference.overlapping_prefills {
             cell.overlapping_prefills.record(f64::from(overlapping));
         }
         // Completion tokens and decode seconds by the concurrency in force when they were
         // emitted: the production matrix's cells, summable across replicas.
         for (bucket, (&tokens, &seconds)) in r
+            .interference
             .split
             .tokens
             .iter()
-            .zip(r.split.seconds.iter())
+            .zip(r.interference.split.seconds.iter())
             .enumerate()
         {
             if tokens == 0 && seconds == 0.0 {
                 continue;
             }
-            let split = if bucket == r.concurrency_bucket {
+            let split = if bucket == r.buckets.concurrency {
                 Arc::clone(&cell)
             } else {
                 self.cell((
@@ -970,15 +971,20 @@ impl RecordSink for PrometheusMetrics {
                     Arc::clone(&r.upstream),
                     r.route,
                     r.source,
-                    r.context_bucket,
+                    r.buckets.context,
                     bucket,
                     r.fingerprint,
                 ))
             };
             split.completion_tokens.increment(tokens);
             split.decode_seconds.record(seconds);
-            if r.prefill_overlap_share.is_some() {
-                let busy = r.prefill_busy.get(bucket).copied().unwrap_or(0.0);
+            if r.interference.prefill_overlap_share.is_some() {
+                let busy = r
+                    .interference
+                    .prefill_busy
+                    .get(bucket)
+                    .copied()
+                    .unwrap_or(0.0);
                 split.prefill_busy.record(busy);
             }
         }

@@ -217,14 +217,14 @@ impl RecordSink for WorkloadCapture {
 /// The shape of one record.
 pub fn row_of(record: &RequestRecord) -> WorkloadRow {
     WorkloadRow {
-        started_ms: unix_millis(record.started_at),
+        started_ms: unix_millis(record.timing.started_at),
         route: record.route.label().to_string(),
         model: record.model.to_string(),
         stream: record.streaming,
-        prompt_tokens: record.prompt_tokens,
-        cached_tokens: record.cached_tokens,
-        max_tokens: record.max_tokens,
-        output_tokens: record.completion_tokens,
+        prompt_tokens: record.tokens.prompt,
+        cached_tokens: record.tokens.cached,
+        max_tokens: record.tokens.max,
+        output_tokens: record.tokens.completion,
         outcome: record.outcome.label().to_string(),
         prefix_blocks: record.prefix_blocks.clone(),
     }

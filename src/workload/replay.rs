@@ -111,18 +111,18 @@ impl ReplayTally {
 
     fn add(&mut self, record: &RequestRecord, targets: &SloTargets) {
         self.recorded += 1;
-        match record.slo {
+        match record.slo.verdict {
             SloVerdict::Met => self.met += 1,
             SloVerdict::Missed => self.missed += 1,
             SloVerdict::Unset => {}
         }
-        if record.slo == SloVerdict::Missed {
+        if record.slo.verdict == SloVerdict::Missed {
             // Which target(s) it missed: each judged alone, by the same rule.
             let figures = SloFigures {
                 outcome: record.outcome,
-                time_to_first_token: record.time_to_first_token,
-                time_between_tokens: record.time_between_tokens,
-                duration: record.duration,
+                time_to_first_token: record.timing.ttft,
+                time_between_tokens: record.timing.tbt,
+                duration: record.timing.duration,
             };
             let alone = |target: SloTargets| target.judge(&figures) == SloVerdict::Missed;
             let none = SloTargets::NONE;
@@ -148,7 +148,7 @@ impl ReplayTally {
                     }),
             );
         }
-        if let Some(ttft) = record.time_to_first_token {
+        if let Some(ttft) = record.timing.ttft {
             self.ttft.push(ttft);
         }
     }

@@ -16,8 +16,7 @@ use tokio::time::Instant;
 
 use crate::base::{Route, Source};
 use crate::meter::buckets::Ladder;
-use crate::meter::record::{Outcome, RequestRecord, SloVerdict};
-use crate::meter::timeline::{ConcurrencySplit, LocalHistogram};
+use crate::meter::record::{Interference, RequestRecord, Timing, Tokens};
 use crate::meter::RecordSink;
 use crate::synthetic::client::{Answer, CallError};
 use crate::synthetic::{
@@ -111,47 +110,32 @@ impl Drop for Live {
 
 /// The record the metering path would publish for a scout that got its token in 50 ms.
 pub(super) fn scout_record(tag: Arc<str>, prompt_tokens: u64) -> Arc<RequestRecord> {
+    let ttft = Some(Duration::from_millis(50));
     Arc::new(RequestRecord {
         route: Route::Completions,
         source: Source::Synthetic,
-        model: Arc::from("m"),
-        upstream: Arc::from("default"),
-        fingerprint: crate::meter::identity::FingerprintId::UNKNOWN,
         tag: Some(tag),
-        outcome: Outcome::Ok,
-        status: 200,
-        streaming: true,
-        started_at: SystemTime::now(),
-        time_to_headers: None,
-        time_to_first_byte: None,
-        time_to_first_token: Some(Duration::from_millis(50)),
-        time_to_first_delivery: Some(Duration::from_millis(50)),
-        duration: Duration::from_millis(50),
-        decode_time: None,
-        prompt_tokens: Some(prompt_tokens),
-        cached_tokens: Some(0),
-        completion_tokens: 1,
-        completion_exact: true,
-        token_events: 1,
-        max_tokens: Some(1),
-        prefix_blocks: Vec::new(),
-        time_between_tokens: None,
-        per_request_tokens_per_second: None,
-        prefill_tokens_per_second: None,
-        average_active_requests: 1.0,
-        prefill_overlap_share: None,
-        overlapping_prefills: None,
-        prefill_busy: [0.0; crate::meter::buckets::MAX_LADDER],
-        slo: SloVerdict::Unset,
-        slo_header_invalid: false,
-        server_state: Default::default(),
-        context_bucket: 0,
-        concurrency_bucket: 0,
-        itl: LocalHistogram::new(&[]),
-        split: ConcurrencySplit::default(),
-        request_overhead: None,
-        frame_overhead: LocalHistogram::new(&[]),
-        frames: 0,
+        timing: Timing {
+            started_at: SystemTime::now(),
+            ttft,
+            to_first_delivery: ttft,
+            duration: Duration::from_millis(50),
+            ..Timing::default()
+        },
+        tokens: Tokens {
+            prompt: Some(prompt_tokens),
+            cached: Some(0),
+            completion: 1,
+            completion_exact: true,
+            events: 1,
+            max: Some(1),
+            ..Tokens::default()
+        },
+        interference: Interference {
+            average_active: 1.0,
+            ..Interference::default()
+        },
+        ..RequestRecord::for_test()
     })
 }
 
