@@ -583,3 +583,67 @@ fn the_fingerprint_section_reads_from_file_and_environment() {
         assert!(error.is_err(), "{bad}");
     }
 }
+
+/// `/capacity` judges today's server only by a boundary measured on its configuration: a
+/// reference recorded on another fingerprint gives "sweep again", not a figure of the old
+/// server; the same document recorded on the current one is used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_takes_no_boundary_from_another_configuration() {
+    let sim = Sim::start("127.0.0.1:0", options(None)).await;
+    let dir = temp_dir("capacity");
+    let (server, _records) = proxy(
+        &sim.url(),
+        dir.to_str().unwrap(),
+        "[slo]\ntbt = \"1s\"\n[capacity]\nwindow = \"1h\"\n[admin]\ntoken = \"t0ken\"\n",
+    )
+    .await;
+    until("the first fingerprint", || current(&server).is_config()).await;
+    let now = current(&server);
+    for _ in 0..3 {
+        assert_eq!(chat(&server, "m").await, 200);
+    }
+    let authorized = |method: &str, path: &str, body: String| {
+        let request = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", server.admin_addr))
+            .header("authorization", "Bearer t0ken")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap();
+        common::send(request)
+    };
+    let json = |text: String| -> Value { serde_json::from_str(&text).unwrap() };
+    let got = authorized("GET", "/matrix?format=json", String::new()).await;
+    assert_eq!(got.status, 200, "{}", got.text());
+    let production = json(got.text());
+    let pin = |fingerprint: String| {
+        let mut doc = production.clone();
+        let facts = doc["metadata"]["extra_facts"].as_array_mut().unwrap();
+        facts.retain(|f| f["key"] != "Fingerprint");
+        facts.push(
+            serde_json::json!({"section": "Engine", "key": "Fingerprint", "value": fingerprint}),
+        );
+        authorized("PUT", "/reference?source=bench", doc.to_string())
+    };
+    let other = FingerprintId::from_hash(0x0bad_cafe);
+    let pinned = pin(other.to_string()).await;
+    assert_eq!(pinned.status, 200, "{}", pinned.text());
+    let answer = json(authorized("GET", "/capacity", String::new()).await.text());
+    let reason = answer["unanswered"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains(&format!("measured on configuration {other}"))
+            && reason.contains(&format!("now runs {now}"))
+            && reason.contains("sweep again"),
+        "{answer:#}"
+    );
+    // The same document, recorded on the configuration the server runs: it is the boundary
+    // (judged or not, it is no longer refused as another configuration's).
+    let pinned = pin(now.to_string()).await;
+    assert_eq!(pinned.status, 200, "{}", pinned.text());
+    let answer = json(authorized("GET", "/capacity", String::new()).await.text());
+    assert!(!answer.to_string().contains("sweep again"), "{answer:#}");
+    server.shutdown().await;
+    sim.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -3,16 +3,24 @@
 //! sweep of that model, else from the reference pinned for it (docs/capacity.md). The same
 //! figures feed the page and the `tokentap_capacity_*` gauges (the refresher in `app::drift`
 //! calls [`all_models`]).
+//!
+//! Both sides are of the configuration the upstream runs now: production counts only its
+//! requests (and those from before the upstream was first read), and a sweep or reference
+//! that recorded another configuration's fingerprint is not a boundary for it — after a
+//! restart with new flags the answer says "sweep again", not a figure of the old server.
 use std::time::SystemTime;
 
 use http::StatusCode;
 use serde::Serialize;
 
+use crate::aggregate::config::fingerprint_of;
 use crate::aggregate::headroom::{headroom, Headroom};
+use crate::aggregate::window::FingerprintFilter;
 use crate::aggregate::Window;
 use crate::config::CapacityConfig;
 use crate::matrix::capacity::{capacity, CapacityQuery, CapacityReport, Targets};
 use crate::matrix::doc::MatrixDoc;
+use crate::meter::identity::FingerprintId;
 use crate::meter::slo::SloPolicy;
 use crate::proxy::body::ResponseBody;
 use crate::telemetry::capacity::HeadroomSample;
@@ -52,20 +60,53 @@ pub struct CapacityAnswer {
     pub unanswered: Vec<NoHeadroom>,
 }
 
-/// The capacity matrix for `model`: the latest sweep when it measured that model, else the
-/// reference pinned for (`upstream`, `model`).
-fn capacity_matrix(state: &AdminState, upstream: &str, model: &str) -> Option<(MatrixDoc, String)> {
+/// Whether a boundary measured on configuration `measured` (what its document recorded) holds
+/// for `current`: yes unless both are known configurations and differ.
+fn same_configuration(measured: Option<FingerprintId>, current: FingerprintId) -> bool {
+    match measured {
+        Some(measured) => !current.is_config() || measured == current,
+        None => true,
+    }
+}
+
+/// The capacity matrix for `model` on the upstream's `current` configuration: the latest sweep
+/// when it measured that model there, else the reference pinned for (`upstream`, `model`)
+/// when it is of that configuration. `Err` says why neither is.
+fn capacity_matrix(
+    state: &AdminState,
+    upstream: &str,
+    model: &str,
+    current: FingerprintId,
+) -> Result<(MatrixDoc, String), String> {
+    let mut stale = None;
     if let Some(sweep) = state.synthetic.get() {
         if sweep.metadata.model.served_model.as_deref() == Some(model) {
             let id = sweep.metadata.run.sweep_id.clone().unwrap_or_default();
-            return Some(((*sweep).clone(), format!("sweep {id}")));
+            let measured = fingerprint_of(&sweep.metadata);
+            if same_configuration(measured, current) {
+                return Ok(((*sweep).clone(), format!("sweep {id}")));
+            }
+            stale = measured.map(|m| format!("the latest sweep ({id}) ran on configuration {m}"));
         }
     }
-    state.drift.reference(upstream, model).map(|reference| {
-        (
-            reference.matrix.clone(),
-            format!("reference {}", reference.source),
-        )
+    if let Some(reference) = state.drift.reference(upstream, model) {
+        let measured = fingerprint_of(&reference.matrix.metadata);
+        if same_configuration(measured, current) {
+            return Ok((
+                reference.matrix.clone(),
+                format!("reference {}", reference.source),
+            ));
+        }
+        if stale.is_none() {
+            stale =
+                measured.map(|m| format!("the pinned reference was measured on configuration {m}"));
+        }
+    }
+    Err(match stale {
+        Some(stale) => format!(
+            "{stale}, and the upstream now runs {current}: sweep again (`tokentap sweep`, or --find-capacity) for a boundary of this configuration"
+        ),
+        None => "no sweep of this model and no reference pinned for it: run `tokentap sweep` (or --find-capacity)".to_owned(),
     })
 }
 
@@ -74,7 +115,14 @@ pub fn all_models(state: &AdminState, now: SystemTime) -> CapacityAnswer {
     let mut answer = CapacityAnswer::default();
     let settings = &state.capacity;
     let window = Window::Last(settings.config.window);
-    for matrix in state.production.window(window, now) {
+    // Each upstream's current configuration (as `/matrix?fingerprint=current`).
+    let registry = state.proxy.meter.identities();
+    let mut current: Vec<FingerprintId> = registry.all().iter().map(|u| u.current()).collect();
+    current.push(FingerprintId::UNKNOWN);
+    current.sort();
+    current.dedup();
+    let filter = FingerprintFilter::Only(current);
+    for matrix in state.production.window_of(window, now, &filter) {
         let model = matrix.model.to_string();
         let production = state.production.document(&matrix, &[]);
         let targets = settings.slo.for_model(Some(&model));
@@ -88,17 +136,20 @@ pub fn all_models(state: &AdminState, now: SystemTime) -> CapacityAnswer {
             no("no [slo] targets for this model: capacity is judged against them".to_owned());
             continue;
         }
-        let upstream = state
+        let routed = state
             .proxy
             .router
             .by_model(&model)
-            .unwrap_or_else(|| state.proxy.router.default_upstream())
-            .name
-            .to_string();
-        let Some((sweep, source)) = capacity_matrix(state, &upstream, &model) else {
-            no("no sweep of this model and no reference pinned for it: run `tokentap sweep` (or --find-capacity)".to_owned());
-            continue;
-        };
+            .unwrap_or_else(|| state.proxy.router.default_upstream());
+        let upstream = routed.name.to_string();
+        let (sweep, source) =
+            match capacity_matrix(state, &upstream, &model, routed.identity.current()) {
+                Ok(found) => found,
+                Err(reason) => {
+                    no(reason);
+                    continue;
+                }
+            };
         let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
         let query = CapacityQuery {
             targets: Targets {
