@@ -102,6 +102,53 @@ async fn injection_is_invisible_to_the_client_and_counts_are_exact() {
     server.shutdown().await;
 }
 
+/// Both upstream pools — the inline one (`upstream.inline_connections`, the default: the
+/// connection driven in the client's task) and hyper-util's (a task per connection) — give the
+/// client the upstream's bytes, exact counts, and reuse one keep-alive connection for requests
+/// one after another.
+#[tokio::test]
+async fn both_upstream_pools_forward_the_same_bytes_and_reuse_one_connection() {
+    for inline in [true, false] {
+        let pieces = [("Hello", 1), ("! How", 2), (" can", 1), (" I", 1)];
+        let upstream =
+            ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(2)))
+                .await;
+        let (server, records) = common::proxy_from_config(&format!(
+            "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\ninline_connections = {inline}\n[store]\ndata_dir = \"\"\n[fingerprint]\ninterval = \"0s\"\n",
+            upstream.url()
+        ))
+        .await;
+        let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+        let direct = post(&format!("{}/v1/chat/completions", upstream.url()), CHAT).await;
+        let before = upstream
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed);
+        for _ in 0..3 {
+            let through = post(&url, CHAT).await;
+            assert_eq!(through.status, 200);
+            assert_eq!(
+                through.text(),
+                direct.text(),
+                "inline_connections = {inline}"
+            );
+        }
+        for record in records.wait_for(3).await {
+            assert_eq!(record.outcome, Outcome::Ok);
+            assert_eq!(record.tokens.completion, 5);
+            assert!(record.tokens.completion_exact);
+        }
+        let opened = upstream
+            .connections
+            .load(std::sync::atomic::Ordering::Relaxed)
+            - before;
+        assert_eq!(
+            opened, 1,
+            "inline_connections = {inline}: one kept-alive connection"
+        );
+        server.shutdown().await;
+    }
+}
+
 #[tokio::test]
 async fn without_injection_bytes_pass_untouched_and_counts_are_marked_approximate() {
     let pieces = [("a", 1), ("b", 1), ("c", 1)];

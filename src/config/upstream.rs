@@ -36,6 +36,9 @@ pub struct UpstreamConfig {
     /// data listener's connection limit, resolved when the proxy is built.
     pub max_connections: usize,
     pub http2: bool,
+    /// Plain-HTTP/1 upstreams: connections driven inside the client's task
+    /// (`proxy::inline_pool`); false: hyper-util's pooled client, a task per connection.
+    pub inline_connections: bool,
     pub tls_ca: Option<PathBuf>,
     pub tls_client_cert: Option<PathBuf>,
     pub tls_client_key: Option<PathBuf>,
@@ -168,6 +171,7 @@ impl UpstreamConfig {
                 .map_err(|_| err("max_connections", "too large".into()))?
                 .min(tokio::sync::Semaphore::MAX_PERMITS),
             http2: raw.http2,
+            inline_connections: raw.inline_connections,
             tls_ca: raw.tls_ca.map(PathBuf::from),
             tls_client_cert,
             tls_client_key,

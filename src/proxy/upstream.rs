@@ -85,7 +85,7 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let inline = if config.http2 {
+        let inline = if config.http2 || !config.inline_connections {
             None
         } else {
             InlinePool::new(

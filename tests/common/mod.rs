@@ -109,6 +109,8 @@ pub struct ScriptedUpstream {
     pub received: Arc<Mutex<Vec<Received>>>,
     /// Body bytes handed to hyper so far (across all responses).
     pub sent: Arc<std::sync::atomic::AtomicUsize>,
+    /// Connections accepted so far.
+    pub connections: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -140,11 +142,14 @@ impl ScriptedUpstream {
         let log = Arc::clone(&received);
         let sent: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
         let sent_total = Arc::clone(&sent);
+        let connections: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let accepted = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let handler = Arc::clone(&handler);
                 let log = Arc::clone(&log);
                 let sent = Arc::clone(&sent_total);
@@ -165,6 +170,7 @@ impl ScriptedUpstream {
             addr,
             received,
             sent,
+            connections,
             task,
         }
     }
