@@ -107,7 +107,7 @@ where
                 }
             };
             let io = inner.call(uri).await.map_err(Into::into)?;
-            Ok(Slotted { io, _slot: slot })
+            Ok(Slotted::new(io, slot))
         })
     }
 }
@@ -117,6 +117,13 @@ where
 pub struct Slotted<T> {
     io: T,
     _slot: OwnedSemaphorePermit,
+}
+
+impl<T> Slotted<T> {
+    /// `io`, holding `slot` until it is dropped (`proxy::inline_pool` opens its own).
+    pub fn new(io: T, slot: OwnedSemaphorePermit) -> Self {
+        Self { io, _slot: slot }
+    }
 }
 
 impl<T: Connection> Connection for Slotted<T> {

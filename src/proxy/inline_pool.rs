@@ -35,65 +35,18 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::body::RequestBody;
-use super::connector::AtCapacity;
+use super::connector::{AtCapacity, Slotted};
 use super::BoxError;
 use crate::base::lock;
 use crate::net::faults::{Fault, FaultCounters};
 
 /// One upstream TCP connection holding its `max_connections` slot.
-type Io = TokioIo<SlottedTcp>;
+type Io = Slotted<TokioIo<TcpStream>>;
 type Connection = http1::Connection<Io, RequestBody>;
-
-/// A TCP stream and the slot it holds until it closes.
-#[derive(Debug)]
-pub struct SlottedTcp {
-    stream: TcpStream,
-    _slot: OwnedSemaphorePermit,
-}
-
-impl tokio::io::AsyncRead for SlottedTcp {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for SlottedTcp {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
-    }
-}
 
 /// A connection not serving a request: its sender, and the dispatcher nobody polls meanwhile
 /// (a close by the server is seen when it is checked out).
@@ -293,10 +246,7 @@ impl InlinePool {
                 .map_err(|_| ConnectTimeout(wait))??
         };
         stream.set_nodelay(true)?;
-        let io = TokioIo::new(SlottedTcp {
-            stream,
-            _slot: slot,
-        });
+        let io = Slotted::new(TokioIo::new(stream), slot);
         Ok(self.http1.handshake(io).await?)
     }
 
