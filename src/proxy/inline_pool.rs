@@ -38,8 +38,8 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::body::RequestBody;
 use super::connector::{AtCapacity, Slotted};
+use super::request_body::RequestBody;
 use super::BoxError;
 use crate::base::lock;
 use crate::net::faults::{Fault, FaultCounters};
