@@ -15,7 +15,6 @@ use serde::Serialize;
 
 use crate::aggregate::config::fingerprint_of;
 use crate::aggregate::headroom::{headroom, Headroom};
-use crate::aggregate::window::FingerprintFilter;
 use crate::aggregate::Window;
 use crate::config::CapacityConfig;
 use crate::matrix::capacity::{capacity, CapacityQuery, CapacityReport, Targets};
@@ -115,13 +114,7 @@ pub fn all_models(state: &AdminState, now: SystemTime) -> CapacityAnswer {
     let mut answer = CapacityAnswer::default();
     let settings = &state.capacity;
     let window = Window::Last(settings.config.window);
-    // Each upstream's current configuration (as `/matrix?fingerprint=current`).
-    let registry = state.proxy.meter.identities();
-    let mut current: Vec<FingerprintId> = registry.all().iter().map(|u| u.current()).collect();
-    current.push(FingerprintId::UNKNOWN);
-    current.sort();
-    current.dedup();
-    let filter = FingerprintFilter::Only(current);
+    let filter = super::matrix::current_configurations(state);
     for matrix in state.production.window_of(window, now, &filter) {
         let model = matrix.model.to_string();
         let production = state.production.document(&matrix, &[]);

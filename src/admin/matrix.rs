@@ -89,6 +89,23 @@ pub fn routed_upstream<'a>(state: &'a AdminState, model: Option<&str>) -> &'a Ar
         .unwrap_or_else(|| router.default_upstream())
 }
 
+/// The configuration each upstream runs now, and requests from before it was first read
+/// (`fingerprint=current`; `/capacity` judges these too).
+pub fn current_configurations(state: &AdminState) -> FingerprintFilter {
+    let mut ids: Vec<FingerprintId> = state
+        .proxy
+        .meter
+        .identities()
+        .all()
+        .iter()
+        .map(|u| u.current())
+        .collect();
+    ids.push(FingerprintId::UNKNOWN);
+    ids.sort();
+    ids.dedup();
+    FingerprintFilter::Only(ids)
+}
+
 /// As [`production_matrix`], of the configurations `choice` names; the metadata is filled
 /// from the configuration's facts and names the others the window holds.
 pub fn production_matrix_of(
@@ -102,16 +119,10 @@ pub fn production_matrix_of(
     let (filter, config): (FingerprintFilter, Option<ConfigEntry>) = match choice {
         FingerprintChoice::All => (FingerprintFilter::All, None),
         FingerprintChoice::Id(id) => (FingerprintFilter::Only(vec![id]), registry.config(id)),
-        FingerprintChoice::Current => {
-            let mut ids: Vec<FingerprintId> = registry.all().iter().map(|u| u.current()).collect();
-            ids.push(FingerprintId::UNKNOWN);
-            ids.sort();
-            ids.dedup();
-            (
-                FingerprintFilter::Only(ids),
-                routed_upstream(state, model).identity.current_config(),
-            )
-        }
+        FingerprintChoice::Current => (
+            current_configurations(state),
+            routed_upstream(state, model).identity.current_config(),
+        ),
     };
     let mut doc = match state.production.matrix_of(window, model, now, &filter) {
         Some(doc) => doc,

@@ -39,6 +39,37 @@ pub fn at_capacity(error: &(dyn std::error::Error + 'static)) -> Option<AtCapaci
     None
 }
 
+/// One of `slots` (`limit` in all) for a new connection, waiting up to `wait` (zero: forever)
+/// for one to come free; a wait that runs out is counted as
+/// `fault="upstream_connection_limit"`. Both upstream clients (this connector and
+/// `inline_pool`) open connections through it.
+pub async fn acquire_slot(
+    slots: &Arc<Semaphore>,
+    limit: usize,
+    wait: Duration,
+    faults: &FaultCounters,
+) -> Result<OwnedSemaphorePermit, AtCapacity> {
+    if let Ok(slot) = Arc::clone(slots).try_acquire_owned() {
+        return Ok(slot);
+    }
+    let waiting = Arc::clone(slots).acquire_owned();
+    let acquired = if wait.is_zero() {
+        Ok(waiting.await)
+    } else {
+        tokio::time::timeout(wait, waiting).await
+    };
+    match acquired {
+        Ok(Ok(slot)) => Ok(slot),
+        _ => {
+            faults.add(Fault::UpstreamConnectionLimit);
+            Err(AtCapacity {
+                limit,
+                waited: wait,
+            })
+        }
+    }
+}
+
 /// `inner`, each connection it opens holding a slot.
 #[derive(Debug, Clone)]
 pub struct Limited<C> {
@@ -85,27 +116,7 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            let slot = match slots.clone().try_acquire_owned() {
-                Ok(slot) => slot,
-                Err(_) => {
-                    let waiting = slots.acquire_owned();
-                    let acquired = if wait.is_zero() {
-                        Ok(waiting.await)
-                    } else {
-                        tokio::time::timeout(wait, waiting).await
-                    };
-                    match acquired {
-                        Ok(Ok(slot)) => slot,
-                        _ => {
-                            faults.add(Fault::UpstreamConnectionLimit);
-                            return Err(Box::new(AtCapacity {
-                                limit,
-                                waited: wait,
-                            }) as BoxError);
-                        }
-                    }
-                }
-            };
+            let slot = acquire_slot(&slots, limit, wait, &faults).await?;
             let io = inner.call(uri).await.map_err(Into::into)?;
             Ok(Slotted::new(io, slot))
         })

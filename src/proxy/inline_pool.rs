@@ -38,11 +38,11 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::connector::{AtCapacity, Slotted};
+use super::connector::{acquire_slot, Slotted};
 use super::request_body::RequestBody;
 use super::BoxError;
 use crate::base::lock;
-use crate::net::faults::{Fault, FaultCounters};
+use crate::net::faults::FaultCounters;
 
 /// One upstream TCP connection holding its `max_connections` slot.
 type Io = Slotted<TokioIo<TcpStream>>;
@@ -216,27 +216,7 @@ impl InlinePool {
         self: &Arc<Self>,
     ) -> Result<(http1::SendRequest<RequestBody>, Connection), BoxError> {
         let wait = self.options.connect_timeout;
-        let slot = match Arc::clone(&self.slots).try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                let waiting = Arc::clone(&self.slots).acquire_owned();
-                let acquired = if wait.is_zero() {
-                    Ok(waiting.await)
-                } else {
-                    tokio::time::timeout(wait, waiting).await
-                };
-                match acquired {
-                    Ok(Ok(slot)) => slot,
-                    _ => {
-                        self.faults.add(Fault::UpstreamConnectionLimit);
-                        return Err(Box::new(AtCapacity {
-                            limit: self.limit,
-                            waited: wait,
-                        }));
-                    }
-                }
-            }
-        };
+        let slot = acquire_slot(&self.slots, self.limit, wait, &self.faults).await?;
         let connecting = TcpStream::connect((self.host.as_str(), self.port));
         let stream = if wait.is_zero() {
             connecting.await?
@@ -280,7 +260,8 @@ impl InlinePool {
             return;
         };
         let pool = Arc::downgrade(self);
-        let every = self.options.idle_timeout.max(Duration::from_secs(1));
+        let idle_timeout = self.options.idle_timeout;
+        let every = idle_timeout.max(Duration::from_secs(1));
         runtime.spawn(async move {
             let mut ticks = tokio::time::interval(every);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -292,7 +273,7 @@ impl InlinePool {
                     let mut idle = lock::lock(&pool.idle);
                     let keep = idle
                         .iter()
-                        .position(|i| now.saturating_duration_since(i.since) < every)
+                        .position(|i| now.saturating_duration_since(i.since) < idle_timeout)
                         .unwrap_or(idle.len());
                     idle.drain(..keep).collect()
                 };
