@@ -199,6 +199,41 @@ async fn closed_by(mut socket: TcpStream, deadline: Instant) -> Option<Instant> 
     }
 }
 
+/// The listener decides HTTP/1 or HTTP/2 by peeking at a connection's first bytes; a first
+/// segment that cannot decide (a lone `P`, the start of both `POST` and the HTTP/2 preface)
+/// is left to hyper-util's detection, and the request is still served.
+#[tokio::test]
+async fn a_request_whose_first_segment_is_one_byte_is_still_served() {
+    let upstream = upstream_with(|_| Script::json(200, "{}")).await;
+    let (server, _) = proxy_with(&upstream.url(), "", "").await;
+    for (first, rest) in [
+        (
+            "P",
+            "OST /v1/models HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        ),
+        (
+            "G",
+            "ET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        ),
+    ] {
+        let mut socket = TcpStream::connect(server.proxy_addr).await.unwrap();
+        socket.write_all(first.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        socket.write_all(rest.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut answer))
+            .await
+            .expect("no answer within 10 s")
+            .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200"),
+            "{first}{rest} → {answer}"
+        );
+    }
+    still_serves(&server).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_sockets_and_bare_http2_prefaces_are_closed_at_the_header_timeout() {
     let upstream = upstream_with(|_| Script::json(200, "{}")).await;
@@ -310,6 +345,43 @@ async fn slowloris_heads_are_cut_and_oversized_heads_refused() {
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     still_serves(&server).await;
     server.shutdown().await;
+}
+
+/// `max_header_bytes` is exact, whether the listener also speaks HTTP/2 or not, and when the
+/// whole head is already waiting in the socket (hyper's read-buffer limit alone, which is
+/// all hyper-util's protocol detection exposes, let a 100 KiB head through a 64 KiB limit).
+#[tokio::test]
+async fn a_head_one_byte_over_max_header_bytes_is_refused_whole_or_in_pieces() {
+    let upstream = upstream_with(|_| Script::json(200, "{}")).await;
+    for listener in [
+        "max_header_bytes = 16384",
+        "max_header_bytes = 16384\nhttp2 = false",
+    ] {
+        let (server, _) = proxy_with(&upstream.url(), listener, "").await;
+        let head = |total: usize| {
+            let start = "GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-pad: ";
+            let pad = total - start.len() - 4;
+            format!("{start}{}\r\n\r\n", "a".repeat(pad))
+        };
+        for (total, expected) in [
+            (16384, "HTTP/1.1 200"),
+            (16385, "HTTP/1.1 431"),
+            (40_000, "HTTP/1.1 431"),
+        ] {
+            let mut socket = TcpStream::connect(server.proxy_addr).await.unwrap();
+            let _ = socket.write_all(head(total).as_bytes()).await;
+            let mut answer = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(10), socket.read_to_end(&mut answer))
+                .await;
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(
+                answer.starts_with(expected),
+                "{listener}: a {total}-byte head → {answer}"
+            );
+        }
+        still_serves(&server).await;
+        server.shutdown().await;
+    }
 }
 
 // ---------------------------------------------------------------------------------------

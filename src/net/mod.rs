@@ -11,7 +11,9 @@ pub mod streams;
 pub mod tls;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,10 +21,11 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
@@ -324,6 +327,18 @@ fn connection_builder(
     builder
 }
 
+/// hyper's HTTP/1 server settings, for connections known to be HTTP/1: those of
+/// [`connection_builder`]'s HTTP/1 side, and the head limit exact.
+fn http1_builder(options: &ServerOptions) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout)
+        .max_buf_size(options.max_header_bytes.max(8192))
+        .max_header_size(options.max_header_bytes);
+    builder
+}
+
 /// How long connections get to close once the grace period is over and they were told to.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -365,6 +380,7 @@ pub async fn serve_until<M, S, B>(
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
+    let http1 = http1_builder(&options);
     let (drain_tx, drain_rx) = watch::channel(Drain::Serving);
     // At most u32::MAX: the drain below takes every permit back in one call.
     let limit = options
@@ -443,37 +459,30 @@ pub async fn serve_until<M, S, B>(
                     streams: Arc::clone(&streams),
                 },
             ),
-            streams,
-            drain: drain_rx.clone(),
-            deadline,
-            idle: options.header_read_timeout,
-            seen,
-            faults: Arc::clone(&options.faults),
-            name: options.name,
-            peer,
+            http1: http1.clone(),
+            bounds: Bounds {
+                streams,
+                drain: drain_rx.clone(),
+                deadline,
+                idle: options.header_read_timeout,
+                seen,
+                faults: Arc::clone(&options.faults),
+                name: options.name,
+                peer,
+            },
         };
-        let acceptor = acceptor.clone();
-        tokio::spawn(async move {
-            match acceptor {
-                None => connection.serve(stream, service).await,
-                Some(acceptor) => {
-                    let tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await
-                    {
-                        Ok(Ok(tls)) => tls,
-                        Ok(Err(error)) => {
-                            tracing::debug!(listener = connection.name, peer = %connection.peer, %error, "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            connection.faults.add(Fault::HeaderTimeout);
-                            tracing::debug!(listener = connection.name, peer = %connection.peer, "TLS handshake timed out");
-                            return;
-                        }
-                    };
-                    connection.serve(tls, service).await;
-                }
+        // Two task types, so that a plain connection's task is its `serve` future alone
+        // (~2 KiB): one async block holding both arms was sized for the TLS arm, handshake
+        // and stream included (8.5 KiB), and a task's future is copied whole into its
+        // allocation, so every idle HTTP/1 stream paid for it in resident memory.
+        match acceptor.clone() {
+            None => {
+                tokio::spawn(serve_plain(connection, stream, service));
             }
-        });
+            Some(acceptor) => {
+                tokio::spawn(serve_tls(connection, acceptor, stream, service));
+            }
+        }
     }
     drop(listener);
     drop(drain_rx);
@@ -507,6 +516,107 @@ pub async fn serve_until<M, S, B>(
     }
 }
 
+/// What a connection speaks, when known before hyper reads from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4), which an h2c prior-knowledge client
+/// sends first.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+impl Protocol {
+    /// The protocol of a plain connection whose first bytes are `first`; `None` while they
+    /// are a proper prefix of the HTTP/2 preface (undecided).
+    fn of_first_bytes(first: &[u8]) -> Option<Self> {
+        if !H2_PREFACE.starts_with(first) {
+            Some(Self::Http1)
+        } else if first.len() == H2_PREFACE.len() {
+            Some(Self::Http2)
+        } else {
+            None
+        }
+    }
+
+    /// The protocol the TLS handshake agreed on (ALPN), if it agreed on one.
+    fn of_alpn(alpn: Option<&[u8]>) -> Option<Self> {
+        match alpn {
+            Some(b"h2") => Some(Self::Http2),
+            Some(b"http/1.1") => Some(Self::Http1),
+            _ => None,
+        }
+    }
+}
+
+/// Decides a plain connection's protocol from its first bytes by peeking at them, so that
+/// hyper then reads the request into a fresh buffer. hyper-util's detection reads them
+/// instead and hands them back as a prefix, which made the HTTP/1 connection's read buffer
+/// grow to 16 KiB on its second read, half of it copied: ~4 KiB resident per idle stream
+/// (`docs/benchmarks.md`). First bytes that do not decide (a proper prefix of the HTTP/2
+/// preface, e.g. a lone `P`) leave the detection to hyper-util, as before.
+async fn serve_plain<S, B>(mut connection: Connection, stream: TcpStream, service: ConnService<S>)
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut first = [0u8; H2_PREFACE.len()];
+    let peeked = tokio::select! {
+        peeked = stream.peek(&mut first) => peeked,
+        _ = tokio::time::sleep_until(connection.bounds.deadline) => {
+            connection.bounds.faults.add(Fault::HeaderTimeout);
+            tracing::debug!(listener = connection.bounds.name, peer = %connection.bounds.peer, "no request head within the header read timeout; closed");
+            return;
+        }
+        // Told to drain or close before the peer sent a byte: nothing is in flight.
+        _ = connection.bounds.drain.wait_for(|drain| *drain != Drain::Serving) => return,
+    };
+    match peeked {
+        Ok(0) | Err(_) => {}
+        Ok(n) => {
+            let protocol = first.get(..n).and_then(Protocol::of_first_bytes);
+            connection.serve(stream, service, protocol).await;
+        }
+    }
+}
+
+/// Completes the TLS handshake by the connection's header deadline, then serves it.
+async fn serve_tls<S, B>(
+    connection: Connection,
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    service: ConnService<S>,
+) where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let tls = match tokio::time::timeout_at(connection.bounds.deadline, acceptor.accept(stream))
+        .await
+    {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(error)) => {
+            tracing::debug!(listener = connection.bounds.name, peer = %connection.bounds.peer, %error, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            connection.bounds.faults.add(Fault::HeaderTimeout);
+            tracing::debug!(listener = connection.bounds.name, peer = %connection.bounds.peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let protocol = Protocol::of_alpn(tls.get_ref().1.alpn_protocol());
+    connection.serve(tls, service, protocol).await;
+}
+
 /// What the listener tells its connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Drain {
@@ -517,9 +627,20 @@ enum Drain {
     Close,
 }
 
-/// One accepted connection and what bounds it.
+/// One accepted connection: how to serve it, and what bounds it.
 struct Connection {
+    /// For connections whose protocol is not known before hyper reads (HTTP/2, TLS without
+    /// ALPN, undecided first bytes).
     builder: auto::Builder<StreamExecutor>,
+    /// For connections known to be HTTP/1: hyper's own, whose head limit is exact
+    /// (`max_header_size`; hyper-util's detection exposes only the read buffer's limit,
+    /// which a head already waiting in the socket can overshoot by up to twice).
+    http1: http1::Builder,
+    bounds: Bounds,
+}
+
+/// What bounds one connection, whichever protocol it speaks.
+struct Bounds {
     streams: Arc<ConnStreams>,
     drain: watch::Receiver<Drain>,
     /// When the first request head must have arrived.
@@ -533,12 +654,9 @@ struct Connection {
 }
 
 impl Connection {
-    /// Serves HTTP on `io` until the connection ends; closes it if no request head arrives by
-    /// the deadline (hyper's own header timeout starts only once HTTP/1 is detected, so a peer
-    /// that sends nothing, or only an HTTP/2 preface, is bounded here), when its HTTP/1
-    /// response has waited for the client past the send stall timeout, and when it is HTTP/2
-    /// and has had no stream for the idle time.
-    async fn serve<I, S, B>(mut self, io: I, service: ConnService<S>)
+    /// Serves HTTP on `io` until the connection ends (see [`Bounds::drive`]). `protocol`,
+    /// when known, spares hyper-util's detection (which reads the first bytes itself).
+    async fn serve<I, S, B>(self, io: I, service: ConnService<S>, protocol: Option<Protocol>)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
@@ -548,10 +666,40 @@ impl Connection {
         B: Body<Data = Bytes> + Send + 'static,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let conn = self
-            .builder
+        let Connection {
+            builder,
+            http1,
+            bounds,
+        } = self;
+        if protocol == Some(Protocol::Http1) {
+            let conn = http1.serve_connection(TokioIo::new(io), service);
+            bounds.drive(conn, |conn| conn.graceful_shutdown()).await;
+            return;
+        }
+        // A builder already limited to HTTP/1 (`http2 = false`) stays as it is.
+        let builder = match protocol {
+            Some(Protocol::Http2) if builder.is_http2_available() => builder.http2_only(),
+            _ => builder,
+        };
+        let conn = builder
             .serve_connection(TokioIo::new(io), service)
             .into_owned();
+        // Boxed: HTTP/1 connections, the many, keep a task the size of their own future.
+        Box::pin(bounds.drive(conn, |conn| conn.graceful_shutdown())).await;
+    }
+}
+
+impl Bounds {
+    /// Drives `conn` until it ends; closes it if no request head arrives by the deadline
+    /// (hyper's own header timeout starts only once HTTP/1 is detected, so a peer that sends
+    /// nothing, or only an HTTP/2 preface, is bounded here), when its HTTP/1 response has
+    /// waited for the client past the send stall timeout, and when it is HTTP/2 and has had
+    /// no stream for the idle time. `shut_down` asks `conn` to finish gracefully.
+    async fn drive<C, E>(mut self, conn: C, shut_down: fn(Pin<&mut C>))
+    where
+        C: Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
         tokio::pin!(conn);
         let mut first_seen = false;
         let mut closing = false;
@@ -565,7 +713,7 @@ impl Connection {
                 Drain::Close => return,
                 Drain::Draining if !closing => {
                     closing = true;
-                    conn.as_mut().graceful_shutdown();
+                    shut_down(conn.as_mut());
                 }
                 _ => {}
             }
@@ -599,7 +747,7 @@ impl Connection {
                     self.faults.add(Fault::IdleClosed);
                     tracing::debug!(listener = self.name, peer = %self.peer, "HTTP/2 connection idle; closed");
                     closing = true;
-                    conn.as_mut().graceful_shutdown();
+                    shut_down(conn.as_mut());
                 }
             }
         };
@@ -614,5 +762,33 @@ async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Protocol, H2_PREFACE};
+
+    #[test]
+    fn the_first_bytes_decide_the_protocol_only_once_they_can() {
+        assert_eq!(
+            Protocol::of_first_bytes(b"GET / HTTP/1.1\r\n"),
+            Some(Protocol::Http1)
+        );
+        assert_eq!(Protocol::of_first_bytes(b"POST /v1"), Some(Protocol::Http1));
+        assert_eq!(Protocol::of_first_bytes(b"PRX"), Some(Protocol::Http1));
+        assert_eq!(Protocol::of_first_bytes(H2_PREFACE), Some(Protocol::Http2));
+        // A proper prefix of the preface (a lone `P` of a POST, half a preface) is undecided.
+        assert_eq!(Protocol::of_first_bytes(b"P"), None);
+        assert_eq!(Protocol::of_first_bytes(b"PRI * HTTP/2.0\r\n"), None);
+        assert_eq!(Protocol::of_first_bytes(b""), None);
+    }
+
+    #[test]
+    fn alpn_names_the_protocol_when_it_was_agreed() {
+        assert_eq!(Protocol::of_alpn(Some(b"h2")), Some(Protocol::Http2));
+        assert_eq!(Protocol::of_alpn(Some(b"http/1.1")), Some(Protocol::Http1));
+        assert_eq!(Protocol::of_alpn(Some(b"spdy/3")), None);
+        assert_eq!(Protocol::of_alpn(None), None);
     }
 }
