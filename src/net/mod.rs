@@ -580,7 +580,7 @@ where
         Ok(0) | Err(_) => {}
         Ok(n) => {
             let protocol = first.get(..n).and_then(Protocol::of_first_bytes);
-            connection.serve(stream, service, protocol).await;
+            connection.spawn_serving(stream, service, protocol);
         }
     }
 }
@@ -614,7 +614,7 @@ async fn serve_tls<S, B>(
         }
     };
     let protocol = Protocol::of_alpn(tls.get_ref().1.alpn_protocol());
-    connection.serve(tls, service, protocol).await;
+    connection.spawn_serving(tls, service, protocol);
 }
 
 /// What the listener tells its connections.
@@ -654,9 +654,12 @@ struct Bounds {
 }
 
 impl Connection {
-    /// Serves HTTP on `io` until the connection ends (see [`Bounds::drive`]). `protocol`,
-    /// when known, spares hyper-util's detection (which reads the first bytes itself).
-    async fn serve<I, S, B>(self, io: I, service: ConnService<S>, protocol: Option<Protocol>)
+    /// Serves HTTP on `io` on a task of its own (see [`Bounds::drive`]), so that what stays
+    /// in memory while a stream is open is the connection and its bounds, not also what
+    /// decided its protocol (an async fn keeps its arguments beside the futures it awaits,
+    /// and a task's future is copied whole into its allocation). `protocol`, when known,
+    /// spares hyper-util's detection (which reads the first bytes itself).
+    fn spawn_serving<I, S, B>(self, io: I, service: ConnService<S>, protocol: Option<Protocol>)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
@@ -672,8 +675,8 @@ impl Connection {
             bounds,
         } = self;
         if protocol == Some(Protocol::Http1) {
-            let conn = http1.serve_connection(TokioIo::new(io), service);
-            bounds.drive(conn, |conn| conn.graceful_shutdown()).await;
+            let conn = Box::pin(http1.serve_connection(TokioIo::new(io), service));
+            tokio::spawn(bounds.drive(conn, |conn| conn.graceful_shutdown()));
             return;
         }
         // A builder already limited to HTTP/1 (`http2 = false`) stays as it is.
@@ -681,11 +684,12 @@ impl Connection {
             Some(Protocol::Http2) if builder.is_http2_available() => builder.http2_only(),
             _ => builder,
         };
-        let conn = builder
-            .serve_connection(TokioIo::new(io), service)
-            .into_owned();
-        // Boxed: HTTP/1 connections, the many, keep a task the size of their own future.
-        Box::pin(bounds.drive(conn, |conn| conn.graceful_shutdown())).await;
+        let conn = Box::pin(
+            builder
+                .serve_connection(TokioIo::new(io), service)
+                .into_owned(),
+        );
+        tokio::spawn(bounds.drive(conn, |conn| conn.graceful_shutdown()));
     }
 }
 
@@ -695,12 +699,13 @@ impl Bounds {
     /// nothing, or only an HTTP/2 preface, is bounded here), when its HTTP/1 response has
     /// waited for the client past the send stall timeout, and when it is HTTP/2 and has had
     /// no stream for the idle time. `shut_down` asks `conn` to finish gracefully.
-    async fn drive<C, E>(mut self, conn: C, shut_down: fn(Pin<&mut C>))
+    /// `conn` comes boxed: pinned here, it would be stored twice in this future's state (as
+    /// the argument and as the pinned local).
+    async fn drive<C, E>(mut self, mut conn: Pin<Box<C>>, shut_down: fn(Pin<&mut C>))
     where
         C: Future<Output = Result<(), E>>,
         E: std::fmt::Display,
     {
-        tokio::pin!(conn);
         let mut first_seen = false;
         let mut closing = false;
         let mut stall = StallTimer::new(self.streams.send_stall());
