@@ -317,9 +317,12 @@ impl ProxyServer {
             http2_keep_alive_interval: config.proxy.http2_keep_alive_interval,
             http2_keep_alive_timeout: config.proxy.http2_keep_alive_timeout,
             send_stall_timeout: config.proxy.send_stall_timeout,
+            // Both listeners answer with `ResponseBody`, which paces what it hands over.
+            flatten_writes: true,
         };
         let admin_options = ServerOptions {
             header_read_timeout: config.proxy.header_read_timeout,
+            flatten_writes: true,
             max_connections: config.admin.max_connections,
             // A streamed export (`GET /workload`) whose client stops reading is cut like a
             // proxied stream, freeing its export slot.

@@ -174,6 +174,16 @@ pub struct ServerOptions {
     /// A response body the connection has not taken for this long (the client does not
     /// read) is dropped, cancelling its upstream request; zero: never.
     pub send_stall_timeout: Duration,
+    /// HTTP/1 responses are written flattened: hyper copies each body frame into the
+    /// connection's write buffer and writes it with one `write`, instead of queueing the frame
+    /// and writing vectored. The frame is then dropped at once, so the upstream connection's
+    /// read buffer, which the frame is a slice of, is free again before its next read; queued,
+    /// hyper found it shared and allocated a fresh 8 KiB buffer for every event (the A/B in
+    /// docs/benchmarks.md). Only for listeners whose bodies are `proxy::body::ResponseBody`,
+    /// which hands frames in pieces of at most `PIECE_BYTES` and lets the connection write
+    /// them out between pieces, so the write buffer, which keeps its capacity, stays at the
+    /// 8 KiB it starts with for a client that keeps up.
+    pub flatten_writes: bool,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -214,6 +224,7 @@ impl ServerOptions {
             http2_keep_alive_interval: Duration::from_secs(30),
             http2_keep_alive_timeout: Duration::from_secs(10),
             send_stall_timeout: Duration::from_secs(30),
+            flatten_writes: false,
         }
     }
 }
@@ -300,6 +311,41 @@ where
     }
 }
 
+/// What a listener serves each connection with: hyper's service, one connection's requests
+/// in and `Response<B>` out, never an error (failures are answered as responses).
+pub trait ConnectionService<B>:
+    hyper::service::Service<
+        Request<Incoming>,
+        Response = Response<B>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Send
+    + 'static
+{
+}
+
+impl<T, B> ConnectionService<B> for T where
+    T: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<B>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Send
+        + 'static
+{
+}
+
+/// A response body hyper can write from any task: bytes, its error boxable.
+pub trait ServedBody:
+    Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static
+{
+}
+
+impl<T> ServedBody for T where
+    T: Body<Data = Bytes, Error: Into<Box<dyn std::error::Error + Send + Sync>>> + Send + 'static
+{
+}
+
 /// The hyper builder of one connection: its HTTP/2 streams run on `executor`.
 fn connection_builder(
     options: &ServerOptions,
@@ -311,6 +357,9 @@ fn connection_builder(
         .timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout)
         .max_buf_size(options.max_header_bytes.max(8192));
+    if options.flatten_writes {
+        builder.http1().writev(false);
+    }
     let keep_alive =
         (!options.http2_keep_alive_interval.is_zero()).then_some(options.http2_keep_alive_interval);
     builder
@@ -336,6 +385,9 @@ fn http1_builder(options: &ServerOptions) -> http1::Builder {
         .header_read_timeout(options.header_read_timeout)
         .max_buf_size(options.max_header_bytes.max(8192))
         .max_header_size(options.max_header_bytes);
+    if options.flatten_writes {
+        builder.writev(false);
+    }
     builder
 }
 
@@ -353,12 +405,8 @@ pub async fn serve<M, S, B>(
     shutdown: Shutdown,
 ) where
     M: Fn(SocketAddr) -> S,
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService<B>,
+    B: ServedBody,
 {
     serve_until(listener, options, make_service, shutdown, None).await;
 }
@@ -372,12 +420,8 @@ pub async fn serve_until<M, S, B>(
     cut_short: Option<Shutdown>,
 ) where
     M: Fn(SocketAddr) -> S,
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService<B>,
+    B: ServedBody,
 {
     let acceptor = options.tls.clone().map(TlsAcceptor::from);
     let http1 = http1_builder(&options);
@@ -558,12 +602,8 @@ impl Protocol {
 /// preface, e.g. a lone `P`) leave the detection to hyper-util, as before.
 async fn serve_plain<S, B>(mut connection: Connection, stream: TcpStream, service: ConnService<S>)
 where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService<B>,
+    B: ServedBody,
 {
     let mut first = [0u8; H2_PREFACE.len()];
     let peeked = tokio::select! {
@@ -592,12 +632,8 @@ async fn serve_tls<S, B>(
     stream: TcpStream,
     service: ConnService<S>,
 ) where
-    S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S: ConnectionService<B>,
+    B: ServedBody,
 {
     let tls = match tokio::time::timeout_at(connection.bounds.deadline, acceptor.accept(stream))
         .await
@@ -662,12 +698,8 @@ impl Connection {
     fn spawn_serving<I, S, B>(self, io: I, service: ConnService<S>, protocol: Option<Protocol>)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-        S: hyper::service::Service<Request<Incoming>, Response = Response<B>, Error = Infallible>
-            + Send
-            + 'static,
-        S::Future: Send + 'static,
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        S: ConnectionService<B>,
+        B: ServedBody,
     {
         let Connection {
             builder,

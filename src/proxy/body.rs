@@ -14,11 +14,29 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::mpsc;
 
-/// The body sent to the client.
+/// The body sent to the client: its source, handed to the connection in pieces.
+#[derive(Debug)]
+pub struct ResponseBody {
+    source: Source,
+    /// What is left of a frame larger than [`PIECE_BYTES`], handed next.
+    rest: Option<Bytes>,
+    /// Bytes handed since the body last answered `Pending`.
+    unflushed: usize,
+}
+
+/// The largest piece of a frame handed to the connection at once, and how much is handed
+/// before the body answers `Pending` once (waking itself), so hyper writes out what it holds
+/// before it takes more. With flattened writes (`net::ServerOptions::flatten_writes`) hyper
+/// copies each piece into the connection's write buffer, which keeps whatever capacity it
+/// grew to: a piece and its chunk framing fit the 8 KiB it starts with. A stream of small
+/// events answers `Pending` between them anyway; only large bodies are cut and paced.
+pub const PIECE_BYTES: usize = 8 * 1024 - 64;
+
+/// Where the client's body comes from.
 // Nearly every response is `Upstream`: boxing it to shrink the rare `Local` would cost an
 // allocation per request.
 #[allow(clippy::large_enum_variant)]
-pub enum ResponseBody {
+enum Source {
     /// The upstream's body under its idle timeout, measured on metered routes, telling the
     /// connection's send-stall timer whether it waits for the client (`net::streams`).
     Upstream(MeteredBody<UpstreamBody>, Option<Watched>),
@@ -31,22 +49,30 @@ pub enum ResponseBody {
     Channel(mpsc::Receiver<Result<Bytes, BrokenOff>>, Option<Watched>),
 }
 
-impl std::fmt::Debug for ResponseBody {
+impl std::fmt::Debug for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ResponseBody::Upstream(..) => f.write_str("Upstream"),
-            ResponseBody::Local(b) => f
+            Source::Upstream(..) => f.write_str("Upstream"),
+            Source::Local(b) => f
                 .debug_tuple("Local")
                 .field(&b.as_ref().map(Bytes::len))
                 .finish(),
-            ResponseBody::Channel(..) => f.write_str("Channel"),
+            Source::Channel(..) => f.write_str("Channel"),
         }
     }
 }
 
 impl ResponseBody {
+    fn from_source(source: Source) -> Self {
+        Self {
+            source,
+            rest: None,
+            unflushed: 0,
+        }
+    }
+
     pub fn local(bytes: impl Into<Bytes>) -> Self {
-        ResponseBody::Local(Some(bytes.into()))
+        Self::from_source(Source::Local(Some(bytes.into())))
     }
 
     /// The upstream's body, handed to the connection now; `watch` (from the request's
@@ -56,7 +82,7 @@ impl ResponseBody {
             watch.handed_over();
             Watched(watch)
         });
-        ResponseBody::Upstream(body, watch)
+        Self::from_source(Source::Upstream(body, watch))
     }
 
     /// A body fed by `chunks`; `watch` (from the request's connection) as for
@@ -69,7 +95,16 @@ impl ResponseBody {
             watch.handed_over();
             Watched(watch)
         });
-        ResponseBody::Channel(chunks, watch)
+        Self::from_source(Source::Channel(chunks, watch))
+    }
+
+    /// The first [`PIECE_BYTES`] of `data`, keeping the rest for the next poll.
+    fn piece(&mut self, mut data: Bytes) -> Bytes {
+        if data.len() > PIECE_BYTES {
+            self.rest = Some(data.split_off(PIECE_BYTES));
+        }
+        self.unflushed += data.len();
+        data
     }
 }
 
@@ -91,72 +126,230 @@ impl Body for ResponseBody {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.get_mut() {
-            ResponseBody::Upstream(body, watch) => {
-                let Some(Watched(watch)) = watch else {
-                    return Pin::new(body).poll_frame(cx);
-                };
-                watch.polling();
-                let polled = Pin::new(&mut *body).poll_frame(cx);
-                match &polled {
-                    Poll::Ready(Some(Ok(_))) => watch.yielded(body.is_end_stream()),
-                    Poll::Ready(_) => watch.finished(),
-                    Poll::Pending => {}
-                }
-                polled
+        let this = self.get_mut();
+        if this.unflushed >= PIECE_BYTES {
+            // Let the connection write out what it holds first (see `PIECE_BYTES`).
+            this.unflushed = 0;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let frame = match this.rest.take() {
+            Some(rest) => {
+                this.source.polling();
+                Frame::data(this.piece(rest))
             }
-            ResponseBody::Local(bytes) => Poll::Ready(
+            None => match this.source.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => Frame::data(this.piece(data)),
+                    Err(frame) => frame,
+                },
+                Poll::Pending => {
+                    this.unflushed = 0;
+                    return Poll::Pending;
+                }
+                done => return done,
+            },
+        };
+        let last = this.is_end_stream();
+        this.source.yielded(last);
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_none() && self.source.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let rest = self.rest.as_ref().map_or(0, |rest| rest.len() as u64);
+        let source = self.source.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(source.lower().saturating_add(rest));
+        if let Some(upper) = source.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
+    }
+}
+
+impl Source {
+    fn watch(&self) -> Option<&SendWatch> {
+        match self {
+            Source::Upstream(_, watch) | Source::Channel(_, watch) => {
+                watch.as_ref().map(|Watched(watch)| &**watch)
+            }
+            Source::Local(_) => None,
+        }
+    }
+
+    /// The connection asks for the next frame: it is not waiting on the client.
+    fn polling(&self) {
+        if let Some(watch) = self.watch() {
+            watch.polling();
+        }
+    }
+
+    /// A frame was handed over; `last` when nothing follows it.
+    fn yielded(&self, last: bool) {
+        if let Some(watch) = self.watch() {
+            watch.yielded(last);
+        }
+    }
+
+    /// The end of the body, or the error that breaks it off.
+    fn finished(&self) {
+        if let Some(watch) = self.watch() {
+            watch.finished();
+        }
+    }
+
+    /// The source's next frame; the send watch told that the connection polls, and when the
+    /// body ends (the caller tells it about frames, once it knows whether more follow).
+    fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, IdleError<hyper::Error>>>> {
+        self.polling();
+        let polled = match self {
+            Source::Upstream(body, _) => Pin::new(body).poll_frame(cx),
+            Source::Local(bytes) => Poll::Ready(
                 bytes
                     .take()
                     .filter(|b| !b.is_empty())
                     .map(|b| Ok(Frame::data(b))),
             ),
-            ResponseBody::Channel(chunks, watch) => {
-                if let Some(Watched(watch)) = watch {
-                    watch.polling();
+            Source::Channel(chunks, _) => match chunks.poll_recv(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Some(Ok(bytes))) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
+                Poll::Ready(Some(Err(broken))) => {
+                    Poll::Ready(Some(Err(IdleError::BrokenOff(broken))))
                 }
-                let polled = chunks.poll_recv(cx);
-                let finished = |watch: &Option<Watched>| {
-                    if let Some(Watched(watch)) = watch {
-                        watch.finished();
-                    }
-                };
-                match polled {
-                    Poll::Pending => Poll::Pending,
-                    Poll::Ready(Some(Ok(bytes))) => {
-                        if let Some(Watched(watch)) = watch {
-                            watch.yielded(false);
-                        }
-                        Poll::Ready(Some(Ok(Frame::data(bytes))))
-                    }
-                    Poll::Ready(Some(Err(broken))) => {
-                        finished(watch);
-                        Poll::Ready(Some(Err(IdleError::BrokenOff(broken))))
-                    }
-                    Poll::Ready(None) => {
-                        finished(watch);
-                        Poll::Ready(None)
-                    }
-                }
-            }
+                Poll::Ready(None) => Poll::Ready(None),
+            },
+        };
+        if matches!(polled, Poll::Ready(None | Some(Err(_)))) {
+            self.finished();
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ResponseBody::Upstream(body, _) => body.is_end_stream(),
-            ResponseBody::Local(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
-            ResponseBody::Channel(..) => false,
+            Source::Upstream(body, _) => body.is_end_stream(),
+            Source::Local(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
+            Source::Channel(..) => false,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
-            ResponseBody::Upstream(body, _) => body.size_hint(),
-            ResponseBody::Local(bytes) => {
+            Source::Upstream(body, _) => body.size_hint(),
+            Source::Local(bytes) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
-            ResponseBody::Channel(..) => SizeHint::new(),
+            Source::Channel(..) => SizeHint::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Wake, Waker};
+
+    #[derive(Default)]
+    struct CountedWakes(AtomicUsize);
+
+    impl Wake for CountedWakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// What a connection sees polling `body` until it ends: each poll's data (`None` for a
+    /// `Pending`) and whether the body woke itself before each `Pending`.
+    fn poll_all(body: &mut ResponseBody) -> Vec<Option<Bytes>> {
+        let wakes = Arc::new(CountedWakes::default());
+        let waker = Waker::from(Arc::clone(&wakes));
+        let mut cx = Context::from_waker(&waker);
+        let mut seen = Vec::new();
+        for _ in 0..1000 {
+            match Pin::new(&mut *body).poll_frame(&mut cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => seen.push(Some(data)),
+                    Err(_) => panic!("a trailers frame from a data-only body"),
+                },
+                Poll::Ready(Some(Err(_))) => panic!("an error from a body that has none"),
+                Poll::Ready(None) => return seen,
+                Poll::Pending => {
+                    let before = seen.iter().filter(|s| s.is_none()).count();
+                    assert_eq!(
+                        wakes.0.load(Ordering::Relaxed),
+                        before + 1,
+                        "a paced Pending wakes the body at once"
+                    );
+                    seen.push(None);
+                }
+            }
+        }
+        panic!("the body did not end in 1000 polls")
+    }
+
+    #[test]
+    fn a_large_frame_is_handed_in_pieces_with_a_write_out_between_them() {
+        let page: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let mut body = ResponseBody::local(page.clone());
+        assert_eq!(body.size_hint().exact(), Some(100_000));
+        let seen = poll_all(&mut body);
+        let pieces: Vec<&Bytes> = seen.iter().flatten().collect();
+        assert!(pieces.iter().all(|piece| piece.len() <= PIECE_BYTES));
+        assert_eq!(pieces.len(), 100_000usize.div_ceil(PIECE_BYTES));
+        let whole: Vec<u8> = pieces
+            .iter()
+            .flat_map(|piece| piece.iter().copied())
+            .collect();
+        assert_eq!(whole, page, "the pieces are the frame, in order");
+        // Piece, write-out, piece, write-out, … : every full piece is followed by a Pending.
+        for pair in seen.windows(2) {
+            if let [Some(piece), next] = pair {
+                assert_eq!(next.is_none(), piece.len() == PIECE_BYTES, "{seen:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_body_ends_only_after_its_last_piece_and_its_hint_counts_what_is_held() {
+        let mut body = ResponseBody::local(vec![7u8; PIECE_BYTES + 10]);
+        let waker = Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let Poll::Ready(Some(Ok(first))) = Pin::new(&mut body).poll_frame(&mut cx) else {
+            panic!("the first piece")
+        };
+        assert_eq!(first.into_data().map(|d| d.len()).ok(), Some(PIECE_BYTES));
+        assert!(!body.is_end_stream(), "10 bytes are still held");
+        assert_eq!(body.size_hint().exact(), Some(10));
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+        let Poll::Ready(Some(Ok(last))) = Pin::new(&mut body).poll_frame(&mut cx) else {
+            panic!("the last piece")
+        };
+        assert_eq!(last.into_data().map(|d| d.len()).ok(), Some(10));
+        assert!(body.is_end_stream());
+    }
+
+    #[test]
+    fn small_frames_pass_whole_and_are_paced_only_once_they_add_up() {
+        let (send, chunks) = mpsc::channel(8);
+        for _ in 0..3 {
+            assert!(send.try_send(Ok(Bytes::from(vec![1u8; 3000]))).is_ok());
+        }
+        drop(send);
+        let mut body = ResponseBody::channel(chunks, None);
+        let seen = poll_all(&mut body);
+        let lengths: Vec<Option<usize>> = seen.iter().map(|s| s.as_ref().map(Bytes::len)).collect();
+        // 3,000 + 3,000 stay under a piece; the third frame crosses it, and a write-out follows.
+        assert_eq!(lengths, vec![Some(3000), Some(3000), Some(3000), None]);
     }
 }
