@@ -889,15 +889,23 @@ fn main() {
             // file descriptors per process would not fit 10,000 upstream sockets beside 10,000
             // client sockets in one proxy process), with the default config.
             let proxy = start_proxy(&subjects[0], upstream, true).await;
+            // In two halves, as the idle streams above: the second half's growth is what one
+            // more stream costs once the allocator and the runtime have grown to their size.
             let base_rss = rss_kib(proxy.child.id());
-            let (handles, opened) = hold_idle(proxy.addr, held).await;
+            let (mut handles, first) = hold_idle(proxy.addr, held / 2).await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let half_rss = rss_kib(proxy.child.id());
+            let (second_handles, second) = hold_idle(proxy.addr, held - held / 2).await;
+            handles.extend(second_handles);
             tokio::time::sleep(Duration::from_millis(500)).await;
             let rss = rss_kib(proxy.child.id());
             drop(handles);
+            let opened = first + second;
             println!(
-                "held: {opened}/{held} concurrent streams open through one proxy ({}); RSS of the fresh process {base_rss} KiB → {rss} KiB ({:.1} KiB per stream, the process's one-time growth included)",
+                "held: {opened}/{held} concurrent streams open through one proxy ({}); RSS of the fresh process {base_rss} KiB → {half_rss} KiB → {rss} KiB: {:.1} KiB per stream with the process's one-time growth, {:.1} KiB per stream of the second half",
                 subjects[0].name,
-                (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64
+                (rss.saturating_sub(base_rss)) as f64 / opened.max(1) as f64,
+                (rss.saturating_sub(half_rss)) as f64 / second.max(1) as f64
             );
             if env_or("OVERHEAD_VERDICT", 0) == 1 {
                 println!("verdict {} held: {opened}/{held} streams: {}", subjects[0].name, if opened == held { "PASS" } else { "FAIL" });
