@@ -270,7 +270,7 @@ mod tests {
     }
 
     /// What a connection sees polling `body` until it ends: each poll's data (`None` for a
-    /// `Pending`) and whether the body woke itself before each `Pending`.
+    /// `Pending`), asserting that the body woke itself before each `Pending`.
     fn poll_all(body: &mut ResponseBody) -> Vec<Option<Bytes>> {
         let wakes = Arc::new(CountedWakes::default());
         let waker = Waker::from(Arc::clone(&wakes));
