@@ -120,7 +120,7 @@ impl Drop for Watched {
 
 impl Body for ResponseBody {
     type Data = Bytes;
-    type Error = IdleError<hyper::Error>;
+    type Error = IdleError<crate::proxy::inline_pool::UpstreamBodyError>;
 
     fn poll_frame(
         self: Pin<&mut Self>,
@@ -207,7 +207,8 @@ impl Source {
     fn poll_frame(
         &mut self,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, IdleError<hyper::Error>>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, IdleError<crate::proxy::inline_pool::UpstreamBodyError>>>>
+    {
         self.polling();
         let polled = match self {
             Source::Upstream(body, _) => Pin::new(body).poll_frame(cx),

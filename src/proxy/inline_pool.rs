@@ -4,54 +4,48 @@
 //! crosses tasks twice (the connection task reads it and wakes the client's connection task,
 //! which takes it and wakes the connection task back to read on), and on a multi-threaded
 //! runtime a cross-task wake often unparks another worker thread: a futex call per event.
-//! Here the connection (hyper's `client::conn::http1` dispatcher) is a value, not a task: the
-//! request future polls it until the response head arrives, then the response body
-//! ([`DrivenBody`]) polls it before each frame, so the upstream socket, the HTTP/1 parser and
+//! Here a connection is a value, not a task: the request future writes the request and reads
+//! the response head, then the response body ([`DrivenBody`]) reads the socket itself for each
+//! frame, so the upstream socket, its HTTP/1 decoding (tokentap's own, [`super::relay`]) and
 //! the client's connection all run in the client's task, as nginx runs them in one event loop.
 //!
 //! The pool keeps idle connections (LIFO, at most `upstream.pool_max_idle`, dropped after
 //! `upstream.pool_idle_timeout`); a connection returns to it only when its response body was
-//! read to the end. Every open connection holds one of `upstream.max_connections` slots
-//! (as [`super::connector::Limited`] does for the pooled client). A request that finds the
-//! reused connection closed before anything was sent is retried once on a fresh one, as
-//! hyper-util retries canceled requests. Used for `http://` upstreams without `http2`; TLS
-//! and HTTP/2 upstreams keep hyper-util's client (HTTP/2 multiplexes streams on one
-//! connection, so there is no connection per stream to drive).
+//! read exactly to the end and the server did not say `close`. Every open connection holds
+//! one of `upstream.max_connections` slots (as [`super::connector::Limited`] does for the
+//! pooled client). A request whose reused connection turns out closed before a byte of an
+//! answer (the server dropped it while idle: uvicorn does after 5 s) goes once more on a
+//! fresh connection when its body was read whole and can be sent again. Used for `http://`
+//! upstreams without `http2`; TLS and HTTP/2 upstreams keep hyper-util's client (HTTP/2
+//! multiplexes streams on one connection, so there is no connection per stream to drive).
 
 use std::collections::VecDeque;
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use atomic_waker::AtomicWaker;
 use bytes::Bytes;
 use http::header::{HeaderValue, HOST};
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::connector::{acquire_slot, Slotted};
+use super::connector::acquire_slot;
+use super::relay::{self, Connection, Decoder, FinalHead, Outgoing, RelayError};
 use super::request_body::RequestBody;
 use super::BoxError;
 use crate::base::lock;
 use crate::net::faults::FaultCounters;
+use crate::stream::body::BodyFailure;
 
-/// One upstream TCP connection holding its `max_connections` slot.
-type Io = Slotted<TokioIo<TcpStream>>;
-type Connection = http1::Connection<Io, RequestBody>;
-
-/// A connection not serving a request: its sender, and the dispatcher nobody polls meanwhile
-/// (a close by the server is seen when it is checked out).
+/// A connection not serving a request (a close by the server is seen when it is checked out).
 struct Idle {
-    sender: http1::SendRequest<RequestBody>,
     connection: Connection,
     since: Instant,
 }
@@ -63,7 +57,8 @@ pub struct InlineOptions {
     pub idle_timeout: Duration,
     pub max_idle: usize,
     pub max_connections: usize,
-    /// hyper's read-buffer cap per connection (`proxy.max_stream_buffer`, at least 8 KiB).
+    /// The read-ahead bound per connection, and the largest response head
+    /// (`proxy.max_stream_buffer`, at least 8 KiB).
     pub max_buf_size: usize,
 }
 
@@ -79,7 +74,6 @@ pub struct InlinePool {
     faults: Arc<FaultCounters>,
     idle: Mutex<VecDeque<Idle>>,
     reaper_started: AtomicBool,
-    http1: http1::Builder,
 }
 
 impl std::fmt::Debug for InlinePool {
@@ -119,8 +113,6 @@ impl InlinePool {
         }
         .map_err(|_| NotPlainHttp)?;
         let limit = options.max_connections.clamp(1, Semaphore::MAX_PERMITS);
-        let mut http1 = http1::Builder::new();
-        http1.max_buf_size(options.max_buf_size.max(8192));
         Ok(Arc::new(Self {
             host,
             port,
@@ -130,7 +122,6 @@ impl InlinePool {
             faults,
             idle: Mutex::new(VecDeque::new()),
             reaper_started: AtomicBool::new(false),
-            http1,
             options,
         }))
     }
@@ -146,49 +137,93 @@ impl InlinePool {
             .headers_mut()
             .entry(HOST)
             .or_insert_with(|| self.host_header.clone());
-        // A reused connection may have been closed by the server while idle; the request
-        // comes back unsent and goes once more on a fresh connection.
+        let (head, framing) = relay::encode_head(&mut request);
+        let method = request.method().clone();
+        let mut body = request.into_body();
         let mut attempts_left = 2u8;
         loop {
             attempts_left -= 1;
-            let (reused, mut sender, mut connection) = match self.checkout() {
-                Some((sender, connection)) => (true, sender, connection),
-                None => {
-                    let (sender, connection) = self.connect().await?;
-                    (false, sender, connection)
-                }
+            let (reused, mut connection) = match self.checkout() {
+                Some(connection) => (true, connection),
+                None => (false, self.connect().await?),
             };
-            let sent = sender.try_send_request(request);
-            match drive_until(&mut connection, sent).await {
-                Ok(response) => {
-                    let wakes = OwnWakes::new();
-                    let driver = Driver {
-                        sender,
-                        connection,
-                        closed: false,
-                        pool: Arc::downgrade(self),
-                        waker: Waker::from(Arc::clone(&wakes)),
-                        wakes,
-                    };
-                    return Ok(response.map(|incoming| DrivenBody {
-                        incoming,
-                        driver: Some(driver),
-                    }));
+            // A body read whole can go again if the first connection proves dead.
+            let again = match &body {
+                RequestBody::Full(bytes) => Some(RequestBody::Full(bytes.clone())),
+                RequestBody::Stream { .. } => None,
+            };
+            let mut outgoing = Some(Outgoing::new(head.clone(), framing, body));
+            let mut write_failed = None;
+            let mut received = false;
+            let answer = poll_fn(|cx| {
+                if let Some(out) = outgoing.as_mut() {
+                    match connection.poll_write(out, cx) {
+                        Poll::Ready(Ok(())) => outgoing = None,
+                        // The client's body failed (or stalled): that is the answer.
+                        Poll::Ready(Err(error @ RelayError::RequestBody(_))) => {
+                            return Poll::Ready(Err(error))
+                        }
+                        // The server may have answered early and stopped reading: its
+                        // answer, if one comes, still counts.
+                        Poll::Ready(Err(error)) => {
+                            outgoing = None;
+                            write_failed = Some(error);
+                        }
+                        Poll::Pending => {}
+                    }
                 }
-                Err(mut error) => match error.take_message() {
-                    Some(unsent) if reused && attempts_left > 0 => request = unsent,
-                    _ => return Err(Box::new(error.into_error())),
-                },
+                connection.poll_head(cx, &method, &mut received)
+            })
+            .await;
+            match answer {
+                Ok(FinalHead {
+                    response,
+                    decoder,
+                    keep_alive,
+                }) => {
+                    let driver = Driver {
+                        connection,
+                        outgoing,
+                        decoder,
+                        keep_alive: keep_alive && write_failed.is_none(),
+                        pool: Arc::downgrade(self),
+                    };
+                    let mut body = DrivenBody {
+                        source: Source::Driven(Box::new(driver)),
+                    };
+                    // A body with nothing in it (HEAD, 204, a zero length) is never polled:
+                    // its connection is free now.
+                    if body.is_end_stream() {
+                        body.end();
+                    }
+                    return Ok(response.map(|()| body));
+                }
+                Err(error) => {
+                    let error = match write_failed {
+                        Some(write) if !received => write,
+                        _ => error,
+                    };
+                    match again {
+                        Some(body_again)
+                            if reused
+                                && !received
+                                && attempts_left > 0
+                                && error.closed_unanswered() =>
+                        {
+                            body = body_again;
+                        }
+                        _ => return Err(Box::new(error)),
+                    }
+                }
             }
         }
     }
 
-    /// The most recently idled connection that is still open and ready.
-    fn checkout(&self) -> Option<(http1::SendRequest<RequestBody>, Connection)> {
+    /// The most recently idled connection that is still open.
+    fn checkout(&self) -> Option<Connection> {
         let now = Instant::now();
         loop {
             let Idle {
-                mut sender,
                 mut connection,
                 since,
             } = lock::lock(&self.idle).pop_back()?;
@@ -197,24 +232,14 @@ impl InlinePool {
                 lock::lock(&self.idle).clear();
                 return None;
             }
-            // One poll with a no-op waker: a server that closed the connection shows as
-            // the dispatcher ending; a live idle one answers Pending and leaves its sender
-            // ready. Whoever takes it polls it with a real waker from here on.
-            let waker = std::task::Waker::noop();
-            let mut cx = Context::from_waker(waker);
-            if Pin::new(&mut connection).poll(&mut cx).is_ready() {
-                continue;
-            }
-            if let Poll::Ready(Ok(())) = sender.poll_ready(&mut cx) {
-                return Some((sender, connection));
+            if connection.is_reusable_now() {
+                return Some(connection);
             }
         }
     }
 
     /// A new connection, holding a slot (waiting up to `connect_timeout` for one).
-    async fn connect(
-        self: &Arc<Self>,
-    ) -> Result<(http1::SendRequest<RequestBody>, Connection), BoxError> {
+    async fn connect(self: &Arc<Self>) -> Result<Connection, BoxError> {
         let wait = self.options.connect_timeout;
         let slot = acquire_slot(&self.slots, self.limit, wait, &self.faults).await?;
         let connecting = TcpStream::connect((self.host.as_str(), self.port));
@@ -226,21 +251,20 @@ impl InlinePool {
                 .map_err(|_| ConnectTimeout(wait))??
         };
         stream.set_nodelay(true)?;
-        let io = Slotted::new(TokioIo::new(stream), slot);
-        Ok(self.http1.handshake(io).await?)
+        Ok(Connection::new(stream, self.options.max_buf_size, slot))
     }
 
-    /// Back to the pool: a connection whose response was read to the end.
-    fn release(self: &Arc<Self>, sender: http1::SendRequest<RequestBody>, connection: Connection) {
-        if self.options.max_idle == 0 || sender.is_closed() {
+    /// Back to the pool: a connection whose response was read exactly to the end.
+    fn release(self: &Arc<Self>, mut connection: Connection) {
+        if self.options.max_idle == 0 {
             return;
         }
+        connection.shrink_idle();
         let mut idle = lock::lock(&self.idle);
         if idle.len() >= self.options.max_idle {
             idle.pop_front();
         }
         idle.push_back(Idle {
-            sender,
             connection,
             since: Instant::now(),
         });
@@ -294,24 +318,6 @@ impl InlinePool {
 #[error("connecting took longer than {0:?} (upstream.connect_timeout)")]
 struct ConnectTimeout(Duration);
 
-/// Polls `connection` beside `response` until the response head (or the failure) arrives.
-async fn drive_until<F, T>(connection: &mut Connection, response: F) -> T
-where
-    F: Future<Output = T>,
-{
-    let mut response = std::pin::pin!(response);
-    let mut connection_done = false;
-    poll_fn(|cx| {
-        if !connection_done {
-            // The dispatcher writes the request and reads the head; when it ends (closed or
-            // failed), the response future resolves with the reason.
-            connection_done = Pin::new(&mut *connection).poll(cx).is_ready();
-        }
-        response.as_mut().poll(cx)
-    })
-    .await
-}
-
 fn origin_form(uri: &mut Uri) {
     let origin = match uri.path_and_query() {
         Some(path) if path.as_str() != "/" => {
@@ -326,155 +332,138 @@ fn origin_form(uri: &mut Uri) {
 
 /// The connection under a response body, back to its pool when the body has ended.
 struct Driver {
-    sender: http1::SendRequest<RequestBody>,
     connection: Connection,
-    closed: bool,
+    /// The rest of the request body, when the upstream answered before it was all sent.
+    outgoing: Option<Outgoing>,
+    decoder: Decoder,
+    /// The server keeps the connection open after this response.
+    keep_alive: bool,
     pool: Weak<InlinePool>,
-    /// What the connection and the body channel are polled with (see [`OwnWakes`]).
-    wakes: Arc<OwnWakes>,
-    waker: Waker,
 }
 
-/// The waker the connection and its body channel see. hyper's dispatcher and the body
-/// channel wake each other on every chunk (the dispatcher wakes the receiver when it sends,
-/// the receiver wakes the dispatcher when it takes); both run in this task, inside one
-/// `poll_frame`, so those wakes would only make the runtime poll the whole client
-/// connection once more for nothing. While `poll_frame` runs they are noted, not passed on:
-/// it polls again itself when one came before it would answer `Pending`. Any wake from
-/// outside (the upstream socket became readable while the task slept) goes to the task.
-struct OwnWakes {
-    task: AtomicWaker,
-    polling: AtomicBool,
-    woken: AtomicBool,
+/// Why an upstream response body broke off.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamBodyError {
+    /// From hyper-util's pooled client (TLS and HTTP/2 upstreams).
+    #[error(transparent)]
+    Pooled(#[from] hyper::Error),
+    /// From a connection of the inline pool.
+    #[error(transparent)]
+    Driven(#[from] RelayError),
 }
 
-impl Wake for OwnWakes {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        // Noted first, then `polling` read: whichever order this meets `settle`'s in, either
-        // `settle` sees the note or this wakes the task (SeqCst: one order for both).
-        self.woken.store(true, Ordering::SeqCst);
-        if !self.polling.load(Ordering::SeqCst) {
-            self.task.wake();
-        }
-    }
-}
-
-impl OwnWakes {
-    fn new() -> Arc<Self> {
-        Arc::new(Self {
-            task: AtomicWaker::new(),
-            polling: AtomicBool::new(false),
-            woken: AtomicBool::new(false),
-        })
-    }
-
-    fn begin(&self, task: &Waker) {
-        self.task.register(task);
-        self.woken.store(false, Ordering::SeqCst);
-        self.polling.store(true, Ordering::SeqCst);
-    }
-
-    /// Ends a poll: whether a wake came during it.
-    fn settle(&self) -> bool {
-        self.polling.store(false, Ordering::SeqCst);
-        self.woken.swap(false, Ordering::SeqCst)
-    }
-}
+impl BodyFailure for UpstreamBodyError {}
 
 /// An upstream response body; from an [`InlinePool`] it carries and drives its connection.
 pub struct DrivenBody {
-    incoming: Incoming,
-    driver: Option<Driver>,
+    source: Source,
+}
+
+enum Source {
+    /// A body whose connection some other task drives (hyper-util's client).
+    Pooled(Incoming),
+    /// Boxed: the connection and its buffers are not moved with the response.
+    Driven(Box<Driver>),
+    /// Read to its end (or broken off): its connection went back to the pool or closed.
+    Ended,
 }
 
 impl DrivenBody {
     /// A body whose connection some other task drives (hyper-util's client).
     pub fn pooled(incoming: Incoming) -> Self {
         Self {
-            incoming,
-            driver: None,
+            source: Source::Pooled(incoming),
+        }
+    }
+
+    /// The body is over: its connection goes back to the pool when it can serve another.
+    fn end(&mut self) {
+        let Source::Driven(driver) = std::mem::replace(&mut self.source, Source::Ended) else {
+            return;
+        };
+        let Driver {
+            connection,
+            outgoing,
+            decoder,
+            keep_alive,
+            pool,
+        } = *driver;
+        if keep_alive && outgoing.is_none() && decoder.is_end() && !connection.has_leftover() {
+            if let Some(pool) = pool.upgrade() {
+                pool.release(connection);
+            }
         }
     }
 }
 
 impl std::fmt::Debug for DrivenBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.source {
+            Source::Pooled(_) => "pooled",
+            Source::Driven(_) => "driven",
+            Source::Ended => "ended",
+        };
         f.debug_struct("DrivenBody")
-            .field("driven", &self.driver.is_some())
+            .field("source", &state)
             .finish()
     }
 }
 
 impl Body for DrivenBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = UpstreamBodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, UpstreamBodyError>>> {
         let this = self.get_mut();
-        let Some(driver) = this.driver.as_mut() else {
-            return Pin::new(&mut this.incoming).poll_frame(cx);
-        };
-        // Bounded: each round either answers or follows a wake that brought progress; a
-        // connection that keeps waking itself is left to the runtime after a few.
-        let mut rounds = 0u8;
-        let frame = loop {
-            rounds += 1;
-            driver.wakes.begin(cx.waker());
-            let mut own = Context::from_waker(&driver.waker);
-            if !driver.closed {
-                // Reads what the socket has into the body channel (and finishes writing the
-                // request body, if the upstream answered before it ended).
-                driver.closed = Pin::new(&mut driver.connection).poll(&mut own).is_ready();
+        let driver = match &mut this.source {
+            Source::Pooled(incoming) => {
+                return Pin::new(incoming)
+                    .poll_frame(cx)
+                    .map_err(UpstreamBodyError::from)
             }
-            let frame = Pin::new(&mut this.incoming).poll_frame(&mut own);
-            let woken = driver.wakes.settle();
-            match frame {
-                Poll::Pending if woken && rounds < 4 => continue,
-                Poll::Pending if woken => {
-                    cx.waker().wake_by_ref();
-                    return Poll::Pending;
+            Source::Ended => return Poll::Ready(None),
+            Source::Driven(driver) => driver,
+        };
+        if let Some(out) = driver.outgoing.as_mut() {
+            match driver.connection.poll_write(out, cx) {
+                Poll::Ready(Ok(())) => driver.outgoing = None,
+                // The answer is coming anyway; the connection is not reused after it.
+                Poll::Ready(Err(_)) => {
+                    driver.outgoing = None;
+                    driver.keep_alive = false;
                 }
-                // A `Ready` needs no wake: whoever took it polls again when it wants more,
-                // and a wake noted meanwhile left its readiness where that poll finds it.
-                frame => break frame,
-            }
-        };
-        // The end shows as `None`, or as `is_end_stream` after the last data frame of a body
-        // with a length (hyper's server then never polls for the `None`).
-        let ended = match &frame {
-            Poll::Ready(None) => true,
-            Poll::Ready(Some(Ok(_))) => this.incoming.is_end_stream(),
-            Poll::Ready(Some(Err(_))) => {
-                this.driver = None;
-                false
-            }
-            Poll::Pending => false,
-        };
-        if ended {
-            if let Some(driver) = this.driver.take() {
-                if !driver.closed {
-                    if let Some(pool) = driver.pool.upgrade() {
-                        pool.release(driver.sender, driver.connection);
-                    }
-                }
+                Poll::Pending => {}
             }
         }
-        frame
+        let frame = ready!(driver.connection.poll_body(cx, &mut driver.decoder));
+        // The end shows as `None`, or as `is_end_stream` after the last data frame of a body
+        // with a length (hyper's server then never polls for the `None`).
+        match &frame {
+            None => this.end(),
+            Some(Ok(_)) if driver.decoder.is_end() => this.end(),
+            Some(Ok(_)) => {}
+            Some(Err(_)) => this.source = Source::Ended,
+        }
+        Poll::Ready(frame.map(|frame| frame.map_err(UpstreamBodyError::from)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.incoming.is_end_stream()
+        match &self.source {
+            Source::Pooled(incoming) => incoming.is_end_stream(),
+            Source::Driven(driver) => driver.decoder.is_end(),
+            Source::Ended => true,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.incoming.size_hint()
+        match &self.source {
+            Source::Pooled(incoming) => incoming.size_hint(),
+            Source::Driven(driver) => driver.decoder.size_hint(),
+            Source::Ended => SizeHint::with_exact(0),
+        }
     }
 }
 
@@ -526,7 +515,7 @@ mod tests {
                         }
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                         .await;
                 });
             }
@@ -705,6 +694,193 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(pool.idle_connections(), 0);
+    }
+
+    /// A raw upstream: on each connection it reads one request head per answer in `answers`
+    /// and writes that answer, then closes. Counts connections and request heads.
+    async fn scripted(
+        answers: &'static [&'static [u8]],
+    ) -> (Uri, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let heads = Arc::new(AtomicUsize::new(0));
+        let (count, seen) = (Arc::clone(&accepted), Arc::clone(&heads));
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, Ordering::SeqCst);
+                let seen = Arc::clone(&seen);
+                tokio::spawn(async move {
+                    for answer in answers {
+                        let mut head = Vec::new();
+                        let mut byte = [0u8; 1];
+                        while !head.ends_with(b"\r\n\r\n") {
+                            if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            head.push(byte[0]);
+                        }
+                        seen.fetch_add(1, Ordering::SeqCst);
+                        if stream.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted, heads)
+    }
+
+    #[tokio::test]
+    async fn an_empty_answer_frees_its_connection_without_being_read() {
+        let (url, accepted, _) = scripted(&[
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+        ])
+        .await;
+        let pool = pool(&url, Duration::from_secs(60));
+        for _ in 0..2 {
+            let response = pool.send(get(&url, "/")).await.unwrap();
+            assert_eq!(response.status(), 204);
+            assert!(response.body().is_end_stream());
+            assert_eq!(pool.idle_connections(), 1);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_the_server_closes_on_the_next_request_is_retried_once() {
+        // The first connection answers once and then closes on reading the next head (the
+        // keep-alive race); the request goes again, on a fresh connection.
+        let (url, accepted, heads) =
+            scripted(&[b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\na", b""]).await;
+        let pool = pool(&url, Duration::from_secs(60));
+        let response = pool.send(get(&url, "/")).await.unwrap();
+        assert_eq!(text(response).await, "a");
+        let response = pool.send(get(&url, "/")).await.unwrap();
+        assert_eq!(text(response).await, "a");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(heads.load(Ordering::SeqCst), 3);
+        // A fresh connection that closes unanswered is an error, not a loop.
+        let (url, accepted, _) = scripted(&[b""]).await;
+        let pool = pool_for(&url);
+        let error = pool.send(get(&url, "/")).await.unwrap_err();
+        assert!(error.to_string().contains("before answering"), "{error}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    fn pool_for(url: &Uri) -> Arc<InlinePool> {
+        pool(url, Duration::from_secs(60))
+    }
+
+    #[tokio::test]
+    async fn a_body_to_the_close_ends_with_the_close_and_its_connection_is_not_kept() {
+        let (url, _, _) =
+            scripted(&[b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\n\r\nhello"]).await;
+        let pool = pool_for(&url);
+        let response = pool.send(get(&url, "/")).await.unwrap();
+        assert_eq!(response.version(), http::Version::HTTP_10);
+        assert_eq!(text(response).await, "hello");
+        assert_eq!(pool.idle_connections(), 0);
+        // Cut short: an error, never a clean end.
+        let (url, _, _) = scripted(&[b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nhel"]).await;
+        let pool = pool_for(&url);
+        let body = pool.send(get(&url, "/")).await.unwrap().into_body();
+        let error = body.collect().await.unwrap_err();
+        assert!(
+            error.to_string().contains("6 bytes before the end"),
+            "{error}"
+        );
+        let (url, _, _) =
+            scripted(&[b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n"]).await;
+        let pool = pool_for(&url);
+        let body = pool.send(get(&url, "/")).await.unwrap().into_body();
+        assert!(body.collect().await.is_err());
+    }
+
+    #[tokio::test]
+    async fn streamed_request_bodies_go_chunked_and_an_early_answer_is_taken() {
+        // An echo of the body the upstream received, as hyper's server decoded it.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url: Uri = format!("http://{}", listener.local_addr().unwrap())
+            .parse()
+            .unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let service =
+                        hyper::service::service_fn(|request: Request<Incoming>| async move {
+                            let chunked = request
+                                .headers()
+                                .get(http::header::TRANSFER_ENCODING)
+                                .is_some_and(|v| v == "chunked");
+                            let body = request.into_body().collect().await?.to_bytes();
+                            let answer = format!("{chunked} {}", String::from_utf8_lossy(&body));
+                            Ok::<_, hyper::Error>(Response::new(http_body_util::Full::new(
+                                Bytes::from(answer),
+                            )))
+                        });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        let pool = pool_for(&url);
+        let pieces: VecDeque<Bytes> = ["one ", "two ", "three"]
+            .into_iter()
+            .map(Bytes::from)
+            .collect();
+        let request = Request::builder()
+            .method(http::Method::POST)
+            .uri(format!("{url}echo"))
+            .body(RequestBody::Stream {
+                prefix: Some(Bytes::from_static(b"zero ")),
+                rest: Box::pin(
+                    Chunks(pieces)
+                        .map_err(|never: std::convert::Infallible| -> BoxError { match never {} }),
+                ),
+            })
+            .unwrap();
+        let response = pool.send(request).await.unwrap();
+        assert_eq!(text(response).await, "true zero one two three");
+        assert_eq!(pool.idle_connections(), 1);
+
+        // An upstream that answers 413 on the head alone, while the body is still coming.
+        let (url, _, _) =
+            scripted(&[b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 7\r\n\r\ntoo big"])
+                .await;
+        let pool = pool_for(&url);
+        let request = Request::builder()
+            .method(http::Method::POST)
+            .uri(format!("{url}upload"))
+            .body(RequestBody::Stream {
+                prefix: Some(Bytes::from_static(b"start")),
+                rest: Box::pin(Never),
+            })
+            .unwrap();
+        let response = pool.send(request).await.unwrap();
+        assert_eq!(response.status(), 413);
+        assert_eq!(text(response).await, "too big");
+        // Its request was never finished: the connection is not kept.
+        assert_eq!(pool.idle_connections(), 0);
+    }
+
+    /// A streamed body that never sends anything more.
+    struct Never;
+
+    impl Body for Never {
+        type Data = Bytes;
+        type Error = BoxError;
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Pending
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod connector;
 pub mod error;
 pub mod headers;
 pub mod inline_pool;
+pub mod relay;
 pub mod request_body;
 pub mod served_model;
 pub mod service;

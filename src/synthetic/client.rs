@@ -29,7 +29,7 @@ pub enum CallError {
         method: Method,
         path: String,
         #[source]
-        source: crate::proxy::timeout::IdleError<hyper::Error>,
+        source: crate::proxy::timeout::IdleError<crate::proxy::inline_pool::UpstreamBodyError>,
     },
     #[error("{method} {path}: cannot build the request")]
     Build {

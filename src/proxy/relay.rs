@@ -1,0 +1,1059 @@
+//! tokentap's own HTTP/1.1 client side for plain upstream connections: writes a request, reads
+//! its response head, and decodes the response body frame by frame from one read buffer.
+//!
+//! Why not hyper's `client::conn::http1`: its dispatcher keeps a request channel, a write buffer
+//! and a read buffer per connection (about 25 KB while a stream waits for tokens) and runs a
+//! state machine of its own per event beside the server's; an LLM stream is one request at a
+//! time on a connection and one chunk per event, so what it needs is small. The server side
+//! stays hyper's. What this module does is what RFC 9112 asks of a client, and no more:
+//!
+//! - the request is written as the proxy built it (hop-by-hop headers already removed), framed
+//!   by its `Content-Length`, else by the body's exact length, else chunked;
+//! - the response head is parsed by `httparse` (hyper's own parser); informational answers
+//!   (1xx) are skipped; the body is framed per RFC 9112 §6.3: none for `HEAD`, 204 and 304,
+//!   `Transfer-Encoding` (chunked, or read to the close), `Content-Length` (every value equal),
+//!   else read to the close;
+//! - chunked bodies are decoded strictly (hex sizes with CRLF, extensions ignored, trailers
+//!   passed on as a trailers frame);
+//! - each data frame is a slice of the read buffer (`split_to`), handed on without a copy, so
+//!   an event costs no allocation: the buffer is reclaimed in place once the frames handed out
+//!   before were dropped (the server side copies each into its write buffer).
+//!
+//! A connection is reusable only after a response read exactly to its end, with nothing more
+//! in the buffer, from a server that did not say `close`.
+
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::AsyncWrite;
+use tokio::net::TcpStream;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::request_body::RequestBody;
+use super::BoxError;
+
+/// The most header fields a response head (or a trailer block) may have, as in hyper.
+const MAX_HEADERS: usize = 100;
+/// What the read buffer starts with: a response head, or a few SSE events.
+const INITIAL_READ: usize = 4096;
+/// Below this much free room the buffer is reclaimed (or grown) before the next read.
+const MIN_SPARE: usize = 512;
+/// The longest chunk-size line (size and extensions) accepted.
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// What went wrong on an upstream connection.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error("the upstream closed the connection before answering")]
+    ClosedBeforeAnswer,
+    #[error("the upstream closed the connection in the middle of the response head")]
+    ClosedInHead,
+    #[error("the upstream closed the connection {missing} bytes before the end of the body")]
+    ClosedInBody { missing: u64 },
+    #[error("the upstream closed the connection in the middle of a chunked body")]
+    ClosedInChunk,
+    #[error("the upstream's response head is malformed: {0}")]
+    MalformedHead(httparse::Error),
+    #[error("the upstream's response head is over {limit} bytes (proxy.max_stream_buffer)")]
+    HeadTooLarge { limit: usize },
+    #[error("the upstream sent an invalid Content-Length")]
+    InvalidContentLength,
+    #[error("the upstream answered 101 Switching Protocols, which tokentap does not relay")]
+    SwitchedProtocols,
+    #[error("the upstream's chunked body is malformed ({0})")]
+    MalformedChunk(&'static str),
+    #[error("the request body has {declared} bytes by its Content-Length but {sent} were sent")]
+    RequestBodyLength { declared: u64, sent: u64 },
+    #[error("the request body failed")]
+    RequestBody(#[source] BoxError),
+    #[error("upstream connection: {0}")]
+    Io(#[from] io::Error),
+}
+
+impl RelayError {
+    /// The upstream ended the connection before sending a byte of an answer: on a reused
+    /// connection, the server closed it while it sat idle (the request may be sent again).
+    pub fn closed_unanswered(&self) -> bool {
+        match self {
+            RelayError::ClosedBeforeAnswer => true,
+            RelayError::Io(error) => matches!(
+                error.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionAborted
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// One upstream TCP connection, its read buffer, and the `max_connections` slot it holds.
+pub struct Connection {
+    stream: TcpStream,
+    buf: BytesMut,
+    /// What the next read reserves room for (doubles, up to `max_buf`, while reads fill it).
+    next_read: usize,
+    /// The most the buffer holds unparsed: the response head limit and the read-ahead bound.
+    max_buf: usize,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("buffered", &self.buf.len())
+            .finish()
+    }
+}
+
+impl Connection {
+    pub fn new(stream: TcpStream, max_buf: usize, slot: OwnedSemaphorePermit) -> Self {
+        Self {
+            stream,
+            buf: BytesMut::new(),
+            next_read: INITIAL_READ.min(max_buf.max(MIN_SPARE)),
+            max_buf: max_buf.max(INITIAL_READ),
+            _slot: slot,
+        }
+    }
+
+    /// Whether an idle connection is still open with nothing unasked-for sent on it (checked
+    /// without waiting: a close the server sent meanwhile shows as readable).
+    pub fn is_reusable_now(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Drops an empty read buffer (an idle connection in the pool holds no memory for it).
+    pub fn shrink_idle(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        }
+    }
+
+    /// Writes what it can of `request`: `Ready(Ok)` once all of it is out.
+    pub fn poll_write(
+        &mut self,
+        request: &mut Outgoing,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), RelayError>> {
+        request.poll_write(&mut self.stream, cx)
+    }
+
+    /// Reads what the socket has into the buffer: the bytes read, 0 at the end of the stream.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let spare = self.buf.capacity() - self.buf.len();
+        if spare < MIN_SPARE {
+            // Unique (every frame handed out before was dropped) and mostly consumed, the
+            // allocation is taken back in place; otherwise a new one is made.
+            let room = self.next_read.saturating_sub(self.buf.len()).max(MIN_SPARE);
+            self.buf.reserve(room);
+        }
+        let spare = self.buf.capacity() - self.buf.len();
+        loop {
+            ready!(self.stream.poll_read_ready(cx))?;
+            match self.stream.try_read_buf(&mut self.buf) {
+                Ok(read) => {
+                    if read == spare && self.next_read < self.max_buf {
+                        self.next_read = (self.next_read * 2).min(self.max_buf);
+                    }
+                    return Poll::Ready(Ok(read));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// Reads the response head (skipping 1xx answers); `request_method` decides the framing.
+    pub fn poll_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        request_method: &Method,
+        received: &mut bool,
+    ) -> Poll<Result<FinalHead, RelayError>> {
+        loop {
+            if !self.buf.is_empty() {
+                *received = true;
+                match parse_head(&self.buf, request_method)? {
+                    Some((length, head)) => {
+                        self.buf.advance(length);
+                        match head {
+                            Head::Informational => continue,
+                            Head::Final(head) => return Poll::Ready(Ok(head)),
+                        }
+                    }
+                    None if self.buf.len() >= self.max_buf => {
+                        return Poll::Ready(Err(RelayError::HeadTooLarge {
+                            limit: self.max_buf,
+                        }));
+                    }
+                    None => {}
+                }
+            }
+            if ready!(self.poll_fill(cx))? == 0 {
+                return Poll::Ready(Err(if *received {
+                    RelayError::ClosedInHead
+                } else {
+                    RelayError::ClosedBeforeAnswer
+                }));
+            }
+        }
+    }
+
+    /// The next frame of the body `decoder` frames; `None` at its end.
+    pub fn poll_body(
+        &mut self,
+        cx: &mut Context<'_>,
+        decoder: &mut Decoder,
+    ) -> Poll<Option<Result<Frame<Bytes>, RelayError>>> {
+        loop {
+            match decoder.decode(&mut self.buf, self.max_buf) {
+                Ok(Decoded::Frame(frame)) => return Poll::Ready(Some(Ok(frame))),
+                Ok(Decoded::End) => return Poll::Ready(None),
+                Ok(Decoded::More) => {}
+                Err(error) => return Poll::Ready(Some(Err(error))),
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) => {
+                    return match decoder.closed() {
+                        Ok(()) => Poll::Ready(None),
+                        Err(error) => Poll::Ready(Some(Err(error))),
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => return Poll::Ready(Some(Err(error.into()))),
+            }
+        }
+    }
+
+    /// Whether the buffer holds bytes past the end of the response (the connection then is
+    /// not reused: they belong to nothing that was asked).
+    pub fn has_leftover(&self) -> bool {
+        !self.buf.is_empty()
+    }
+}
+
+/// A response head, parsed.
+enum Head {
+    /// 1xx (other than 101): skipped, the final answer follows.
+    Informational,
+    Final(FinalHead),
+}
+
+/// The answer's head: the response without its body, how the body is framed, and whether
+/// the server keeps the connection open after it.
+pub struct FinalHead {
+    pub response: Response<()>,
+    pub decoder: Decoder,
+    pub keep_alive: bool,
+}
+
+/// Parses a whole head from the front of `buf`: its length and what it says, or `None` when
+/// more bytes are needed.
+fn parse_head(buf: &[u8], request_method: &Method) -> Result<Option<(usize, Head)>, RelayError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut fields);
+    let length = match parsed.parse(buf).map_err(RelayError::MalformedHead)? {
+        httparse::Status::Complete(length) => length,
+        httparse::Status::Partial => return Ok(None),
+    };
+    let code = parsed.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code)
+        .map_err(|_| RelayError::MalformedHead(httparse::Error::Status))?;
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(RelayError::SwitchedProtocols);
+    }
+    if status.is_informational() {
+        return Ok(Some((length, Head::Informational)));
+    }
+    let version = if parsed.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    for field in parsed.headers.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| RelayError::MalformedHead(httparse::Error::HeaderName))?;
+        let value = HeaderValue::from_bytes(field.value)
+            .map_err(|_| RelayError::MalformedHead(httparse::Error::HeaderValue))?;
+        headers.append(name, value);
+    }
+    let (decoder, framed_to_reuse) = response_framing(&mut headers, request_method, status)?;
+    let keep_alive = framed_to_reuse && keeps_alive(&headers, version);
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    *response.version_mut() = version;
+    *response.headers_mut() = headers;
+    Ok(Some((
+        length,
+        Head::Final(FinalHead {
+            response,
+            decoder,
+            keep_alive,
+        }),
+    )))
+}
+
+/// How the body of a response is delimited (RFC 9112 §6.3), and whether that leaves the
+/// connection reusable after it.
+fn response_framing(
+    headers: &mut HeaderMap,
+    request_method: &Method,
+    status: StatusCode,
+) -> Result<(Decoder, bool), RelayError> {
+    if request_method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok((Decoder::Length(0), true));
+    }
+    if headers.contains_key(TRANSFER_ENCODING) {
+        let chunked = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+        // A length beside a transfer coding is wrong and never forwarded (RFC 9112 §6.3 ¶3);
+        // the connection is not trusted after such a message.
+        let with_length = headers.remove(CONTENT_LENGTH).is_some();
+        return Ok(if chunked {
+            (Decoder::Chunked(Chunk::Size), !with_length)
+        } else {
+            (Decoder::ToClose, false)
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        let text = value
+            .to_str()
+            .map_err(|_| RelayError::InvalidContentLength)?;
+        for part in text.split(',') {
+            let part = part.trim();
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(RelayError::InvalidContentLength);
+            }
+            let parsed: u64 = part.parse().map_err(|_| RelayError::InvalidContentLength)?;
+            if length.is_some_and(|seen| seen != parsed) {
+                return Err(RelayError::InvalidContentLength);
+            }
+            length = Some(parsed);
+        }
+    }
+    Ok(match length {
+        Some(length) => (Decoder::Length(length), true),
+        None => (Decoder::ToClose, false),
+    })
+}
+
+/// Whether the server keeps the connection open after this response.
+fn keeps_alive(headers: &HeaderMap, version: Version) -> bool {
+    let says = |token: &str| {
+        headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    if version == Version::HTTP_10 {
+        says("keep-alive") && !says("close")
+    } else {
+        !says("close")
+    }
+}
+
+/// Where a response body's decoding stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decoder {
+    /// This many bytes are left.
+    Length(u64),
+    /// Chunked, at this point of a chunk.
+    Chunked(Chunk),
+    /// Everything until the server closes the connection.
+    ToClose,
+    /// Read to its end.
+    Done,
+}
+
+/// The position inside a chunked body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chunk {
+    /// Expecting a size line.
+    Size,
+    /// Inside a chunk's data: this many bytes left.
+    Data(u64),
+    /// Expecting the CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer fields, then an empty line.
+    Trailers,
+}
+
+/// What one decoding step found.
+#[derive(Debug)]
+pub enum Decoded {
+    Frame(Frame<Bytes>),
+    /// Nothing buffered makes a frame yet: read more.
+    More,
+    End,
+}
+
+impl Decoder {
+    /// Takes the next frame (or the end) off the front of `buf`.
+    pub fn decode(&mut self, buf: &mut BytesMut, max_buf: usize) -> Result<Decoded, RelayError> {
+        loop {
+            match *self {
+                Decoder::Done | Decoder::Length(0) => {
+                    *self = Decoder::Done;
+                    return Ok(Decoded::End);
+                }
+                Decoder::Length(left) => {
+                    if buf.is_empty() {
+                        return Ok(Decoded::More);
+                    }
+                    let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                    let left = left - take as u64;
+                    *self = if left == 0 {
+                        Decoder::Done
+                    } else {
+                        Decoder::Length(left)
+                    };
+                    return Ok(Decoded::Frame(Frame::data(buf.split_to(take).freeze())));
+                }
+                Decoder::ToClose => {
+                    if buf.is_empty() {
+                        return Ok(Decoded::More);
+                    }
+                    return Ok(Decoded::Frame(Frame::data(buf.split().freeze())));
+                }
+                Decoder::Chunked(Chunk::Size) => {
+                    let Some(newline) = buf.iter().position(|&b| b == b'\n') else {
+                        if buf.len() > MAX_CHUNK_LINE {
+                            return Err(RelayError::MalformedChunk("size line too long"));
+                        }
+                        return Ok(Decoded::More);
+                    };
+                    let size = chunk_size(&buf[..newline])?;
+                    buf.advance(newline + 1);
+                    *self = Decoder::Chunked(if size == 0 {
+                        Chunk::Trailers
+                    } else {
+                        Chunk::Data(size)
+                    });
+                }
+                Decoder::Chunked(Chunk::Data(left)) => {
+                    if buf.is_empty() {
+                        return Ok(Decoded::More);
+                    }
+                    let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+                    let left = left - take as u64;
+                    *self = Decoder::Chunked(if left == 0 {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(left)
+                    });
+                    let data = buf.split_to(take).freeze();
+                    // The CRLF after the data, when it is already here, is taken now: the
+                    // body's end then shows as soon as the last chunk's size line arrives.
+                    if left == 0 && buf.starts_with(b"\r\n") {
+                        buf.advance(2);
+                        *self = Decoder::Chunked(Chunk::Size);
+                    }
+                    return Ok(Decoded::Frame(Frame::data(data)));
+                }
+                Decoder::Chunked(Chunk::DataEnd) => {
+                    if buf.len() < 2 {
+                        if buf.first().is_some_and(|&b| b != b'\r') {
+                            return Err(RelayError::MalformedChunk("no CRLF after the data"));
+                        }
+                        return Ok(Decoded::More);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(RelayError::MalformedChunk("no CRLF after the data"));
+                    }
+                    buf.advance(2);
+                    *self = Decoder::Chunked(Chunk::Size);
+                }
+                Decoder::Chunked(Chunk::Trailers) => {
+                    if buf.starts_with(b"\r\n") {
+                        buf.advance(2);
+                        *self = Decoder::Done;
+                        return Ok(Decoded::End);
+                    }
+                    if buf.len() < 2 {
+                        if buf.first().is_some_and(|&b| b == b'\n') {
+                            return Err(RelayError::MalformedChunk("bare LF after the last chunk"));
+                        }
+                        return Ok(Decoded::More);
+                    }
+                    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    match httparse::parse_headers(buf, &mut fields) {
+                        Ok(httparse::Status::Complete((length, fields))) => {
+                            let mut trailers = HeaderMap::with_capacity(fields.len());
+                            for field in fields {
+                                let name = HeaderName::from_bytes(field.name.as_bytes());
+                                let value = HeaderValue::from_bytes(field.value);
+                                if let (Ok(name), Ok(value)) = (name, value) {
+                                    trailers.append(name, value);
+                                }
+                            }
+                            buf.advance(length);
+                            *self = Decoder::Done;
+                            return Ok(Decoded::Frame(Frame::trailers(trailers)));
+                        }
+                        Ok(httparse::Status::Partial) if buf.len() < max_buf => {
+                            return Ok(Decoded::More);
+                        }
+                        Ok(httparse::Status::Partial) => {
+                            return Err(RelayError::MalformedChunk("trailers too large"));
+                        }
+                        Err(_) => return Err(RelayError::MalformedChunk("malformed trailers")),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The server closed the connection: the end of a body read to the close, else a
+    /// truncation.
+    fn closed(&mut self) -> Result<(), RelayError> {
+        match *self {
+            Decoder::ToClose | Decoder::Done => {
+                *self = Decoder::Done;
+                Ok(())
+            }
+            Decoder::Length(missing) => Err(RelayError::ClosedInBody { missing }),
+            Decoder::Chunked(_) => Err(RelayError::ClosedInChunk),
+        }
+    }
+
+    pub fn is_end(&self) -> bool {
+        matches!(self, Decoder::Done | Decoder::Length(0))
+    }
+
+    pub fn size_hint(&self) -> SizeHint {
+        match *self {
+            Decoder::Length(left) => SizeHint::with_exact(left),
+            Decoder::Done => SizeHint::with_exact(0),
+            Decoder::Chunked(_) | Decoder::ToClose => SizeHint::default(),
+        }
+    }
+}
+
+/// The size on a chunk-size line (without its LF): hex digits, then optional extensions.
+fn chunk_size(line: &[u8]) -> Result<u64, RelayError> {
+    let line = line
+        .strip_suffix(b"\r")
+        .ok_or(RelayError::MalformedChunk("size line without CRLF"))?;
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 {
+        return Err(RelayError::MalformedChunk("no chunk size"));
+    }
+    if digits > 15 {
+        return Err(RelayError::MalformedChunk("chunk size too large"));
+    }
+    let mut size = 0u64;
+    for &digit in &line[..digits] {
+        // Hex digits only (checked above); 15 of them fit a u64.
+        let value = (digit as char).to_digit(16).unwrap_or(0);
+        size = size * 16 + u64::from(value);
+    }
+    let rest = &line[digits..];
+    let rest = rest.trim_ascii_start();
+    if !rest.is_empty() && rest[0] != b';' {
+        return Err(RelayError::MalformedChunk("junk after the chunk size"));
+    }
+    Ok(size)
+}
+
+/// How the request body is framed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length { declared: u64, sent: u64 },
+    Chunked,
+}
+
+/// Up to three pieces written together (a chunk's size line, its data, its CRLF).
+struct Pending {
+    parts: [Bytes; 3],
+}
+
+impl Pending {
+    fn new(parts: [Bytes; 3]) -> Self {
+        Self { parts }
+    }
+
+    fn poll_write(&mut self, stream: &mut TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let slices = [
+                IoSlice::new(&self.parts[0]),
+                IoSlice::new(&self.parts[1]),
+                IoSlice::new(&self.parts[2]),
+            ];
+            let total: usize = self.parts.iter().map(Bytes::len).sum();
+            if total == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            let mut written = ready!(Pin::new(&mut *stream).poll_write_vectored(cx, &slices))?;
+            if written == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            for part in &mut self.parts {
+                let take = written.min(part.len());
+                part.advance(take);
+                written -= take;
+            }
+        }
+    }
+}
+
+/// A request being written: its head, then its body in frames.
+pub struct Outgoing {
+    pending: Option<Pending>,
+    body: Option<RequestBody>,
+    framing: Framing,
+    /// The last bytes are queued (the terminating chunk, if chunked).
+    ending: bool,
+}
+
+impl std::fmt::Debug for Outgoing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outgoing")
+            .field("framing", &self.framing)
+            .field("ending", &self.ending)
+            .finish()
+    }
+}
+
+/// The request head's bytes and how its body goes, from a request in origin form; its
+/// headers gain the framing header the body needs.
+pub fn encode_head(request: &mut Request<RequestBody>) -> (Bytes, RequestFraming) {
+    let body = request.body();
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let framing = if let Some(declared) = declared {
+        RequestFraming::Length(declared)
+    } else if body.is_end_stream() {
+        RequestFraming::Length(0)
+    } else if let Some(exact) = body.size_hint().exact() {
+        if let Ok(value) = HeaderValue::try_from(exact.to_string()) {
+            request.headers_mut().insert(CONTENT_LENGTH, value);
+        }
+        RequestFraming::Length(exact)
+    } else {
+        request
+            .headers_mut()
+            .insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        RequestFraming::Chunked
+    };
+    let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
+    let method = request.method().as_str();
+    let mut head = Vec::with_capacity(
+        method.len()
+            + path.len()
+            + 13
+            + request
+                .headers()
+                .iter()
+                .map(|(n, v)| n.as_str().len() + v.len() + 4)
+                .sum::<usize>()
+            + 2,
+    );
+    head.extend_from_slice(method.as_bytes());
+    head.push(b' ');
+    head.extend_from_slice(path.as_bytes());
+    head.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in request.headers() {
+        head.extend_from_slice(name.as_str().as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value.as_bytes());
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
+    (Bytes::from(head), framing)
+}
+
+/// How a request body is framed: by a length (the declared or the known one), or chunked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestFraming {
+    Length(u64),
+    Chunked,
+}
+
+impl Outgoing {
+    pub fn new(head: Bytes, framing: RequestFraming, body: RequestBody) -> Self {
+        let mut framing = match framing {
+            RequestFraming::Length(declared) => Framing::Length { declared, sent: 0 },
+            RequestFraming::Chunked => Framing::Chunked,
+        };
+        let mut first = [head, Bytes::new(), Bytes::new()];
+        let body = match (body, framing) {
+            // A body read whole goes out with its head, in one write.
+            (RequestBody::Full(bytes), Framing::Length { declared, .. }) => {
+                let bytes = bytes.unwrap_or_default();
+                framing = Framing::Length {
+                    declared,
+                    sent: bytes.len() as u64,
+                };
+                first[1] = bytes;
+                None
+            }
+            (body, _) => Some(body),
+        };
+        Self {
+            pending: Some(Pending::new(first)),
+            body,
+            framing,
+            ending: false,
+        }
+    }
+
+    /// Writes what can be written: `Ready(Ok)` once the whole request is out.
+    fn poll_write(
+        &mut self,
+        stream: &mut TcpStream,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), RelayError>> {
+        loop {
+            if let Some(pending) = self.pending.as_mut() {
+                ready!(pending.poll_write(stream, cx))?;
+                self.pending = None;
+            }
+            if self.ending {
+                return Poll::Ready(Ok(()));
+            }
+            let Some(body) = self.body.as_mut() else {
+                self.ending = true;
+                self.check_length()?;
+                continue;
+            };
+            match ready!(Pin::new(body).poll_frame(cx)) {
+                None => {
+                    self.body = None;
+                    self.ending = true;
+                    match self.framing {
+                        Framing::Chunked => {
+                            self.pending = Some(Pending::new([
+                                Bytes::from_static(b"0\r\n\r\n"),
+                                Bytes::new(),
+                                Bytes::new(),
+                            ]));
+                        }
+                        Framing::Length { .. } => self.check_length()?,
+                    }
+                }
+                Some(Err(error)) => return Poll::Ready(Err(RelayError::RequestBody(error))),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if data.is_empty() => {}
+                    Ok(data) => self.queue(data)?,
+                    Err(frame) => {
+                        // Trailers end a chunked body; a body framed by length has none.
+                        if let (Framing::Chunked, Ok(trailers)) =
+                            (self.framing, frame.into_trailers())
+                        {
+                            let mut block = b"0\r\n".to_vec();
+                            for (name, value) in &trailers {
+                                block.extend_from_slice(name.as_str().as_bytes());
+                                block.extend_from_slice(b": ");
+                                block.extend_from_slice(value.as_bytes());
+                                block.extend_from_slice(b"\r\n");
+                            }
+                            block.extend_from_slice(b"\r\n");
+                            self.body = None;
+                            self.ending = true;
+                            self.pending = Some(Pending::new([
+                                Bytes::from(block),
+                                Bytes::new(),
+                                Bytes::new(),
+                            ]));
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    fn queue(&mut self, data: Bytes) -> Result<(), RelayError> {
+        match &mut self.framing {
+            Framing::Length { declared, sent } => {
+                *sent += data.len() as u64;
+                if *sent > *declared {
+                    return Err(RelayError::RequestBodyLength {
+                        declared: *declared,
+                        sent: *sent,
+                    });
+                }
+                self.pending = Some(Pending::new([data, Bytes::new(), Bytes::new()]));
+            }
+            Framing::Chunked => {
+                let size = Bytes::from(format!("{:x}\r\n", data.len()));
+                self.pending = Some(Pending::new([size, data, Bytes::from_static(b"\r\n")]));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_length(&self) -> Result<(), RelayError> {
+        match self.framing {
+            Framing::Length { declared, sent } if declared != sent => {
+                Err(RelayError::RequestBodyLength { declared, sent })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(text: &str) -> Result<Option<(usize, Head)>, RelayError> {
+        parse_head(text.as_bytes(), &Method::GET)
+    }
+
+    fn framing_of(text: &str) -> (Decoder, bool) {
+        match head(text) {
+            Ok(Some((
+                _,
+                Head::Final(FinalHead {
+                    decoder,
+                    keep_alive,
+                    ..
+                }),
+            ))) => (decoder, keep_alive),
+            other => panic!("not a final head: {:?}", other.map(|o| o.map(|(l, _)| l))),
+        }
+    }
+
+    /// Decodes `wire` fed in pieces of `step` bytes: the data, the trailers, whether it ended.
+    fn decode_in_steps(
+        mut decoder: Decoder,
+        wire: &[u8],
+        step: usize,
+    ) -> (Vec<u8>, Option<HeaderMap>, bool) {
+        let mut buf = BytesMut::new();
+        let mut data = Vec::new();
+        let mut trailers = None;
+        for piece in wire.chunks(step.max(1)) {
+            buf.extend_from_slice(piece);
+            loop {
+                match decoder.decode(&mut buf, 1 << 16).unwrap() {
+                    Decoded::Frame(frame) => match frame.into_data() {
+                        Ok(bytes) => data.extend_from_slice(&bytes),
+                        Err(frame) => trailers = frame.into_trailers().ok(),
+                    },
+                    Decoded::More => break,
+                    Decoded::End => return (data, trailers, true),
+                }
+            }
+        }
+        (data, trailers, false)
+    }
+
+    #[test]
+    fn heads_are_framed_as_rfc_9112_says() {
+        let (decoder, keep) = framing_of("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n");
+        assert_eq!((decoder, keep), (Decoder::Length(5), true));
+        let (decoder, keep) = framing_of("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+        assert_eq!((decoder, keep), (Decoder::Chunked(Chunk::Size), true));
+        let (decoder, keep) = framing_of(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n",
+        );
+        assert_eq!((decoder, keep), (Decoder::Chunked(Chunk::Size), false));
+        let (decoder, keep) = framing_of("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n");
+        assert_eq!((decoder, keep), (Decoder::ToClose, false));
+        let (decoder, keep) = framing_of("HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!((decoder, keep), (Decoder::ToClose, false));
+        let (decoder, keep) = framing_of("HTTP/1.1 204 No Content\r\n\r\n");
+        assert_eq!((decoder, keep), (Decoder::Length(0), true));
+        let (_, keep) =
+            framing_of("HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        assert!(!keep);
+        let (_, keep) = framing_of("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n");
+        assert!(!keep);
+        let (_, keep) =
+            framing_of("HTTP/1.0 200 OK\r\ncontent-length: 0\r\nconnection: keep-alive\r\n\r\n");
+        assert!(keep);
+        let (decoder, _) =
+            framing_of("HTTP/1.1 200 OK\r\ncontent-length: 7, 7\r\ncontent-length: 7\r\n\r\n");
+        assert_eq!(decoder, Decoder::Length(7));
+        for bad in ["7, 8", "-1", "", "0x10", "1 2", "99999999999999999999999"] {
+            let text = format!("HTTP/1.1 200 OK\r\ncontent-length: {bad}\r\n\r\n");
+            assert!(
+                matches!(head(&text), Err(RelayError::InvalidContentLength)),
+                "{bad:?} was accepted"
+            );
+        }
+        let text = "HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n";
+        let head = parse_head(text.as_bytes(), &Method::HEAD).unwrap();
+        assert!(matches!(
+            head,
+            Some((
+                _,
+                Head::Final(FinalHead {
+                    decoder: Decoder::Length(0),
+                    ..
+                })
+            ))
+        ));
+    }
+
+    #[test]
+    fn informational_answers_are_skipped_and_101_refused() {
+        assert!(matches!(
+            head("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n"),
+            Ok(Some((25, Head::Informational)))
+        ));
+        assert!(matches!(
+            head("HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n"),
+            Err(RelayError::SwitchedProtocols)
+        ));
+        assert!(matches!(head("HTTP/1.1 200 OK\r\ncontent-le"), Ok(None)));
+        assert!(matches!(
+            head("HTTP/1.1 2000 OK\r\n\r\n"),
+            Err(RelayError::MalformedHead(_))
+        ));
+        assert!(matches!(
+            head("garbage\r\n\r\n"),
+            Err(RelayError::MalformedHead(_))
+        ));
+    }
+
+    #[test]
+    fn chunked_bodies_decode_whatever_the_read_boundaries() {
+        let wire = b"5\r\nhello\r\n6;name=v\r\n world\r\n0\r\nx-checksum: abc\r\n\r\n";
+        for step in 1..wire.len() + 1 {
+            let (data, trailers, ended) =
+                decode_in_steps(Decoder::Chunked(Chunk::Size), wire, step);
+            assert_eq!(data, b"hello world", "step {step}");
+            assert!(ended, "step {step}");
+            assert_eq!(trailers.unwrap()["x-checksum"], "abc", "step {step}");
+        }
+        let (data, trailers, ended) = decode_in_steps(
+            Decoder::Chunked(Chunk::Size),
+            b"A\r\n0123456789\r\n0\r\n\r\n",
+            3,
+        );
+        assert_eq!(
+            (data.as_slice(), trailers.is_none(), ended),
+            (&b"0123456789"[..], true, true)
+        );
+    }
+
+    #[test]
+    fn malformed_chunks_are_errors_not_guesses() {
+        for wire in [
+            &b"zz\r\n"[..],
+            b"5\nhello\r\n",
+            b"5 x\r\nhello\r\n",
+            b"5\r\nhelloXY",
+            b"ffffffffffffffff\r\n",
+            b"0\r\nbad trailer\r\n\r\n",
+        ] {
+            let mut decoder = Decoder::Chunked(Chunk::Size);
+            let mut buf = BytesMut::from(wire);
+            let mut failed = false;
+            for _ in 0..8 {
+                match decoder.decode(&mut buf, 1 << 16) {
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                    Ok(Decoded::More | Decoded::End) => break,
+                    Ok(Decoded::Frame(_)) => {}
+                }
+            }
+            assert!(failed, "{:?} was accepted", String::from_utf8_lossy(wire));
+        }
+        let mut buf = BytesMut::from(&vec![b'1'; MAX_CHUNK_LINE + 1][..]);
+        assert!(Decoder::Chunked(Chunk::Size)
+            .decode(&mut buf, 1 << 16)
+            .is_err());
+    }
+
+    #[test]
+    fn a_length_body_ends_exactly_and_a_close_before_it_is_a_truncation() {
+        let mut decoder = Decoder::Length(5);
+        let mut buf = BytesMut::from(&b"hel"[..]);
+        assert!(matches!(
+            decoder.decode(&mut buf, 64),
+            Ok(Decoded::Frame(_))
+        ));
+        assert!(matches!(decoder.decode(&mut buf, 64), Ok(Decoded::More)));
+        assert!(matches!(
+            decoder.closed(),
+            Err(RelayError::ClosedInBody { missing: 2 })
+        ));
+        let mut decoder = Decoder::Length(2);
+        let mut buf = BytesMut::from(&b"okHTTP"[..]);
+        assert!(matches!(
+            decoder.decode(&mut buf, 64),
+            Ok(Decoded::Frame(_))
+        ));
+        assert!(decoder.is_end());
+        assert_eq!(&buf[..], b"HTTP");
+        let mut decoder = Decoder::ToClose;
+        assert!(decoder.closed().is_ok());
+        assert!(Decoder::Chunked(Chunk::Data(3)).closed().is_err());
+    }
+
+    #[test]
+    fn request_heads_are_framed_like_hyper_frames_them() {
+        let request = |body: RequestBody, length: Option<&str>| {
+            let mut builder = Request::builder().method(Method::POST).uri("/v1/x?y=1");
+            if let Some(length) = length {
+                builder = builder.header(CONTENT_LENGTH, length);
+            }
+            builder.header("host", "up:8000").body(body).unwrap()
+        };
+        let mut full = request(RequestBody::Full(Some(Bytes::from_static(b"{}"))), None);
+        let (bytes, framing) = encode_head(&mut full);
+        assert_eq!(framing, RequestFraming::Length(2));
+        assert_eq!(
+            &bytes[..],
+            b"POST /v1/x?y=1 HTTP/1.1\r\nhost: up:8000\r\ncontent-length: 2\r\n\r\n"
+        );
+        let mut empty = request(RequestBody::empty(), None);
+        let (bytes, framing) = encode_head(&mut empty);
+        assert_eq!(framing, RequestFraming::Length(0));
+        assert!(!String::from_utf8_lossy(&bytes).contains("content-length"));
+        let mut streamed = request(
+            RequestBody::Stream {
+                prefix: None,
+                rest: Box::pin(OneFrame(Some(Bytes::from_static(b"x")))),
+            },
+            None,
+        );
+        let (bytes, framing) = encode_head(&mut streamed);
+        assert_eq!(framing, RequestFraming::Chunked);
+        assert!(String::from_utf8_lossy(&bytes).contains("transfer-encoding: chunked\r\n"));
+    }
+
+    /// A streamed body of one frame and no known length.
+    struct OneFrame(Option<Bytes>);
+
+    impl Body for OneFrame {
+        type Data = Bytes;
+        type Error = BoxError;
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            Poll::Ready(self.0.take().map(|b| Ok(Frame::data(b))))
+        }
+    }
+}
