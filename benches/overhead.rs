@@ -288,6 +288,17 @@ struct Baseline {
 
 impl Drop for Baseline {
     fn drop(&mut self) {
+        // SIGTERM first: nginx's master then stops its workers (SIGKILL would leave them
+        // running, holding cores and memory through the rounds after).
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..40 {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);

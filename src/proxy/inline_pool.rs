@@ -181,6 +181,7 @@ impl InlinePool {
                     decoder,
                     keep_alive,
                 }) => {
+                    connection.drop_empty_buffer();
                     let driver = Driver {
                         connection,
                         outgoing,
@@ -259,7 +260,7 @@ impl InlinePool {
         if self.options.max_idle == 0 {
             return;
         }
-        connection.shrink_idle();
+        connection.drop_empty_buffer();
         let mut idle = lock::lock(&self.idle);
         if idle.len() >= self.options.max_idle {
             idle.pop_front();

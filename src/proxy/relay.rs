@@ -33,16 +33,19 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWrite;
 use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::io::poll_read_buf;
 
 use super::request_body::RequestBody;
 use super::BoxError;
 
 /// The most header fields a response head (or a trailer block) may have, as in hyper.
 const MAX_HEADERS: usize = 100;
-/// What the read buffer starts with: a response head, or a few SSE events.
-const INITIAL_READ: usize = 4096;
+/// What the read buffer starts with: a response head, or a few SSE events (a held stream
+/// keeps it while it waits for its next token; reads that fill it double it, up to
+/// `proxy.max_stream_buffer`).
+const INITIAL_READ: usize = 1024;
 /// Below this much free room the buffer is reclaimed (or grown) before the next read.
-const MIN_SPARE: usize = 512;
+const MIN_SPARE: usize = 256;
 /// The longest chunk-size line (size and extensions) accepted.
 const MAX_CHUNK_LINE: usize = 4096;
 
@@ -132,8 +135,10 @@ impl Connection {
         matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }
 
-    /// Drops an empty read buffer (an idle connection in the pool holds no memory for it).
-    pub fn shrink_idle(&mut self) {
+    /// Drops the read buffer when it is empty: a connection idle in the pool, or a stream
+    /// waiting for its first token after the head, holds no memory for it (the next read
+    /// allocates it again: once per response, not per event).
+    pub fn drop_empty_buffer(&mut self) {
         if self.buf.is_empty() {
             self.buf = BytesMut::new();
         }
@@ -158,19 +163,14 @@ impl Connection {
             self.buf.reserve(room);
         }
         let spare = self.buf.capacity() - self.buf.len();
-        loop {
-            ready!(self.stream.poll_read_ready(cx))?;
-            match self.stream.try_read_buf(&mut self.buf) {
-                Ok(read) => {
-                    if read == spare && self.next_read < self.max_buf {
-                        self.next_read = (self.next_read * 2).min(self.max_buf);
-                    }
-                    return Poll::Ready(Ok(read));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
-            }
+        // Through `AsyncRead::poll_read`, not `try_read_buf`: tokio takes a read shorter than
+        // the room given as the socket drained and waits for the next readiness, where
+        // `try_read_buf` would try once more and pay a `recvfrom` answering EAGAIN per event.
+        let read = ready!(poll_read_buf(Pin::new(&mut self.stream), cx, &mut self.buf))?;
+        if read == spare && self.next_read < self.max_buf {
+            self.next_read = (self.next_read * 2).min(self.max_buf);
         }
+        Poll::Ready(Ok(read))
     }
 
     /// Reads the response head (skipping 1xx answers); `request_method` decides the framing.
@@ -1041,6 +1041,58 @@ mod tests {
         let (bytes, framing) = encode_head(&mut streamed);
         assert_eq!(framing, RequestFraming::Chunked);
         assert!(String::from_utf8_lossy(&bytes).contains("transfer-encoding: chunked\r\n"));
+    }
+
+    /// The chunked encoding of `pieces` (empty pieces skipped, as a sender skips them).
+    fn chunked(pieces: &[Vec<u8>]) -> Vec<u8> {
+        let mut wire = Vec::new();
+        for piece in pieces.iter().filter(|p| !p.is_empty()) {
+            wire.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            wire.extend_from_slice(piece);
+            wire.extend_from_slice(b"\r\n");
+        }
+        wire.extend_from_slice(b"0\r\n\r\n");
+        wire
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_decode_or_fail_without_panicking(
+            wire in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+            step in 1usize..64,
+            as_head in proptest::bool::ANY,
+        ) {
+            if as_head {
+                let _ = parse_head(&wire, &Method::GET);
+            }
+            for start in [Decoder::Chunked(Chunk::Size), Decoder::Length(100), Decoder::ToClose] {
+                let mut decoder = start;
+                let mut buf = BytesMut::new();
+                'feed: for piece in wire.chunks(step) {
+                    buf.extend_from_slice(piece);
+                    for _ in 0..1024 {
+                        match decoder.decode(&mut buf, 256) {
+                            Ok(Decoded::Frame(_)) => {}
+                            Ok(Decoded::More) => break,
+                            Ok(Decoded::End) | Err(_) => break 'feed,
+                        }
+                    }
+                }
+                let _ = decoder.closed();
+            }
+        }
+
+        #[test]
+        fn chunked_data_comes_back_whole_whatever_the_reads(
+            pieces in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..300), 0..12),
+            step in 1usize..700,
+        ) {
+            let wire = chunked(&pieces);
+            let (data, trailers, ended) = decode_in_steps(Decoder::Chunked(Chunk::Size), &wire, step);
+            proptest::prop_assert!(ended);
+            proptest::prop_assert!(trailers.is_none());
+            proptest::prop_assert_eq!(data, pieces.concat());
+        }
     }
 
     /// A streamed body of one frame and no known length.
