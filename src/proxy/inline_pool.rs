@@ -616,7 +616,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_idle_connection_the_server_dropped_is_replaced_unseen() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         // Keep-alive answers, then the server drops the idle connection 30 ms later.
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url: Uri = format!("http://{}", listener.local_addr().unwrap())
@@ -628,13 +628,8 @@ mod tests {
             while let Ok((mut stream, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
-                    let mut head = Vec::new();
-                    let mut byte = [0u8; 1];
-                    while !head.ends_with(b"\r\n\r\n") {
-                        if stream.read(&mut byte).await.unwrap_or(0) == 0 {
-                            return;
-                        }
-                        head.push(byte[0]);
+                    if !read_head(&mut stream).await {
+                        return;
                     }
                     let _ = stream
                         .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
@@ -697,12 +692,26 @@ mod tests {
         assert_eq!(pool.idle_connections(), 0);
     }
 
+    /// Reads one request head off `stream`, byte by byte: false when the client closed first.
+    async fn read_head(stream: &mut tokio::net::TcpStream) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                return false;
+            }
+            head.push(byte[0]);
+        }
+        true
+    }
+
     /// A raw upstream: on each connection it reads one request head per answer in `answers`
     /// and writes that answer, then closes. Counts connections and request heads.
     async fn scripted(
         answers: &'static [&'static [u8]],
     ) -> (Uri, Arc<AtomicUsize>, Arc<AtomicUsize>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url: Uri = format!("http://{}", listener.local_addr().unwrap())
             .parse()
@@ -716,13 +725,8 @@ mod tests {
                 let seen = Arc::clone(&seen);
                 tokio::spawn(async move {
                     for answer in answers {
-                        let mut head = Vec::new();
-                        let mut byte = [0u8; 1];
-                        while !head.ends_with(b"\r\n\r\n") {
-                            if stream.read(&mut byte).await.unwrap_or(0) == 0 {
-                                return;
-                            }
-                            head.push(byte[0]);
+                        if !read_head(&mut stream).await {
+                            return;
                         }
                         seen.fetch_add(1, Ordering::SeqCst);
                         if stream.write_all(answer).await.is_err() {

@@ -419,17 +419,15 @@ impl Decoder {
                     return Ok(Decoded::End);
                 }
                 Decoder::Length(left) => {
-                    if buf.is_empty() {
+                    let Some((data, left)) = take_up_to(buf, left) else {
                         return Ok(Decoded::More);
-                    }
-                    let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
-                    let left = left - take as u64;
+                    };
                     *self = if left == 0 {
                         Decoder::Done
                     } else {
                         Decoder::Length(left)
                     };
-                    return Ok(Decoded::Frame(Frame::data(buf.split_to(take).freeze())));
+                    return Ok(Decoded::Frame(Frame::data(data)));
                 }
                 Decoder::ToClose => {
                     if buf.is_empty() {
@@ -453,17 +451,14 @@ impl Decoder {
                     });
                 }
                 Decoder::Chunked(Chunk::Data(left)) => {
-                    if buf.is_empty() {
+                    let Some((data, left)) = take_up_to(buf, left) else {
                         return Ok(Decoded::More);
-                    }
-                    let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
-                    let left = left - take as u64;
+                    };
                     *self = Decoder::Chunked(if left == 0 {
                         Chunk::DataEnd
                     } else {
                         Chunk::Data(left)
                     });
-                    let data = buf.split_to(take).freeze();
                     // The CRLF after the data, when it is already here, is taken now: the
                     // body's end then shows as soon as the last chunk's size line arrives.
                     if left == 0 && buf.starts_with(b"\r\n") {
@@ -549,6 +544,16 @@ impl Decoder {
             Decoder::Chunked(_) | Decoder::ToClose => SizeHint::default(),
         }
     }
+}
+
+/// Up to `left` bytes off the front of `buf`, as one frame's data (a slice of the buffer, not
+/// a copy), and what is left after them; `None` when nothing is buffered.
+fn take_up_to(buf: &mut BytesMut, left: u64) -> Option<(Bytes, u64)> {
+    if buf.is_empty() {
+        return None;
+    }
+    let take = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+    Some((buf.split_to(take).freeze(), left - take as u64))
 }
 
 /// The size on a chunk-size line (without its LF): hex digits, then optional extensions.
