@@ -582,13 +582,6 @@ fn chunk_size(line: &[u8]) -> Result<u64, RelayError> {
     Ok(size)
 }
 
-/// How the request body is framed on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    Length { declared: u64, sent: u64 },
-    Chunked,
-}
-
 /// Up to three pieces written together (a chunk's size line, its data, its CRLF).
 struct Pending {
     parts: [Bytes; 3],
@@ -597,6 +590,10 @@ struct Pending {
 impl Pending {
     fn new(parts: [Bytes; 3]) -> Self {
         Self { parts }
+    }
+
+    fn one(bytes: Bytes) -> Self {
+        Self::new([bytes, Bytes::new(), Bytes::new()])
     }
 
     fn poll_write(&mut self, stream: &mut TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -627,7 +624,9 @@ impl Pending {
 pub struct Outgoing {
     pending: Option<Pending>,
     body: Option<RequestBody>,
-    framing: Framing,
+    framing: RequestFraming,
+    /// Body bytes queued so far (checked against a declared length).
+    sent: u64,
     /// The last bytes are queued (the terminating chunk, if chunked).
     ending: bool,
 }
@@ -701,19 +700,13 @@ pub enum RequestFraming {
 
 impl Outgoing {
     pub fn new(head: Bytes, framing: RequestFraming, body: RequestBody) -> Self {
-        let mut framing = match framing {
-            RequestFraming::Length(declared) => Framing::Length { declared, sent: 0 },
-            RequestFraming::Chunked => Framing::Chunked,
-        };
         let mut first = [head, Bytes::new(), Bytes::new()];
+        let mut sent = 0;
         let body = match (body, framing) {
             // A body read whole goes out with its head, in one write.
-            (RequestBody::Full(bytes), Framing::Length { declared, .. }) => {
+            (RequestBody::Full(bytes), RequestFraming::Length(_)) => {
                 let bytes = bytes.unwrap_or_default();
-                framing = Framing::Length {
-                    declared,
-                    sent: bytes.len() as u64,
-                };
+                sent = bytes.len() as u64;
                 first[1] = bytes;
                 None
             }
@@ -723,6 +716,7 @@ impl Outgoing {
             pending: Some(Pending::new(first)),
             body,
             framing,
+            sent,
             ending: false,
         }
     }
@@ -742,82 +736,64 @@ impl Outgoing {
                 return Poll::Ready(Ok(()));
             }
             let Some(body) = self.body.as_mut() else {
-                self.ending = true;
-                self.check_length()?;
+                self.finish(None)?;
                 continue;
             };
             match ready!(Pin::new(body).poll_frame(cx)) {
-                None => {
-                    self.body = None;
-                    self.ending = true;
-                    match self.framing {
-                        Framing::Chunked => {
-                            self.pending = Some(Pending::new([
-                                Bytes::from_static(b"0\r\n\r\n"),
-                                Bytes::new(),
-                                Bytes::new(),
-                            ]));
-                        }
-                        Framing::Length { .. } => self.check_length()?,
-                    }
-                }
+                None => self.finish(None)?,
                 Some(Err(error)) => return Poll::Ready(Err(RelayError::RequestBody(error))),
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) if data.is_empty() => {}
                     Ok(data) => self.queue(data)?,
-                    Err(frame) => {
-                        // Trailers end a chunked body; a body framed by length has none.
-                        if let (Framing::Chunked, Ok(trailers)) =
-                            (self.framing, frame.into_trailers())
-                        {
-                            let mut block = b"0\r\n".to_vec();
-                            for (name, value) in &trailers {
-                                block.extend_from_slice(name.as_str().as_bytes());
-                                block.extend_from_slice(b": ");
-                                block.extend_from_slice(value.as_bytes());
-                                block.extend_from_slice(b"\r\n");
-                            }
-                            block.extend_from_slice(b"\r\n");
-                            self.body = None;
-                            self.ending = true;
-                            self.pending = Some(Pending::new([
-                                Bytes::from(block),
-                                Bytes::new(),
-                                Bytes::new(),
-                            ]));
-                        }
-                    }
+                    // Trailers end the body (a body framed by length sends none).
+                    Err(frame) => self.finish(frame.into_trailers().ok())?,
                 },
             }
         }
     }
 
     fn queue(&mut self, data: Bytes) -> Result<(), RelayError> {
-        match &mut self.framing {
-            Framing::Length { declared, sent } => {
-                *sent += data.len() as u64;
-                if *sent > *declared {
-                    return Err(RelayError::RequestBodyLength {
-                        declared: *declared,
-                        sent: *sent,
-                    });
-                }
-                self.pending = Some(Pending::new([data, Bytes::new(), Bytes::new()]));
+        self.sent += data.len() as u64;
+        self.pending = Some(match self.framing {
+            RequestFraming::Length(declared) if self.sent > declared => {
+                return Err(RelayError::RequestBodyLength {
+                    declared,
+                    sent: self.sent,
+                });
             }
-            Framing::Chunked => {
+            RequestFraming::Length(_) => Pending::one(data),
+            RequestFraming::Chunked => {
                 let size = Bytes::from(format!("{:x}\r\n", data.len()));
-                self.pending = Some(Pending::new([size, data, Bytes::from_static(b"\r\n")]));
+                Pending::new([size, data, Bytes::from_static(b"\r\n")])
             }
-        }
+        });
         Ok(())
     }
 
-    fn check_length(&self) -> Result<(), RelayError> {
+    /// The body is over: the last chunk (with any trailers) queued, or its length checked.
+    fn finish(&mut self, trailers: Option<HeaderMap>) -> Result<(), RelayError> {
+        self.body = None;
+        self.ending = true;
         match self.framing {
-            Framing::Length { declared, sent } if declared != sent => {
-                Err(RelayError::RequestBodyLength { declared, sent })
+            RequestFraming::Length(declared) if declared != self.sent => {
+                Err(RelayError::RequestBodyLength {
+                    declared,
+                    sent: self.sent,
+                })
             }
-            _ => Ok(()),
+            RequestFraming::Length(_) => Ok(()),
+            RequestFraming::Chunked => {
+                let mut block = b"0\r\n".to_vec();
+                for (name, value) in trailers.iter().flatten() {
+                    block.extend_from_slice(name.as_str().as_bytes());
+                    block.extend_from_slice(b": ");
+                    block.extend_from_slice(value.as_bytes());
+                    block.extend_from_slice(b"\r\n");
+                }
+                block.extend_from_slice(b"\r\n");
+                self.pending = Some(Pending::one(Bytes::from(block)));
+                Ok(())
+            }
         }
     }
 }
