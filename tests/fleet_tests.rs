@@ -56,6 +56,11 @@ use crate::common::{ChildGuard, TempDir};
 
 /// `GET /api/v1/query?query=…` on Prometheus: the result vector (empty on any failure).
 async fn instant(base: &str, query: &str) -> Vec<Value> {
+    instant_at(base, query, None).await
+}
+
+/// `query` evaluated at `time` (Unix seconds), or now.
+async fn instant_at(base: &str, query: &str, time: Option<&str>) -> Vec<Value> {
     let encoded: String = query
         .bytes()
         .map(|b| {
@@ -66,7 +71,8 @@ async fn instant(base: &str, query: &str) -> Vec<Value> {
             }
         })
         .collect();
-    let request = Request::get(format!("{base}/api/v1/query?query={encoded}"))
+    let at = time.map(|t| format!("&time={t}")).unwrap_or_default();
+    let request = Request::get(format!("{base}/api/v1/query?query={encoded}{at}"))
         .body(Full::new(Bytes::new()))
         .unwrap();
     match tokio::time::timeout(Duration::from_secs(5), common::send(request)).await {
@@ -506,13 +512,26 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
     );
     assert!(text.contains("too few"), "{text}");
 
-    // Over 5m the fleet matrix follows the shipped recording rules.
-    let all = json_of(&fleet("5m", &["--fingerprint", baseline]).await);
-    let rules = instant(
-        &base,
-        &format!("cell:tokentap_request_tokens_per_second:rate5m{{source=\"production\",fingerprint=\"{baseline}\"}}"),
-    )
-    .await;
+    // Over 5m the fleet matrix follows the shipped recording rules, both at the instant of
+    // the rule's last evaluation: the series are younger than the window, and Prometheus's
+    // extrapolation of a young counter's rate shifts by a few per cent from one scrape to the
+    // next, so a matrix read a second after the rule may differ by more than rounding.
+    let rule_series = format!(
+        "cell:tokentap_request_tokens_per_second:rate5m{{source=\"production\",fingerprint=\"{baseline}\",context_bucket=\"8K\"}}"
+    );
+    let evaluated_at = instant(&base, &format!("max(timestamp({rule_series}))"))
+        .await
+        .first()
+        .and_then(|s| s["value"][1].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no evaluation of {rule_series}"));
+    let all = json_of(
+        &fleet(
+            "5m",
+            &["--fingerprint", baseline, "--at", evaluated_at.as_str()],
+        )
+        .await,
+    );
+    let rules = instant_at(&base, &rule_series, Some(&evaluated_at)).await;
     for concurrency in ["1", "4"] {
         let rule = rules
             .iter()

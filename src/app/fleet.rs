@@ -54,9 +54,13 @@ pub struct SourceArgs {
     /// http://host/prometheus); /api/v1/query is appended.
     #[arg(long, value_name = "URL")]
     pub prometheus: String,
-    /// The window every figure covers, ending now (30s, 5m, 1h, 1d).
+    /// The window every figure covers, ending now (30s, 5m, 1h, 1d), or at --at.
     #[arg(long, value_name = "DURATION", default_value = "1h")]
     pub window: String,
+    /// Where the window ends instead of now: an RFC 3339 time (2026-12-01T14:00:00Z) or Unix
+    /// seconds. For looking back at an incident, or matching a recording rule's evaluation.
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<String>,
     /// The served model. Default: the only model with requests in the window.
     #[arg(long, value_name = "NAME")]
     pub model: Option<String>,
@@ -153,6 +157,18 @@ pub struct CompareArgs {
 }
 
 impl SourceArgs {
+    /// The instant every query is evaluated at: `--at`, else now.
+    fn instant(&self) -> anyhow::Result<SystemTime> {
+        let Some(text) = &self.at else {
+            return Ok(SystemTime::now());
+        };
+        parse_instant(text).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--at {text:?}: expected an RFC 3339 time like 2026-12-01T14:00:00Z or Unix seconds like 1796133600"
+            )
+        })
+    }
+
     fn client(&self) -> anyhow::Result<PromClient> {
         let timeout = crate::base::duration::parse_duration(&self.timeout)
             .map_err(|e| anyhow::anyhow!("--timeout {:?}: {e}", self.timeout))?;
@@ -185,6 +201,21 @@ impl SourceArgs {
     }
 }
 
+/// `--at`: RFC 3339, or Unix seconds (a fraction allowed, as Prometheus writes them).
+fn parse_instant(text: &str) -> Option<SystemTime> {
+    if let Some(time) = crate::base::wallclock::parse_rfc3339(text) {
+        return Some(time);
+    }
+    let seconds: f64 = text.trim().parse().ok()?;
+    // Up to the year 9999; beyond that it is a typo, not a time.
+    if !(0.0..=253_402_300_799.0).contains(&seconds) {
+        return None;
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    let millis = (seconds * 1000.0).round() as i64;
+    Some(crate::base::wallclock::from_unix_millis(millis))
+}
+
 pub async fn run(args: FleetArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         FleetCommand::Matrix(args) => matrix(&args).await,
@@ -195,7 +226,7 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<ExitCode> {
 async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     let client = args.source.client()?;
     let query = args.source.query(args.fingerprint.clone())?;
-    let doc = fleet_matrix(&client, &query, SystemTime::now()).await?;
+    let doc = fleet_matrix(&client, &query, args.source.instant()?).await?;
     let text = match args.format {
         FleetMatrixFormat::Md => crate::matrix::render_markdown(&doc),
         FleetMatrixFormat::Json => crate::matrix::render_json(&doc),
@@ -217,7 +248,7 @@ async fn compare_command(args: &CompareArgs) -> anyhow::Result<ExitCode> {
     }
     let client = args.source.client()?;
     // Both sides at the same instant, so they cover the same window.
-    let now = SystemTime::now();
+    let now = args.source.instant()?;
     let baseline = fleet_matrix(
         &client,
         &args.source.query(Some(args.baseline.clone()))?,
@@ -273,4 +304,32 @@ async fn compare_command(args: &CompareArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_instant;
+    use crate::base::wallclock::unix_millis;
+
+    #[test]
+    fn at_takes_rfc3339_and_unix_seconds() {
+        let rfc = parse_instant("2026-12-01T14:00:00Z").map(unix_millis);
+        assert_eq!(rfc, Some(1_796_133_600_000));
+        assert_eq!(parse_instant("1796133600").map(unix_millis), rfc);
+        assert_eq!(
+            parse_instant(" 1796133600.25 ").map(unix_millis),
+            Some(1_796_133_600_250)
+        );
+        for bad in [
+            "",
+            "yesterday",
+            "-5",
+            "1e30",
+            "NaN",
+            "inf",
+            "2026-13-01T00:00:00Z",
+        ] {
+            assert_eq!(parse_instant(bad), None, "{bad:?}");
+        }
+    }
 }
