@@ -744,8 +744,12 @@ impl Bounds {
         // The stream activity the idle deadline was set for.
         let mut idle: Option<(u64, Instant)> = None;
         let streams = Arc::clone(&self.streams);
+        // A second receiver of the drain signal, read only with `has_changed` (an atomic
+        // load), so the connection's wake-ups poll the drain future only once it has fired.
+        let mut drain_probe = self.drain.clone();
         let result = loop {
             let drain = *self.drain.borrow_and_update();
+            drain_probe.mark_unchanged();
             match drain {
                 Drain::Close => return,
                 Drain::Draining if !closing => {
@@ -764,6 +768,14 @@ impl Bounds {
                 idle = None;
             }
             let idle_deadline = idle.map(|(_, at)| at);
+            // Every frame of an HTTP/1 response wakes this task. Polling a registered `Notify`
+            // takes the lock of its waiter list (the drain signal's is shared by all
+            // connections), so each of the two waits below is polled once to register and then
+            // only after a lock-free check says its signal fired (the change counter, the
+            // watch's version); the waker stays this task's in between.
+            let mut streams_changed = std::pin::pin!(streams.changed.notified());
+            let mut drain_changed = std::pin::pin!(self.drain.changed());
+            let (mut streams_armed, mut drain_armed) = (false, false);
             tokio::select! {
                 biased;
                 result = conn.as_mut() => break result,
@@ -778,8 +790,18 @@ impl Bounds {
                     tracing::debug!(listener = self.name, peer = %self.peer, "no request head within the header read timeout; closed");
                     return;
                 }
-                _ = streams.changed.notified() => {}
-                _ = self.drain.changed() => {}
+                _ = std::future::poll_fn(|cx| poll_once_fired(
+                    &mut streams_armed,
+                    streams.activity().1 != changes,
+                    streams_changed.as_mut(),
+                    cx,
+                )) => {}
+                _ = std::future::poll_fn(|cx| poll_once_fired(
+                    &mut drain_armed,
+                    drain_probe.has_changed().unwrap_or(true),
+                    drain_changed.as_mut(),
+                    cx,
+                )) => {}
                 _ = sleep_until_some(idle_deadline), if !closing => {
                     self.faults.add(Fault::IdleClosed);
                     tracing::debug!(listener = self.name, peer = %self.peer, "HTTP/2 connection idle; closed");
@@ -795,6 +817,21 @@ impl Bounds {
 }
 
 /// Sleeps until `deadline`, or forever without one.
+/// Polls `wait` the first time (registering this task's waker) and after that only once
+/// `fired`, so a wake-up for anything else costs an atomic load, not the wait's lock.
+fn poll_once_fired<F: Future>(
+    armed: &mut bool,
+    fired: bool,
+    wait: Pin<&mut F>,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<F::Output> {
+    if *armed && !fired {
+        return std::task::Poll::Pending;
+    }
+    *armed = true;
+    wait.poll(cx)
+}
+
 async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
