@@ -73,6 +73,12 @@ pub fn value_end(json: &[u8], pos: usize) -> Option<usize> {
             let mut depth = 0usize;
             let mut i = pos;
             loop {
+                // Straight to the next byte that matters: one tight scan of the slice, not a
+                // bounds-checked step per byte (the top metering symbol in a proxy profile).
+                let rest = json.get(i..)?;
+                i += rest
+                    .iter()
+                    .position(|&b| matches!(b, b'"' | b'{' | b'[' | b'}' | b']'))?;
                 match *json.get(i)? {
                     b'"' => {
                         i = string_end(json, i)?;
