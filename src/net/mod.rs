@@ -816,7 +816,6 @@ impl Bounds {
     }
 }
 
-/// Sleeps until `deadline`, or forever without one.
 /// Polls `wait` the first time (registering this task's waker) and after that only once
 /// `fired`, so a wake-up for anything else costs an atomic load, not the wait's lock.
 fn poll_once_fired<F: Future>(
@@ -832,6 +831,7 @@ fn poll_once_fired<F: Future>(
     wait.poll(cx)
 }
 
+/// Sleeps until `deadline`, or forever without one.
 async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
