@@ -7,6 +7,9 @@ use std::time::Duration;
 use super::raw::{RawProxy, RawTls};
 use super::{ConfigError, Origins};
 
+/// Most connection-worker threads `proxy.workers` may ask for.
+pub const MAX_WORKERS: usize = 1024;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProxyConfig {
     pub listen: SocketAddr,
@@ -22,6 +25,9 @@ pub struct ProxyConfig {
     /// Most connections open at once on the data listener; 0: what the descriptor limit allows
     /// (`net::limits::max_connections_for`), decided at start.
     pub max_connections: usize,
+    /// Threads serving the data listener's connections (`net::workers`); 0: one per core,
+    /// decided at start.
+    pub workers: usize,
     /// Most HTTP/2 streams open at once on one client connection.
     pub http2_max_concurrent_streams: u32,
     /// Most response bytes held per stream on each side: the HTTP/2 send buffer per client
@@ -79,6 +85,7 @@ impl ProxyConfig {
             body_read_timeout: raw.body_read_timeout,
             // 0: from the descriptor limit at start (`net::limits`).
             max_connections: origins.size("proxy.max_connections", raw.max_connections)?,
+            workers: origins.size("proxy.workers", raw.workers)?,
             http2_max_concurrent_streams: u32::try_from(origins.nonzero(
                 "proxy.http2_max_concurrent_streams",
                 raw.http2_max_concurrent_streams,
@@ -89,6 +96,12 @@ impl ProxyConfig {
             http2_keep_alive_timeout: raw.http2_keep_alive_timeout,
             send_stall_timeout: raw.send_stall_timeout,
         };
+        if proxy.workers > MAX_WORKERS {
+            return Err(origins.error(
+                "proxy.workers",
+                format!("at most {MAX_WORKERS} (0: one per core)"),
+            ));
+        }
         if !(8192..=(16 << 20)).contains(&proxy.max_stream_buffer) {
             return Err(origins.error(
                 "proxy.max_stream_buffer",

@@ -52,6 +52,7 @@ pub struct RawProxy {
     #[serde(deserialize_with = "value::duration")]
     pub body_read_timeout: Duration,
     pub max_connections: u64,
+    pub workers: u64,
     pub http2_max_concurrent_streams: u64,
     pub max_stream_buffer: u64,
     #[serde(deserialize_with = "value::duration")]
@@ -73,6 +74,7 @@ impl Default for RawProxy {
             body_idle_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(60),
             max_connections: 0,
+            workers: 0,
             http2_max_concurrent_streams: 100,
             max_stream_buffer: 64 * 1024,
             http2_keep_alive_interval: Duration::from_secs(30),

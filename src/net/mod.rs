@@ -9,6 +9,7 @@ pub mod limits;
 pub mod redact;
 pub mod streams;
 pub mod tls;
+pub mod workers;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -32,6 +33,7 @@ use tokio_rustls::TlsAcceptor;
 
 use faults::{Fault, FaultCounters};
 use streams::{ConnStreams, StallTimer, StreamExecutor, StreamWatch};
+use workers::ConnectionWorkers;
 
 /// Fires shutdown for every listener holding a [`Shutdown`] from it.
 #[derive(Debug)]
@@ -184,6 +186,10 @@ pub struct ServerOptions {
     /// them out between pieces, so the write buffer, which keeps its capacity, stays at the
     /// 8 KiB it starts with for a client that keeps up.
     pub flatten_writes: bool,
+    /// Where accepted connections are served: on these threads, each its own single-threaded
+    /// runtime (`workers`: the data listener), or, with `None`, as tasks of the runtime the
+    /// listener runs on (admin, simulator).
+    pub workers: Option<Arc<ConnectionWorkers>>,
 }
 
 impl std::fmt::Debug for ServerOptions {
@@ -193,6 +199,7 @@ impl std::fmt::Debug for ServerOptions {
             .field("http2", &self.http2)
             .field("tls", &self.tls.is_some())
             .field("max_connections", &self.max_connections)
+            .field("workers", &self.workers.as_ref().map(|w| w.len()))
             .finish_non_exhaustive()
     }
 }
@@ -225,6 +232,7 @@ impl ServerOptions {
             http2_keep_alive_timeout: Duration::from_secs(10),
             send_stall_timeout: Duration::from_secs(30),
             flatten_writes: false,
+            workers: None,
         }
     }
 }
@@ -485,11 +493,17 @@ pub async fn serve_until<M, S, B>(
         let _ = stream.set_nodelay(true);
         let deadline = Instant::now() + options.header_read_timeout;
         let seen = Arc::new(Notify::new());
+        let placement = options.workers.as_ref().and_then(|w| w.place());
+        let (worker, open) = match placement {
+            Some(placement) => (Some(placement.handle), Some(placement.open)),
+            None => (None, None),
+        };
         let streams = Arc::new(ConnStreams::new(
             options.send_stall_timeout,
             Arc::clone(&options.faults),
             options.name,
             permit,
+            open,
         ));
         let service = ConnService {
             inner: make_service(peer),
@@ -519,12 +533,40 @@ pub async fn serve_until<M, S, B>(
         // (~2 KiB): one async block holding both arms was sized for the TLS arm, handshake
         // and stream included (8.5 KiB), and a task's future is copied whole into its
         // allocation, so every idle HTTP/1 stream paid for it in resident memory.
+        let Some(worker) = worker else {
+            match acceptor.clone() {
+                None => {
+                    tokio::spawn(serve_plain(connection, stream, service));
+                }
+                Some(acceptor) => {
+                    tokio::spawn(serve_tls(connection, acceptor, stream, service));
+                }
+            }
+            continue;
+        };
+        // To its worker: the socket leaves this runtime's reactor here and is registered with
+        // the worker's there, where every task of the connection then runs.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(listener = options.name, %peer, %error, "could not hand the connection to a worker; closed");
+                continue;
+            }
+        };
         match acceptor.clone() {
             None => {
-                tokio::spawn(serve_plain(connection, stream, service));
+                worker.spawn(async move {
+                    if let Some(stream) = connection.register(stream) {
+                        serve_plain(connection, stream, service).await;
+                    }
+                });
             }
             Some(acceptor) => {
-                tokio::spawn(serve_tls(connection, acceptor, stream, service));
+                worker.spawn(async move {
+                    if let Some(stream) = connection.register(stream) {
+                        serve_tls(connection, acceptor, stream, service).await;
+                    }
+                });
             }
         }
     }
@@ -690,6 +732,18 @@ struct Bounds {
 }
 
 impl Connection {
+    /// `stream`, handed over from the listener's runtime, registered with the reactor of the
+    /// runtime this runs on (the connection's worker); `None` (logged) if that fails.
+    fn register(&self, stream: std::net::TcpStream) -> Option<TcpStream> {
+        match TcpStream::from_std(stream) {
+            Ok(stream) => Some(stream),
+            Err(error) => {
+                tracing::debug!(listener = self.bounds.name, peer = %self.bounds.peer, %error, "a connection worker could not take the connection; closed");
+                None
+            }
+        }
+    }
+
     /// Serves HTTP on `io` on a task of its own (see [`Bounds::drive`]), so that what stays
     /// in memory while a stream is open is the connection and its bounds, not also what
     /// decided its protocol (an async fn keeps its arguments beside the futures it awaits,

@@ -28,6 +28,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
 
 use super::faults::{Fault, FaultCounters};
+use super::workers::OpenConnection;
 use crate::base::lock;
 
 /// Whether a response body is waiting for its connection to take the next frame.
@@ -168,6 +169,8 @@ pub(super) struct ConnStreams {
     /// The listener's connection slot: given back once the connection and every stream task
     /// it spawned are gone, so a drain waits for the streams too.
     _slot: OwnedSemaphorePermit,
+    /// Counts the connection on its connection worker, when it runs on one, for as long.
+    _worker: Option<OpenConnection>,
 }
 
 impl ConnStreams {
@@ -176,6 +179,7 @@ impl ConnStreams {
         faults: Arc<FaultCounters>,
         name: &'static str,
         slot: OwnedSemaphorePermit,
+        worker: Option<OpenConnection>,
     ) -> Self {
         Self {
             next: Mutex::new(None),
@@ -187,6 +191,7 @@ impl ConnStreams {
             faults,
             name,
             _slot: slot,
+            _worker: worker,
         }
     }
 

@@ -48,7 +48,13 @@ use crate::stream::body::BodyFailure;
 struct Idle {
     connection: Connection,
     since: Instant,
+    /// The connection worker whose reactor watches its socket (`net::workers::current`).
+    worker: usize,
 }
+
+/// How many of the most recently idled connections a checkout looks through for one of its
+/// own worker's before it takes the freshest of any.
+const SAME_WORKER_SCAN: usize = 64;
 
 /// What the pool needs to open connections to one upstream.
 #[derive(Debug, Clone)]
@@ -220,19 +226,31 @@ impl InlinePool {
         }
     }
 
-    /// The most recently idled connection that is still open.
+    /// The most recently idled connection that is still open, of this connection worker's
+    /// own when one is among the latest: its socket is registered with the reactor of the
+    /// worker that used it last, and one of another worker's would make every event of this
+    /// stream wake that worker's thread before this one's.
     fn checkout(&self) -> Option<Connection> {
         let now = Instant::now();
+        let worker = crate::net::workers::current();
         loop {
-            let Idle {
-                mut connection,
-                since,
-            } = lock::lock(&self.idle).pop_back()?;
-            if now.saturating_duration_since(since) >= self.options.idle_timeout {
-                // The oldest are at the front: everything before this one is older still.
-                lock::lock(&self.idle).clear();
-                return None;
-            }
+            let mut connection = {
+                let mut idle = lock::lock(&self.idle);
+                // The oldest are at the front: those idle past the timeout go first.
+                while idle.front().is_some_and(|i| {
+                    now.saturating_duration_since(i.since) >= self.options.idle_timeout
+                }) {
+                    idle.pop_front();
+                }
+                let from_back = idle
+                    .iter()
+                    .rev()
+                    .take(SAME_WORKER_SCAN)
+                    .position(|i| i.worker == worker)
+                    .unwrap_or(0);
+                let at = idle.len().checked_sub(from_back + 1)?;
+                idle.remove(at)?.connection
+            };
             if connection.is_reusable_now() {
                 return Some(connection);
             }
@@ -268,6 +286,7 @@ impl InlinePool {
         idle.push_back(Idle {
             connection,
             since: Instant::now(),
+            worker: crate::net::workers::current(),
         });
         drop(idle);
         self.start_reaper();

@@ -14,7 +14,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -94,6 +94,9 @@ pin_project! {
         #[pin]
         inner: B,
         timer: Option<Pin<Box<Sleep>>>,
+        // The waker the pending timer was last polled with: while the same task waits on an
+        // unfired timer, polling it again would only register the same waker once more.
+        timer_waker: Option<Waker>,
         idle: Duration,
         // When the current wait began (`None` while frames are coming).
         waiting_since: Option<Instant>,
@@ -109,6 +112,7 @@ impl<B> IdleTimeout<B> {
         Self {
             inner,
             timer: None,
+            timer_waker: None,
             idle,
             waiting_since: None,
             stalled: false,
@@ -147,11 +151,25 @@ impl<B: Body<Data = Bytes>> Body for IdleTimeout<B> {
         let timer = this
             .timer
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        // Every event ends in this wait; a poll of the timer takes a coop budget unit and
+        // re-registers the waker, so it is skipped while the task that already waits on it
+        // polls again and it has not fired.
+        if !timer.is_elapsed()
+            && this
+                .timer_waker
+                .as_ref()
+                .is_some_and(|waker| waker.will_wake(cx.waker()))
+        {
+            return Poll::Pending;
+        }
         // The deadline moves with every frame; the timer does not (a timer-wheel reset per
         // frame costs more than the rest of the frame's path): armed for an older gap, it
         // fires early and is armed once more for the gap in force.
         loop {
-            ready!(timer.as_mut().poll(cx));
+            if timer.as_mut().poll(cx).is_pending() {
+                *this.timer_waker = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
             if timer.deadline() >= deadline {
                 break;
             }
@@ -176,6 +194,7 @@ impl<B: Body<Data = Bytes>> Body for IdleTimeout<B> {
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
+    use std::task::ready;
 
     use http_body_util::BodyExt;
 
