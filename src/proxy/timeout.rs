@@ -94,9 +94,11 @@ pin_project! {
         #[pin]
         inner: B,
         timer: Option<Pin<Box<Sleep>>>,
-        // The waker the pending timer was last polled with: while the same task waits on an
-        // unfired timer, polling it again would only register the same waker once more.
-        timer_waker: Option<Waker>,
+        // The deadline the timer is armed for and the waker it was last polled with, kept
+        // here (not read from the boxed timer, another cache line per event): while the same
+        // task waits on a timer that has not fired, polling it again would only register the
+        // same waker once more.
+        armed: Option<(Instant, Waker)>,
         idle: Duration,
         // When the current wait began (`None` while frames are coming).
         waiting_since: Option<Instant>,
@@ -112,7 +114,7 @@ impl<B> IdleTimeout<B> {
         Self {
             inner,
             timer: None,
-            timer_waker: None,
+            armed: None,
             idle,
             waiting_since: None,
             stalled: false,
@@ -146,6 +148,7 @@ impl<B: Body<Data = Bytes>> Body for IdleTimeout<B> {
         if this.idle.is_zero() {
             return Poll::Pending;
         }
+        let fresh = this.waiting_since.is_none();
         let since = *this.waiting_since.get_or_insert_with(Instant::now);
         let deadline = since + *this.idle;
         let timer = this
@@ -153,21 +156,28 @@ impl<B: Body<Data = Bytes>> Body for IdleTimeout<B> {
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         // Every event ends in this wait; a poll of the timer takes a coop budget unit and
         // re-registers the waker, so it is skipped while the task that already waits on it
-        // polls again and it has not fired.
-        if !timer.is_elapsed()
-            && this
-                .timer_waker
-                .as_ref()
-                .is_some_and(|waker| waker.will_wake(cx.waker()))
-        {
-            return Poll::Pending;
+        // polls again and it has not fired: at the start of a wait, `since` is now, and a
+        // timer fires only once its deadline has passed.
+        if let Some((at, waker)) = this.armed.as_ref() {
+            let unfired = if fresh {
+                since < *at
+            } else {
+                !timer.is_elapsed()
+            };
+            if unfired && waker.will_wake(cx.waker()) {
+                return Poll::Pending;
+            }
         }
         // The deadline moves with every frame; the timer does not (a timer-wheel reset per
         // frame costs more than the rest of the frame's path): armed for an older gap, it
         // fires early and is armed once more for the gap in force.
         loop {
             if timer.as_mut().poll(cx).is_pending() {
-                *this.timer_waker = Some(cx.waker().clone());
+                let at = timer.deadline();
+                match this.armed.as_mut() {
+                    Some((armed_at, waker)) if waker.will_wake(cx.waker()) => *armed_at = at,
+                    _ => *this.armed = Some((at, cx.waker().clone())),
+                }
                 return Poll::Pending;
             }
             if timer.deadline() >= deadline {
@@ -266,6 +276,28 @@ mod tests {
         // Paused time: exactly the last frame (20 ms) plus the idle limit.
         assert_eq!(start.elapsed(), Duration::from_millis(2_020));
         assert!(body.frame().await.is_none(), "nothing after the stall");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_timer_armed_for_an_older_gap_still_ends_the_body_on_time() {
+        // Gaps just under the limit: the timer, armed at the first wait, fires during later
+        // waits and is armed again; the waits in between skip polling it. The long gap must
+        // still end the body exactly one limit after the last frame, not earlier or later.
+        let mut frames: Vec<(u64, &str)> = (0..7).map(|_| (700, "x")).collect();
+        frames.push((10_000, "never"));
+        let mut body = IdleTimeout::new(paced(&frames), Duration::from_secs(1));
+        let start = Instant::now();
+        let mut seen = 0;
+        let error = loop {
+            match body.frame().await {
+                Some(Ok(_)) => seen += 1,
+                Some(Err(error)) => break error,
+                None => panic!("ended without a stall"),
+            }
+        };
+        assert_eq!(seen, 7);
+        assert!(matches!(error, IdleError::Stalled(_)));
+        assert_eq!(start.elapsed(), Duration::from_millis(7 * 700 + 1_000));
     }
 
     #[tokio::test(start_paused = true)]
