@@ -235,15 +235,17 @@ fn a_proxied_stream_allocates_nothing_per_event() {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(proxied_stream_allocates_nothing_per_event());
+    // On the shared runtime, and with the connection on a worker of its own (`proxy.workers`).
+    runtime.block_on(proxied_stream_allocates_nothing_per_event(0));
+    runtime.block_on(proxied_stream_allocates_nothing_per_event(1));
 }
 
-async fn proxied_stream_allocates_nothing_per_event() {
+async fn proxied_stream_allocates_nothing_per_event(workers: usize) {
     let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = tokentap::config::ConfigLoader::new()
         .text(
             &format!(
-                "[upstream]\nurl = \"http://{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"m\"\n[store]\ndata_dir = \"\"\n[fingerprint]\ninterval = \"0s\"\n",
+                "[proxy]\nworkers = {workers}\n[upstream]\nurl = \"http://{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"m\"\n[store]\ndata_dir = \"\"\n[fingerprint]\ninterval = \"0s\"\n",
                 upstream.local_addr().unwrap()
             ),
             "test.toml",
@@ -267,7 +269,7 @@ async fn proxied_stream_allocates_nothing_per_event() {
     // during the longer stream (timers, not events): well under one allocation per 20 events.
     assert!(
         long <= short + 100,
-        "2,000 more events cost {} more allocations ({short} for 20 events, {long} for 2,020)",
+        "workers = {workers}: 2,000 more events cost {} more allocations ({short} for 20 events, {long} for 2,020)",
         long as i64 - short as i64
     );
 }

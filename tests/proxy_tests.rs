@@ -105,16 +105,18 @@ async fn injection_is_invisible_to_the_client_and_counts_are_exact() {
 /// Both upstream pools — the inline one (`upstream.inline_connections`, the default: the
 /// connection driven in the client's task) and hyper-util's (a task per connection) — give the
 /// client the upstream's bytes, exact counts, and reuse one keep-alive connection for requests
-/// one after another.
+/// one after another; so do both with the client connections on connection workers of their
+/// own (`proxy.workers`), where each request's client connection lands on the worker with the
+/// fewest and the pool hands it the connection another worker idled when it has none of its own.
 #[tokio::test]
 async fn both_upstream_pools_forward_the_same_bytes_and_reuse_one_connection() {
-    for inline in [true, false] {
+    for (inline, workers) in [(true, 0), (false, 0), (true, 2), (false, 2)] {
         let pieces = [("Hello", 1), ("! How", 2), (" can", 1), (" I", 1)];
         let upstream =
             ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(2)))
                 .await;
         let (server, records) = common::proxy_from_config(&format!(
-            "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\ninline_connections = {inline}\n[store]\ndata_dir = \"\"\n[fingerprint]\ninterval = \"0s\"\n",
+            "[proxy]\nworkers = {workers}\n[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\ninline_connections = {inline}\n[store]\ndata_dir = \"\"\n[fingerprint]\ninterval = \"0s\"\n",
             upstream.url()
         ))
         .await;
@@ -129,7 +131,7 @@ async fn both_upstream_pools_forward_the_same_bytes_and_reuse_one_connection() {
             assert_eq!(
                 through.text(),
                 direct.text(),
-                "inline_connections = {inline}"
+                "inline_connections = {inline}, workers = {workers}"
             );
         }
         for record in records.wait_for(3).await {
@@ -143,7 +145,7 @@ async fn both_upstream_pools_forward_the_same_bytes_and_reuse_one_connection() {
             - before;
         assert_eq!(
             opened, 1,
-            "inline_connections = {inline}: one kept-alive connection"
+            "inline_connections = {inline}, workers = {workers}: one kept-alive connection"
         );
         server.shutdown().await;
     }
@@ -642,48 +644,80 @@ async fn prometheus_metrics_carry_bounded_labels() {
     server.shutdown().await;
 }
 
+/// On the shared runtime and on a connection worker (whose runtime then runs the connection's
+/// stream tasks too).
 #[tokio::test]
 async fn http2_cleartext_clients_are_served() {
-    let pieces = [("a", 1), ("b", 1)];
-    let upstream = ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::ZERO)).await;
-    let (server, records) = proxy(&upstream.url(), "").await;
-    let h2: hyper_util::client::legacy::Client<_, Full<Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .http2_only(true)
-            .build_http();
-    let request = http::Request::post(format!("http://{}/v1/chat/completions", server.proxy_addr))
-        .body(Full::new(Bytes::from(CHAT)))
-        .unwrap();
-    let response = h2.request(request).await.unwrap();
-    assert_eq!(response.version(), http::Version::HTTP_2);
-    let text = response.into_body().collect().await.unwrap().to_bytes();
-    assert!(String::from_utf8_lossy(&text).ends_with("data: [DONE]\n\n"));
-    assert_eq!(records.wait_for(1).await[0].tokens.completion, 2);
-    server.shutdown().await;
+    for workers in [0, 2] {
+        let pieces = [("a", 1), ("b", 1)];
+        let upstream =
+            ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::ZERO)).await;
+        let (server, records) =
+            proxy(&upstream.url(), &format!("[proxy]\nworkers = {workers}")).await;
+        let h2: hyper_util::client::legacy::Client<_, Full<Bytes>> =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .http2_only(true)
+                .build_http();
+        for _ in 0..2 {
+            let request =
+                http::Request::post(format!("http://{}/v1/chat/completions", server.proxy_addr))
+                    .body(Full::new(Bytes::from(CHAT)))
+                    .unwrap();
+            let response = h2.request(request).await.unwrap();
+            assert_eq!(response.version(), http::Version::HTTP_2);
+            let text = response.into_body().collect().await.unwrap().to_bytes();
+            assert!(
+                String::from_utf8_lossy(&text).ends_with("data: [DONE]\n\n"),
+                "workers = {workers}"
+            );
+        }
+        for record in records.wait_for(2).await {
+            assert_eq!(record.tokens.completion, 2, "workers = {workers}");
+        }
+        server.shutdown().await;
+    }
 }
 
+/// Also with the connections on workers of their own (`proxy.workers`): several streams at
+/// once, spread over the workers, each finishes whole after shutdown began.
 #[tokio::test]
 async fn shutdown_lets_in_flight_streams_finish() {
-    let pieces: Vec<(&'static str, u64)> = (0..20).map(|_| ("t", 1)).collect();
-    let upstream =
-        ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(25))).await;
-    let (server, records) = proxy(&upstream.url(), "[proxy]\nshutdown_grace = \"10s\"").await;
-    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
-    let in_flight = tokio::spawn(async move { post(&url, CHAT).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let addr = server.proxy_addr;
-    server.shutdown().await;
-    let response = in_flight.await.unwrap();
-    assert!(
-        response.text().ends_with("data: [DONE]\n\n"),
-        "the stream was cut: {}",
-        response.text()
-    );
-    assert_eq!(records.wait_for(1).await[0].outcome, Outcome::Ok);
-    assert!(
-        tokio::net::TcpStream::connect(addr).await.is_err(),
-        "still accepting after shutdown"
-    );
+    for workers in [0, 3] {
+        let pieces: Vec<(&'static str, u64)> = (0..20).map(|_| ("t", 1)).collect();
+        let upstream =
+            ScriptedUpstream::start(move |r| sglang_chat(r, &pieces, Duration::from_millis(25)))
+                .await;
+        let (server, records) = proxy(
+            &upstream.url(),
+            &format!("[proxy]\nshutdown_grace = \"10s\"\nworkers = {workers}"),
+        )
+        .await;
+        let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+        let in_flight: Vec<_> = (0..4)
+            .map(|_| {
+                let url = url.clone();
+                tokio::spawn(async move { post(&url, CHAT).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let addr = server.proxy_addr;
+        server.shutdown().await;
+        for stream in in_flight {
+            let response = stream.await.unwrap();
+            assert!(
+                response.text().ends_with("data: [DONE]\n\n"),
+                "workers = {workers}: the stream was cut: {}",
+                response.text()
+            );
+        }
+        for record in records.wait_for(4).await {
+            assert_eq!(record.outcome, Outcome::Ok, "workers = {workers}");
+        }
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "workers = {workers}: still accepting after shutdown"
+        );
+    }
 }
 
 #[tokio::test]

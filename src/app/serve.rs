@@ -303,22 +303,19 @@ impl ProxyServer {
                 "data listener: at most {max_connections} connections (proxy.max_connections)"
             );
         }
+        // proxy.workers = 0: connections are tasks of the shared runtime.
         let workers = match config.proxy.workers {
-            0 => net::workers::default_count(),
-            count => count,
-        };
-        let workers = net::workers::ConnectionWorkers::start(workers)
-            .context("cannot start the connection workers (proxy.workers)")?;
-        tracing::info!(
-            workers = workers.len(),
-            "data listener: connections served on {} worker threads (proxy.workers{})",
-            workers.len(),
-            if config.proxy.workers == 0 {
-                " = 0: one per core"
-            } else {
-                ""
+            0 => None,
+            count => {
+                let workers = net::workers::ConnectionWorkers::start(count)
+                    .context("cannot start the connection workers (proxy.workers)")?;
+                tracing::info!(
+                    workers = workers.len(),
+                    "data listener: connections served on {count} worker threads of their own (proxy.workers)"
+                );
+                Some(workers)
             }
-        );
+        };
         let data_options = ServerOptions {
             name: "proxy",
             header_read_timeout: config.proxy.header_read_timeout,
@@ -335,7 +332,7 @@ impl ProxyServer {
             send_stall_timeout: config.proxy.send_stall_timeout,
             // Both listeners answer with `ResponseBody`, which paces what it hands over.
             flatten_writes: true,
-            workers: Some(workers),
+            workers,
         };
         let admin_options = ServerOptions {
             header_read_timeout: config.proxy.header_read_timeout,

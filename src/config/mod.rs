@@ -718,6 +718,7 @@ mod tests {
             (env("TOKENTAP_TELEMETRY__MAX_SERIES", "0"), "environment variable TOKENTAP_TELEMETRY__MAX_SERIES: key `telemetry.max_series`: must be greater than zero"),
             (file("[capacity]\nbasis = \"p42\"\n"), "config file x.toml: key `capacity.basis`: `p42`: expected auto, attainment, median, p90 or p99"),
             (file("[capacity]\nwindow = \"30s\"\n"), "config file x.toml: key `capacity.window`: must lie between 1m and 24h"),
+            (env("TOKENTAP_PROXY__WORKERS", "5000"), "environment variable TOKENTAP_PROXY__WORKERS: key `proxy.workers`: at most 1024 (0: the shared runtime)"),
             (file("[capacity]\nattainment = 1.5\n"), "config file x.toml: key `capacity.attainment`: must lie in (0, 1], found 1.5"),
             (file("[slo.models.m]\ne2e = \"5\"\n"), "config file x.toml: key `slo.models.\"m\".e2e`: `5` is not a positive duration like 500ms, 2s or 1m"),
             (file("[slo]\nttft = \"0ms\"\n"), "config file x.toml: key `slo.ttft`: `0ms` is not a positive duration like 500ms, 2s or 1m"),

@@ -25,8 +25,8 @@ pub struct ProxyConfig {
     /// Most connections open at once on the data listener; 0: what the descriptor limit allows
     /// (`net::limits::max_connections_for`), decided at start.
     pub max_connections: usize,
-    /// Threads serving the data listener's connections (`net::workers`); 0: one per core,
-    /// decided at start.
+    /// Threads of their own serving the data listener's connections (`net::workers`); 0: the
+    /// connections are tasks of the shared runtime.
     pub workers: usize,
     /// Most HTTP/2 streams open at once on one client connection.
     pub http2_max_concurrent_streams: u32,
@@ -99,7 +99,7 @@ impl ProxyConfig {
         if proxy.workers > MAX_WORKERS {
             return Err(origins.error(
                 "proxy.workers",
-                format!("at most {MAX_WORKERS} (0: one per core)"),
+                format!("at most {MAX_WORKERS} (0: the shared runtime)"),
             ));
         }
         if !(8192..=(16 << 20)).contains(&proxy.max_stream_buffer) {

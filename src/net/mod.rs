@@ -187,8 +187,8 @@ pub struct ServerOptions {
     /// 8 KiB it starts with for a client that keeps up.
     pub flatten_writes: bool,
     /// Where accepted connections are served: on these threads, each its own single-threaded
-    /// runtime (`workers`: the data listener), or, with `None`, as tasks of the runtime the
-    /// listener runs on (admin, simulator).
+    /// runtime (the data listener with `proxy.workers` ≥ 1), or, with `None`, as tasks of the
+    /// runtime the listener runs on.
     pub workers: Option<Arc<ConnectionWorkers>>,
 }
 

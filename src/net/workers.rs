@@ -1,14 +1,16 @@
-//! Connection workers: the threads that serve the data listener's connections, each with a
-//! single-threaded tokio runtime of its own (an event loop per thread, as nginx runs a worker
-//! process per core and Envoy a dispatcher per worker thread).
+//! Connection workers (`proxy.workers` ≥ 1): the threads that serve the data listener's
+//! connections, each with a single-threaded tokio runtime of its own (an event loop per thread,
+//! as nginx runs a worker process per core and Envoy a dispatcher per worker thread).
 //!
-//! Why not the process's multi-threaded runtime: every forwarded SSE event wakes its client
-//! connection's task, and on the work-stealing scheduler each wake-up also pays for what lets
-//! another thread take the task (the run queue's atomics, waking a parked worker to steal,
-//! the futex behind it). A connection never needs another thread: its upstream socket, its
-//! timers and its client socket are all its own. Served on a current-thread runtime, a wake-up
-//! is a push onto a local queue, and the proxy's CPU per forwarded event falls by about a
-//! tenth (docs/benchmarks.md, "Connection workers").
+//! Why not the process's multi-threaded runtime (the default, `proxy.workers = 0`): every
+//! forwarded SSE event wakes its client connection's task, and on the work-stealing scheduler
+//! each wake-up also pays for what lets another thread take the task (the run queue's atomics,
+//! waking a parked worker to steal, the futex behind it). A connection never needs another
+//! thread: its upstream socket, its timers and its client socket are all its own. On a
+//! current-thread runtime a wake-up is a push onto a local queue. Measured on 2 cores, one
+//! worker costs 4–9 % less CPU per forwarded event than the shared runtime, but one per core
+//! was no cheaper, since each worker then sleeps and wakes for its own share of the events
+//! (docs/benchmarks.md, "Connection workers").
 //!
 //! The listener still accepts on the shared runtime (its limits, back-off and drain are one
 //! loop) and hands each accepted socket to the worker with the fewest open connections; the
@@ -150,11 +152,6 @@ impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// The worker count `proxy.workers = 0` means: one per core the process may run on.
-pub fn default_count() -> usize {
-    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 #[cfg(test)]
