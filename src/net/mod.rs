@@ -533,41 +533,14 @@ pub async fn serve_until<M, S, B>(
         // (~2 KiB): one async block holding both arms was sized for the TLS arm, handshake
         // and stream included (8.5 KiB), and a task's future is copied whole into its
         // allocation, so every idle HTTP/1 stream paid for it in resident memory.
-        let Some(worker) = worker else {
-            match acceptor.clone() {
-                None => {
-                    tokio::spawn(serve_plain(connection, stream, service));
-                }
-                Some(acceptor) => {
-                    tokio::spawn(serve_tls(connection, acceptor, stream, service));
-                }
-            }
-            continue;
-        };
-        // To its worker: the socket leaves this runtime's reactor here and is registered with
-        // the worker's there, where every task of the connection then runs.
-        let stream = match stream.into_std() {
-            Ok(stream) => stream,
-            Err(error) => {
-                tracing::debug!(listener = options.name, %peer, %error, "could not hand the connection to a worker; closed");
-                continue;
-            }
-        };
+        let name = options.name;
         match acceptor.clone() {
-            None => {
-                worker.spawn(async move {
-                    if let Some(stream) = connection.register(stream) {
-                        serve_plain(connection, stream, service).await;
-                    }
-                });
-            }
-            Some(acceptor) => {
-                worker.spawn(async move {
-                    if let Some(stream) = connection.register(stream) {
-                        serve_tls(connection, acceptor, stream, service).await;
-                    }
-                });
-            }
+            None => spawn_connection(worker, stream, (name, peer), move |stream| {
+                serve_plain(connection, stream, service)
+            }),
+            Some(acceptor) => spawn_connection(worker, stream, (name, peer), move |stream| {
+                serve_tls(connection, acceptor, stream, service)
+            }),
         }
     }
     drop(listener);
@@ -667,6 +640,40 @@ where
     }
 }
 
+/// Runs `serve` on `stream` as a task of this runtime, or, given a connection worker's
+/// runtime, there: the socket leaves this runtime's reactor and is registered with the
+/// worker's on its thread, where every task of the connection then runs. A socket that cannot
+/// move is closed (logged with `listener` and `peer`).
+fn spawn_connection<F, Fut>(
+    worker: Option<tokio::runtime::Handle>,
+    stream: TcpStream,
+    (listener, peer): (&'static str, SocketAddr),
+    serve: F,
+) where
+    F: FnOnce(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some(worker) = worker else {
+        tokio::spawn(serve(stream));
+        return;
+    };
+    let moved = stream
+        .into_std()
+        .map(|stream| {
+            worker.spawn(async move {
+                match TcpStream::from_std(stream) {
+                    Ok(stream) => serve(stream).await,
+                    Err(error) => {
+                        tracing::debug!(listener, %peer, %error, "a connection worker could not take the connection; closed");
+                    }
+                }
+            });
+        });
+    if let Err(error) = moved {
+        tracing::debug!(listener, %peer, %error, "could not hand the connection to a worker; closed");
+    }
+}
+
 /// Completes the TLS handshake by the connection's header deadline, then serves it.
 async fn serve_tls<S, B>(
     connection: Connection,
@@ -732,18 +739,6 @@ struct Bounds {
 }
 
 impl Connection {
-    /// `stream`, handed over from the listener's runtime, registered with the reactor of the
-    /// runtime this runs on (the connection's worker); `None` (logged) if that fails.
-    fn register(&self, stream: std::net::TcpStream) -> Option<TcpStream> {
-        match TcpStream::from_std(stream) {
-            Ok(stream) => Some(stream),
-            Err(error) => {
-                tracing::debug!(listener = self.bounds.name, peer = %self.bounds.peer, %error, "a connection worker could not take the connection; closed");
-                None
-            }
-        }
-    }
-
     /// Serves HTTP on `io` on a task of its own (see [`Bounds::drive`]), so that what stays
     /// in memory while a stream is open is the connection and its bounds, not also what
     /// decided its protocol (an async fn keeps its arguments beside the futures it awaits,
