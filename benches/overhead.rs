@@ -7,6 +7,8 @@
 //!    to the first token.
 //! 2. **CPU per forwarded event** of tokentap vs nginx (`proxy_buffering off`) forwarding the
 //!    same streams, from /proc/<pid>/stat (nginx: master + workers). Skipped without nginx.
+//!    HAProxy beside it, and the floor: a bare TCP relay on one tokio thread (this binary in a
+//!    child process, `OVERHEAD_FLOOR=0` leaves it out), what forwarding costs before any HTTP.
 //! 3. **Memory per idle in-flight stream** (RSS delta of the proxy process / streams), and
 //!    **10,000 concurrent streams held**.
 //!
@@ -365,6 +367,64 @@ async fn start_haproxy(upstream: SocketAddr) -> Option<Baseline> {
         return None;
     }
     Some(haproxy)
+}
+
+/// The environment variable that makes this bench binary the floor relay (`LISTEN UPSTREAM`).
+const FLOOR_RELAY_ENV: &str = "OVERHEAD_FLOOR_RELAY";
+
+/// The floor: a bare TCP relay on one single-threaded tokio runtime (the shape of one
+/// `proxy.workers` thread), each client connection copied both ways to an upstream connection
+/// of its own (`tokio::io::copy_bidirectional`), no HTTP and no metering. Its CPU per event is
+/// the kernel's loopback TCP path plus tokio's least: what any proxy on this stack pays before
+/// it reads a byte, so the room between it and nginx is what HTTP and metering may cost under
+/// the CPU bar. Runs in a child process of this binary (its CPU is read like the others'), for
+/// as long as it lives.
+fn floor_relay(spec: &str) {
+    let mut parts = spec.split_whitespace();
+    let (Some(listen), Some(upstream)) = (parts.next(), parts.next()) else {
+        panic!("{FLOOR_RELAY_ENV}: expected `LISTEN UPSTREAM`, got {spec:?}");
+    };
+    let listen: SocketAddr = listen.parse().unwrap();
+    let upstream: SocketAddr = upstream.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let listener = TcpListener::bind(listen).await.unwrap();
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let _ = client.set_nodelay(true);
+                let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let _ = server.set_nodelay(true);
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+}
+
+/// The floor relay (see [`floor_relay`]) in front of `upstream`, as a child process of this
+/// binary, pinned where the proxies are.
+async fn start_floor(upstream: SocketAddr) -> Option<Baseline> {
+    let binary = std::env::current_exe().ok()?;
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let child = proxy_command(&binary.display().to_string())
+        .env(FLOOR_RELAY_ENV, format!("{addr} {upstream}"))
+        .stdout(Stdio::null())
+        .spawn()
+        .ok()?;
+    let dir = std::env::temp_dir().join(format!("tokentap-floor-{}", std::process::id()));
+    let floor = Baseline { child, addr, dir };
+    if !listens(addr).await {
+        println!("floor relay: did not start");
+        return None;
+    }
+    Some(floor)
 }
 
 /// CPU seconds (user + system) used so far by `pid` and its children processes (nginx workers).
@@ -767,6 +827,10 @@ fn nginx_ratio(row: &Row, rows: &[Row]) -> Option<f64> {
 
 fn main() {
     raise_fd_limit();
+    if let Ok(spec) = std::env::var(FLOOR_RELAY_ENV) {
+        floor_relay(&spec);
+        return;
+    }
     let streams = env_or("OVERHEAD_STREAMS", 1000);
     let events = env_or("OVERHEAD_EVENTS", 200);
     let interval = env_or("OVERHEAD_INTERVAL_MS", 50);
@@ -774,6 +838,8 @@ fn main() {
     let held = env_or("OVERHEAD_HELD", 10_000);
     let rounds = env_or("OVERHEAD_ROUNDS", 1).max(1);
     let soak_seconds = env_or("OVERHEAD_SOAK_SECS", 0);
+    // The floor relay's row (OVERHEAD_FLOOR=0 leaves it out).
+    let floor = env_or("OVERHEAD_FLOOR", 1) == 1;
     let subjects = tokentap_subjects();
     let epoch = Instant::now();
     // With OVERHEAD_UPSTREAM_CPUS the upstream runs on a runtime of its own, pinned there; the
@@ -837,6 +903,11 @@ fn main() {
                 Some(haproxy) => rows.push(measure("haproxy", round, haproxy.addr, haproxy.child.id(), upstream, shape, epoch).await),
                 None if round == 1 => println!("haproxy: skipped (not installed: apt-get install haproxy)"),
                 None => {}
+            }
+            if floor {
+                if let Some(relay) = start_floor(upstream).await {
+                    rows.push(measure("floor", round, relay.addr, relay.child.id(), upstream, shape, epoch).await);
+                }
             }
         }
         println!("| round | proxy | events | failures | added TTFT p50 ms | p99 ms | added per frame p50 ms | p99 ms | finish event p99 ms | CPU µs/event | ÷ nginx | KiB per idle stream |");
