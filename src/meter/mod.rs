@@ -13,6 +13,7 @@ pub mod inflight;
 pub mod record;
 pub mod server_state;
 pub mod slo;
+pub mod striped;
 pub mod timeline;
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -75,8 +76,9 @@ pub struct Meter {
     identities: identity::IdentityRegistry,
     sinks: RwLock<Vec<Arc<dyn RecordSink>>>,
     /// Completion tokens seen in token events, per source, as they pass: the sweep reads this
-    /// at window start and end to get "usage increments inside the window".
-    live_tokens: [AtomicU64; 2],
+    /// at window start and end to get "usage increments inside the window". Striped: every
+    /// event adds to it, from whichever core serves it.
+    live_tokens: [striped::StripedCounter; 2],
     /// Metered requests in flight per source (the sweep's production guard reads it).
     inflight_by_source: [AtomicI64; 2],
     /// Token counts from upstreams that no real server could send, clamped (see
@@ -102,7 +104,7 @@ impl Meter {
             server_state: ServerStateRegistry::default(),
             identities: identity::IdentityRegistry::default(),
             sinks: RwLock::new(Vec::new()),
-            live_tokens: [AtomicU64::new(0), AtomicU64::new(0)],
+            live_tokens: Default::default(),
             inflight_by_source: [AtomicI64::new(0), AtomicI64::new(0)],
             clamped_counts: AtomicU64::new(0),
         })
@@ -145,7 +147,7 @@ impl Meter {
     pub fn live_tokens(&self, source: Source) -> u64 {
         self.live_tokens
             .get(source.index())
-            .map_or(0, |c| c.load(Ordering::Relaxed))
+            .map_or(0, striped::StripedCounter::sum)
     }
 
     /// Metered requests of `source` in flight now.
@@ -269,7 +271,7 @@ impl RequestMeter {
         self.timeline
             .token_event(now, tokens, inflight, bucket, reading.inflight_area);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
-            c.fetch_add(tokens.max(1), Ordering::Relaxed);
+            c.add(tokens.max(1));
         }
     }
 
@@ -290,7 +292,7 @@ impl RequestMeter {
         }
         self.timeline.silent_tokens(now, tokens);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
-            c.fetch_add(tokens, Ordering::Relaxed);
+            c.add(tokens);
         }
     }
 

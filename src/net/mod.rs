@@ -757,7 +757,7 @@ impl Connection {
         } = self;
         if protocol == Some(Protocol::Http1) {
             let conn = Box::pin(http1.serve_connection(TokioIo::new(io), service));
-            tokio::spawn(bounds.drive(conn, |conn| conn.graceful_shutdown()));
+            tokio::spawn(bounds.drive(conn, |conn| conn.graceful_shutdown(), Streams::One));
             return;
         }
         // A builder already limited to HTTP/1 (`http2 = false`) stays as it is.
@@ -770,7 +770,7 @@ impl Connection {
                 .serve_connection(TokioIo::new(io), service)
                 .into_owned(),
         );
-        tokio::spawn(bounds.drive(conn, |conn| conn.graceful_shutdown()));
+        tokio::spawn(bounds.drive(conn, |conn| conn.graceful_shutdown(), Streams::Many));
     }
 }
 
@@ -782,8 +782,12 @@ impl Bounds {
     /// no stream for the idle time. `shut_down` asks `conn` to finish gracefully.
     /// `conn` comes boxed: pinned here, it would be stored twice in this future's state (as
     /// the argument and as the pinned local).
-    async fn drive<C, E>(mut self, mut conn: Pin<Box<C>>, shut_down: fn(Pin<&mut C>))
-    where
+    async fn drive<C, E>(
+        mut self,
+        mut conn: Pin<Box<C>>,
+        shut_down: fn(Pin<&mut C>),
+        streams_of: Streams,
+    ) where
         C: Future<Output = Result<(), E>>,
         E: std::fmt::Display,
     {
@@ -793,6 +797,11 @@ impl Bounds {
         // The stream activity the idle deadline was set for.
         let mut idle: Option<(u64, Instant)> = None;
         let streams = Arc::clone(&self.streams);
+        // Every HTTP/1 event wakes this task, and the connection's shared state is cold by
+        // then (a line of memory read per wake-up): the HTTP/1 send watch is kept here, and
+        // HTTP/2's stream changes are not looked at on a connection that cannot have any.
+        let http1_watch = Arc::clone(&streams.http1);
+        let many_streams = streams_of == Streams::Many;
         // A second receiver of the drain signal, read only with `has_changed` (an atomic
         // load), so the connection's wake-ups poll the drain future only once it has fired.
         let mut drain_probe = self.drain.clone();
@@ -828,7 +837,7 @@ impl Bounds {
             tokio::select! {
                 biased;
                 result = conn.as_mut() => break result,
-                _ = std::future::poll_fn(|cx| stall.poll_stalled(&streams.http1, cx)) => {
+                _ = std::future::poll_fn(|cx| stall.poll_stalled(&http1_watch, cx)) => {
                     // The HTTP/1 client took nothing of its response for the timeout.
                     streams.stalled();
                     return;
@@ -844,7 +853,7 @@ impl Bounds {
                     streams.activity().1 != changes,
                     streams_changed.as_mut(),
                     cx,
-                )) => {}
+                )), if many_streams => {}
                 _ = std::future::poll_fn(|cx| poll_once_fired(
                     &mut drain_armed,
                     drain_probe.has_changed().unwrap_or(true),
@@ -863,6 +872,14 @@ impl Bounds {
             tracing::debug!(listener = self.name, peer = %self.peer, error = %error, "connection ended with an error");
         }
     }
+}
+
+/// Whether a connection may carry several streams at once (HTTP/2, or not yet known), or one
+/// request at a time (HTTP/1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Streams {
+    One,
+    Many,
 }
 
 /// Polls `wait` the first time (registering this task's waker) and after that only once

@@ -156,13 +156,15 @@ impl<B: Body<Data = Bytes>> Body for IdleTimeout<B> {
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         // Every event ends in this wait; a poll of the timer takes a coop budget unit and
         // re-registers the waker, so it is skipped while the task that already waits on it
-        // polls again and it has not fired: at the start of a wait, `since` is now, and a
-        // timer fires only once its deadline has passed.
+        // polls again and it has not fired: a timer fires only once its deadline has passed.
+        // At the start of a wait `since` is now; a later poll of the same wait (hyper polls
+        // the body once more after each flush) reads the clock, which is cheaper than the
+        // boxed timer's state (a cache line of its own, cold by the next event).
         if let Some((at, waker)) = this.armed.as_ref() {
             let unfired = if fresh {
                 since < *at
             } else {
-                !timer.is_elapsed()
+                Instant::now() < *at
             };
             if unfired && waker.will_wake(cx.waker()) {
                 return Poll::Pending;
