@@ -232,8 +232,10 @@ impl Drop for InflightGuard {
     }
 }
 
-/// What one request reads of the prefill integrals over its decode interval.
+/// What one request reads of the prefill integrals over its decode interval (declaration
+/// order kept, `repr(C)`: the per-event fields first, beside the meter's).
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(C)]
 pub struct InterferenceSpan {
     /// The reading at the first token (after leaving prefill), if there was one.
     first: Option<TrackerReading>,

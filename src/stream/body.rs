@@ -45,11 +45,13 @@ enum Mode {
     },
 }
 
-/// Per-request metering state carried by the body.
+/// Per-request metering state carried by the body: the scanner and the classifier first
+/// (`repr(C)`, small and touched by every event), then the meter (its per-event fields first).
+#[repr(C)]
 pub struct Metering {
-    meter: RequestMeter,
-    classifier: EventClassifier,
     mode: Mode,
+    classifier: EventClassifier,
+    meter: RequestMeter,
     /// What the client gets of the upstream's bytes, when tokentap injected usage.
     edits: Option<EditQueue>,
 }

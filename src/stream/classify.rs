@@ -36,24 +36,27 @@ const MAX_CHOICES: usize = 8;
 
 /// Per-stream interpretation state.
 #[derive(Debug, Clone)]
+#[repr(C)]
 pub struct EventClassifier {
-    route: Route,
-    /// Cumulative completion tokens per choice index, from per-chunk usage.
-    cumulative: [u64; MAX_CHOICES],
-    /// Raw length of `/generate`'s cumulative text per index.
-    generate_text_len: [usize; MAX_CHOICES],
-    /// Usage as last reported; the final report wins.
-    usage: Usage,
-    /// A usage report with `choices: []` (or the dialect's final usage event) was seen.
-    final_usage_seen: bool,
+    // Declaration order kept (`repr(C)`): what every event updates first, so an event of a
+    // stream whose state is cold in the cache reads one or two lines of it.
     /// Output events counted, for when no usage ever arrives.
     output_events: u64,
     /// Sum of exact per-event token counts.
     exact_tokens: u64,
+    route: Route,
     /// Every output event so far had an exact token count.
     all_exact: bool,
     error_seen: bool,
     terminal_seen: bool,
+    /// A usage report with `choices: []` (or the dialect's final usage event) was seen.
+    final_usage_seen: bool,
+    /// Cumulative completion tokens per choice index, from per-chunk usage.
+    cumulative: [u64; MAX_CHOICES],
+    /// Usage as last reported; the final report wins.
+    usage: Usage,
+    /// Raw length of `/generate`'s cumulative text per index.
+    generate_text_len: [usize; MAX_CHOICES],
 }
 
 impl EventClassifier {
