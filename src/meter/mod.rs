@@ -513,3 +513,32 @@ impl Drop for RequestMeter {
         self.finish(Outcome::ClientAborted, usage, tokens, false);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::mem::offset_of;
+
+    use super::timeline::Timeline;
+    use super::*;
+
+    /// A token event reads and writes these; they are kept in the meter's first cache lines
+    /// (`repr(C)`, declaration order), since a stream's meter is cold by its next event.
+    #[test]
+    fn what_a_token_event_touches_sits_at_the_front() {
+        for end in [
+            offset_of!(RequestMeter, meter) + std::mem::size_of::<Arc<Meter>>(),
+            offset_of!(RequestMeter, guard) + std::mem::size_of::<Option<InflightGuard>>(),
+            offset_of!(RequestMeter, labels) + std::mem::size_of::<RequestLabels>(),
+            offset_of!(RequestMeter, clamped) + 1,
+        ] {
+            assert!(
+                end <= 128,
+                "a per-event field ends at byte {end} of the meter"
+            );
+        }
+        // The interference span's per-event part, and the timeline right after it.
+        assert!(offset_of!(RequestMeter, interference) <= 128);
+        assert!(offset_of!(RequestMeter, timeline) <= 512);
+        assert!(offset_of!(Timeline, area_at_last_token) < 128);
+    }
+}

@@ -370,6 +370,18 @@ mod tests {
     use crate::meter::record::RequestRecord;
     use crate::meter::{Meter, RecordSink};
 
+    /// The scanner and the classifier, touched by every event, come before the meter's
+    /// kilobytes (`repr(C)`), so they share the allocation's first lines.
+    #[test]
+    fn the_scanner_and_the_classifier_come_first() {
+        assert_eq!(std::mem::offset_of!(Metering, mode), 0);
+        assert!(std::mem::offset_of!(Metering, classifier) < 128);
+        assert!(
+            std::mem::offset_of!(Metering, meter) < std::mem::offset_of!(Metering, edits),
+            "the edit queue (only with injected usage) goes last"
+        );
+    }
+
     #[derive(Default)]
     struct Collect(Mutex<Vec<Arc<RequestRecord>>>);
 
