@@ -801,7 +801,6 @@ impl Bounds {
         // then (a line of memory read per wake-up): the HTTP/1 send watch is kept here, and
         // HTTP/2's stream changes are not looked at on a connection that cannot have any.
         let http1_watch = Arc::clone(&streams.http1);
-        let many_streams = streams_of == Streams::Many;
         // A second receiver of the drain signal, read only with `has_changed` (an atomic
         // load), so the connection's wake-ups poll the drain future only once it has fired.
         let mut drain_probe = self.drain.clone();
@@ -853,7 +852,7 @@ impl Bounds {
                     streams.activity().1 != changes,
                     streams_changed.as_mut(),
                     cx,
-                )), if many_streams => {}
+                )), if streams_of == Streams::Many => {}
                 _ = std::future::poll_fn(|cx| poll_once_fired(
                     &mut drain_armed,
                     drain_probe.has_changed().unwrap_or(true),
