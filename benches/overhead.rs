@@ -17,6 +17,9 @@
 //! `OVERHEAD_IDLE` (2000), `OVERHEAD_HELD` (10000), `OVERHEAD_RAMP_MS` (1000, the spread of stream
 //! starts). `OVERHEAD_SOAK_SECS=600` runs only the soak: 1,000 clients streaming back to back
 //! through the proxy for that long, its RSS sampled every 30 s.
+//! `OVERHEAD_AB="A=/path/old,B=/path/new;TOKENTAP_X__Y=v"` runs several tokentaps interleaved;
+//! `OVERHEAD_PATH=/v1/unmetered` in an entry sends that subject's streams down a route tokentap
+//! forwards without metering (the cost of its HTTP alone).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::convert::Infallible;
@@ -206,7 +209,14 @@ struct Subject {
     name: String,
     binary: String,
     env: Vec<(String, String)>,
+    /// The request path its clients ask for: `OVERHEAD_PATH=/v1/unmetered` in its entry sends
+    /// the same stream down a route tokentap does not meter, so the row is the cost of
+    /// forwarding alone (HTTP on both sides, no SSE scan, no meter).
+    path: String,
 }
+
+/// The path every stream asks for unless its subject says otherwise: a metered route.
+const METERED_PATH: &str = "/v1/chat/completions";
 
 /// The tokentaps under test: `OVERHEAD_AB="A=/path/old,B=/path/new;TOKENTAP_X__Y=v"` runs them
 /// interleaved in one run (each entry `name=binary[;KEY=VALUE…]`); otherwise
@@ -218,14 +228,19 @@ fn tokentap_subjects() -> Vec<Subject> {
             .filter_map(|entry| {
                 let mut parts = entry.split(';');
                 let (name, binary) = parts.next()?.split_once('=')?;
-                let env = parts
+                let mut env: Vec<(String, String)> = parts
                     .filter_map(|kv| kv.split_once('='))
                     .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
                     .collect();
+                let path = env
+                    .iter()
+                    .position(|(k, _)| k == "OVERHEAD_PATH")
+                    .map_or_else(|| METERED_PATH.to_string(), |at| env.remove(at).1);
                 Some(Subject {
                     name: name.trim().to_string(),
                     binary: binary.trim().to_string(),
                     env,
+                    path,
                 })
             })
             .collect();
@@ -239,6 +254,7 @@ fn tokentap_subjects() -> Vec<Subject> {
         name: "tokentap".to_string(),
         binary,
         env: Vec::new(),
+        path: METERED_PATH.to_string(),
     }]
 }
 
@@ -502,6 +518,7 @@ fn body() -> &'static str {
 /// Runs `streams` concurrent streams against `target`; lateness is measured per content event.
 async fn run_streams(
     target: SocketAddr,
+    path: &str,
     streams: u64,
     events: u64,
     interval: u64,
@@ -515,10 +532,12 @@ async fn run_streams(
     for i in 0..streams {
         let client = client.clone();
         let tx = tx.clone();
+        let path = path.to_string();
         tokio::spawn(async move {
             // Spread the starts over the ramp so connects do not all land in the same instant.
             tokio::time::sleep(Duration::from_micros(i * ramp_ms * 1000 / streams.max(1))).await;
-            let uri = format!("http://{target}/v1/chat/completions?events={events}&interval_ms={interval}&ttft_ms=50");
+            let uri =
+                format!("http://{target}{path}?events={events}&interval_ms={interval}&ttft_ms=50");
             let sent = Instant::now();
             let mut out = StreamResult::default();
             let Ok(response) = client
@@ -769,22 +788,34 @@ struct Row {
 
 /// Runs the streams direct and then through `target` (the proxy process `pid`), and returns
 /// what the proxy added (ms) and its CPU per forwarded event (µs).
-async fn measure(
-    subject: &str,
-    round: u64,
-    target: SocketAddr,
+/// What one row measures: a forwarder's name, where it listens, its process (CPU is read
+/// there, children included) and the path its streams ask for.
+struct Target<'a> {
+    subject: &'a str,
+    addr: SocketAddr,
     pid: u32,
+    path: &'a str,
+}
+
+async fn measure(
+    Target {
+        subject,
+        addr: target,
+        pid,
+        path,
+    }: Target<'_>,
+    round: u64,
     upstream: SocketAddr,
     shape: (u64, u64, u64),
     epoch: Instant,
 ) -> Row {
     let (streams, events, interval) = shape;
     // Warm both paths (connections, allocator, page cache) before measuring either.
-    run_streams(upstream, streams.min(100), 10, interval, epoch).await;
-    run_streams(target, streams.min(100), 10, interval, epoch).await;
-    let mut direct = run_streams(upstream, streams, events, interval, epoch).await;
+    run_streams(upstream, path, streams.min(100), 10, interval, epoch).await;
+    run_streams(target, path, streams.min(100), 10, interval, epoch).await;
+    let mut direct = run_streams(upstream, path, streams, events, interval, epoch).await;
     let before = cpu_seconds(pid);
-    let mut through = run_streams(target, streams, events, interval, epoch).await;
+    let mut through = run_streams(target, path, streams, events, interval, epoch).await;
     let cpu = cpu_seconds(pid) - before;
     let added = |through: &mut Vec<u64>, direct: &mut Vec<u64>, q: f64| {
         quantile(through, q) - quantile(direct, q)
@@ -890,23 +921,23 @@ fn main() {
                 } else {
                     None
                 };
-                let mut row = measure(&subject.name, round, proxy.addr, proxy.child.id(), upstream, shape, epoch).await;
+                let mut row = measure(Target { subject: &subject.name, addr: proxy.addr, pid: proxy.child.id(), path: &subject.path }, round, upstream, shape, epoch).await;
                 row.idle_kib_per_stream = idle_kib;
                 rows.push(row);
             }
             match start_nginx(upstream).await {
-                Some(nginx) => rows.push(measure("nginx", round, nginx.addr, nginx.child.id(), upstream, shape, epoch).await),
+                Some(nginx) => rows.push(measure(Target { subject: "nginx", addr: nginx.addr, pid: nginx.child.id(), path: METERED_PATH }, round, upstream, shape, epoch).await),
                 None if round == 1 => println!("nginx: skipped (not installed: apt-get install nginx-light)"),
                 None => {}
             }
             match start_haproxy(upstream).await {
-                Some(haproxy) => rows.push(measure("haproxy", round, haproxy.addr, haproxy.child.id(), upstream, shape, epoch).await),
+                Some(haproxy) => rows.push(measure(Target { subject: "haproxy", addr: haproxy.addr, pid: haproxy.child.id(), path: METERED_PATH }, round, upstream, shape, epoch).await),
                 None if round == 1 => println!("haproxy: skipped (not installed: apt-get install haproxy)"),
                 None => {}
             }
             if floor {
                 if let Some(relay) = start_floor(upstream).await {
-                    rows.push(measure("floor", round, relay.addr, relay.child.id(), upstream, shape, epoch).await);
+                    rows.push(measure(Target { subject: "floor", addr: relay.addr, pid: relay.child.id(), path: METERED_PATH }, round, upstream, shape, epoch).await);
                 }
             }
         }
