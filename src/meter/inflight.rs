@@ -241,11 +241,6 @@ pub struct InterferenceSpan {
     first: Option<TrackerReading>,
     /// The reading at the latest token.
     last: TrackerReading,
-    /// The concurrency bucket of the latest gaps and their busy seconds, not yet in
-    /// `busy_by_bucket` (added when the bucket changes, and by [`InterferenceSpan::settle`]):
-    /// per event this line, not the array's, is written.
-    run_bucket: usize,
-    run_busy: f64,
     /// Seconds of each gap under another prefill, by the concurrency bucket of the event that
     /// ended the gap (the same split as the timeline's decode seconds).
     pub busy_by_bucket: [f64; MAX_LADDER],
@@ -256,8 +251,6 @@ impl Default for InterferenceSpan {
         Self {
             first: None,
             last: TrackerReading::default(),
-            run_bucket: usize::MAX,
-            run_busy: 0.0,
             busy_by_bucket: [0.0; MAX_LADDER],
         }
     }
@@ -268,22 +261,10 @@ impl InterferenceSpan {
     pub fn at_token(&mut self, reading: TrackerReading, bucket: usize) {
         if self.first.is_none() {
             self.first = Some(reading);
-        } else {
-            if bucket != self.run_bucket {
-                self.settle();
-                self.run_bucket = bucket;
-            }
-            self.run_busy += (reading.prefill_busy - self.last.prefill_busy).max(0.0);
+        } else if let Some(busy) = self.busy_by_bucket.get_mut(bucket) {
+            *busy += (reading.prefill_busy - self.last.prefill_busy).max(0.0);
         }
         self.last = reading;
-    }
-
-    /// Adds the latest gaps' busy seconds to `busy_by_bucket`, which is then whole.
-    pub fn settle(&mut self) {
-        if let Some(busy) = self.busy_by_bucket.get_mut(self.run_bucket) {
-            *busy += self.run_busy;
-        }
-        self.run_busy = 0.0;
     }
 
     /// The share of a `decode_seconds` decode interval during which at least one other
@@ -386,7 +367,6 @@ mod tests {
         assert!((share - 0.5).abs() < 1e-9, "{share}");
         assert_eq!(overlapped, 2);
         // A's one gap (1 → 5) ended at bucket 1: all 2 s of overlap go there.
-        a_span.settle();
         assert!((a_span.busy_by_bucket[1] - 2.0).abs() < 1e-9);
         assert_eq!(a_span.busy_by_bucket[0], 0.0);
         // B's own prefill (2 → 3) is not counted: only C's 0.5 s of its 1 s decode.

@@ -292,7 +292,9 @@ impl RequestMeter {
             .meter
             .concurrency
             .concurrency_bucket_of_count(guard.tracker().current());
-        self.timeline.split_add(bucket, tokens, 0.0);
+        if let Some(t) = self.timeline.split.tokens.get_mut(bucket) {
+            *t = t.saturating_add(tokens);
+        }
         self.timeline.silent_tokens(now, tokens);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
             c.add(tokens);
@@ -329,9 +331,6 @@ impl RequestMeter {
         };
         let now = Instant::now();
         self.timeline.end = Some(now);
-        // The per-event runs go into the histograms and splits read below.
-        self.timeline.settle();
-        self.interference.settle();
         let interference = self.interference(completion_tokens, exact);
         drop(guard);
         let server_state = self

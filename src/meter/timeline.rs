@@ -1,11 +1,9 @@
 //! The per-request timeline: timestamps and fixed-size accumulators updated per event.
 //!
-//! Everything here is plain data updated in place, with no allocation, lock or await.
-//! Histograms are accumulated per request into fixed buckets (count and sum per bucket) and
-//! flushed to the exporter once, when the request ends. An event writes the timeline's first
-//! cache lines only: what it adds to a histogram bucket or a concurrency bucket goes into a
-//! [`Run`] kept there, and into the bucket arrays when the bucket changes or the request ends
-//! ([`Timeline::settle`]).
+//! Everything here is plain data updated in place: recording an event touches a few fields
+//! and two fixed arrays, with no allocation, lock or await. Histograms are accumulated per
+//! request into fixed buckets (count and sum per bucket) and flushed to the exporter once,
+//! when the request ends.
 
 use std::time::Duration;
 
@@ -41,36 +39,10 @@ impl LocalHistogram {
 
     /// Records `value` with weight `count`.
     pub fn record(&mut self, value: f64, count: u64) {
-        let index = self.bucket_of(value);
-        self.add(Run {
-            index: index as u32,
-            count,
-            sum: value * count as f64,
-        });
-    }
-
-    /// The bucket `value` falls in. Reads only the bounds, which every stream shares.
-    fn bucket_of(&self, value: f64) -> usize {
-        self.bounds.partition_point(|&bound| bound < value)
-    }
-
-    /// Records `value` with weight `count` into `run` while it stays in the run's bucket, and
-    /// into the buckets only when the bucket changes: a stream's gaps mostly fall in one
-    /// bucket, so most events write the run (in the timeline's first cache lines), not this
-    /// histogram's bucket array (cold by the stream's next event).
-    fn record_in(&mut self, run: &mut Run, value: f64, count: u64) {
-        let index = self.bucket_of(value) as u32;
-        if run.index != index {
-            self.add(std::mem::replace(run, Run::at(index)));
-        }
-        run.count = run.count.saturating_add(count);
-        run.sum += value * count as f64;
-    }
-
-    fn add(&mut self, run: Run) {
-        if let Some((c, s)) = self.buckets.get_mut(run.index as usize) {
-            *c = c.saturating_add(run.count);
-            *s += run.sum;
+        let index = self.bounds.partition_point(|&bound| bound < value);
+        if let Some((c, s)) = self.buckets.get_mut(index) {
+            *c += count;
+            *s += value * count as f64;
         }
     }
 
@@ -90,30 +62,6 @@ impl LocalHistogram {
     /// Largest bucket mean (an upper estimate of the maximum within bucket resolution).
     pub fn max_mean(&self) -> Option<f64> {
         self.buckets().map(|(mean, _)| mean).reduce(f64::max)
-    }
-}
-
-/// What a stream recorded into one bucket since the bucket last changed (a histogram bucket,
-/// or a concurrency bucket of the split), kept beside the timeline's other per-event fields
-/// and added to its bucket when the next event falls elsewhere, or when the request ends
-/// ([`Timeline::settle`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Run {
-    /// `u32::MAX`: nothing recorded yet.
-    index: u32,
-    count: u64,
-    sum: f64,
-}
-
-impl Run {
-    const NONE: Run = Run::at(u32::MAX);
-
-    const fn at(index: u32) -> Self {
-        Self {
-            index,
-            count: 0,
-            sum: 0.0,
-        }
     }
 }
 
@@ -137,17 +85,6 @@ impl Default for ConcurrencySplit {
 }
 
 impl ConcurrencySplit {
-    /// Adds `run`'s tokens (its count) and decode seconds (its sum) to its bucket.
-    fn add(&mut self, run: Run) {
-        let index = run.index as usize;
-        if let Some(t) = self.tokens.get_mut(index) {
-            *t = t.saturating_add(run.count);
-        }
-        if let Some(s) = self.seconds.get_mut(index) {
-            *s += run.sum;
-        }
-    }
-
     /// Rescales token counts so they sum to `total` exactly (used when per-event counts were
     /// estimates and the upstream's final usage is known), keeping each bucket's share.
     pub fn rescale_tokens(&mut self, total: u64) {
@@ -197,12 +134,6 @@ pub struct Timeline {
     pub frames: u64,
     /// ∫inflight·dt at the latest token event (and, below, at the first).
     pub area_at_last_token: f64,
-    /// The runs of the ITL histogram, the per-frame overhead histogram and the concurrency
-    /// split (see [`Run`]): what they hold is in `itl`, `frame_overhead` and `split` only
-    /// after [`Timeline::settle`].
-    itl_run: Run,
-    overhead_run: Run,
-    split_run: Run,
     pub split: ConcurrencySplit,
     /// Inter-token latency, per token: the gap between two output events divided over every
     /// token delivered since the earlier one (silent tokens included), each token one sample
@@ -248,32 +179,7 @@ impl Timeline {
             area_at_first_token: 0.0,
             area_at_last_token: 0.0,
             inflight_at_first_token: 0,
-            itl_run: Run::NONE,
-            overhead_run: Run::NONE,
-            split_run: Run::NONE,
         }
-    }
-
-    /// Adds what the runs hold to the histograms and the split, which are then whole. Called
-    /// once the request's last event is in, before they are read.
-    pub fn settle(&mut self) {
-        self.itl
-            .add(std::mem::replace(&mut self.itl_run, Run::NONE));
-        self.frame_overhead
-            .add(std::mem::replace(&mut self.overhead_run, Run::NONE));
-        self.split
-            .add(std::mem::replace(&mut self.split_run, Run::NONE));
-    }
-
-    /// Adds `tokens` (and `seconds` of decode time) to concurrency bucket `bucket`.
-    pub fn split_add(&mut self, bucket: usize, tokens: u64, seconds: f64) {
-        let index = u32::try_from(bucket).unwrap_or(u32::MAX);
-        if self.split_run.index != index {
-            self.split
-                .add(std::mem::replace(&mut self.split_run, Run::at(index)));
-        }
-        self.split_run.count = self.split_run.count.saturating_add(tokens);
-        self.split_run.sum += seconds;
     }
 
     /// Records an event carrying `tokens` tokens at `now`, with the in-flight count, its
@@ -290,22 +196,24 @@ impl Timeline {
         self.first_delivery.get_or_insert(now);
         // Silent tokens before the first output event belong to the time to first token.
         let silent = std::mem::take(&mut self.pending_silent);
-        let gap = match self.last_token {
+        match self.last_token {
             None => {
                 self.first_token = Some(now);
                 self.area_at_first_token = area;
                 self.inflight_at_first_token = inflight;
-                0.0
             }
             Some(last) => {
                 let gap = now.saturating_duration_since(last).as_secs_f64();
                 let delivered = tokens + silent;
-                self.itl
-                    .record_in(&mut self.itl_run, gap / delivered as f64, delivered);
-                gap
+                self.itl.record(gap / delivered as f64, delivered);
+                if let Some(seconds) = self.split.seconds.get_mut(bucket) {
+                    *seconds += gap;
+                }
             }
-        };
-        self.split_add(bucket, tokens, gap);
+        }
+        if let Some(t) = self.split.tokens.get_mut(bucket) {
+            *t += tokens;
+        }
         self.area_at_last_token = area;
         self.last_token = Some(now);
         self.token_events += 1;
@@ -328,8 +236,7 @@ impl Timeline {
             self.first_byte = Some(arrived);
         }
         self.frames += 1;
-        self.frame_overhead.record_in(
-            &mut self.overhead_run,
+        self.frame_overhead.record(
             forwarded.saturating_duration_since(arrived).as_secs_f64(),
             1,
         );
@@ -380,7 +287,6 @@ mod tests {
         timeline.silent_tokens(ms(16), 1); // vLLM's `"content":""` while it holds back partial UTF-8
         timeline.silent_tokens(ms(19), 1);
         timeline.token_event(ms(22), 1, 1, 0, 0.0);
-        timeline.settle();
         // 1 + 3 tokens after the first output event, over 12 ms of decode.
         assert_eq!(timeline.itl.count(), 4);
         let sum: f64 = timeline
@@ -395,55 +301,6 @@ mod tests {
         // The silent first token ended prefill; the first visible one came later.
         assert_eq!(timeline.first_delivery, Some(ms(4)));
         assert_eq!(timeline.first_token, Some(ms(10)));
-    }
-
-    #[test]
-    fn runs_add_up_to_what_recording_each_event_in_place_gives() {
-        // Gaps that cross histogram buckets and concurrency buckets that change, back and
-        // forth: after `settle` the histograms and the split hold what recording every event
-        // straight into its bucket gives.
-        let t0 = Instant::now();
-        let mut timeline = Timeline::new(t0, &BOUNDS, &BOUNDS);
-        let mut itl = LocalHistogram::new(&BOUNDS);
-        let mut overhead = LocalHistogram::new(&BOUNDS);
-        let mut split = ConcurrencySplit::default();
-        let gaps_us = [500u64, 700, 5_000, 400, 60_000, 60_000, 2_000_000, 300, 300];
-        let buckets = [0usize, 0, 1, 1, 0, 2, 2, 2, 1];
-        let mut at = t0;
-        let mut last = None;
-        for (i, (&gap, &bucket)) in gaps_us.iter().zip(&buckets).enumerate() {
-            at += Duration::from_micros(gap);
-            let tokens = 1 + i as u64 % 3;
-            timeline.token_event(at, tokens, 1, bucket, 0.0);
-            timeline.frame(at, at + Duration::from_micros(gap / 10));
-            overhead.record(Duration::from_micros(gap / 10).as_secs_f64(), 1);
-            split.tokens[bucket] += tokens;
-            if let Some(last) = last {
-                let gap = at.saturating_duration_since(last).as_secs_f64();
-                itl.record(gap / tokens as f64, tokens);
-                split.seconds[bucket] += gap;
-            }
-            last = Some(at);
-        }
-        timeline.settle();
-        let close = |a: &LocalHistogram, b: &LocalHistogram| {
-            let (a, b): (Vec<_>, Vec<_>) = (a.buckets().collect(), b.buckets().collect());
-            assert_eq!(a.len(), b.len());
-            for ((ma, ca), (mb, cb)) in a.into_iter().zip(b) {
-                assert_eq!(ca, cb);
-                assert!((ma - mb).abs() < 1e-12, "{ma} vs {mb}");
-            }
-        };
-        close(&timeline.itl, &itl);
-        close(&timeline.frame_overhead, &overhead);
-        assert_eq!(timeline.split.tokens, split.tokens);
-        for (a, b) in timeline.split.seconds.iter().zip(split.seconds) {
-            assert!((a - b).abs() < 1e-12, "{a} vs {b}");
-        }
-        // Settling twice adds nothing more.
-        timeline.settle();
-        assert_eq!(timeline.split.tokens, split.tokens);
-        assert_eq!(timeline.itl.count(), itl.count());
     }
 
     #[test]
