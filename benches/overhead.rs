@@ -786,8 +786,6 @@ struct Row {
     idle_kib_per_stream: Option<f64>,
 }
 
-/// Runs the streams direct and then through `target` (the proxy process `pid`), and returns
-/// what the proxy added (ms) and its CPU per forwarded event (µs).
 /// What one row measures: a forwarder's name, where it listens, its process (CPU is read
 /// there, children included) and the path its streams ask for.
 struct Target<'a> {
@@ -797,6 +795,8 @@ struct Target<'a> {
     path: &'a str,
 }
 
+/// Runs the streams direct and then through `target` (the proxy process `pid`), and returns
+/// what the proxy added (ms) and its CPU per forwarded event (µs).
 async fn measure(
     Target {
         subject,
