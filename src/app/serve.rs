@@ -20,6 +20,7 @@ use crate::base::Source;
 use crate::config::{Config, ConfigLoader};
 use crate::meter::Meter;
 use crate::net::{self, ServerOptions, ShutdownTrigger};
+use crate::proxy::routes::RoutePolicy;
 use crate::proxy::service::{BodyBudget, BodyLimits, ModelLabels};
 use crate::proxy::upstream::{Router, Upstream};
 use crate::proxy::{Proxy, ProxyService};
@@ -567,5 +568,6 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         body_budget: BodyBudget::new(config.metering.max_buffered_bytes),
         faults,
         prefix_salt,
+        routes: RoutePolicy::from_config(&config.proxy.routes),
     }))
 }

@@ -36,7 +36,7 @@ pub use capacity::CapacityConfig;
 pub use drift::DriftConfig;
 pub use fingerprint::FingerprintConfig;
 pub use metering::MeteringConfig;
-pub use proxy::{ListenerTls, ProxyConfig};
+pub use proxy::{ListenerTls, ProxyConfig, RoutePolicyConfig};
 pub use raw::RawConfig;
 pub use store::StoreConfig;
 pub use sweep::SweepConfig;

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::raw::{RawProxy, RawTls};
+use super::raw::{RawProxy, RawRoutes, RawTls};
 use super::{ConfigError, Origins};
 
 /// Most connection-worker threads `proxy.workers` may ask for.
@@ -39,6 +39,64 @@ pub struct ProxyConfig {
     pub http2_keep_alive_timeout: Duration,
     /// A response the client has not taken for this long is cancelled (zero: never).
     pub send_stall_timeout: Duration,
+    /// Which paths the data port forwards (`proxy::routes`).
+    pub routes: RoutePolicyConfig,
+}
+
+/// `proxy.routes`, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoutePolicyConfig {
+    /// `"safe"` (the default): everything but the engines' control routes.
+    Safe,
+    /// `"all"`: everything.
+    All,
+    /// A list of paths (`/x`, or `/x/*` for everything under `/x/`) forwarded; with `"safe"` in
+    /// it, these are opened on top of the default, else only these are forwarded.
+    List { safe: bool, paths: Vec<String> },
+}
+
+impl RoutePolicyConfig {
+    fn from_raw(raw: RawRoutes, origins: &Origins) -> Result<Self, ConfigError> {
+        const HELP: &str = "expected \"safe\" (the default: the engines' control routes refused), \"all\", or a list of paths such as [\"safe\", \"/flush_cache\"] or [\"/v1/*\", \"/health\"]";
+        match raw {
+            RawRoutes::One(word) => match word.as_str() {
+                "safe" => Ok(RoutePolicyConfig::Safe),
+                "all" => Ok(RoutePolicyConfig::All),
+                other => Err(origins.error("proxy.routes", format!("`{other}`: {HELP}"))),
+            },
+            RawRoutes::Many(entries) => {
+                let mut safe = false;
+                let mut paths = Vec::new();
+                for entry in entries {
+                    if entry == "safe" {
+                        safe = true;
+                    } else if entry == "all" {
+                        return Err(origins.error(
+                            "proxy.routes",
+                            "\"all\" stands alone (routes = \"all\"), not in a list",
+                        ));
+                    } else if !entry.starts_with('/')
+                        || entry[..entry.len().saturating_sub(1)].contains('*')
+                        || (entry.ends_with('*') && !entry.ends_with("/*"))
+                    {
+                        return Err(origins.error(
+                            "proxy.routes",
+                            format!("`{entry}`: a path starts with `/`; `*` only as a last segment (`/v1/*`); {HELP}"),
+                        ));
+                    } else {
+                        paths.push(entry);
+                    }
+                }
+                if !safe && paths.is_empty() {
+                    return Err(origins.error(
+                        "proxy.routes",
+                        format!("an empty list would refuse every request; {HELP}"),
+                    ));
+                }
+                Ok(RoutePolicyConfig::List { safe, paths })
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -95,6 +153,7 @@ impl ProxyConfig {
             http2_keep_alive_interval: raw.http2_keep_alive_interval,
             http2_keep_alive_timeout: raw.http2_keep_alive_timeout,
             send_stall_timeout: raw.send_stall_timeout,
+            routes: RoutePolicyConfig::from_raw(raw.routes, origins)?,
         };
         if proxy.workers > MAX_WORKERS {
             return Err(origins.error(

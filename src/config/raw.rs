@@ -61,6 +61,22 @@ pub struct RawProxy {
     pub http2_keep_alive_timeout: Duration,
     #[serde(deserialize_with = "value::duration")]
     pub send_stall_timeout: Duration,
+    pub routes: RawRoutes,
+}
+
+/// `proxy.routes`: a word (`"safe"`, `"all"`) or a list of paths (with `"safe"` among them to
+/// keep the default refusals and open only what is listed).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum RawRoutes {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Default for RawRoutes {
+    fn default() -> Self {
+        RawRoutes::One("safe".into())
+    }
 }
 
 impl Default for RawProxy {
@@ -80,6 +96,7 @@ impl Default for RawProxy {
             http2_keep_alive_interval: Duration::from_secs(30),
             http2_keep_alive_timeout: Duration::from_secs(10),
             send_stall_timeout: Duration::from_secs(30),
+            routes: RawRoutes::default(),
         }
     }
 }
@@ -110,6 +127,8 @@ pub struct RawUpstream {
     #[serde(deserialize_with = "value::duration")]
     pub pool_idle_timeout: Duration,
     pub pool_max_idle: u64,
+    #[serde(deserialize_with = "value::duration")]
+    pub pool_reuse_after: Duration,
     pub max_connections: u64,
     pub http2: bool,
     pub inline_connections: bool,
@@ -136,6 +155,7 @@ impl Default for RawUpstream {
             stream_idle_timeout: Duration::from_secs(120),
             pool_idle_timeout: Duration::from_secs(90),
             pool_max_idle: 1024,
+            pool_reuse_after: Duration::from_millis(10),
             max_connections: 0,
             http2: false,
             inline_connections: true,

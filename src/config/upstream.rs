@@ -32,6 +32,11 @@ pub struct UpstreamConfig {
     pub stream_idle_timeout: Duration,
     pub pool_idle_timeout: Duration,
     pub pool_max_idle: usize,
+    /// A kept-alive connection carries another request only after it sat idle this long
+    /// (plain-HTTP/1 upstreams, `proxy::inline_pool`): a server that closes right after its
+    /// answer, or sends bytes past its framing, shows it in the socket before the next request
+    /// is written there, not after.
+    pub pool_reuse_after: Duration,
     /// Most connections open to this upstream at once (in use, idle and being opened); 0: the
     /// data listener's connection limit, resolved when the proxy is built.
     pub max_connections: usize,
@@ -165,6 +170,7 @@ impl UpstreamConfig {
             pool_idle_timeout: raw.pool_idle_timeout,
             pool_max_idle: usize::try_from(raw.pool_max_idle)
                 .map_err(|_| err("pool_max_idle", "too large".into()))?,
+            pool_reuse_after: raw.pool_reuse_after,
             // 0: as many as the data listener's connection limit (resolved when the proxy is
             // built).
             max_connections: usize::try_from(raw.max_connections)

@@ -33,10 +33,21 @@ pub enum Fault {
     /// A request needed a new connection to an upstream already at its `max_connections`
     /// and none came free within its `connect_timeout` (answered 503).
     UpstreamConnectionLimit,
+    /// An upstream sent bytes after the end of an answer (more than its framing said): the
+    /// connection was dropped, never reused, and its pool turned careful
+    /// (`proxy::inline_pool`).
+    UpstreamStrayBytes,
+    /// An upstream response body broke off before its framing said it ended (a close or a
+    /// reset mid-body): the client got the head and what had arrived, then an incomplete
+    /// body. Counted on every route; a metered request's record also says `upstream_aborted`.
+    UpstreamAborted,
+    /// A client asked for a route `proxy.routes` does not forward (an engine's control route,
+    /// by default): answered 403, never sent upstream.
+    RouteRefused,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 13] = [
         Fault::HeaderTimeout,
         Fault::BodyIdleTimeout,
         Fault::BodyReadTimeout,
@@ -47,6 +58,9 @@ impl Fault {
         Fault::SendStalled,
         Fault::IdleClosed,
         Fault::UpstreamConnectionLimit,
+        Fault::UpstreamStrayBytes,
+        Fault::UpstreamAborted,
+        Fault::RouteRefused,
     ];
 
     pub fn label(self) -> &'static str {
@@ -61,6 +75,9 @@ impl Fault {
             Fault::SendStalled => "send_stalled",
             Fault::IdleClosed => "idle_closed",
             Fault::UpstreamConnectionLimit => "upstream_connection_limit",
+            Fault::UpstreamStrayBytes => "upstream_stray_bytes",
+            Fault::UpstreamAborted => "upstream_aborted",
+            Fault::RouteRefused => "route_refused",
         }
     }
 
@@ -76,6 +93,9 @@ impl Fault {
             Fault::SendStalled => 7,
             Fault::IdleClosed => 8,
             Fault::UpstreamConnectionLimit => 9,
+            Fault::UpstreamStrayBytes => 10,
+            Fault::UpstreamAborted => 11,
+            Fault::RouteRefused => 12,
         }
     }
 }

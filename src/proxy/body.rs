@@ -22,6 +22,8 @@ pub struct ResponseBody {
     rest: Option<Bytes>,
     /// Bytes handed since the body last answered `Pending`.
     unflushed: usize,
+    /// The error that broke the source off, held for one `Pending` (see `poll_frame`).
+    broken: Option<IdleError<crate::proxy::inline_pool::UpstreamBodyError>>,
 }
 
 /// The largest piece of a frame handed to the connection at once, and how much is handed
@@ -68,6 +70,7 @@ impl ResponseBody {
             source,
             rest: None,
             unflushed: 0,
+            broken: None,
         }
     }
 
@@ -127,6 +130,9 @@ impl Body for ResponseBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
+        if let Some(error) = this.broken.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
         if this.unflushed >= PIECE_BYTES {
             // Let the connection write out what it holds first (see `PIECE_BYTES`).
             this.unflushed = 0;
@@ -147,6 +153,17 @@ impl Body for ResponseBody {
                     this.unflushed = 0;
                     return Poll::Pending;
                 }
+                // A truncation is forwarded as one: the head and what arrived, then the
+                // break. hyper's HTTP/1 server drops what it holds unwritten when a body
+                // fails, and a close read together with the last bytes fails the body in the
+                // same poll that handed them: the error waits one `Pending` (the task woken at
+                // once), in which the connection writes out the head and the data first.
+                Poll::Ready(Some(Err(error))) => {
+                    this.broken = Some(error);
+                    this.unflushed = 0;
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 done => return done,
             },
         };
@@ -156,7 +173,7 @@ impl Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.rest.is_none() && self.source.is_end_stream()
+        self.rest.is_none() && self.broken.is_none() && self.source.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

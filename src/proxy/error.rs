@@ -46,6 +46,13 @@ pub enum ProxyError {
         /// Which limit: the idle gap or the whole metered body.
         limit: &'static str,
     },
+    #[error("{path} is {} and is not forwarded from the data port; an operator opens it with proxy.routes (for instance routes = [\"safe\", \"{path}\"]), or calls the engine directly", match engine { Some(engine) => format!("a control route of {engine}"), None => "not in proxy.routes".to_string() })]
+    RouteRefused {
+        /// The path as the engine would route it.
+        path: String,
+        /// The engine whose control route it is.
+        engine: Option<&'static str>,
+    },
 }
 
 pub use crate::base::error::error_chain;
@@ -67,6 +74,7 @@ impl ProxyError {
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::RouteRefused { .. } => StatusCode::FORBIDDEN,
         }
     }
 
@@ -76,7 +84,8 @@ impl ProxyError {
             ProxyError::Timeout { .. } => Outcome::Timeout,
             ProxyError::ClientBody { .. }
             | ProxyError::BodyTimeout { .. }
-            | ProxyError::Method { .. } => Outcome::ClientAborted,
+            | ProxyError::Method { .. }
+            | ProxyError::RouteRefused { .. } => Outcome::ClientAborted,
             _ => Outcome::UpstreamError,
         }
     }
@@ -90,6 +99,7 @@ impl ProxyError {
             ProxyError::ClientBody { .. } => "bad_request_body",
             ProxyError::BodyTimeout { .. } => "request_body_timeout",
             ProxyError::Method { .. } => "method_not_allowed",
+            ProxyError::RouteRefused { .. } => "route_refused",
         }
     }
 
@@ -101,7 +111,8 @@ impl ProxyError {
             | ProxyError::BadUpstreamUri { upstream, .. } => Some(upstream),
             ProxyError::ClientBody { .. }
             | ProxyError::BodyTimeout { .. }
-            | ProxyError::Method { .. } => None,
+            | ProxyError::Method { .. }
+            | ProxyError::RouteRefused { .. } => None,
         }
     }
 

@@ -10,14 +10,29 @@
 //! the client's connection all run in the client's task, as nginx runs them in one event loop.
 //!
 //! The pool keeps idle connections (LIFO, at most `upstream.pool_max_idle`, dropped after
-//! `upstream.pool_idle_timeout`); a connection returns to it only when its response body was
-//! read exactly to the end and the server did not say `close`. Every open connection holds
-//! one of `upstream.max_connections` slots (as [`super::connector::Limited`] does for the
-//! pooled client). A request whose reused connection turns out closed before a byte of an
-//! answer (the server dropped it while idle: uvicorn does after 5 s) goes once more on a
-//! fresh connection when its body was read whole and can be sent again. Used for `http://`
-//! upstreams without `http2`; TLS and HTTP/2 upstreams keep hyper-util's client (HTTP/2
-//! multiplexes streams on one connection, so there is no connection per stream to drive).
+//! `upstream.pool_idle_timeout`). Every open connection holds one of
+//! `upstream.max_connections` slots (as [`super::connector::Limited`] does for the pooled
+//! client). Used for `http://` upstreams without `http2`; TLS and HTTP/2 upstreams keep
+//! hyper-util's client (HTTP/2 multiplexes streams on one connection, so there is no
+//! connection per stream to drive).
+//!
+//! What a sidecar must never do to production, and how this pool keeps it:
+//! - **Never a request twice.** A request goes again on a fresh connection only when not one
+//!   byte of it entered the first connection's socket (the write itself failed at once). Once
+//!   a byte went, the server may have read the request and started a generation, whatever it
+//!   did next (closed, reset, said nothing), so the client gets the failure instead.
+//! - **Never another client's bytes.** A connection goes back to the pool only after a
+//!   response read exactly to its framing (a length or a chunked body, never one read to the
+//!   close), with the whole request written before the answer came (a server that answers
+//!   early may not have read the rest), no `close` from the server, and nothing after the
+//!   answer: a non-blocking peek of the socket itself at release and again at checkout (not
+//!   tokio's cached readiness, which nobody updates while a connection sits idle). Bytes found
+//!   there are stray (the server sent more than its answer's framing said): the connection is
+//!   dropped, `tokentap_faults_total{fault="upstream_stray_bytes"}` counts it, and the pool
+//!   turns careful for [`CAREFUL_FOR`]: a connection is reused only after it has sat idle
+//!   [`CAREFUL_SETTLE`] with nothing arriving, so late stray bytes show up in the peek rather
+//!   than in front of the next request. Bytes that arrive after the next request was written
+//!   cannot be told apart from its answer in HTTP/1 (docs/operations.md).
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -37,11 +52,11 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use super::connector::acquire_slot;
-use super::relay::{self, Connection, Decoder, FinalHead, Outgoing, RelayError};
+use super::relay::{self, Connection, Decoder, FinalHead, IdleState, Outgoing, RelayError};
 use super::request_body::RequestBody;
 use super::BoxError;
 use crate::base::lock;
-use crate::net::faults::FaultCounters;
+use crate::net::faults::{Fault, FaultCounters};
 use crate::stream::body::BodyFailure;
 
 /// A connection not serving a request (a close by the server is seen when it is checked out).
@@ -56,12 +71,32 @@ struct Idle {
 /// own worker's before it takes the freshest of any.
 const SAME_WORKER_SCAN: usize = 64;
 
+/// How long a pool stays careful after it last found stray bytes on a connection.
+pub const CAREFUL_FOR: Duration = Duration::from_secs(600);
+
+/// While careful, how long a connection sits idle, with nothing arriving on it, before it
+/// carries another request (servers that send stray bytes sent them 3–30 ms late in the
+/// cases we reproduced; a second covers those with a wide margin).
+pub const CAREFUL_SETTLE: Duration = Duration::from_secs(1);
+
+/// The idle connections, and whether the upstream has been seen sending stray bytes.
+#[derive(Default)]
+struct IdleSet {
+    /// Oldest first.
+    connections: VecDeque<Idle>,
+    /// Until when reuse waits for [`CAREFUL_SETTLE`] (the last stray bytes + [`CAREFUL_FOR`]).
+    careful_until: Option<Instant>,
+}
+
 /// What the pool needs to open connections to one upstream.
 #[derive(Debug, Clone)]
 pub struct InlineOptions {
     pub connect_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_idle: usize,
+    /// Least idle time before a connection carries another request
+    /// (`upstream.pool_reuse_after`).
+    pub reuse_after: Duration,
     pub max_connections: usize,
     /// The read-ahead bound per connection, and the largest response head
     /// (`proxy.max_stream_buffer`, at least 8 KiB).
@@ -78,7 +113,7 @@ pub struct InlinePool {
     slots: Arc<Semaphore>,
     limit: usize,
     faults: Arc<FaultCounters>,
-    idle: Mutex<VecDeque<Idle>>,
+    idle: Mutex<IdleSet>,
     reaper_started: AtomicBool,
 }
 
@@ -87,7 +122,7 @@ impl std::fmt::Debug for InlinePool {
         f.debug_struct("InlinePool")
             .field("host", &self.host)
             .field("port", &self.port)
-            .field("idle", &lock::lock(&self.idle).len())
+            .field("idle", &lock::lock(&self.idle).connections.len())
             .finish()
     }
 }
@@ -126,7 +161,7 @@ impl InlinePool {
             slots: Arc::new(Semaphore::new(limit)),
             limit,
             faults,
-            idle: Mutex::new(VecDeque::new()),
+            idle: Mutex::new(IdleSet::default()),
             reaper_started: AtomicBool::new(false),
             options,
         }))
@@ -149,11 +184,8 @@ impl InlinePool {
         let mut attempts_left = 2u8;
         loop {
             attempts_left -= 1;
-            let (reused, mut connection) = match self.checkout() {
-                Some(connection) => (true, connection),
-                None => (false, self.connect().await?),
-            };
-            // A body read whole can go again if the first connection proves dead.
+            let (reused, mut connection) = self.next_connection().await?;
+            // A body read whole can go again, but only if not a byte of it reaches the socket.
             let again = match &body {
                 RequestBody::Full(bytes) => Some(RequestBody::Full(bytes.clone())),
                 RequestBody::Stream { .. } => None,
@@ -161,9 +193,13 @@ impl InlinePool {
             let mut outgoing = Some(Outgoing::new(head.clone(), framing, body));
             let mut write_failed = None;
             let mut received = false;
+            // Any byte of the request went into the socket: the server may have it.
+            let mut reached = false;
             let answer = poll_fn(|cx| {
                 if let Some(out) = outgoing.as_mut() {
-                    match connection.poll_write(out, cx) {
+                    let written = connection.poll_write(out, cx);
+                    reached |= out.reached_socket();
+                    match written {
                         Poll::Ready(Ok(())) => outgoing = None,
                         // The client's body failed (or stalled): that is the answer.
                         Poll::Ready(Err(error @ RelayError::RequestBody(_))) => {
@@ -188,11 +224,15 @@ impl InlinePool {
                     keep_alive,
                 }) => {
                     connection.drop_empty_buffer();
+                    // An answer that came before the whole request was written: the server
+                    // may not read the rest, so nothing after it on this connection is
+                    // trustworthy.
+                    let whole_request_first = outgoing.is_none() && write_failed.is_none();
                     let driver = Driver {
                         connection,
                         outgoing,
                         decoder,
-                        keep_alive: keep_alive && write_failed.is_none(),
+                        keep_alive: keep_alive && whole_request_first,
                         pool: Arc::downgrade(self),
                     };
                     let mut body = DrivenBody {
@@ -210,9 +250,14 @@ impl InlinePool {
                         Some(write) if !received => write,
                         _ => error,
                     };
+                    // Garbage where an answer's head should be, on a connection that carried
+                    // an answer before: most likely the tail of that answer, sent late.
+                    if reused && matches!(error, RelayError::MalformedHead(_)) {
+                        self.saw_stray_bytes();
+                    }
                     match again {
                         Some(body_again)
-                            if reused
+                            if !reached
                                 && !received
                                 && attempts_left > 0
                                 && error.closed_unanswered() =>
@@ -226,35 +271,90 @@ impl InlinePool {
         }
     }
 
-    /// The most recently idled connection that is still open, of this connection worker's
-    /// own when one is among the latest: its socket is registered with the reactor of the
-    /// worker that used it last, and one of another worker's would make every event of this
-    /// stream wake that worker's thread before this one's.
-    fn checkout(&self) -> Option<Connection> {
+    /// The server sent bytes no request asked for: counted, and the pool turns careful.
+    fn saw_stray_bytes(&self) {
+        self.faults.add(Fault::UpstreamStrayBytes);
+        let now = Instant::now();
+        let was_careful = {
+            let mut idle = lock::lock(&self.idle);
+            let was = idle.careful_until.is_some_and(|until| until > now);
+            idle.careful_until = Some(now + CAREFUL_FOR);
+            was
+        };
+        if !was_careful {
+            tracing::warn!(
+                upstream = %self.host_header.to_str().unwrap_or("?"),
+                "the upstream sent bytes after the end of an answer (more than its framing said); \
+                 its connections are reused only after {CAREFUL_SETTLE:?} idle for the next {CAREFUL_FOR:?}"
+            );
+        }
+    }
+
+    /// The most recently idled connection that is still open and clean, of this connection
+    /// worker's own when one is among the latest: its socket is registered with the reactor
+    /// of the worker that used it last, and one of another worker's would make every event of
+    /// this stream wake that worker's thread before this one's. While the pool is careful,
+    /// only connections idle [`CAREFUL_SETTLE`] or longer are candidates.
+    fn checkout(&self) -> Result<Connection, Option<Instant>> {
         let now = Instant::now();
         let worker = crate::net::workers::current();
         loop {
-            let mut connection = {
+            let connection = {
                 let mut idle = lock::lock(&self.idle);
                 // The oldest are at the front: those idle past the timeout go first.
-                while idle.front().is_some_and(|i| {
+                while idle.connections.front().is_some_and(|i| {
                     now.saturating_duration_since(i.since) >= self.options.idle_timeout
                 }) {
-                    idle.pop_front();
+                    idle.connections.pop_front();
                 }
+                let settle = match idle.careful_until {
+                    Some(until) if until > now => CAREFUL_SETTLE.max(self.options.reuse_after),
+                    _ => self.options.reuse_after,
+                };
+                let settled = if settle.is_zero() {
+                    idle.connections.len()
+                } else {
+                    idle.connections
+                        .partition_point(|i| now.saturating_duration_since(i.since) >= settle)
+                };
                 let from_back = idle
-                    .iter()
+                    .connections
+                    .range(..settled)
                     .rev()
                     .take(SAME_WORKER_SCAN)
                     .position(|i| i.worker == worker)
                     .unwrap_or(0);
-                let at = idle.len().checked_sub(from_back + 1)?;
-                idle.remove(at)?.connection
+                let Some(at) = settled.checked_sub(from_back + 1) else {
+                    // None settled: when the first of the others will.
+                    return Err(idle.connections.get(settled).map(|i| i.since + settle));
+                };
+                let Some(idle) = idle.connections.remove(at) else {
+                    return Err(None);
+                };
+                idle.connection
             };
-            if connection.is_reusable_now() {
-                return Some(connection);
+            match connection.idle_state() {
+                IdleState::Clean => return Ok(connection),
+                IdleState::Closed => {}
+                IdleState::Stray => self.saw_stray_bytes(),
             }
         }
+    }
+
+    /// A connection for the next request: a settled idle one (`true`: reused), else a new one.
+    /// When every slot is taken and some of them are idle connections still settling, the
+    /// request waits for one to settle (at most `pool_reuse_after`) rather than for a slot.
+    async fn next_connection(self: &Arc<Self>) -> Result<(bool, Connection), BoxError> {
+        for _ in 0..3 {
+            match self.checkout() {
+                Ok(connection) => return Ok((true, connection)),
+                Err(Some(settles_at)) if self.slots.available_permits() == 0 => {
+                    tokio::time::sleep_until(settles_at).await;
+                }
+                Err(_) => break,
+            }
+        }
+        Ok((false, self.connect().await?))
     }
 
     /// A new connection, holding a slot (waiting up to `connect_timeout` for one).
@@ -273,17 +373,23 @@ impl InlinePool {
         Ok(Connection::new(stream, self.options.max_buf_size, slot))
     }
 
-    /// Back to the pool: a connection whose response was read exactly to the end.
+    /// Back to the pool: a connection whose response was read exactly to the end, when
+    /// nothing arrived after it.
     fn release(self: &Arc<Self>, mut connection: Connection) {
+        match connection.idle_state() {
+            IdleState::Clean => {}
+            IdleState::Closed => return,
+            IdleState::Stray => return self.saw_stray_bytes(),
+        }
         if self.options.max_idle == 0 {
             return;
         }
         connection.drop_empty_buffer();
         let mut idle = lock::lock(&self.idle);
-        if idle.len() >= self.options.max_idle {
-            idle.pop_front();
+        if idle.connections.len() >= self.options.max_idle {
+            idle.connections.pop_front();
         }
-        idle.push_back(Idle {
+        idle.connections.push_back(Idle {
             connection,
             since: Instant::now(),
             worker: crate::net::workers::current(),
@@ -315,11 +421,10 @@ impl InlinePool {
                 let now = Instant::now();
                 let expired: Vec<Idle> = {
                     let mut idle = lock::lock(&pool.idle);
-                    let keep = idle
-                        .iter()
-                        .position(|i| now.saturating_duration_since(i.since) < idle_timeout)
-                        .unwrap_or(idle.len());
-                    idle.drain(..keep).collect()
+                    let keep = idle.connections.partition_point(|i| {
+                        now.saturating_duration_since(i.since) >= idle_timeout
+                    });
+                    idle.connections.drain(..keep).collect()
                 };
                 // Closed outside the lock.
                 drop(expired);
@@ -329,7 +434,7 @@ impl InlinePool {
 
     /// Connections idle in the pool now.
     pub fn idle_connections(&self) -> usize {
-        lock::lock(&self.idle).len()
+        lock::lock(&self.idle).connections.len()
     }
 }
 
@@ -408,7 +513,7 @@ impl DrivenBody {
             keep_alive,
             pool,
         } = *driver;
-        if keep_alive && outgoing.is_none() && decoder.is_end() && !connection.has_leftover() {
+        if keep_alive && outgoing.is_none() && decoder.is_end() {
             if let Some(pool) = pool.upgrade() {
                 pool.release(connection);
             }
@@ -564,6 +669,7 @@ mod tests {
                 connect_timeout: Duration::from_secs(5),
                 idle_timeout,
                 max_idle: 8,
+                reuse_after: Duration::ZERO,
                 max_connections: 4,
                 max_buf_size: 8192,
             },
@@ -676,6 +782,7 @@ mod tests {
                 connect_timeout: Duration::from_millis(100),
                 idle_timeout: Duration::from_secs(60),
                 max_idle: 8,
+                reuse_after: Duration::ZERO,
                 max_connections: 1,
                 max_buf_size: 8192,
             },
@@ -760,7 +867,10 @@ mod tests {
 
     #[tokio::test]
     async fn an_empty_answer_frees_its_connection_without_being_read() {
+        // A third answer keeps the connection open after the second (a server's close shows
+        // in the release's peek).
         let (url, accepted, _) = scripted(&[
+            b"HTTP/1.1 204 No Content\r\n\r\n",
             b"HTTP/1.1 204 No Content\r\n\r\n",
             b"HTTP/1.1 204 No Content\r\n\r\n",
         ])
@@ -776,24 +886,87 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_kept_connection_the_server_closes_on_the_next_request_is_retried_once() {
+    async fn a_request_the_server_read_is_never_sent_again() {
         // The first connection answers once and then closes on reading the next head (the
-        // keep-alive race); the request goes again, on a fresh connection.
+        // keep-alive race, or a server that dropped the request): that request reached the
+        // server, so it fails rather than going again.
         let (url, accepted, heads) =
             scripted(&[b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\na", b""]).await;
         let pool = pool(&url, Duration::from_secs(60));
         let response = pool.send(get(&url, "/")).await.unwrap();
         assert_eq!(text(response).await, "a");
-        let response = pool.send(get(&url, "/")).await.unwrap();
-        assert_eq!(text(response).await, "a");
-        assert_eq!(accepted.load(Ordering::SeqCst), 2);
-        assert_eq!(heads.load(Ordering::SeqCst), 3);
+        let error = pool.send(get(&url, "/")).await.unwrap_err();
+        assert!(error.to_string().contains("before answering"), "{error}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert_eq!(heads.load(Ordering::SeqCst), 2);
         // A fresh connection that closes unanswered is an error, not a loop.
         let (url, accepted, _) = scripted(&[b""]).await;
         let pool = pool_for(&url);
         let error = pool.send(get(&url, "/")).await.unwrap_err();
         assert!(error.to_string().contains("before answering"), "{error}");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_reused_only_once_it_has_settled() {
+        let (url, accepted) = upstream(1, false).await;
+        let pool = InlinePool::new(
+            &url,
+            InlineOptions {
+                connect_timeout: Duration::from_secs(5),
+                idle_timeout: Duration::from_secs(60),
+                max_idle: 8,
+                reuse_after: Duration::from_millis(200),
+                max_connections: 4,
+                max_buf_size: 8192,
+            },
+            Arc::new(FaultCounters::default()),
+        )
+        .unwrap();
+        for _ in 0..2 {
+            text(pool.send(get(&url, "/")).await.unwrap()).await;
+        }
+        // Back to back: the first connection had not settled, so a second one was opened.
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        text(pool.send(get(&url, "/")).await.unwrap()).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn stray_bytes_after_an_answer_drop_the_connection_and_make_the_pool_careful() {
+        // An answer framed by its length, then more bytes in the same write.
+        let (url, accepted, heads) = scripted(&[
+            b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\naHTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nstray",
+        ])
+        .await;
+        let faults = Arc::new(FaultCounters::default());
+        let pool = InlinePool::new(
+            &url,
+            InlineOptions {
+                connect_timeout: Duration::from_secs(5),
+                idle_timeout: Duration::from_secs(60),
+                max_idle: 8,
+                reuse_after: Duration::ZERO,
+                max_connections: 4,
+                max_buf_size: 8192,
+            },
+            Arc::clone(&faults),
+        )
+        .unwrap();
+        assert_eq!(text(pool.send(get(&url, "/")).await.unwrap()).await, "a");
+        assert_eq!(
+            pool.idle_connections(),
+            0,
+            "a connection with stray bytes was kept"
+        );
+        assert_eq!(faults.get(Fault::UpstreamStrayBytes), 1);
+        assert!(lock::lock(&pool.idle)
+            .careful_until
+            .is_some_and(|until| until > Instant::now()));
+        assert_eq!(text(pool.send(get(&url, "/")).await.unwrap()).await, "a");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(heads.load(Ordering::SeqCst), 2);
     }
 
     fn pool_for(url: &Uri) -> Arc<InlinePool> {
@@ -914,6 +1087,7 @@ mod tests {
             connect_timeout: Duration::ZERO,
             idle_timeout: Duration::ZERO,
             max_idle: 0,
+            reuse_after: Duration::ZERO,
             max_connections: 1,
             max_buf_size: 8192,
         };

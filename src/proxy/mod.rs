@@ -10,6 +10,7 @@ pub mod headers;
 pub mod inline_pool;
 pub mod relay;
 pub mod request_body;
+pub mod routes;
 pub mod served_model;
 pub mod service;
 pub mod timeout;

@@ -125,14 +125,16 @@ impl Connection {
         }
     }
 
-    /// Whether an idle connection is still open with nothing unasked-for sent on it (checked
-    /// without waiting: a close the server sent meanwhile shows as readable).
-    pub fn is_reusable_now(&mut self) -> bool {
+    /// What an idle connection holds now: nothing (it can serve another request), a close, or
+    /// bytes nobody asked for. Asked of the socket itself with a non-blocking peek, not of
+    /// tokio's cached readiness: nobody polls an idle connection, so a close or stray bytes
+    /// that arrived since its last read may not have reached the reactor's readiness yet, and
+    /// `try_read` would answer "would block" without asking the kernel.
+    pub fn idle_state(&self) -> IdleState {
         if !self.buf.is_empty() {
-            return false;
+            return IdleState::Stray;
         }
-        let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        peek_socket(&self.stream)
     }
 
     /// Drops the read buffer when it is empty: a connection idle in the pool, or a stream
@@ -234,11 +236,45 @@ impl Connection {
             }
         }
     }
+}
 
-    /// Whether the buffer holds bytes past the end of the response (the connection then is
-    /// not reused: they belong to nothing that was asked).
-    pub fn has_leftover(&self) -> bool {
-        !self.buf.is_empty()
+/// What a look at an idle connection's socket found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleState {
+    /// Open, nothing to read: it can carry another request.
+    Clean,
+    /// The server closed (or reset) it.
+    Closed,
+    /// Bytes arrived that belong to no request: the server sent more than its last answer's
+    /// framing said. Whatever they are, they must never be read as another request's answer.
+    Stray,
+}
+
+/// A non-blocking `recv(MSG_PEEK)` of one byte: a system call every time, whatever tokio's
+/// readiness says.
+#[cfg(unix)]
+fn peek_socket(stream: &TcpStream) -> IdleState {
+    use rustix::io::Errno;
+    use rustix::net::{recv, RecvFlags};
+    let mut probe = [0u8; 1];
+    match recv(stream, &mut probe, RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+        Ok((_, 0)) => IdleState::Closed,
+        Ok(_) => IdleState::Stray,
+        Err(Errno::AGAIN) => IdleState::Clean,
+        // Reset, or anything else: not a connection to trust with a request.
+        Err(_) => IdleState::Closed,
+    }
+}
+
+/// Elsewhere, tokio's peek (readiness as the reactor last saw it).
+#[cfg(not(unix))]
+fn peek_socket(stream: &TcpStream) -> IdleState {
+    let mut probe = [0u8; 1];
+    match stream.try_read(&mut probe) {
+        Ok(0) => IdleState::Closed,
+        Ok(_) => IdleState::Stray,
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => IdleState::Clean,
+        Err(_) => IdleState::Closed,
     }
 }
 
@@ -596,7 +632,13 @@ impl Pending {
         Self::new([bytes, Bytes::new(), Bytes::new()])
     }
 
-    fn poll_write(&mut self, stream: &mut TcpStream, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    /// Writes the pieces; `written` counts the bytes the socket took.
+    fn poll_write(
+        &mut self,
+        stream: &mut TcpStream,
+        cx: &mut Context<'_>,
+        written_total: &mut u64,
+    ) -> Poll<io::Result<()>> {
         loop {
             let slices = [
                 IoSlice::new(&self.parts[0]),
@@ -611,6 +653,7 @@ impl Pending {
             if written == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
+            *written_total = written_total.saturating_add(written as u64);
             for part in &mut self.parts {
                 let take = written.min(part.len());
                 part.advance(take);
@@ -629,6 +672,9 @@ pub struct Outgoing {
     sent: u64,
     /// The last bytes are queued (the terminating chunk, if chunked).
     ending: bool,
+    /// Bytes of this request (head included) the connection's socket took: once any did, the
+    /// request may have reached the server, and it is never sent again.
+    written: u64,
 }
 
 impl std::fmt::Debug for Outgoing {
@@ -718,7 +764,14 @@ impl Outgoing {
             framing,
             sent,
             ending: false,
+            written: 0,
         }
+    }
+
+    /// Whether any byte of this request went into the connection's socket: from then on the
+    /// server may have read it (and started a generation), so it must not go again.
+    pub fn reached_socket(&self) -> bool {
+        self.written > 0
     }
 
     /// Writes what can be written: `Ready(Ok)` once the whole request is out.
@@ -729,7 +782,7 @@ impl Outgoing {
     ) -> Poll<Result<(), RelayError>> {
         loop {
             if let Some(pending) = self.pending.as_mut() {
-                ready!(pending.poll_write(stream, cx))?;
+                ready!(pending.poll_write(stream, cx, &mut self.written))?;
                 self.pending = None;
             }
             if self.ending {

@@ -28,6 +28,7 @@ use super::body::{DynBody, RequestBody, ResponseBody};
 use super::connector::at_capacity;
 use super::error::{error_chain, ProxyError};
 use super::headers::{is_event_stream, remove_hop_by_hop};
+use super::routes::{Internal, RoutePolicy};
 use super::timeout::{is_stall, IdleError, IdleTimeout};
 use super::upstream::{Router, Upstream};
 use super::BoxError;
@@ -135,6 +136,8 @@ pub struct Proxy {
     pub faults: Arc<FaultCounters>,
     /// Set when the workload capture is on: production prompts are fingerprinted with it.
     pub prefix_salt: Option<PrefixSalt>,
+    /// Which paths clients may reach (`proxy.routes`).
+    pub routes: RoutePolicy,
 }
 
 /// The memory metered request bodies may hold while being read, over all requests, in KiB
@@ -292,12 +295,25 @@ impl Proxy {
         }
         let (mut parts, body) = request.into_parts();
         let synthetic = parts.extensions.remove::<Synthetic>();
+        let internal = parts.extensions.remove::<Internal>().is_some() || synthetic.is_some();
         let path = parts.uri.path().to_string();
-        let body = self.client_body(body);
         let (mut upstream, upstream_path) = match self.router.by_path(&path) {
             Some((upstream, rest)) => (Arc::clone(upstream), rest.to_string()),
             None => (Arc::clone(self.router.default_upstream()), path.clone()),
         };
+        if !internal {
+            // The path the engine will route, as it will route it.
+            if let Err(refused) = self.routes.check(parts.method.as_str(), &upstream_path) {
+                self.faults.add(Fault::RouteRefused);
+                tracing::debug!(path = %refused.path, engine = ?refused.engine, "control route refused");
+                return ProxyError::RouteRefused {
+                    path: refused.path,
+                    engine: refused.engine,
+                }
+                .into_response();
+            }
+        }
+        let body = self.client_body(body);
         let route = (parts.method == Method::POST)
             .then(|| Route::from_path(&upstream_path))
             .flatten();
@@ -540,7 +556,8 @@ impl Proxy {
 
         let (mut parts, incoming) = response.into_parts();
         let incoming = IdleTimeout::new(incoming, upstream.config.stream_idle_timeout)
-            .counted(&self.faults, Fault::UpstreamStalled);
+            .counted(&self.faults, Fault::UpstreamStalled)
+            .counting_breaks(Fault::UpstreamAborted);
         remove_hop_by_hop(&mut parts.headers);
         let metering = metered.map(|m| {
             let MeteredRequest {

@@ -105,6 +105,8 @@ pin_project! {
         stalled: bool,
         // Where a stall is counted, and as which fault.
         faults: Option<(Arc<FaultCounters>, Fault)>,
+        // The fault an error of the inner body counts as (an upstream body broken off), if any.
+        broken: Option<Fault>,
     }
 }
 
@@ -119,12 +121,20 @@ impl<B> IdleTimeout<B> {
             waiting_since: None,
             stalled: false,
             faults: None,
+            broken: None,
         }
     }
 
     /// Counts a stall as `fault` in `faults`.
     pub fn counted(mut self, faults: &Arc<FaultCounters>, fault: Fault) -> Self {
         self.faults = Some((Arc::clone(faults), fault));
+        self
+    }
+
+    /// Also counts an error of the inner body (with [`IdleTimeout::counted`]'s counters) as
+    /// `fault`: an upstream body that broke off.
+    pub fn counting_breaks(mut self, fault: Fault) -> Self {
+        self.broken = Some(fault);
         self
     }
 }
@@ -143,6 +153,11 @@ impl<B: Body<Data = Bytes>> Body for IdleTimeout<B> {
         }
         if let Poll::Ready(frame) = this.inner.as_mut().poll_frame(cx) {
             *this.waiting_since = None;
+            if let (Some(Err(_)), Some((faults, _)), Some(broken)) =
+                (&frame, this.faults.as_ref(), *this.broken)
+            {
+                faults.add(broken);
+            }
             return Poll::Ready(frame.map(|frame| frame.map_err(IdleError::Inner)));
         }
         if this.idle.is_zero() {

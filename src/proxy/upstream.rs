@@ -94,6 +94,7 @@ impl Upstream {
                     connect_timeout: config.connect_timeout,
                     idle_timeout: config.pool_idle_timeout,
                     max_idle: config.pool_max_idle,
+                    reuse_after: config.pool_reuse_after,
                     max_connections: config.max_connections,
                     max_buf_size: stream_buffer,
                 },

@@ -76,6 +76,8 @@ pub async fn call(
     if body.is_some() {
         builder = builder.header(header::CONTENT_TYPE, "application/json");
     }
+    // tokentap's own call: not a client's, so the route policy does not apply.
+    builder = builder.extension(crate::proxy::routes::Internal);
     let request = builder
         .body(Full::new(body.unwrap_or_default()))
         .map_err(|source| CallError::Build {

@@ -1,5 +1,5 @@
-//! The bottom layer: the vocabulary every domain shares ([`Route`], [`Source`], the engines'
-//! metric names in `engine_metrics`), the one reader of the Prometheus text format
+//! The bottom layer: the vocabulary every domain shares ([`Route`], [`Source`], what tokentap
+//! knows of each engine in `engine`, the engines' metric names in `engine_metrics`), the one reader of the Prometheus text format
 //! (`exposition`), and small helpers (wall clock, durations, JSON string writing, escaping, the
 //! poison-tolerant lock).
 //!
@@ -7,6 +7,7 @@
 //! so every crate and module may use it.
 
 pub mod duration;
+pub mod engine;
 pub mod engine_metrics;
 pub mod error;
 pub mod escape;
