@@ -64,6 +64,43 @@ async fn admin(
     send(request.body(Full::new(body)).unwrap()).await
 }
 
+/// `GET path` on the admin listener from the loopback address `from` (127.0.0.0/8: every
+/// address there is this machine's), with an optional bearer token and `Host`.
+async fn get_from(
+    server: &ProxyServer,
+    from: std::net::Ipv4Addr,
+    path: &str,
+    bearer: Option<&str>,
+    host: Option<&str>,
+) -> (u16, http::HeaderMap, String) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(std::net::SocketAddr::from((from, 0))).unwrap();
+    let stream = socket.connect(server.admin_addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let mut request = http::Request::get(path).header(
+        "host",
+        host.map_or_else(|| server.admin_addr.to_string(), str::to_string),
+    );
+    if let Some(bearer) = bearer {
+        request = request.header("authorization", format!("Bearer {bearer}"));
+    }
+    let response = sender
+        .send_request(request.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
 async fn login(server: &ProxyServer, token: &str) -> Received2 {
     admin(
         server,
@@ -283,10 +320,17 @@ async fn sessions_expire_after_the_configured_time() {
 async fn failed_logins_are_counted_and_slowed() {
     let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
     let server = proxy_with_token(&upstream.url(), "").await;
+    // Read from another address: this one's failures make it wait, bearer or not.
     let metrics = || async {
-        admin(&server, "GET", "/metrics", None, Some(TOKEN), None)
-            .await
-            .text()
+        get_from(
+            &server,
+            [127, 0, 0, 9].into(),
+            "/metrics",
+            Some(TOKEN),
+            None,
+        )
+        .await
+        .2
     };
     let before = metrics().await;
     assert_eq!(
@@ -388,4 +432,102 @@ async fn headless_chromium_is_sent_to_the_login_form_logs_in_and_opens_the_page(
     );
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bearer_guesses_are_throttled_per_address_and_a_full_table_never_locks_out_a_new_one() {
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
+    let server = proxy_with_token(&upstream.url(), "").await;
+    let guesser = std::net::Ipv4Addr::new(127, 0, 1, 1);
+    let (status, _, _) = get_from(&server, guesser, "/matrix", Some("guess-1"), None).await;
+    assert_eq!(status, 401);
+    // At once again: refused without a look, the right token too (as after a failed login).
+    for token in ["guess-2", TOKEN] {
+        let (status, headers, body) =
+            get_from(&server, guesser, "/matrix", Some(token), None).await;
+        assert_eq!(status, 429, "{body}");
+        assert!(headers.contains_key("retry-after"));
+    }
+    // Guessing at full speed gets one look a second, then fewer.
+    let started = tokio::time::Instant::now();
+    let mut looked = 0;
+    while started.elapsed() < Duration::from_millis(1500) {
+        let (status, _, _) = get_from(&server, guesser, "/matrix", Some("guess"), None).await;
+        looked += usize::from(status == 401);
+    }
+    assert!(looked <= 2, "{looked} guesses were checked in 1.5 s");
+    // Another address is not held up by this one.
+    let other = std::net::Ipv4Addr::new(127, 0, 1, 2);
+    assert_eq!(
+        get_from(&server, other, "/matrix", Some(TOKEN), None)
+            .await
+            .0,
+        200
+    );
+
+    // Wrong tokens from more addresses than the table holds: a new address with the right
+    // token is answered, never made to wait for the others.
+    for n in 0..1030u32 {
+        let from = std::net::Ipv4Addr::from(0x7f02_0000 + n);
+        let (status, _, _) = get_from(&server, from, "/matrix", Some("wrong"), None).await;
+        assert_eq!(status, 401, "{from}");
+    }
+    let fresh = std::net::Ipv4Addr::new(127, 0, 3, 3);
+    assert_eq!(
+        get_from(&server, fresh, "/matrix", Some(TOKEN), None)
+            .await
+            .0,
+        200
+    );
+    // The latest guessers are still held.
+    let latest = std::net::Ipv4Addr::from(0x7f02_0000 + 1029);
+    assert_eq!(
+        get_from(&server, latest, "/matrix", Some(TOKEN), None)
+            .await
+            .0,
+        429
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_only_loopback_hosts_are_answered() {
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
+    let (server, _) = proxy(
+        &upstream.url(),
+        "[admin]\nallowed_hosts = [\"tokentap.internal\"]\n",
+    )
+    .await;
+    let here = std::net::Ipv4Addr::LOCALHOST;
+    let port = server.admin_addr.port();
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "localhost".to_string(),
+        format!("[::1]:{port}"),
+        format!("Tokentap.Internal:{port}"),
+    ] {
+        let (status, _, body) = get_from(&server, here, "/matrix", None, Some(&host)).await;
+        assert_eq!(status, 200, "{host}: {body}");
+    }
+    // A name that resolves to loopback for a browser on another site's page (DNS rebinding).
+    for host in [
+        "evil.example",
+        "evil.example:9464",
+        "127.0.0.1.evil.example",
+    ] {
+        let (status, _, body) = get_from(&server, here, "/matrix", None, Some(host)).await;
+        assert_eq!(status, 403, "{host}");
+        assert!(body.contains("admin.allowed_hosts"), "{body}");
+        let (status, _, _) = get_from(&server, here, "/", None, Some(host)).await;
+        assert_eq!(status, 403, "{host}");
+    }
+    // Health checks answer whatever the name.
+    assert_eq!(
+        get_from(&server, here, "/healthz", None, Some("evil.example"))
+            .await
+            .0,
+        200
+    );
+    server.shutdown().await;
 }

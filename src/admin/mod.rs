@@ -56,8 +56,11 @@ pub struct AdminState {
     pub workload: Option<Arc<crate::workload::WorkloadCapture>>,
     /// How live headroom is computed (`/capacity`, the page, the capacity gauges).
     pub capacity: capacity::CapacitySettings,
-    /// Browser sessions (`/login`), used only when `token` is set.
+    /// Browser sessions (`/login`), used only when `token` is set; also the failed-credential
+    /// record that throttles logins and bearer tokens per client address.
     pub sessions: session::Sessions,
+    /// `admin.allowed_hosts`: without a token, the `Host` names answered besides loopback.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// A plain response with a content type.
@@ -139,6 +142,51 @@ impl AdminState {
         self.bearer_ok(request)
     }
 
+    /// A bearer token is judged once per request, before routing: from an address still
+    /// waiting after failures, `429` without looking at it; a wrong one is a failure (the
+    /// address waits 1 s, 2 s, … up to 30 s, as after failed logins) and a `401`; a right one
+    /// forgets the address's failures. `None`: go on (no token configured, no bearer sent, or
+    /// the right one).
+    fn check_bearer<B>(&self, request: &Request<B>) -> Option<Response<ResponseBody>> {
+        let token = self.token.as_deref()?;
+        let given = bearer(request)?;
+        let client = request
+            .extensions()
+            .get::<session::ClientAddr>()
+            .map(|c| c.0);
+        if let Some(left) = self.sessions.wait_left(client) {
+            self.metrics
+                .count_login_failure(session::LoginFailure::Throttled.label());
+            return Some(session::too_many(left));
+        }
+        if constant_time_eq(given.as_bytes(), token.as_bytes()) {
+            self.sessions.succeeded(client);
+            return None;
+        }
+        self.metrics
+            .count_login_failure(session::LoginFailure::BadToken.label());
+        let wait = self.sessions.failed(client);
+        tracing::warn!(client = ?client, wait_s = wait.as_secs(), "wrong admin bearer token");
+        Some(unauthorized())
+    }
+
+    /// Whether the request's `Host` (or HTTP/2 authority) is a loopback name or address, or
+    /// one of `admin.allowed_hosts`. A request without one (HTTP/1.0) is allowed: browsers
+    /// always send it.
+    fn host_allowed<B>(&self, request: &Request<B>) -> bool {
+        let Some(host) = request_host(request) else {
+            return true;
+        };
+        let host = host.to_ascii_lowercase();
+        let name = host_name(&host);
+        name == "localhost"
+            || name.ends_with(".localhost")
+            || name
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+            || self.allowed_hosts.iter().any(|allowed| allowed == name)
+    }
+
     fn bearer_ok<B>(&self, request: &Request<B>) -> bool {
         let Some(token) = &self.token else {
             return false;
@@ -161,6 +209,24 @@ impl AdminState {
                     respond(StatusCode::OK, "text/plain", "ready\n")
                 }
             }
+            _ if self.token.is_none() && !self.host_allowed(&request) => misdirected_host(&request),
+            _ if self.token.is_some() && bearer(&request).is_some() => {
+                match self.check_bearer(&request) {
+                    Some(refused) => refused,
+                    None => self.route(request, &path).await,
+                }
+            }
+            _ => self.route(request, &path).await,
+        }
+    }
+
+    /// Routes a request whose host and bearer token (if any) passed.
+    async fn route<B>(self: Arc<Self>, request: Request<B>, path: &str) -> Response<ResponseBody>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        match (request.method(), path) {
             (_, path) if session::owns(path) => session::handle(&self, request).await,
             _ if !self.authorized(&request) && session::wants_html(&request) => {
                 session::see_other("/login")
@@ -186,6 +252,37 @@ impl AdminState {
             _ => json_error(StatusCode::NOT_FOUND, &format!("no admin endpoint {path}")),
         }
     }
+}
+
+/// The `Host` a request named: the header, else the URI's authority (HTTP/2).
+fn request_host<B>(request: &Request<B>) -> Option<&str> {
+    match request.headers().get(header::HOST) {
+        Some(value) => value.to_str().ok().or(Some("")),
+        None => request.uri().authority().map(|a| a.as_str()),
+    }
+}
+
+/// A `Host` without its port (`[::1]:9464` → `::1`, `localhost:9464` → `localhost`).
+fn host_name(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// The answer to a request whose `Host` is not the admin's (no token configured).
+fn misdirected_host<B>(request: &Request<B>) -> Response<ResponseBody> {
+    let host = request_host(request).unwrap_or("");
+    json_error(
+        StatusCode::FORBIDDEN,
+        &format!(
+            "the admin answers only to loopback names and addresses while no admin.token is set, not to Host `{}`; add that name to admin.allowed_hosts (or set admin.token) if you reach tokentap by it",
+            host.chars().take(100).collect::<String>()
+        ),
+    )
 }
 
 pub fn unauthorized() -> Response<ResponseBody> {

@@ -48,7 +48,9 @@ pub const COOKIE: &str = "tokentap_session";
 /// Longest wait imposed on an address after failed logins.
 pub const MAX_DELAY: Duration = Duration::from_secs(30);
 
-/// Most client addresses whose failed logins are remembered.
+/// Most client addresses whose failed logins are remembered; past it, the entry whose wait
+/// ended longest ago makes room (never a shared entry: an address with no failures of its own
+/// is never made to wait for others').
 pub const MAX_CLIENTS: usize = 1024;
 
 /// A remembered address forgets its failures this long after its wait ended.
@@ -96,7 +98,8 @@ struct Failures {
 #[derive(Debug, Default)]
 struct Inner {
     sessions: HashMap<String, Session>,
-    /// `None` is the slot shared by addresses that arrive once [`MAX_CLIENTS`] are tracked.
+    /// Failed logins and bearer tokens per client address (`None`: a request whose address is
+    /// unknown, only ever an in-process one), at most [`MAX_CLIENTS`].
     failures: HashMap<Option<IpAddr>, Failures>,
 }
 
@@ -190,32 +193,37 @@ impl Sessions {
             .count()
     }
 
-    /// How long this address must still wait before a login attempt is checked.
+    /// How long this address must still wait before a credential it sends is checked.
     pub fn wait_left(&self, client: Option<IpAddr>) -> Option<Duration> {
         let now = Instant::now();
         let inner = lock(&self.inner);
-        let failures = inner
-            .failures
-            .get(&client)
-            .or_else(|| inner.failures.get(&None))?;
+        let failures = inner.failures.get(&client)?;
         let left = failures.retry_at.saturating_duration_since(now);
         (!left.is_zero()).then_some(left)
     }
 
-    /// Records a failed login from this address: returns how long it must now wait.
+    /// Records a failed login or bearer token from this address: returns how long it must
+    /// now wait. A full table first forgets what is past [`FORGET_AFTER`], then the entry whose
+    /// wait ended (or ends) first.
     pub fn failed(&self, client: Option<IpAddr>) -> Duration {
         let now = Instant::now();
         let mut inner = lock(&self.inner);
-        let mut slot = client;
-        if !inner.failures.contains_key(&slot) && inner.failures.len() >= MAX_CLIENTS {
+        if !inner.failures.contains_key(&client) && inner.failures.len() >= MAX_CLIENTS {
             inner
                 .failures
                 .retain(|_, f| f.retry_at + FORGET_AFTER > now);
             if inner.failures.len() >= MAX_CLIENTS {
-                slot = None;
+                let oldest = inner
+                    .failures
+                    .iter()
+                    .min_by_key(|(_, f)| f.retry_at)
+                    .map(|(address, _)| *address);
+                if let Some(oldest) = oldest {
+                    inner.failures.remove(&oldest);
+                }
             }
         }
-        let entry = inner.failures.entry(slot).or_insert(Failures {
+        let entry = inner.failures.entry(client).or_insert(Failures {
             count: 0,
             retry_at: now,
         });
@@ -228,10 +236,27 @@ impl Sessions {
         delay
     }
 
-    /// A good login from this address forgets its failures.
+    /// A good login (or bearer token) from this address forgets its failures.
     pub fn succeeded(&self, client: Option<IpAddr>) {
-        lock(&self.inner).failures.remove(&client);
+        let mut inner = lock(&self.inner);
+        if !inner.failures.is_empty() {
+            inner.failures.remove(&client);
+        }
     }
+}
+
+/// The answer to a credential sent from an address still waiting after failures: `429`, with
+/// how long in `Retry-After` (the credential is not looked at).
+pub fn too_many(left: Duration) -> Response<ResponseBody> {
+    let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+    let mut response = super::json_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        &format!("too many wrong admin credentials from this address: try again in {seconds} s"),
+    );
+    if let Ok(value) = HeaderValue::try_from(seconds.to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
 }
 
 /// 32 random bytes as 64 hex digits.
@@ -551,7 +576,17 @@ mod tests {
         for n in 0..(MAX_CLIENTS as u32 + 10) {
             sessions.failed(Some(IpAddr::from(n.to_be_bytes())));
         }
-        assert!(lock(&sessions.inner).failures.len() <= MAX_CLIENTS + 1);
+        assert!(lock(&sessions.inner).failures.len() <= MAX_CLIENTS);
+        // A full table never makes an address with no failures of its own wait.
+        assert!(sessions
+            .wait_left(Some(IpAddr::from([10, 9, 8, 7])))
+            .is_none());
+        // The newest failures are kept, the oldest made room.
+        let newest = Some(IpAddr::from((MAX_CLIENTS as u32 + 9).to_be_bytes()));
+        assert!(sessions.wait_left(newest).is_some());
+        assert!(sessions
+            .wait_left(Some(IpAddr::from(0u32.to_be_bytes())))
+            .is_none());
     }
 
     #[test]

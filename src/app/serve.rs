@@ -265,6 +265,7 @@ impl ProxyServer {
                 config.admin.session_ttl,
                 config.admin.max_sessions,
             ),
+            allowed_hosts: config.admin.allowed_hosts.clone(),
         });
         metrics.register_login_failures(&admin::session::LoginFailure::ALL.map(|r| r.label()));
         let (snapshot_trigger, snapshot_shutdown) = net::shutdown_pair();

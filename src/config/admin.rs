@@ -17,6 +17,10 @@ pub struct AdminConfig {
     pub session_ttl: Duration,
     /// Most browser sessions kept at once; a login past it ends the oldest.
     pub max_sessions: usize,
+    /// Without a token, the `Host` names (besides loopback names and addresses) the admin
+    /// answers to (lower case, without a port): a page elsewhere cannot reach the listener
+    /// through a name that resolves to loopback (DNS rebinding).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl AdminConfig {
@@ -27,7 +31,22 @@ impl AdminConfig {
             max_connections: origins.nonzero("admin.max_connections", raw.max_connections)?,
             session_ttl: raw.session_ttl,
             max_sessions: origins.nonzero("admin.max_sessions", raw.max_sessions)?,
+            allowed_hosts: raw
+                .allowed_hosts
+                .iter()
+                .map(|host| host.trim().to_ascii_lowercase())
+                .collect(),
         };
+        if let Some(bad) = admin
+            .allowed_hosts
+            .iter()
+            .find(|host| host.is_empty() || host.contains(['/', ' ', '@']))
+        {
+            return Err(origins.error(
+                "admin.allowed_hosts",
+                format!("`{bad}` is not a host name or address (write names without a scheme or path, e.g. \"tokentap.internal\")"),
+            ));
+        }
         origins.positive("admin.session_ttl", admin.session_ttl)?;
         if !admin.listen.ip().is_loopback() && admin.token.is_none() {
             return Err(origins.error(

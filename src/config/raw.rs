@@ -180,6 +180,7 @@ pub struct RawAdmin {
     #[serde(deserialize_with = "value::duration")]
     pub session_ttl: Duration,
     pub max_sessions: u64,
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for RawAdmin {
@@ -190,6 +191,7 @@ impl Default for RawAdmin {
             max_connections: 256,
             session_ttl: Duration::from_secs(12 * 3600),
             max_sessions: 64,
+            allowed_hosts: Vec::new(),
         }
     }
 }
