@@ -241,7 +241,32 @@ async fn a_browser_logs_in_reads_the_page_and_starts_a_sweep_while_writes_need_t
     assert_eq!(no_cookie.status, 303);
     assert_eq!(no_cookie.headers["location"], "/login");
     assert!(server.admin.sweeps.list().is_empty(), "nothing started yet");
-    let started = admin(
+    // One click previews: the cells, the largest prompt, the KV cache, the expected
+    // duration, and a confirming form. Nothing starts.
+    assert!(text.contains("Preview a sweep (default plan)"), "{text}");
+    let preview = admin(
+        &server,
+        "POST",
+        "/page/sweep",
+        Some(&cookie),
+        None,
+        Some(format!("csrf={csrf}&action=preview")),
+    )
+    .await;
+    assert_eq!(preview.status, 200, "{}", preview.text());
+    let shown = preview.text();
+    for part in [
+        "Decode cells:",
+        "largest prompt",
+        "KV cache:",
+        "Expected duration: about",
+        "Start this sweep",
+        "cut to fit sweep.max_default_duration",
+    ] {
+        assert!(shown.contains(part), "{part}: {shown}");
+    }
+    // The old one-button form (no action) previews too.
+    let old_form = admin(
         &server,
         "POST",
         "/page/sweep",
@@ -250,18 +275,52 @@ async fn a_browser_logs_in_reads_the_page_and_starts_a_sweep_while_writes_need_t
         Some(format!("csrf={csrf}")),
     )
     .await;
+    assert_eq!(old_form.status, 200);
+    assert!(
+        server.admin.sweeps.list().is_empty(),
+        "a preview started a sweep"
+    );
+    // The confirmation starts it.
+    let started = admin(
+        &server,
+        "POST",
+        "/page/sweep",
+        Some(&cookie),
+        None,
+        Some(format!("csrf={csrf}&action=start")),
+    )
+    .await;
     assert_eq!(started.status, 303, "{}", started.text());
     assert_eq!(started.headers["location"], "/");
     let list = server.admin.sweeps.list();
     assert_eq!(list.len(), 1);
     let id = list[0].id.clone();
-    // Cancel it with the bearer (the page has no cancel button) so the test ends quickly.
+    // While it runs, the page says how far it is and offers Cancel, which cancels it.
+    let page = admin(&server, "GET", "/", Some(&cookie), None, None)
+        .await
+        .text();
+    assert!(page.contains("id=\"sweep-running\""), "{page}");
+    assert!(page.contains("Cancel the sweep"), "{page}");
+    assert!(!page.contains("Preview a sweep"), "{page}");
+    let cancelled = admin(
+        &server,
+        "POST",
+        "/page/sweep",
+        Some(&cookie),
+        None,
+        Some(format!("csrf={csrf}&action=cancel&id={id}")),
+    )
+    .await;
+    assert!(
+        cancelled.status == 303 || cancelled.status == 409,
+        "{}",
+        cancelled.text()
+    );
     post = http::Request::delete(format!("http://{}/sweeps/{id}", server.admin_addr))
         .header("authorization", format!("Bearer {TOKEN}"))
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let cancelled = send(post).await.status;
-    assert!(cancelled == 202 || cancelled == 409, "{cancelled}");
+    let _ = send(post).await.status;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while server
         .admin

@@ -1935,7 +1935,7 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
     latest.metadata.model.served_model = Some(MODEL.into());
     // The end-to-end target of this config needs the sweep's output length to be judged.
     latest.metadata.run.max_output_tokens = Some(64);
-    server.admin.synthetic.set(latest);
+    server.admin.synthetic.set_completed(latest);
     wait_for(
         &api,
         "tokentap_sweep_cell_total_tokens_per_second",

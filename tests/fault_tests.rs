@@ -3275,3 +3275,47 @@ async fn engine_control_routes_are_refused_on_the_data_port_unless_opened() {
         server.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_client_that_never_answers_the_ping_is_closed_at_the_idle_limit() {
+    // A raw HTTP/2 client: the preface, its SETTINGS, one GET, then it reads and throws away
+    // whatever comes (the GOAWAY, the PING of the graceful close) and answers nothing. The
+    // keep-alive pings stay at their defaults (every 30 s, 10 s to answer): the close must
+    // come from the idle limit (1 s here), not from them.
+    let upstream = upstream_with(|_| Script::json(200, "{}")).await;
+    let (server, _records) = proxy_with(&upstream.url(), "header_read_timeout = \"1s\"", "").await;
+    let mut socket = TcpStream::connect(server.proxy_addr).await.unwrap();
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+    let mut block = vec![0x82, 0x86, 0x44, 10];
+    block.extend_from_slice(b"/v1/models");
+    block.extend_from_slice(&[0x41, 1, b'x']);
+    hello.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x05, 0, 0, 0, 1]); // HEADERS
+    hello.extend_from_slice(&block);
+    socket.write_all(&hello).await.unwrap();
+    let sent = Instant::now();
+    let mut scratch = [0u8; 4096];
+    let mut answered = None;
+    let closed = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match socket.read(&mut scratch).await {
+                Ok(0) | Err(_) => return Instant::now(),
+                Ok(_) => {
+                    answered.get_or_insert_with(Instant::now);
+                }
+            }
+        }
+    })
+    .await;
+    let closed = closed.expect("the deaf HTTP/2 client's connection stayed open for 20 s");
+    let answered = answered.expect("no answer to the GET");
+    let after = closed.duration_since(answered);
+    eprintln!(
+        "figure: a deaf idle HTTP/2 client was closed {after:?} after its answer (idle limit 1 s; request sent {:?} before)",
+        answered.duration_since(sent)
+    );
+    assert!(after >= Duration::from_millis(900), "{after:?}");
+    assert!(after <= Duration::from_millis(3000), "{after:?}");
+    assert_eq!(server.proxy.faults.get(Fault::IdleClosed), 1);
+    server.shutdown().await;
+}

@@ -382,7 +382,7 @@ async fn the_admin_matrix_endpoint_serves_every_format_and_names_its_errors() {
     // The sweep engine publishes its matrix into the slot: /matrix serves it.
     let mut synthetic = production_doc(&server).await;
     synthetic.metadata.run.sweep_id = Some("sweep-1".into());
-    server.admin.synthetic.set(synthetic.clone());
+    server.admin.synthetic.set_completed(synthetic.clone());
     let served = admin_get(&server, "/matrix?source=synthetic&format=json").await;
     assert_eq!(served.status, 200);
     assert_eq!(parse_json(&served.text()).unwrap(), synthetic);
@@ -436,7 +436,7 @@ async fn the_admin_page_shows_production_beside_the_sweep_on_one_grid_in_headles
     synthetic.sort();
     synthetic.metadata.run.source = Some(tokentap::matrix::doc::Source::Synthetic);
     synthetic.metadata.run.sweep_id = Some("sweep-7".into());
-    server.admin.synthetic.set(synthetic);
+    server.admin.synthetic.set_completed(synthetic);
 
     let dir = temp_dir("chromium");
     let url = format!("http://{}/?window=15m", server.admin_addr);

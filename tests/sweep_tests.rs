@@ -601,7 +601,7 @@ async fn production_above_the_guard_pauses_the_sweep() {
     let production = long_production_streams(&server, 1).await;
     let id = start_sweep(
         &server,
-        r#"{"contexts": ["8K"], "concurrency": [1], "cell_duration": "1s"}"#,
+        r#"{"contexts": ["8K"], "concurrency": [1], "cell_duration": "1s", "beside_production": true}"#,
     )
     .await;
     let paused = wait_status(&server, &id, "paused", Duration::from_secs(10), |s| {
@@ -649,7 +649,7 @@ async fn a_cell_measured_beside_production_is_off_target_and_the_page_shows_the_
     let production = long_production_streams(&server, 2).await;
     let id = start_sweep(
         &server,
-        r#"{"contexts": ["8K"], "concurrency": [1], "cell_duration": "1s"}"#,
+        r#"{"contexts": ["8K"], "concurrency": [1], "cell_duration": "1s", "beside_production": true}"#,
     )
     .await;
     let done = wait_status(&server, &id, "finished", Duration::from_secs(90), |s| {
@@ -1026,8 +1026,57 @@ async fn the_cli_sweeps_a_target_and_follows_a_remote_proxy() {
     assert!(written.decode.iter().all(|c| c.status.is_valid()));
     assert!(local.join("matrix.html").exists() && local.join("matrix.md").exists());
 
+    // A dry run prints the plan and starts nothing, locally and on a proxy.
+    let dry = cli(
+        &["sweep", "--target", &sim.base_url(), "--dry-run"],
+        &[],
+        &[("TOKENTAP_STORE__DATA_DIR", "")],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        dry.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    for part in [
+        "nothing was started",
+        "Decode cells:",
+        "largest prompt",
+        "Expected duration: about",
+        "cut to fit sweep.max_default_duration",
+    ] {
+        assert!(stdout.contains(part), "{part}: {stdout}");
+    }
+
     let server = proxy_with_token(&sim.base_url(), "").await;
     let admin_url = format!("http://{}", server.admin_addr);
+    let dry = cli(
+        &[
+            "sweep",
+            "--admin",
+            &admin_url,
+            "--dry-run",
+            "--contexts",
+            "8K",
+            "--concurrency",
+            "1,2",
+        ],
+        &[],
+        &[("TOKENTAP_ADMIN__TOKEN", TOKEN)],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&dry.stdout);
+    assert!(
+        dry.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+    assert!(stdout.contains("Decode cells: 2 of 2 run"), "{stdout}");
+    assert!(
+        server.admin.sweeps.list().is_empty(),
+        "a dry run started a sweep"
+    );
     let remote_dir = out.join("remote");
     let remote = cli(
         &[
@@ -1567,5 +1616,163 @@ async fn a_server_whose_server_info_never_answers_still_gets_a_sweep() {
     for cell in &matrix.decode {
         assert_eq!(cell.status, CellStatus::Valid, "{cell:?}");
     }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweeps_cannot_surprise_production_and_a_cancelled_one_loses_nothing() {
+    let sim = sim(STEP).await;
+    let server = proxy_with_token(&sim.base_url(), "").await;
+
+    // A dry run shows what the default plan would do and starts nothing; the default plan is
+    // cut to its duration bound, and says so.
+    let (code, preview) = admin(&server, "POST", "/sweeps?dry_run=true", Some(TOKEN), "").await;
+    assert_eq!(code, 200, "{preview}");
+    assert!(
+        preview["expected_duration_s"].as_f64().unwrap() <= 600.0,
+        "{preview:#}"
+    );
+    assert!(preview["largest_prompt_tokens"].as_u64().unwrap() >= 8192);
+    assert!(preview["peak_kv_tokens"].as_u64().unwrap() > 0);
+    assert!(!preview["cells"].as_array().unwrap().is_empty());
+    let notes = preview["notes"].to_string();
+    assert!(
+        notes.contains("cut to fit sweep.max_default_duration"),
+        "{notes}"
+    );
+    let (_, list) = admin(&server, "GET", "/sweeps", Some(TOKEN), "").await;
+    assert_eq!(
+        list.as_array().unwrap().len(),
+        0,
+        "a dry run started a sweep"
+    );
+    // An explicit plan is the user's: not cut.
+    let plan = r#"{"contexts": ["8K"], "concurrency": [1, 2], "cell_duration": "1s"}"#;
+    let (code, explicit) = admin(&server, "POST", "/sweeps?dry_run=true", Some(TOKEN), plan).await;
+    assert_eq!(code, 200);
+    assert_eq!(explicit["runnable_cells"], 2);
+    assert_eq!(explicit["notes"].as_array().unwrap().len(), 0);
+
+    // Production in flight: refused with the count and the ways forward.
+    let production = long_production_streams(&server, 1).await;
+    let (code, refused) = admin(&server, "POST", "/sweeps", Some(TOKEN), plan).await;
+    assert_eq!(code, 409);
+    let message = refused["error"]["message"].as_str().unwrap();
+    for part in [
+        "1 production request is in flight",
+        "Drain this replica",
+        "beside_production",
+    ] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    let (_, preview) = admin(&server, "POST", "/sweeps?dry_run=true", Some(TOKEN), plan).await;
+    assert_eq!(preview["production_in_flight"], 1);
+    for stream in production {
+        stream.abort();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server
+        .proxy
+        .meter
+        .inflight(tokentap::base::Source::Production)
+        > 0
+    {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    // A finished sweep is the comparison, the capacity source and the gauges' ...
+    let first = start_sweep(&server, plan).await;
+    wait_status(&server, &first, "finished", Duration::from_secs(60), |s| {
+        s["state"] == "finished"
+    })
+    .await;
+    let matrix_of = |server: &tokentap::app::serve::ProxyServer| {
+        let addr = server.admin_addr;
+        async move {
+            let response = common::send(
+                http::Request::get(format!("http://{addr}/matrix?source=synthetic&format=json"))
+                    .header("authorization", format!("Bearer {TOKEN}"))
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap(),
+            )
+            .await;
+            serde_json::from_slice::<Value>(&response.bytes()).unwrap()
+        }
+    };
+    let metrics_of = |server: &tokentap::app::serve::ProxyServer| {
+        let addr = server.admin_addr;
+        async move {
+            common::send(
+                http::Request::get(format!("http://{addr}/metrics"))
+                    .header("authorization", format!("Bearer {TOKEN}"))
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap(),
+            )
+            .await
+            .text()
+        }
+    };
+    let before = matrix_of(&server).await;
+    assert_eq!(before["metadata"]["run"]["sweep_id"], first);
+    let gauges_before: Vec<String> = metrics_of(&server)
+        .await
+        .lines()
+        .filter(|l| l.starts_with("tokentap_sweep_cell_"))
+        .map(str::to_owned)
+        .collect();
+    assert!(!gauges_before.is_empty());
+    let (_, capacity_before) = admin(&server, "GET", "/capacity", Some(TOKEN), "").await;
+
+    // ... and stays so when the next one is cancelled: it is kept in history, cancelled.
+    let second = start_sweep(
+        &server,
+        r#"{"contexts": ["8K", "16K"], "concurrency": [1, 2, 4], "cell_duration": "5s"}"#,
+    )
+    .await;
+    wait_status(&server, &second, "running", Duration::from_secs(30), |s| {
+        s["progress"]["measurements_done"].as_u64().unwrap_or(0) >= 1
+    })
+    .await;
+    let (code, _) = admin(
+        &server,
+        "DELETE",
+        &format!("/sweeps/{second}"),
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(code, 202);
+    wait_status(
+        &server,
+        &second,
+        "cancelled",
+        Duration::from_secs(30),
+        |s| s["state"] == "cancelled",
+    )
+    .await;
+    let after = matrix_of(&server).await;
+    assert_eq!(
+        after["metadata"]["run"]["sweep_id"], first,
+        "the cancelled sweep replaced the comparison"
+    );
+    assert_eq!(after["decode"], before["decode"]);
+    let gauges_after: Vec<String> = metrics_of(&server)
+        .await
+        .lines()
+        .filter(|l| l.starts_with("tokentap_sweep_cell_"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(gauges_after, gauges_before, "the sweep gauges changed");
+    let (_, capacity_after) = admin(&server, "GET", "/capacity", Some(TOKEN), "").await;
+    assert_eq!(capacity_after, capacity_before);
+    let (_, list) = admin(&server, "GET", "/sweeps", Some(TOKEN), "").await;
+    let states: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["cancelled", "finished"], "{list:#}");
     server.shutdown().await;
 }

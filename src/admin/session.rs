@@ -342,7 +342,7 @@ where
             );
             response
         }
-        (Method::POST, "/page/sweep") => start_sweep(state, request).await,
+        (Method::POST, "/page/sweep") => sweep_form(state, request).await,
         (method, path) => {
             let allowed = if path == "/login" {
                 "GET, POST"
@@ -422,7 +422,11 @@ where
     response
 }
 
-async fn start_sweep<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
+/// The page's sweep forms (`POST /page/sweep`, CSRF-checked): `action=preview` shows what the
+/// default plan would do and asks for a confirmation; `action=start` (that confirmation)
+/// starts it, beside production only when its box was ticked; `action=cancel` cancels the
+/// running sweep. A form without an action previews: nothing starts from one click.
+async fn sweep_form<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -441,23 +445,80 @@ where
             "This form is stale or did not come from the page: reload the page and try again.",
         );
     }
-    match state
-        .sweeps
-        .start(crate::sweep::SweepRequest::default())
-        .await
-    {
-        Ok(_) => see_other("/"),
-        Err(error @ crate::sweep::StartError::Busy { .. }) => {
+    let action = form_field(&body, "action").unwrap_or_default();
+    match action.as_str() {
+        "start" => {
+            let request = crate::sweep::SweepRequest {
+                beside_production: form_field(&body, "beside_production")
+                    .map(|v| v == "on" || v == "true"),
+                ..crate::sweep::SweepRequest::default()
+            };
+            match state.sweeps.start(request).await {
+                Ok(_) => see_other("/"),
+                Err(error) => start_refused(error),
+            }
+        }
+        "cancel" => {
+            let id = form_field(&body, "id").unwrap_or_default();
+            match state.sweeps.cancel(&id) {
+                Ok(()) => see_other("/"),
+                Err(error) => message_page(StatusCode::CONFLICT, &error.to_string()),
+            }
+        }
+        _ => match state
+            .sweeps
+            .preview(&crate::sweep::SweepRequest::default())
+            .await
+        {
+            Ok(preview) => preview_page(&preview, &session),
+            Err(error) => start_refused(error),
+        },
+    }
+}
+
+/// A sweep that did not start (or could not be previewed), as a page.
+fn start_refused(error: crate::sweep::StartError) -> Response<ResponseBody> {
+    use crate::sweep::StartError;
+    match error {
+        error @ (StartError::Busy { .. } | StartError::ProductionInFlight { .. }) => {
             message_page(StatusCode::CONFLICT, &error.to_string())
         }
-        Err(crate::sweep::StartError::Plan(error)) => message_page(
+        StartError::Plan(error) => message_page(
             StatusCode::BAD_REQUEST,
             &format!("the sweep plan cannot run: {error}"),
         ),
-        Err(error @ crate::sweep::StartError::Interrupted { .. }) => {
+        error @ StartError::Interrupted { .. } => {
             message_page(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
         }
     }
+}
+
+/// What the default plan would do, and the form that starts it.
+fn preview_page(
+    preview: &crate::sweep::PlanPreview,
+    session: &SessionView,
+) -> Response<ResponseBody> {
+    let csrf = escape(&session.csrf);
+    let mut body = format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>tokentap · sweep preview</title>{FORM_STYLE}</head><body><h1>Sweep preview</h1><p>The default plan against the server now. Nothing has started.</p><ul id=\"preview\">"
+    );
+    for line in preview.lines() {
+        let _ = write!(body, "<li>{}</li>", escape(&line));
+    }
+    body.push_str("</ul>");
+    let _ = write!(
+        body,
+        "<form id=\"confirm\" method=\"post\" action=\"/page/sweep\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"start\">"
+    );
+    if preview.production_in_flight > 0 {
+        let _ = write!(
+            body,
+            "<p class=\"error\">{} production requests are in flight: drain this replica first, or tick the box to run beside them (they slow down; its cells show the production they ran beside).</p><label><input type=\"checkbox\" name=\"beside_production\" value=\"on\"> Run beside production</label><br>",
+            preview.production_in_flight
+        );
+    }
+    body.push_str("<button type=\"submit\">Start this sweep</button> <a href=\"/\">Back to the page</a></form></body></html>\n");
+    no_store(respond(StatusCode::OK, "text/html; charset=utf-8", body))
 }
 
 /// The value of `name` in an `application/x-www-form-urlencoded` body.
@@ -503,29 +564,38 @@ fn no_store(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
     response
 }
 
-/// The bar at the top of the page for a logged-in browser: the sweep running now (if any), a
-/// form that starts a sweep and one that logs out, each with the session's CSRF token.
+/// The bar at the top of the page for a logged-in browser: the sweep running now (if any),
+/// with how far it is, how long it has waited for production and a Cancel button; else a form
+/// that previews a sweep (starting it takes a second, confirming click); and one that logs out.
+/// Each form carries the session's CSRF token.
 pub fn page_controls(state: &AdminState, session: &SessionView) -> String {
     let csrf = escape(&session.csrf);
     let mut out = String::from("<section id=\"session\" class=\"session\">");
-    if let Some(running) = state
+    let running = state
         .sweeps
         .list()
         .into_iter()
         .find(|s| s.state.is_active())
-    {
-        let _ = write!(
-            out,
-            "<p class=\"note\">Sweep <a href=\"/sweeps/{id}\">{id}</a> is {state}: {done} of {total} measurements.</p>",
-            id = escape(&running.id),
-            state = escape(running.state.as_str()),
-            done = running.measurements_done,
-            total = running.measurements_total,
-        );
+        .and_then(|summary| state.sweeps.get(&summary.id));
+    match running {
+        Some(running) => {
+            let _ = write!(
+                out,
+                "<p class=\"note\" id=\"sweep-running\">Sweep <a href=\"/sweeps/{id}\">{id}</a>: {line}.</p><form id=\"cancel-sweep\" method=\"post\" action=\"/page/sweep\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"cancel\"><input type=\"hidden\" name=\"id\" value=\"{id}\"><button type=\"submit\">Cancel the sweep</button></form> ",
+                id = escape(&running.id),
+                line = escape(&running.progress_line()),
+            );
+        }
+        None => {
+            let _ = write!(
+                out,
+                "<form id=\"preview-sweep\" method=\"post\" action=\"/page/sweep\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"preview\"><button type=\"submit\">Preview a sweep (default plan)…</button></form> "
+            );
+        }
     }
     let _ = write!(
         out,
-        "<form method=\"post\" action=\"/page/sweep\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><button type=\"submit\">Start a sweep (default plan)</button></form> <form method=\"post\" action=\"/logout\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><button type=\"submit\">Log out</button></form></section>"
+        "<form method=\"post\" action=\"/logout\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><button type=\"submit\">Log out</button></form></section>"
     );
     out
 }

@@ -2,7 +2,8 @@
 //!
 //! | route | does |
 //! |---|---|
-//! | `POST /sweeps` | start a sweep (JSON plan, may be empty): 202 + id; 409 while one runs; 400 names the bad field |
+//! | `POST /sweeps` | start a sweep (JSON plan, may be empty): 202 + id; 409 while one runs or while production requests are in flight (unless the plan says `beside_production`); 400 names the bad field |
+//! | `POST /sweeps?dry_run=true` | what that sweep would do, nothing started: 200 + the preview (cells, largest prompt, KV use, expected duration, the plan) |
 //! | `GET /sweeps` | every sweep, newest first |
 //! | `GET /sweeps/{id}` | state, progress, ETA, plan, partial matrix; `?format=md\|html\|json` renders the matrix alone |
 //! | `DELETE /sweeps/{id}` | cancel: the streams are aborted within a second |
@@ -57,7 +58,11 @@ where
         return unauthorized();
     }
     let query = request.uri().query().unwrap_or("").to_owned();
+    let dry_run = query
+        .split('&')
+        .any(|pair| matches!(pair, "dry_run" | "dry_run=true" | "dry_run=1"));
     match (request.method().clone(), id) {
+        (Method::POST, None) if dry_run => preview(state, request).await,
         (Method::POST, None) => start(state, request).await,
         (Method::GET, None) => json_response(StatusCode::OK, &state.sweeps.list()),
         (Method::GET, Some(id)) => show(state, &id, &query),
@@ -86,28 +91,64 @@ where
     }
 }
 
+/// The request's sweep plan (an empty body is the default plan), or the 400 naming the field.
+async fn read_plan<B>(request: Request<B>) -> Result<SweepRequest, Response<ResponseBody>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let body = super::read_body(request, MAX_PLAN_BYTES, "the sweep plan").await?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(SweepRequest::default());
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(&body);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+        json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("sweep plan, at `{}`: {}", error.path(), error.inner()),
+        )
+    })
+}
+
+async fn preview<B>(state: &Arc<AdminState>, request: Request<B>) -> Response<ResponseBody>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let plan = match read_plan(request).await {
+        Ok(plan) => plan,
+        Err(response) => return response,
+    };
+    match state.sweeps.preview(&plan).await {
+        Ok(preview) => json_response(StatusCode::OK, &preview),
+        Err(error) => start_error(error),
+    }
+}
+
+/// How a sweep that did not start is answered.
+pub fn start_error(error: StartError) -> Response<ResponseBody> {
+    match error {
+        error @ (StartError::Busy { .. } | StartError::ProductionInFlight { .. }) => {
+            json_error(StatusCode::CONFLICT, &error.to_string())
+        }
+        error @ StartError::Interrupted { .. } => {
+            json_error(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
+        }
+        StartError::Plan(error) => json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("the sweep plan cannot run: {error}"),
+        ),
+    }
+}
+
 async fn start<B>(state: &Arc<AdminState>, request: Request<B>) -> Response<ResponseBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let body = match super::read_body(request, MAX_PLAN_BYTES, "the sweep plan").await {
-        Ok(body) => body,
+    let plan = match read_plan(request).await {
+        Ok(plan) => plan,
         Err(response) => return response,
-    };
-    let plan: SweepRequest = if body.iter().all(u8::is_ascii_whitespace) {
-        SweepRequest::default()
-    } else {
-        let mut deserializer = serde_json::Deserializer::from_slice(&body);
-        match serde_path_to_error::deserialize(&mut deserializer) {
-            Ok(plan) => plan,
-            Err(error) => {
-                return json_error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("sweep plan, at `{}`: {}", error.path(), error.inner()),
-                )
-            }
-        }
     };
     match state.sweeps.start(plan).await {
         Ok(id) => {
@@ -121,16 +162,7 @@ where
             }
             response
         }
-        Err(error @ StartError::Busy { .. }) => {
-            json_error(StatusCode::CONFLICT, &error.to_string())
-        }
-        Err(error @ StartError::Interrupted { .. }) => {
-            json_error(StatusCode::SERVICE_UNAVAILABLE, &error.to_string())
-        }
-        Err(StartError::Plan(error)) => json_error(
-            StatusCode::BAD_REQUEST,
-            &format!("the sweep plan cannot run: {error}"),
-        ),
+        Err(error) => start_error(error),
     }
 }
 

@@ -129,6 +129,15 @@ pub struct SweepArgs {
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Show what the sweep would do — its cells, largest prompt, KV cache use and expected
+    /// duration — and start nothing (with --admin: POST /sweeps?dry_run=true).
+    #[arg(long, conflicts_with = "follow")]
+    pub dry_run: bool,
+    /// Start even while production requests are in flight through the proxy (a start is
+    /// refused then, with the count): the sweep slows them, and its cells show the production
+    /// they ran beside. Better: drain the replica first.
+    #[arg(long)]
+    pub beside_production: bool,
 }
 
 impl SweepArgs {
@@ -153,6 +162,7 @@ impl SweepArgs {
             find_capacity: self.find_capacity.then_some(true),
             attainment: self.attainment,
             capacity_basis: self.capacity_basis.clone(),
+            beside_production: self.beside_production.then_some(true),
         }
     }
 
@@ -177,6 +187,9 @@ impl SweepArgs {
 /// `tokentap sweep`.
 pub async fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
     let admins = args.admin.as_deref().map(admin_urls).unwrap_or_default();
+    if args.dry_run {
+        return dry_run(&args, &admins).await;
+    }
     if admins.len() > 1 {
         return run_fleet(&args, &admins).await;
     }
@@ -185,6 +198,59 @@ pub async fn run(args: SweepArgs) -> anyhow::Result<ExitCode> {
         None => run_local(&args).await?,
     };
     finish(&args, &status)
+}
+
+/// `tokentap sweep --dry-run`: each server's plan preview (the in-process proxy's with
+/// --target, each admin's otherwise), printed, nothing started.
+async fn dry_run(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCode> {
+    let mut previews = Vec::new();
+    if admins.is_empty() {
+        let config = args.load_config()?;
+        let proxy = super::serve::build_proxy(&config)?;
+        let manager = SweepManager::in_memory(proxy, config.sweep.clone());
+        let preview = manager
+            .preview(&args.request())
+            .await
+            .map_err(|error| anyhow::anyhow!("{}", chain(&error)))?;
+        previews.push((args.target.clone().unwrap_or_default(), preview));
+    }
+    for url in admins {
+        let admin = Admin::new(url, args.token.clone());
+        let plan = serde_json::to_string(&args.request())?;
+        let (status, body) = admin
+            .send(Method::POST, "/sweeps?dry_run=true", Some(plan))
+            .await?;
+        if status != StatusCode::OK {
+            bail!(
+                "{}/sweeps?dry_run=true answered {status}: {}",
+                admin.base,
+                Admin::message(&body)
+            );
+        }
+        let preview: crate::sweep::PlanPreview =
+            serde_json::from_slice(&body).with_context(|| {
+                format!(
+                    "{}/sweeps?dry_run=true: not a preview this tokentap reads",
+                    admin.base
+                )
+            })?;
+        previews.push((crate::net::redact::redact_url(url), preview));
+    }
+    if args.format.resolve() == OutputFormat::Json {
+        let out: Vec<serde_json::Value> = previews
+            .iter()
+            .map(|(server, preview)| serde_json::json!({"server": server, "preview": preview}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        for (server, preview) in &previews {
+            println!("Dry run against {server}: nothing was started.");
+            for line in preview.lines() {
+                println!("  {line}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The admin URLs of `--admin` (comma-separated, blanks dropped).

@@ -295,6 +295,8 @@ pub struct RawSweep {
     pub cell_duration: Duration,
     pub max_output: u64,
     pub kv_budget_tokens: u64,
+    #[serde(deserialize_with = "value::duration")]
+    pub max_default_duration: Duration,
 }
 
 impl Default for RawSweep {
@@ -304,6 +306,7 @@ impl Default for RawSweep {
             cell_duration: Duration::from_secs(30),
             max_output: 4096,
             kv_budget_tokens: 0,
+            max_default_duration: Duration::from_secs(600),
         }
     }
 }

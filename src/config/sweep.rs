@@ -13,6 +13,9 @@ pub struct SweepConfig {
     pub max_output: u64,
     /// KV budget in tokens when the server does not report one (0: ask the server).
     pub kv_budget_tokens: u64,
+    /// The default plan (no contexts, context cap or concurrency asked for) is cut to be
+    /// expected to end within this (zero: never cut); a longer sweep needs an explicit plan.
+    pub max_default_duration: Duration,
 }
 
 impl SweepConfig {
@@ -26,6 +29,7 @@ impl SweepConfig {
             cell_duration: raw.cell_duration,
             max_output: raw.max_output,
             kv_budget_tokens: raw.kv_budget_tokens,
+            max_default_duration: raw.max_default_duration,
         })
     }
 }

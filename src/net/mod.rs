@@ -793,6 +793,10 @@ impl Bounds {
     {
         let mut first_seen = false;
         let mut closing = false;
+        // When an idle HTTP/2 connection is dropped whatever its client does: its graceful
+        // GOAWAY waits for the answer to a PING, which a client that never answers would
+        // otherwise make last until the keep-alive timeout ran out (40 s by default).
+        let mut idle_close_by: Option<Instant> = None;
         let mut stall = StallTimer::new(self.streams.send_stall());
         // The stream activity the idle deadline was set for.
         let mut idle: Option<(u64, Instant)> = None;
@@ -863,7 +867,12 @@ impl Bounds {
                     self.faults.add(Fault::IdleClosed);
                     tracing::debug!(listener = self.name, peer = %self.peer, "HTTP/2 connection idle; closed");
                     closing = true;
+                    idle_close_by = Some(Instant::now() + IDLE_CLOSE_GRACE);
                     shut_down(conn.as_mut());
+                }
+                _ = sleep_until_some(idle_close_by) => {
+                    tracing::debug!(listener = self.name, peer = %self.peer, "idle HTTP/2 connection did not finish its GOAWAY; dropped");
+                    return;
                 }
             }
         };
@@ -872,6 +881,10 @@ impl Bounds {
         }
     }
 }
+
+/// How long an idle HTTP/2 connection's graceful close (GOAWAY, then a PING to be answered)
+/// may take before the connection is dropped: a client that answers does so in a round trip.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 /// Whether a connection may carry several streams at once (HTTP/2, or not yet known), or one
 /// request at a time (HTTP/1).

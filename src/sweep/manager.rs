@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use super::discover::discover;
 use super::latest::LatestMatrix;
 use super::plan::{Plan, PlanError, SweepRequest};
+use super::preview::PlanPreview;
 use super::runner::{run, RunnerInput};
 use super::status::{StatusCell, SweepState, SweepStatus, SweepSummary};
 use super::store::{MemoryStore, SweepStore};
@@ -39,6 +40,8 @@ pub enum StartError {
     Plan(#[from] PlanError),
     #[error("sweep {id} was interrupted before it started (tokentap is stopping)")]
     Interrupted { id: String },
+    #[error("{in_flight} production request{s} in flight through this proxy: a sweep now would slow {them} and measure the interference, not the server. Drain this replica (take it out of the load balancer) and start again, or start beside production (`tokentap sweep --beside-production`, `\"beside_production\": true` in POST /sweeps, the page's checkbox): its cells then show the production they ran beside, and it pauses while more than sweep.production_guard are in flight", s = if *in_flight == 1 { " is" } else { "s are" }, them = if *in_flight == 1 { "it" } else { "them" })]
+    ProductionInFlight { in_flight: u64 },
 }
 
 /// The slot of a sweep that has not started running yet: dropped before the run takes it
@@ -99,7 +102,8 @@ pub struct SweepManager {
     store: Arc<dyn SweepStore>,
     current: Mutex<Option<Arc<Active>>>,
     latest: Mutex<Option<MatrixDoc>>,
-    /// The admin page's "latest synthetic matrix": partial while a sweep runs, final after.
+    /// The synthetic matrices the admin endpoints read: the last completed sweep's, and the
+    /// running one's so far.
     synthetic: LatestMatrix,
     counter: AtomicU64,
 }
@@ -127,6 +131,9 @@ impl SweepManager {
             .and_then(|list| list.into_iter().find(|s| s.state == SweepState::Finished))
             .and_then(|summary| store.get(&summary.id).ok().flatten())
             .and_then(|status| status.matrix);
+        if let Some(latest) = &latest {
+            synthetic.set_completed(latest.clone());
+        }
         Arc::new(Self {
             proxy,
             config,
@@ -177,6 +184,10 @@ impl SweepManager {
     /// admin client hanging up during discovery) leaves a sweep that starts, or fails, as if
     /// it had waited, and the slot is released whatever happens (`Claim`).
     pub async fn start(self: &Arc<Self>, request: SweepRequest) -> Result<String, StartError> {
+        let in_flight = self.production_in_flight();
+        if in_flight > 0 && !request.beside_production.unwrap_or(false) {
+            return Err(StartError::ProductionInFlight { in_flight });
+        }
         let id = self.new_id();
         let status = StatusCell::new(SweepStatus::new(id.clone(), request.clone()));
         let (cancel_tx, cancel_rx) = watch::channel(false);
@@ -206,6 +217,19 @@ impl SweepManager {
             // released the slot.
             Err(_) => Err(StartError::Interrupted { id }),
         }
+    }
+
+    /// Production requests in flight through this proxy now.
+    pub fn production_in_flight(&self) -> u64 {
+        self.proxy.meter.inflight(crate::base::Source::Production)
+    }
+
+    /// What a sweep of `request` would do (`--dry-run`, `POST /sweeps?dry_run=true`): the
+    /// server asked what it is, the plan resolved, nothing started.
+    pub async fn preview(&self, request: &SweepRequest) -> Result<PlanPreview, StartError> {
+        let facts = discover(&self.proxy).await;
+        let plan = Plan::resolve(request, &facts, &self.config)?;
+        Ok(PlanPreview::new(plan, self.production_in_flight()))
     }
 
     /// Discovery, the plan and the run of a claimed sweep.
@@ -260,7 +284,11 @@ impl SweepManager {
             let matrix = run(input).await;
             persister.abort();
             let state = status.state();
-            if state == SweepState::Finished {
+            // Only a finished sweep becomes the comparison; a cancelled, failed or
+            // interrupted one stays in history with its state.
+            let finished = (state == SweepState::Finished).then_some(matrix);
+            manager.synthetic.end_running(finished.clone());
+            if let Some(matrix) = finished {
                 *lock(&manager.latest) = Some(matrix);
             }
             manager.persist_now(&status).await;

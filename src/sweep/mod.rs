@@ -14,18 +14,21 @@
 //! load, aborts); the stream driver, the prompts and the load reads are `synthetic`'s.
 //!
 //! Code map: `request` (what the user asks for), `plan` (server facts and the resolved plan),
-//! `resolve` (request → resolved plan, pure), `discover` (what the server says about
+//! `resolve` (request → resolved plan, pure), `estimate` (how long measurements take: the
+//! preview's duration and the running sweep's ETA, pure), `discover` (what the server says about
 //! itself), `cell` (records + window → matrix cells, pure),
-//! `runner` (the procedure), `search` (the capacity search's next level, pure), `status` (progress and the JSON of `GET /sweeps/{id}`), `progress` (the progress line on stderr),
+//! `preview` (what a plan would do, shown before it starts), `runner` (the procedure), `search` (the capacity search's next level, pure), `status` (progress and the JSON of `GET /sweeps/{id}`), `progress` (the progress line on stderr),
 //! `store` (persistence seam over the shared SQLite store), `latest` (the latest synthetic matrix,
 //! read by the admin endpoints), `manager` (one at a time, cancel, follow). The `tokentap sweep`
 //! and `tokentap demo` commands are `app::sweep` and `app::demo`.
 
 pub mod cell;
 pub mod discover;
+pub mod estimate;
 pub mod latest;
 pub mod manager;
 pub mod plan;
+pub mod preview;
 pub mod progress;
 pub mod request;
 pub mod resolve;
@@ -37,5 +40,6 @@ pub mod store;
 pub use latest::LatestMatrix;
 pub use manager::{CancelError, StartError, SweepManager};
 pub use plan::{Plan, PlanError, PromptMode, ServerFacts, SweepRequest};
+pub use preview::PlanPreview;
 pub use status::{Progress, SweepState, SweepStatus, SweepSummary};
 pub use store::{MemoryStore, SweepStore};

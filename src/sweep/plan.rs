@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use super::request::{DurationValue, PromptMode, SweepRequest, TokensValue};
+use crate::base::duration::human_duration;
 use crate::base::engine_metrics;
 use crate::matrix::capacity::CapacityQuery;
 use crate::matrix::units::context_label;
@@ -135,6 +136,10 @@ pub struct Plan {
     /// context's cells are judged by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<CapacityQuery>,
+    /// What resolving decided that the reader should know (the default plan cut to its
+    /// duration bound, and what was left out); copied into the matrix's notes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// A plan that cannot run; each names the field at fault.
@@ -201,6 +206,94 @@ impl Plan {
     pub fn measurements(&self) -> usize {
         self.steps.len() + self.runnable_cells()
     }
+
+    /// Seconds the plan is expected to take, before anything is measured: each runnable
+    /// cell its window plus the default overhead, each scout its prompt at the default
+    /// prefill rate (`sweep::estimate`). A capacity search measures at most this many cells.
+    pub fn expected_duration_s(&self) -> f64 {
+        let scouts: Vec<u64> = self.steps.iter().map(|s| s.prompt_tokens).collect();
+        super::estimate::eta_s(
+            self.cell_duration_s,
+            &[],
+            None,
+            &scouts,
+            self.runnable_cells(),
+        )
+    }
+
+    /// The longest prompt any request of the plan sends.
+    pub fn largest_prompt_tokens(&self) -> u64 {
+        self.steps
+            .iter()
+            .map(|s| s.prompt_tokens)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The most KV cache one runnable cell asks for: C × (context + max output) tokens.
+    pub fn peak_kv_tokens(&self) -> u64 {
+        self.decode_contexts()
+            .iter()
+            .flat_map(|&context| {
+                self.concurrency
+                    .iter()
+                    .filter(move |&&c| !self.over_capacity(context, c))
+                    .map(move |&c| {
+                        u64::from(c).saturating_mul(context.saturating_add(self.max_output))
+                    })
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Cuts the plan to be expected to end within `bound`: the full-context prefill row and
+    /// the largest decode contexts first (down to one), then the highest concurrency levels
+    /// (down to one). Each cut is written into `notes`. Zero: no bound.
+    pub fn fit_within(&mut self, bound: Duration) {
+        if bound.is_zero() {
+            return;
+        }
+        let limit = bound.as_secs_f64();
+        let before = self.expected_duration_s();
+        if before <= limit {
+            return;
+        }
+        let mut dropped_contexts = Vec::new();
+        let mut dropped_levels = Vec::new();
+        while self.expected_duration_s() > limit {
+            let decode = self.steps.iter().filter(|s| s.decode).count();
+            if let Some(at) = self.steps.iter().position(|s| !s.decode) {
+                let step = self.steps.remove(at);
+                dropped_contexts.push(format!(
+                    "the full-context prefill ({})",
+                    context_label(step.context)
+                ));
+            } else if decode > 1 {
+                if let Some(step) = self.steps.pop() {
+                    dropped_contexts.push(context_label(step.context));
+                }
+            } else if self.concurrency.len() > 1 {
+                if let Some(level) = self.concurrency.pop() {
+                    dropped_levels.push(level.to_string());
+                }
+            } else {
+                break;
+            }
+        }
+        let mut left_out = Vec::new();
+        if !dropped_contexts.is_empty() {
+            left_out.push(format!("contexts {}", dropped_contexts.join(", ")));
+        }
+        if !dropped_levels.is_empty() {
+            left_out.push(format!("concurrency {}", dropped_levels.join(", ")));
+        }
+        self.notes.push(format!(
+            "The default plan was cut to fit sweep.max_default_duration ({}; it would have taken about {}): {} left out. Ask for them with an explicit plan (contexts, concurrency).",
+            human_duration(limit),
+            human_duration(before),
+            left_out.join("; ")
+        ));
+    }
 }
 
 #[cfg(test)]
@@ -214,6 +307,7 @@ mod tests {
             cell_duration: Duration::from_secs(30),
             max_output: 4096,
             kv_budget_tokens: 0,
+            max_default_duration: Duration::ZERO,
         }
     }
 
@@ -259,6 +353,54 @@ mod tests {
         assert_eq!(last(128 << 10), Some(4));
         assert_eq!(last(257_024), Some(2));
         assert_eq!(plan.runnable_cells(), 6 + 5 + 5 + 4 + 3 + 2);
+    }
+
+    #[test]
+    fn the_default_plan_is_cut_to_its_duration_bound_and_an_explicit_one_is_not() {
+        let bounded = SweepConfig {
+            max_default_duration: Duration::from_secs(600),
+            ..config()
+        };
+        let full = Plan::resolve(&SweepRequest::default(), &step_facts(), &config()).unwrap();
+        assert!(
+            full.expected_duration_s() > 600.0,
+            "{}",
+            full.expected_duration_s()
+        );
+        let plan = Plan::resolve(&SweepRequest::default(), &step_facts(), &bounded).unwrap();
+        assert!(
+            plan.expected_duration_s() <= 600.0,
+            "{}",
+            plan.expected_duration_s()
+        );
+        // The full-context prefill and the largest contexts went first.
+        assert!(plan.steps.iter().all(|s| s.decode));
+        assert_eq!(plan.steps.first().map(|s| s.context), Some(8 << 10));
+        assert!(plan.steps.len() < full.steps.len());
+        assert_eq!(plan.notes.len(), 1);
+        let note = &plan.notes[0];
+        assert!(
+            note.contains("cut to fit sweep.max_default_duration (10m 00s")
+                && note.contains("256K")
+                && note.contains("explicit plan"),
+            "{note}"
+        );
+        // Asking for contexts (or concurrency) is an explicit plan: never cut.
+        let explicit = SweepRequest {
+            contexts: Some(
+                full.decode_contexts()
+                    .into_iter()
+                    .map(TokensValue::Count)
+                    .collect(),
+            ),
+            ..SweepRequest::default()
+        };
+        let plan = Plan::resolve(&explicit, &step_facts(), &bounded).unwrap();
+        assert!(plan.notes.is_empty());
+        assert!(plan.expected_duration_s() > 600.0);
+        // The preview's figures.
+        assert_eq!(full.largest_prompt_tokens(), 262_142);
+        assert_eq!(full.peak_kv_tokens(), 16 * (32_768 + 4096));
     }
 
     #[test]

@@ -85,4 +85,9 @@ pub struct SweepRequest {
     /// `p99`). Default `auto` (the streams' SLO attainment).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub capacity_basis: Option<String>,
+    /// Start even while production requests are in flight through this proxy (a sweep then
+    /// slows them, and its cells show the production they ran beside). Default: no, a start
+    /// is refused with 409 while any are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub beside_production: Option<bool>,
 }

@@ -262,7 +262,10 @@ impl Plan {
             ),
         };
 
-        Ok(Plan {
+        let default_plan = request.contexts.is_none()
+            && request.max_context.is_none()
+            && request.concurrency.is_none();
+        let mut plan = Plan {
             model,
             steps,
             concurrency,
@@ -277,7 +280,12 @@ impl Plan {
                 output_tokens: Some(max_output),
                 ..query
             }),
-        })
+            notes: Vec::new(),
+        };
+        if default_plan {
+            plan.fit_within(config.max_default_duration);
+        }
+        Ok(plan)
     }
 }
 

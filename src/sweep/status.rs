@@ -11,6 +11,7 @@ use crate::matrix::capacity::CapacityReport;
 use tokio::sync::watch;
 
 use super::plan::{Plan, ServerFacts, SweepRequest};
+use crate::base::duration::human_duration;
 use crate::base::lock;
 use crate::base::wallclock::format_rfc3339;
 use crate::matrix::units::context_label;
@@ -111,11 +112,15 @@ pub struct Progress {
     /// not measurements).
     pub measurements_done: usize,
     pub measurements_total: usize,
-    /// Estimated seconds until the sweep ends (pauses not foreseen).
+    /// Estimated seconds until the sweep ends: the work left, stretched by the share of the
+    /// time so far spent paused for production traffic (`sweep::estimate`).
     pub eta_s: Option<f64>,
     pub elapsed_s: f64,
-    /// Seconds spent paused for production traffic.
+    /// Seconds spent paused for production traffic, the pause going on now included.
     pub paused_s: f64,
+    /// While paused: how long this pause has lasted so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_now_s: Option<f64>,
 }
 
 /// Everything about one sweep: the JSON of `GET /sweeps/{id}`.
@@ -197,10 +202,16 @@ impl SweepStatus {
                 StepPhase::WarmUp => " warm-up",
                 StepPhase::Window => " window",
                 StepPhase::Drain => " drain",
-                StepPhase::Paused => " (paused for production traffic)",
+                StepPhase::Paused => " (paused for production traffic",
             };
             if self.state.is_active() {
                 line.push_str(&format!(" · {}{phase}", current.label));
+                if current.phase == StepPhase::Paused {
+                    match self.progress.paused_now_s {
+                        Some(waited) => line.push_str(&format!(" for {})", human_duration(waited))),
+                        None => line.push(')'),
+                    }
+                }
             }
         }
         line.push_str(&format!(
@@ -215,19 +226,6 @@ impl SweepStatus {
             human_duration(self.progress.elapsed_s)
         ));
         line
-    }
-}
-
-/// `1h 02m`, `3m 05s`, `42s`.
-pub fn human_duration(seconds: f64) -> String {
-    let total = seconds.max(0.0).round() as u64;
-    let (h, m, s) = (total / 3600, total / 60 % 60, total % 60);
-    if h > 0 {
-        format!("{h}h {m:02}m")
-    } else if m > 0 {
-        format!("{m}m {s:02}s")
-    } else {
-        format!("{s}s")
     }
 }
 
@@ -289,10 +287,19 @@ mod tests {
             eta_s: Some(70.0),
             elapsed_s: 42.0,
             paused_s: 0.0,
+            paused_now_s: None,
         };
         assert_eq!(
             status.progress_line(),
             "running · 8K × 4 window · 5/12 measurements · ETA 1m 10s · elapsed 42s"
+        );
+        let mut paused = status.clone();
+        paused.state = SweepState::Paused;
+        paused.progress.current = Some(CurrentStep::new(StepPhase::Paused, 8192, Some(4)));
+        paused.progress.paused_now_s = Some(12.4);
+        assert_eq!(
+            paused.progress_line(),
+            "paused · 8K × 4 (paused for production traffic for 12s) · 5/12 measurements · ETA 1m 10s · elapsed 42s"
         );
         assert_eq!(human_duration(3725.0), "1h 02m");
         let json = serde_json::to_value(&status).unwrap();

@@ -1,5 +1,5 @@
 //! Durations as people write them in the configuration and on the command line: `500ms`,
-//! `30s`, `5m`, `1h`, `7d`, `2.5s`, `0`.
+//! `30s`, `5m`, `1h`, `7d`, `2.5s`, `0`; and seconds shown to people (`human_duration`).
 //!
 //! Hand-written because the error names the accepted forms (`500ms, 30s, 5m, 1h or 7d`), which
 //! the configuration's messages rely on; `humantime` would also accept forms (`2days`,
@@ -33,6 +33,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
     };
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is out of range"))
+}
+
+/// `1h 02m`, `3m 05s`, `42s`.
+pub fn human_duration(seconds: f64) -> String {
+    let total = seconds.max(0.0).round() as u64;
+    let (h, m, s) = (total / 3600, total / 60 % 60, total % 60);
+    if h > 0 {
+        format!("{h}h {m:02}m")
+    } else if m > 0 {
+        format!("{m}m {s:02}s")
+    } else {
+        format!("{s}s")
+    }
 }
 
 #[cfg(test)]

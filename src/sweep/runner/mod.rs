@@ -62,6 +62,9 @@ const GAUGE_GRACE: Duration = Duration::from_secs(10);
 const MAX_ATTEMPTS: usize = 3;
 /// How often the guard is looked at while the sweep is paused for production traffic.
 const GUARD_POLL: Duration = Duration::from_millis(100);
+
+/// While paused, how often the status is published again (how long it has waited, the ETA).
+const PAUSE_SHOWN_EVERY: Duration = Duration::from_secs(1);
 /// Longest wait for production traffic to settle before an off-target cell is measured again:
 /// the cell's window, within these bounds.
 const SETTLE_LIMIT_MIN: Duration = Duration::from_secs(2);
@@ -200,13 +203,15 @@ impl Runner {
     /// Publishes progress (state, current step, ETA) and the matrix so far.
     fn publish(&self, state: SweepState, current: Option<CurrentStep>) {
         let clock = &self.clock;
-        let eta = clock.eta_s(self.plan.cell_duration_s);
+        let paused_now = clock.paused_now();
+        let eta = clock.eta_s(self.plan.cell_duration_s, paused_now);
         let matrix = self.matrix.clone();
         let capacity = self.capacity.clone();
         // The slot first, then the status: whoever sees the new state finds the matrix.
-        self.latest.set(matrix.clone());
+        self.latest.set_running(matrix.clone());
         let elapsed = clock.started.elapsed().as_secs_f64();
-        let paused = clock.paused.as_secs_f64();
+        let paused = (clock.paused + paused_now).as_secs_f64();
+        let paused_now_s = (!paused_now.is_zero()).then_some(paused_now.as_secs_f64());
         let done = clock.done;
         self.status.update(|status| {
             if status.state != SweepState::Cancelling || state != SweepState::Running {
@@ -217,6 +222,7 @@ impl Runner {
             status.progress.eta_s = Some(eta);
             status.progress.elapsed_s = elapsed;
             status.progress.paused_s = paused;
+            status.progress.paused_now_s = paused_now_s;
             status.matrix = Some(matrix);
             status.capacity = capacity;
         });

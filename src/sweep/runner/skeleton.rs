@@ -27,6 +27,7 @@ pub fn initial_matrix(id: &str, plan: &Plan, facts: &ServerFacts) -> MatrixDoc {
             step.prompt_tokens
         ));
     }
+    notes.extend(plan.notes.iter().cloned());
     let metadata = Metadata {
         model: ModelInfo {
             display_name: None,
@@ -121,6 +122,7 @@ mod tests {
             cell_duration: Duration::from_secs(30),
             max_output: 4096,
             kv_budget_tokens: 0,
+            max_default_duration: Duration::ZERO,
         };
         let plan = Plan::resolve(&SweepRequest::default(), &facts, &config).unwrap();
         let doc = initial_matrix("abc", &plan, &facts);

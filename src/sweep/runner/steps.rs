@@ -7,7 +7,9 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use super::attempt::CellRun;
-use super::{Runner, GUARD_POLL, MAX_ATTEMPTS, SETTLE_LIMIT_MAX, SETTLE_LIMIT_MIN};
+use super::{
+    Runner, GUARD_POLL, MAX_ATTEMPTS, PAUSE_SHOWN_EVERY, SETTLE_LIMIT_MAX, SETTLE_LIMIT_MIN,
+};
 use crate::base::wallclock::format_rfc3339 as rfc3339;
 use crate::matrix::capacity::judge;
 use crate::matrix::units::context_label;
@@ -215,9 +217,12 @@ impl Runner {
             .clamp(SETTLE_LIMIT_MIN, SETTLE_LIMIT_MAX);
         let began = Instant::now();
         let paused = CurrentStep::new(StepPhase::Paused, next.context_tokens, next.concurrency);
-        self.publish(SweepState::Paused, Some(paused));
+        self.clock.pause();
+        self.publish(SweepState::Paused, Some(paused.clone()));
+        let mut shown = Instant::now();
         while self.production() > 0 && began.elapsed() < limit {
             if self.cancelled() {
+                self.clock.resume();
                 return false;
             }
             let mut cancel = self.cancel.clone();
@@ -225,8 +230,13 @@ impl Runner {
                 () = tokio::time::sleep(GUARD_POLL) => {}
                 _ = cancel.changed() => {}
             }
+            if shown.elapsed() >= PAUSE_SHOWN_EVERY {
+                // How long it has waited, and the ETA that grows with it.
+                self.publish(SweepState::Paused, Some(paused.clone()));
+                shown = Instant::now();
+            }
         }
-        self.clock.paused += began.elapsed();
+        self.clock.resume();
         self.publish(SweepState::Running, Some(next.clone()));
         !self.cancelled()
     }
@@ -237,12 +247,14 @@ impl Runner {
         if production <= self.guard {
             return !self.cancelled();
         }
-        let began = Instant::now();
         let paused = CurrentStep::new(StepPhase::Paused, next.context_tokens, next.concurrency);
-        self.publish(SweepState::Paused, Some(paused));
+        self.clock.pause();
+        self.publish(SweepState::Paused, Some(paused.clone()));
         let mut peak = production;
+        let mut shown = Instant::now();
         while self.production() > self.guard {
             if self.cancelled() {
+                self.clock.resume();
                 return false;
             }
             peak = peak.max(self.production());
@@ -251,9 +263,12 @@ impl Runner {
                 () = tokio::time::sleep(GUARD_POLL) => {}
                 _ = cancel.changed() => {}
             }
+            if shown.elapsed() >= PAUSE_SHOWN_EVERY {
+                self.publish(SweepState::Paused, Some(paused.clone()));
+                shown = Instant::now();
+            }
         }
-        let waited = began.elapsed();
-        self.clock.paused += waited;
+        let waited = self.clock.resume();
         self.note(format!(
             "Paused {:.1} s before {}: up to {peak} production requests in flight (guard {})",
             waited.as_secs_f64(),

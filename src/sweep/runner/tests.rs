@@ -51,6 +51,7 @@ fn plan(prompt: PromptMode) -> (Plan, ServerFacts, SweepRequest) {
         cell_duration: Duration::from_secs(1),
         max_output: 64,
         kv_budget_tokens: 0,
+        max_default_duration: Duration::ZERO,
     };
     let plan = Plan::resolve(&request, &facts, &config).unwrap();
     (plan, facts, request)
@@ -127,6 +128,52 @@ async fn production_above_the_guard_pauses_the_sweep_and_it_resumes_when_it_fall
     let bodies = fake.bodies();
     assert_eq!(bodies.len(), 3, "{bodies:?}");
     assert!(matrix.prefill_row(8192).unwrap().status.is_valid());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_sweep_shows_how_long_it_has_waited_and_its_eta_counts_the_pause() {
+    // Ten production requests for the first 5 s, none after.
+    let busy = Box::new(|state: &FakeState| {
+        if Instant::now() < state.started + Duration::from_secs(5) {
+            10
+        } else {
+            0
+        }
+    });
+    let fake = Fake::builder(busy, load_of_live_streams()).build();
+    let sweep = start(&fake, PromptMode::TokenIds);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let early = sweep.status.snapshot();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let later = sweep.status.snapshot();
+    assert_eq!(later.state, SweepState::Paused);
+    let (waited_early, waited_later) = (
+        early.progress.paused_now_s.unwrap(),
+        later.progress.paused_now_s.unwrap(),
+    );
+    assert!(
+        waited_later >= waited_early + 1.5,
+        "{waited_early} → {waited_later}"
+    );
+    assert!(
+        later
+            .progress_line()
+            .contains("(paused for production traffic for "),
+        "{}",
+        later.progress_line()
+    );
+    // The work left did not change, but the ETA grew with the pause.
+    let (eta_early, eta_later) = (early.progress.eta_s.unwrap(), later.progress.eta_s.unwrap());
+    assert!(eta_later > eta_early, "{eta_early} → {eta_later}");
+    let matrix = sweep.task.await.unwrap();
+    assert!(
+        has_note(&matrix, "Paused 5.0 s before prefill 8K"),
+        "{:#?}",
+        matrix.metadata.notes
+    );
+    let done = sweep.status.snapshot();
+    assert_eq!(done.progress.paused_now_s, None);
+    assert!(done.progress.paused_s >= 5.0);
 }
 
 #[tokio::test(start_paused = true)]
