@@ -93,6 +93,8 @@ struct Session {
 struct Failures {
     count: u32,
     retry_at: Instant,
+    /// Which failure of the table's this address's latest was (older ones make room first).
+    serial: u64,
 }
 
 #[derive(Debug, Default)]
@@ -101,6 +103,8 @@ struct Inner {
     /// Failed logins and bearer tokens per client address (`None`: a request whose address is
     /// unknown, only ever an in-process one), at most [`MAX_CLIENTS`].
     failures: HashMap<Option<IpAddr>, Failures>,
+    /// Failures recorded so far (the next one's serial).
+    serials: u64,
 }
 
 /// The browser sessions and the failed-login record of one admin listener.
@@ -216,20 +220,24 @@ impl Sessions {
                 let oldest = inner
                     .failures
                     .iter()
-                    .min_by_key(|(_, f)| f.retry_at)
+                    .min_by_key(|(_, f)| (f.retry_at, f.serial))
                     .map(|(address, _)| *address);
                 if let Some(oldest) = oldest {
                     inner.failures.remove(&oldest);
                 }
             }
         }
+        inner.serials += 1;
+        let serial = inner.serials;
         let entry = inner.failures.entry(client).or_insert(Failures {
             count: 0,
             retry_at: now,
+            serial,
         });
         if entry.retry_at + FORGET_AFTER <= now {
             entry.count = 0;
         }
+        entry.serial = serial;
         entry.count = entry.count.saturating_add(1);
         let delay = Duration::from_secs(u64::from(entry.count)).min(MAX_DELAY);
         entry.retry_at = now + delay;
