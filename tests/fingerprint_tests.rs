@@ -154,7 +154,10 @@ async fn a_restart_as_another_version_is_a_new_fingerprint_everywhere() {
     until("the first read", || current(&server).is_config()).await;
     let first = current(&server);
     // A sweep records the configuration it runs on (its discovery reads the slot).
-    let facts = tokentap::sweep::discover::discover(&server.proxy).await;
+    let facts = tokentap::sweep::discover::discover(&tokentap::synthetic::ProxyPath::new(
+        std::sync::Arc::clone(&server.proxy),
+    ))
+    .await;
     assert_eq!(facts.fingerprint, Some(first.to_string()));
 
     for _ in 0..3 {

@@ -963,7 +963,7 @@ async fn vllm_dialect_with_text_prompts_calibrated_by_tokenize() {
     let status = run_sweep(&server, plan, Duration::from_secs(90)).await;
     assert_eq!(status.state, SweepState::Finished, "{status:#?}");
     let facts = status.server.unwrap();
-    assert_eq!(facts.engine, tokentap::sweep::plan::EngineKind::Vllm);
+    assert_eq!(facts.engine, Some(tokentap::base::engine::Engine::VLLM));
     let kv = facts.kv_budget_tokens.unwrap();
     assert!(
         kv > 600_000 && kv <= 622_592,
@@ -1595,7 +1595,7 @@ async fn a_server_whose_server_info_never_answers_still_gets_a_sweep() {
     let status = run_sweep(&server, plan, Duration::from_secs(90)).await;
     assert_eq!(status.state, SweepState::Finished, "{status:#?}");
     let facts = status.server.unwrap();
-    assert_eq!(facts.engine, tokentap::sweep::plan::EngineKind::Sglang);
+    assert_eq!(facts.engine, Some(tokentap::base::engine::Engine::SGLANG));
     let model = Profile::builtin(STEP).unwrap().model;
     assert_eq!(
         facts.served_model.as_deref(),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use http::{HeaderValue, Method};
+use http::HeaderValue;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -23,13 +23,12 @@ use crate::config::{Config, ConfigLoader};
 use crate::matrix::diff::{diff, render_diff_json, render_diff_markdown, MatrixDiff};
 use crate::matrix::{EvidenceRule, MatrixDoc};
 use crate::meter::slo::SloTargets;
+use crate::proxy::ask::DEADLINE as DISCOVERY_TIMEOUT;
 use crate::proxy::Proxy;
 use crate::sim::from_matrix::{profile_from_matrix, FromMatrixOptions};
 use crate::sim::{Profile, SimHandle, SimOptions, SimServer};
-use crate::sweep::discover::{apply_models, discover, DISCOVERY_TIMEOUT};
-use crate::sweep::plan::ServerFacts;
+use crate::sweep::discover::discover;
 use crate::sweep::progress::ProgressLine;
-use crate::synthetic::client::call;
 use crate::synthetic::{LoadGauges, ProxyPath, ServerLoad};
 use crate::workload::Trace;
 
@@ -245,17 +244,13 @@ impl Common<'_> {
     }
 }
 
-/// The first model `/v1/models` lists (as `tokentap sweep` discovers it), or why there is none.
+/// The first model the server lists (as `tokentap sweep` discovers it: one read of the
+/// upstream, `proxy::describe`), or why there is none.
 async fn served_model(proxy: &Arc<Proxy>) -> Result<String, String> {
-    let answer = call(proxy, Method::GET, "/v1/models", None, DISCOVERY_TIMEOUT)
-        .await
-        .map_err(|e| e.to_string())?;
-    if !answer.ok() {
-        return Err(format!("it answered {}", answer.status));
+    let facts = discover(&ProxyPath::new(Arc::clone(proxy))).await;
+    if !facts.answered {
+        return Err("it answered nothing".to_owned());
     }
-    let json = answer.json().ok_or("its answer is not JSON")?;
-    let mut facts = ServerFacts::default();
-    apply_models(&mut facts, &json);
     facts
         .served_model
         .ok_or_else(|| "it lists no model".to_owned())
@@ -394,16 +389,19 @@ async fn find_speed(
         if sim.is_none() {
             // The same server replay after replay: wait until it has finished the last one.
             if settle.is_none() {
-                let facts = discover(&proxy).await;
-                settle = facts.engine.running_gauge().map(|running| ServerLoad {
-                    path: ProxyPath::shared(Arc::clone(&proxy)),
-                    model: Arc::from(facts.served_model.as_deref().unwrap_or_default()),
-                    gauges: LoadGauges {
-                        running,
-                        queued: facts.engine.queued_gauge(),
-                        timeout: DISCOVERY_TIMEOUT,
-                    },
-                });
+                let facts = discover(&ProxyPath::new(Arc::clone(&proxy))).await;
+                let metrics = facts.engine.map(|engine| engine.spec().metrics);
+                settle = metrics
+                    .and_then(|m| m.running.first().copied())
+                    .map(|running| ServerLoad {
+                        path: ProxyPath::shared(Arc::clone(&proxy)),
+                        model: Arc::from(facts.served_model.as_deref().unwrap_or_default()),
+                        gauges: LoadGauges {
+                            running,
+                            queued: metrics.and_then(|m| m.queued.first().copied()),
+                            timeout: DISCOVERY_TIMEOUT,
+                        },
+                    });
             } else if let Some(load) = &settle {
                 wait_idle(load).await;
             }

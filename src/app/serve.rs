@@ -239,7 +239,7 @@ impl ProxyServer {
             None => Arc::new(crate::sweep::MemoryStore::default()),
         };
         let sweeps = crate::sweep::SweepManager::new(
-            Arc::clone(&proxy),
+            crate::synthetic::ProxyPath::shared(Arc::clone(&proxy)),
             config.sweep.clone(),
             sweep_store,
             synthetic.clone(),
@@ -369,9 +369,8 @@ impl ProxyServer {
         }
         metrics.watch_server_state(&proxy.meter);
         metrics.watch_identities(&proxy.meter);
+        crate::proxy::describe::spawn(&proxy, config.fingerprint.interval);
         crate::upstream_identity::spawn(&proxy, &config.fingerprint, store.clone());
-        crate::proxy::usage_unasked::spawn_discovery(&proxy.router);
-        crate::proxy::served_model::spawn(&proxy);
         crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
         let service = ProxyService::new(Arc::clone(&proxy));
         let data_task = tokio::spawn(net::serve_until(
@@ -471,7 +470,7 @@ async fn load_references(
             .served_model
             .clone()
             .or_else(|| upstream.default_model.clone())
-            .unwrap_or_else(|| crate::proxy::served_model::UNKNOWN_MODEL.to_owned());
+            .unwrap_or_else(|| crate::proxy::upstream::UNKNOWN_MODEL.to_owned());
         let reference = crate::matrix::compare::Reference {
             upstream: upstream.name.clone(),
             model,

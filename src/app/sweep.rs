@@ -207,7 +207,10 @@ async fn dry_run(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCode
     if admins.is_empty() {
         let config = args.load_config()?;
         let proxy = super::serve::build_proxy(&config)?;
-        let manager = SweepManager::in_memory(proxy, config.sweep.clone());
+        let manager = SweepManager::in_memory(
+            crate::synthetic::ProxyPath::shared(proxy),
+            config.sweep.clone(),
+        );
         let preview = manager
             .preview(&args.request())
             .await
@@ -460,7 +463,10 @@ async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
     // The server's own state beside each cell, as `tokentap serve` has it (the scrapers end
     // with the proxy).
     crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
-    let manager = SweepManager::in_memory(proxy, config.sweep.clone());
+    let manager = SweepManager::in_memory(
+        crate::synthetic::ProxyPath::shared(proxy),
+        config.sweep.clone(),
+    );
     let id = manager
         .start(args.request())
         .await

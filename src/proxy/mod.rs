@@ -2,16 +2,17 @@
 //! bodies and their idle timeouts, header hygiene, and the one place errors become HTTP
 //! statuses.
 
+pub mod answers;
 pub mod ask;
 pub mod body;
 pub mod connector;
+pub mod describe;
 pub mod error;
 pub mod headers;
 pub mod inline_pool;
 pub mod relay;
 pub mod request_body;
 pub mod routes;
-pub mod served_model;
 pub mod service;
 pub mod timeout;
 pub mod upstream;

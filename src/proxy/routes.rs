@@ -93,7 +93,7 @@ impl RoutePolicy {
             return Ok(());
         }
         let path = normalise(path);
-        let control: Option<(&'static str, &'static ControlRoute)> = control_route(method, &path);
+        let control: Option<(&'static str, ControlRoute)> = control_route(method, &path);
         let allowed = match self {
             RoutePolicy::All => true,
             RoutePolicy::Safe { opened } => {

@@ -13,6 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::answers::Answers;
 use super::body::RequestBody;
 use super::connector::Limited;
 use super::inline_pool::{DrivenBody, InlineOptions, InlinePool};
@@ -56,6 +57,9 @@ pub struct Upstream {
     /// Which configuration the server runs (its fingerprint slot, read once per request;
     /// written by `upstream_identity`).
     pub identity: Arc<crate::meter::identity::UpstreamIdentity>,
+    /// What the server last said of itself (`describe`, the one reader): `None` until a read
+    /// answered. Subscribers (the fingerprint) are woken by each new read.
+    description: tokio::sync::watch::Sender<Option<Arc<Answers>>>,
 }
 
 impl Upstream {
@@ -136,6 +140,7 @@ impl Upstream {
             config,
             client,
             inline,
+            description: tokio::sync::watch::Sender::new(None),
         })
     }
 
@@ -174,6 +179,38 @@ impl Upstream {
                 }
             }
         }
+    }
+
+    /// What the server last said of itself (the latest read that answered).
+    pub fn description(&self) -> Option<Arc<Answers>> {
+        self.description.borrow().clone()
+    }
+
+    /// Publishes a read (`describe::read_now`), waking subscribers.
+    pub fn publish_description(&self, answers: Arc<Answers>) {
+        self.description.send_replace(Some(answers));
+    }
+
+    /// Follows the reads of this upstream (`changed()` wakes on each).
+    pub fn subscribe_description(&self) -> tokio::sync::watch::Receiver<Option<Arc<Answers>>> {
+        self.description.subscribe()
+    }
+
+    /// Records whether the server sends the final usage chunk unasked (`"auto"`: as it says).
+    pub fn set_usage_unasked(&self, flag: bool) {
+        let before = self.usage_unasked.swap(flag, Ordering::Relaxed);
+        if before != flag {
+            tracing::info!(
+                upstream = %self.name,
+                sends_usage_unasked = flag,
+                "the server says whether it sends usage unasked"
+            );
+        }
+    }
+
+    /// The engine the server's answers name, once a read answered.
+    pub fn engine(&self) -> Option<crate::base::engine::Engine> {
+        self.description().and_then(|answers| answers.engine())
     }
 
     /// The model the server last said it serves, if it has.

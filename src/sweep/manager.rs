@@ -4,7 +4,8 @@
 //! `GET /sweeps/{id}` show — the running sweep live, earlier ones from the store.
 //!
 //! The admin API, `tokentap sweep` and `tokentap demo` all go through this type. It knows
-//! nothing of HTTP or tokens (the admin layer checks those).
+//! nothing of HTTP or tokens (the admin layer checks those), and reaches the data path only
+//! through its door (`synthetic::DataPath`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,10 +24,9 @@ use super::status::{StatusCell, SweepState, SweepStatus, SweepSummary};
 use super::store::{MemoryStore, SweepStore};
 use crate::config::SweepConfig;
 use crate::matrix::MatrixDoc;
-use crate::proxy::Proxy;
 use crate::store::StoreError;
 use crate::synthetic::prompt::mix;
-use crate::synthetic::ProxyPath;
+use crate::synthetic::DataPath;
 
 /// Least time between two writes of a running sweep to the store.
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
@@ -97,7 +97,8 @@ struct Active {
 /// Starts, follows, cancels and lists sweeps.
 #[derive(Debug)]
 pub struct SweepManager {
-    proxy: Arc<Proxy>,
+    /// The one door to the data path.
+    path: Arc<dyn DataPath>,
     config: SweepConfig,
     store: Arc<dyn SweepStore>,
     current: Mutex<Option<Arc<Active>>>,
@@ -109,10 +110,10 @@ pub struct SweepManager {
 }
 
 impl SweepManager {
-    /// A manager for sweeps through `proxy`, keeping them in `store` and publishing the latest
+    /// A manager for sweeps through `path`, keeping them in `store` and publishing the latest
     /// matrix in `synthetic`. Sweeps a previous process left running are marked interrupted.
     pub fn new(
-        proxy: Arc<Proxy>,
+        path: Arc<dyn DataPath>,
         config: SweepConfig,
         store: Arc<dyn SweepStore>,
         synthetic: LatestMatrix,
@@ -135,7 +136,7 @@ impl SweepManager {
             synthetic.set_completed(latest.clone());
         }
         Arc::new(Self {
-            proxy,
+            path,
             config,
             store,
             current: Mutex::new(None),
@@ -146,17 +147,13 @@ impl SweepManager {
     }
 
     /// A manager that keeps sweeps in memory only.
-    pub fn in_memory(proxy: Arc<Proxy>, config: SweepConfig) -> Arc<Self> {
+    pub fn in_memory(path: Arc<dyn DataPath>, config: SweepConfig) -> Arc<Self> {
         Self::new(
-            proxy,
+            path,
             config,
             Arc::new(MemoryStore::default()),
             LatestMatrix::default(),
         )
-    }
-
-    pub fn proxy(&self) -> &Arc<Proxy> {
-        &self.proxy
     }
 
     /// A fresh id: `<unix seconds in hex>-<4 hex>`, sortable by start time.
@@ -221,13 +218,13 @@ impl SweepManager {
 
     /// Production requests in flight through this proxy now.
     pub fn production_in_flight(&self) -> u64 {
-        self.proxy.meter.inflight(crate::base::Source::Production)
+        self.path.production_in_flight()
     }
 
     /// What a sweep of `request` would do (`--dry-run`, `POST /sweeps?dry_run=true`): the
     /// server asked what it is, the plan resolved, nothing started.
     pub async fn preview(&self, request: &SweepRequest) -> Result<PlanPreview, StartError> {
-        let facts = discover(&self.proxy).await;
+        let facts = discover(&*self.path).await;
         let plan = Plan::resolve(request, &facts, &self.config)?;
         Ok(PlanPreview::new(plan, self.production_in_flight()))
     }
@@ -244,7 +241,7 @@ impl SweepManager {
         };
         let id = active.id.clone();
         let status = Arc::clone(&active.status);
-        let facts = discover(&self.proxy).await;
+        let facts = discover(&*self.path).await;
         let plan = match Plan::resolve(&request, &facts, &self.config) {
             Ok(plan) => plan,
             Err(error) => {
@@ -268,7 +265,7 @@ impl SweepManager {
 
         let manager = Arc::clone(&self);
         let input = RunnerInput {
-            path: ProxyPath::shared(Arc::clone(&self.proxy)),
+            path: Arc::clone(&self.path),
             id: id.clone(),
             plan,
             facts,

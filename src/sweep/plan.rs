@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::request::{DurationValue, PromptMode, SweepRequest, TokensValue};
 use crate::base::duration::human_duration;
-use crate::base::engine_metrics;
+use crate::base::engine::Engine;
 use crate::matrix::capacity::CapacityQuery;
 use crate::matrix::units::context_label;
 
@@ -35,49 +35,13 @@ pub const MAX_LADDER: usize = 32;
 /// Most simultaneous streams of one cell.
 pub const MAX_CONCURRENCY: u32 = 4096;
 
-/// Which inference engine answers (decides abort and metric names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineKind {
-    Sglang,
-    Vllm,
-    #[default]
-    Unknown,
-}
-
-impl EngineKind {
-    pub fn name(self) -> Option<&'static str> {
-        match self {
-            EngineKind::Sglang => Some("sglang"),
-            EngineKind::Vllm => Some("vllm"),
-            EngineKind::Unknown => None,
-        }
-    }
-
-    /// The gauge of running requests in the engine's `/metrics`.
-    pub fn running_gauge(self) -> Option<&'static str> {
-        match self {
-            EngineKind::Sglang => Some(engine_metrics::sglang::RUNNING),
-            EngineKind::Vllm => Some(engine_metrics::vllm::RUNNING),
-            EngineKind::Unknown => None,
-        }
-    }
-
-    /// The gauge of queued requests in the engine's `/metrics`.
-    pub fn queued_gauge(self) -> Option<&'static str> {
-        match self {
-            EngineKind::Sglang => Some(engine_metrics::sglang::QUEUED),
-            EngineKind::Vllm => Some(engine_metrics::vllm::WAITING),
-            EngineKind::Unknown => None,
-        }
-    }
-}
-
 /// What the server says about itself (`/v1/models`, `/server_info` or `/get_server_info`,
 /// `/metrics`); `discover.rs` asks for them (it depends on this file, not the reverse).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ServerFacts {
-    pub engine: EngineKind,
+    /// Which engine answers (`base::engine`); `None` when nothing said.
+    #[serde(default, with = "crate::base::engine::by_name")]
+    pub engine: Option<Engine>,
     pub engine_version: Option<String>,
     /// The first model `/v1/models` lists.
     pub served_model: Option<String>,
@@ -129,7 +93,9 @@ pub struct Plan {
     /// Where the KV budget came from (or why there is none).
     pub kv_source: String,
     pub prompt: PromptMode,
-    pub engine: EngineKind,
+    /// Which engine answers: how streams are aborted and tokenized, which gauges say its load.
+    #[serde(default, with = "crate::base::engine::by_name")]
+    pub engine: Option<Engine>,
     /// The `x-tokentap-slo` header value of every stream (validated), if the request set one.
     pub slo_header: Option<String>,
     /// A capacity search instead of the whole ladder (`find_capacity`): the question each
@@ -313,7 +279,7 @@ mod tests {
 
     fn step_facts() -> ServerFacts {
         ServerFacts {
-            engine: EngineKind::Sglang,
+            engine: Some(Engine::SGLANG),
             served_model: Some("step3p7".into()),
             context_length: Some(262_144),
             kv_budget_tokens: Some(622_592),

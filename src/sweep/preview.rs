@@ -74,7 +74,7 @@ impl PlanPreview {
         let peak_kv_tokens = plan.peak_kv_tokens();
         Self {
             model: plan.model.clone(),
-            engine: plan.engine.name().map(str::to_owned),
+            engine: plan.engine.map(|e| e.name().to_owned()),
             cells,
             runnable_cells: plan.runnable_cells(),
             prefill: plan.steps.clone(),

@@ -21,5 +21,5 @@ pub mod server_load;
 
 pub use collect::RecordCollector;
 pub use driver::{StreamEnd, StreamFailure, StreamPhase, StreamRequest, StreamSignals};
-pub use path::{BoxFuture, DataPath, ProxyPath, ServerLoad, SinkScope};
+pub use path::{BoxFuture, DataPath, Described, ProxyPath, ServerLoad, SinkScope};
 pub use server_load::LoadGauges;

@@ -22,10 +22,13 @@ use tokio::task::JoinSet;
 use super::client::{call, Answer, CallError};
 use super::driver::{drive, StreamEnd, StreamPhase, StreamRequest, StreamSignals};
 use super::server_load::{fresh_scraped, read_load, LoadGauges};
+use crate::base::engine::Abort;
 use crate::base::json::push_json_string;
 use crate::base::Source;
 use crate::meter::buckets::Ladder;
 use crate::meter::RecordSink;
+use crate::proxy::answers::Answers;
+use crate::proxy::describe;
 use crate::proxy::Proxy;
 
 /// A boxed future the trait's methods return (one per stream or control request, never per
@@ -76,9 +79,28 @@ pub trait DataPath: Send + Sync + fmt::Debug {
     /// "server state" figures see is not a read from before a phase change.
     fn refresh_server_state<'a>(&'a self, model: &'a Arc<str>) -> BoxFuture<'a, ()>;
 
-    /// Asks the server to abort the requests tagged `rids` (sglang `/abort_request` by rid,
-    /// concurrently, each bounded by `timeout`; never `abort_all`).
-    fn abort<'a>(&'a self, rids: &'a [Arc<str>], timeout: Duration) -> BoxFuture<'a, ()>;
+    /// Asks the server to abort the requests tagged `rids`, the engine's way (`how`: its route,
+    /// one request id each, concurrently, each bounded by `timeout`; never all requests).
+    fn abort<'a>(
+        &'a self,
+        how: Abort,
+        rids: &'a [Arc<str>],
+        timeout: Duration,
+    ) -> BoxFuture<'a, ()>;
+
+    /// What the server says of itself now: a fresh read of the upstream (`proxy::describe`, the
+    /// one reader; the read is published there as every read is), and the configuration it
+    /// runs as its fingerprint reader last saw it.
+    fn describe(&self) -> BoxFuture<'_, Described>;
+}
+
+/// A fresh read of the server's self-description.
+#[derive(Debug, Clone, Default)]
+pub struct Described {
+    /// What answered (`None`: nothing did).
+    pub answers: Option<Arc<Answers>>,
+    /// The upstream's configuration id, when it has been read (`meter::identity`).
+    pub fingerprint: Option<String>,
 }
 
 /// A record sink registered with a data path for as long as this value lives.
@@ -184,19 +206,26 @@ impl DataPath for ProxyPath {
         })
     }
 
-    fn abort<'a>(&'a self, rids: &'a [Arc<str>], timeout: Duration) -> BoxFuture<'a, ()> {
+    fn abort<'a>(
+        &'a self,
+        how: Abort,
+        rids: &'a [Arc<str>],
+        timeout: Duration,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             let mut aborts = JoinSet::new();
             for rid in rids {
                 let proxy = Arc::clone(&self.proxy);
-                let mut body = String::from("{\"rid\":");
+                let mut body = String::from("{");
+                push_json_string(&mut body, how.id_field);
+                body.push(':');
                 push_json_string(&mut body, rid);
                 body.push('}');
                 aborts.spawn(async move {
                     call(
                         &proxy,
                         Method::POST,
-                        "/abort_request",
+                        how.route,
                         Some(Bytes::from(body)),
                         timeout,
                     )
@@ -204,6 +233,18 @@ impl DataPath for ProxyPath {
                 });
             }
             while aborts.join_next().await.is_some() {}
+        })
+    }
+
+    fn describe(&self) -> BoxFuture<'_, Described> {
+        Box::pin(async move {
+            let upstream = Arc::clone(self.proxy.router.default_upstream());
+            let answers = describe::read_now(&self.proxy, &upstream, false, true).await;
+            let fingerprint = upstream.identity.current();
+            Described {
+                answers,
+                fingerprint: fingerprint.is_config().then(|| fingerprint.to_string()),
+            }
         })
     }
 }

@@ -12,7 +12,9 @@
 //! * **Text**, for servers without token-id input: `[BENCH_<run>_CTX_<ctx>] ` and filler
 //!   words, cut to the length the server's tokenizer says is exactly the target (a bracketed
 //!   search on the character length; a few requests), or the closest below it. The tokenizer is
-//!   `/tokenize` (sglang, vLLM), else `/extras/tokenize` (llama-cpp-python), else — a server
+//!   the engine's (`base::engine`'s `tokenize`: `/tokenize` on sglang, vLLM and llama.cpp, each in
+//!   its shape; a server it cannot name gets `/tokenize`, then `/extras/tokenize` as
+//!   llama-cpp-python has it), else — a server
 //!   with neither — the `prompt_tokens` the server reports for a probe request of the text.
 //!
 //! The prompt's JSON value is built once per context and shared by the scout and every stream.
@@ -25,6 +27,7 @@ use http::Method;
 use serde_json::Value;
 
 use super::path::DataPath;
+use crate::base::engine::Tokenize;
 use crate::base::json::push_json_string;
 
 /// Ids of the per-run prefix.
@@ -170,11 +173,12 @@ pub enum CalibrationError {
 /// server with none (both answer 404/405) counts it in a probe request's usage instead.
 pub async fn tokenize(
     data_path: &dyn DataPath,
+    tokenizers: &[Tokenize],
     model: &str,
     text: &str,
     target: u64,
 ) -> Result<u64, CalibrationError> {
-    let value = match tokenize_value(data_path, model, text, target, true).await {
+    let value = match tokenize_value(data_path, tokenizers, model, text, target, true).await {
         Ok(value) => value,
         Err(CalibrationError::Status {
             status: 404 | 405, ..
@@ -198,6 +202,7 @@ pub async fn tokenize(
 /// there are enough of them. An error when the server cannot tokenize or gives too few ids.
 pub async fn token_id_pool(
     data_path: &dyn DataPath,
+    tokenizers: &[Tokenize],
     model: &str,
     run_id: &str,
 ) -> Result<Vec<u64>, CalibrationError> {
@@ -206,7 +211,7 @@ pub async fn token_id_pool(
     for n in 0..200u32 {
         text.push_str(&format!(" {n}{}", n * 7919 % 1000));
     }
-    let value = tokenize_value(data_path, model, &text, 0, false).await?;
+    let value = tokenize_value(data_path, tokenizers, model, &text, 0, false).await?;
     let mut ids: Vec<u64> = value
         .get("tokens")
         .and_then(Value::as_array)
@@ -225,62 +230,60 @@ pub async fn token_id_pool(
     Ok(ids)
 }
 
-/// `POST /tokenize` of `text`, else (404/405: no such endpoint) llama-cpp-python's
-/// `POST /extras/tokenize` (`{"input": …}` → `{"tokens": […]}`, special tokens and BOS as its
-/// completions count them); the answer's JSON.
+/// `text` counted by the engine's tokenizer endpoints (`base::engine`'s `tokenize`), each tried
+/// in turn while the one before answers 404 or 405 (no such endpoint); the answer's JSON.
 async fn tokenize_value(
     data_path: &dyn DataPath,
+    tokenizers: &[Tokenize],
     model: &str,
     text: &str,
     target: u64,
     special_tokens: bool,
 ) -> Result<Value, CalibrationError> {
-    match tokenize_at(data_path, model, text, target, special_tokens, "/tokenize").await {
-        Err(CalibrationError::Status {
-            status: 404 | 405, ..
-        }) => {
-            tokenize_at(
-                data_path,
-                model,
-                text,
-                target,
-                special_tokens,
-                "/extras/tokenize",
-            )
-            .await
+    let mut last = CalibrationError::Status {
+        target,
+        status: 404,
+        body: "no tokenizer endpoint".to_owned(),
+    };
+    for tokenizer in tokenizers {
+        match tokenize_at(data_path, tokenizer, model, text, target, special_tokens).await {
+            Err(
+                error @ CalibrationError::Status {
+                    status: 404 | 405, ..
+                },
+            ) => last = error,
+            other => return other,
         }
-        other => other,
     }
+    Err(last)
 }
 
-/// `POST path` of `text` in that endpoint's shape; the answer's JSON.
+/// `POST` of `text` to one tokenizer endpoint, in its shape; the answer's JSON.
 async fn tokenize_at(
     data_path: &dyn DataPath,
+    tokenizer: &Tokenize,
     model: &str,
     text: &str,
     target: u64,
     special_tokens: bool,
-    path: &'static str,
 ) -> Result<Value, CalibrationError> {
     let mut body = String::with_capacity(text.len() + 64);
     body.push_str("{\"model\":");
     push_json_string(&mut body, model);
-    if path == "/tokenize" {
-        body.push_str(",\"prompt\":");
-        push_json_string(&mut body, text);
-        if !special_tokens {
-            body.push_str(",\"add_special_tokens\":false");
-        }
-    } else {
-        // llama-cpp-python's shape; it has no switch for special tokens.
-        body.push_str(",\"input\":");
-        push_json_string(&mut body, text);
+    body.push_str(",\"");
+    body.push_str(tokenizer.text_field);
+    body.push_str("\":");
+    push_json_string(&mut body, text);
+    if let (false, Some(switch)) = (special_tokens, tokenizer.special_tokens_field) {
+        body.push_str(",\"");
+        body.push_str(switch);
+        body.push_str("\":false");
     }
     body.push('}');
     let answer = data_path
         .call(
             Method::POST,
-            path,
+            tokenizer.route,
             Some(Bytes::from(body)),
             Duration::from_secs(60),
         )
@@ -344,6 +347,7 @@ async fn probe_prompt_tokens(
 /// A text prompt whose tokenizer count is `target` (or the closest below it).
 pub async fn calibrated_text_prompt(
     data_path: &dyn DataPath,
+    tokenizers: &[Tokenize],
     model: &str,
     run_id: &str,
     context: u64,
@@ -352,7 +356,7 @@ pub async fn calibrated_text_prompt(
     let count = |chars: usize| {
         let text = filler_text(run_id, context, chars);
         async move {
-            let tokens = tokenize(data_path, model, &text, target).await?;
+            let tokens = tokenize(data_path, tokenizers, model, &text, target).await?;
             Ok::<_, CalibrationError>((text, tokens))
         }
     };

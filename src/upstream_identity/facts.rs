@@ -13,9 +13,11 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::base::engine::Engine;
 use crate::base::exposition;
 use crate::matrix::redact::redact_launch_command;
 use crate::meter::identity::{ConfigFacts, FingerprintId};
+pub use crate::proxy::answers::Answers;
 
 /// Longest fact value kept (longer values are cut, on a character boundary).
 pub const MAX_VALUE_CHARS: usize = 256;
@@ -24,113 +26,11 @@ pub const MAX_LAUNCH_COMMAND_CHARS: usize = 4096;
 /// Most fields one configuration holds (an absurd `/server_info` cannot grow it further).
 pub const MAX_FIELDS: usize = 256;
 
-/// sglang server arguments (`/server_info`) that enter the fingerprint by name.
-pub const SGLANG_ARGS: &[&str] = &[
-    "tp_size",
-    "dp_size",
-    "pp_size",
-    "ep_size",
-    "quantization",
-    "dtype",
-    "kv_cache_dtype",
-    "context_length",
-    "chunked_prefill_size",
-    "max_prefill_tokens",
-    "max_running_requests",
-    "max_total_tokens",
-    "mem_fraction_static",
-    "page_size",
-    "schedule_policy",
-    "schedule_conservativeness",
-    "attention_backend",
-    "prefill_attention_backend",
-    "decode_attention_backend",
-    "sampling_backend",
-    "grammar_backend",
-    "stream_interval",
-    "load_format",
-    "lora_paths",
-    "max_loras_per_batch",
-    "num_continuous_decode_steps",
-    "torch_compile_max_bs",
-    "triton_attention_num_kv_splits",
-    "reasoning_parser",
-    "tool_call_parser",
-];
-
-/// sglang server arguments that enter the fingerprint by prefix (speculative decoding, the
-/// `enable_…`/`disable_…` switches, MoE, CUDA graphs, the hierarchical cache).
-pub const SGLANG_ARG_PREFIXES: &[&str] = &[
-    "speculative_",
-    "enable_",
-    "disable_",
-    "moe_",
-    "deepep_",
-    "cuda_graph_",
-    "hicache_",
-];
-
 /// `*_info` metrics never read (OpenTelemetry's `target_info` names hosts and instances).
 const SKIPPED_INFO_METRICS: &[&str] = &["target_info"];
 /// `*_info` labels never read: which engine process or model name a series is, and anything
 /// naming a time, host, port or process.
 const SKIPPED_INFO_LABELS: &[&str] = &["engine", "model_name", "instance", "job", "pid"];
-
-/// The answers of one read of an upstream (each `None` when it did not answer in time, or
-/// not with 2xx JSON / text).
-#[derive(Debug, Clone, Default)]
-pub struct Answers {
-    /// sglang `/server_info` (or `/get_server_info`).
-    pub server_info: Option<Value>,
-    /// sglang `/model_info`.
-    pub model_info: Option<Value>,
-    /// `/v1/models`.
-    pub models: Option<Value>,
-    /// `/version` (vLLM, and sglang).
-    pub version: Option<Value>,
-    /// The Prometheus page (`metrics_path`).
-    pub metrics: Option<String>,
-}
-
-impl Answers {
-    /// Whether anything answered.
-    pub fn any(&self) -> bool {
-        self.server_info.is_some()
-            || self.model_info.is_some()
-            || self.models.is_some()
-            || self.version.is_some()
-            || self.metrics.is_some()
-    }
-
-    /// Which questions answered, for the facts' `read` entry.
-    pub fn answered(&self) -> Vec<&'static str> {
-        let mut out = Vec::new();
-        for (name, present) in [
-            ("server_info", self.server_info.is_some()),
-            ("model_info", self.model_info.is_some()),
-            ("models", self.models.is_some()),
-            ("version", self.version.is_some()),
-            ("metrics", self.metrics.is_some()),
-        ] {
-            if present {
-                out.push(name);
-            }
-        }
-        out
-    }
-
-    /// Fills what `self` lacks from `earlier` (an answer that timed out this time but came
-    /// last time: a busy sglang answers `/server_info` late, and its absence must not read as
-    /// another configuration).
-    pub fn or_from(mut self, earlier: &Answers) -> Answers {
-        self.server_info = self.server_info.or_else(|| earlier.server_info.clone());
-        self.model_info = self.model_info.or_else(|| earlier.model_info.clone());
-        self.models = self.models.or_else(|| earlier.models.clone());
-        self.version = self.version.or_else(|| earlier.version.clone());
-        self.metrics = self.metrics.or_else(|| earlier.metrics.clone());
-        self
-    }
-}
 
 /// What the operator says about the upstream (`[fingerprint]`): `hardware` and `gpu_count`
 /// enter the fingerprint; `node`, `zone` and `launch_command` (for servers that do not say
@@ -147,24 +47,25 @@ pub struct Operator {
 /// The facts of one read.
 pub fn facts(answers: &Answers, operator: &Operator) -> ConfigFacts {
     let mut facts = Facts::default();
-    let engine = engine(answers);
-    if let Some(engine) = engine {
-        facts.field("engine", engine);
+    let engine = answers.engine();
+    // A generic OpenAI-compatible server is not named: nothing says which server it is.
+    if let Some(engine) = engine.filter(|e| *e != Engine::OPENAI) {
+        facts.field("engine", engine.name());
     }
-    // Version: sglang's /server_info, else /version.
-    let version = answers
-        .server_info
-        .as_ref()
-        .and_then(|v| text(v, "version"))
+    let describe = engine.map(|e| e.spec().describe);
+    let info_text = |key: Option<&'static str>| {
+        let key = key?;
+        text(answers.server_info()?, key)
+    };
+    // Version: the engine's server info, else its version document.
+    let version = info_text(describe.and_then(|d| d.version_key))
         .or_else(|| answers.version.as_ref().and_then(|v| text(v, "version")));
     if let Some(version) = version {
         facts.field("version", &version);
     }
-    // The weights: sglang's model_path, else vLLM's /v1/models root.
-    let model = answers
-        .server_info
-        .as_ref()
-        .and_then(|v| text(v, "model_path"))
+    // The weights: the server info's path, else the model info's, else `/v1/models`' root
+    // where the engine puts the path there (vLLM; sglang's is the served name).
+    let model = info_text(describe.and_then(|d| d.model_path_key))
         .or_else(|| {
             answers
                 .model_info
@@ -172,8 +73,9 @@ pub fn facts(answers: &Answers, operator: &Operator) -> ConfigFacts {
                 .and_then(|v| text(v, "model_path"))
         })
         .or_else(|| {
-            (engine != Some("sglang"))
-                .then(|| first_model(answers).and_then(|m| text(m, "root")))
+            describe
+                .is_some_and(|d| d.models_root_is_path)
+                .then(|| answers.first_model().and_then(|m| text(m, "root")))
                 .flatten()
         });
     if let Some(model) = model {
@@ -184,7 +86,7 @@ pub fn facts(answers: &Answers, operator: &Operator) -> ConfigFacts {
             facts.field("weight_version", &weights);
         }
     }
-    if let Some(first) = first_model(answers) {
+    if let Some(first) = answers.first_model() {
         if let Some(length) = first.get("max_model_len").and_then(Value::as_u64) {
             facts.field("max_model_len", &length.to_string());
         }
@@ -192,8 +94,8 @@ pub fn facts(answers: &Answers, operator: &Operator) -> ConfigFacts {
             facts.extra("served_model_name", &name);
         }
     }
-    if let Some(info) = &answers.server_info {
-        server_info(&mut facts, info);
+    if let Some(info) = answers.server_info() {
+        server_info(&mut facts, info, engine);
     }
     if let Some(page) = &answers.metrics {
         info_metrics(&mut facts, page);
@@ -298,54 +200,21 @@ impl Facts {
     }
 }
 
-/// Which engine: `/v1/models`' `owned_by`, else the metric prefix, else sglang's own routes.
-fn engine(answers: &Answers) -> Option<&'static str> {
-    match first_model(answers)
-        .and_then(|m| m.get("owned_by"))
-        .and_then(Value::as_str)
-    {
-        Some("sglang") => return Some("sglang"),
-        Some("vllm") => return Some("vllm"),
-        _ => {}
-    }
-    if let Some(page) = &answers.metrics {
-        for sample in exposition::samples(page) {
-            if sample.name.starts_with("vllm:") {
-                return Some("vllm");
-            }
-            if sample.name.starts_with("sglang:") {
-                return Some("sglang");
-            }
-        }
-    }
-    if answers.server_info.is_some() || answers.model_info.is_some() {
-        return Some("sglang");
-    }
-    None
-}
-
-fn first_model(answers: &Answers) -> Option<&Value> {
-    answers.models.as_ref()?.get("data")?.as_array()?.first()
-}
-
-/// sglang's server arguments: the listed ones, the KV budget it computed, the launch command
-/// (shown, not hashed) and the simulator's hardware labels.
-fn server_info(facts: &mut Facts, info: &Value) {
+/// The server arguments its engine hashes (`base::engine`'s `fingerprint` keys), the launch
+/// command (shown, not hashed) and the simulator's hardware labels.
+fn server_info(facts: &mut Facts, info: &Value, engine: Option<Engine>) {
     let Some(map) = info.as_object() else {
         return;
     };
-    for (key, value) in map {
-        let listed = SGLANG_ARGS.contains(&key.as_str())
-            || SGLANG_ARG_PREFIXES.iter().any(|p| key.starts_with(p));
-        if !listed {
-            continue;
+    if let Some(keys) = engine.map(|e| e.spec().fingerprint) {
+        for (key, value) in map {
+            if !keys.contains(key) {
+                continue;
+            }
+            if let Some(value) = scalar(value) {
+                facts.field(key, &value);
+            }
         }
-        if let Some(value) = scalar(value) {
-            facts.field(key, &value);
-        }
-    }
-    if let Some(kv) = map.get("max_total_num_tokens").and_then(Value::as_u64) {
-        facts.field("max_total_num_tokens", &kv.to_string());
     }
     if let Some(command) = map.get("launch_command").and_then(Value::as_str) {
         let command = redact_launch_command(command);
@@ -495,15 +364,18 @@ mod tests {
     #[test]
     fn sglang_server_info_gives_args_and_redacted_command_but_no_state() {
         let answers = Answers {
-            server_info: Some(json!({
-                "model_path": "/models/m", "version": "0.5.23", "tp_size": 4,
-                "chunked_prefill_size": 8192, "speculative_algorithm": "EAGLE",
-                "enable_dp_attention": false, "api_key": "sk-secret", "port": 30000,
-                "host": "0.0.0.0", "random_seed": 7, "max_total_num_tokens": 622592,
-                "launch_command": "python -m sglang.launch_server --api-key sk-secret --tp 4",
-                "internal_states": [{"last_gen_throughput": 12.5}], "status": "ready",
-                "hf_token": "hf_x"
-            })),
+            server_info: Some((
+                "/server_info",
+                json!({
+                    "model_path": "/models/m", "version": "0.5.23", "tp_size": 4,
+                    "chunked_prefill_size": 8192, "speculative_algorithm": "EAGLE",
+                    "enable_dp_attention": false, "api_key": "sk-secret", "port": 30000,
+                    "host": "0.0.0.0", "random_seed": 7, "max_total_num_tokens": 622592,
+                    "launch_command": "python -m sglang.launch_server --api-key sk-secret --tp 4",
+                    "internal_states": [{"last_gen_throughput": 12.5}], "status": "ready",
+                    "hf_token": "hf_x"
+                }),
+            )),
             ..Answers::default()
         };
         let facts = facts(&answers, &Operator::default());

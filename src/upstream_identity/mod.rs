@@ -1,9 +1,9 @@
-//! Which configuration each upstream runs: one background task per upstream asks it what it
-//! is (`read.rs`: sglang `/server_info`, `/model_info`; vLLM `/version`; `/v1/models`; the
-//! `*_info` metrics) at start, every `[fingerprint] interval`, and again as soon as it answers
-//! after failing (a restarted server may be another version); `facts.rs` turns the answers and
-//! the operator's labels into facts and a fingerprint id, and the id goes into the upstream's
-//! lock-free slot (`meter::identity`) that every request reads at its start.
+//! Which configuration each upstream runs: one background task per upstream follows what the
+//! upstream says of itself (`proxy::describe`, the one reader, publishes each read on the
+//! upstream: at start, every `[fingerprint] interval`, and as soon as it answers after failing);
+//! `facts.rs` turns the answers and the operator's labels into facts and a fingerprint id, and
+//! the id goes into the upstream's lock-free slot (`meter::identity`) that every request reads at
+//! its start.
 //!
 //! A new configuration is an event: logged with what changed, written to the store
 //! (`store::configs`) and shown by `tokentap_upstream_config_info`, the page and
@@ -15,10 +15,9 @@
 //! [`OutageWatch`] is the record sink that notices the upstream answering again.
 
 pub mod facts;
-pub mod read;
 
 use std::sync::{Arc, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use crate::config::FingerprintConfig;
 use crate::meter::identity::{ConfigEntry, IdentityRegistry, Observed, UpstreamIdentity};
@@ -29,13 +28,7 @@ use crate::proxy::Proxy;
 use crate::store::configs::ConfigRow;
 use crate::store::Store;
 
-use facts::{Answers, Operator};
-
-/// How long one question may take (as every read of an upstream about itself).
-pub const DEADLINE: Duration = crate::proxy::ask::DEADLINE;
-/// While an upstream does not answer, it is asked again this often (or at the interval, if
-/// shorter), so its return is read at once.
-pub const RETRY_WHILE_DOWN: Duration = Duration::from_secs(5);
+use facts::Operator;
 
 /// Starts one reader per upstream (none when the interval is 0) and the sink that notices an
 /// upstream coming back. The tasks end with the proxy.
@@ -54,59 +47,35 @@ pub fn spawn(proxy: &Arc<Proxy>, config: &FingerprintConfig, store: Option<Arc<S
         meter: Arc::downgrade(&proxy.meter),
     }));
     for upstream in proxy.router.all() {
-        tokio::spawn(read_forever(
+        tokio::spawn(follow(
             Arc::downgrade(upstream),
             operator.clone(),
-            config.interval,
             store.clone(),
         ));
     }
 }
 
-async fn read_forever(
-    upstream: Weak<Upstream>,
-    operator: Operator,
-    interval: Duration,
-    store: Option<Arc<Store>>,
-) {
-    let mut last = Answers::default();
-    // Woken because the upstream answered after failing: read everything afresh.
-    let mut back = false;
+/// Follows the upstream's reads: each one's facts and fingerprint are observed.
+async fn follow(upstream: Weak<Upstream>, operator: Operator, store: Option<Arc<Store>>) {
+    let Some(mut reads) = upstream.upgrade().map(|u| u.subscribe_description()) else {
+        return;
+    };
     loop {
-        let identity = {
+        let answers = reads.borrow_and_update().clone();
+        if let Some(answers) = answers {
             let Some(upstream) = upstream.upgrade() else {
                 return;
             };
-            let answers = read::read(&upstream, DEADLINE).await;
             let identity = Arc::clone(&upstream.identity);
             drop(upstream);
-            if answers.any() {
-                // After an outage everything is read afresh: the server may be another one.
-                let answers = if identity.is_down() || back {
-                    answers
-                } else {
-                    answers.or_from(&last)
-                };
-                identity.clear_down();
-                let facts = facts::facts(&answers, &operator);
-                let id = facts::fingerprint(&facts);
-                last = answers;
-                let observed = identity.observe(id, facts, SystemTime::now());
-                report(&identity, &observed, store.as_ref()).await;
-            } else {
-                identity.note_answer(false);
-            }
-            identity
-        };
-        let wait = if identity.is_down() {
-            interval.min(RETRY_WHILE_DOWN)
-        } else {
-            interval
-        };
-        back = tokio::select! {
-            () = tokio::time::sleep(wait) => false,
-            () = identity.back() => true,
-        };
+            let facts = facts::facts(&answers, &operator);
+            let id = facts::fingerprint(&facts);
+            let observed = identity.observe(id, facts, SystemTime::now());
+            report(&identity, &observed, store.as_ref()).await;
+        }
+        if reads.changed().await.is_err() {
+            return;
+        }
     }
 }
 

@@ -1,17 +1,16 @@
-//! The engine metrics tokentap knows, mapped to its engine-neutral [`ServerGauge`]s.
-//!
-//! sglang: `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage`,
-//! `sglang:cache_hit_rate`. vLLM: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
-//! `vllm:kv_cache_usage_perc` (a 0–1 share despite its name; `vllm:gpu_cache_usage_perc` in
-//! older versions), and the prefix-cache counters `vllm:prefix_cache_hits_total` and
-//! `vllm:prefix_cache_queries_total`, whose increments between two scrapes give the hit rate
-//! over that interval. Both engines label each series with `model_name`; series of one model
-//! (several engines or data-parallel ranks) are summed for request counts and averaged for
-//! shares. Anything else on the page is ignored; a gauge the page lacks stays unknown.
+//! The engine metrics tokentap knows, mapped to its engine-neutral [`ServerGauge`]s: every
+//! engine's names as its file in `base::engine` declares them (running and queued requests, KV
+//! cache in use, the prefix cache's hit rate as a gauge or as hit and query counters whose
+//! increments between two scrapes give the rate over that interval). Every engine labels each
+//! series with `model_name`; the series of one model that differ in their rank label (sglang's
+//! `dp_rank`, vLLM's `engine`: data-parallel ranks and engine cores, each with its own queue and
+//! cache) are one server's parts and fold as the server's whole: request counts and counters
+//! summed, shares averaged. Anything else on the page is ignored; a gauge the page lacks stays
+//! unknown.
 
 use std::collections::BTreeMap;
 
-use crate::base::engine_metrics::{sglang, vllm};
+use crate::base::engine::Engine;
 use crate::base::exposition::samples;
 use crate::meter::server_state::{GaugeValues, ServerGauge, GAUGES};
 
@@ -27,19 +26,26 @@ enum Kind {
     PrefixQueries,
 }
 
-/// The known names (a counter is accepted with or without prometheus_client's `_total`).
-fn kind_of(name: &str) -> Option<Kind> {
-    Some(match name {
-        sglang::RUNNING | vllm::RUNNING => Kind::Sum(ServerGauge::RunningRequests),
-        sglang::QUEUED | vllm::WAITING => Kind::Sum(ServerGauge::QueuedRequests),
-        sglang::TOKEN_USAGE | vllm::KV_CACHE_USAGE | vllm::GPU_CACHE_USAGE => {
-            Kind::Mean(ServerGauge::KvCacheUsage)
+/// Every engine's known metric names and how each folds.
+fn known_names() -> Vec<(&'static str, Kind)> {
+    let mut names = Vec::new();
+    for engine in Engine::all() {
+        let metrics = engine.spec().metrics;
+        for (list, kind) in [
+            (metrics.running, Kind::Sum(ServerGauge::RunningRequests)),
+            (metrics.queued, Kind::Sum(ServerGauge::QueuedRequests)),
+            (metrics.kv_usage, Kind::Mean(ServerGauge::KvCacheUsage)),
+            (
+                metrics.prefix_hit_rate,
+                Kind::Mean(ServerGauge::PrefixCacheHitRate),
+            ),
+            (metrics.prefix_hits, Kind::PrefixHits),
+            (metrics.prefix_queries, Kind::PrefixQueries),
+        ] {
+            names.extend(list.iter().map(|name| (*name, kind)));
         }
-        sglang::CACHE_HIT_RATE => Kind::Mean(ServerGauge::PrefixCacheHitRate),
-        vllm::PREFIX_CACHE_HITS_TOTAL | vllm::PREFIX_CACHE_HITS => Kind::PrefixHits,
-        vllm::PREFIX_CACHE_QUERIES_TOTAL | vllm::PREFIX_CACHE_QUERIES => Kind::PrefixQueries,
-        _ => return None,
-    })
+    }
+    names
 }
 
 /// What one page says of one model.
@@ -124,8 +130,13 @@ impl Page {
     /// Reads the known metrics of a page. Non-finite or negative values are ignored.
     pub fn read(text: &str) -> Page {
         let mut page = Page::default();
+        let known = known_names();
         for sample in samples(text) {
-            let Some(kind) = kind_of(sample.name) else {
+            let Some(kind) = known
+                .iter()
+                .find(|(name, _)| *name == sample.name)
+                .map(|(_, kind)| *kind)
+            else {
                 continue;
             };
             if !sample.value.is_finite() || sample.value < 0.0 {

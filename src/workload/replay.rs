@@ -508,10 +508,15 @@ mod tests {
 
         fn abort<'a>(
             &'a self,
+            _how: crate::base::engine::Abort,
             _rids: &'a [Arc<str>],
             _timeout: Duration,
         ) -> crate::synthetic::BoxFuture<'a, ()> {
             Box::pin(async {})
+        }
+
+        fn describe(&self) -> crate::synthetic::BoxFuture<'_, crate::synthetic::Described> {
+            Box::pin(async { crate::synthetic::Described::default() })
         }
     }
 

@@ -1,5 +1,6 @@
 //! The bottom layer: the vocabulary every domain shares ([`Route`], [`Source`], what tokentap
-//! knows of each engine in `engine`, the engines' metric names in `engine_metrics`), the one reader of the Prometheus text format
+//! knows of each engine in `engine`: detection, self-description, metric names, usage, aborts,
+//! tokenizers, control routes), the one reader of the Prometheus text format
 //! (`exposition`), and small helpers (wall clock, durations, JSON string writing, escaping, the
 //! poison-tolerant lock).
 //!
@@ -8,7 +9,6 @@
 
 pub mod duration;
 pub mod engine;
-pub mod engine_metrics;
 pub mod error;
 pub mod escape;
 pub mod exposition;

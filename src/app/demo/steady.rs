@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::http;
 use super::phase::{wait_until_idle, Phase};
 use super::start::Demo;
-use crate::base::engine_metrics::LOAD_GAUGES;
+use crate::base::engine::load_metric_names;
 use crate::base::exposition::sum_of;
 use crate::matrix::units::context_label;
 use crate::matrix::MatrixDoc;
@@ -124,7 +124,7 @@ async fn wait_until_server_idle(simulator: &str) {
             return;
         };
         let text = String::from_utf8_lossy(&body);
-        let held: f64 = LOAD_GAUGES
+        let held: f64 = load_metric_names()
             .iter()
             .filter_map(|name| sum_of(&text, name))
             .sum();

@@ -21,7 +21,7 @@ use crate::matrix::units::context_label;
 use crate::matrix::DecodeCell;
 use crate::meter::record::RequestRecord;
 use crate::sweep::cell::{decode_cell, CellMeasurement};
-use crate::sweep::plan::{EngineKind, PrefillTarget};
+use crate::sweep::plan::PrefillTarget;
 use crate::sweep::status::{CurrentStep, StepPhase, SweepState};
 use crate::synthetic::prompt::Prompt;
 use crate::synthetic::StreamPhase;
@@ -386,10 +386,11 @@ impl Runner {
         }
     }
 
-    /// Aborts (sglang) or disconnects every stream of the cell and waits for their tasks.
+    /// Aborts (where the engine has a targeted abort) or disconnects every stream of the cell and
+    /// waits for their tasks.
     async fn stop_streams(&self, attempt: &mut CellAttempt, grace: Duration) {
         let _ = attempt.phase_tx.send(StreamPhase::Aborting);
-        if self.plan.engine == EngineKind::Sglang {
+        if self.abort_route().is_some() {
             let live = attempt.shared.live();
             tokio::select! {
                 () = self.abort_rids(&live) => {}

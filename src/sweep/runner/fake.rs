@@ -255,13 +255,22 @@ impl DataPath for Fake {
         Box::pin(async {})
     }
 
-    fn abort<'a>(&'a self, rids: &'a [Arc<str>], _timeout: Duration) -> BoxFuture<'a, ()> {
+    fn abort<'a>(
+        &'a self,
+        _how: crate::base::engine::Abort,
+        rids: &'a [Arc<str>],
+        _timeout: Duration,
+    ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             self.0.aborted.fetch_add(rids.len(), Ordering::SeqCst);
             if self.0.abort_hangs {
                 std::future::pending::<()>().await;
             }
         })
+    }
+
+    fn describe(&self) -> BoxFuture<'_, crate::synthetic::Described> {
+        Box::pin(async { crate::synthetic::Described::default() })
     }
 }
 

@@ -15,7 +15,7 @@ use super::{Runner, COMPLETIONS_PATH, SCOUT_LIMIT_BASE, SCOUT_MAX_TOKENS, SLOWES
 use crate::matrix::units::context_label;
 use crate::matrix::{CellStatus, PrefillRow};
 use crate::sweep::cell::prefill_row;
-use crate::sweep::plan::{EngineKind, PrefillTarget, PromptMode};
+use crate::sweep::plan::{PrefillTarget, PromptMode};
 use crate::sweep::status::SweepState;
 use crate::synthetic::prompt::{
     calibrated_text_prompt, token_id_pool, token_id_prompt, Prompt, PromptKind,
@@ -26,7 +26,7 @@ impl Runner {
     /// Learns which token ids the served model has (its `/tokenize`), so that token-id prompts
     /// are valid on any vocabulary, not only on the large ones where 1000–9999 are.
     pub(super) async fn harvest_token_ids(&mut self) {
-        match token_id_pool(&*self.path, &self.plan.model, &self.id).await {
+        match token_id_pool(&*self.path, self.tokenizers(), &self.plan.model, &self.id).await {
             Ok(pool) => {
                 self.note(format!(
                     "Token-id prompts draw from {} ids the server's tokenizer produced ({}–{})",
@@ -57,7 +57,7 @@ impl Runner {
             model_json: self.model_json.clone(),
             prompt: prompt.clone(),
             max_tokens,
-            with_rid: self.plan.engine == EngineKind::Sglang,
+            id_field: self.abort_route().map(|abort| abort.id_field),
         }
     }
 
@@ -71,6 +71,7 @@ impl Runner {
             )),
             PromptKind::Text => calibrated_text_prompt(
                 &*self.path,
+                self.tokenizers(),
                 &self.plan.model,
                 &self.id,
                 step.context,

@@ -41,7 +41,7 @@ pub fn initial_matrix(id: &str, plan: &Plan, facts: &ServerFacts) -> MatrixDoc {
             ..Hardware::default()
         },
         engine: Engine {
-            name: facts.engine.name().map(str::to_owned),
+            name: facts.engine.map(|e| e.name().to_owned()),
             version: facts.engine_version.clone(),
             quantization: facts.quantization.clone().filter(|q| !q.is_empty()),
             ..Engine::default()
@@ -104,13 +104,14 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::base::engine::Engine;
     use crate::config::SweepConfig;
-    use crate::sweep::plan::{EngineKind, SweepRequest};
+    use crate::sweep::plan::SweepRequest;
 
     #[test]
     fn initial_matrix_validates_and_marks_over_capacity() {
         let facts = ServerFacts {
-            engine: EngineKind::Sglang,
+            engine: Some(Engine::SGLANG),
             served_model: Some("step3p7".into()),
             context_length: Some(262_144),
             kv_budget_tokens: Some(622_592),

@@ -15,32 +15,51 @@ use super::{
     Runner, BODY_FIELDS_BYTES, COMPLETIONS_PATH, CONTROL_TIMEOUT, SAMPLES_PER_WINDOW,
     SAMPLE_EVERY_MAX, SAMPLE_EVERY_MIN,
 };
+use crate::base::engine::{Abort, Engine, Tokenize};
 use crate::base::json::push_json_string;
 use crate::base::lock::lock;
-use crate::sweep::plan::EngineKind;
 use crate::synthetic::prompt::Prompt;
 use crate::synthetic::{
     DataPath, LoadGauges, ServerLoad, StreamEnd, StreamPhase, StreamRequest, StreamSignals,
 };
 
 impl Runner {
-    /// sglang `/abort_request` for each rid (never `abort_all`), concurrently, bounded.
+    /// The engine's targeted abort (sglang `/abort_request` by rid), if it has one.
+    pub(super) fn abort_route(&self) -> Option<Abort> {
+        self.plan.engine.and_then(|engine| engine.spec().abort)
+    }
+
+    /// The tokenizer endpoints to count prompts with: the engine's, else those of a server it
+    /// cannot name.
+    pub(super) fn tokenizers(&self) -> &'static [Tokenize] {
+        self.plan
+            .engine
+            .map(|engine| engine.spec().tokenize)
+            .filter(|t| !t.is_empty())
+            .unwrap_or(Engine::OPENAI.spec().tokenize)
+    }
+
+    /// The engine's targeted abort for each rid (never all requests), concurrently, bounded.
     pub(super) async fn abort_rids(&self, rids: &[Arc<str>]) {
-        if self.plan.engine != EngineKind::Sglang || rids.is_empty() {
+        let Some(how) = self.abort_route() else {
+            return;
+        };
+        if rids.is_empty() {
             return;
         }
-        self.path.abort(rids, CONTROL_TIMEOUT).await;
+        self.path.abort(how, rids, CONTROL_TIMEOUT).await;
     }
 
     /// How this sweep reads the server's running and queued gauges (`None` without them).
     pub(super) fn server_load_reader(&self) -> Option<ServerLoad> {
-        let running = self.plan.engine.running_gauge()?;
+        let metrics = self.plan.engine?.spec().metrics;
+        let running = metrics.running.first().copied()?;
         self.facts.has_running_gauge.then(|| ServerLoad {
             path: Arc::clone(&self.path),
             model: Arc::from(self.plan.model.as_str()),
             gauges: LoadGauges {
                 running,
-                queued: self.plan.engine.queued_gauge(),
+                queued: metrics.queued.first().copied(),
                 timeout: CONTROL_TIMEOUT,
             },
         })
@@ -213,7 +232,8 @@ pub(super) struct RequestTemplate {
     pub(super) model_json: String,
     pub(super) prompt: Prompt,
     pub(super) max_tokens: u64,
-    pub(super) with_rid: bool,
+    /// The body field that carries the request id the engine aborts by, if it has one.
+    pub(super) id_field: Option<&'static str>,
 }
 
 impl RequestTemplate {
@@ -225,8 +245,10 @@ impl RequestTemplate {
             ",\"max_tokens\":{},\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{{\"include_usage\":true,\"continuous_usage_stats\":true}}",
             self.max_tokens
         ));
-        if self.with_rid {
-            body.push_str(",\"rid\":");
+        if let Some(field) = self.id_field {
+            body.push(',');
+            push_json_string(&mut body, field);
+            body.push(':');
             push_json_string(&mut body, rid);
         }
         body.push_str(",\"prompt\":");

@@ -14,12 +14,11 @@ use tokio::time::Instant;
 
 use super::fake::{load_of_live_streams, production, Fake, FakeState};
 use super::{run, RunnerInput, CANCEL_GRACE, DRAIN_LIMIT, TICK};
+use crate::base::engine::Engine;
 use crate::config::SweepConfig;
 use crate::matrix::{CellStatus, MatrixDoc};
 use crate::sweep::latest::LatestMatrix;
-use crate::sweep::plan::{
-    DurationValue, EngineKind, Plan, PromptMode, ServerFacts, SweepRequest, TokensValue,
-};
+use crate::sweep::plan::{DurationValue, Plan, PromptMode, ServerFacts, SweepRequest, TokensValue};
 use crate::sweep::status::{StatusCell, StepPhase, SweepState, SweepStatus};
 use crate::synthetic::{StreamEnd, StreamFailure};
 
@@ -28,7 +27,7 @@ const GUARD: u64 = 4;
 /// One context (8K), one level (2 streams), a one-second window, on an sglang server.
 fn plan(prompt: PromptMode) -> (Plan, ServerFacts, SweepRequest) {
     let facts = ServerFacts {
-        engine: EngineKind::Sglang,
+        engine: Some(Engine::SGLANG),
         served_model: Some("m".into()),
         context_length: Some(32_768),
         kv_budget_tokens: Some(1 << 20),
