@@ -11,6 +11,7 @@ mod cli_tests;
 mod demo_tests;
 mod deploy_tests;
 mod drift_tests;
+mod engine_tests;
 mod fault_tests;
 mod fidelity_tests;
 mod fingerprint_tests;

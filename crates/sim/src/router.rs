@@ -97,7 +97,11 @@ const ROUTES: &[Route] = &[
         handler: Handler::Models,
     },
     Route {
-        paths: &["/server_info", "/get_server_info"],
+        // sglang's names of it (its current one, then the older), as tokentap asks them.
+        paths: tokentap_base::engine::Engine::SGLANG
+            .spec()
+            .describe
+            .server_info,
         methods: Methods::Get,
         handler: Handler::ServerInfo,
     },

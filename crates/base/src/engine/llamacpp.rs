@@ -11,7 +11,7 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
     detect: Detection {
         owned_by: &["llamacpp"],
         metric_prefix: Some("llamacpp:"),
-        own_routes: &[],
+        by_self_description: false,
     },
     describe: SelfDescription {
         server_info: &[],

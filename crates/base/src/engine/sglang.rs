@@ -11,8 +11,9 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
     detect: Detection {
         owned_by: &["sglang"],
         metric_prefix: Some("sglang:"),
-        // Only sglang answers these (the HTTP process, without its scheduler for `/model_info`).
-        own_routes: &["/server_info", "/get_server_info", "/model_info"],
+        // Only sglang answers its server and model info (the HTTP process, without its
+        // scheduler for the model info).
+        by_self_description: true,
     },
     describe: SelfDescription {
         // `/get_server_info` before 0.4.7; both from one handler since.

@@ -46,8 +46,9 @@ pub struct Detection {
     pub owned_by: &'static [&'static str],
     /// The prefix of its own metric names (`sglang:`).
     pub metric_prefix: Option<&'static str>,
-    /// Routes only it answers (sglang's `/model_info`); the weakest sign.
-    pub own_routes: &'static [&'static str],
+    /// Whether a server that answers its self-description routes (server info, model info) is
+    /// it: only it has them (sglang's); the weakest sign.
+    pub by_self_description: bool,
 }
 
 /// Where an engine describes itself.
@@ -236,12 +237,12 @@ impl Engine {
     ];
 
     /// What tokentap knows of this engine.
-    pub fn spec(self) -> &'static EngineSpec {
+    pub const fn spec(self) -> &'static EngineSpec {
         self.0
     }
 
     /// The engine's short name.
-    pub fn name(self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         self.0.name
     }
 
@@ -366,11 +367,14 @@ pub fn detect(evidence: &Evidence<'_>) -> Option<Engine> {
         }
     }
     if let Some(engine) = engines.iter().find(|e| {
-        e.spec()
-            .detect
-            .own_routes
-            .iter()
-            .any(|route| evidence.answered.contains(route))
+        let spec = e.spec();
+        spec.detect.by_self_description
+            && spec
+                .describe
+                .server_info
+                .iter()
+                .chain(&spec.describe.model_info)
+                .any(|route| evidence.answered.contains(route))
     }) {
         return Some(*engine);
     }

@@ -11,7 +11,7 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
     detect: Detection {
         owned_by: &["vllm"],
         metric_prefix: Some("vllm:"),
-        own_routes: &[],
+        by_self_description: false,
     },
     describe: SelfDescription {
         // Its `/server_info` exists only with VLLM_SERVER_DEV_MODE=1.
