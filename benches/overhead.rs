@@ -20,7 +20,12 @@
 //! `OVERHEAD_AB="A=/path/old,B=/path/new;TOKENTAP_X__Y=v"` runs several tokentaps interleaved;
 //! `OVERHEAD_PATH=/v1/unmetered` in an entry sends that subject's streams down a route tokentap
 //! forwards without metering (the cost of its HTTP alone).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

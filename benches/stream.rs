@@ -5,7 +5,12 @@
 //! workload capture's salted prefix fingerprint.
 //!
 //! Run: `cargo bench --bench stream` (see docs/benchmarks.md and scripts/bench.sh).
-#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    unsafe_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "the counting global allocator (GlobalAlloc is unsafe to implement); tests and benches fail loudly on what they assert"
+)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::pin::Pin;

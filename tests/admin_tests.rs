@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! The admin listener's browser login on loopback: with `admin.token` set, a browser with no
 //! bearer header logs in at `/login`, reads the page and the matrix with its session cookie and
 //! can start a sweep from the page's own form (CSRF field), while `POST /sweeps` and the
@@ -589,4 +594,112 @@ async fn without_a_token_only_loopback_hosts_are_answered() {
         200
     );
     server.shutdown().await;
+}
+
+/// Every route of the admin table, asked without credentials, with a browser session and with
+/// the bearer token, answers as its access says; and without a token configured, writes are
+/// refused outright.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admin_route_answers_as_its_access_says() {
+    use tokentap::admin::{Access, ROUTES};
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
+    let server = proxy_with_token(&upstream.url(), "").await;
+    // Each credential from an address of its own: a refused one must not make the next wait.
+    let mut address = 0u8;
+    for route in ROUTES {
+        // A session of its own per route (`POST /logout` ends the one it is asked with).
+        let logged_in = login(&server, TOKEN).await;
+        let (cookie, _) = session_cookie(&logged_in);
+        let path = route.path.example();
+        let method = route.method.as_str();
+        let ask = |cookie: Option<&str>, bearer: Option<&str>, from: u8| {
+            let path = path.clone();
+            let cookie = cookie.map(str::to_owned);
+            let bearer = bearer.map(str::to_owned);
+            let admin_addr = server.admin_addr;
+            async move {
+                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                socket
+                    .bind(std::net::SocketAddr::from(([127, 0, 4, from], 0)))
+                    .unwrap();
+                let stream = socket.connect(admin_addr).await.unwrap();
+                let (mut sender, connection) =
+                    hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                        .await
+                        .unwrap();
+                tokio::spawn(connection);
+                let mut request = http::Request::builder()
+                    .method(method)
+                    .uri(&path)
+                    .header("host", admin_addr.to_string())
+                    .header("accept", "application/json");
+                if let Some(cookie) = cookie {
+                    request = request.header("cookie", cookie);
+                }
+                if let Some(bearer) = bearer {
+                    request = request.header("authorization", format!("Bearer {bearer}"));
+                }
+                let response = sender
+                    .send_request(request.body(Full::new(Bytes::new())).unwrap())
+                    .await
+                    .unwrap();
+                response.status().as_u16()
+            }
+        };
+        address += 3;
+        let none = ask(None, None, address).await;
+        let session = ask(Some(&cookie), None, address + 1).await;
+        let bearer = ask(None, Some(TOKEN), address + 2).await;
+        let what = format!(
+            "{method} {path} ({:?}): none {none}, session {session}, bearer {bearer}",
+            route.access
+        );
+        match route.access {
+            Access::Open => {
+                // No check before the handler: credentials change nothing (`POST /login`
+                // without a form answers its own 401, whoever asks).
+                assert!(none == session && session == bearer, "{what}");
+                assert_ne!(none, 403, "{what}");
+            }
+            Access::Read => {
+                assert_eq!(none, 401, "{what}");
+                assert!(session != 401 && session != 403, "{what}");
+                assert!(bearer != 401 && bearer != 403, "{what}");
+            }
+            Access::Write => {
+                assert_eq!(none, 401, "{what}");
+                assert_eq!(session, 401, "{what}: a session cannot write");
+                assert!(bearer != 401 && bearer != 403, "{what}");
+            }
+            Access::Form => {
+                // Without a session: to the login form; with one but no CSRF field: 403.
+                assert_eq!(none, 303, "{what}");
+                assert_eq!(session, 403, "{what}");
+                assert_eq!(bearer, 303, "{what}: the bearer is not a session");
+            }
+        }
+    }
+    server.shutdown().await;
+
+    // Without a token, reads are open (on loopback names) and writes refused outright.
+    let (open, _) = proxy(&upstream.url(), "").await;
+    for route in ROUTES.iter().filter(|r| r.access == Access::Write) {
+        let request = http::Request::builder()
+            .method(route.method.as_str())
+            .uri(format!(
+                "http://{}{}",
+                open.admin_addr,
+                route.path.example()
+            ))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = send(request).await;
+        assert_eq!(response.status, 403, "{route:?}");
+        assert!(
+            response.text().contains("admin.token"),
+            "{}",
+            response.text()
+        );
+    }
+    open.shutdown().await;
 }

@@ -3,7 +3,12 @@
 //! sweep engine — through the proxy to the simulator gives a production cell (L, c) within 5% of
 //! the synthetic sweep's cell (L, c) on total tok/s, per-request tok/s, TBT and TTFT (TTFT:
 //! within 5 % or one simulator step, whichever is larger: first tokens leave on step boundaries).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

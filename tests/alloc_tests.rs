@@ -4,7 +4,13 @@
 //! while a whole `tokentap serve` proxy forwards a stream from a raw TCP upstream to a raw
 //! TCP client over loopback, event by event (hyper's two connections, the runtime and the
 //! metering together; the upstream and the client allocate nothing per event themselves).
-#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    unsafe_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "the counting global allocator (GlobalAlloc is unsafe to implement); tests and benches fail loudly on what they assert"
+)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;

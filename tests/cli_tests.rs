@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! The built `tokentap` binary as a person meets it: shell completions, `--version` with the
 //! commit, error texts that say their cause once, help texts that match what is accepted, and
 //! the aligned table a sweep ends with (at most 120 columns, one progress line per cell and no

@@ -2,7 +2,12 @@
 //! (sweep, steady phase, mixed phase), then its written matrices are checked — the steady cells
 //! agree with the sweep within 5 % on the columns that mean the same on both sides, and the
 //! mixed cells carry their measured prefill interference, which predicts their mean speed.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use std::process::ExitCode;
 

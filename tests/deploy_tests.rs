@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! The files of `deploy/` checked against real tools and against each other.
 //!
 //! * `promtool` checks the rules and configs and runs the rules' unit tests.

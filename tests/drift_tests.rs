@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! Drift against a pinned reference (issue 13, point 3), end to end through the real proxy, the
 //! real admin listener and the real SQLite store:
 //!

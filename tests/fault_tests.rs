@@ -6,7 +6,12 @@
 //!
 //! Timing: limits are set short (hundreds of milliseconds to a second) and every wait is
 //! bounded with generous slack; no assertion depends on the machine being fast.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

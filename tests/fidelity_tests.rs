@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! Replay fidelity (issue 14): steady traffic from an ordinary client through the proxy to the
 //! simulator, captured (`[workload] capture = true`), exported from `/workload`, then replayed
 //! open-loop against the same simulator through a fresh in-process proxy must reproduce the

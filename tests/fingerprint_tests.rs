@@ -5,7 +5,12 @@
 //! previous one, keeps the label bounded when the upstream flaps, never shows a secret, and
 //! keeps serving when `/server_info` hangs.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! The fleet, end to end on loopback: three simulators of two configurations (one slower by a
 //! known factor) each behind its own `tokentap` sidecar, a real `prometheus` scraping the three
 //! admin listeners every second with the shipped recording rules, steady traffic on every

@@ -6,7 +6,12 @@
 //! runs two warm 8K streams alone, then two more while cold 8K prompts arrive one after another,
 //! and checks the measured share and the slowdown it predicts; then a short sweep, whose warm
 //! cells show almost none.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

@@ -11,7 +11,12 @@
 //! included (rustdoc resolves them, so they are dependencies too). Inside a module, a file
 //! `m/x.rs` (or folder `m/x/`) imports its sibling `y` through `crate::m::y` or `super::y`;
 //! `m/mod.rs` is the module's face and no node of that graph.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

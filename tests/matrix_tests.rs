@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! The matrix document against the two published seed pages: exact import, round trips through
 //! Markdown and JSON, diff, named errors for malformed input, the CLI and its exit codes, and the
 //! HTML report and SVG charts rendered by headless Chromium.
@@ -46,7 +51,10 @@ fn line_of(text: &str, needle: &str) -> usize {
     text.lines().position(|line| line.contains(needle)).unwrap() + 1
 }
 
-#[allow(clippy::too_many_arguments)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a test helper spelling out one matrix cell"
+)]
 fn assert_cell(
     doc: &MatrixDoc,
     context: u64,

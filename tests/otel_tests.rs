@@ -1,6 +1,11 @@
 //! OpenTelemetry export against a fake OTLP/HTTP collector on 127.0.0.1: one span per metered
 //! request with GenAI attributes and a first-token event, the GenAI metrics, and no secrets.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! The production matrix end to end: ordinary clients stream through the real proxy to a
 //! scripted upstream whose timing is known exactly, and the matrix the admin listener serves
 //! must show that truth — per cell, by context and live concurrency, with tokens conserved.

@@ -1,6 +1,11 @@
 //! The data path end to end: a real client, the real proxy and a scripted upstream, all on
 //! 127.0.0.1 sockets. Timing assertions use generous ratios, never tight thresholds.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

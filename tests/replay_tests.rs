@@ -6,7 +6,12 @@
 //! and the generated text where the case says its two captures came from different
 //! generations). The metering must match the engine's own usage. New case folders are picked
 //! up without touching this file; no engine is needed.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

@@ -7,7 +7,12 @@
 //! the production matrix and the sweep's alike. Against a scripted upstream serving the real
 //! vLLM 0.32 capture with values the test sets, the means are exact; metrics the page lacks
 //! stay absent; and a page that fails in every way is counted while requests go on unharmed.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

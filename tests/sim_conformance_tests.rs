@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! The simulator's sglang dialect held to sglang's own bytes: every capture under
 //! `tests/fixtures/engines/sglang-0.5.23/` (sglang 0.5.23's HTTP stack on the conformance
 //! harness's fake scheduler, `conformance/`) is sent to the simulator, and the answer must have

@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! Integration tests of `tokentap simulate`: real sockets on 127.0.0.1, real HTTP clients,
 //! the shipped profiles against their seed pages, profiles built from the seed matrices,
 //! queueing, abort, disconnect, bad input, the vLLM dialect read by the proxy's own scanner,

@@ -5,7 +5,12 @@
 //! request, so attainment is 1 and goodput equals total tok/s — in the production matrix, in
 //! Prometheus and in a sweep's cells alike. A valid `x-tokentap-slo` header replaces the
 //! configured targets for its request; an unreadable one is ignored and counted.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

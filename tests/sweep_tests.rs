@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! Integration tests of synthetic sweeps: the simulator on 127.0.0.1 behind a real proxy, the
 //! sweep driven through the proxy's metering path (the manager, the admin API, the CLI). Every
 //! wait is bounded; windows are short (1–2 s) at small contexts.

@@ -1,7 +1,12 @@
 //! TLS on both sides with rustls: the data listener (HTTP/1.1 and HTTP/2 over ALPN), client
 //! certificates when `tls.client_ca` is set, and https:// upstreams trusting a private CA.
 //! Certificates are made per test run with rcgen; everything stays on 127.0.0.1.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 
 use crate::common;
 

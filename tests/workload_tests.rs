@@ -1,4 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
 //! The workload capture end to end: ordinary clients stream through the real proxy to the
 //! simulator with `[workload] capture = true`; the admin listener's `/workload` and
 //! `tokentap workload export --store` must give back each request's shape, the prefix sharing

@@ -24,7 +24,7 @@ use crate::meter::slo::SloPolicy;
 use crate::proxy::body::ResponseBody;
 use crate::telemetry::capacity::HeadroomSample;
 
-use super::{json_response, AdminState};
+use super::state::{json_response, AdminState};
 
 /// What live headroom is computed with: `[capacity]` and the `[slo]` targets.
 #[derive(Debug, Clone)]

@@ -26,7 +26,7 @@ use crate::proxy::body::ResponseBody;
 use crate::proxy::upstream::Upstream;
 
 use super::query::percent_decode;
-use super::{json_error, respond, AdminState};
+use super::state::{json_error, respond, AdminState};
 
 /// The message when there is no synthetic matrix to show.
 pub const NO_SWEEP: &str = "no synthetic sweep has run yet: start one with `tokentap sweep --admin URL` (POST /sweeps); until then only the production matrix exists";

@@ -31,7 +31,7 @@ use crate::proxy::body::ResponseBody;
 use super::capacity::CapacityAnswer;
 use super::matrix::{production_matrix, synthetic_matrix, MatrixQuery, NO_SWEEP};
 use super::query::percent_decode;
-use super::{json_error, respond, AdminState};
+use super::state::{json_error, respond, AdminState};
 
 /// How often the page reloads itself.
 pub const REFRESH_SECONDS: u32 = 10;

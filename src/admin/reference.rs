@@ -9,20 +9,20 @@
 //! | `DELETE /reference?upstream=&model=` | unpin |
 //!
 //! `model` defaults to the matrix's served model, `upstream` to the one the router sends that
-//! model to. Pinning and unpinning always need the bearer token, like starting a sweep. The
+//! model to. Pinning and unpinning always need the bearer token, like starting a sweep (the route
+//! table, `routes.rs`, checks it before these handlers run). The
 //! store keeps what is pinned across restarts; without a store (`store.data_dir = ""`) a pin
 //! lasts until the process ends, and the answer says so.
 
-use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use serde::Serialize;
 
 use super::query::percent_decode;
-use super::{json_error, json_response, respond, unauthorized, AdminState};
+use super::state::{json_error, json_response, respond, AdminState};
 use crate::aggregate::drift::reference_info;
 use crate::matrix::compare::{Reference, ReferenceInfo};
 use crate::matrix::doc::{CellStatus, MatrixDoc};
@@ -38,11 +38,6 @@ pub const MAX_REFERENCE_BYTES: usize = 4 << 20;
 
 /// Longest `source=` text kept.
 const MAX_SOURCE_CHARS: usize = 200;
-
-/// Whether `path` belongs to this API.
-pub fn owns(path: &str) -> bool {
-    path == "/reference" || path == "/reference/"
-}
 
 /// The query of a reference request.
 #[derive(Debug, Default, PartialEq)]
@@ -119,13 +114,6 @@ fn pin_warnings(matrix: &MatrixDoc) -> Vec<String> {
         .collect()
 }
 
-fn writes_disabled() -> Response<ResponseBody> {
-    json_error(
-        StatusCode::FORBIDDEN,
-        "pinning a reference needs a bearer token, and admin.token (TOKENTAP_ADMIN__TOKEN) is not set",
-    )
-}
-
 /// The upstream a model's requests go to: the one named, which must exist, else the router's.
 pub(super) fn resolve_upstream(
     state: &AdminState,
@@ -154,40 +142,31 @@ pub(super) fn resolve_upstream(
 }
 
 /// Serves a request to `/reference`.
-pub async fn handle<B>(state: &Arc<AdminState>, request: Request<B>) -> Response<ResponseBody>
+/// `GET /reference`: every pinned reference, or one with its matrix.
+pub fn show<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
+    match parse_query(request.uri().query()) {
+        Ok(query) => show_query(state, &query),
+        Err(message) => json_error(StatusCode::BAD_REQUEST, &message),
+    }
+}
+
+/// `PUT /reference`: pins a reference.
+pub async fn pin<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let mutates = matches!(*request.method(), Method::PUT | Method::DELETE);
-    if mutates {
-        if state.token.is_none() {
-            return writes_disabled();
-        }
-        if !state.authorized_strict(&request) {
-            return unauthorized();
-        }
-    } else if !state.authorized(&request) {
-        return unauthorized();
+    match parse_query(request.uri().query()) {
+        Ok(query) => pin_query(state, query, request).await,
+        Err(message) => json_error(StatusCode::BAD_REQUEST, &message),
     }
-    let query = match parse_query(request.uri().query()) {
-        Ok(query) => query,
-        Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
-    };
-    match request.method().clone() {
-        Method::PUT => pin(state, query, request).await,
-        Method::GET => show(state, &query),
-        Method::DELETE => unpin(state, &query).await,
-        method => {
-            let mut response = json_error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                &format!("{method} is not allowed here: PUT, GET or DELETE /reference"),
-            );
-            response
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, PUT, DELETE"));
-            response
-        }
+}
+
+/// `DELETE /reference`: unpins one.
+pub async fn unpin<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
+    match parse_query(request.uri().query()) {
+        Ok(query) => unpin_query(state, &query).await,
+        Err(message) => json_error(StatusCode::BAD_REQUEST, &message),
     }
 }
 
@@ -219,8 +198,8 @@ fn from_clause(body: &[u8]) -> Option<Result<String, String>> {
     )
 }
 
-async fn pin<B>(
-    state: &Arc<AdminState>,
+async fn pin_query<B>(
+    state: &AdminState,
     query: ReferenceQuery,
     request: Request<B>,
 ) -> Response<ResponseBody>
@@ -228,7 +207,7 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let body = match super::read_body(request, MAX_REFERENCE_BYTES, "the reference").await {
+    let body = match super::state::read_body(request, MAX_REFERENCE_BYTES, "the reference").await {
         Ok(body) => body,
         Err(response) => return response,
     };
@@ -366,7 +345,7 @@ where
     response
 }
 
-fn show(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
+fn show_query(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
     let kept = state.store.is_some();
     let Some(model) = query.model.as_deref() else {
         let references = state.drift.references();
@@ -432,7 +411,7 @@ fn show(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
     }
 }
 
-async fn unpin(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
+async fn unpin_query(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBody> {
     let Some(model) = query.model.clone() else {
         return json_error(
             StatusCode::BAD_REQUEST,

@@ -36,7 +36,7 @@ use http_body::Body;
 use ring::rand::{SecureRandom, SystemRandom};
 use tokio::time::Instant;
 
-use super::{constant_time_eq, respond, AdminState};
+use super::state::{constant_time_eq, json_error, read_body, respond, AdminState};
 use crate::base::escape::xml_escape as escape;
 use crate::base::lock::lock;
 use crate::proxy::body::ResponseBody;
@@ -257,7 +257,7 @@ impl Sessions {
 /// how long in `Retry-After` (the credential is not looked at).
 pub fn too_many(left: Duration) -> Response<ResponseBody> {
     let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
-    let mut response = super::json_error(
+    let mut response = json_error(
         StatusCode::TOO_MANY_REQUESTS,
         &format!("too many wrong admin credentials from this address: try again in {seconds} s"),
     );
@@ -276,11 +276,6 @@ fn random_hex(random: &SystemRandom) -> Option<String> {
         let _ = write!(out, "{byte:02x}");
     }
     Some(out)
-}
-
-/// Whether `path` is one of this module's routes.
-pub fn owns(path: &str) -> bool {
-    matches!(path, "/login" | "/logout" | "/page/sweep")
 }
 
 /// The session id in the request's `Cookie` headers, if any.
@@ -322,54 +317,48 @@ pub fn see_other(location: &'static str) -> Response<ResponseBody> {
     response
 }
 
-/// Serves `/login`, `/logout` and `/page/sweep`.
-pub async fn handle<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
+/// `GET /login`: the login form (without a token the page is open: sent there).
+pub fn login_form(state: &AdminState) -> Response<ResponseBody> {
+    if state.token.is_none() {
+        return see_other("/");
+    }
+    login_page(StatusCode::OK, None)
+}
+
+/// `POST /logout`: ends the session and clears its cookie.
+pub fn logout<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
+    if state.token.is_none() {
+        return see_other("/");
+    }
+    if let Some(id) = cookie_id(request) {
+        state.sessions.close(id);
+    }
+    let mut response = see_other("/login");
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        HeaderValue::from_static("tokentap_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"),
+    );
+    response
+}
+
+/// `POST /login`: the token from the form; a session cookie when it is the right one (failures
+/// throttled per client address).
+pub async fn login<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let path = request.uri().path().to_owned();
-    let method = request.method().clone();
     let Some(token) = state.token.as_deref() else {
-        // Without a token the page is open and there is nothing to log into.
         return see_other("/");
     };
-    match (method, path.as_str()) {
-        (Method::GET, "/login") => login_page(StatusCode::OK, None),
-        (Method::POST, "/login") => login(state, token, request).await,
-        (Method::POST, "/logout") => {
-            if let Some(id) = cookie_id(&request) {
-                state.sessions.close(id);
-            }
-            let mut response = see_other("/login");
-            response.headers_mut().insert(
-                header::SET_COOKIE,
-                HeaderValue::from_static(
-                    "tokentap_session=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
-                ),
-            );
-            response
-        }
-        (Method::POST, "/page/sweep") => sweep_form(state, request).await,
-        (method, path) => {
-            let allowed = if path == "/login" {
-                "GET, POST"
-            } else {
-                "POST"
-            };
-            let mut response = super::json_error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                &format!("{method} is not allowed on {path}"),
-            );
-            response
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static(allowed));
-            response
-        }
-    }
+    login_with(state, token, request).await
 }
 
-async fn login<B>(state: &AdminState, token: &str, request: Request<B>) -> Response<ResponseBody>
+async fn login_with<B>(
+    state: &AdminState,
+    token: &str,
+    request: Request<B>,
+) -> Response<ResponseBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -391,7 +380,7 @@ where
         }
         return response;
     }
-    let body = match super::read_body(request, MAX_FORM_BYTES, "the login form").await {
+    let body = match read_body(request, MAX_FORM_BYTES, "the login form").await {
         Ok(body) => body,
         Err(response) => return response,
     };
@@ -413,7 +402,7 @@ where
     }
     state.sessions.succeeded(client);
     let Some(session) = state.sessions.open() else {
-        return super::json_error(
+        return json_error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "no randomness for a session id",
         );
@@ -434,15 +423,18 @@ where
 /// default plan would do and asks for a confirmation; `action=start` (that confirmation)
 /// starts it, beside production only when its box was ticked; `action=cancel` cancels the
 /// running sweep. A form without an action previews: nothing starts from one click.
-async fn sweep_form<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
+pub async fn sweep_form<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    if state.token.is_none() {
+        return see_other("/");
+    }
     let Some(session) = session_of(state, &request) else {
         return see_other("/login");
     };
-    let body = match super::read_body(request, MAX_FORM_BYTES, "the form").await {
+    let body = match read_body(request, MAX_FORM_BYTES, "the form").await {
         Ok(body) => body,
         Err(response) => return response,
     };

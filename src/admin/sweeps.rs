@@ -9,15 +9,14 @@
 //! | `DELETE /sweeps/{id}` | cancel: the streams are aborted within a second |
 //!
 //! Starting and cancelling always need the bearer token (`admin.token`): without one
-//! configured, sweeps are refused (403). Reading follows the admin listener's usual rule.
-
-use std::sync::Arc;
+//! configured, sweeps are refused (403). Reading follows the admin listener's usual rule. The
+//! route table (`routes.rs`) checks both before these handlers run.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 
-use super::{json_error, json_response, respond, unauthorized, AdminState};
+use super::state::{json_error, json_response, respond, AdminState};
 use crate::matrix::{html::render_html, render_json, render_markdown};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
@@ -26,67 +25,23 @@ use crate::sweep::{CancelError, StartError, SweepRequest};
 /// Largest sweep plan accepted.
 pub const MAX_PLAN_BYTES: usize = 64 << 10;
 
-/// Whether `path` belongs to this API.
-pub fn owns(path: &str) -> bool {
-    path == "/sweeps" || path == "/sweeps/" || path.starts_with("/sweeps/")
+/// `GET /sweeps`: every sweep, newest first.
+pub fn list(state: &AdminState) -> Response<ResponseBody> {
+    json_response(StatusCode::OK, &state.sweeps.list())
 }
 
-fn sweeps_disabled() -> Response<ResponseBody> {
-    json_error(
-        StatusCode::FORBIDDEN,
-        "sweeps are disabled: they need a bearer token, and admin.token (TOKENTAP_ADMIN__TOKEN) is not set",
-    )
-}
-
-/// Serves a request under `/sweeps`.
-pub async fn handle<B>(state: &Arc<AdminState>, request: Request<B>) -> Response<ResponseBody>
-where
-    B: Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let path = request.uri().path().trim_end_matches('/').to_owned();
-    let id = path.strip_prefix("/sweeps/").map(str::to_owned);
-    let mutates = matches!(*request.method(), Method::POST | Method::DELETE);
-    if mutates {
-        if state.token.is_none() {
-            return sweeps_disabled();
+/// `DELETE /sweeps/{id}`: cancels the running sweep `id`.
+pub fn cancel(state: &AdminState, id: &str) -> Response<ResponseBody> {
+    match state.sweeps.cancel(id) {
+        Ok(()) => json_response(
+            StatusCode::ACCEPTED,
+            &serde_json::json!({"id": id, "state": "cancelling"}),
+        ),
+        Err(error @ CancelError::Unknown { .. }) => {
+            json_error(StatusCode::NOT_FOUND, &error.to_string())
         }
-        if !state.authorized_strict(&request) {
-            return unauthorized();
-        }
-    } else if !state.authorized(&request) {
-        return unauthorized();
-    }
-    let query = request.uri().query().unwrap_or("").to_owned();
-    let dry_run = query
-        .split('&')
-        .any(|pair| matches!(pair, "dry_run" | "dry_run=true" | "dry_run=1"));
-    match (request.method().clone(), id) {
-        (Method::POST, None) if dry_run => preview(state, request).await,
-        (Method::POST, None) => start(state, request).await,
-        (Method::GET, None) => json_response(StatusCode::OK, &state.sweeps.list()),
-        (Method::GET, Some(id)) => show(state, &id, &query),
-        (Method::DELETE, Some(id)) => match state.sweeps.cancel(&id) {
-            Ok(()) => json_response(
-                StatusCode::ACCEPTED,
-                &serde_json::json!({"id": id, "state": "cancelling"}),
-            ),
-            Err(error @ CancelError::Unknown { .. }) => {
-                json_error(StatusCode::NOT_FOUND, &error.to_string())
-            }
-            Err(error @ CancelError::NotRunning { .. }) => {
-                json_error(StatusCode::CONFLICT, &error.to_string())
-            }
-        },
-        (method, _) => {
-            let mut response = json_error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                &format!("{method} is not allowed here: POST /sweeps, GET /sweeps, GET or DELETE /sweeps/{{id}}"),
-            );
-            response
-                .headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
-            response
+        Err(error @ CancelError::NotRunning { .. }) => {
+            json_error(StatusCode::CONFLICT, &error.to_string())
         }
     }
 }
@@ -97,7 +52,7 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let body = super::read_body(request, MAX_PLAN_BYTES, "the sweep plan").await?;
+    let body = super::state::read_body(request, MAX_PLAN_BYTES, "the sweep plan").await?;
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(SweepRequest::default());
     }
@@ -110,7 +65,7 @@ where
     })
 }
 
-async fn preview<B>(state: &Arc<AdminState>, request: Request<B>) -> Response<ResponseBody>
+async fn preview<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
@@ -141,11 +96,21 @@ pub fn start_error(error: StartError) -> Response<ResponseBody> {
     }
 }
 
-async fn start<B>(state: &Arc<AdminState>, request: Request<B>) -> Response<ResponseBody>
+/// `POST /sweeps`: starts a sweep; with `?dry_run=true` answers its preview instead.
+pub async fn start<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let dry_run = request
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .any(|pair| matches!(pair, "dry_run" | "dry_run=true" | "dry_run=1"));
+    if dry_run {
+        return preview(state, request).await;
+    }
     let plan = match read_plan(request).await {
         Ok(plan) => plan,
         Err(response) => return response,
@@ -166,7 +131,8 @@ where
     }
 }
 
-fn show(state: &Arc<AdminState>, id: &str, query: &str) -> Response<ResponseBody> {
+/// `GET /sweeps/{id}`: its status, or its matrix rendered (`?format=`).
+pub fn show(state: &AdminState, id: &str, query: &str) -> Response<ResponseBody> {
     let Some(status) = state.sweeps.get(id) else {
         return json_error(StatusCode::NOT_FOUND, &format!("no sweep {id}"));
     };

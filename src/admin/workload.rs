@@ -21,7 +21,7 @@ use crate::proxy::timeout::BrokenOff;
 use crate::workload::export::{write_export, EXPORT_CHANNEL_CHUNKS};
 use crate::workload::TraceFormat;
 
-use super::{json_error, AdminState};
+use super::state::{json_error, AdminState};
 
 const DEFAULT_WINDOW: Duration = Duration::from_secs(3600);
 

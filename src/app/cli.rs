@@ -44,7 +44,10 @@ pub struct CompletionsArgs {
 }
 
 /// The commands. Their help texts write `<PLACEHOLDER>` as command-line help does (not HTML).
-#[allow(rustdoc::invalid_html_tags)]
+#[allow(
+    rustdoc::invalid_html_tags,
+    reason = "`<SECTION>` is a command-line placeholder in the help text"
+)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the metering proxy in front of an upstream inference server.

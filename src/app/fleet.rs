@@ -26,7 +26,10 @@ pub struct FleetArgs {
 }
 
 #[derive(Debug, Subcommand)]
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "built once per command; boxing would only move the allocation"
+)]
 pub enum FleetCommand {
     /// The fleet matrix: every replica's production cells summed in PromQL over a window.
     ///
@@ -211,7 +214,10 @@ fn parse_instant(text: &str) -> Option<SystemTime> {
     if !(0.0..=253_402_300_799.0).contains(&seconds) {
         return None;
     }
-    #[allow(clippy::cast_possible_truncation)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "a count of replicas, far below u32::MAX"
+    )]
     let millis = (seconds * 1000.0).round() as i64;
     Some(crate::base::wallclock::from_unix_millis(millis))
 }

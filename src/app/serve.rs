@@ -34,7 +34,10 @@ use crate::telemetry::prometheus::PrometheusMetrics;
 /// Example: `tokentap serve --upstream http://127.0.0.1:30000` puts tokentap on 0.0.0.0:8000
 /// in front of an sglang server; point clients at port 8000 and Prometheus at
 /// http://127.0.0.1:9464/metrics.
-#[allow(rustdoc::invalid_html_tags)] // `<SECTION>` is a command-line placeholder
+#[allow(
+    rustdoc::invalid_html_tags,
+    reason = "`<SECTION>` is a command-line placeholder"
+)]
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// The inference server to forward to (sets upstream.url). Default http://127.0.0.1:30000.

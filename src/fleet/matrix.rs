@@ -162,7 +162,11 @@ fn ratio(numerator: Option<f64>, denominator: Option<f64>) -> Option<f64> {
     Some(numerator? / positive(denominator)?).filter(|v| v.is_finite())
 }
 
-#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "a rounded, clamped, non-negative count of streams"
+)]
 fn count(value: f64) -> u64 {
     if value.is_finite() && value > 0.0 {
         value.round() as u64

@@ -37,7 +37,10 @@ pub const PIECE_BYTES: usize = 8 * 1024 - 64;
 /// Where the client's body comes from.
 // Nearly every response is `Upstream`: boxing it to shrink the rare `Local` would cost an
 // allocation per request.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "nearly every response is the large variant: boxing it would cost an allocation per request"
+)]
 enum Source {
     /// The upstream's body under its idle timeout, measured on metered routes, telling the
     /// connection's send-stall timer whether it waits for the client (`net::streams`).

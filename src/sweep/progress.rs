@@ -170,7 +170,7 @@ fn phase_key(line: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
+    #![allow(clippy::unwrap_used, reason = "a test fails loudly on what it asserts")]
     use super::*;
     use std::sync::{Arc, Mutex};
 

@@ -223,7 +223,10 @@ pub fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
 
 fn count_ratio(a: Option<u64>, b: Option<u64>) -> Option<f64> {
     // Counts are far below 2^53, so the conversion is exact in practice.
-    #[allow(clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "counts of cells, far below 2^52"
+    )]
     ratio(a.map(|v| v as f64), b.map(|v| v as f64))
 }
 
@@ -238,7 +241,10 @@ pub fn summarise(column: DiffColumn, ratios: &[f64]) -> ColumnSummary {
             cells: 0,
         };
     }
-    #[allow(clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "counts of cells, far below 2^52"
+    )]
     let count = ratios.len() as f64;
     let mean_log = ratios.iter().map(|r| r.ln()).sum::<f64>() / count;
     ColumnSummary {

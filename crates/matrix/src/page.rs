@@ -497,7 +497,10 @@ pub fn measurement_header(doc: &MatrixDoc) -> Vec<&'static str> {
 /// One parsed "All measurements" row.
 // A row lives only while a page is imported, one at a time: boxing the larger variant would
 // cost an allocation per row for no saving.
-#[allow(clippy::large_enum_variant)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "built once per page render; boxing would only move the allocation"
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum MeasurementRow {
     Prefill(PrefillRow),

@@ -53,7 +53,10 @@ impl Plot {
     }
 }
 
-#[allow(clippy::cast_precision_loss)]
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "pixel coordinates of a chart, far below 2^52"
+)]
 fn log2(value: u64) -> f64 {
     (value.max(1) as f64).log2()
 }
@@ -222,7 +225,10 @@ pub fn decode_chart(doc: &MatrixDoc) -> String {
                 xml_escape(&format_rate(*value))
             );
         }
-        #[allow(clippy::cast_precision_loss)]
+        #[allow(
+            clippy::cast_precision_loss,
+            reason = "pixel coordinates of a chart, far below 2^52"
+        )]
         let legend_y = TOP + 8.0 + index as f64 * 20.0;
         let legend_x = WIDTH - RIGHT + 16.0;
         let _ = write!(
