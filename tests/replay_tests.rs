@@ -63,7 +63,8 @@ fn sorted_dirs(dir: &Path) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
+        // A case is a folder with its meta.json (`describe/` holds an engine's self-description).
+        .filter(|p| p.is_dir() && (p.join("meta.json").is_file() || !p.ends_with("describe")))
         .collect();
     dirs.sort();
     dirs
@@ -340,7 +341,9 @@ fn engine_events(body: &[u8]) -> Vec<(u64, bool)> {
             ["text", "content", "reasoning_content"].iter().any(|k| {
                 c[k].as_str().is_some_and(|s| !s.is_empty())
                     || c["delta"][k].as_str().is_some_and(|s| !s.is_empty())
-            })
+            }) || c["delta"]["tool_calls"]
+                .as_array()
+                .is_some_and(|calls| !calls.is_empty())
         });
         // Per-chunk usage counts the chunk's choice (sglang's `n` > 1 streams each choice as
         // its own request, with its own running count).

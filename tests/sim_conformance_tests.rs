@@ -21,10 +21,52 @@ use serde_json::Value;
 use tokentap::sim::{Dialect, Profile, SimOptions, SimServer};
 
 /// Capture cases the simulator does not reproduce, with why (also in `docs/simulator.md`).
-const KNOWN_DIFFERENCES: &[(&str, &str)] = &[(
-    "chat-stream-n2",
-    "the simulator generates one choice per request and refuses n > 1 with a 400",
-)];
+const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
+    (
+        "chat-stream-n2",
+        "the simulator generates one choice per request and refuses n > 1 with a 400",
+    ),
+    // Captured from sglang's own server run with a reasoning parser, a tool-call parser, its
+    // cache report or several tokens a step (tests/fixtures/engines/sglang-0.5.23/*/meta.json):
+    // deployment choices the test's simulator profile does not make (its reasoning is per
+    // profile, its steps one token, its cache report off). The replay tests use them.
+    (
+        "reasoning-chat-stream",
+        "a reasoning parser: reasoning_content deltas first",
+    ),
+    (
+        "reasoning-chat-stream-separate-reasoning",
+        "a reasoning parser (the request's own switch)",
+    ),
+    (
+        "reasoning-chat-stream-no-separate-reasoning",
+        "a reasoning parser, switched off by the request",
+    ),
+    (
+        "reasoning-chat-nonstream",
+        "a reasoning parser: message.reasoning_content",
+    ),
+    (
+        "tool-call-chat-stream",
+        "a tool-call parser: tool_calls deltas",
+    ),
+    (
+        "tool-call-chat-nonstream",
+        "a tool-call parser: message.tool_calls",
+    ),
+    (
+        "cached-chat-stream",
+        "--enable-cache-report: usage.prompt_tokens_details",
+    ),
+    (
+        "cached-chat-nonstream",
+        "--enable-cache-report: usage.prompt_tokens_details",
+    ),
+    (
+        "multi-token-step-chat-stream",
+        "several tokens a step (speculative decoding)",
+    ),
+];
 
 /// String values compared as they are; every other non-empty string is masked.
 const KEPT_STRINGS: &[&str] = &["object", "finish_reason", "role", "type", "model"];
@@ -166,7 +208,7 @@ async fn the_sglang_dialect_has_the_shape_of_sglangs_own_bytes() {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(captures())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.is_dir())
+        .filter(|p| p.is_dir() && p.join("meta.json").is_file())
         .collect();
     dirs.sort();
     assert!(dirs.len() >= 15, "the sglang captures: {}", dirs.len());

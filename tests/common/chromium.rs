@@ -1,5 +1,11 @@
 //! Headless Chromium for the tests that check a page as a browser renders it.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "shared fixtures: each test binary uses part of them; a test fails loudly on what it asserts"
+)]
 
 use std::path::Path;
 use std::process::{Command, Stdio};

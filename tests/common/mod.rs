@@ -1,7 +1,13 @@
 //! Test fixtures shared by the integration test binaries: a scripted upstream on a real
 //! loopback socket, a proxy started on port 0 in front of it, a client that records when each
 //! byte arrived, and a sink that collects the proxy's records.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "shared fixtures: each test binary uses part of them; a test fails loudly on what it asserts"
+)]
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
