@@ -27,6 +27,7 @@ use crate::proxy::upstream::Upstream;
 
 use super::query::percent_decode;
 use super::state::{json_error, respond, AdminState};
+use crate::matrix::Format;
 
 /// The message when there is no synthetic matrix to show.
 pub const NO_SWEEP: &str = "no synthetic sweep has run yet: start one with `tokentap sweep --admin URL` (POST /sweeps); until then only the production matrix exists";
@@ -178,63 +179,13 @@ pub fn production_matrix_of(
 }
 
 /// Renderings `/matrix` offers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Json,
-    Markdown,
-    Csv,
-    Html,
-    Svg,
-}
-
-impl Format {
-    fn parse(text: &str) -> Option<Format> {
-        match text {
-            "json" => Some(Format::Json),
-            "md" | "markdown" => Some(Format::Markdown),
-            "csv" => Some(Format::Csv),
-            "html" => Some(Format::Html),
-            "svg" => Some(Format::Svg),
-            _ => None,
-        }
-    }
-
-    /// From the Accept header when no `format=` is given; JSON by default.
-    fn from_accept(accept: &str) -> Format {
-        let accept = accept.to_ascii_lowercase();
-        if accept.contains("text/markdown") {
-            Format::Markdown
-        } else if accept.contains("text/csv") {
-            Format::Csv
-        } else if accept.contains("text/html") {
-            Format::Html
-        } else if accept.contains("image/svg") {
-            Format::Svg
-        } else {
-            Format::Json
-        }
-    }
-
-    fn content_type(self) -> &'static str {
-        match self {
-            Format::Json => "application/json",
-            Format::Markdown => "text/markdown; charset=utf-8",
-            Format::Csv => "text/csv; charset=utf-8",
-            Format::Html => "text/html; charset=utf-8",
-            Format::Svg => "image/svg+xml",
-        }
-    }
-
-    fn render(self, doc: &MatrixDoc) -> String {
-        match self {
-            Format::Json => crate::matrix::render_json(doc),
-            Format::Markdown => crate::matrix::render_markdown(doc),
-            Format::Csv => crate::matrix::csv::render_csv(doc),
-            Format::Html => crate::matrix::html::render_html(doc),
-            Format::Svg => crate::matrix::svg::render_svg(doc),
-        }
-    }
-}
+pub const OFFERED: [Format; 5] = [
+    Format::Json,
+    Format::Markdown,
+    Format::Csv,
+    Format::Html,
+    Format::Svg,
+];
 
 /// The query parameters `/matrix` and `/` understand, parsed and checked.
 #[derive(Debug, Clone, PartialEq)]
@@ -285,9 +236,7 @@ impl MatrixQuery {
                 }
                 "window" => parsed.window = Window::parse(&value).map_err(|e| e.to_string())?,
                 "format" => {
-                    parsed.format = Some(Format::parse(&value).ok_or_else(|| {
-                        format!("format `{value}`: expected json, md, csv, html or svg")
-                    })?);
+                    parsed.format = Some(Format::parse_among(&value, &OFFERED)?);
                 }
                 "model" if !value.is_empty() => parsed.model = Some(value),
                 "upstream" if !value.is_empty() => parsed.upstream = Some(value),
@@ -336,7 +285,9 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or(""),
+            &OFFERED,
         )
+        .unwrap_or(Format::Json)
     });
     if query.compare_reference {
         if query.source == Source::Synthetic {
@@ -543,7 +494,7 @@ fn compare_previous(
         Format::Json => crate::matrix::diff::render_diff_json(&diff),
         Format::Markdown => crate::matrix::diff::render_diff_markdown(&diff),
         Format::Html => crate::matrix::html::render_diff_html(&diff),
-        Format::Csv | Format::Svg => {
+        Format::Csv | Format::Svg | Format::Table => {
             return json_error(
                 StatusCode::BAD_REQUEST,
                 "compare=previous renders as json, md or html",
@@ -574,7 +525,7 @@ fn compare_reference(
         Format::Json => render_compare_json(&compared),
         Format::Markdown => render_compare_markdown(&compared),
         Format::Html => render_compare_html(&compared),
-        Format::Csv | Format::Svg => {
+        Format::Csv | Format::Svg | Format::Table => {
             return json_error(
                 StatusCode::BAD_REQUEST,
                 "compare=reference renders as json, md or html",
@@ -614,8 +565,11 @@ mod tests {
             let error = MatrixQuery::parse(Some(query), &all).unwrap_err();
             assert!(error.contains(needle), "{query}: {error}");
         }
-        assert_eq!(Format::from_accept("text/csv, */*"), Format::Csv);
-        assert_eq!(Format::from_accept(""), Format::Json);
+        assert_eq!(
+            Format::from_accept("text/csv, */*", &OFFERED),
+            Some(Format::Csv)
+        );
+        assert_eq!(Format::from_accept("", &OFFERED), Some(Format::Json));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use crate::matrix::compare::{Reference, ReferenceInfo};
 use crate::matrix::doc::{CellStatus, MatrixDoc};
 use crate::matrix::import::{detect_format, parse_any, InputFormat};
 use crate::matrix::units::context_label;
-use crate::matrix::{html::render_html, render_json, render_markdown};
+use crate::matrix::Format;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
 use crate::sweep::SweepState;
@@ -389,25 +389,17 @@ fn show_query(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBo
                 matrix: Some(&reference.matrix),
             },
         ),
-        Some("json") => respond(
-            StatusCode::OK,
-            "application/json",
-            render_json(&reference.matrix),
-        ),
-        Some("md" | "markdown") => respond(
-            StatusCode::OK,
-            "text/markdown; charset=utf-8",
-            render_markdown(&reference.matrix),
-        ),
-        Some("html") => respond(
-            StatusCode::OK,
-            "text/html; charset=utf-8",
-            render_html(&reference.matrix),
-        ),
-        Some(other) => json_error(
-            StatusCode::BAD_REQUEST,
-            &format!("unknown format {other:?}: use status (default), json, md or html"),
-        ),
+        Some(name) => match Format::parse_among(name, &super::sweeps::MATRIX_ALONE) {
+            Ok(format) => respond(
+                StatusCode::OK,
+                format.content_type(),
+                format.render(&reference.matrix),
+            ),
+            Err(message) => json_error(
+                StatusCode::BAD_REQUEST,
+                &format!("{message} (or status, the default)"),
+            ),
+        },
     }
 }
 

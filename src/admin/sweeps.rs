@@ -17,7 +17,7 @@ use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 
 use super::state::{json_error, json_response, respond, AdminState};
-use crate::matrix::{html::render_html, render_json, render_markdown};
+use crate::matrix::Format;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
 use crate::sweep::{CancelError, StartError, SweepRequest};
@@ -149,21 +149,15 @@ pub fn show(state: &AdminState, id: &str, query: &str) -> Response<ResponseBody>
             &format!("sweep {id} has no matrix yet ({})", status.state.as_str()),
         );
     };
-    match format {
-        "json" => respond(StatusCode::OK, "application/json", render_json(matrix)),
-        "md" | "markdown" => respond(
-            StatusCode::OK,
-            "text/markdown; charset=utf-8",
-            render_markdown(matrix),
-        ),
-        "html" => respond(
-            StatusCode::OK,
-            "text/html; charset=utf-8",
-            render_html(matrix),
-        ),
-        other => json_error(
+    match Format::parse_among(format, &MATRIX_ALONE) {
+        Ok(format) => respond(StatusCode::OK, format.content_type(), format.render(matrix)),
+        Err(message) => json_error(
             StatusCode::BAD_REQUEST,
-            &format!("unknown format {other:?}: use status (default), json, md or html"),
+            &format!("{message} (or status, the default)"),
         ),
     }
 }
+
+/// The renderings of a sweep's (or a reference's) matrix alone (`?format=`; `status`, the
+/// default, is the whole status).
+pub const MATRIX_ALONE: [Format; 3] = [Format::Json, Format::Markdown, Format::Html];

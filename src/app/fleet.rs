@@ -16,6 +16,7 @@ use crate::fleet::compare::{compare, render_compare_json, render_compare_markdow
 use crate::fleet::matrix::{fleet_matrix, mean_ttft_ms, FleetQuery};
 use crate::fleet::promql::PromClient;
 use crate::matrix::EvidenceRule;
+use crate::matrix::Format;
 
 /// Read the fleet's matrix back from Prometheus (or Thanos, Mimir: anything that speaks
 /// PromQL), per configuration fingerprint, and compare a canary with its baseline.
@@ -102,16 +103,8 @@ pub enum TrafficSource {
     Synthetic,
 }
 
-/// Output formats of `fleet matrix`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum FleetMatrixFormat {
-    Md,
-    Json,
-    Html,
-    Svg,
-    Csv,
-    Table,
-}
+/// The renderings `fleet matrix` offers.
+pub const MATRIX_FORMATS: [Format; 6] = Format::ALL;
 
 /// Output formats of `fleet compare`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -131,8 +124,9 @@ pub struct MatrixArgs {
     /// Only replicas of this configuration fingerprint (the `fingerprint` label).
     #[arg(long, value_name = "ID")]
     pub fingerprint: Option<String>,
-    #[arg(long, short, value_enum, default_value_t = FleetMatrixFormat::Md)]
-    pub format: FleetMatrixFormat,
+    /// md, json, csv, html, svg or table (as `matrix show`).
+    #[arg(long, short, value_parser = super::output::format_parser(&MATRIX_FORMATS), default_value = "md")]
+    pub format: Format,
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -233,14 +227,7 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     let client = args.source.client()?;
     let query = args.source.query(args.fingerprint.clone())?;
     let doc = fleet_matrix(&client, &query, args.source.instant()?).await?;
-    let text = match args.format {
-        FleetMatrixFormat::Md => crate::matrix::render_markdown(&doc),
-        FleetMatrixFormat::Json => crate::matrix::render_json(&doc),
-        FleetMatrixFormat::Html => crate::matrix::html::render_html(&doc),
-        FleetMatrixFormat::Svg => crate::matrix::svg::render_svg(&doc),
-        FleetMatrixFormat::Csv => crate::matrix::csv::render_csv(&doc),
-        FleetMatrixFormat::Table => crate::matrix::render_table(&doc),
-    };
+    let text = args.format.render(&doc);
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::matrix::Format;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 
@@ -131,22 +132,8 @@ pub struct CapacityArgs {
     pub output: Option<PathBuf>,
 }
 
-/// Output formats of `matrix show`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ShowFormat {
-    /// Markdown laid out like the seed page; imports back to the same document.
-    Md,
-    /// The JSON document (schema tokentap.matrix/v1), full precision.
-    Json,
-    /// One row per measurement, full precision, base units in the column names.
-    Csv,
-    /// A self-contained HTML report: heat-map grid, charts, full table.
-    Html,
-    /// SVG charts: decode tok/s by concurrency per context, prefill tok/s by context.
-    Svg,
-    /// Aligned columns for a terminal, at most 120 characters wide.
-    Table,
-}
+/// The renderings `matrix show` offers.
+pub const SHOW_FORMATS: [Format; 6] = Format::ALL;
 
 /// Output formats of `matrix diff`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -179,8 +166,10 @@ pub struct ShowArgs {
     #[arg(long, value_name = "NAME", requires = "store")]
     pub model: Option<String>,
     /// Output format.
-    #[arg(long, short, value_enum, default_value_t = ShowFormat::Md)]
-    pub format: ShowFormat,
+    /// md (the seed page's layout; imports back), json, csv, html (heat map, charts, table),
+    /// svg (charts) or table (aligned, at most 120 columns).
+    #[arg(long, short, value_parser = super::output::format_parser(&SHOW_FORMATS), default_value = "md")]
+    pub format: Format,
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -291,25 +280,20 @@ fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let text = match (args.format, &capacity) {
-        (ShowFormat::Md, None) => crate::matrix::markdown::render_markdown(&doc),
-        (ShowFormat::Md, Some(report)) => format!(
+        (Format::Markdown, Some(report)) => format!(
             "{}\n{}",
-            crate::matrix::markdown::render_markdown(&doc),
+            args.format.render(&doc),
             crate::matrix::capacity::render_capacity_markdown(report).replacen("# ", "## ", 1)
         ),
-        (ShowFormat::Json, _) => crate::matrix::render_json(&doc),
-        (ShowFormat::Csv, _) => crate::matrix::csv::render_csv(&doc),
-        (ShowFormat::Html, None) => crate::matrix::html::render_html(&doc),
-        (ShowFormat::Html, Some(report)) => {
+        (Format::Html, Some(report)) => {
             crate::matrix::html::render_html_with_capacity(&doc, report)
         }
-        (ShowFormat::Svg, _) => crate::matrix::svg::render_svg(&doc),
-        (ShowFormat::Table, None) => crate::matrix::table::render_table(&doc),
-        (ShowFormat::Table, Some(report)) => format!(
+        (Format::Table, Some(report)) => format!(
             "{}\n{}",
-            crate::matrix::table::render_table(&doc),
+            args.format.render(&doc),
             crate::matrix::capacity::render_capacity_markdown(report)
         ),
+        (format, _) => format.render(&doc),
     };
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)

@@ -6,8 +6,19 @@
 use std::io::IsTerminal;
 
 use crate::matrix::diff::{render_diff_json, render_diff_markdown, MatrixDiff};
-use crate::matrix::table::{render_diff_table, render_table};
-use crate::matrix::{render_json, render_markdown, MatrixDoc};
+use crate::matrix::table::render_diff_table;
+use crate::matrix::{Format, MatrixDoc};
+
+/// A `--format` value parser offering `offered` of the matrix renderings (`matrix::Format`),
+/// by their names.
+pub fn format_parser(
+    offered: &'static [Format],
+) -> impl clap::builder::TypedValueParser<Value = Format> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(offered.iter().map(|f| f.name())).try_map(
+        |name: String| Format::parse(&name).ok_or_else(|| format!("unknown format {name}")),
+    )
+}
 
 /// `--format` of the commands that end with a matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -33,13 +44,18 @@ impl OutputFormat {
         }
     }
 
+    /// The matrix rendering this is (`Auto` resolved first).
+    pub fn format(self) -> Format {
+        match self.resolve() {
+            OutputFormat::Table => Format::Table,
+            OutputFormat::Json => Format::Json,
+            _ => Format::Markdown,
+        }
+    }
+
     /// A matrix in this format (`Auto` resolved first).
     pub fn matrix(self, doc: &MatrixDoc) -> String {
-        match self.resolve() {
-            OutputFormat::Table => render_table(doc),
-            OutputFormat::Json => render_json(doc),
-            _ => render_markdown(doc),
-        }
+        self.format().render(doc)
     }
 
     /// A diff in this format (`Auto` resolved first).

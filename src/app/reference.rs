@@ -116,9 +116,9 @@ impl ShowFormat {
     fn as_str(self) -> &'static str {
         match self {
             ShowFormat::Status => "status",
-            ShowFormat::Json => "json",
-            ShowFormat::Md => "md",
-            ShowFormat::Html => "html",
+            ShowFormat::Json => crate::matrix::Format::Json.name(),
+            ShowFormat::Md => crate::matrix::Format::Markdown.name(),
+            ShowFormat::Html => crate::matrix::Format::Html.name(),
         }
     }
 }

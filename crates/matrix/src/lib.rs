@@ -17,6 +17,7 @@ pub mod doc;
 pub mod evidence;
 pub mod facts;
 pub mod file;
+pub mod format;
 pub mod html;
 pub mod import;
 pub mod infer;
@@ -38,6 +39,7 @@ pub use doc::{
 };
 pub use evidence::EvidenceRule;
 pub use file::{load, LoadError};
+pub use format::Format;
 pub use import::{parse_any, ImportError};
 pub use markdown::render_markdown;
 pub use redact::redact_launch_command;
