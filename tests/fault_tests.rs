@@ -117,6 +117,7 @@ async fn a_u64_max_usage_jump_is_clamped_flagged_and_costs_microseconds() {
         route: Route::ChatCompletions,
         source: Source::Production,
         model: Arc::from("m"),
+        asked_model: None,
         upstream: Arc::from("u"),
         tag: None,
     };
@@ -2195,18 +2196,73 @@ async fn junk_model_names_cannot_take_the_labels_of_served_models() {
     }
     assert_eq!(post(&url, &chat("real-model")).await.status, 200);
     let all = records.wait_for(11).await;
-    let labels: Vec<&str> = all.iter().map(|r| &*r.model).collect();
+    // One model served: every request is recorded under it, whatever name it sent.
+    assert!(all.iter().all(|r| &*r.model == "real-model"), "{all:?}");
+    // The names the clients sent are kept as a bounded attribute: 4 slots, then `other`.
+    let asked: Vec<Option<&str>> = all.iter().map(|r| r.asked_model.as_deref()).collect();
     assert_eq!(
-        labels.iter().filter(|l| l.starts_with("junk-")).count(),
+        asked
+            .iter()
+            .filter(|a| a.is_some_and(|a| a.starts_with("junk-")))
+            .count(),
         4,
-        "{labels:?}"
+        "{asked:?}"
     );
     assert_eq!(
-        labels.iter().filter(|l| **l == "other").count(),
+        asked.iter().filter(|a| **a == Some("other")).count(),
         6,
-        "{labels:?}"
+        "{asked:?}"
     );
-    assert_eq!(labels.last(), Some(&"real-model"), "{labels:?}");
+    assert_eq!(asked.last(), Some(&None), "{asked:?}");
+}
+
+#[tokio::test]
+async fn a_server_of_several_models_records_each_request_under_the_served_id_it_named() {
+    // vLLM with a LoRA adapter serves two ids: a request naming one is recorded under it, a
+    // name it does not serve under `other` (the client's name kept only as an attribute).
+    let upstream = ScriptedUpstream::start(|r| {
+        if r.path == "/v1/models" {
+            Script::json(
+                200,
+                r#"{"object":"list","data":[{"id":"base-model","object":"model"},{"id":"sql-lora","object":"model","parent":"base-model"}]}"#,
+            )
+        } else {
+            Script::sse(vec![chunk("a", "1"), done()])
+        }
+    })
+    .await;
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    let start = Instant::now();
+    while !upstream.requests().iter().any(|r| r.path == "/v1/models")
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    for model in ["sql-lora", "base-model", "gpt-4o"] {
+        let body = format!(
+            r#"{{"model":"{model}","stream":true,"messages":[{{"role":"user","content":"hi"}}]}}"#
+        );
+        assert_eq!(post(&url, &body).await.status, 200);
+    }
+    let all = records.wait_for(3).await;
+    let recorded: Vec<(&str, Option<&str>)> = all
+        .iter()
+        .map(|r| (&*r.model, r.asked_model.as_deref()))
+        .collect();
+    assert_eq!(
+        recorded,
+        vec![
+            ("sql-lora", None),
+            ("base-model", None),
+            ("other", Some("gpt-4o"))
+        ]
+    );
 }
 
 #[test]

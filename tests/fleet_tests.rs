@@ -744,3 +744,100 @@ async fn a_fleet_sweep_sweeps_each_sidecar_and_names_the_slow_one() {
     fast.shutdown().await;
     slow.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_that_starts_and_ends_together_shows_in_the_fleet_matrix() {
+    // Two sidecars, four long streams each, started together and ended together: every
+    // request's counters are incremented in the same scrape interval. Prometheus'
+    // `increase()` never counts a series' first sample, so the cell's series must exist (at 0)
+    // before the burst ends: they are created when its requests are admitted.
+    let mut sims = Vec::new();
+    for _ in 0..2 {
+        sims.push(
+            SimServer::start(profile(BASE_TOK_S, 60.0), SimOptions::default())
+                .await
+                .unwrap(),
+        );
+    }
+    let mut servers = Vec::new();
+    for sim in &sims {
+        servers.push(sidecar(&sim.base_url(), "").await);
+    }
+    let dir = TempDir::new("prometheus-burst");
+    let mut targets = String::new();
+    for server in &servers {
+        targets.push_str(&format!("      - targets: [\"{}\"]\n", server.admin_addr));
+    }
+    let config_file = dir.0.join("prometheus.yml");
+    std::fs::write(
+        &config_file,
+        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: tokentap\n    metrics_path: /metrics\n    static_configs:\n{targets}"),
+    )
+    .unwrap();
+    let (_prometheus, base) = start_prometheus(&dir.0, &config_file).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while instant(&base, "up{job=\"tokentap\"} == 1").await.len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus scraped both sidecars"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // 4 streams of 600 tokens at 100 tok/s per sidecar: about 6 s, all at once.
+    const TOKENS: u64 = 600;
+    let mut streams = Vec::new();
+    for server in &servers {
+        for _ in 0..4 {
+            let url = format!("http://{}/v1/completions", server.proxy_addr);
+            streams.push(tokio::spawn(async move {
+                common::post(&url, &completion_body(TOKENS)).await
+            }));
+        }
+    }
+    // The clients' own per-request tok/s: tokens after the first over first to last token.
+    let mut rates = Vec::new();
+    for stream in streams {
+        let answer = stream.await.unwrap();
+        assert_eq!(answer.status, 200);
+        let tokens: Vec<Instant> = answer
+            .frames
+            .iter()
+            .filter(|(_, frame)| {
+                frame.windows(7).any(|w| w == b"\"text\":") && !frame.starts_with(b"data: [DONE]")
+            })
+            .map(|(at, _)| *at)
+            .collect();
+        let (first, last) = (tokens[0], tokens[tokens.len() - 1]);
+        rates.push((TOKENS - 1) as f64 / last.duration_since(first).as_secs_f64());
+    }
+    let client_rate = rates.iter().sum::<f64>() / rates.len() as f64;
+    // Three more scrapes.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let output = tokentap(
+        [
+            "fleet",
+            "matrix",
+            "--prometheus",
+            base.as_str(),
+            "--window",
+            "5m",
+            "--format",
+            "json",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    )
+    .await;
+    let fleet = json_of(&output);
+    let burst = cell(&fleet, 8192, 4).unwrap_or_else(|| panic!("no 8K × 4 cell: {fleet:#}"));
+    close(
+        "fleet per-request tok/s of the burst vs the clients' own",
+        figure(burst, "per_request_tok_s"),
+        client_rate,
+        0.05,
+    );
+    for server in servers {
+        server.shutdown().await;
+    }
+}

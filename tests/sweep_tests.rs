@@ -1783,3 +1783,64 @@ async fn sweeps_cannot_surprise_production_and_a_cancelled_one_loses_nothing() {
     assert_eq!(states, ["cancelled", "finished"], "{list:#}");
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_curl_and_a_sweep_land_in_the_same_models_matrices() {
+    // sglang answers to any model name: the README's curl sends "default". The request is
+    // recorded under the model the server serves, like the sweep's, so the page, /capacity,
+    // /matrix and the Prometheus labels meet on one name.
+    let sim = sim(STEP).await;
+    let server = proxy_with_token(&sim.base_url(), "[slo]\ntbt = \"1s\"\n").await;
+    let upstream = std::sync::Arc::clone(server.proxy.router.default_upstream());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while upstream.served_model().is_none() {
+        assert!(Instant::now() < deadline, "the served model was read");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let served = upstream.served_model().unwrap().to_string();
+    assert_ne!(served, "default");
+    let curl = r#"{"model":"default","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    for _ in 0..2 {
+        assert_eq!(common::post(&url, curl).await.status, 200);
+    }
+    let id = start_sweep(
+        &server,
+        r#"{"contexts": ["8K"], "concurrency": [1, 2], "cell_duration": "1s", "slo": "tbt=1s", "find_capacity": true}"#,
+    )
+    .await;
+    let done = wait_status(&server, &id, "finished", Duration::from_secs(90), |s| {
+        s["state"] == "finished"
+    })
+    .await;
+    assert_eq!(
+        done["matrix"]["metadata"]["model"]["served_model"], served,
+        "{done:#}"
+    );
+    let (code, production) = admin(
+        &server,
+        "GET",
+        "/matrix?source=production&format=json",
+        Some(TOKEN),
+        "",
+    )
+    .await;
+    assert_eq!(code, 200, "{production}");
+    assert_eq!(
+        production["metadata"]["model"]["served_model"], served,
+        "{production:#}"
+    );
+    let (code, capacity) = admin(&server, "GET", "/capacity", Some(TOKEN), "").await;
+    assert_eq!(code, 200, "{capacity}");
+    assert_eq!(capacity["models"][0]["model"], served, "{capacity:#}");
+    assert!(
+        !capacity["models"][0]["capacity"].is_null(),
+        "the sweep of the served model gives production its capacity: {capacity:#}"
+    );
+    let metrics = server.metrics.render();
+    assert!(
+        metrics.contains(&format!("model=\"{served}\"")) && !metrics.contains("model=\"default\""),
+        "{metrics}"
+    );
+    server.shutdown().await;
+}

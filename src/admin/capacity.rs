@@ -16,22 +16,14 @@ use serde::Serialize;
 use crate::aggregate::config::fingerprint_of;
 use crate::aggregate::headroom::{headroom, Headroom};
 use crate::aggregate::Window;
-use crate::config::CapacityConfig;
 use crate::matrix::capacity::{capacity, CapacityQuery, CapacityReport, Targets};
 use crate::matrix::doc::MatrixDoc;
 use crate::meter::identity::FingerprintId;
-use crate::meter::slo::SloPolicy;
 use crate::proxy::body::ResponseBody;
 use crate::telemetry::capacity::HeadroomSample;
 
+pub use super::state::CapacitySettings;
 use super::state::{json_response, AdminState};
-
-/// What live headroom is computed with: `[capacity]` and the `[slo]` targets.
-#[derive(Debug, Clone)]
-pub struct CapacitySettings {
-    pub config: CapacityConfig,
-    pub slo: SloPolicy,
-}
 
 /// One model's answer.
 #[derive(Debug, Clone, Serialize)]

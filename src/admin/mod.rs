@@ -17,6 +17,7 @@ pub mod query;
 pub mod reference;
 pub mod routes;
 pub mod session;
+pub mod sessions;
 pub mod state;
 pub mod sweeps;
 pub mod workload;

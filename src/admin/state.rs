@@ -11,8 +11,10 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 
-use super::{capacity, session};
+use super::sessions::{self, ClientAddr, LoginFailure, SessionView, Sessions};
 use crate::aggregate::ProductionMatrix;
+use crate::config::CapacityConfig;
+use crate::meter::slo::SloPolicy;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
 use crate::proxy::Proxy;
@@ -41,12 +43,33 @@ pub struct AdminState {
     /// The workload capture, when `[workload] capture` is on (`/workload`).
     pub workload: Option<Arc<crate::workload::WorkloadCapture>>,
     /// How live headroom is computed (`/capacity`, the page, the capacity gauges).
-    pub capacity: capacity::CapacitySettings,
+    pub capacity: CapacitySettings,
     /// Browser sessions (`/login`), used only when `token` is set; also the failed-credential
     /// record that throttles logins and bearer tokens per client address.
-    pub sessions: session::Sessions,
+    pub sessions: Sessions,
     /// `admin.allowed_hosts`: without a token, the `Host` names answered besides loopback.
     pub allowed_hosts: Vec<String>,
+}
+
+/// What live headroom is computed with: `[capacity]` and the `[slo]` targets.
+#[derive(Debug, Clone)]
+pub struct CapacitySettings {
+    pub config: CapacityConfig,
+    pub slo: SloPolicy,
+}
+
+/// The answer to a credential sent from an address still waiting after failures: `429`, with
+/// how long in `Retry-After` (the credential is not looked at).
+pub fn too_many(left: std::time::Duration) -> Response<ResponseBody> {
+    let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+    let mut response = json_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        &format!("too many wrong admin credentials from this address: try again in {seconds} s"),
+    );
+    if let Ok(value) = HeaderValue::try_from(seconds.to_string()) {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    response
 }
 
 /// A plain response with a content type.
@@ -119,7 +142,13 @@ impl AdminState {
         if self.token.is_none() {
             return true;
         }
-        self.bearer_ok(request) || session::session_of(self, request).is_some()
+        self.bearer_ok(request) || self.session_of(request).is_some()
+    }
+
+    /// The live session this request's cookie names, when a token is configured.
+    pub fn session_of<B>(&self, request: &Request<B>) -> Option<SessionView> {
+        self.token.as_ref()?;
+        self.sessions.find(sessions::cookie_id(request)?)
     }
 
     /// True only if a token is configured and the request carries it as a bearer token (writes
@@ -136,21 +165,18 @@ impl AdminState {
     pub(super) fn check_bearer<B>(&self, request: &Request<B>) -> Option<Response<ResponseBody>> {
         let token = self.token.as_deref()?;
         let given = bearer(request)?;
-        let client = request
-            .extensions()
-            .get::<session::ClientAddr>()
-            .map(|c| c.0);
+        let client = request.extensions().get::<ClientAddr>().map(|c| c.0);
         if let Some(left) = self.sessions.wait_left(client) {
             self.metrics
-                .count_login_failure(session::LoginFailure::Throttled.label());
-            return Some(session::too_many(left));
+                .count_login_failure(LoginFailure::Throttled.label());
+            return Some(too_many(left));
         }
         if constant_time_eq(given.as_bytes(), token.as_bytes()) {
             self.sessions.succeeded(client);
             return None;
         }
         self.metrics
-            .count_login_failure(session::LoginFailure::BadToken.label());
+            .count_login_failure(LoginFailure::BadToken.label());
         let wait = self.sessions.failed(client);
         tracing::warn!(client = ?client, wait_s = wait.as_secs(), "wrong admin bearer token");
         Some(unauthorized())
@@ -247,9 +273,7 @@ pub fn service(
     hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
         let state = Arc::clone(&state);
         if let Some(peer) = peer {
-            request
-                .extensions_mut()
-                .insert(session::ClientAddr(peer.ip()));
+            request.extensions_mut().insert(ClientAddr(peer.ip()));
         }
         async move { Ok::<_, Infallible>(state.handle(request).await) }
     })

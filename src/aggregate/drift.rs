@@ -93,8 +93,8 @@ pub fn compare_production(
     // A reference pinned on one configuration (its `Fingerprint` fact) is compared with that
     // configuration's production only.
     let filter = match super::config::fingerprint_of(&reference.matrix.metadata) {
-        Some(id) => super::FingerprintFilter::Only(vec![id]),
-        None => super::FingerprintFilter::All,
+        Some(id) => super::window::FingerprintFilter::Only(vec![id]),
+        None => super::window::FingerprintFilter::All,
     };
     let doc = production.matrix_of(window, Some(&reference.model), now, &filter)?;
     Some(compare(

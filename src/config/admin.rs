@@ -3,8 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::error::{ConfigError, Origins};
 use super::raw::RawAdmin;
-use super::{ConfigError, Origins};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct AdminConfig {

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use super::error::{ConfigError, Origins};
 use super::raw::RawCapacity;
-use super::{ConfigError, Origins};
 use crate::matrix::capacity::Basis;
 
 /// `[capacity]`: how live headroom is computed (docs/capacity.md).

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use super::error::{ConfigError, Origins};
 use super::raw::{RawDrift, RawEvidence};
-use super::{ConfigError, Origins};
 use crate::matrix::evidence::EvidenceRule;
 
 /// `[drift]`: production against pinned reference matrices.

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use super::error::{ConfigError, Origins};
 use super::raw::RawFingerprint;
-use super::{ConfigError, Origins};
 
 /// `[fingerprint]`: how each upstream's configuration is read (docs/fleet.md).
 #[derive(Debug, Clone, PartialEq)]

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use super::error::{ConfigError, Origins};
 use super::raw::{RawMetering, RawSlo, RawSloTargets};
-use super::{ConfigError, Origins};
 use crate::meter::buckets::Ladder;
 use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
 

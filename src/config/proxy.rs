@@ -4,8 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::error::{ConfigError, Origins};
 use super::raw::{RawProxy, RawRoutes, RawTls};
-use super::{ConfigError, Origins};
 
 /// Most connection-worker threads `proxy.workers` may ask for.
 pub const MAX_WORKERS: usize = 1024;

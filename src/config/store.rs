@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::error::{ConfigError, Origins};
 use super::raw::RawStore;
-use super::{ConfigError, Origins};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use super::error::{ConfigError, Origins};
 use super::raw::RawSweep;
-use super::{ConfigError, Origins};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SweepConfig {

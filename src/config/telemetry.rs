@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use http::Uri;
 
+use super::error::{ConfigError, Origins};
 use super::raw::RawTelemetry;
-use super::{ConfigError, Origins};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct TelemetryConfig {

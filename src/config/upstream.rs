@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use http::Uri;
 
+use super::error::{ConfigError, Origins};
 use super::raw::RawUpstream;
 use super::value::UsageUnasked;
-use super::{ConfigError, Origins};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct UpstreamConfig {

@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use super::error::{ConfigError, Origins};
 use super::raw::RawWorkload;
-use super::{ConfigError, Origins};
 
 /// `[workload]`: the opt-in capture of request shapes for replay.
 #[derive(Clone, PartialEq)]

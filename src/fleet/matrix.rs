@@ -243,16 +243,26 @@ async fn pick_model(
 ) -> Result<String, FleetError> {
     let range = query.range();
     let selector = query.selector(query.model.as_deref());
-    let models: BTreeMap<String, f64> = ask(
-        client,
-        &increase_by("model", names::REQUESTS_TOTAL, &selector, "", &range),
-        time,
-    )
-    .await?
-    .into_iter()
-    .filter(|s| s.value.is_finite() && s.value > 0.0)
-    .map(|s| (s.label("model").to_owned(), s.value))
-    .collect();
+    // Traffic shows as finished requests or as output tokens: a burst of long streams still
+    // running, or one whose requests all ended in the window's first scrape, has the one
+    // without the other.
+    let mut models: BTreeMap<String, f64> = BTreeMap::new();
+    for (metric, extra) in [
+        (names::REQUESTS_TOTAL, ""),
+        (names::TOKENS_TOTAL, "type=\"completion\""),
+    ] {
+        let answer = ask(
+            client,
+            &increase_by("model", metric, &selector, extra, &range),
+            time,
+        )
+        .await?;
+        for sample in answer {
+            if sample.value.is_finite() && sample.value > 0.0 {
+                *models.entry(sample.label("model").to_owned()).or_default() += sample.value;
+            }
+        }
+    }
     if let Some(model) = &query.model {
         if models.contains_key(model) {
             return Ok(model.clone());
@@ -579,8 +589,9 @@ async fn metadata(
     let replicas = ask(
         client,
         &format!(
-            "count(count by (job, instance) (increase({}{{{selector}}}[{range}]) > 0))",
-            names::REQUESTS_TOTAL
+            "count(count by (job, instance) ((increase({}{{{selector}}}[{range}]) > 0) or (increase({}{{{selector},type=\"completion\"}}[{range}]) > 0)))",
+            names::REQUESTS_TOTAL,
+            names::TOKENS_TOTAL
         ),
         time,
     )

@@ -61,9 +61,29 @@ pub struct Usage {
 pub trait RecordSink: Send + Sync {
     /// A metered request began (its labels are known once its body was read).
     fn started(&self, _labels: &RequestLabels) {}
+    /// The cell a metered request is expected to land in, said when it is admitted (from
+    /// its prompt's size) and again at its first token (from the prompt count the upstream
+    /// reported, and the concurrency then) where that differs. A sink may create the cell's
+    /// series at 0 now, so the increments it gets when the request ends are counted by
+    /// Prometheus' `increase()`, which never counts a series' first sample.
+    fn expected(&self, _labels: &RequestLabels, _cell: ExpectedCell) {}
     /// A metered request ended; called exactly once per `started`.
     fn record(&self, record: &Arc<RequestRecord>);
 }
+
+/// Where a request is expected to be recorded: the cell's buckets and the upstream's
+/// configuration (see [`RecordSink::expected`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpectedCell {
+    pub context: usize,
+    pub concurrency: usize,
+    pub fingerprint: identity::FingerprintId,
+}
+
+/// Bytes of a prompt's JSON per token, for the cell a request is expected in before the
+/// upstream counted its prompt: about what English text and chat JSON take per token in
+/// today's tokenizers (the simulator counts exactly this for text).
+pub const PROMPT_BYTES_PER_TOKEN: u64 = 4;
 
 /// Shared metering state of one proxy instance.
 pub struct Meter {
@@ -190,6 +210,7 @@ impl Meter {
             clamped: false,
             slo: ResolvedSlo::default(),
             server_state,
+            expected: None,
         }
     }
 
@@ -208,7 +229,11 @@ impl Meter {
 pub struct RequestLabels {
     pub route: Route,
     pub source: Source,
+    /// The model the server serves (`proxy::service::recorded_model`): every matrix key.
     pub model: Arc<str>,
+    /// The name the client sent, when it differs from `model` (bounded like model labels):
+    /// an attribute of the request's span, never a key.
+    pub asked_model: Option<Arc<str>>,
     pub upstream: Arc<str>,
     pub tag: Option<Arc<str>>,
 }
@@ -244,6 +269,8 @@ pub struct RequestMeter {
     pub slo: ResolvedSlo,
     /// The upstream's scraped-state tracker and its integrals at head in, when scraped.
     server_state: Option<(Arc<ServerStateTracker>, StateReading)>,
+    /// The cell last announced to the sinks (`expect_cell`).
+    expected: Option<ExpectedCell>,
 }
 
 impl std::fmt::Debug for RequestMeter {
@@ -256,6 +283,36 @@ impl std::fmt::Debug for RequestMeter {
 }
 
 impl RequestMeter {
+    /// Says which cell this request is expected in, with `prompt_tokens` (counted by the
+    /// upstream, or estimated from the prompt's size) and the concurrency in force now; the
+    /// sinks hear of each cell once per request. Called at admission and at the first token
+    /// (one read lock, like the first token's own bookkeeping; never on later events).
+    pub fn expect_cell(&mut self, prompt_tokens: u64) {
+        let Some(guard) = &self.guard else {
+            return;
+        };
+        let cell = ExpectedCell {
+            context: self.meter.contexts.context_bucket(prompt_tokens),
+            concurrency: self
+                .meter
+                .concurrency
+                .concurrency_bucket_of_count(guard.tracker().current()),
+            fingerprint: self.fingerprint,
+        };
+        if self.expected == Some(cell) {
+            return;
+        }
+        self.expected = Some(cell);
+        for sink in lock::read(&self.meter.sinks).iter() {
+            sink.expected(&self.labels, cell);
+        }
+    }
+
+    /// Whether no output token was seen yet (the next one is the first).
+    pub fn before_first_token(&self) -> bool {
+        self.guard.as_ref().is_some_and(InflightGuard::in_prefill)
+    }
+
     /// Records an event that carried `tokens` tokens of output at `now`. No allocation, no
     /// lock: atomic reads of the in-flight count and the tracker's integrals, and field
     /// updates. (The first token also ends this request's prefill phase: one short writer
@@ -353,6 +410,7 @@ impl RequestMeter {
             route: self.labels.route,
             source: self.labels.source,
             model: Arc::clone(&self.labels.model),
+            asked_model: self.labels.asked_model.clone(),
             upstream: Arc::clone(&self.labels.upstream),
             tag: self.labels.tag.clone(),
             fingerprint: self.fingerprint,

@@ -89,6 +89,8 @@ pub struct RequestRecord {
     pub route: Route,
     pub source: Source,
     pub model: Arc<str>,
+    /// The name the client sent, when it differs from `model` (see `RequestLabels`).
+    pub asked_model: Option<Arc<str>>,
     pub upstream: Arc<str>,
     /// Free-form tag set by in-process callers (the sweep engine tags its cell's requests).
     pub tag: Option<Arc<str>>,
@@ -257,6 +259,7 @@ impl RequestRecord {
             route: Route::ChatCompletions,
             source: Source::Production,
             model: Arc::from("m"),
+            asked_model: None,
             upstream: Arc::from("default"),
             tag: None,
             fingerprint: super::identity::FingerprintId::UNKNOWN,

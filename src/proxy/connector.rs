@@ -16,7 +16,7 @@ use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::BoxError;
+use super::box_error::BoxError;
 use crate::net::faults::{Fault, FaultCounters};
 
 /// No connection slot to the upstream came free in time.

@@ -138,21 +138,19 @@ pub async fn read_now(
     Some(answers)
 }
 
-/// What the proxy takes from a read: every served model gets its own label, the first is the
-/// label of requests that name none (unless `default_model` is configured), and, for
-/// `sends_usage_unasked = "auto"`, whether the engine says it sends the final usage chunk
-/// unasked.
+/// What the proxy takes from a read: every served model gets its own label, and the served
+/// list is what requests are recorded under (`service::recorded_model`: the one model, or the
+/// served id the client's name matches); and, for `sends_usage_unasked = "auto"`, whether the
+/// engine says it sends the final usage chunk unasked.
 fn apply(proxy: &Proxy, upstream: &Upstream, answers: &Answers) {
     let models = answers.model_ids();
     proxy.models.serve(models.iter().copied());
-    if let Some(first) = models.first().filter(|_| upstream.default_model.is_none()) {
-        if upstream.set_served_model(first) {
-            tracing::info!(
-                upstream = %upstream.name,
-                model = %first,
-                "requests that name no model are recorded under the server's model (/v1/models)"
-            );
-        }
+    if !models.is_empty() && upstream.set_served_models(&models) {
+        tracing::info!(
+            upstream = %upstream.name,
+            models = %models.join(", "),
+            "requests are recorded under the model the server serves (/v1/models), whatever name the client sends"
+        );
     }
     if upstream.config.sends_usage_unasked == UsageUnasked::Auto {
         if let Some(flag) = super::usage_unasked::from_answers(answers) {
@@ -161,19 +159,10 @@ fn apply(proxy: &Proxy, upstream: &Upstream, answers: &Answers) {
     }
 }
 
-/// Whether `upstream` is read in the background: for its fingerprint, for its served model
-/// (no `default_model`), for its usage flag (`"auto"`), or beside its `/metrics` scrape.
-pub fn wanted(upstream: &Upstream, fingerprint_interval: Duration) -> bool {
-    !fingerprint_interval.is_zero()
-        || upstream.default_model.is_none()
-        || upstream.config.sends_usage_unasked == UsageUnasked::Auto
-        || !upstream.config.metrics_interval.is_zero()
-}
-
-/// Marks the configured names served, then starts one reader per upstream that is to be read
-/// (`wanted`), every `fingerprint_interval` (zero: [`DEFAULT_INTERVAL`], without the metrics
-/// page, which only the fingerprint needs). Each holds the proxy weakly, so it ends when the
-/// proxy is dropped.
+/// Marks the configured names served, then starts one reader per upstream (every request is
+/// recorded under the model its server serves, so each is read), every `fingerprint_interval`
+/// (zero: [`DEFAULT_INTERVAL`], without the metrics page, which only the fingerprint needs).
+/// Each holds the proxy weakly, so it ends when the proxy is dropped.
 pub fn spawn(proxy: &Arc<Proxy>, fingerprint_interval: Duration) {
     let fingerprinting = !fingerprint_interval.is_zero();
     let interval = if fingerprinting {
@@ -188,14 +177,12 @@ pub fn spawn(proxy: &Arc<Proxy>, fingerprint_interval: Duration) {
         if let Some(model) = &upstream.default_model {
             proxy.models.serve(std::iter::once(&**model));
         }
-        if wanted(upstream, fingerprint_interval) {
-            tokio::spawn(read_forever(
-                Arc::downgrade(proxy),
-                index,
-                interval,
-                fingerprinting,
-            ));
-        }
+        tokio::spawn(read_forever(
+            Arc::downgrade(proxy),
+            index,
+            interval,
+            fingerprinting,
+        ));
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::{header, Response, StatusCode};
 
 use super::body::ResponseBody;
-use super::BoxError;
+use super::box_error::BoxError;
 use crate::meter::record::Outcome;
 
 #[derive(Debug, thiserror::Error)]

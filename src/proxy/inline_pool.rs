@@ -51,10 +51,10 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use super::box_error::BoxError;
 use super::connector::acquire_slot;
 use super::relay::{self, Connection, Decoder, FinalHead, IdleState, Outgoing, RelayError};
 use super::request_body::RequestBody;
-use super::BoxError;
 use crate::base::lock;
 use crate::net::faults::{Fault, FaultCounters};
 use crate::stream::body::BodyFailure;

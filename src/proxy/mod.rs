@@ -5,6 +5,7 @@
 pub mod answers;
 pub mod ask;
 pub mod body;
+pub mod box_error;
 pub mod connector;
 pub mod describe;
 pub mod error;
@@ -18,8 +19,5 @@ pub mod timeout;
 pub mod upstream;
 pub mod usage_unasked;
 
+pub use box_error::BoxError;
 pub use service::{Proxy, ProxyService, Synthetic};
-
-/// The error every body on the data path yields: whatever the client's or the upstream's body
-/// failed with, boxed so the request and response enums have one error type.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

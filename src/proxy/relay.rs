@@ -35,8 +35,8 @@ use tokio::net::TcpStream;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::io::poll_read_buf;
 
+use super::box_error::BoxError;
 use super::request_body::RequestBody;
-use super::BoxError;
 
 /// The most header fields a response head (or a trailer block) may have, as in hyper.
 const MAX_HEADERS: usize = 100;

@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::BoxError;
+use super::box_error::BoxError;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 

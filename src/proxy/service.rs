@@ -25,13 +25,13 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use super::body::{DynBody, RequestBody, ResponseBody};
+use super::box_error::BoxError;
 use super::connector::at_capacity;
 use super::error::{error_chain, ProxyError};
 use super::headers::{is_event_stream, remove_hop_by_hop};
 use super::routes::{Internal, RoutePolicy};
 use super::timeout::{is_stall, IdleError, IdleTimeout};
 use super::upstream::{Router, Upstream};
-use super::BoxError;
 use crate::base::lock;
 use crate::base::Route;
 use crate::base::Source;
@@ -68,8 +68,7 @@ pub struct ModelLabels {
     other: Arc<str>,
 }
 
-/// Most served names kept (a server listing more is not believed past this).
-pub const MAX_SERVED_MODELS: usize = 1024;
+pub use super::upstream::MAX_SERVED_MODELS;
 
 impl ModelLabels {
     pub fn new(max: usize) -> Self {
@@ -94,6 +93,11 @@ impl ModelLabels {
                 served.insert(Box::from(name));
             }
         }
+    }
+
+    /// The label of names no upstream serves once the slots are taken.
+    pub fn other(&self) -> Arc<str> {
+        Arc::clone(&self.other)
     }
 
     pub fn label(&self, model: &str) -> Arc<str> {
@@ -409,16 +413,7 @@ impl Proxy {
             header::ACCEPT_ENCODING,
             HeaderValue::from_static("identity"),
         );
-        let model = match facts.model.as_deref() {
-            Some(model) => self.models.label(model),
-            // A request that names no model (sglang `/generate`): the configured label, else
-            // the model the server serves.
-            None => match (&upstream.default_model, upstream.served_model()) {
-                (Some(configured), _) => Arc::clone(configured),
-                (None, Some(served)) => self.models.label(&served),
-                (None, None) => self.models.label(super::upstream::UNKNOWN_MODEL),
-            },
-        };
+        let (model, asked_model) = self.recorded_model(&upstream, facts.model.as_deref());
         let (source, tag) = match synthetic {
             Some(s) => (Source::Synthetic, s.tag),
             None => (Source::Production, None),
@@ -428,6 +423,7 @@ impl Proxy {
                 route,
                 source,
                 model,
+                asked_model,
                 upstream: Arc::clone(&upstream.name),
                 tag,
             },
@@ -438,6 +434,13 @@ impl Proxy {
         // One atomic load: the configuration the upstream runs as this request starts.
         meter.fingerprint = upstream.identity.current();
         meter.prefix_blocks = prefix_blocks;
+        // The cell's series exist before its first request ends (Prometheus' `increase()`
+        // never counts a series' first sample): its prompt's size says which, until the
+        // upstream counts it.
+        if let Some(prompt) = facts.prompt {
+            let bytes = prompt.end.saturating_sub(prompt.start) as u64;
+            meter.expect_cell(bytes / crate::meter::PROMPT_BYTES_PER_TOKEN);
+        }
         // Once per request, off the hot path; the header is forwarded like any other.
         meter.slo = self.metering.slo.resolve(
             facts.model.as_deref(),
@@ -456,6 +459,41 @@ impl Proxy {
             Some(metered),
         )
         .await
+    }
+
+    /// The model a request is recorded under, and the client's own name for it when that
+    /// differs (a bounded label, never a matrix key). Neither the request nor the response can
+    /// be trusted for the first: sglang serves any name a client sends and echoes it back. So:
+    /// a server that serves one model records every request under it; one that serves several
+    /// (vLLM with LoRA adapters) under the served id the client named, else `other`. Until the
+    /// server has said what it serves, the client's name (bounded by `max_models`), and for a
+    /// request that names none, `default_model`.
+    fn recorded_model(
+        &self,
+        upstream: &Upstream,
+        asked: Option<&str>,
+    ) -> (Arc<str>, Option<Arc<str>>) {
+        let served = upstream.served_models();
+        let recorded = match (served.as_ref(), asked) {
+            ([], Some(asked)) => self.models.label(asked),
+            ([], None) => match &upstream.default_model {
+                Some(configured) => Arc::clone(configured),
+                None => self.models.label(super::upstream::UNKNOWN_MODEL),
+            },
+            ([only], _) => self.models.label(only),
+            (several, Some(asked)) => match several.iter().find(|m| &***m == asked) {
+                Some(served) => self.models.label(served),
+                None => self.models.other(),
+            },
+            ([first, ..], None) => match &upstream.default_model {
+                Some(configured) => Arc::clone(configured),
+                None => self.models.label(first),
+            },
+        };
+        let asked = asked
+            .filter(|asked| *asked != &*recorded)
+            .map(|asked| self.models.label(asked));
+        (recorded, asked)
     }
 
     /// The answer to a request body that went silent (counted where it stalled).

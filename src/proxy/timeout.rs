@@ -22,7 +22,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 
-use super::BoxError;
+use super::box_error::BoxError;
 use crate::meter::record::Outcome;
 use crate::net::faults::{Fault, FaultCounters};
 use crate::stream::body::BodyFailure;

@@ -15,9 +15,9 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::answers::Answers;
 use super::body::RequestBody;
+use super::box_error::BoxError;
 use super::connector::Limited;
 use super::inline_pool::{DrivenBody, InlineOptions, InlinePool};
-use super::BoxError;
 use crate::base::lock;
 use crate::config::{UpstreamConfig, UsageUnasked};
 use crate::net::faults::FaultCounters;
@@ -27,6 +27,10 @@ use crate::stream::request::ServerUsage;
 /// The label of a request that names no model while neither the configuration nor the server
 /// says one (`served_model`).
 pub const UNKNOWN_MODEL: &str = "default";
+
+/// Most served names kept per upstream and as labels (a server listing more is not believed
+/// past this).
+pub const MAX_SERVED_MODELS: usize = 1024;
 
 /// The pooled client type of every upstream.
 pub type UpstreamClient = Client<Limited<HttpsConnector<HttpConnector>>, RequestBody>;
@@ -47,10 +51,11 @@ pub struct Upstream {
     inline: Option<Arc<InlinePool>>,
     /// The configured label for requests that name no model (interned once), if any.
     pub default_model: Option<Arc<str>>,
-    /// The model the server says it serves (`served_model`, from `/v1/models`), once known:
-    /// the label of requests that name none when no `default_model` is configured. Read once
-    /// per such request, written once a minute.
-    served_model: RwLock<Option<Arc<str>>>,
+    /// The models the server says it serves (its `/v1/models`, at most
+    /// [`MAX_SERVED_MODELS`]), empty until it has said:
+    /// what every metered request is recorded under (`service::recorded_model`). Read once per
+    /// request (one brief read lock), written when a read finds them changed.
+    served_models: RwLock<Arc<[Arc<str>]>>,
     /// The server sends the final usage chunk to streams that did not ask (configured
     /// `"final"`, or discovered by `usage_unasked` for `"auto"`).
     pub usage_unasked: AtomicBool,
@@ -135,7 +140,7 @@ impl Upstream {
             ))),
             name,
             default_model: config.default_model.as_deref().map(Arc::from),
-            served_model: RwLock::new(None),
+            served_models: RwLock::new(Arc::from(Vec::new())),
             usage_unasked: AtomicBool::new(config.sends_usage_unasked == UsageUnasked::Final),
             config,
             client,
@@ -213,17 +218,30 @@ impl Upstream {
         self.description().and_then(|answers| answers.engine())
     }
 
-    /// The model the server last said it serves, if it has.
+    /// The model the server last said it serves first, if it has said.
     pub fn served_model(&self) -> Option<Arc<str>> {
-        lock::read(&self.served_model).clone()
+        lock::read(&self.served_models).first().cloned()
     }
 
-    /// Records the model the server says it serves; whether it changed.
-    pub fn set_served_model(&self, model: &str) -> bool {
-        if lock::read(&self.served_model).as_deref() == Some(model) {
+    /// Every model the server last said it serves (empty until it has said).
+    pub fn served_models(&self) -> Arc<[Arc<str>]> {
+        Arc::clone(&lock::read(&self.served_models))
+    }
+
+    /// Records the models the server says it serves (at most
+    /// [`MAX_SERVED_MODELS`], in its order); whether
+    /// they changed.
+    pub fn set_served_models(&self, models: &[&str]) -> bool {
+        let models = &models[..models.len().min(MAX_SERVED_MODELS)];
+        let same = {
+            let current = lock::read(&self.served_models);
+            current.len() == models.len() && current.iter().zip(models).all(|(a, b)| &**a == *b)
+        };
+        if same {
             return false;
         }
-        *lock::write(&self.served_model) = Some(Arc::from(model));
+        let list: Vec<Arc<str>> = models.iter().map(|m| Arc::from(*m)).collect();
+        *lock::write(&self.served_models) = Arc::from(list);
         true
     }
 

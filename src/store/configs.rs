@@ -13,7 +13,7 @@ use rusqlite::params;
 use crate::base::wallclock::{from_unix_millis, unix_millis};
 use crate::meter::identity::{ConfigEntry, ConfigFacts, FingerprintId};
 
-use super::{query, Store, StoreError};
+use super::db::{query, Store, StoreError};
 
 /// Rows kept per upstream; the oldest go first.
 pub const KEPT_PER_UPSTREAM: i64 = 100;

@@ -9,7 +9,7 @@ use rusqlite::{params, OptionalExtension};
 use crate::base::wallclock::{from_unix_millis, unix_millis};
 use crate::matrix::compare::Reference;
 
-use super::{query, read_matrix, Store, StoreError};
+use super::db::{query, read_matrix, Store, StoreError};
 
 impl Store {
     /// Pins `reference` for its upstream and model, replacing any earlier one.

@@ -8,7 +8,7 @@ use rusqlite::{params, Connection, OpenFlags};
 
 use crate::base::wallclock::unix_millis;
 
-use super::{query, Store, StoreError};
+use super::db::{query, Store, StoreError};
 
 /// One captured request as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,11 +122,11 @@ impl Store {
         limit: usize,
     ) -> Result<WorkloadReader, StoreError> {
         let open = |source| StoreError::Open {
-            path: self.path.clone(),
+            path: self.path().to_path_buf(),
             source,
         };
         let connection = Connection::open_with_flags(
-            &self.path,
+            self.path(),
             OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )
         .map_err(open)?;

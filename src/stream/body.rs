@@ -213,6 +213,13 @@ fn measure(
     payload: &[u8],
 ) {
     let facts = classifier.observe(name, payload);
+    if facts.output && meter.before_first_token() {
+        // Once per request: the cell it will land in, now that the upstream may have counted
+        // its prompt.
+        if let Some(prompt) = classifier.usage().prompt_tokens {
+            meter.expect_cell(prompt);
+        }
+    }
     if facts.output {
         meter.token_event(now, facts.tokens);
     } else if facts.tokens > 0 {

@@ -109,6 +109,7 @@ pub fn metered_body(
             route,
             source: crate::base::Source::Production,
             model: std::sync::Arc::from("m"),
+            asked_model: None,
             upstream: std::sync::Arc::from("u"),
             tag: None,
         },

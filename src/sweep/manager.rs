@@ -407,12 +407,5 @@ impl SweepManager {
 }
 
 fn log_store_error(error: &StoreError) {
-    let mut message = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(inner) = source {
-        message.push_str(": ");
-        message.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    tracing::warn!(error = %message, "sweep store");
+    tracing::warn!(error = %crate::base::error::error_chain(error), "sweep store");
 }

@@ -199,6 +199,10 @@ impl RecordSink for OtelSink {
         ];
 
         let mut attributes = common.to_vec();
+        if let Some(asked) = &r.asked_model {
+            // The name the client sent, when the served model differs (bounded like labels).
+            attributes.push(KeyValue::new("tokentap.model.asked", asked.to_string()));
+        }
         attributes.extend([
             KeyValue::new("gen_ai.usage.output_tokens", as_i64(r.tokens.completion)),
             KeyValue::new("http.response.status_code", i64::from(r.status)),

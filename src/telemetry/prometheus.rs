@@ -36,7 +36,7 @@ use crate::meter::record::{Outcome, RequestRecord};
 use crate::meter::server_state::{ScrapeOutcome, ServerStateRegistry};
 use crate::meter::timeline::LocalHistogram;
 use crate::meter::Meter;
-use crate::meter::{RecordSink, RequestLabels};
+use crate::meter::{ExpectedCell, RecordSink, RequestLabels};
 use crate::net::faults::{Fault, FaultCounters};
 
 use super::names::*;
@@ -883,6 +883,19 @@ impl RecordSink for PrometheusMetrics {
             labels.source,
         );
         self.base(key).inflight.increment(1.0);
+    }
+
+    fn expected(&self, labels: &RequestLabels, cell: ExpectedCell) {
+        // Creating the handles registers every series of the cell at 0.
+        self.cell((
+            Arc::clone(&labels.model),
+            Arc::clone(&labels.upstream),
+            labels.route,
+            labels.source,
+            cell.context,
+            cell.concurrency,
+            cell.fingerprint,
+        ));
     }
 
     fn record(&self, r: &Arc<RequestRecord>) {

@@ -17,9 +17,9 @@ use std::collections::HashMap;
 use crate::base::wallclock::{format_rfc3339, from_unix_millis};
 use crate::store::{StoreError, WorkloadReader, WorkloadRow, EXPORT_PAGE_ROWS};
 
+use super::formats::TraceFormat;
 use super::mooncake;
 use super::trace::{push_line, TraceHeader, TraceRequest, BLOCK_TOKENS, SCHEMA};
-use super::TraceFormat;
 
 /// Most rows one export returns.
 pub const MAX_EXPORT_ROWS: usize = 1_000_000;

@@ -4,7 +4,7 @@
 //! label value holds an escape) and never fails: a line it cannot read is skipped, whatever the
 //! bytes. It sits on the ground floor so that every layer reads pages through it: the
 //! upstreams' scraper (`upstream_metrics`), the synthetic traffic's load reads, the sweep's
-//! discovery and the demo. Engine metric names are in [`super::engine_metrics`].
+//! discovery and the demo. Engine metric names are in each engine's file under [`crate::engine`].
 
 use std::borrow::Cow;
 

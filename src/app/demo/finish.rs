@@ -6,9 +6,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::time::Instant;
 
+use super::args::DemoArgs;
 use super::report::DemoReport;
 use super::start::Demo;
-use super::DemoArgs;
 use crate::app::output::OutputFormat;
 use crate::app::sweep::write_matrix;
 use crate::matrix::render_markdown;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::time::Instant;
 
-use super::DemoArgs;
+use super::args::DemoArgs;
 use crate::app::serve::ProxyServer;
 use crate::config::{Config, ConfigError, ConfigLoader};
 use crate::sim::{Profile, SimHandle, SimOptions, SimServer};

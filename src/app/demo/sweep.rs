@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use super::args::DemoArgs;
 use super::start::Demo;
-use super::DemoArgs;
 use crate::app::sweep::follow_local;
 use crate::matrix::MatrixDoc;
 use crate::sweep::plan::{DurationValue, SweepRequest, TokensValue};

@@ -12,11 +12,11 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::streams::{run_slot, CellShared};
-use super::{
+use super::state::{
     Runner, ABORT_GRACE, CANCEL_GRACE, DEFAULT_SCOUT_TTFT, DISCONNECT_LIMIT, DRAIN_LIMIT,
     GAUGE_GRACE, TICK, WARM_UP_LIMIT_BASE, WARM_UP_PREFILL_FACTOR, WARM_UP_PREFILL_MAX,
 };
+use super::streams::{run_slot, CellShared};
 use crate::matrix::units::context_label;
 use crate::matrix::DecodeCell;
 use crate::meter::record::RequestRecord;
@@ -143,6 +143,7 @@ impl Runner {
         self.publish(SweepState::Running, Some(current));
         let began = Instant::now();
         let scout_ttft_s = self
+            .progress
             .matrix
             .prefill_row(context)
             .and_then(|r| r.ttft_ms)
@@ -326,7 +327,7 @@ impl Runner {
                 context_label(context),
                 prompt.tokens
             );
-            if !self.matrix.metadata.notes.contains(&note) {
+            if !self.progress.matrix.metadata.notes.contains(&note) {
                 self.note(note);
             }
         }

@@ -10,8 +10,12 @@ use http::HeaderValue;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::state::ScoutOutcome;
+use super::state::{
+    Runner, COMPLETIONS_PATH, SCOUT_LIMIT_BASE, SCOUT_MAX_TOKENS, SLOWEST_PREFILL_TOK_S,
+};
 use super::streams::RequestTemplate;
-use super::{Runner, COMPLETIONS_PATH, SCOUT_LIMIT_BASE, SCOUT_MAX_TOKENS, SLOWEST_PREFILL_TOK_S};
+use crate::base::error::error_chain;
 use crate::matrix::units::context_label;
 use crate::matrix::{CellStatus, PrefillRow};
 use crate::sweep::cell::prefill_row;
@@ -34,7 +38,7 @@ impl Runner {
                     pool.first().copied().unwrap_or_default(),
                     pool.last().copied().unwrap_or_default()
                 ));
-                self.id_pool = Some(Arc::from(pool));
+                self.scout.id_pool = Some(Arc::from(pool));
             }
             Err(error) => self.note(format!(
                 "Token-id prompts use ids 1000–9999: no vocabulary from /tokenize or /extras/tokenize ({error})"
@@ -54,7 +58,7 @@ impl Runner {
                 .slo_header
                 .as_deref()
                 .and_then(|text| HeaderValue::from_str(text).ok()),
-            model_json: self.model_json.clone(),
+            model_json: self.scout.model_json.clone(),
             prompt: prompt.clone(),
             max_tokens,
             id_field: self.abort_route().map(|abort| abort.id_field),
@@ -62,12 +66,12 @@ impl Runner {
     }
 
     async fn make_prompt(&self, step: PrefillTarget) -> Result<Prompt, String> {
-        match self.prompt_kind {
+        match self.scout.kind {
             PromptKind::TokenIds => Ok(token_id_prompt(
-                self.seed,
+                self.scout.seed,
                 step.context,
                 step.prompt_tokens,
-                self.id_pool.as_deref(),
+                self.scout.id_pool.as_deref(),
             )),
             PromptKind::Text => calibrated_text_prompt(
                 &*self.path,
@@ -78,29 +82,20 @@ impl Runner {
                 step.prompt_tokens,
             )
             .await
-            .map_err(|error| {
-                let mut message = error.to_string();
-                let mut source = std::error::Error::source(&error);
-                while let Some(inner) = source {
-                    message.push_str(": ");
-                    message.push_str(&inner.to_string());
-                    source = inner.source();
-                }
-                message
-            }),
+            .map_err(|error| error_chain(&error)),
         }
     }
 
     /// The scout of one context: the prefill row, and the prompt the cells reuse (or why
     /// there is none: the scout failed or was cancelled).
-    pub(super) async fn scout_step(&mut self, step: PrefillTarget) -> Result<Prompt, String> {
+    pub(super) async fn scout_step(&mut self, step: PrefillTarget) -> ScoutOutcome {
         let mut tried_text = false;
         loop {
             let prompt = match self.make_prompt(step).await {
                 Ok(prompt) => prompt,
                 Err(reason) => {
                     self.finish_scout(step, prefill_row(step.context, None, Some(&reason)));
-                    return Err(reason);
+                    return ScoutOutcome::Failed(reason);
                 }
             };
             let rid = self.rid(&format!("prefill-{}", step.context));
@@ -109,31 +104,31 @@ impl Runner {
                 .await;
             let record = self.records.take(&rid);
             match end {
-                StreamEnd::Stopped => return Err("cancelled".to_owned()),
+                StreamEnd::Stopped => return ScoutOutcome::Cancelled,
                 StreamEnd::Failed(failure) => {
                     // A refusal: any 4xx/5xx (llama-cpp-python answers token ids with 500), or
                     // (vLLM) a 200 whose stream is only an error event. Only the first token-id
                     // request gets here, so a server fault is retried once, with text.
                     let reason = failure.to_string();
                     if self.plan.prompt == PromptMode::Auto
-                        && self.prompt_kind == PromptKind::TokenIds
-                        && !self.token_ids_work
+                        && self.scout.kind == PromptKind::TokenIds
+                        && !self.scout.token_ids_work
                         && failure.is_refusal()
                         && !tried_text
                     {
                         tried_text = true;
-                        self.prompt_kind = PromptKind::Text;
+                        self.scout.kind = PromptKind::Text;
                         self.note(format!(
                             "The server refused a token-id prompt ({reason}); prompts are text calibrated with its tokenizer (/tokenize, /extras/tokenize, else a probe request's usage)"
                         ));
                         continue;
                     }
                     self.finish_scout(step, prefill_row(step.context, None, Some(&reason)));
-                    return Err(reason);
+                    return ScoutOutcome::Failed(reason);
                 }
                 StreamEnd::Completed { .. } => {
                     if prompt.kind == PromptKind::TokenIds {
-                        self.token_ids_work = true;
+                        self.scout.token_ids_work = true;
                     }
                     let row = prefill_row(step.context, record.as_deref(), None);
                     if let Some(reported) = row.prompt_tokens {
@@ -150,7 +145,7 @@ impl Runner {
                         }
                     }
                     if let Some(rate) = row.prompt_tok_s {
-                        self.clock.prefill_tok_s = Some(rate);
+                        self.progress.clock.prefill_tok_s = Some(rate);
                     }
                     let failure = match &row.status {
                         CellStatus::Error(reason) => Some(reason.clone()),
@@ -158,8 +153,8 @@ impl Runner {
                     };
                     self.finish_scout(step, row);
                     return match failure {
-                        None => Ok(prompt),
-                        Some(reason) => Err(reason),
+                        None => ScoutOutcome::Ready(prompt),
+                        Some(reason) => ScoutOutcome::Failed(reason),
                     };
                 }
             }
@@ -169,14 +164,15 @@ impl Runner {
     fn finish_scout(&mut self, step: PrefillTarget, row: PrefillRow) {
         self.set_prefill(row);
         if let Some(index) = self
+            .progress
             .clock
             .scouts_left
             .iter()
             .position(|&t| t == step.prompt_tokens)
         {
-            self.clock.scouts_left.remove(index);
+            self.progress.clock.scouts_left.remove(index);
         }
-        self.clock.done += 1;
+        self.progress.clock.done += 1;
         self.publish(SweepState::Running, None);
     }
 

@@ -7,8 +7,9 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use super::attempt::CellRun;
-use super::{
-    Runner, GUARD_POLL, MAX_ATTEMPTS, PAUSE_SHOWN_EVERY, SETTLE_LIMIT_MAX, SETTLE_LIMIT_MIN,
+use super::state::{
+    Runner, ScoutOutcome, GUARD_POLL, MAX_ATTEMPTS, PAUSE_SHOWN_EVERY, SETTLE_LIMIT_MAX,
+    SETTLE_LIMIT_MIN,
 };
 use crate::base::wallclock::format_rfc3339 as rfc3339;
 use crate::matrix::capacity::judge;
@@ -34,9 +35,10 @@ impl Runner {
             }
             self.publish(SweepState::Running, Some(current));
             let prompt = match self.scout_step(step).await {
-                Ok(prompt) => prompt,
-                Err(_) if self.cancelled() => break,
-                Err(reason) => {
+                ScoutOutcome::Ready(prompt) => prompt,
+                ScoutOutcome::Cancelled => break,
+                ScoutOutcome::Failed(_) if self.cancelled() => break,
+                ScoutOutcome::Failed(reason) => {
                     if step.decode {
                         self.fail_context(
                             step.context,
@@ -92,7 +94,8 @@ impl Runner {
                         self.finish_cell(cell);
                     }
                     let skipped = search.skipped();
-                    self.clock.cells_left = self.clock.cells_left.saturating_sub(skipped.len());
+                    self.progress.clock.cells_left =
+                        self.progress.clock.cells_left.saturating_sub(skipped.len());
                     // The cells the search did not need are no longer measurements to come.
                     self.status.update(|s| {
                         s.progress.measurements_total =
@@ -113,7 +116,8 @@ impl Runner {
                             .min_by_key(|(c, _)| *c)
                             .map_or_else(String::new, |(c, why)| format!("; the first miss, {c}: {why}"))
                     ));
-                    self.search_misses
+                    self.progress
+                        .search_misses
                         .extend(misses.into_iter().map(|(c, why)| (step.context, c, why)));
                     self.update_capacity(&query);
                     self.publish(SweepState::Running, None);
@@ -124,17 +128,17 @@ impl Runner {
         if cancelled {
             self.note("Cancelled: the cells not measured are Not run".to_owned());
         }
-        self.matrix.metadata.run.ended_at = Some(rfc3339(SystemTime::now()));
+        self.progress.matrix.metadata.run.ended_at = Some(rfc3339(SystemTime::now()));
         let state = if cancelled {
             SweepState::Cancelled
         } else {
             SweepState::Finished
         };
-        self.clock.cells_left = 0;
-        self.clock.scouts_left.clear();
+        self.progress.clock.cells_left = 0;
+        self.progress.clock.scouts_left.clear();
         self.publish(state, None);
         self.status.update(|s| s.progress.eta_s = None);
-        self.matrix.clone()
+        self.progress.matrix.clone()
     }
 
     /// Measures one decode cell: waits for the guard, runs it, measures it again when
@@ -157,7 +161,7 @@ impl Runner {
                 CellRun::Measured(cell) => {
                     let extra = began.elapsed().as_secs_f64()
                         - cell.measured_for_s.unwrap_or(self.plan.cell_duration_s);
-                    self.clock.cell_overheads.push(extra.max(0.0));
+                    self.progress.clock.cell_overheads.push(extra.max(0.0));
                     let mut cell = *cell;
                     let Some(reason) = off_target(&cell) else {
                         break cell;
@@ -217,12 +221,12 @@ impl Runner {
             .clamp(SETTLE_LIMIT_MIN, SETTLE_LIMIT_MAX);
         let began = Instant::now();
         let paused = CurrentStep::new(StepPhase::Paused, next.context_tokens, next.concurrency);
-        self.clock.pause();
+        self.progress.clock.pause();
         self.publish(SweepState::Paused, Some(paused.clone()));
         let mut shown = Instant::now();
         while self.production() > 0 && began.elapsed() < limit {
             if self.cancelled() {
-                self.clock.resume();
+                self.progress.clock.resume();
                 return false;
             }
             let mut cancel = self.cancel.clone();
@@ -236,7 +240,7 @@ impl Runner {
                 shown = Instant::now();
             }
         }
-        self.clock.resume();
+        self.progress.clock.resume();
         self.publish(SweepState::Running, Some(next.clone()));
         !self.cancelled()
     }
@@ -248,13 +252,13 @@ impl Runner {
             return !self.cancelled();
         }
         let paused = CurrentStep::new(StepPhase::Paused, next.context_tokens, next.concurrency);
-        self.clock.pause();
+        self.progress.clock.pause();
         self.publish(SweepState::Paused, Some(paused.clone()));
         let mut peak = production;
         let mut shown = Instant::now();
         while self.production() > self.guard {
             if self.cancelled() {
-                self.clock.resume();
+                self.progress.clock.resume();
                 return false;
             }
             peak = peak.max(self.production());
@@ -268,7 +272,7 @@ impl Runner {
                 shown = Instant::now();
             }
         }
-        let waited = self.clock.resume();
+        let waited = self.progress.clock.resume();
         self.note(format!(
             "Paused {:.1} s before {}: up to {peak} production requests in flight (guard {})",
             waited.as_secs_f64(),

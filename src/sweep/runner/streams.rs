@@ -11,7 +11,7 @@ use http::HeaderValue;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use super::{
+use super::state::{
     Runner, BODY_FIELDS_BYTES, COMPLETIONS_PATH, CONTROL_TIMEOUT, SAMPLES_PER_WINDOW,
     SAMPLE_EVERY_MAX, SAMPLE_EVERY_MIN,
 };

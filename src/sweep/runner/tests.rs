@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::fake::{load_of_live_streams, production, Fake, FakeState};
-use super::{run, RunnerInput, CANCEL_GRACE, DRAIN_LIMIT, TICK};
+use super::state::{run, RunnerInput, CANCEL_GRACE, DRAIN_LIMIT, TICK};
 use crate::base::engine::Engine;
 use crate::config::SweepConfig;
 use crate::matrix::{CellStatus, MatrixDoc};

@@ -298,7 +298,7 @@ impl serde::Serialize for Engine {
 /// Serde for an `Option<Engine>` field, by name: a name tokentap does not know (a document from
 /// a build with another engine, or an older `"unknown"`) reads as `None`.
 pub mod by_name {
-    use super::Engine;
+    use crate::engine::Engine;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     pub fn serialize<S: Serializer>(

@@ -1,0 +1,310 @@
+//! The browser sessions and the failed-credential record of the admin listener, as data: the
+//! session table (`admin.max_sessions` sessions of `admin.session_ttl`, each with its CSRF
+//! token), and per client address the failures that make it wait before its next login or
+//! bearer token is even checked. No HTTP here: `session.rs` serves the login routes and the
+//! page's forms with it, and `state.rs` checks credentials against it.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http::{header, Request};
+use ring::rand::{SecureRandom, SystemRandom};
+use tokio::time::Instant;
+
+use crate::base::lock::lock;
+
+/// The session cookie's name.
+pub const COOKIE: &str = "tokentap_session";
+
+/// Longest wait imposed on an address after failed logins.
+pub const MAX_DELAY: Duration = Duration::from_secs(30);
+
+/// Most client addresses whose failed logins are remembered; past it, the entry whose wait
+/// ended longest ago makes room (never a shared entry: an address with no failures of its own
+/// is never made to wait for others').
+pub const MAX_CLIENTS: usize = 1024;
+
+/// A remembered address forgets its failures this long after its wait ended.
+const FORGET_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// The client's address, put in the request's extensions by the admin listener's service.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub IpAddr);
+
+/// Why a login failed, the `reason` label of `tokentap_admin_login_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoginFailure {
+    /// The token given was not the configured one (or was missing).
+    BadToken,
+    /// The address was still waiting after earlier failures; the token was not checked.
+    Throttled,
+}
+
+impl LoginFailure {
+    pub const ALL: [LoginFailure; 2] = [LoginFailure::BadToken, LoginFailure::Throttled];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            LoginFailure::BadToken => "bad_token",
+            LoginFailure::Throttled => "throttled",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Session {
+    csrf: String,
+    expires: Instant,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Failures {
+    count: u32,
+    retry_at: Instant,
+    /// Which failure of the table's this address's latest was (older ones make room first).
+    serial: u64,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    sessions: HashMap<String, Session>,
+    /// Failed logins and bearer tokens per client address (`None`: a request whose address is
+    /// unknown, only ever an in-process one), at most [`MAX_CLIENTS`].
+    failures: HashMap<Option<IpAddr>, Failures>,
+    /// Failures recorded so far (the next one's serial).
+    serials: u64,
+}
+
+/// The browser sessions and the failed-login record of one admin listener.
+#[derive(Debug)]
+pub struct Sessions {
+    ttl: Duration,
+    max_sessions: usize,
+    random: SystemRandom,
+    inner: Mutex<Inner>,
+}
+
+/// A session found by its cookie.
+#[derive(Debug, Clone)]
+pub struct SessionView {
+    pub id: String,
+    /// The session's CSRF token, the hidden field of the page's forms.
+    pub csrf: String,
+}
+
+impl Sessions {
+    pub fn new(ttl: Duration, max_sessions: usize) -> Self {
+        Self {
+            ttl,
+            max_sessions: max_sessions.max(1),
+            random: SystemRandom::new(),
+            inner: Mutex::default(),
+        }
+    }
+
+    /// How long a session lasts.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Opens a session: its id and CSRF token (`None` if the system has no randomness).
+    pub fn open(&self) -> Option<SessionView> {
+        let id = random_hex(&self.random)?;
+        let csrf = random_hex(&self.random)?;
+        let now = Instant::now();
+        let mut inner = lock(&self.inner);
+        inner.sessions.retain(|_, s| s.expires > now);
+        while inner.sessions.len() >= self.max_sessions {
+            let oldest = inner
+                .sessions
+                .iter()
+                .min_by_key(|(_, s)| s.expires)
+                .map(|(id, _)| id.clone());
+            match oldest {
+                Some(oldest) => inner.sessions.remove(&oldest),
+                None => break,
+            };
+        }
+        inner.sessions.insert(
+            id.clone(),
+            Session {
+                csrf: csrf.clone(),
+                expires: now + self.ttl,
+            },
+        );
+        Some(SessionView { id, csrf })
+    }
+
+    /// The live session of this id, if any (an expired one is dropped).
+    pub fn find(&self, id: &str) -> Option<SessionView> {
+        let now = Instant::now();
+        let mut inner = lock(&self.inner);
+        let session = inner.sessions.get(id)?;
+        if session.expires <= now {
+            inner.sessions.remove(id);
+            return None;
+        }
+        Some(SessionView {
+            id: id.to_owned(),
+            csrf: session.csrf.clone(),
+        })
+    }
+
+    /// Ends a session.
+    pub fn close(&self, id: &str) {
+        lock(&self.inner).sessions.remove(id);
+    }
+
+    /// Sessions open now (expired ones not counted).
+    pub fn open_count(&self) -> usize {
+        let now = Instant::now();
+        lock(&self.inner)
+            .sessions
+            .values()
+            .filter(|s| s.expires > now)
+            .count()
+    }
+
+    /// How long this address must still wait before a credential it sends is checked.
+    pub fn wait_left(&self, client: Option<IpAddr>) -> Option<Duration> {
+        let now = Instant::now();
+        let inner = lock(&self.inner);
+        let failures = inner.failures.get(&client)?;
+        let left = failures.retry_at.saturating_duration_since(now);
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Records a failed login or bearer token from this address: returns how long it must
+    /// now wait. A full table first forgets what is past `FORGET_AFTER`, then the entry whose
+    /// wait ended (or ends) first.
+    pub fn failed(&self, client: Option<IpAddr>) -> Duration {
+        let now = Instant::now();
+        let mut inner = lock(&self.inner);
+        if !inner.failures.contains_key(&client) && inner.failures.len() >= MAX_CLIENTS {
+            inner
+                .failures
+                .retain(|_, f| f.retry_at + FORGET_AFTER > now);
+            if inner.failures.len() >= MAX_CLIENTS {
+                let oldest = inner
+                    .failures
+                    .iter()
+                    .min_by_key(|(_, f)| (f.retry_at, f.serial))
+                    .map(|(address, _)| *address);
+                if let Some(oldest) = oldest {
+                    inner.failures.remove(&oldest);
+                }
+            }
+        }
+        inner.serials += 1;
+        let serial = inner.serials;
+        let entry = inner.failures.entry(client).or_insert(Failures {
+            count: 0,
+            retry_at: now,
+            serial,
+        });
+        if entry.retry_at + FORGET_AFTER <= now {
+            entry.count = 0;
+        }
+        entry.serial = serial;
+        entry.count = entry.count.saturating_add(1);
+        let delay = Duration::from_secs(u64::from(entry.count)).min(MAX_DELAY);
+        entry.retry_at = now + delay;
+        delay
+    }
+
+    /// A good login (or bearer token) from this address forgets its failures.
+    pub fn succeeded(&self, client: Option<IpAddr>) {
+        let mut inner = lock(&self.inner);
+        if !inner.failures.is_empty() {
+            inner.failures.remove(&client);
+        }
+    }
+}
+
+/// 32 random bytes as 64 hex digits.
+fn random_hex(random: &SystemRandom) -> Option<String> {
+    let mut bytes = [0u8; 32];
+    random.fill(&mut bytes).ok()?;
+    let mut out = String::with_capacity(64);
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+    Some(out)
+}
+
+/// The session id in the request's `Cookie` headers, if any.
+pub fn cookie_id<B>(request: &Request<B>) -> Option<&str> {
+    request
+        .headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(';'))
+        .find_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            (name == COOKIE).then_some(value)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn sessions_expire_and_are_bounded() {
+        let sessions = Sessions::new(Duration::from_secs(60), 2);
+        let first = sessions.open().unwrap();
+        assert_eq!(first.id.len(), 64);
+        assert_ne!(first.id, first.csrf);
+        assert_eq!(sessions.find(&first.id).unwrap().csrf, first.csrf);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let second = sessions.open().unwrap();
+        let third = sessions.open().unwrap();
+        assert!(sessions.find(&first.id).is_none(), "the oldest made room");
+        assert!(sessions.find(&second.id).is_some());
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert!(sessions.find(&third.id).is_none(), "expired");
+        assert_eq!(sessions.open_count(), 0);
+        let fourth = sessions.open().unwrap();
+        sessions.close(&fourth.id);
+        assert!(sessions.find(&fourth.id).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_slow_an_address_and_memory_is_bounded() {
+        let sessions = Sessions::new(Duration::from_secs(60), 2);
+        let a = Some(IpAddr::from([127, 0, 0, 2]));
+        assert!(sessions.wait_left(a).is_none());
+        assert_eq!(sessions.failed(a), Duration::from_secs(1));
+        assert!(sessions.wait_left(a).is_some());
+        assert!(sessions
+            .wait_left(Some(IpAddr::from([127, 0, 0, 3])))
+            .is_none());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(sessions.wait_left(a).is_none());
+        assert_eq!(sessions.failed(a), Duration::from_secs(2));
+        for _ in 0..100 {
+            sessions.failed(a);
+        }
+        assert_eq!(sessions.wait_left(a), Some(MAX_DELAY));
+        sessions.succeeded(a);
+        assert!(sessions.wait_left(a).is_none());
+        for n in 0..(MAX_CLIENTS as u32 + 10) {
+            sessions.failed(Some(IpAddr::from(n.to_be_bytes())));
+        }
+        assert!(lock(&sessions.inner).failures.len() <= MAX_CLIENTS);
+        // A full table never makes an address with no failures of its own wait.
+        assert!(sessions
+            .wait_left(Some(IpAddr::from([10, 9, 8, 7])))
+            .is_none());
+        // The newest failures are kept, the oldest made room.
+        let newest = Some(IpAddr::from((MAX_CLIENTS as u32 + 9).to_be_bytes()));
+        assert!(sessions.wait_left(newest).is_some());
+        assert!(sessions
+            .wait_left(Some(IpAddr::from(0u32.to_be_bytes())))
+            .is_none());
+    }
+}
