@@ -132,6 +132,7 @@ async fn a_u64_max_usage_jump_is_clamped_flagged_and_costs_microseconds() {
             prompt_tokens: Some(total),
             completion_tokens: Some(total),
             cached_tokens: Some(0),
+            reasoning_tokens: None,
         };
         request.finish(Outcome::Ok, usage, total, true);
         started.elapsed()

@@ -796,3 +796,89 @@ proptest! {
         check_metering(case, &record);
     }
 }
+
+#[tokio::test]
+async fn the_answer_ttft_through_sglangs_reasoning_parser_agrees_with_the_clients_first_content() {
+    // sglang 0.5.23's own reasoning parser (qwen3) split `<think>…</think>answer` into 20
+    // `reasoning_content` chunks, then `content` chunks: replayed at 15 ms per event, the first
+    // answer token comes about 300 ms after the first token. tokentap's answer TTFT minus its
+    // TTFT must equal what the client sees between its first reasoning and first content
+    // chunk, within 2 ms.
+    let capture = std::fs::read_to_string(
+        engines_dir().join("sglang-0.5.23/reasoning-chat-stream/upstream.body"),
+    )
+    .unwrap();
+    let mut steps = Vec::new();
+    for block in common::blocks(&capture) {
+        steps.push(block);
+        steps.push(common::wait_ms(15));
+    }
+    let script = common::Script::sse(steps);
+    let upstream = common::ScriptedUpstream::start(move |_| script.clone()).await;
+    let (server, records) = common::proxy(&upstream.url(), "").await;
+    let body = r#"{"model":"tiny","stream":true,"max_tokens":40,"messages":[{"role":"user","content":"What is the answer?"}],"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#;
+    let answer = common::post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        body,
+    )
+    .await;
+    assert_eq!(answer.status, 200);
+    let first_with = |needle: &str| {
+        answer
+            .frames
+            .iter()
+            .find(|(_, frame)| String::from_utf8_lossy(frame).contains(needle))
+            .map(|(at, _)| *at)
+            .unwrap_or_else(|| panic!("no frame with {needle}"))
+    };
+    let client_gap =
+        first_with("\"content\":\"T").duration_since(first_with("\"reasoning_content\":\"L"));
+    let record = &records.wait_for(1).await[0];
+    let ttft = record.timing.ttft.unwrap();
+    let answer_ttft = record.timing.ttft_answer.unwrap();
+    let ours = answer_ttft - ttft;
+    let difference = ours.as_secs_f64() - client_gap.as_secs_f64();
+    assert!(
+        difference.abs() <= 0.002,
+        "tokentap: answer {:?} after the first token; the client: {client_gap:?}",
+        ours
+    );
+    assert!(ours >= std::time::Duration::from_millis(250), "{ours:?}");
+    assert_eq!(record.timing.ttft_tool_call, None);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tool_call_is_timed_and_the_request_offering_tools_is_told_apart() {
+    let capture = std::fs::read_to_string(
+        engines_dir().join("sglang-0.5.23/tool-call-chat-stream/upstream.body"),
+    )
+    .unwrap();
+    let mut steps = vec![common::wait_ms(20)];
+    for block in common::blocks(&capture) {
+        steps.push(block);
+        steps.push(common::wait_ms(5));
+    }
+    let script = common::Script::sse(steps);
+    let upstream = common::ScriptedUpstream::start(move |_| script.clone()).await;
+    let (server, records) = common::proxy(&upstream.url(), "").await;
+    let request: Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            engines_dir().join("sglang-0.5.23/tool-call-chat-stream/request.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(request["tools"].as_array().is_some_and(|t| !t.is_empty()));
+    let answer = common::post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        &request.to_string(),
+    )
+    .await;
+    assert_eq!(answer.status, 200);
+    let record = &records.wait_for(1).await[0];
+    assert!(record.with_tools);
+    let tool_call = record.timing.ttft_tool_call.expect("a tool call was timed");
+    assert!(tool_call >= record.timing.ttft.unwrap());
+    server.shutdown().await;
+}

@@ -1790,7 +1790,12 @@ async fn the_readme_curl_and_a_sweep_land_in_the_same_models_matrices() {
     // recorded under the model the server serves, like the sweep's, so the page, /capacity,
     // /matrix and the Prometheus labels meet on one name.
     let sim = sim(STEP).await;
-    let server = proxy_with_token(&sim.base_url(), "[slo]\ntbt = \"1s\"\n").await;
+    // As a user runs it: no default_model, so the upstream's /v1/models is read.
+    let server = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[admin]\ntoken = \"{TOKEN}\"\n[slo]\ntbt = \"1s\"\n",
+        sim.base_url()
+    ))
+    .await;
     let upstream = std::sync::Arc::clone(server.proxy.router.default_upstream());
     let deadline = Instant::now() + Duration::from_secs(10);
     while upstream.served_model().is_none() {

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::matrix::doc::{CellStatus, DecodeCell, PrefillRow, ServerState, Tails};
+use crate::matrix::doc::{CellStatus, DecodeCell, FirstTokens, PrefillRow, ServerState, Tails};
 use crate::meter::buckets::Ladder;
 use crate::meter::record::SloVerdict;
 use crate::meter::record::{Outcome, RequestRecord};
@@ -186,6 +186,97 @@ pub struct CellAccumulator {
     pub slo: SloSum,
     /// The server's scraped state seen by own-cell requests.
     pub server_state: ServerStateSum,
+    /// First answer and tool-call tokens, reasoning tokens and tools of own-cell requests.
+    pub first_tokens: FirstTokenSum,
+}
+
+/// The first token of each kind over a cell's requests (docs/metrics.md "Answer TTFT"): the
+/// production aggregator and the sweep's cells both use it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FirstTokenSum {
+    /// Time to the first answer token, seconds, one per request that streamed one.
+    pub answer: QuantileSketch,
+    /// Time to the first tool-call delta, seconds, one per request that streamed one.
+    pub tool_call: QuantileSketch,
+    /// Σ reasoning tokens and the requests that reported them.
+    pub reasoning_tokens: u64,
+    pub reasoning_requests: u64,
+    /// Requests that offered tools.
+    pub with_tools: u64,
+    /// Requests whose first answer token came after other output (reasoning, a tool call).
+    pub answer_later: u64,
+}
+
+impl FirstTokenSum {
+    pub fn add(&mut self, record: &RequestRecord) {
+        // Every request that answered counts, so the cell's answer TTFT is over all of them;
+        // the figures are shown only where some answer came after other output.
+        if let Some(answer) = record.timing.ttft_answer {
+            self.answer.add(answer.as_secs_f64(), 1.0);
+            if record.timing.ttft.is_some_and(|first| answer > first) {
+                self.answer_later += 1;
+            }
+        }
+        if let Some(tool_call) = record.timing.ttft_tool_call {
+            self.tool_call.add(tool_call.as_secs_f64(), 1.0);
+        }
+        if let Some(reasoning) = record.tokens.reasoning {
+            self.reasoning_tokens = self.reasoning_tokens.saturating_add(reasoning);
+            self.reasoning_requests += 1;
+        }
+        self.with_tools += u64::from(record.with_tools);
+    }
+
+    pub fn merge(&mut self, other: &FirstTokenSum) {
+        self.answer.merge(&other.answer);
+        self.tool_call.merge(&other.tool_call);
+        self.reasoning_tokens = self.reasoning_tokens.saturating_add(other.reasoning_tokens);
+        self.reasoning_requests += other.reasoning_requests;
+        self.with_tools += other.with_tools;
+        self.answer_later += other.answer_later;
+    }
+
+    /// Bins held (for the aggregator's memory bound).
+    pub fn bins(&self) -> usize {
+        self.answer.bins() + self.tool_call.bins()
+    }
+
+    /// The cell's figures: absent when no request had reasoning, a tool call or tools (then
+    /// the answer TTFT is the TTFT, and says nothing new).
+    pub fn to_first_tokens(&self) -> Option<FirstTokens> {
+        let answers = self.answer.weight();
+        let tool_calls = self.tool_call.weight();
+        let reasoning = self.reasoning_requests > 0 && self.reasoning_tokens > 0;
+        if tool_calls <= 0.0 && !reasoning && self.with_tools == 0 && !self.answer_differs() {
+            return None;
+        }
+        let ms = |sketch: &QuantileSketch, q: f64, n: f64| {
+            let enough = q <= 0.5
+                || (q <= 0.9 && n >= FirstTokens::MIN_FOR_P90)
+                || n >= FirstTokens::MIN_FOR_P99;
+            enough
+                .then(|| sketch.quantile(q).map(|s| s * 1000.0))
+                .flatten()
+        };
+        let count = |n: f64| (n > 0.0).then_some(n);
+        FirstTokens::from_values([
+            ms(&self.answer, 0.5, answers),
+            ms(&self.answer, 0.9, answers),
+            ms(&self.answer, 0.99, answers),
+            count(answers),
+            ms(&self.tool_call, 0.5, tool_calls),
+            ms(&self.tool_call, 0.9, tool_calls),
+            ms(&self.tool_call, 0.99, tool_calls),
+            count(tool_calls),
+            reasoning.then(|| self.reasoning_tokens as f64 / self.reasoning_requests as f64),
+            count(self.with_tools as f64),
+        ])
+    }
+
+    /// Whether some answers came later than their request's first token.
+    fn answer_differs(&self) -> bool {
+        self.answer_later > 0
+    }
 }
 
 /// The server's scraped state summed over requests (docs/metrics.md): the production
@@ -409,6 +500,7 @@ impl CellAccumulator {
         self.interference.add_count(record);
         self.slo.add_verdict(record.slo.verdict);
         self.server_state.add(record);
+        self.first_tokens.add(record);
     }
 
     /// Adds a whole request to this cell regardless of the levels it lived through: for a
@@ -452,6 +544,7 @@ impl CellAccumulator {
         self.interference.merge(&other.interference);
         self.slo.merge(&other.slo);
         self.server_state.merge(&other.server_state);
+        self.first_tokens.merge(&other.first_tokens);
     }
 
     fn failures(&self) -> u64 {
@@ -501,6 +594,7 @@ impl CellAccumulator {
             .filter(|m| *m > 0.0)
             .map(|m| self.decode_tokens / m);
         DecodeCell {
+            first_tokens: self.first_tokens.to_first_tokens(),
             context_tokens,
             concurrency,
             status,
@@ -700,7 +794,7 @@ impl MatrixAccumulator {
     pub fn sketch_bins(&self) -> usize {
         self.cells
             .values()
-            .map(|c| c.ttft.bins() + c.tbt.bins() + c.itl.bins())
+            .map(|c| c.ttft.bins() + c.tbt.bins() + c.itl.bins() + c.first_tokens.bins())
             .sum::<usize>()
             + self
                 .prefill
@@ -825,6 +919,8 @@ pub(crate) mod test_records {
                 to_headers: Some(ttft),
                 to_first_byte: Some(ttft),
                 ttft: first_token,
+                ttft_answer: first_token,
+                ttft_tool_call: None,
                 to_first_delivery: first_token,
                 duration: ttft + decode,
                 decode: (completion > 0).then_some(decode),

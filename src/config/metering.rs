@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::error::{ConfigError, Origins};
 use super::raw::{RawMetering, RawSlo, RawSloTargets};
 use crate::meter::buckets::Ladder;
-use crate::meter::slo::{parse_target, SloPolicy, SloTargets};
+use crate::meter::slo::{parse_target, SloPolicy, SloTargets, TtftOf};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct MeteringConfig {
@@ -85,5 +85,18 @@ fn slo_policy(raw: &RawSlo, origins: &Origins) -> Result<SloPolicy, ConfigError>
             targets(&format!("slo.models.\"{model}\"."), table)?,
         );
     }
-    Ok(SloPolicy { default, models })
+    let ttft_of = match raw.ttft_of.as_deref().map(str::trim) {
+        None => TtftOf::Any,
+        Some(text) => TtftOf::parse(text).ok_or_else(|| {
+            origins.error(
+                "slo.ttft_of",
+                format!("`{text}` is neither \"any\" (the first token of any kind) nor \"answer\" (the first answer token or tool call)"),
+            )
+        })?,
+    };
+    Ok(SloPolicy {
+        default,
+        models,
+        ttft_of,
+    })
 }

@@ -324,6 +324,8 @@ pub struct RawSloTargets {
 #[derive(Debug, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawSlo {
+    /// `"any"` (default) or `"answer"`: which first token `ttft` judges.
+    pub ttft_of: Option<String>,
     pub ttft: Option<String>,
     pub tbt: Option<String>,
     pub e2e: Option<String>,

@@ -206,6 +206,7 @@ impl CellFigures {
         };
         let slo_attainment = (self.slo_judged > 0.0).then(|| self.slo_met / self.slo_judged);
         DecodeCell {
+            first_tokens: None,
             context_tokens,
             concurrency,
             status,

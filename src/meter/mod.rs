@@ -54,6 +54,9 @@ pub struct Usage {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
+    /// Of the completion, the reasoning tokens (`completion_tokens_details.reasoning_tokens`),
+    /// when the server sends them.
+    pub reasoning_tokens: Option<u64>,
 }
 
 /// Receives every finished record. Called on the request's own task when it ends: keep it
@@ -205,6 +208,7 @@ impl Meter {
             prefix_blocks: Vec::new(),
             status: 0,
             streaming: false,
+            with_tools: false,
             inflight_at_head: tracker.current(),
             interference: InterferenceSpan::default(),
             clamped: false,
@@ -252,6 +256,8 @@ pub struct RequestMeter {
     /// A token count of this request was clamped: its record is marked approximate.
     clamped: bool,
     pub streaming: bool,
+    /// The request offered tools (`RequestFacts::with_tools`).
+    pub with_tools: bool,
     /// The prefill integrals read at the first and the latest token.
     interference: InterferenceSpan,
     pub timeline: Timeline,
@@ -337,6 +343,18 @@ impl RequestMeter {
         }
     }
 
+    /// Records what kind of output a token event carried: the first answer token and the
+    /// first tool-call delta are timed. Two branches, no lock.
+    #[inline]
+    pub fn output_kinds(&mut self, now: Instant, answer: bool, tool_call: bool) {
+        if answer && self.timeline.first_answer.is_none() {
+            self.timeline.first_answer = Some(now);
+        }
+        if tool_call && self.timeline.first_tool_call.is_none() {
+            self.timeline.first_tool_call = Some(now);
+        }
+    }
+
     /// Records tokens the upstream reported without visible output (partial UTF-8 held back,
     /// a swallowed `<think>` marker): they count for throughput and share the next output
     /// event's gap in ITL, but are never the first or last token.
@@ -417,6 +435,7 @@ impl RequestMeter {
             outcome,
             status: self.status,
             streaming: self.streaming,
+            with_tools: self.with_tools,
             prefix_blocks: std::mem::take(&mut self.prefix_blocks),
             timing,
             tokens,
@@ -448,6 +467,19 @@ impl RequestMeter {
             cached_tokens: usage
                 .cached_tokens
                 .map(|n| self.plausible(n, MAX_TOKENS_PER_REQUEST)),
+            reasoning_tokens: usage
+                .reasoning_tokens
+                .map(|n| self.plausible(n, MAX_TOKENS_PER_REQUEST)),
+        };
+        // A part is never more than its whole: a server that reports more cached tokens than
+        // prompt tokens, or more reasoning than completion tokens, is read as all of it.
+        let usage = Usage {
+            cached_tokens: match (usage.cached_tokens, usage.prompt_tokens) {
+                (Some(cached), Some(prompt)) => Some(cached.min(prompt)),
+                (cached, _) => cached,
+            },
+            reasoning_tokens: usage.reasoning_tokens.map(|n| n.min(completion)),
+            ..usage
         };
         if self.clamped {
             tracing::debug!(
@@ -463,6 +495,7 @@ impl RequestMeter {
         Tokens {
             prompt: usage.prompt_tokens,
             cached: usage.cached_tokens,
+            reasoning: usage.reasoning_tokens,
             completion,
             completion_exact: exact,
             events: self.timeline.token_events,
@@ -523,6 +556,8 @@ impl RequestMeter {
             to_headers: timeline.since_head(timeline.response_head),
             to_first_byte: timeline.since_head(timeline.first_byte),
             ttft: timeline.since_head(timeline.first_token),
+            ttft_answer: timeline.since_head(timeline.first_answer),
+            ttft_tool_call: timeline.since_head(timeline.first_tool_call),
             to_first_delivery: timeline.since_head(timeline.first_delivery),
             duration: now.saturating_duration_since(timeline.head_in),
             decode,
@@ -534,9 +569,14 @@ impl RequestMeter {
     /// The request judged against its SLO targets, as its client saw it.
     fn slo_result(&self, outcome: Outcome, timing: &Timing, completion: u64) -> SloResult {
         // A non-streamed answer reaches the client whole: its first token arrives at the end.
-        let client_ttft = timing
-            .ttft
-            .or((!self.streaming && completion > 0).then_some(timing.duration));
+        let first = match self.slo.ttft_of {
+            slo::TtftOf::Any => timing.ttft,
+            slo::TtftOf::Answer => match (timing.ttft_answer, timing.ttft_tool_call) {
+                (Some(a), Some(t)) => Some(a.min(t)),
+                (answer, tool_call) => answer.or(tool_call).or(timing.ttft),
+            },
+        };
+        let client_ttft = first.or((!self.streaming && completion > 0).then_some(timing.duration));
         SloResult {
             verdict: self.slo.targets.judge(&SloFigures {
                 outcome,

@@ -101,6 +101,9 @@ pub struct RequestRecord {
     pub status: u16,
     /// The response was an event stream.
     pub streaming: bool,
+    /// The request offered tools: such requests are told apart (a tools list alone adds
+    /// prefill time on some models).
+    pub with_tools: bool,
     /// Salted block ids of the prompt's prefix (`stream::fingerprint`), for the workload
     /// capture; empty when capture is off.
     pub prefix_blocks: Vec<u64>,
@@ -123,8 +126,12 @@ pub struct Timing {
     pub started_at: SystemTime,
     pub to_headers: Option<Duration>,
     pub to_first_byte: Option<Duration>,
-    /// Time to first token.
+    /// Time to first token, of any kind (reasoning, answer or tool call): the matrix's TTFT.
     pub ttft: Option<Duration>,
+    /// Time to the first answer token (content): what a user of a reasoning model waits for.
+    pub ttft_answer: Option<Duration>,
+    /// Time to the first tool-call delta.
+    pub ttft_tool_call: Option<Duration>,
     /// To the first event that delivered a token, visible or not (usage advanced): the end of
     /// prefill even when the first token is silent (a partial UTF-8 byte). The sweep's scout
     /// times prefill with it.
@@ -146,6 +153,8 @@ impl Default for Timing {
             to_headers: None,
             to_first_byte: None,
             ttft: None,
+            ttft_answer: None,
+            ttft_tool_call: None,
             to_first_delivery: None,
             duration: Duration::ZERO,
             decode: None,
@@ -160,6 +169,8 @@ impl Default for Timing {
 pub struct Tokens {
     pub prompt: Option<u64>,
     pub cached: Option<u64>,
+    /// Of the completion, the reasoning tokens, when the server reported them.
+    pub reasoning: Option<u64>,
     pub completion: u64,
     /// `completion` came from the upstream's usage, not from counting events.
     pub completion_exact: bool,
@@ -266,6 +277,7 @@ impl RequestRecord {
             outcome: Outcome::Ok,
             status: 200,
             streaming: true,
+            with_tools: false,
             prefix_blocks: Vec::new(),
             timing: Timing::default(),
             tokens: Tokens::default(),

@@ -151,12 +151,39 @@ pub fn parse_target(text: &str) -> Option<Duration> {
 pub struct SloPolicy {
     pub default: SloTargets,
     pub models: BTreeMap<String, SloTargets>,
+    /// Which first token the TTFT target judges (`[slo] ttft_of`).
+    pub ttft_of: TtftOf,
+}
+
+/// Which first token an SLO's TTFT target judges: with a reasoning model the first token is
+/// reasoning, and a user waits for the first answer token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TtftOf {
+    /// The first token of any kind (reasoning, answer or tool call): the matrix's TTFT.
+    #[default]
+    Any,
+    /// The first answer token (content) or tool-call delta, whichever came first; a request
+    /// that streamed neither is judged by its first token.
+    Answer,
+}
+
+impl TtftOf {
+    /// `"any"` or `"answer"`.
+    pub fn parse(text: &str) -> Option<TtftOf> {
+        match text {
+            "any" => Some(TtftOf::Any),
+            "answer" => Some(TtftOf::Answer),
+            _ => None,
+        }
+    }
 }
 
 /// The targets a request gets and whether its header was ignored.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ResolvedSlo {
     pub targets: SloTargets,
+    /// Which first token the TTFT target judges.
+    pub ttft_of: TtftOf,
     /// The request carried an `x-tokentap-slo` header that could not be read.
     pub header_invalid: bool,
 }
@@ -175,14 +202,17 @@ impl SloPolicy {
         match header.map(SloTargets::parse_header) {
             Some(Ok(targets)) => ResolvedSlo {
                 targets,
+                ttft_of: self.ttft_of,
                 header_invalid: false,
             },
             Some(Err(_)) => ResolvedSlo {
                 targets: self.for_model(model),
+                ttft_of: self.ttft_of,
                 header_invalid: true,
             },
             None => ResolvedSlo {
                 targets: self.for_model(model),
+                ttft_of: self.ttft_of,
                 header_invalid: false,
             },
         }
@@ -249,6 +279,7 @@ mod tests {
                 ..SloTargets::NONE
             },
             models: BTreeMap::from([("m".to_owned(), tight)]),
+            ttft_of: TtftOf::Any,
         };
         assert_eq!(policy.resolve(Some("m"), None).targets, tight);
         assert_eq!(policy.resolve(Some("other"), None).targets, policy.default);

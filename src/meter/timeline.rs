@@ -147,6 +147,10 @@ pub struct Timeline {
     pub upstream_sent: Option<Instant>,
     pub response_head: Option<Instant>,
     pub first_token: Option<Instant>,
+    /// The first answer token (content, not reasoning), and the first tool-call delta: with a
+    /// reasoning model the first token is reasoning, and a user waits for these.
+    pub first_answer: Option<Instant>,
+    pub first_tool_call: Option<Instant>,
     pub end: Option<Instant>,
     pub area_at_first_token: f64,
     /// In-flight count when the first token arrived (the fallback average).
@@ -166,6 +170,8 @@ impl Timeline {
             response_head: None,
             first_byte: None,
             first_token: None,
+            first_answer: None,
+            first_tool_call: None,
             first_delivery: None,
             last_token: None,
             end: None,

@@ -1,6 +1,6 @@
 //! Asking an upstream about itself: one `GET` sent direct (not through the proxy, whose routing
 //! could send the question to another upstream), bounded by a deadline and a body size. The
-//! background tasks that read the server's self-description (`usage_unasked`, `served_model`)
+//! background tasks that read the server's self-description (`describe`, the one reader)
 //! share it, so none of them can stall on a server that never answers.
 
 use std::time::Duration;

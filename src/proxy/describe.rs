@@ -159,10 +159,20 @@ fn apply(proxy: &Proxy, upstream: &Upstream, answers: &Answers) {
     }
 }
 
-/// Marks the configured names served, then starts one reader per upstream (every request is
-/// recorded under the model its server serves, so each is read), every `fingerprint_interval`
-/// (zero: [`DEFAULT_INTERVAL`], without the metrics page, which only the fingerprint needs).
-/// Each holds the proxy weakly, so it ends when the proxy is dropped.
+/// Whether `upstream` is read in the background: for its served models (what requests are
+/// recorded under; not read when `default_model` is configured and nothing else asks), for its
+/// fingerprint, for its usage flag (`"auto"`), or beside its `/metrics` scrape.
+pub fn wanted(upstream: &Upstream, fingerprint_interval: Duration) -> bool {
+    !fingerprint_interval.is_zero()
+        || upstream.default_model.is_none()
+        || upstream.config.sends_usage_unasked == UsageUnasked::Auto
+        || !upstream.config.metrics_interval.is_zero()
+}
+
+/// Marks the configured names served, then starts one reader per upstream that is to be read
+/// (`wanted`), every `fingerprint_interval` (zero: [`DEFAULT_INTERVAL`], without the metrics
+/// page, which only the fingerprint needs). Each holds the proxy weakly, so it ends when the
+/// proxy is dropped.
 pub fn spawn(proxy: &Arc<Proxy>, fingerprint_interval: Duration) {
     let fingerprinting = !fingerprint_interval.is_zero();
     let interval = if fingerprinting {
@@ -177,12 +187,14 @@ pub fn spawn(proxy: &Arc<Proxy>, fingerprint_interval: Duration) {
         if let Some(model) = &upstream.default_model {
             proxy.models.serve(std::iter::once(&**model));
         }
-        tokio::spawn(read_forever(
-            Arc::downgrade(proxy),
-            index,
-            interval,
-            fingerprinting,
-        ));
+        if wanted(upstream, fingerprint_interval) {
+            tokio::spawn(read_forever(
+                Arc::downgrade(proxy),
+                index,
+                interval,
+                fingerprinting,
+            ));
+        }
     }
 }
 

@@ -431,6 +431,7 @@ impl Proxy {
         );
         meter.timeline.body_read = Some(body_read);
         meter.max_tokens = facts.max_tokens;
+        meter.with_tools = facts.with_tools;
         // One atomic load: the configuration the upstream runs as this request starts.
         meter.fingerprint = upstream.identity.current();
         meter.prefix_blocks = prefix_blocks;
@@ -442,8 +443,13 @@ impl Proxy {
             meter.expect_cell(bytes / crate::meter::PROMPT_BYTES_PER_TOKEN);
         }
         // Once per request, off the hot path; the header is forwarded like any other.
+        // A model's targets are found under the served name (what the matrix says) or the
+        // name the client sent.
+        let slo_model = Some(&*meter.labels.model)
+            .filter(|served| self.metering.slo.models.contains_key(*served))
+            .or(facts.model.as_deref());
         meter.slo = self.metering.slo.resolve(
-            facts.model.as_deref(),
+            slo_model,
             parts.headers.get(SLO_HEADER).map(HeaderValue::as_bytes),
         );
         let metered = MeteredRequest {

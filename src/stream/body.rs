@@ -222,6 +222,9 @@ fn measure(
     }
     if facts.output {
         meter.token_event(now, facts.tokens);
+        if facts.answer || facts.tool_call {
+            meter.output_kinds(now, facts.answer, facts.tool_call);
+        }
     } else if facts.tokens > 0 {
         meter.silent_tokens(now, facts.tokens);
     }

@@ -9,7 +9,8 @@
 //! First-token rule: only non-empty generated output counts — content,
 //! reasoning/reasoning_content, tool_calls, completion text, `/generate` text growth,
 //! `content_block_delta`, Responses `*.delta`. Role-only, empty, usage-only and keep-alive
-//! events never count.
+//! events never count. Each output event also says whether it carried answer text or a
+//! tool call (reasoning alone is neither), for the first answer and tool-call times.
 
 use super::json::{self, Span};
 use crate::base::Route;
@@ -18,8 +19,15 @@ use crate::meter::Usage;
 /// What one event means.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EventFacts {
-    /// The event carried non-empty generated output (a "token event").
+    /// The event carried non-empty generated output (a "token event"): reasoning, answer
+    /// text or a tool call.
     pub output: bool,
+    /// Of which answer text (`content`, completion text, a Messages `text` delta, a Responses
+    /// output-text delta): the first one is the time to the first answer token.
+    pub answer: bool,
+    /// Of which a tool-call delta (`tool_calls`, a Messages `input_json_delta`, a Responses
+    /// function-call-arguments delta).
+    pub tool_call: bool,
     /// Tokens this event carried. Exact when `exact`, else one per output event.
     pub tokens: u64,
     /// `tokens` came from usage differences, not from counting events.
@@ -210,7 +218,10 @@ impl EventClassifier {
                 if let Some(i) = json::get(data, choice.start, b"index") {
                     index = json::as_u64(data, i).map_or(0, |i| i as usize);
                 }
-                facts.output |= self.choice_has_output(data, choice);
+                let kinds = self.choice_output(data, choice);
+                facts.output |= kinds.output;
+                facts.answer |= kinds.answer;
+                facts.tool_call |= kinds.tool_call;
             }
         }
         if let Some(usage) = usage {
@@ -240,26 +251,34 @@ impl EventClassifier {
         facts
     }
 
-    fn choice_has_output(&self, data: &[u8], choice: Span) -> bool {
+    /// What output one choice of an OpenAI chunk carried.
+    fn choice_output(&self, data: &[u8], choice: Span) -> EventFacts {
+        let mut kinds = EventFacts::default();
         match self.route {
-            Route::Completions => json::get(data, choice.start, b"text")
-                .is_some_and(|s| json::is_nonempty_string(data, s)),
+            Route::Completions => {
+                kinds.answer = json::get(data, choice.start, b"text")
+                    .is_some_and(|s| json::is_nonempty_string(data, s));
+            }
             _ => {
                 let Some(delta) = json::get(data, choice.start, b"delta") else {
-                    return false;
+                    return kinds;
                 };
-                json::members(data, delta.start).any(|m| {
-                    let key = m.key.bytes(data);
-                    match key {
-                        b"\"content\"" | b"\"reasoning_content\"" | b"\"reasoning\"" => {
-                            json::is_nonempty_string(data, m.value)
+                for m in json::members(data, delta.start) {
+                    match m.key.bytes(data) {
+                        b"\"content\"" => kinds.answer |= json::is_nonempty_string(data, m.value),
+                        b"\"reasoning_content\"" | b"\"reasoning\"" => {
+                            kinds.output |= json::is_nonempty_string(data, m.value);
                         }
-                        b"\"tool_calls\"" => json::is_nonempty_array(data, m.value),
-                        _ => false,
+                        b"\"tool_calls\"" => {
+                            kinds.tool_call |= json::is_nonempty_array(data, m.value);
+                        }
+                        _ => {}
                     }
-                })
+                }
             }
         }
+        kinds.output |= kinds.answer || kinds.tool_call;
+        kinds
     }
 
     fn read_openai_usage(&mut self, data: &[u8], usage: Span) {
@@ -270,6 +289,18 @@ impl EventClassifier {
         }
         if let Some(c) = field(b"completion_tokens") {
             self.usage.completion_tokens = Some(c);
+        }
+        // vLLM and OpenAI: `completion_tokens_details.reasoning_tokens`; sglang: a top-level
+        // `reasoning_tokens` in its usage.
+        if let Some(reasoning) = json::path(
+            data,
+            usage.start,
+            &[b"completion_tokens_details", b"reasoning_tokens"],
+        )
+        .or_else(|| json::get(data, usage.start, b"reasoning_tokens"))
+        .and_then(|s| json::as_u64(data, s))
+        {
+            self.usage.reasoning_tokens = Some(reasoning);
         }
         if let Some(details) = json::get(data, usage.start, b"prompt_tokens_details") {
             if let Some(cached) =
@@ -315,6 +346,9 @@ impl EventClassifier {
             // deltas. Either way, new visible output shows as a non-empty text whose length
             // changed, or as new tokens alongside non-empty text.
             facts.output = len > 0 && (len != *previous || facts.tokens > 0);
+            // `/generate` streams the text as generated, reasoning markers included: all of
+            // it is answer text to its client.
+            facts.answer = facts.output;
             *previous = len;
         }
         facts
@@ -326,12 +360,16 @@ impl EventClassifier {
         match kind {
             b"content_block_delta" => {
                 if let Some(delta) = json::top(data, b"delta") {
-                    facts.output = json::members(data, delta.start).any(|m| {
-                        matches!(
-                            m.key.bytes(data),
-                            b"\"text\"" | b"\"thinking\"" | b"\"partial_json\""
-                        ) && json::is_nonempty_string(data, m.value)
-                    });
+                    for m in json::members(data, delta.start) {
+                        let nonempty = || json::is_nonempty_string(data, m.value);
+                        match m.key.bytes(data) {
+                            b"\"text\"" => facts.answer |= nonempty(),
+                            b"\"partial_json\"" => facts.tool_call |= nonempty(),
+                            b"\"thinking\"" => facts.output |= nonempty(),
+                            _ => {}
+                        }
+                    }
+                    facts.output |= facts.answer || facts.tool_call;
                 }
             }
             b"message_start" => {
@@ -374,6 +412,15 @@ impl EventClassifier {
         if kind.starts_with(b"response.") && kind.ends_with(b".delta") {
             facts.output =
                 json::top(data, b"delta").is_some_and(|s| json::is_nonempty_string(data, s));
+            if facts.output {
+                let has = |part: &[u8]| kind.windows(part.len()).any(|w| w == part);
+                if has(b"function_call") || has(b"custom_tool_call") || has(b"mcp_call") {
+                    facts.tool_call = true;
+                } else if !has(b"reasoning") {
+                    // `response.output_text.delta`, `response.refusal.delta`, …
+                    facts.answer = true;
+                }
+            }
         } else if matches!(
             kind,
             b"response.completed" | b"response.incomplete" | b"response.failed"
@@ -398,6 +445,15 @@ impl EventClassifier {
         if let Some(output) = field(b"output_tokens") {
             self.usage.completion_tokens = Some(output);
         }
+        if let Some(reasoning) = json::path(
+            data,
+            usage.start,
+            &[b"output_tokens_details", b"reasoning_tokens"],
+        )
+        .and_then(|s| json::as_u64(data, s))
+        {
+            self.usage.reasoning_tokens = Some(reasoning);
+        }
         if let Some(cached) = json::path(
             data,
             usage.start,
@@ -421,6 +477,7 @@ fn generate_usage(data: &[u8], start: usize) -> Usage {
         prompt_tokens: field(b"prompt_tokens"),
         completion_tokens: field(b"completion_tokens"),
         cached_tokens: field(b"cached_tokens"),
+        reasoning_tokens: None,
     }
 }
 
@@ -516,9 +573,73 @@ mod tests {
             Usage {
                 prompt_tokens: Some(12),
                 completion_tokens: Some(3),
-                cached_tokens: Some(8)
+                cached_tokens: Some(8),
+                reasoning_tokens: None,
             }
         );
+    }
+
+    #[test]
+    fn each_output_event_says_whether_it_carried_answer_text_or_a_tool_call() {
+        let mut chat = EventClassifier::new(Route::ChatCompletions);
+        let reasoning = chat.observe(
+            b"",
+            br#"{"choices":[{"index":0,"delta":{"reasoning_content":"Let"}}]}"#,
+        );
+        assert!(reasoning.output && !reasoning.answer && !reasoning.tool_call);
+        let answer = chat.observe(
+            b"",
+            br#"{"choices":[{"index":0,"delta":{"reasoning_content":null,"content":"42"}}],"usage":{"prompt_tokens":3,"completion_tokens":5,"completion_tokens_details":{"reasoning_tokens":4}}}"#,
+        );
+        assert!(answer.output && answer.answer && !answer.tool_call);
+        assert_eq!(chat.usage().reasoning_tokens, Some(4));
+        let tool = chat.observe(
+            b"",
+            br#"{"choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+        );
+        assert!(tool.output && tool.tool_call && !tool.answer);
+        // A tool-call delta with an empty list and no content is no output at all.
+        let empty = chat.observe(
+            b"",
+            br#"{"choices":[{"index":0,"delta":{"content":null,"tool_calls":[]}}]}"#,
+        );
+        assert!(!empty.output && !empty.answer && !empty.tool_call);
+        // sglang reports reasoning tokens at the top of its usage.
+        let mut sglang = EventClassifier::new(Route::ChatCompletions);
+        sglang.observe(
+            b"",
+            br#"{"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":40,"reasoning_tokens":25,"completion_tokens_details":null}}"#,
+        );
+        assert_eq!(sglang.usage().reasoning_tokens, Some(25));
+
+        let mut messages = EventClassifier::new(Route::Messages);
+        let thinking = messages.observe(
+            b"content_block_delta",
+            br#"{"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"hm"}}"#,
+        );
+        assert!(thinking.output && !thinking.answer);
+        let tool_input = messages.observe(
+            b"content_block_delta",
+            br#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"a\""}}"#,
+        );
+        assert!(tool_input.tool_call && !tool_input.answer);
+
+        let mut responses = EventClassifier::new(Route::Responses);
+        let summary = responses.observe(
+            b"response.reasoning_summary_text.delta",
+            br#"{"type":"response.reasoning_summary_text.delta","delta":"x"}"#,
+        );
+        assert!(summary.output && !summary.answer && !summary.tool_call);
+        let arguments = responses.observe(
+            b"response.function_call_arguments.delta",
+            br#"{"type":"response.function_call_arguments.delta","delta":"{"}"#,
+        );
+        assert!(arguments.tool_call && !arguments.answer);
+        let text = responses.observe(
+            b"response.output_text.delta",
+            br#"{"type":"response.output_text.delta","delta":"Hi"}"#,
+        );
+        assert!(text.answer);
     }
 
     #[test]

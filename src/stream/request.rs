@@ -33,6 +33,9 @@ pub struct RequestFacts {
     /// Where the prompt is in the body (`messages`, `prompt`, `text`, `input_ids` or `input`,
     /// by route), for the workload capture's prefix fingerprint.
     pub prompt: Option<Span>,
+    /// The request offered tools (a non-empty `tools` array): a tools list alone adds prefill
+    /// time on some models, so such requests are told apart.
+    pub with_tools: bool,
 }
 
 /// Reads the facts from a JSON request body; `None` if the body is not a JSON object.
@@ -42,7 +45,7 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
         return None;
     }
     // One walk over the top-level object for every field (the prompt may be megabytes).
-    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid, messages, prompt, text, input_ids, input] =
+    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid, messages, prompt, text, input_ids, input, tools] =
         json::last_members(
             body,
             start,
@@ -60,6 +63,7 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
                 b"text",
                 b"input_ids",
                 b"input",
+                b"tools",
             ],
         )
         .map(|member| member.map(|m| m.value));
@@ -88,6 +92,7 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
             Route::Generate => text.or(input_ids),
             Route::Responses => input,
         },
+        with_tools: tools.is_some_and(|s| json::is_nonempty_array(body, s)),
     })
 }
 

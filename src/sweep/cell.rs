@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::aggregate::cell::{InterferenceSum, ServerStateSum, SloSum};
+use crate::aggregate::cell::{FirstTokenSum, InterferenceSum, ServerStateSum, SloSum};
 use crate::aggregate::sketch::QuantileSketch;
 use crate::matrix::{CellStatus, DecodeCell, PrefillRow, Tails};
 use crate::meter::record::SloVerdict;
@@ -113,7 +113,9 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
     let mut interference = InterferenceSum::default();
     let mut slo = SloSum::default();
     let mut server_state = ServerStateSum::default();
+    let mut first_tokens = FirstTokenSum::default();
     for record in &with_tokens {
+        first_tokens.add(record);
         interference.add(record);
         server_state.add(record);
         slo.add_verdict(record.slo.verdict);
@@ -125,6 +127,7 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
     let tails = stream_tails(&with_tokens);
     let total_tok_s = (window_s > 0.0).then(|| m.window_tokens as f64 / window_s);
     DecodeCell {
+        first_tokens: first_tokens.to_first_tokens(),
         context_tokens: m.context,
         concurrency: m.concurrency,
         status: CellStatus::Valid,
@@ -314,6 +317,7 @@ mod tests {
                 max: Some(4096),
                 per_second: Some(1.0 / tbt.as_secs_f64()),
                 prefill_per_second: None,
+                reasoning: None,
             },
             interference: Interference {
                 average_active: active,

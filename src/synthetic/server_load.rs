@@ -28,7 +28,7 @@ const READ_LIMIT: Duration = Duration::from_secs(2);
 /// How often that wait looks whether the read is in.
 const READ_TICK: Duration = Duration::from_millis(5);
 
-/// Which of the engine's gauges say its load (`base::engine_metrics` names), and how long a
+/// Which of the engine's gauges say its load (the names each engine declares in `base::engine`), and how long a
 /// fetch of the page through the proxy may take.
 #[derive(Debug, Clone)]
 pub struct LoadGauges {

@@ -12,6 +12,9 @@ use crate::meter::bounds::{
 };
 
 pub const TIME_TO_FIRST_TOKEN: &str = "tokentap_time_to_first_token_seconds";
+pub const TIME_TO_FIRST_ANSWER_TOKEN: &str = "tokentap_time_to_first_answer_token_seconds";
+pub const TIME_TO_FIRST_TOOL_CALL: &str = "tokentap_time_to_first_tool_call_seconds";
+pub const REASONING_TOKENS: &str = "tokentap_reasoning_tokens";
 pub const TIME_BETWEEN_TOKENS: &str = "tokentap_time_between_tokens_seconds";
 pub const INTER_TOKEN_LATENCY: &str = "tokentap_inter_token_latency_seconds";
 pub const REQUEST_DURATION: &str = "tokentap_request_duration_seconds";
@@ -90,6 +93,9 @@ pub const SWEEP_CELL_TIME_BETWEEN_TOKENS: &str = "tokentap_sweep_cell_time_betwe
 /// (name, unit-bearing description) of every metric, for `# HELP` lines.
 pub const DESCRIPTIONS: &[(&str, &str)] = &[
     (TIME_TO_FIRST_TOKEN, "Time from request head in to the first event carrying generated output, in seconds."),
+    (TIME_TO_FIRST_ANSWER_TOKEN, "Time from request head in to the first answer token (content, after any reasoning), in seconds."),
+    (TIME_TO_FIRST_TOOL_CALL, "Time from request head in to the first tool-call delta, in seconds."),
+    (REASONING_TOKENS, "Reasoning tokens per request (usage completion_tokens_details.reasoning_tokens), when the server reports them."),
     (TIME_BETWEEN_TOKENS, "Per request (last token - first token) / (completion tokens - 1), in seconds."),
     (INTER_TOKEN_LATENCY, "Gap between token events divided over the tokens of each event, in seconds (weighted by tokens)."),
     (REQUEST_DURATION, "Time from request head in to the end of the response, in seconds."),
@@ -123,6 +129,9 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
 /// The buckets of every histogram.
 pub const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
     (TIME_TO_FIRST_TOKEN, &LATENCY_BUCKETS),
+    (TIME_TO_FIRST_ANSWER_TOKEN, &LATENCY_BUCKETS),
+    (TIME_TO_FIRST_TOOL_CALL, &LATENCY_BUCKETS),
+    (REASONING_TOKENS, &TOKEN_COUNT_BUCKETS),
     (REQUEST_DURATION, &LATENCY_BUCKETS),
     (TIME_BETWEEN_TOKENS, &TOKEN_GAP_BUCKETS),
     (INTER_TOKEN_LATENCY, &TOKEN_GAP_BUCKETS),

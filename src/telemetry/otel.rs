@@ -245,6 +245,27 @@ impl RecordSink for OtelSink {
                 ttft.as_secs_f64(),
             ));
         }
+        if let Some(answer) = r.timing.ttft_answer {
+            attributes.push(KeyValue::new(
+                "tokentap.time_to_first_answer_token_s",
+                answer.as_secs_f64(),
+            ));
+        }
+        if let Some(tool_call) = r.timing.ttft_tool_call {
+            attributes.push(KeyValue::new(
+                "tokentap.time_to_first_tool_call_s",
+                tool_call.as_secs_f64(),
+            ));
+        }
+        if let Some(reasoning) = r.tokens.reasoning {
+            attributes.push(KeyValue::new(
+                "tokentap.usage.reasoning_tokens",
+                as_i64(reasoning),
+            ));
+        }
+        if r.with_tools {
+            attributes.push(KeyValue::new("tokentap.request.tools", true));
+        }
         if let Some(tbt) = r.timing.tbt {
             attributes.push(KeyValue::new(
                 "tokentap.time_between_tokens_s",
@@ -272,6 +293,13 @@ impl RecordSink for OtelSink {
             .start(&self.tracer);
         if let Some(ttft) = r.timing.ttft {
             span.add_event_with_timestamp("gen_ai.first_token", start + ttft, Vec::new());
+        }
+        if let Some(answer) = r.timing.ttft_answer.filter(|a| Some(*a) != r.timing.ttft) {
+            span.add_event_with_timestamp(
+                "tokentap.first_answer_token",
+                start + answer,
+                Vec::new(),
+            );
         }
         if r.outcome != Outcome::Ok {
             span.set_status(Status::error(r.outcome.label()));

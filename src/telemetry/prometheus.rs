@@ -59,6 +59,9 @@ type BaseKey = (Arc<str>, Arc<str>, Route, Source);
 
 struct CellHandles {
     ttft: Histogram,
+    ttft_answer: Histogram,
+    ttft_tool_call: Histogram,
+    reasoning_tokens: Histogram,
     tbt: Histogram,
     itl: Histogram,
     duration: Histogram,
@@ -103,8 +106,11 @@ pub const CELL_CORE_HISTOGRAMS: [&str; 3] =
     [TIME_TO_FIRST_TOKEN, TIME_BETWEEN_TOKENS, DECODE_SECONDS];
 
 /// A cell's other histograms, kept only while the budget is under half spent.
-pub const CELL_DETAIL_HISTOGRAMS: [&str; 11] = [
+pub const CELL_DETAIL_HISTOGRAMS: [&str; 14] = [
     INTER_TOKEN_LATENCY,
+    TIME_TO_FIRST_ANSWER_TOKEN,
+    TIME_TO_FIRST_TOOL_CALL,
+    REASONING_TOKENS,
     REQUEST_DURATION,
     PREFILL_TOKENS_PER_SECOND,
     PER_REQUEST_TOKENS_PER_SECOND,
@@ -643,6 +649,9 @@ impl PrometheusMetrics {
         };
         let handles = Arc::new(CellHandles {
             ttft: histogram(TIME_TO_FIRST_TOKEN),
+            ttft_answer: histogram(TIME_TO_FIRST_ANSWER_TOKEN),
+            ttft_tool_call: histogram(TIME_TO_FIRST_TOOL_CALL),
+            reasoning_tokens: histogram(REASONING_TOKENS),
             tbt: histogram(TIME_BETWEEN_TOKENS),
             itl: histogram(INTER_TOKEN_LATENCY),
             duration: histogram(REQUEST_DURATION),
@@ -935,6 +944,15 @@ impl RecordSink for PrometheusMetrics {
         }
         if let Some(tbt) = r.timing.tbt {
             cell.tbt.record(tbt.as_secs_f64());
+        }
+        if let Some(answer) = r.timing.ttft_answer {
+            cell.ttft_answer.record(answer.as_secs_f64());
+        }
+        if let Some(tool_call) = r.timing.ttft_tool_call {
+            cell.ttft_tool_call.record(tool_call.as_secs_f64());
+        }
+        if let Some(reasoning) = r.tokens.reasoning {
+            cell.reasoning_tokens.record(reasoning as f64);
         }
         if let Some(rate) = r.tokens.per_second {
             cell.per_request.record(rate);

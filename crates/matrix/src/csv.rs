@@ -5,7 +5,7 @@ use super::page::{PHASE_DECODE, PHASE_PREFILL};
 use super::units::context_label;
 
 /// Column names of [`render_csv`], in order.
-pub const CSV_COLUMNS: [&str; 29] = [
+pub const CSV_COLUMNS: [&str; 39] = [
     "phase",
     "context",
     "context_tokens",
@@ -35,6 +35,16 @@ pub const CSV_COLUMNS: [&str; 29] = [
     "itl_p90_ms",
     "itl_p99_ms",
     "production_in_flight",
+    "answer_ttft_ms",
+    "answer_ttft_p90_ms",
+    "answer_ttft_p99_ms",
+    "answer_requests",
+    "tool_call_ttft_ms",
+    "tool_call_ttft_p90_ms",
+    "tool_call_ttft_p99_ms",
+    "tool_call_requests",
+    "reasoning_tokens",
+    "with_tools_requests",
 ];
 
 /// RFC 4180 quoting. Hand-written: it is these five lines, less than a CSV crate would cost.
@@ -106,6 +116,7 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
         row.extend(state.values().map(number));
         row.extend(cell.tails.unwrap_or_default().values().map(number));
         row.push(number(cell.production_in_flight));
+        row.extend(cell.first_tokens.unwrap_or_default().values().map(number));
         rows.push(row);
     }
     let mut out = String::new();

@@ -209,6 +209,97 @@ pub struct DecodeCell {
     /// and documents that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub production_in_flight: Option<f64>,
+    /// The first token of each kind, for reasoning models and tool calls: `ttft_ms` stays the
+    /// first token of any kind (the seed pages' TTFT). Absent where no request streamed an
+    /// answer or a tool call apart from its first token (and in documents that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_tokens: Option<FirstTokens>,
+}
+
+/// The first answer token and the first tool-call delta of a cell's requests, milliseconds
+/// from each request's arrival, with the number of requests each rests on; the reasoning
+/// tokens per request where the server reported them; how many requests offered tools. A
+/// tail is absent where its count cannot carry it (p90 from 10 requests, p99 from 100).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FirstTokens {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_ttft_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_ttft_p90_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_ttft_p99_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer_requests: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_ttft_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_ttft_p90_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_ttft_p99_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_requests: Option<f64>,
+    /// Mean reasoning tokens per request (`completion_tokens_details.reasoning_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_tokens: Option<f64>,
+    /// Requests that offered tools (a `tools` list).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub with_tools_requests: Option<f64>,
+}
+
+impl FirstTokens {
+    /// Fewest samples a p90 is shown from; a p99 needs [`Self::MIN_FOR_P99`].
+    pub const MIN_FOR_P90: f64 = 10.0;
+    pub const MIN_FOR_P99: f64 = 100.0;
+
+    /// The values in column order (see [`Self::NAMES`]).
+    pub fn values(&self) -> [Option<f64>; 10] {
+        [
+            self.answer_ttft_ms,
+            self.answer_ttft_p90_ms,
+            self.answer_ttft_p99_ms,
+            self.answer_requests,
+            self.tool_call_ttft_ms,
+            self.tool_call_ttft_p90_ms,
+            self.tool_call_ttft_p99_ms,
+            self.tool_call_requests,
+            self.reasoning_tokens,
+            self.with_tools_requests,
+        ]
+    }
+
+    /// From values in column order; `None` when every one is absent.
+    pub fn from_values(values: [Option<f64>; 10]) -> Option<FirstTokens> {
+        let [answer_ttft_ms, answer_ttft_p90_ms, answer_ttft_p99_ms, answer_requests, tool_call_ttft_ms, tool_call_ttft_p90_ms, tool_call_ttft_p99_ms, tool_call_requests, reasoning_tokens, with_tools_requests] =
+            values;
+        let first = FirstTokens {
+            answer_ttft_ms,
+            answer_ttft_p90_ms,
+            answer_ttft_p99_ms,
+            answer_requests,
+            tool_call_ttft_ms,
+            tool_call_ttft_p90_ms,
+            tool_call_ttft_p99_ms,
+            tool_call_requests,
+            reasoning_tokens,
+            with_tools_requests,
+        };
+        (first != FirstTokens::default()).then_some(first)
+    }
+
+    /// Field names in column order (JSON keys, CSV headers).
+    pub const NAMES: [&'static str; 10] = [
+        "answer_ttft_ms",
+        "answer_ttft_p90_ms",
+        "answer_ttft_p99_ms",
+        "answer_requests",
+        "tool_call_ttft_ms",
+        "tool_call_ttft_p90_ms",
+        "tool_call_ttft_p99_ms",
+        "tool_call_requests",
+        "reasoning_tokens",
+        "with_tools_requests",
+    ];
 }
 
 /// The tails of a cell's latency distributions, milliseconds. TTFT is one sample per request;
@@ -467,6 +558,7 @@ impl DecodeCell {
     /// A cell that carries only a status (Over capacity, Not run, or an Error without figures).
     pub fn status_only(context_tokens: u64, concurrency: u32, status: CellStatus) -> DecodeCell {
         DecodeCell {
+            first_tokens: None,
             context_tokens,
             concurrency,
             status,

@@ -34,8 +34,8 @@ pub mod validate;
 
 pub use diff::{diff, DiffColumn, MatrixDiff};
 pub use doc::{
-    CellStatus, DecodeCell, Engine, Fact, Hardware, MatrixDoc, Metadata, ModelInfo, PrefillRow,
-    RunInfo, Source, Tails, SCHEMA,
+    CellStatus, DecodeCell, Engine, Fact, FirstTokens, Hardware, MatrixDoc, Metadata, ModelInfo,
+    PrefillRow, RunInfo, Source, Tails, SCHEMA,
 };
 pub use evidence::EvidenceRule;
 pub use file::{load, LoadError};

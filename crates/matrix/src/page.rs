@@ -5,7 +5,8 @@
 //! Owns the mapping between measurements and page wording (`Total tok/s`, `Over capacity`, …)
 //! in both directions. Pure: no I/O, no markup (callers escape for their format).
 use super::doc::{
-    CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, ServerState, Source, Tails,
+    CellStatus, DecodeCell, FirstTokens, MatrixDoc, Metadata, PrefillRow, ServerState, Source,
+    Tails,
 };
 use super::evidence::evidence_label;
 use super::units::{
@@ -79,11 +80,25 @@ pub const TAIL_COLUMNS: [&str; 6] = [
 ];
 /// The optional column of sweep cells that ran beside production traffic.
 pub const PRODUCTION_IN_FLIGHT_COLUMN: &str = "Production in flight";
+/// The optional first-token columns (reasoning models, tool calls), present when any cell
+/// carries them, in [`FirstTokens::values`] order.
+pub const FIRST_TOKEN_COLUMNS: [&str; 10] = [
+    "Answer TTFT",
+    "Answer TTFT p90",
+    "Answer TTFT p99",
+    "Answer requests",
+    "Tool-call TTFT",
+    "Tool-call TTFT p90",
+    "Tool-call TTFT p99",
+    "Tool-call requests",
+    "Reasoning tokens",
+    "Requests with tools",
+];
 
 /// Which optional columns follow the standard ones, in this order: Prompt tokens, then
 /// Prefill overlap and Overlapping prefills, then SLO attainment and Goodput tok/s, then the
-/// server-state columns, then the tails, then Production in flight. Pages written before a
-/// column existed simply lack it.
+/// server-state columns, then the tails, then Production in flight, then the first-token
+/// columns. Pages written before a column existed simply lack it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OptionalColumns {
     pub prompt_tokens: bool,
@@ -92,6 +107,7 @@ pub struct OptionalColumns {
     pub server_state: bool,
     pub tails: bool,
     pub production_in_flight: bool,
+    pub first_tokens: bool,
 }
 
 impl OptionalColumns {
@@ -104,6 +120,7 @@ impl OptionalColumns {
             server_state: has_server_state(doc),
             tails: has_tails(doc),
             production_in_flight: has_production_in_flight(doc),
+            first_tokens: doc.decode.iter().any(|cell| cell.first_tokens.is_some()),
         }
     }
 
@@ -130,6 +147,9 @@ impl OptionalColumns {
         if self.production_in_flight {
             headers.push(PRODUCTION_IN_FLIGHT_COLUMN);
         }
+        if self.first_tokens {
+            headers.extend(FIRST_TOKEN_COLUMNS);
+        }
         headers
     }
 }
@@ -150,7 +170,7 @@ pub fn measurement_header_columns(header: &[String]) -> Option<OptionalColumns> 
         .skip(MEASUREMENT_COLUMNS.len())
         .map(String::as_str)
         .collect();
-    (0u8..64)
+    (0u8..128)
         .map(|bits| OptionalColumns {
             prompt_tokens: bits & 1 != 0,
             interference: bits & 2 != 0,
@@ -158,6 +178,7 @@ pub fn measurement_header_columns(header: &[String]) -> Option<OptionalColumns> 
             server_state: bits & 8 != 0,
             tails: bits & 16 != 0,
             production_in_flight: bits & 32 != 0,
+            first_tokens: bits & 64 != 0,
         })
         .find(|columns| columns.headers() == tail)
 }
@@ -430,6 +451,9 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
         if columns.production_in_flight {
             cells.push(missing());
         }
+        if columns.first_tokens {
+            cells.extend(FIRST_TOKEN_COLUMNS.map(|_| missing()));
+        }
         rows.push(cells);
     }
     for cell in decode {
@@ -481,6 +505,18 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
             cells.push(or_missing(cell.production_in_flight, |v| {
                 format_decimal(v, 1)
             }));
+        }
+        if columns.first_tokens {
+            let values = cell.first_tokens.unwrap_or_default().values();
+            for (index, value) in values.into_iter().enumerate() {
+                // Times in whole milliseconds; counts and the reasoning-token mean whole.
+                let time = !matches!(index, 3 | 7 | 8 | 9);
+                cells.push(if time {
+                    or_missing(value, format_ms_whole)
+                } else {
+                    or_missing(value, |v| format_decimal(v, 0))
+                });
+            }
         }
         rows.push(cells);
     }
@@ -627,6 +663,21 @@ pub fn parse_measurement_row(
     } else {
         None
     };
+    let first_at = in_flight_at + usize::from(columns.production_in_flight);
+    let first_tokens = if columns.first_tokens {
+        let mut values = [None; FIRST_TOKEN_COLUMNS.len()];
+        for (offset, slot) in values.iter_mut().enumerate() {
+            let i = first_at + offset;
+            *slot = if matches!(offset, 3 | 7 | 8 | 9) {
+                parse_optional(cell(i), parse_decimal).map_err(value(i))?
+            } else {
+                parse_optional(cell(i), |t| parse_with_unit(t, "ms")).map_err(value(i))?
+            };
+        }
+        FirstTokens::from_values(values)
+    } else {
+        None
+    };
     match cell(0) {
         PHASE_PREFILL => {
             let mut decode_only = vec![5, 7, 8, 10, 11];
@@ -644,6 +695,9 @@ pub fn parse_measurement_row(
             }
             if columns.production_in_flight {
                 decode_only.push(in_flight_at);
+            }
+            if columns.first_tokens {
+                decode_only.extend(first_at..first_at + FIRST_TOKEN_COLUMNS.len());
             }
             for index in decode_only {
                 if cell(index) != super::units::MISSING {
@@ -684,6 +738,7 @@ pub fn parse_measurement_row(
             server_state,
             tails,
             production_in_flight,
+            first_tokens,
         })),
         other => Err(RowError::UnknownPhase {
             found: other.to_owned(),

@@ -7,7 +7,8 @@
 use std::collections::BTreeSet;
 
 use super::doc::{
-    CellStatus, DecodeCell, MatrixDoc, Metadata, PrefillRow, ServerState, Tails, SCHEMA,
+    CellStatus, DecodeCell, FirstTokens, MatrixDoc, Metadata, PrefillRow, ServerState, Tails,
+    SCHEMA,
 };
 use super::facts::{FactValue, FACTS, FACT_SECTIONS};
 use tokentap_base::wallclock::is_rfc3339;
@@ -163,6 +164,11 @@ impl DecodeCell {
             }
         }
         check_number(&item, "production_in_flight", self.production_in_flight)?;
+        if let Some(first) = &self.first_tokens {
+            for (field, value) in FirstTokens::NAMES.iter().zip(first.values()) {
+                check_number(&item, field, value)?;
+            }
+        }
         check_skipped(&item, &self.status, self.has_figures())
     }
 }
