@@ -417,6 +417,28 @@ fn tails_evidence_statuses_and_production_in_flight_round_trip_through_every_for
         Some(22.0),
         None,
     ]);
+    // The real-traffic groups: first answer and tool-call tokens, the prompt cache, the
+    // tokens per decode step.
+    cell.first_tokens = tokentap::matrix::FirstTokens::from_values([
+        Some(900.0),
+        Some(1200.0),
+        None,
+        Some(12.0),
+        Some(1500.0),
+        None,
+        None,
+        Some(3.0),
+        Some(250.0),
+        Some(3.0),
+    ]);
+    cell.prompt_cache = tokentap::matrix::PromptCache::from_values([
+        Some(0.75),
+        Some(120.0),
+        Some(9.0),
+        Some(800.0),
+        Some(3.0),
+    ]);
+    cell.tokens_per_step = Some(2.75);
     let mut thin = DecodeCell::status_only(16384, 1, CellStatus::LowEvidence);
     thin.total_tok_s = Some(241.6);
     thin.completed_requests = Some(0);
@@ -430,13 +452,23 @@ fn tails_evidence_statuses_and_production_in_flight_round_trip_through_every_for
         "| 412 ms | 530 ms | 21.4 ms | 25.3 ms | 22.0 ms | — | 4.0 |",
         "Off target<br>ran at 5.0",
         "Low evidence<br>n=0 · 63 tok · 0.3 s",
-        "Low evidence: too few completed requests",
+        "Low evidence: too few seconds or output tokens",
     ] {
         assert!(md.contains(needle), "{needle}\n{md}");
     }
     let imported = parse_any(&md).unwrap();
     assert_eq!(markdown::render_markdown(&imported), md);
     assert_eq!(imported.cell(8192, 1).unwrap().tails, doc.decode[0].tails);
+    assert_eq!(imported.cell(8192, 1), doc.cell(8192, 1));
+    for needle in [
+        "Answer TTFT",
+        "Tool-call TTFT p99",
+        "Cached share",
+        "Warm TTFT",
+        "Tokens per step",
+    ] {
+        assert!(md.contains(needle), "{needle}\n{md}");
+    }
     assert_eq!(
         imported.cell(16384, 1).unwrap().status,
         CellStatus::LowEvidence
@@ -449,7 +481,13 @@ fn tails_evidence_statuses_and_production_in_flight_round_trip_through_every_for
     );
     assert_eq!(parse_any(&json).unwrap(), doc);
     let csv = tokentap::matrix::csv::render_csv(&doc);
-    assert!(csv.contains(",412,530,21.4,25.3,22,,4\r\n"), "{csv}");
+    // The tails and production in flight, then the (absent) first-token, prompt-cache and tokens-per-step columns.
+    assert!(
+        csv.contains(
+            ",412,530,21.4,25.3,22,,4,900,1200,,12,1500,,,3,250,3,0.75,120,9,800,3,2.75\r\n"
+        ),
+        "{csv}"
+    );
     // Neither enters a diff's ratios.
     let other = doc.clone();
     let compared = diff(&doc, &other);
@@ -1318,8 +1356,11 @@ fn the_server_state_columns_round_trip_and_older_documents_still_read() {
     let html = html::render_html(&doc);
     assert!(html.contains("KV cache usage"), "{html}");
     let csv = tokentap::matrix::csv::render_csv(&doc);
-    // The server state, then the (absent) tails and production-in-flight columns.
-    assert!(csv.contains(",3.96,0,0.053,,,,,,,,\r\n"), "{csv}");
+    // The server state, then the (absent) tails, production-in-flight and first-token, prompt-cache and tokens-per-step columns.
+    assert!(
+        csv.contains(&format!(",3.96,0,0.053,{}\r\n", ",".repeat(23))),
+        "{csv}"
+    );
     // A document without the field (older, or unscraped) reads as before and renders without
     // the columns; a negative figure is refused.
     let mut older = doc.clone();

@@ -492,7 +492,10 @@ async fn the_admin_page_shows_production_beside_the_sweep_on_one_grid_in_headles
     assert!(production_panel
         .contains("data-context=\"8K\" data-concurrency=\"4\" data-status=\"absent\""));
     assert!(synthetic_panel.contains("sweep-7"));
-    assert!(!grid.contains("→"), "no status change words in the grid");
+    assert!(
+        !grid.contains("→"),
+        "no status change words in the grid: {grid}"
+    );
     let page = admin_get(&server, "/?window=15m").await.text();
     assert!(!page.contains("<script"), "the page needs no script");
     assert!(!page.contains("src=\"http"), "the page loads nothing");
@@ -638,5 +641,165 @@ async fn the_matrix_and_the_page_need_the_admin_token_when_one_is_set() {
         .await;
         assert_eq!(authorized.status, 200, "{path}");
     }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_window_of_few_long_streams_is_valid_for_decode_with_its_ttft_marked_by_its_n() {
+    // Four 8K streams of 12 s each at once, under the default evidence rule (20 completed
+    // requests, 10 s, 500 tokens): decode tok/s rests on ~1,900 tokens over 12 s, so the cell
+    // is Valid; its TTFT rests on 4 requests, which a note says, and its tails are absent.
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let (server, records) = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    let (received, _) = timed_burst(&server, 4, 8_000, 480).await;
+    assert_eq!(received, 4 * 480);
+    records.wait_for(4).await;
+    let doc = production_doc(&server).await;
+    let cell = doc
+        .cell(8192, 4)
+        .unwrap_or_else(|| panic!("no cell 8K × 4 in {doc:#?}"));
+    assert_eq!(cell.status, CellStatus::Valid, "{cell:#?}");
+    assert_eq!(cell.completed_requests, Some(4));
+    assert!(cell.per_request_tok_s.is_some() && cell.ttft_ms.is_some());
+    // p90 and p99 of 4 requests would be the median again: absent.
+    let tails = cell.tails.unwrap_or_default();
+    assert_eq!(
+        (tails.ttft_p90_ms, tails.ttft_p99_ms),
+        (None, None),
+        "{tails:?}"
+    );
+    assert!(
+        doc.metadata
+            .notes
+            .iter()
+            .any(|n| n.contains("TTFT rests on fewer than 20 completed requests in 8K × 4 (n = 4)")),
+        "{:#?}",
+        doc.metadata.notes
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_cache_hits_split_the_ttft_warm_and_cold_and_a_server_without_the_report_is_told_its_flag(
+) {
+    use tokentap::sim::{Profile, SimOptions, SimServer};
+    let prompt = |letters: &str| {
+        // The simulator counts ceil(bytes / 4) tokens: 2,000 tokens, an 8K cell.
+        format!(
+            r#"{{"model":"m","prompt":"{}","max_tokens":8,"ignore_eos":true,"stream":true}}"#,
+            letters.repeat(2000)
+        )
+    };
+    for report in [true, false] {
+        let sim = SimServer::start(
+            Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
+            SimOptions {
+                seed: 3,
+                enable_cache_report: report,
+                ..SimOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        // As a user runs it: the upstream is read (its engine names the flag).
+        let (server, records) = start_proxy(&format!(
+            "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n",
+            sim.base_url()
+        ))
+        .await;
+        let upstream = Arc::clone(server.proxy.router.default_upstream());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while upstream.engine().is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the engine was read"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let url = format!("http://{}/v1/completions", server.proxy_addr);
+        // One cold prompt, then the same prompt three times (warm), then another cold one.
+        for letters in ["abcd", "abcd", "abcd", "abcd", "wxyz"] {
+            assert_eq!(post(&url, &prompt(letters)).await.status, 200);
+        }
+        records.wait_for(5).await;
+        let doc = production_doc(&server).await;
+        let cell = doc
+            .cell(8192, 1)
+            .unwrap_or_else(|| panic!("no 8K × 1 cell in {doc:#?}"));
+        let note = doc
+            .metadata
+            .notes
+            .iter()
+            .find(|n| n.contains("reports no cached prompt tokens"));
+        if report {
+            let cache = cell.prompt_cache.unwrap_or_else(|| panic!("{cell:#?}"));
+            assert_eq!(cache.warm_requests, Some(3.0), "{cache:?}");
+            assert_eq!(cache.cold_requests, Some(2.0), "{cache:?}");
+            let share = cache.cached_share.unwrap();
+            assert!(
+                (0.4..0.65).contains(&share),
+                "3 of 5 prompts cached: {share}"
+            );
+            assert!(
+                cache.warm_ttft_ms.is_some() && cache.cold_ttft_ms.is_some(),
+                "{cache:?}"
+            );
+            // A sweep is measured warm: the comparison takes the warm TTFT.
+            assert_eq!(cell.comparable_ttft_ms(), cache.warm_ttft_ms);
+            assert!(note.is_none(), "{:#?}", doc.metadata.notes);
+        } else {
+            assert!(cell.prompt_cache.is_none(), "{cell:#?}");
+            let note = note.unwrap_or_else(|| panic!("{:#?}", doc.metadata.notes));
+            assert!(note.contains("sglang with --enable-cache-report"), "{note}");
+        }
+        server.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_decoding_shows_its_tokens_per_step_and_a_gap_to_the_sweep_is_named() {
+    use tokentap::sim::{Profile, SimOptions, SimServer};
+    // The GLM profile runs speculative decoding: 3 tokens per step (one event each).
+    let sim = SimServer::start(
+        Profile::builtin("glm-5.3-flash-nvfp4-4x-rtx-pro-6000").unwrap(),
+        SimOptions {
+            seed: 5,
+            ..SimOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (server, records) = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n{NO_EVIDENCE_MINIMUM}",
+        sim.base_url()
+    ))
+    .await;
+    let url = format!("http://{}/v1/completions", server.proxy_addr);
+    let body =
+        r#"{"model":"m","prompt":"hello there","max_tokens":300,"ignore_eos":true,"stream":true}"#;
+    for _ in 0..2 {
+        assert_eq!(post(&url, body).await.status, 200);
+    }
+    records.wait_for(2).await;
+    let doc = production_doc(&server).await;
+    let cell = doc
+        .cell(8192, 1)
+        .unwrap_or_else(|| panic!("no 8K × 1 cell in {doc:#?}"));
+    let steps = cell.tokens_per_step.unwrap_or_else(|| panic!("{cell:#?}"));
+    assert!((2.5..=3.5).contains(&steps), "{steps} tokens per step");
+    // Shown in every rendering.
+    let markdown = tokentap::matrix::render_markdown(&doc);
+    assert!(markdown.contains("Tokens per step"), "{markdown}");
+    // A sweep whose steps gave 2 tokens: the production ÷ sweep grid names the gap.
+    let mut sweep = doc.clone();
+    for cell in &mut sweep.decode {
+        cell.tokens_per_step = Some(2.0);
+    }
+    let grid = tokentap::matrix::side_by_side::comparison_fragment(&doc, &sweep);
+    assert!(grid.contains(" tok/step (sweep 2.00)"), "{grid}");
     server.shutdown().await;
 }

@@ -139,6 +139,7 @@ pub fn production_matrix_of(
             MatrixDoc::new(metadata)
         }
     };
+    cache_report_note(&mut doc, routed_upstream(state, model));
     match (&config, choice) {
         (Some(config), _) => apply_config(&mut doc.metadata, config),
         (None, FingerprintChoice::Id(id)) => set_fingerprint(&mut doc.metadata, id),
@@ -176,6 +177,36 @@ pub fn production_matrix_of(
         }
     }
     Some(doc)
+}
+
+/// When the window has traffic but the server reported no cached prompt tokens, a note names
+/// the engine's flag that turns the report on, and what stands in meanwhile: the server's own
+/// prefix-cache counters ("Prefix cache hits", when it is scraped).
+fn cache_report_note(doc: &mut MatrixDoc, upstream: &Upstream) {
+    if doc.decode.is_empty() || doc.decode.iter().any(|c| c.prompt_cache.is_some()) {
+        return;
+    }
+    let flag = upstream
+        .engine()
+        .and_then(|engine| engine.spec().usage.cache_report_flag.map(|f| (engine, f)));
+    let scraped = doc.decode.iter().any(|c| {
+        c.server_state
+            .is_some_and(|s| s.prefix_cache_hit_rate.is_some())
+    });
+    let stand_in = if scraped {
+        "the Prefix cache hits column (the server's own counters) stands in"
+    } else {
+        "scrape the server's /metrics (upstream.metrics_interval) for its own prefix-cache hit rate meanwhile"
+    };
+    doc.metadata.notes.push(match flag {
+        Some((engine, flag)) => format!(
+            "The server reports no cached prompt tokens, so TTFT is not split warm and cold: start {} with {flag} to have it report them; {stand_in}.",
+            engine.name()
+        ),
+        None => format!(
+            "The server reports no cached prompt tokens, so TTFT is not split warm and cold; {stand_in}."
+        ),
+    });
 }
 
 /// Renderings `/matrix` offers.

@@ -11,7 +11,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::matrix::doc::{CellStatus, DecodeCell, FirstTokens, PrefillRow, ServerState, Tails};
+use crate::matrix::doc::{
+    CellStatus, DecodeCell, FirstTokens, PrefillRow, PromptCache, ServerState, Tails,
+};
 use crate::meter::buckets::Ladder;
 use crate::meter::record::SloVerdict;
 use crate::meter::record::{Outcome, RequestRecord};
@@ -188,6 +190,101 @@ pub struct CellAccumulator {
     pub server_state: ServerStateSum,
     /// First answer and tool-call tokens, reasoning tokens and tools of own-cell requests.
     pub first_tokens: FirstTokenSum,
+    /// The prompt cache as own-cell requests reported it.
+    pub prompt_cache: PromptCacheSum,
+    /// Σ completion tokens and Σ token events of own-cell streamed requests: tokens per
+    /// decode step.
+    pub steps: StepSum,
+}
+
+/// Tokens per decode step over a cell's streamed requests: Σ completion tokens ÷ Σ token
+/// events (speculative decoding's accept length where the engine streams one event per step).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepSum {
+    pub tokens: u64,
+    pub events: u64,
+}
+
+impl StepSum {
+    pub fn add(&mut self, record: &RequestRecord) {
+        // Only exact counts say how many tokens a step gave; without usage each event is
+        // counted as one token, which would say 1 whatever the engine did.
+        if record.streaming && record.tokens.events > 0 && record.tokens.completion_exact {
+            self.tokens = self.tokens.saturating_add(record.tokens.completion);
+            self.events = self.events.saturating_add(record.tokens.events);
+        }
+    }
+
+    pub fn merge(&mut self, other: &StepSum) {
+        self.tokens = self.tokens.saturating_add(other.tokens);
+        self.events = self.events.saturating_add(other.events);
+    }
+
+    pub fn tokens_per_step(&self) -> Option<f64> {
+        (self.events > 0).then(|| self.tokens as f64 / self.events as f64)
+    }
+}
+
+/// The prompt cache over a cell's requests (docs/metrics.md "Prompt cache"): the production
+/// aggregator and the sweep's cells both use it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PromptCacheSum {
+    /// Σ prompt and Σ cached tokens of the requests that reported both.
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    /// TTFT, seconds, of warm requests (at least [`PromptCache::WARM_SHARE`] of the prompt
+    /// cached) and of cold ones.
+    pub warm: QuantileSketch,
+    pub cold: QuantileSketch,
+}
+
+impl PromptCacheSum {
+    pub fn add(&mut self, record: &RequestRecord) {
+        let (Some(prompt), Some(cached)) = (record.tokens.prompt, record.tokens.cached) else {
+            return;
+        };
+        if prompt == 0 {
+            return;
+        }
+        // A count above the prompt was already read as all of it (`meter`); min again so a
+        // hand-made record cannot give a share above 1.
+        let cached = cached.min(prompt);
+        self.prompt_tokens = self.prompt_tokens.saturating_add(prompt);
+        self.cached_tokens = self.cached_tokens.saturating_add(cached);
+        if let Some(ttft) = record.timing.ttft {
+            let warm = cached as f64 >= PromptCache::WARM_SHARE * prompt as f64;
+            let sketch = if warm { &mut self.warm } else { &mut self.cold };
+            sketch.add(ttft.as_secs_f64(), 1.0);
+        }
+    }
+
+    pub fn merge(&mut self, other: &PromptCacheSum) {
+        self.prompt_tokens = self.prompt_tokens.saturating_add(other.prompt_tokens);
+        self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
+        self.warm.merge(&other.warm);
+        self.cold.merge(&other.cold);
+    }
+
+    /// Bins held (for the aggregator's memory bound).
+    pub fn bins(&self) -> usize {
+        self.warm.bins() + self.cold.bins()
+    }
+
+    /// The cell's figures; absent when no request reported its cached tokens.
+    pub fn to_prompt_cache(&self) -> Option<PromptCache> {
+        if self.prompt_tokens == 0 {
+            return None;
+        }
+        let median = |sketch: &QuantileSketch| sketch.median().map(|s| s * 1000.0);
+        let count = |sketch: &QuantileSketch| Some(sketch.weight()).filter(|n| *n > 0.0);
+        PromptCache::from_values([
+            Some(self.cached_tokens as f64 / self.prompt_tokens as f64),
+            median(&self.warm),
+            count(&self.warm),
+            median(&self.cold),
+            count(&self.cold),
+        ])
+    }
 }
 
 /// The first token of each kind over a cell's requests (docs/metrics.md "Answer TTFT"): the
@@ -251,12 +348,11 @@ impl FirstTokenSum {
             return None;
         }
         let ms = |sketch: &QuantileSketch, q: f64, n: f64| {
-            let enough = q <= 0.5
-                || (q <= 0.9 && n >= FirstTokens::MIN_FOR_P90)
-                || n >= FirstTokens::MIN_FOR_P99;
-            enough
-                .then(|| sketch.quantile(q).map(|s| s * 1000.0))
-                .flatten()
+            if q <= 0.5 {
+                sketch.median().map(|s| s * 1000.0)
+            } else {
+                tail_ms(sketch, q, n)
+            }
         };
         let count = |n: f64| (n > 0.0).then_some(n);
         FirstTokens::from_values([
@@ -501,6 +597,8 @@ impl CellAccumulator {
         self.slo.add_verdict(record.slo.verdict);
         self.server_state.add(record);
         self.first_tokens.add(record);
+        self.prompt_cache.add(record);
+        self.steps.add(record);
     }
 
     /// Adds a whole request to this cell regardless of the levels it lived through: for a
@@ -545,6 +643,8 @@ impl CellAccumulator {
         self.slo.merge(&other.slo);
         self.server_state.merge(&other.server_state);
         self.first_tokens.merge(&other.first_tokens);
+        self.prompt_cache.merge(&other.prompt_cache);
+        self.steps.merge(&other.steps);
     }
 
     fn failures(&self) -> u64 {
@@ -594,6 +694,8 @@ impl CellAccumulator {
             .filter(|m| *m > 0.0)
             .map(|m| self.decode_tokens / m);
         DecodeCell {
+            prompt_cache: self.prompt_cache.to_prompt_cache(),
+            tokens_per_step: self.steps.tokens_per_step(),
             first_tokens: self.first_tokens.to_first_tokens(),
             context_tokens,
             concurrency,
@@ -618,18 +720,38 @@ impl CellAccumulator {
         }
     }
 
-    /// p90 and p99 of TTFT, TBT and ITL, milliseconds.
+    /// p90 and p99 of TTFT, TBT and ITL, milliseconds, each only where its own samples carry
+    /// it ([`tail_ms`]): TTFT's are the requests that ended here (TBT's too: one per request,
+    /// weighted by tokens), ITL's the tokens.
     pub fn tails(&self) -> Option<Tails> {
-        let ms = |sketch: &QuantileSketch, q: f64| sketch.quantile(q).map(|s| s * 1000.0);
+        let requests = self.ttft.weight();
         Tails::from_values([
-            ms(&self.ttft, 0.9),
-            ms(&self.ttft, 0.99),
-            ms(&self.tbt, 0.9),
-            ms(&self.tbt, 0.99),
-            ms(&self.itl, 0.9),
-            ms(&self.itl, 0.99),
+            tail_ms(&self.ttft, 0.9, requests),
+            tail_ms(&self.ttft, 0.99, requests),
+            tail_ms(&self.tbt, 0.9, requests),
+            tail_ms(&self.tbt, 0.99, requests),
+            tail_ms(&self.itl, 0.9, self.itl.weight()),
+            tail_ms(&self.itl, 0.99, self.itl.weight()),
         ])
     }
+}
+
+/// Fewest samples a p90 is shown from, and a p99: below them the tail is absent ("—"), never
+/// a number that is only the median again.
+pub const MIN_SAMPLES_FOR_P90: f64 = 10.0;
+pub const MIN_SAMPLES_FOR_P99: f64 = 100.0;
+
+/// The `q` quantile of `sketch` in milliseconds when `samples` carry it (p90 from
+/// [`MIN_SAMPLES_FOR_P90`], p99 from [`MIN_SAMPLES_FOR_P99`]).
+pub fn tail_ms(sketch: &QuantileSketch, q: f64, samples: f64) -> Option<f64> {
+    let needed = if q > 0.9 {
+        MIN_SAMPLES_FOR_P99
+    } else {
+        MIN_SAMPLES_FOR_P90
+    };
+    (samples >= needed)
+        .then(|| sketch.quantile(q).map(|s| s * 1000.0))
+        .flatten()
 }
 
 /// Requests that feed a prefill row: a cold-enough prompt (at least this share uncached).
@@ -794,7 +916,13 @@ impl MatrixAccumulator {
     pub fn sketch_bins(&self) -> usize {
         self.cells
             .values()
-            .map(|c| c.ttft.bins() + c.tbt.bins() + c.itl.bins() + c.first_tokens.bins())
+            .map(|c| {
+                c.ttft.bins()
+                    + c.tbt.bins()
+                    + c.itl.bins()
+                    + c.first_tokens.bins()
+                    + c.prompt_cache.bins()
+            })
             .sum::<usize>()
             + self
                 .prefill

@@ -480,6 +480,14 @@ impl ProductionMatrix {
                 self.evidence.describe()
             ));
         }
+        let thin_ttft = self.evidence.thin_ttft(&doc);
+        if !thin_ttft.is_empty() {
+            doc.metadata.notes.push(format!(
+                "TTFT rests on fewer than {} completed requests in {}: read it with its n; it is not compared.",
+                self.evidence.min_requests,
+                thin_ttft.join(", ")
+            ));
+        }
         doc
     }
 

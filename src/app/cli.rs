@@ -105,8 +105,9 @@ pub enum Command {
     ///
     /// A reference is kept per upstream and model in the proxy's store (it survives restarts).
     /// Once pinned, /matrix?compare=reference gives production ÷ reference per cell, the page
-    /// shows the drift grid, and /metrics exports tokentap_drift_ratio for every cell with at
-    /// least evidence.min_requests completed requests in drift.window.
+    /// shows the drift grid, and /metrics exports tokentap_drift_ratio for every cell in
+    /// drift.window that meets the evidence rule (its TTFT ratio from evidence.min_requests
+    /// completed requests).
     ///
     /// Examples:
     ///   tokentap reference pin --from latest-sweep --token "$TOKEN"

@@ -206,6 +206,8 @@ impl CellFigures {
         };
         let slo_attainment = (self.slo_judged > 0.0).then(|| self.slo_met / self.slo_judged);
         DecodeCell {
+            tokens_per_step: None,
+            prompt_cache: None,
             first_tokens: None,
             context_tokens,
             concurrency,

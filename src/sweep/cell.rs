@@ -16,7 +16,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::aggregate::cell::{FirstTokenSum, InterferenceSum, ServerStateSum, SloSum};
+use crate::aggregate::cell::{
+    tail_ms, FirstTokenSum, InterferenceSum, PromptCacheSum, ServerStateSum, SloSum, StepSum,
+};
 use crate::aggregate::sketch::QuantileSketch;
 use crate::matrix::{CellStatus, DecodeCell, PrefillRow, Tails};
 use crate::meter::record::SloVerdict;
@@ -114,8 +116,12 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
     let mut slo = SloSum::default();
     let mut server_state = ServerStateSum::default();
     let mut first_tokens = FirstTokenSum::default();
+    let mut prompt_cache = PromptCacheSum::default();
+    let mut steps = StepSum::default();
     for record in &with_tokens {
+        steps.add(record);
         first_tokens.add(record);
+        prompt_cache.add(record);
         interference.add(record);
         server_state.add(record);
         slo.add_verdict(record.slo.verdict);
@@ -127,6 +133,8 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
     let tails = stream_tails(&with_tokens);
     let total_tok_s = (window_s > 0.0).then(|| m.window_tokens as f64 / window_s);
     DecodeCell {
+        tokens_per_step: steps.tokens_per_step(),
+        prompt_cache: prompt_cache.to_prompt_cache(),
         first_tokens: first_tokens.to_first_tokens(),
         context_tokens: m.context,
         concurrency: m.concurrency,
@@ -168,14 +176,15 @@ fn stream_tails(records: &[&Arc<RequestRecord>]) -> Option<Tails> {
             itl.add(gap, count as f64);
         }
     }
-    let ms = |sketch: &QuantileSketch, q: f64| sketch.quantile(q).map(|s| s * 1000.0);
+    // Each tail only where its own samples carry it: streams for TTFT and TBT, tokens for ITL.
+    let streams = ttft.weight();
     Tails::from_values([
-        ms(&ttft, 0.9),
-        ms(&ttft, 0.99),
-        ms(&tbt, 0.9),
-        ms(&tbt, 0.99),
-        ms(&itl, 0.9),
-        ms(&itl, 0.99),
+        tail_ms(&ttft, 0.9, streams),
+        tail_ms(&ttft, 0.99, streams),
+        tail_ms(&tbt, 0.9, tbt.weight()),
+        tail_ms(&tbt, 0.99, tbt.weight()),
+        tail_ms(&itl, 0.9, itl.weight()),
+        tail_ms(&itl, 0.99, itl.weight()),
     ])
 }
 

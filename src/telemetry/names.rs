@@ -78,7 +78,7 @@ pub const CAPACITY_LOAD_HELP: &str =
 pub const CAPACITY_STREAMS: &str = "tokentap_capacity_streams";
 pub const CAPACITY_STREAMS_HELP: &str = "Streams a context can take under the [slo] targets (the capacity boundary), from the latest sweep of the model, else its pinned reference.";
 pub const DRIFT_RATIO: &str = "tokentap_drift_ratio";
-pub const DRIFT_RATIO_HELP: &str = "Per cell with at least evidence.min_requests completed production requests in drift.window: production / pinned reference of per-request tokens per second (metric=\"per_request_tok_s\", below 1 is slower) or of median time to first token (metric=\"ttft\", above 1 is slower).";
+pub const DRIFT_RATIO_HELP: &str = "Per cell in drift.window that meets the evidence rule: production / pinned reference of per-request tokens per second (metric=\"per_request_tok_s\", below 1 is slower; the cell's measured time and output tokens) or of median time to first token (metric=\"ttft\", above 1 is slower; at least evidence.min_requests completed requests, warm TTFT where the server reports cached tokens).";
 
 /// The latest sweep's gauges (`telemetry::sweep`), written as text at each scrape like the
 /// drift ratio, so not in [`DESCRIPTIONS`].

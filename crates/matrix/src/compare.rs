@@ -193,7 +193,8 @@ pub fn compare(
                 ratios = DecodeRatios {
                     total_tok_s: both.ratios.total_tok_s,
                     per_request_tok_s: both.ratios.per_request_tok_s,
-                    ttft_ms: both.ratios.ttft_ms,
+                    // The TTFT rests on the requests that ended in the cell.
+                    ttft_ms: both.ratios.ttft_ms.filter(|_| evidence.ttft_holds(cell)),
                     tbt_ms: both.ratios.tbt_ms,
                     average_active_requests: both.ratios.average_active_requests,
                     ..DecodeRatios::default()
@@ -514,11 +515,17 @@ mod tests {
         let reference = doc(vec![
             cell(8192, 8, 64.0, 200.0, 5),
             cell(8192, 1, 80.0, 100.0, 5),
+            cell(8192, 2, 80.0, 100.0, 5),
         ]);
+        let measured = |mut cell: DecodeCell, seconds: f64| {
+            cell.measured_for_s = Some(seconds);
+            cell
+        };
         let production = doc(vec![
-            cell(8192, 8, 16.0, 300.0, 25),
-            cell(8192, 1, 80.0, 100.0, 19),
-            cell(16384, 1, 70.0, 150.0, 40),
+            measured(cell(8192, 8, 16.0, 300.0, 25), 30.0),
+            measured(cell(8192, 1, 80.0, 100.0, 19), 30.0),
+            measured(cell(8192, 2, 80.0, 100.0, 40), 0.5),
+            measured(cell(16384, 1, 70.0, 150.0, 40), 30.0),
         ]);
         let compared = compare(
             &production,
@@ -526,6 +533,7 @@ mod tests {
             info(),
             &EvidenceRule {
                 min_requests: 20,
+                min_measured_s: 1.0,
                 ..EvidenceRule::NONE
             },
         );
@@ -537,9 +545,16 @@ mod tests {
             busy.ratios.completed_requests, None,
             "counts are not compared"
         );
-        let small = compared.cell(8192, 1).unwrap();
-        assert_eq!(small.verdict, Verdict::NotEnoughData);
-        assert_eq!(small.ratios, DecodeRatios::default());
+        // 19 completed requests: the decode figures are compared (they rest on tokens and
+        // time), the TTFT is not.
+        let few = compared.cell(8192, 1).unwrap();
+        assert_eq!(few.verdict, Verdict::Compared);
+        assert_eq!(few.ratios.per_request_tok_s, Some(1.0));
+        assert_eq!(few.ratios.ttft_ms, None);
+        // Half a second measured: not enough data at all.
+        let short = compared.cell(8192, 2).unwrap();
+        assert_eq!(short.verdict, Verdict::NotEnoughData);
+        assert_eq!(short.ratios, DecodeRatios::default());
         assert_eq!(
             compared.cell(16384, 1).unwrap().verdict,
             Verdict::NoReferenceCell
@@ -548,15 +563,16 @@ mod tests {
         assert_eq!(
             values,
             vec![
+                (8192, 1, DriftMetric::PerRequestTokS, 1.0),
                 (8192, 8, DriftMetric::PerRequestTokS, 0.25),
                 (8192, 8, DriftMetric::Ttft, 1.5)
             ]
         );
         let summary = compared.column_summary(DiffColumn::PerRequestTokS).unwrap();
-        assert_eq!((summary.cells, summary.geometric_mean), (1, Some(0.25)));
+        assert_eq!(summary.cells, 2);
         let md = render_compare_markdown(&compared);
         assert!(md.contains("×0.250"), "{md}");
-        assert!(md.contains("not enough data (19 req)"), "{md}");
+        assert!(md.contains("not enough data (40 req)"), "{md}");
         let html = render_compare_html(&compared);
         assert!(html.contains("data-ratio=\"0.25\""), "{html}");
         assert!(html.contains("data-verdict=\"not-enough-data\""), "{html}");

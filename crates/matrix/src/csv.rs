@@ -5,7 +5,7 @@ use super::page::{PHASE_DECODE, PHASE_PREFILL};
 use super::units::context_label;
 
 /// Column names of [`render_csv`], in order.
-pub const CSV_COLUMNS: [&str; 39] = [
+pub const CSV_COLUMNS: [&str; 45] = [
     "phase",
     "context",
     "context_tokens",
@@ -45,6 +45,12 @@ pub const CSV_COLUMNS: [&str; 39] = [
     "tool_call_requests",
     "reasoning_tokens",
     "with_tools_requests",
+    "cached_share",
+    "warm_ttft_ms",
+    "warm_requests",
+    "cold_ttft_ms",
+    "cold_requests",
+    "tokens_per_step",
 ];
 
 /// RFC 4180 quoting. Hand-written: it is these five lines, less than a CSV crate would cost.
@@ -117,6 +123,8 @@ pub fn render_csv(doc: &MatrixDoc) -> String {
         row.extend(cell.tails.unwrap_or_default().values().map(number));
         row.push(number(cell.production_in_flight));
         row.extend(cell.first_tokens.unwrap_or_default().values().map(number));
+        row.extend(cell.prompt_cache.unwrap_or_default().values().map(number));
+        row.push(number(cell.tokens_per_step));
         rows.push(row);
     }
     let mut out = String::new();

@@ -293,7 +293,8 @@ pub fn diff(a: &MatrixDoc, b: &MatrixDoc) -> MatrixDiff {
                 DecodeRatios {
                     total_tok_s: pick(|c| c.total_tok_s),
                     per_request_tok_s: pick(|c| c.per_request_tok_s),
-                    ttft_ms: pick(|c| c.ttft_ms),
+                    // Warm with warm where a side split its TTFT by the prompt cache.
+                    ttft_ms: pick(super::doc::DecodeCell::comparable_ttft_ms),
                     tbt_ms: pick(|c| c.tbt_ms),
                     average_active_requests: pick(|c| c.average_active_requests),
                     completed_requests: pick_count(|c| c.completed_requests),

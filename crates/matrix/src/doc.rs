@@ -214,6 +214,86 @@ pub struct DecodeCell {
     /// answer or a tool call apart from its first token (and in documents that predate it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_tokens: Option<FirstTokens>,
+    /// The prompt cache as the server reported it per request: the cached share of prompt
+    /// tokens and the TTFT of warm (mostly cached) and cold requests apart. Absent where the
+    /// server reported no cached counts (and in documents that predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache: Option<PromptCache>,
+    /// Mean output tokens per streamed event of the cell's requests: the tokens each decode
+    /// step gave where the engine streams one event per step (speculative decoding's accept
+    /// length; 1 without it). Absent where no request streamed events (and in documents that
+    /// predate it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_step: Option<f64>,
+}
+
+/// A cell's prompt cache, from the cached counts the server reported per request (sglang
+/// `--enable-cache-report`, vLLM `--enable-prompt-tokens-details`). A request is warm when at
+/// least half of its prompt was cached, cold otherwise; each TTFT is the median of its own
+/// requests, with their count.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PromptCache {
+    /// Cached prompt tokens ÷ prompt tokens over the requests that reported both (0–1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_share: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_ttft_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_requests: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_ttft_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_requests: Option<f64>,
+}
+
+impl PromptCache {
+    /// The least cached share of a prompt that makes its request warm.
+    pub const WARM_SHARE: f64 = 0.5;
+
+    /// The values in column order (see [`Self::NAMES`]).
+    pub fn values(&self) -> [Option<f64>; 5] {
+        [
+            self.cached_share,
+            self.warm_ttft_ms,
+            self.warm_requests,
+            self.cold_ttft_ms,
+            self.cold_requests,
+        ]
+    }
+
+    /// From values in column order; `None` when every one is absent.
+    pub fn from_values(values: [Option<f64>; 5]) -> Option<PromptCache> {
+        let [cached_share, warm_ttft_ms, warm_requests, cold_ttft_ms, cold_requests] = values;
+        let cache = PromptCache {
+            cached_share,
+            warm_ttft_ms,
+            warm_requests,
+            cold_ttft_ms,
+            cold_requests,
+        };
+        (cache != PromptCache::default()).then_some(cache)
+    }
+
+    /// Field names in column order (JSON keys, CSV headers).
+    pub const NAMES: [&'static str; 5] = [
+        "cached_share",
+        "warm_ttft_ms",
+        "warm_requests",
+        "cold_ttft_ms",
+        "cold_requests",
+    ];
+}
+
+impl DecodeCell {
+    /// The TTFT to compare across matrices: the warm requests' where the cell has them (a
+    /// sweep warms the prompt cache before it measures, so warm is compared with warm), else
+    /// the cell's TTFT.
+    pub fn comparable_ttft_ms(&self) -> Option<f64> {
+        self.prompt_cache
+            .and_then(|c| c.warm_ttft_ms)
+            .or(self.ttft_ms)
+    }
 }
 
 /// The first answer token and the first tool-call delta of a cell's requests, milliseconds
@@ -248,10 +328,6 @@ pub struct FirstTokens {
 }
 
 impl FirstTokens {
-    /// Fewest samples a p90 is shown from; a p99 needs [`Self::MIN_FOR_P99`].
-    pub const MIN_FOR_P90: f64 = 10.0;
-    pub const MIN_FOR_P99: f64 = 100.0;
-
     /// The values in column order (see [`Self::NAMES`]).
     pub fn values(&self) -> [Option<f64>; 10] {
         [
@@ -418,8 +494,8 @@ impl ServerState {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum CellStatus {
     Valid,
-    /// A production (or fleet) cell below the evidence rule (too few completed requests,
-    /// seconds measured or output tokens: `matrix::evidence`). Its figures are shown greyed.
+    /// A production (or fleet) cell below the evidence rule (too few seconds measured or
+    /// output tokens for its decode figures: `matrix::evidence`). Its figures are shown greyed.
     LowEvidence,
     /// A sweep cell that did not measure its label: the server's average active requests were
     /// off the target concurrency, or production prefills overlapped its decode (see the
@@ -558,6 +634,8 @@ impl DecodeCell {
     /// A cell that carries only a status (Over capacity, Not run, or an Error without figures).
     pub fn status_only(context_tokens: u64, concurrency: u32, status: CellStatus) -> DecodeCell {
         DecodeCell {
+            tokens_per_step: None,
+            prompt_cache: None,
             first_tokens: None,
             context_tokens,
             concurrency,

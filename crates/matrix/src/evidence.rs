@@ -5,13 +5,21 @@
 //!
 //! One rule, configured once (`[evidence]`), applied where production documents are made and
 //! read by drift. Pure: no I/O, no clock.
+//!
+//! Each figure rests on its own samples. The decode figures (total and per-request tok/s, TBT)
+//! rest on output tokens and measured time: a steady window of long streams is good evidence
+//! though none of them ended in it (the seed tool calls a 30 s window with 0 completed
+//! requests valid). The TTFT rests on the requests that ended in the cell: below
+//! `min_requests` it is shown with its n and never compared.
 use super::doc::{CellStatus, DecodeCell, MatrixDoc};
 use super::units::{format_count, format_seconds_tenths};
 
-/// The minimum a production cell must rest on: all three must hold.
+/// The minimum a production cell must rest on: measured time and output tokens for the cell
+/// (its decode figures), completed requests for its TTFT.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EvidenceRule {
-    /// Requests whose own cell it is that completed (`completed_requests`).
+    /// Requests whose own cell it is that completed (`completed_requests`): what the cell's
+    /// TTFT rests on.
     pub min_requests: u64,
     /// Wall-clock seconds the cell's conditions held (`measured_for_s`).
     pub min_measured_s: f64,
@@ -39,20 +47,12 @@ impl EvidenceRule {
         min_output_tokens: 0,
     };
 
-    /// What `cell` lacks, as page text (`3 of 20 requests, 0.3 of 10 s`), or `None` when it
-    /// meets the rule. A missing figure counts as zero.
+    /// What `cell`'s decode figures lack, as page text (`0.3 s of 10.0 s, 11 of 500 output
+    /// tokens`), or `None` when they meet the rule. A missing figure counts as zero.
     pub fn shortfall(&self, cell: &DecodeCell) -> Option<String> {
-        let requests = cell.completed_requests.unwrap_or(0);
         let seconds = cell.measured_for_s.filter(|s| s.is_finite()).unwrap_or(0.0);
         let tokens = cell.output_tokens.unwrap_or(0);
         let mut missing = Vec::new();
-        if requests < self.min_requests {
-            missing.push(format!(
-                "{} of {} requests",
-                format_count(requests),
-                format_count(self.min_requests)
-            ));
-        }
         if seconds < self.min_measured_s {
             missing.push(format!(
                 "{} of {}",
@@ -70,9 +70,31 @@ impl EvidenceRule {
         (!missing.is_empty()).then(|| missing.join(", "))
     }
 
-    /// Whether `cell` meets the rule.
+    /// Whether `cell`'s decode figures meet the rule.
     pub fn holds(&self, cell: &DecodeCell) -> bool {
         self.shortfall(cell).is_none()
+    }
+
+    /// Whether `cell`'s TTFT rests on enough requests (`min_requests` completed).
+    pub fn ttft_holds(&self, cell: &DecodeCell) -> bool {
+        cell.completed_requests.unwrap_or(0) >= self.min_requests
+    }
+
+    /// The cells whose decode figures hold but whose TTFT rests on fewer than `min_requests`
+    /// requests, as `8K × 4 (n = 0)`, for a note.
+    pub fn thin_ttft(&self, doc: &MatrixDoc) -> Vec<String> {
+        doc.decode
+            .iter()
+            .filter(|cell| cell.status.is_valid() && !self.ttft_holds(cell))
+            .map(|cell| {
+                format!(
+                    "{} × {} (n = {})",
+                    super::units::context_label(cell.context_tokens),
+                    cell.concurrency,
+                    format_count(cell.completed_requests.unwrap_or(0))
+                )
+            })
+            .collect()
     }
 
     /// Marks every `Valid` decode cell of `doc` below the rule `Low evidence` (figures kept).
@@ -91,10 +113,10 @@ impl EvidenceRule {
     /// The rule as one line for a legend or a note.
     pub fn describe(&self) -> String {
         format!(
-            "at least {} completed requests, {} measured and {} output tokens",
-            format_count(self.min_requests),
+            "decode figures: at least {} measured and {} output tokens; TTFT: at least {} completed requests",
             format_seconds_tenths(self.min_measured_s),
-            format_count(self.min_output_tokens)
+            format_count(self.min_output_tokens),
+            format_count(self.min_requests)
         )
     }
 }
@@ -130,10 +152,15 @@ mod tests {
         let thin = cell(0, 0.0, 11);
         assert_eq!(
             rule.shortfall(&thin).as_deref(),
-            Some("0 of 20 requests, 0.0 s of 10.0 s, 11 of 500 output tokens")
+            Some("0.0 s of 10.0 s, 11 of 500 output tokens")
         );
+        // Four steady streams for 40 s, none ended in the window: the decode figures hold,
+        // the TTFT rests on no request.
+        let steady = cell(0, 40.0, 12_688);
+        assert!(rule.holds(&steady));
+        assert!(!rule.ttft_holds(&steady));
         let mut doc = MatrixDoc::new(Default::default());
-        doc.decode = vec![thin, cell(50, 60.0, 9000), cell(19, 60.0, 9000)];
+        doc.decode = vec![thin, cell(50, 60.0, 9000), cell(19, 60.0, 400)];
         doc.decode
             .push(DecodeCell::status_only(16384, 1, CellStatus::error("boom")));
         assert_eq!(rule.apply(&mut doc), 2);

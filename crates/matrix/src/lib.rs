@@ -35,7 +35,7 @@ pub mod validate;
 pub use diff::{diff, DiffColumn, MatrixDiff};
 pub use doc::{
     CellStatus, DecodeCell, Engine, Fact, FirstTokens, Hardware, MatrixDoc, Metadata, ModelInfo,
-    PrefillRow, RunInfo, Source, Tails, SCHEMA,
+    PrefillRow, PromptCache, RunInfo, Source, Tails, SCHEMA,
 };
 pub use evidence::EvidenceRule;
 pub use file::{load, LoadError};

@@ -5,8 +5,8 @@
 //! Owns the mapping between measurements and page wording (`Total tok/s`, `Over capacity`, …)
 //! in both directions. Pure: no I/O, no markup (callers escape for their format).
 use super::doc::{
-    CellStatus, DecodeCell, FirstTokens, MatrixDoc, Metadata, PrefillRow, ServerState, Source,
-    Tails,
+    CellStatus, DecodeCell, FirstTokens, MatrixDoc, Metadata, PrefillRow, PromptCache, ServerState,
+    Source, Tails,
 };
 use super::evidence::evidence_label;
 use super::units::{
@@ -32,7 +32,7 @@ pub const LEGEND_NOT_RUN: &str =
     "Not run: the benchmark skipped this measurement during the run, or the run stopped early.";
 pub const LEGEND_ERROR: &str =
     "Error: the measurement failed; the reason is in the All measurements table.";
-pub const LEGEND_LOW_EVIDENCE: &str = "Low evidence: too few completed requests, seconds or output tokens to trust (n = completed requests); shown greyed, never in a ratio or a colour scale.";
+pub const LEGEND_LOW_EVIDENCE: &str = "Low evidence: too few seconds or output tokens to trust its decode figures (n = completed requests, what its TTFT rests on); shown greyed, never in a ratio or a colour scale.";
 pub const LEGEND_OFF_TARGET: &str = "Off target: the sweep cell did not run at its concurrency (the server's average active requests were off it, or production prefills overlapped its decode); its figures measured another cell.";
 pub const TTFT_NOTE_SYNTHETIC: &str =
     "TTFT is measured after the benchmark warms the server's prompt cache, so it mostly excludes prefill.";
@@ -80,6 +80,18 @@ pub const TAIL_COLUMNS: [&str; 6] = [
 ];
 /// The optional column of sweep cells that ran beside production traffic.
 pub const PRODUCTION_IN_FLIGHT_COLUMN: &str = "Production in flight";
+/// The optional column of the tokens each decode step gave (speculative decoding), present
+/// when any cell carries it.
+pub const TOKENS_PER_STEP_COLUMN: &str = "Tokens per step";
+/// The optional prompt-cache columns, present when any cell carries them, in
+/// [`PromptCache::values`] order.
+pub const PROMPT_CACHE_COLUMNS: [&str; 5] = [
+    "Cached share",
+    "Warm TTFT",
+    "Warm requests",
+    "Cold TTFT",
+    "Cold requests",
+];
 /// The optional first-token columns (reasoning models, tool calls), present when any cell
 /// carries them, in [`FirstTokens::values`] order.
 pub const FIRST_TOKEN_COLUMNS: [&str; 10] = [
@@ -98,7 +110,7 @@ pub const FIRST_TOKEN_COLUMNS: [&str; 10] = [
 /// Which optional columns follow the standard ones, in this order: Prompt tokens, then
 /// Prefill overlap and Overlapping prefills, then SLO attainment and Goodput tok/s, then the
 /// server-state columns, then the tails, then Production in flight, then the first-token
-/// columns. Pages written before a column existed simply lack it.
+/// columns, then the prompt-cache columns, then Tokens per step. Pages written before a column existed simply lack it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OptionalColumns {
     pub prompt_tokens: bool,
@@ -108,6 +120,8 @@ pub struct OptionalColumns {
     pub tails: bool,
     pub production_in_flight: bool,
     pub first_tokens: bool,
+    pub prompt_cache: bool,
+    pub tokens_per_step: bool,
 }
 
 impl OptionalColumns {
@@ -121,6 +135,8 @@ impl OptionalColumns {
             tails: has_tails(doc),
             production_in_flight: has_production_in_flight(doc),
             first_tokens: doc.decode.iter().any(|cell| cell.first_tokens.is_some()),
+            prompt_cache: doc.decode.iter().any(|cell| cell.prompt_cache.is_some()),
+            tokens_per_step: doc.decode.iter().any(|cell| cell.tokens_per_step.is_some()),
         }
     }
 
@@ -150,6 +166,12 @@ impl OptionalColumns {
         if self.first_tokens {
             headers.extend(FIRST_TOKEN_COLUMNS);
         }
+        if self.prompt_cache {
+            headers.extend(PROMPT_CACHE_COLUMNS);
+        }
+        if self.tokens_per_step {
+            headers.push(TOKENS_PER_STEP_COLUMN);
+        }
         headers
     }
 }
@@ -170,7 +192,7 @@ pub fn measurement_header_columns(header: &[String]) -> Option<OptionalColumns> 
         .skip(MEASUREMENT_COLUMNS.len())
         .map(String::as_str)
         .collect();
-    (0u8..128)
+    (0u16..512)
         .map(|bits| OptionalColumns {
             prompt_tokens: bits & 1 != 0,
             interference: bits & 2 != 0,
@@ -179,6 +201,8 @@ pub fn measurement_header_columns(header: &[String]) -> Option<OptionalColumns> 
             tails: bits & 16 != 0,
             production_in_flight: bits & 32 != 0,
             first_tokens: bits & 64 != 0,
+            prompt_cache: bits & 128 != 0,
+            tokens_per_step: bits & 256 != 0,
         })
         .find(|columns| columns.headers() == tail)
 }
@@ -454,6 +478,12 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
         if columns.first_tokens {
             cells.extend(FIRST_TOKEN_COLUMNS.map(|_| missing()));
         }
+        if columns.prompt_cache {
+            cells.extend(PROMPT_CACHE_COLUMNS.map(|_| missing()));
+        }
+        if columns.tokens_per_step {
+            cells.push(missing());
+        }
         rows.push(cells);
     }
     for cell in decode {
@@ -517,6 +547,18 @@ pub fn measurement_rows(doc: &MatrixDoc) -> Vec<Vec<String>> {
                     or_missing(value, |v| format_decimal(v, 0))
                 });
             }
+        }
+        if columns.prompt_cache {
+            let [share, warm, warm_n, cold, cold_n] =
+                cell.prompt_cache.unwrap_or_default().values();
+            cells.push(or_missing(share, format_percent));
+            cells.push(or_missing(warm, format_ms_whole));
+            cells.push(or_missing(warm_n, |v| format_decimal(v, 0)));
+            cells.push(or_missing(cold, format_ms_whole));
+            cells.push(or_missing(cold_n, |v| format_decimal(v, 0)));
+        }
+        if columns.tokens_per_step {
+            cells.push(or_missing(cell.tokens_per_step, |v| format_decimal(v, 2)));
         }
         rows.push(cells);
     }
@@ -678,6 +720,26 @@ pub fn parse_measurement_row(
     } else {
         None
     };
+    let cache_at = first_at + FIRST_TOKEN_COLUMNS.len() * usize::from(columns.first_tokens);
+    let prompt_cache = if columns.prompt_cache {
+        let ms = |i: usize| parse_optional(cell(i), |t| parse_with_unit(t, "ms")).map_err(value(i));
+        let decimal = |i: usize| parse_optional(cell(i), parse_decimal).map_err(value(i));
+        PromptCache::from_values([
+            parse_optional(cell(cache_at), parse_percent).map_err(value(cache_at))?,
+            ms(cache_at + 1)?,
+            decimal(cache_at + 2)?,
+            ms(cache_at + 3)?,
+            decimal(cache_at + 4)?,
+        ])
+    } else {
+        None
+    };
+    let step_at = cache_at + PROMPT_CACHE_COLUMNS.len() * usize::from(columns.prompt_cache);
+    let tokens_per_step = if columns.tokens_per_step {
+        parse_optional(cell(step_at), parse_decimal).map_err(value(step_at))?
+    } else {
+        None
+    };
     match cell(0) {
         PHASE_PREFILL => {
             let mut decode_only = vec![5, 7, 8, 10, 11];
@@ -698,6 +760,12 @@ pub fn parse_measurement_row(
             }
             if columns.first_tokens {
                 decode_only.extend(first_at..first_at + FIRST_TOKEN_COLUMNS.len());
+            }
+            if columns.prompt_cache {
+                decode_only.extend(cache_at..cache_at + PROMPT_CACHE_COLUMNS.len());
+            }
+            if columns.tokens_per_step {
+                decode_only.push(step_at);
             }
             for index in decode_only {
                 if cell(index) != super::units::MISSING {
@@ -739,6 +807,8 @@ pub fn parse_measurement_row(
             tails,
             production_in_flight,
             first_tokens,
+            prompt_cache,
+            tokens_per_step,
         })),
         other => Err(RowError::UnknownPhase {
             found: other.to_owned(),

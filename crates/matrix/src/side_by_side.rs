@@ -160,6 +160,21 @@ pub fn legend_fragment() -> String {
     out
 }
 
+/// The tokens per decode step of production and the sweep, when both are known and differ
+/// by more than [`ACCEPT_GAP`] (relative): speculative decoding accepted more or fewer drafted
+/// tokens on one side, which explains a decode gap the prefill overlap does not.
+pub fn accept_gap(
+    production: Option<&DecodeCell>,
+    sweep: Option<&DecodeCell>,
+) -> Option<(f64, f64)> {
+    let ours = production?.tokens_per_step?;
+    let theirs = sweep?.tokens_per_step?;
+    (theirs > 0.0 && ((ours - theirs) / theirs).abs() > ACCEPT_GAP).then_some((ours, theirs))
+}
+
+/// How far production's tokens per step may sit from the sweep's before the grid says so.
+pub const ACCEPT_GAP: f64 = 0.10;
+
 /// The production ÷ sweep grid on the shared axes, with its legend and the list of cells not
 /// compared. Cells carry `data-context`, `data-concurrency` and either `data-ratio` or
 /// `data-compared="no"`.
@@ -168,7 +183,7 @@ pub fn comparison_fragment(production: &MatrixDoc, sweep: &MatrixDoc) -> String 
     let prod_cells = production.cell_index();
     let sweep_cells = sweep.cell_index();
     let mut out = String::from(
-        "<section class=\"comparison\" id=\"comparison\"><h2>Production ÷ sweep</h2><p class=\"note\">Each cell: production's decode speed per stream (total tok/s ÷ average active requests) ÷ the sweep's, same context and concurrency. Below ×1 production is slower; the second line is the production cell's prefill overlap and what it predicts, sweep × (1 − overlap) — ✓ where that explains the gap within 10 %. Only cells Valid on both sides are compared.</p>",
+        "<section class=\"comparison\" id=\"comparison\"><h2>Production ÷ sweep</h2><p class=\"note\">Each cell: production's decode speed per stream (total tok/s ÷ average active requests) ÷ the sweep's, same context and concurrency. Below ×1 production is slower; the second line is the production cell's prefill overlap and what it predicts, sweep × (1 − overlap) — ✓ where that explains the gap within 10 % — and, where the two sides' decode steps gave tokens differing by more than 10 % (speculative decoding), production's tokens per step with the sweep's. Only cells Valid on both sides are compared.</p>",
     );
     out.push_str(&legend_fragment());
     out.push_str("<div class=\"scroll\"><table class=\"grid ratio-grid comparison-grid\"><thead><tr><th>Context</th>");
@@ -211,6 +226,16 @@ pub fn comparison_fragment(production: &MatrixDoc, sweep: &MatrixDoc) -> String 
                         ),
                         (Some(o), None) => format!("overlap {}", format_percent(o)),
                         _ => String::new(),
+                    };
+                    // Speculative decoding: acceptance depends on the content, so a production
+                    // cell whose steps gave other token counts than the sweep's says so.
+                    let steps = accept_gap(p, s).map_or_else(String::new, |(ours, theirs)| {
+                        format!("{ours:.2} tok/step (sweep {theirs:.2})")
+                    });
+                    let why = match (why.is_empty(), steps.is_empty()) {
+                        (_, true) => why,
+                        (true, false) => steps,
+                        (false, false) => format!("{why} · {steps}"),
                     };
                     let title = format!(
                         "{label} × {concurrency}: speed per stream ×{ratio:.3}{}",

@@ -7,8 +7,8 @@
 use std::collections::BTreeSet;
 
 use super::doc::{
-    CellStatus, DecodeCell, FirstTokens, MatrixDoc, Metadata, PrefillRow, ServerState, Tails,
-    SCHEMA,
+    CellStatus, DecodeCell, FirstTokens, MatrixDoc, Metadata, PrefillRow, PromptCache, ServerState,
+    Tails, SCHEMA,
 };
 use super::facts::{FactValue, FACTS, FACT_SECTIONS};
 use tokentap_base::wallclock::is_rfc3339;
@@ -164,6 +164,12 @@ impl DecodeCell {
             }
         }
         check_number(&item, "production_in_flight", self.production_in_flight)?;
+        check_number(&item, "tokens_per_step", self.tokens_per_step)?;
+        if let Some(cache) = &self.prompt_cache {
+            for (field, value) in PromptCache::NAMES.iter().zip(cache.values()) {
+                check_number(&item, field, value)?;
+            }
+        }
         if let Some(first) = &self.first_tokens {
             for (field, value) in FirstTokens::NAMES.iter().zip(first.values()) {
                 check_number(&item, field, value)?;
