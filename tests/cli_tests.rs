@@ -152,17 +152,91 @@ fn help_texts_match_what_is_accepted() {
 }
 
 #[test]
-fn matrix_show_as_a_table_fits_120_columns() {
+fn matrix_show_prints_the_seed_grid_within_120_columns_and_by_default_on_a_terminal() {
     let seeds = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/seeds");
     for entry in std::fs::read_dir(seeds).unwrap() {
         let path = entry.unwrap().path();
-        let output = tokentap(&[
+        let doc = tokentap::matrix::load(&path).unwrap();
+        let grid = stdout(&tokentap(&[
             "matrix",
             "show",
             "--format",
             "table",
             path.to_str().unwrap(),
-        ]);
+        ]));
+        assert!(widest_line(&grid) <= 120, "{}\n{grid}", path.display());
+        assert!(!grid.contains('|') && !grid.contains('\u{1b}'), "{grid}");
+        // Contexts as rows, concurrency as columns, as on the seed page.
+        let header = grid
+            .lines()
+            .skip_while(|l| !l.starts_with("Sustained decode"))
+            .find(|l| l.starts_with("Context"))
+            .expect("the decode grid's header");
+        let columns: Vec<String> = doc.concurrencies().iter().map(u32::to_string).collect();
+        assert_eq!(
+            header.split_whitespace().skip(1).collect::<Vec<_>>(),
+            columns,
+            "{grid}"
+        );
+        for context in doc.contexts() {
+            let label = tokentap::matrix::units::context_label(context);
+            let row = grid
+                .lines()
+                .skip_while(|l| !l.starts_with("Sustained decode"))
+                .find(|l| l.split_whitespace().next() == Some(label.as_str()))
+                .unwrap_or_else(|| panic!("a row for {label}: {grid}"));
+            let cell = doc.cell(context, 1).unwrap();
+            let rate = tokentap::matrix::units::format_rate(cell.total_tok_s.unwrap());
+            assert_eq!(row.split_whitespace().nth(1), Some(rate.as_str()), "{row}");
+        }
+        // Status words stand in for figures, and the legend names only the statuses shown.
+        let over = doc
+            .decode
+            .iter()
+            .any(|c| c.status == tokentap::matrix::CellStatus::OverCapacity);
+        assert_eq!(grid.contains("over cap:"), over, "{grid}");
+        assert!(
+            !grid.contains("error:") && !grid.contains("off target"),
+            "{grid}"
+        );
+        assert!(grid.contains("Prefill · prompt tok/s over TTFT"), "{grid}");
+
+        // On a terminal it is the default; written to a pipe, the page's Markdown.
+        let on_terminal = Command::new("script")
+            .args(["-qec"])
+            .arg(format!(
+                "{} matrix show {}",
+                env!("CARGO_BIN_EXE_tokentap"),
+                path.display()
+            ))
+            .arg("/dev/null")
+            .env("COLUMNS", "120")
+            .stdin(Stdio::null())
+            .output()
+            .expect("script (util-linux) gives the command a terminal");
+        let on_terminal = stdout(&on_terminal);
+        assert!(
+            on_terminal.contains("Sustained decode · total tok/s"),
+            "{on_terminal}"
+        );
+        let piped = stdout(&tokentap(&["matrix", "show", path.to_str().unwrap()]));
+        assert!(piped.contains("| Context |"), "{piped}");
+
+        // With a capacity query, the capacity table fits too, "≥" where no cell above missed.
+        let capacity = stdout(&tokentap(&[
+            "matrix",
+            "show",
+            "--format",
+            "table",
+            "--slo",
+            "ttft=1s",
+            path.to_str().unwrap(),
+        ]));
+        assert!(widest_line(&capacity) <= 120, "{capacity}");
+        assert!(capacity.contains("Capacity under an SLO"), "{capacity}");
+
+        // Every figure of every cell stays available as the flat list.
+        let output = tokentap(&["matrix", "show", "--format", "list", path.to_str().unwrap()]);
         assert!(output.status.success(), "{output:?}");
         let text = stdout(&output);
         assert!(widest_line(&text) <= 120, "{}\n{text}", path.display());
@@ -217,7 +291,7 @@ async fn a_sweep_ends_with_an_aligned_table_and_logs_one_line_per_cell_off_a_ter
             "--max-output",
             "64",
             "--format",
-            "table",
+            "list",
             "--out",
             out.to_str().unwrap(),
         ])

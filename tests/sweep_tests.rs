@@ -901,15 +901,72 @@ async fn headroom_on_steady_traffic_is_one_minus_load_over_capacity() {
     tokentap::app::drift::refresh_capacity(&b.admin, &b.metrics.capacity);
     let metrics = b.metrics.render();
     assert!(
-        metrics
-            .contains("tokentap_capacity_headroom_ratio{upstream=\"default\",model=\"step3p7\"}"),
+        metrics.contains(
+            "tokentap_capacity_headroom_ratio{upstream=\"default\",model=\"step3p7\",lower_bound=\"false\"}"
+        ),
         "{metrics}"
     );
     assert!(metrics.contains(
-        "tokentap_capacity_streams{upstream=\"default\",model=\"step3p7\",context_bucket=\"8K\"} 4"
+        "tokentap_capacity_streams{upstream=\"default\",model=\"step3p7\",context_bucket=\"8K\",lower_bound=\"false\"} 4"
     ));
     let page = admin_page(&b).await;
     assert!(page.contains("id=\"headroom\""), "{page}");
+    assert!(!page.contains("≥ 4"), "the boundary was seen: {page}");
+
+    // A sweep that stopped at 4 with every cell meeting gives only a lower bound: "≥ 4" on the
+    // page, a field in /capacity, a label on the gauges; and the streams running now stand
+    // beside the window's mean.
+    let mut truncated: Value = serde_json::from_str(&sweep).unwrap();
+    truncated["decode"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|c| c["concurrency"].as_u64().unwrap() <= 4);
+    let (code, pinned) = admin(
+        &b,
+        "PUT",
+        "/reference?source=sweep",
+        Some(TOKEN),
+        &truncated.to_string(),
+    )
+    .await;
+    assert_eq!(code, 200, "{pinned}");
+    let long = {
+        let (url, body) = (url.clone(), body.clone());
+        tokio::spawn(async move { common::post(&url, &body).await.status })
+    };
+    let mut answer = Value::Null;
+    for _ in 0..100 {
+        let (_, now) = admin(&b, "GET", "/capacity", Some(TOKEN), "").await;
+        answer = now;
+        if answer["models"][0]["headroom"]["running_now"].as_u64() == Some(1) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let figures = &answer["models"][0]["headroom"];
+    assert_eq!(figures["running_now"], 1, "{answer:#}");
+    assert_eq!(figures["capacity_is_lower_bound"], true, "{answer:#}");
+    assert_eq!(figures["contexts"][0]["capacity"], 4, "{answer:#}");
+    assert_eq!(
+        figures["contexts"][0]["capacity_is_lower_bound"], true,
+        "{answer:#}"
+    );
+    tokentap::app::drift::refresh_capacity(&b.admin, &b.metrics.capacity);
+    let metrics = b.metrics.render();
+    for line in [
+        "tokentap_capacity_streams{upstream=\"default\",model=\"step3p7\",context_bucket=\"8K\",lower_bound=\"true\"} 4",
+        "tokentap_capacity_running_streams{upstream=\"default\",model=\"step3p7\"} 1",
+        "lower_bound=\"true\"}",
+    ] {
+        assert!(metrics.contains(line), "{line}\n{metrics}");
+    }
+    let page = admin_page(&b).await;
+    assert!(
+        page.contains("data-lower-bound=\"true\"") && page.contains("1 request running now"),
+        "{page}"
+    );
+    assert!(page.contains("<td class=\"num\">≥ 4</td>"), "{page}");
+    assert_eq!(long.await.unwrap(), 200);
     b.shutdown().await;
 }
 

@@ -284,7 +284,7 @@ fn the_replay_command_is_bounded_and_writes_its_matrix_and_diff() {
         "--baseline",
         out.join("replay.json").to_str().unwrap(),
         "--format",
-        "table",
+        "list",
     ]);
     assert!(status.success(), "{status:?}\n{stdout}");
     assert!(

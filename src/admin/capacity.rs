@@ -155,10 +155,12 @@ pub fn all_models(state: &AdminState, now: SystemTime) -> CapacityAnswer {
                 continue;
             }
         };
-        let Some(figures) = headroom(&production, &report) else {
+        let Some(mut figures) = headroom(&production, &report) else {
             no("no decode load in the window".to_owned());
             continue;
         };
+        // The window's mean lags a burst by minutes: the streams running now stand beside it.
+        figures.running_now = Some(state.proxy.meter.inflight_of(&upstream, &model));
         answer.models.push(ModelHeadroom {
             upstream,
             model,
@@ -181,7 +183,9 @@ pub fn gauge_samples(state: &AdminState, answer: &CapacityAnswer) -> Vec<Headroo
             upstream: m.upstream.clone(),
             model: m.model.clone(),
             headroom: m.headroom.headroom,
+            lower_bound: m.headroom.capacity_is_lower_bound,
             load: m.headroom.load,
+            running: m.headroom.running_now,
             capacities: m
                 .headroom
                 .contexts
@@ -195,7 +199,8 @@ pub fn gauge_samples(state: &AdminState, answer: &CapacityAnswer) -> Vec<Headroo
                             || c.context_tokens.to_string(),
                             |i| ladder.label(i).to_owned(),
                         );
-                    c.capacity.map(|streams| (label, streams))
+                    c.capacity
+                        .map(|streams| (label, streams, c.capacity_is_lower_bound))
                 })
                 .collect(),
         })

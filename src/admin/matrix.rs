@@ -525,7 +525,7 @@ fn compare_previous(
         Format::Json => crate::matrix::diff::render_diff_json(&diff),
         Format::Markdown => crate::matrix::diff::render_diff_markdown(&diff),
         Format::Html => crate::matrix::html::render_diff_html(&diff),
-        Format::Csv | Format::Svg | Format::Table => {
+        Format::Csv | Format::Svg | Format::Table | Format::List => {
             return json_error(
                 StatusCode::BAD_REQUEST,
                 "compare=previous renders as json, md or html",
@@ -556,7 +556,7 @@ fn compare_reference(
         Format::Json => render_compare_json(&compared),
         Format::Markdown => render_compare_markdown(&compared),
         Format::Html => render_compare_html(&compared),
-        Format::Csv | Format::Svg | Format::Table => {
+        Format::Csv | Format::Svg | Format::Table | Format::List => {
             return json_error(
                 StatusCode::BAD_REQUEST,
                 "compare=reference renders as json, md or html",

@@ -201,16 +201,35 @@ fn headroom_fragment(answer: &CapacityAnswer) -> String {
         String::from("<section class=\"headroom\" id=\"headroom\"><h2>Headroom under the SLO</h2>");
     for model in &answer.models {
         let figures = &model.headroom;
+        // A sweep that never saw a cell miss gives only a lower bound: "at least", never exact.
+        let at_least = if figures.capacity_is_lower_bound {
+            "≥ "
+        } else {
+            ""
+        };
+        let running = figures.running_now.map_or_else(String::new, |n| {
+            format!(
+                "{n} {} running now; ",
+                if n == 1 { "request" } else { "requests" }
+            )
+        });
         let _ = write!(
             out,
-            "<p class=\"headroom-figure\" data-model=\"{}\" data-headroom=\"{}\"><strong>{}</strong> headroom for <code>{}</code>: {:.1} production streams decoding on average over the last {}, against a capacity of {} streams for this context mix ({}; {}{}).</p>",
+            "<p class=\"headroom-figure\" data-model=\"{}\" data-headroom=\"{}\" data-lower-bound=\"{}\"><strong>{}</strong> headroom for <code>{}</code>: {}{:.1} production streams decoding on average over the last {}, against a capacity of {} streams for this context mix ({}; {}{}).</p>",
             escape(&model.model),
             figures.headroom.map_or_else(String::new, |h| h.to_string()),
-            escape(&figures.headroom.map_or_else(|| "unknown".to_owned(), format_percent)),
+            figures.capacity_is_lower_bound,
+            escape(&figures.headroom.map_or_else(
+                || "unknown".to_owned(),
+                |h| format!("{at_least}{}", format_percent(h))
+            )),
             escape(&model.model),
+            escape(&running),
             figures.load,
             escape(&model.window),
-            figures.capacity.map_or_else(|| "unknown".to_owned(), |c| format!("{c:.1}")),
+            figures
+                .capacity
+                .map_or_else(|| "unknown".to_owned(), |c| format!("{at_least}{c:.1}")),
             escape(&model.capacity.targets.describe()),
             escape(&model.capacity_from),
             if figures.covered_share < 0.999 {
@@ -227,8 +246,18 @@ fn headroom_fragment(answer: &CapacityAnswer) -> String {
                 escape(&context_label(context.context_tokens)),
                 context.load,
                 escape(&format_percent(context.share)),
-                context.capacity.map_or_else(|| "—".to_owned(), |c| c.to_string()),
-                escape(&context.headroom.map_or_else(|| "—".to_owned(), format_percent))
+                escape(&context.capacity.map_or_else(
+                    || "—".to_owned(),
+                    |c| if context.capacity_is_lower_bound { format!("≥ {c}") } else { c.to_string() }
+                )),
+                escape(&context.headroom.map_or_else(
+                    || "—".to_owned(),
+                    |h| if context.capacity_is_lower_bound {
+                        format!("≥ {}", format_percent(h))
+                    } else {
+                        format_percent(h)
+                    }
+                ))
             );
         }
         out.push_str("</tbody></table></div>");

@@ -24,6 +24,9 @@ pub struct ContextHeadroom {
     pub share: f64,
     /// Streams this context can take under the SLO (`None`: the report has no answer for it).
     pub capacity: Option<u32>,
+    /// The sweep stopped before a cell missed the SLO (no boundary seen): the context can take
+    /// at least `capacity` streams, maybe more, and its headroom is at least `headroom`.
+    pub capacity_is_lower_bound: bool,
     /// 1 − total load ÷ capacity: the headroom were all traffic at this context.
     pub headroom: Option<f64>,
 }
@@ -37,6 +40,12 @@ pub struct Headroom {
     pub capacity: Option<f64>,
     /// 1 − load ÷ capacity.
     pub headroom: Option<f64>,
+    /// Some context of the mix has only a lower bound for its capacity (its sweep never saw a
+    /// cell miss): the mix's capacity and the headroom are "at least" figures.
+    pub capacity_is_lower_bound: bool,
+    /// Requests of this model in flight through this proxy now (production and synthetic),
+    /// beside `load`, the window's mean; filled by the caller that has the live meter.
+    pub running_now: Option<u32>,
     /// Share of the load at contexts the capacity report answers for (0–1): the overall figure
     /// speaks for that much of the traffic.
     pub covered_share: f64,
@@ -82,6 +91,9 @@ pub fn headroom(production: &MatrixDoc, capacity: &CapacityReport) -> Option<Hea
             load: seconds / window,
             share: 0.0,
             capacity: capacity.context(context).and_then(|c| c.capacity),
+            capacity_is_lower_bound: capacity
+                .context(context)
+                .is_some_and(|c| c.capacity.is_some() && !c.boundary_seen),
             headroom: None,
         });
     }
@@ -114,10 +126,16 @@ pub fn headroom(production: &MatrixDoc, capacity: &CapacityReport) -> Option<Hea
     } else {
         mix.map(|m| 1.0 - load / m)
     };
+    let capacity_is_lower_bound = !past_boundary
+        && contexts
+            .iter()
+            .any(|c| c.capacity.is_some() && c.capacity_is_lower_bound);
     Some(Headroom {
         load,
         capacity: mix,
         headroom: overall,
+        capacity_is_lower_bound,
+        running_now: None,
         covered_share: covered,
         contexts,
     })
@@ -173,6 +191,23 @@ mod tests {
         assert_eq!(figures.contexts[0].capacity, Some(8));
         assert!((figures.headroom.unwrap() - 0.75).abs() < 1e-9);
         assert!((figures.covered_share - 1.0).abs() < 1e-9);
+        assert!(!figures.capacity_is_lower_bound);
+    }
+
+    #[test]
+    fn a_sweep_that_never_missed_gives_an_at_least_capacity_and_headroom() {
+        // Every cell meets: the boundary lies beyond 8 streams.
+        let sweep = report(vec![
+            cell(8192, 4, 4.0, 30.0, 30.0),
+            cell(8192, 8, 8.0, 30.0, 45.0),
+        ]);
+        let mut production = MatrixDoc::new(Default::default());
+        production.metadata.run.window_s = Some(300.0);
+        production.decode = vec![cell(8192, 2, 2.0, 300.0, 25.0)];
+        let figures = headroom(&production, &sweep).unwrap();
+        assert_eq!(figures.contexts[0].capacity, Some(8));
+        assert!(figures.contexts[0].capacity_is_lower_bound);
+        assert!(figures.capacity_is_lower_bound);
     }
 
     #[test]

@@ -104,7 +104,7 @@ pub enum TrafficSource {
 }
 
 /// The renderings `fleet matrix` offers.
-pub const MATRIX_FORMATS: [Format; 6] = Format::ALL;
+pub const MATRIX_FORMATS: [Format; 7] = Format::ALL;
 
 /// Output formats of `fleet compare`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

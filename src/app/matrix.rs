@@ -2,7 +2,7 @@
 //! the result, and turns a failed gate into exit code 3. `matrix/` itself stays pure and never
 //! decides an exit code.
 
-use std::io::Write;
+use std::io::{IsTerminal as _, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -116,6 +116,8 @@ pub enum CapacityFormat {
     Json,
     /// A self-contained HTML page: the heat map with the capacity line, and the table.
     Html,
+    /// Aligned columns for a terminal, at most 120 characters wide.
+    Table,
 }
 
 #[derive(Debug, Args)]
@@ -133,7 +135,7 @@ pub struct CapacityArgs {
 }
 
 /// The renderings `matrix show` offers.
-pub const SHOW_FORMATS: [Format; 6] = Format::ALL;
+pub const SHOW_FORMATS: [Format; 7] = Format::ALL;
 
 /// Output formats of `matrix diff`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -166,10 +168,12 @@ pub struct ShowArgs {
     #[arg(long, value_name = "NAME", requires = "store")]
     pub model: Option<String>,
     /// Output format.
-    /// md (the seed page's layout; imports back), json, csv, html (heat map, charts, table),
-    /// svg (charts) or table (aligned, at most 120 columns).
-    #[arg(long, short, value_parser = super::output::format_parser(&SHOW_FORMATS), default_value = "md")]
-    pub format: Format,
+    /// table (the seed page's grid: contexts × concurrency, total tok/s over TTFT, at most 120
+    /// columns), list (every figure of every cell, one row each), md (the seed page's layout;
+    /// imports back), json, csv, html (heat map, charts, table) or svg (charts).
+    /// Default: table on a terminal, md when written to a pipe or a file.
+    #[arg(long, short, value_parser = super::output::format_parser(&SHOW_FORMATS))]
+    pub format: Option<Format>,
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -239,6 +243,7 @@ fn capacity_command(args: &CapacityArgs) -> anyhow::Result<ExitCode> {
         CapacityFormat::Md => crate::matrix::capacity::render_capacity_markdown(&report),
         CapacityFormat::Json => crate::matrix::capacity::render_capacity_json(&report),
         CapacityFormat::Html => crate::matrix::html::render_html_with_capacity(&doc, &report),
+        CapacityFormat::Table => crate::matrix::capacity::render_capacity_table(&report),
     };
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
@@ -279,19 +284,26 @@ fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
         Some(query) => Some(crate::matrix::capacity::capacity(&doc, &query)?),
         None => None,
     };
-    let text = match (args.format, &capacity) {
+    let format = args.format.unwrap_or_else(|| {
+        if args.output.is_none() && std::io::stdout().is_terminal() {
+            Format::Table
+        } else {
+            Format::Markdown
+        }
+    });
+    let text = match (format, &capacity) {
         (Format::Markdown, Some(report)) => format!(
             "{}\n{}",
-            args.format.render(&doc),
+            format.render(&doc),
             crate::matrix::capacity::render_capacity_markdown(report).replacen("# ", "## ", 1)
         ),
         (Format::Html, Some(report)) => {
             crate::matrix::html::render_html_with_capacity(&doc, report)
         }
-        (Format::Table, Some(report)) => format!(
+        (Format::Table | Format::List, Some(report)) => format!(
             "{}\n{}",
-            args.format.render(&doc),
-            crate::matrix::capacity::render_capacity_markdown(report)
+            format.render(&doc),
+            crate::matrix::capacity::render_capacity_table(report)
         ),
         (format, _) => format.render(&doc),
     };

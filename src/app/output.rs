@@ -1,5 +1,5 @@
 //! What `tokentap sweep`, `replay` and `demo` print on stdout when they end: `--format
-//! table|md|json`. The default (`auto`) is the aligned table on a terminal and Markdown
+//! table|list|md|json`. The default (`auto`) is the seed page's grid on a terminal and Markdown
 //! otherwise, so `tokentap sweep … > matrix.md` keeps writing the page format; the files written
 //! beside (`.json`, `.html`, `.md`) do not depend on it.
 
@@ -26,8 +26,11 @@ pub enum OutputFormat {
     /// `table` when stdout is a terminal, else `md`.
     #[default]
     Auto,
-    /// Aligned columns, at most 120 characters wide.
+    /// The seed page's grid: contexts × concurrency, total tok/s over TTFT, at most 120
+    /// characters wide.
     Table,
+    /// Every figure of every cell, one aligned row per cell, at most 120 characters wide.
+    List,
     /// Markdown laid out like the seed pages (imports back with `tokentap matrix import`).
     Md,
     /// The matrix document (schema tokentap.matrix/v1).
@@ -48,6 +51,7 @@ impl OutputFormat {
     pub fn format(self) -> Format {
         match self.resolve() {
             OutputFormat::Table => Format::Table,
+            OutputFormat::List => Format::List,
             OutputFormat::Json => Format::Json,
             _ => Format::Markdown,
         }
@@ -61,7 +65,7 @@ impl OutputFormat {
     /// A diff in this format (`Auto` resolved first).
     pub fn diff(self, diff: &MatrixDiff) -> String {
         match self.resolve() {
-            OutputFormat::Table => render_diff_table(diff),
+            OutputFormat::Table | OutputFormat::List => render_diff_table(diff),
             OutputFormat::Json => render_diff_json(diff),
             _ => render_diff_markdown(diff),
         }

@@ -306,6 +306,16 @@ impl InflightRegistry {
         )
     }
 
+    /// In flight now on (`upstream`, `model`): 0 when no request of it was ever seen (no
+    /// tracker is created for asking).
+    pub fn current(&self, upstream: &str, model: &str) -> u32 {
+        let trackers = lock::lock(&self.trackers);
+        trackers
+            .iter()
+            .find(|((u, m), _)| &**u == upstream && &**m == model)
+            .map_or(0, |(_, tracker)| tracker.current())
+    }
+
     /// Total in flight across every upstream and model.
     pub fn total(&self) -> u32 {
         let trackers = lock::lock(&self.trackers);

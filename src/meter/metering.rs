@@ -164,6 +164,11 @@ impl Meter {
             .map_or(0, super::striped::StripedCounter::sum)
     }
 
+    /// Metered requests of (`upstream`, `model`) in flight now, every source.
+    pub fn inflight_of(&self, upstream: &str, model: &str) -> u32 {
+        self.inflight.current(upstream, model)
+    }
+
     /// Metered requests of `source` in flight now.
     pub fn inflight(&self, source: Source) -> u64 {
         self.inflight_by_source

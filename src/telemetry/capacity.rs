@@ -1,7 +1,10 @@
-//! The capacity gauges: `tokentap_capacity_headroom_ratio{upstream, model}` (1 − load ÷
-//! capacity of the traffic's context mix), `tokentap_capacity_load_streams{upstream, model}`
-//! (production requests decoding at once) and `tokentap_capacity_streams{upstream, model,
-//! context_bucket}` (streams each context can take under the SLO). The set the refresher
+//! The capacity gauges: `tokentap_capacity_headroom_ratio{upstream, model, lower_bound}` (1 −
+//! load ÷ capacity of the traffic's context mix), `tokentap_capacity_load_streams{upstream,
+//! model}` (production requests decoding at once, the window's mean),
+//! `tokentap_capacity_running_streams{upstream, model}` (requests in flight now) and
+//! `tokentap_capacity_streams{upstream, model, context_bucket, lower_bound}` (streams each
+//! context can take under the SLO). `lower_bound="true"`: the sweep never saw a cell miss, so
+//! the capacity (and the headroom) is at least the figure. The set the refresher
 //! computed last, replaced whole on each refresh (a model without a capacity answer loses its
 //! series at once) and written into `/metrics` as text. Never touched on the request path.
 
@@ -10,7 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use super::names::{
     label_value, CAPACITY_HEADROOM, CAPACITY_HEADROOM_HELP, CAPACITY_LOAD, CAPACITY_LOAD_HELP,
-    CAPACITY_STREAMS, CAPACITY_STREAMS_HELP,
+    CAPACITY_RUNNING, CAPACITY_RUNNING_HELP, CAPACITY_STREAMS, CAPACITY_STREAMS_HELP,
 };
 use crate::base::lock;
 
@@ -21,9 +24,15 @@ pub struct HeadroomSample {
     pub model: String,
     /// 1 − load ÷ capacity; `None` when no context of the traffic has a capacity answer.
     pub headroom: Option<f64>,
+    /// The capacity of some context of the mix is a lower bound (so is the headroom).
+    pub lower_bound: bool,
+    /// The window's mean of production requests decoding at once.
     pub load: f64,
-    /// (context ladder label, streams) for every context with an answer.
-    pub capacities: Vec<(String, u32)>,
+    /// Requests in flight now.
+    pub running: Option<u32>,
+    /// (context ladder label, streams, whether that is a lower bound) for every context with
+    /// an answer.
+    pub capacities: Vec<(String, u32, bool)>,
 }
 
 /// The current capacity values, shared by the refresher and the Prometheus renderer.
@@ -61,7 +70,12 @@ impl CapacityGauges {
             let _ = writeln!(out, "# HELP {CAPACITY_HEADROOM} {CAPACITY_HEADROOM_HELP}");
             let _ = writeln!(out, "# TYPE {CAPACITY_HEADROOM} gauge");
             for (sample, value) in headrooms {
-                let _ = writeln!(out, "{CAPACITY_HEADROOM}{{{}}} {value}", labels(sample));
+                let _ = writeln!(
+                    out,
+                    "{CAPACITY_HEADROOM}{{{},lower_bound=\"{}\"}} {value}",
+                    labels(sample),
+                    sample.lower_bound
+                );
             }
         }
         let _ = writeln!(out, "# HELP {CAPACITY_LOAD} {CAPACITY_LOAD_HELP}");
@@ -69,14 +83,23 @@ impl CapacityGauges {
         for sample in samples.iter().filter(|s| s.load.is_finite()) {
             let _ = writeln!(out, "{CAPACITY_LOAD}{{{}}} {}", labels(sample), sample.load);
         }
+        if samples.iter().any(|s| s.running.is_some()) {
+            let _ = writeln!(out, "# HELP {CAPACITY_RUNNING} {CAPACITY_RUNNING_HELP}");
+            let _ = writeln!(out, "# TYPE {CAPACITY_RUNNING} gauge");
+            for sample in samples.iter() {
+                if let Some(running) = sample.running {
+                    let _ = writeln!(out, "{CAPACITY_RUNNING}{{{}}} {running}", labels(sample));
+                }
+            }
+        }
         if samples.iter().any(|s| !s.capacities.is_empty()) {
             let _ = writeln!(out, "# HELP {CAPACITY_STREAMS} {CAPACITY_STREAMS_HELP}");
             let _ = writeln!(out, "# TYPE {CAPACITY_STREAMS} gauge");
             for sample in samples.iter() {
-                for (context, streams) in &sample.capacities {
+                for (context, streams, lower_bound) in &sample.capacities {
                     let _ = writeln!(
                         out,
-                        "{CAPACITY_STREAMS}{{{},context_bucket=\"{}\"}} {streams}",
+                        "{CAPACITY_STREAMS}{{{},context_bucket=\"{}\",lower_bound=\"{lower_bound}\"}} {streams}",
                         labels(sample),
                         label_value(context)
                     );
@@ -100,14 +123,17 @@ mod tests {
             upstream: "default".into(),
             model: "m".into(),
             headroom: Some(0.75),
+            lower_bound: true,
             load: 2.0,
-            capacities: vec![("8K".into(), 8)],
+            running: Some(6),
+            capacities: vec![("8K".into(), 8, true)],
         }]);
         gauges.render_into(&mut out);
         for line in [
-            "tokentap_capacity_headroom_ratio{upstream=\"default\",model=\"m\"} 0.75\n",
+            "tokentap_capacity_headroom_ratio{upstream=\"default\",model=\"m\",lower_bound=\"true\"} 0.75\n",
             "tokentap_capacity_load_streams{upstream=\"default\",model=\"m\"} 2\n",
-            "tokentap_capacity_streams{upstream=\"default\",model=\"m\",context_bucket=\"8K\"} 8\n",
+            "tokentap_capacity_running_streams{upstream=\"default\",model=\"m\"} 6\n",
+            "tokentap_capacity_streams{upstream=\"default\",model=\"m\",context_bucket=\"8K\",lower_bound=\"true\"} 8\n",
         ] {
             assert!(out.contains(line), "{line}\n{out}");
         }

@@ -71,12 +71,14 @@ pub const UPSTREAM_SCRAPES_HELP: &str = "Reads of an upstream's /metrics page by
 /// Written by `telemetry::drift` itself rather than the exporter (a cell's series must vanish
 /// when it falls below the request threshold), so it is not in [`DESCRIPTIONS`].
 pub const CAPACITY_HEADROOM: &str = "tokentap_capacity_headroom_ratio";
-pub const CAPACITY_HEADROOM_HELP: &str = "Live headroom under the [slo] targets: 1 - production load / capacity of the traffic's context mix over capacity.window (1 idle, 0 at the boundary, below 0 past it); capacity from the latest sweep of the model, else its pinned reference (docs/capacity.md).";
+pub const CAPACITY_HEADROOM_HELP: &str = "Live headroom under the [slo] targets: 1 - production load / capacity of the traffic's context mix over capacity.window (1 idle, 0 at the boundary, below 0 past it); capacity from the latest sweep of the model, else its pinned reference (docs/capacity.md); lower_bound=\"true\": some context's capacity is only a lower bound, so the headroom is at least this.";
 pub const CAPACITY_LOAD: &str = "tokentap_capacity_load_streams";
 pub const CAPACITY_LOAD_HELP: &str =
     "Production requests decoding at once, averaged over capacity.window, every context.";
+pub const CAPACITY_RUNNING: &str = "tokentap_capacity_running_streams";
+pub const CAPACITY_RUNNING_HELP: &str = "Requests of the model in flight through this proxy now (production and synthetic), beside tokentap_capacity_load_streams, the window's mean.";
 pub const CAPACITY_STREAMS: &str = "tokentap_capacity_streams";
-pub const CAPACITY_STREAMS_HELP: &str = "Streams a context can take under the [slo] targets (the capacity boundary), from the latest sweep of the model, else its pinned reference.";
+pub const CAPACITY_STREAMS_HELP: &str = "Streams a context can take under the [slo] targets (the capacity boundary), from the latest sweep of the model, else its pinned reference; lower_bound=\"true\": no measured cell missed, the context takes at least this many.";
 pub const DRIFT_RATIO: &str = "tokentap_drift_ratio";
 pub const DRIFT_RATIO_HELP: &str = "Per cell in drift.window that meets the evidence rule: production / pinned reference of per-request tokens per second (metric=\"per_request_tok_s\", below 1 is slower; the cell's measured time and output tokens) or of median time to first token (metric=\"ttft\", above 1 is slower; at least evidence.min_requests completed requests, warm TTFT where the server reports cached tokens).";
 

@@ -452,6 +452,56 @@ pub fn render_capacity_markdown(report: &CapacityReport) -> String {
     out
 }
 
+/// The report as aligned text for a terminal, at most
+/// [`MAX_WIDTH`](crate::table::MAX_WIDTH) characters wide: the query, then one row per
+/// context (its judged cells compressed to the first concurrency that misses).
+pub fn render_capacity_table(report: &CapacityReport) -> String {
+    use crate::table::{TextTable, MAX_WIDTH};
+    let mut out = String::from("Capacity under an SLO\n");
+    let _ = writeln!(
+        out,
+        "SLO: {} · attainment ≥ {} · judged by: {}",
+        report.targets.describe(),
+        format_percent(report.attainment),
+        report.basis.label(),
+    );
+    out.push_str(
+        "Capacity: the most requests at once whose cell, and every judged cell below it, meets \
+         the SLO;\n`≥ C`: no cell above C missed, the boundary lies beyond what was measured.\n\n",
+    );
+    let mut table = TextTable::new(&[
+        "Context",
+        "Capacity",
+        "Goodput tok/s",
+        "Total tok/s",
+        "Limited by",
+    ]);
+    table.numeric = vec![1, 2, 3];
+    table.rows = report
+        .contexts
+        .iter()
+        .map(|context| {
+            let mut limited = context
+                .limited_by
+                .clone()
+                .unwrap_or_else(|| "not reached".to_owned());
+            if !context.non_monotonic.is_empty() {
+                let again: Vec<String> = context.non_monotonic.iter().map(u32::to_string).collect();
+                let _ = write!(limited, "; meets again at {}", again.join(", "));
+            }
+            vec![
+                context_label(context.context_tokens),
+                capacity_text(context),
+                or_missing(context.goodput_tok_s, format_rate),
+                or_missing(context.total_tok_s, format_rate),
+                limited,
+            ]
+        })
+        .collect();
+    out.push_str(&table.render(MAX_WIDTH));
+    out
+}
+
 /// The report as JSON (schema [`CAPACITY_SCHEMA`]).
 pub fn render_capacity_json(report: &CapacityReport) -> String {
     tokentap_base::json::pretty_json_line(report)

@@ -17,19 +17,23 @@ pub enum Format {
     Html,
     /// SVG charts: decode tok/s by concurrency per context, prefill tok/s by context.
     Svg,
-    /// Aligned columns for a terminal, at most 120 characters wide.
+    /// The seed page's grid for a terminal (contexts × concurrency, total tok/s over TTFT),
+    /// at most 120 characters wide.
     Table,
+    /// Every figure of every cell, one aligned row per cell, at most 120 characters wide.
+    List,
 }
 
 impl Format {
     /// Every rendering.
-    pub const ALL: [Format; 6] = [
+    pub const ALL: [Format; 7] = [
         Format::Markdown,
         Format::Json,
         Format::Csv,
         Format::Html,
         Format::Svg,
         Format::Table,
+        Format::List,
     ];
 
     /// Its name where it is asked for by name (`--format md`, `?format=md`).
@@ -41,6 +45,7 @@ impl Format {
             Format::Html => "html",
             Format::Svg => "svg",
             Format::Table => "table",
+            Format::List => "list",
         }
     }
 
@@ -70,7 +75,7 @@ impl Format {
             Format::Csv => "text/csv; charset=utf-8",
             Format::Html => "text/html; charset=utf-8",
             Format::Svg => "image/svg+xml",
-            Format::Table => "text/plain; charset=utf-8",
+            Format::Table | Format::List => "text/plain; charset=utf-8",
         }
     }
 
@@ -83,6 +88,7 @@ impl Format {
             Format::Html => "html",
             Format::Svg => "svg",
             Format::Table => "txt",
+            Format::List => "list.txt",
         }
     }
 
@@ -108,7 +114,8 @@ impl Format {
             Format::Csv => crate::csv::render_csv(doc),
             Format::Html => crate::html::render_html(doc),
             Format::Svg => crate::svg::render_svg(doc),
-            Format::Table => crate::table::render_table(doc),
+            Format::Table => crate::grid::render_grid(doc),
+            Format::List => crate::table::render_table(doc),
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod evidence;
 pub mod facts;
 pub mod file;
 pub mod format;
+pub mod grid;
 pub mod html;
 pub mod import;
 pub mod infer;

@@ -12,7 +12,6 @@ use super::start::Demo;
 use crate::app::output::OutputFormat;
 use crate::app::sweep::write_matrix;
 use crate::matrix::render_markdown;
-use crate::matrix::table::render_table;
 use crate::matrix::MatrixDoc;
 
 /// Step 4/4: prints `report` on stdout, writes every matrix (`production`: all the proxy
@@ -26,8 +25,8 @@ pub async fn finish(
 ) -> anyhow::Result<()> {
     let synthetic = report.synthetic;
     match args.format.resolve() {
-        OutputFormat::Table => {
-            println!("{}", render_table(synthetic));
+        format @ (OutputFormat::Table | OutputFormat::List) => {
+            println!("{}", format.matrix(synthetic));
             println!("{}", report.terminal());
         }
         OutputFormat::Json => println!("{}", report.json(production)),
