@@ -6,7 +6,9 @@
 )]
 //! The files of `deploy/` checked against real tools and against each other.
 //!
-//! * `promtool` checks the rules and configs and runs the rules' unit tests.
+//! * `promtool` checks the rules and configs and runs the rules' unit tests, and relabels the
+//!   shipped pod, as Kubernetes' pod discovery would present it, through the Kubernetes scrape
+//!   config (`check service-discovery`): which ports of which pods each job scrapes.
 //! * A live run: the simulator and a proxy on loopback, a little traffic (two prompt lengths,
 //!   one and four at once, production and synthetic), and a real `prometheus` scraping the
 //!   admin listener with the bearer token and evaluating the recording rules every second.
@@ -17,6 +19,7 @@
 //!   (through `deploy/yaml.rs`, which keeps scalars as text) and checked for what must hold between them (ports, names,
 //!   paths, probes, the sidecar arrangement); the configuration they carry is loaded with
 //!   tokentap's own config loader.
+//! * Every image `deploy/` pulls is pinned to a version; tokentap's store outlives its pod.
 //! * `systemd-analyze verify`, `kubectl kustomize`, `docker compose config`, and PyYAML as a
 //!   second reader. None of them is skipped: a missing tool fails its test, naming where it
 //!   comes from; `scripts/test` (the README's test command) installs all of them.
@@ -342,7 +345,7 @@ fn the_compose_stack_holds_together() {
 
     // sglang: the real image, metrics on, a GPU reserved, not published.
     let sglang = compose.at("services.sglang").unwrap();
-    assert!(sglang.str_at("image").contains("lmsys/sglang"));
+    assert!(sglang.str_at("image").contains("lmsysorg/sglang"));
     let command = sglang.at("command").unwrap().strings();
     assert!(command.contains(&"--enable-metrics"), "{command:?}");
     assert_eq!(
@@ -725,8 +728,9 @@ fn by_kind(documents: &[Yaml]) -> BTreeMap<String, Yaml> {
         .collect()
 }
 
-#[test]
-fn the_kubernetes_sidecar_holds_together() {
+/// Every Kubernetes manifest by kind: the kustomization's resources, and the files it leaves out
+/// (the prometheus-operator resources and the Secret example).
+fn kubernetes_kinds() -> BTreeMap<String, Yaml> {
     let mut kinds = BTreeMap::new();
     let kustomization = yaml_file("kubernetes/kustomization.yaml");
     let mut files: Vec<String> = kustomization
@@ -747,22 +751,64 @@ fn the_kubernetes_sidecar_holds_together() {
     for file in &files {
         kinds.extend(by_kind(&yaml_documents(&format!("kubernetes/{file}"))));
     }
+    kinds
+}
+
+/// The one workload (Deployment or StatefulSet) whose pods hold sglang and its tokentap sidecar.
+fn sidecar_workload(kinds: &BTreeMap<String, Yaml>) -> &Yaml {
+    let workloads: Vec<&Yaml> = ["Deployment", "StatefulSet"]
+        .iter()
+        .filter_map(|kind| kinds.get(*kind))
+        .collect();
+    assert_eq!(workloads.len(), 1, "one workload runs the sidecar pod");
+    workloads[0]
+}
+
+/// The container of a pod template named `name`.
+fn pod_container<'a>(pod: &'a Yaml, name: &str) -> &'a Yaml {
+    pod.at("spec.containers")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|c| c.str_at("name") == name)
+        .unwrap_or_else(|| panic!("no container named {name} in the pod"))
+}
+
+/// tokentap's configuration in Kubernetes: the ConfigMap's tokentap.toml (which the sidecar test
+/// shows is the file `--config` reads) with the admin token the Secret gives.
+fn sidecar_config(kinds: &BTreeMap<String, Yaml>) -> Config {
+    let toml = kinds["ConfigMap"]
+        .at("data")
+        .unwrap()
+        .get("tokentap.toml")
+        .and_then(Yaml::as_str)
+        .unwrap();
+    load_config(
+        toml,
+        &[("TOKENTAP_ADMIN__TOKEN".to_string(), "t".to_string())],
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_kubernetes_sidecar_holds_together() {
+    let kinds = kubernetes_kinds();
     let names: Vec<&str> = kinds.keys().map(String::as_str).collect();
     assert_eq!(
         names,
         [
             "ConfigMap",
-            "Deployment",
             "PrometheusRule",
             "Secret",
             "Service",
-            "ServiceMonitor"
+            "ServiceMonitor",
+            "StatefulSet"
         ]
     );
 
-    let deployment = &kinds["Deployment"];
-    let pod = deployment.at("spec.template").unwrap();
-    let selector = deployment.at("spec.selector.matchLabels").unwrap();
+    let workload = sidecar_workload(&kinds);
+    let pod = workload.at("spec.template").unwrap();
+    let selector = workload.at("spec.selector.matchLabels").unwrap();
     for (key, value) in selector.entries() {
         assert_eq!(
             pod.at("metadata.labels").unwrap().get(key),
@@ -770,15 +816,8 @@ fn the_kubernetes_sidecar_holds_together() {
             "pod labels match the selector"
         );
     }
-    let containers = pod.at("spec.containers").unwrap().seq();
-    let container = |name: &str| {
-        containers
-            .iter()
-            .find(|c| c.str_at("name") == name)
-            .unwrap()
-    };
-    let tokentap = container("tokentap");
-    let sglang = container("sglang");
+    let tokentap = pod_container(pod, "tokentap");
+    let sglang = pod_container(pod, "sglang");
 
     // sglang only on the pod's loopback, with metrics, on a GPU.
     let args = sglang.at("args").unwrap().strings();
@@ -975,11 +1014,784 @@ fn kustomize_renders_the_manifests() {
     let kinds: BTreeSet<&str> = documents.iter().map(|d| d.str_at("kind")).collect();
     assert_eq!(
         kinds,
-        BTreeSet::from(["ConfigMap", "Deployment", "Service"])
+        BTreeSet::from(["ConfigMap", "Service", "StatefulSet"])
     );
     assert!(render
         .stdout
         .contains("image: registry.example.com/tokentap:0.1.0"));
+}
+
+// ----------------------------------------------------------------------------- persistence
+
+/// A Kubernetes storage quantity (`5Gi`, `500Mi`, `10G`) in bytes.
+fn storage_bytes(quantity: &str) -> u64 {
+    let split = quantity
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(quantity.len());
+    let (number, unit) = quantity.split_at(split);
+    let number: u64 = number
+        .parse()
+        .unwrap_or_else(|e| panic!("storage {quantity}: {e}"));
+    let scale: u64 = match unit {
+        "" => 1,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        other => panic!("storage {quantity}: unit {other}"),
+    };
+    number * scale
+}
+
+/// Issue 38: tokentap's store (the sweeps production is compared with, the hourly snapshots, a
+/// pinned reference) outlives its pod. In Kubernetes the store directory is a
+/// PersistentVolumeClaim: a StatefulSet's claim template (one claim per replica), or a claim of
+/// a Deployment, which then, for a ReadWriteOnce claim, must replace its pod with `Recreate` (a
+/// rolling update's new pod cannot mount the volume the old one holds) and run one replica. A new
+/// volume belongs to root, so the pod's fsGroup must give it to tokentap's group. In Docker
+/// Compose the store is a named volume.
+#[test]
+fn the_tokentap_store_outlives_its_pod() {
+    let kinds = kubernetes_kinds();
+    let workload = sidecar_workload(&kinds);
+    let kind = workload.str_at("kind");
+    let pod = workload.at("spec.template").unwrap();
+    let tokentap = pod_container(pod, "tokentap");
+    let data_dir = sidecar_config(&kinds).store.data_dir.unwrap();
+    let mount = tokentap
+        .at("volumeMounts")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|m| Path::new(m.str_at("mountPath")) == data_dir)
+        .unwrap_or_else(|| panic!("nothing is mounted at the store, {}", data_dir.display()));
+    let name = mount.str_at("name");
+    assert!(
+        mount.at("readOnly").and_then(Yaml::as_str) != Some("true"),
+        "the store is writable"
+    );
+
+    let template = workload
+        .at("spec.volumeClaimTemplates")
+        .map(Yaml::seq)
+        .unwrap_or_default()
+        .iter()
+        .find(|t| t.str_at("metadata.name") == name);
+    let volume = pod
+        .at("spec.volumes")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|v| v.str_at("name") == name);
+    let claim = match (template, volume) {
+        (Some(template), None) => {
+            assert_eq!(
+                kind, "StatefulSet",
+                "only a StatefulSet has claim templates"
+            );
+            assert_ne!(
+                workload
+                    .at("spec.updateStrategy.type")
+                    .and_then(Yaml::as_str),
+                Some("OnDelete"),
+                "a rollout replaces the pods (one at a time, each claim kept)"
+            );
+            template.at("spec").unwrap()
+        }
+        (None, Some(volume)) => {
+            let claim_name = volume
+                .at("persistentVolumeClaim.claimName")
+                .and_then(Yaml::as_str)
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{} is the volume {name}, {:?}, which goes with the pod: use a \
+                         PersistentVolumeClaim",
+                        data_dir.display(),
+                        volume
+                    )
+                });
+            let claim = kinds
+                .get("PersistentVolumeClaim")
+                .filter(|c| c.str_at("metadata.name") == claim_name)
+                .unwrap_or_else(|| {
+                    panic!("the claim {claim_name} is not among the kustomization's resources")
+                });
+            let modes = claim.at("spec.accessModes").unwrap().strings();
+            if kind == "Deployment" && modes.iter().any(|m| m.starts_with("ReadWriteOnce")) {
+                assert_eq!(
+                    workload.at("spec.strategy.type").and_then(Yaml::as_str),
+                    Some("Recreate"),
+                    "a rolling update's new pod cannot mount the {modes:?} claim the old pod holds"
+                );
+                assert_eq!(
+                    workload
+                        .at("spec.replicas")
+                        .and_then(Yaml::as_str)
+                        .unwrap_or("1"),
+                    "1",
+                    "the replicas of a Deployment would share one {modes:?} claim and one store"
+                );
+            }
+            claim.at("spec").unwrap()
+        }
+        (Some(_), Some(_)) => panic!("{name} is both a pod volume and a claim template"),
+        (None, None) => panic!("no volume or claim template named {name}"),
+    };
+    assert!(
+        !claim.at("accessModes").unwrap().strings().is_empty(),
+        "the claim names its access modes"
+    );
+    let storage = storage_bytes(claim.str_at("resources.requests.storage"));
+    assert!(
+        storage >= 1 << 30,
+        "at least 1 GiB for sweeps, snapshots and a workload capture: {storage} bytes"
+    );
+    // uid 10001 must be able to write the new volume's root directory.
+    assert_eq!(
+        pod.str_at("spec.securityContext.fsGroup"),
+        tokentap.str_at("securityContext.runAsGroup"),
+        "the volume's group is tokentap's group"
+    );
+
+    // Docker Compose: a named volume (an anonymous one is replaced by `docker compose up`
+    // after the container is recreated) at the directory the image's ENV names.
+    let image_data_dir = dockerfile_env()
+        .into_iter()
+        .find(|(k, _)| k == "TOKENTAP_STORE__DATA_DIR")
+        .unwrap()
+        .1;
+    let compose = yaml_file("docker-compose.yml");
+    let named = compose
+        .at("services.tokentap.volumes")
+        .unwrap()
+        .strings()
+        .iter()
+        .find_map(|v| v.strip_suffix(&format!(":{image_data_dir}")))
+        .unwrap_or_else(|| panic!("nothing is mounted at {image_data_dir} in compose"))
+        .to_string();
+    assert!(
+        compose.at("volumes").unwrap().get(&named).is_some(),
+        "{named} is a named volume of the compose file"
+    );
+}
+
+// ----------------------------------------------------------------------------- images
+
+/// Why an image reference is not pinned to a version, if it is not: no tag (a pull takes
+/// `latest`), a moving tag, or a variable left unresolved. A digest pins it.
+fn unpinned(reference: &str) -> Option<&'static str> {
+    if reference.is_empty() || reference.contains('$') {
+        return Some("is empty or has an unresolved variable");
+    }
+    if reference.contains("@sha256:") {
+        return None;
+    }
+    let last = reference.rsplit('/').next().unwrap_or(reference);
+    match last.split_once(':') {
+        None | Some((_, "")) => Some("names no tag, so a pull takes `latest`"),
+        Some((_, tag)) => {
+            let tag = tag.to_ascii_lowercase();
+            let moving = tag == "latest"
+                || tag.starts_with("latest-")
+                || tag.ends_with("-latest")
+                || tag.starts_with("nightly");
+            moving.then_some("names a moving tag")
+        }
+    }
+}
+
+/// The `image` of every container (anything with a name and an image) under `node`.
+fn container_images<'a>(node: &'a Yaml, out: &mut Vec<&'a str>) {
+    match node {
+        Yaml::Map(entries) => {
+            if let (Some(image), Some(_)) = (
+                node.get("image").and_then(Yaml::as_str),
+                node.get("name").and_then(Yaml::as_str),
+            ) {
+                out.push(image);
+            }
+            for (_, value) in entries {
+                container_images(value, out);
+            }
+        }
+        Yaml::Seq(items) => {
+            for item in items {
+                container_images(item, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `image` as kustomize's `images` transformer rewrites it.
+fn kustomized(image: &str, kustomization: &Yaml) -> String {
+    for entry in kustomization
+        .at("images")
+        .map(Yaml::seq)
+        .unwrap_or_default()
+    {
+        let name = entry.str_at("name");
+        let Some(rest) = image.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.is_empty() || rest.starts_with(':') || rest.starts_with('@')) {
+            continue;
+        }
+        let new_name = entry.at("newName").and_then(Yaml::as_str).unwrap_or(name);
+        let suffix = match (
+            entry.at("digest").and_then(Yaml::as_str),
+            entry.at("newTag").and_then(Yaml::as_str),
+        ) {
+            (Some(digest), _) => format!("@{digest}"),
+            (None, Some(tag)) => format!(":{tag}"),
+            (None, None) => rest.to_string(),
+        };
+        return format!("{new_name}{suffix}");
+    }
+    image.to_string()
+}
+
+/// Every file under `dir`, recursively.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Issue 38: every image `deploy/` pulls names a version — the compose files (with their
+/// defaults and with `.env.example`'s values), `.env.example`, the Kubernetes manifests (as
+/// kustomize renders them) and the Dockerfile's FROM lines — and no other line says `:latest`.
+/// sglang is the same version everywhere, one whose wire bytes the tests replay.
+#[test]
+fn every_image_deploy_pulls_is_pinned() {
+    // (where, reference)
+    let mut images: Vec<(String, String)> = Vec::new();
+
+    let example = env_lines(&read(&deploy(".env.example")));
+    let example_values: BTreeMap<&str, &str> = example
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    for file in ["docker-compose.yml", "docker-compose.sim.yml"] {
+        let compose = yaml_file(file);
+        for (service, spec) in compose.at("services").unwrap().entries() {
+            let Some(image) = spec.at("image").and_then(Yaml::as_str) else {
+                continue;
+            };
+            for (values, with) in [
+                (&BTreeMap::new(), "its defaults"),
+                (&example_values, ".env.example"),
+            ] {
+                images.push((
+                    format!("{file}: services.{service}.image with {with}"),
+                    interpolate(image, values).unwrap(),
+                ));
+            }
+        }
+    }
+    for (key, value) in &example {
+        if key.ends_with("_IMAGE") {
+            images.push((format!(".env.example: {key}"), value.clone()));
+        }
+    }
+
+    let kustomization = yaml_file("kubernetes/kustomization.yaml");
+    for file in files_under(&deploy("kubernetes")) {
+        let rel = file
+            .strip_prefix(deploy(""))
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if rel.ends_with("kustomization.yaml") {
+            continue;
+        }
+        for document in yaml_documents(&rel) {
+            let mut found = Vec::new();
+            container_images(&document, &mut found);
+            for image in found {
+                images.push((format!("{rel}: {image}"), kustomized(image, &kustomization)));
+            }
+        }
+    }
+
+    let instructions = dockerfile_instructions();
+    let mut args: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut stages: BTreeSet<String> = BTreeSet::new();
+    for line in &instructions {
+        if let Some((key, value)) = line.strip_prefix("ARG ").and_then(|a| a.split_once('=')) {
+            args.insert(key.trim(), value.trim());
+        }
+        if let Some(from) = line.strip_prefix("FROM ") {
+            let words: Vec<&str> = from
+                .split_whitespace()
+                .filter(|w| !w.starts_with("--"))
+                .collect();
+            let image = interpolate(words[0], &args).unwrap();
+            if !stages.contains(&image) {
+                images.push((format!("Dockerfile: {line}"), image));
+            }
+            if let Some(i) = words.iter().position(|w| w.eq_ignore_ascii_case("AS")) {
+                stages.insert(words[i + 1].to_string());
+            }
+        }
+    }
+
+    let problems: Vec<String> = images
+        .iter()
+        .filter_map(|(at, reference)| {
+            unpinned(reference).map(|why| format!("{at}: {reference} {why}"))
+        })
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "images not pinned to a version:\n{}",
+        problems.join("\n")
+    );
+    for source in [
+        "docker-compose.yml",
+        ".env.example",
+        "kubernetes/",
+        "Dockerfile",
+    ] {
+        assert!(
+            images.iter().any(|(at, _)| at.starts_with(source)),
+            "no image found in {source}: {images:?}"
+        );
+    }
+
+    // Anything else under deploy/ that says `:latest` outside a comment.
+    for file in files_under(&deploy("")) {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        for (n, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            assert!(
+                code.starts_with('#') || code.starts_with("//") || !code.contains(":latest"),
+                "{}:{}: {line}",
+                file.display(),
+                n + 1
+            );
+        }
+    }
+
+    // sglang: one version in compose, .env.example and Kubernetes, with its wire bytes captured.
+    let sglang: BTreeSet<&str> = images
+        .iter()
+        .map(|(_, reference)| reference.as_str())
+        .filter(|r| r.rsplit('/').next().unwrap().starts_with("sglang:"))
+        .collect();
+    assert_eq!(sglang.len(), 1, "one sglang image everywhere: {sglang:?}");
+    let sglang = sglang.into_iter().next().unwrap();
+    for source in ["docker-compose.yml", ".env.example", "kubernetes/"] {
+        assert!(
+            images
+                .iter()
+                .any(|(at, r)| at.starts_with(source) && r == sglang),
+            "{source} runs no {sglang}"
+        );
+    }
+    // sglang's images are published as lmsysorg/sglang (its installation docs).
+    let (repository, tag) = sglang.split_once(':').unwrap();
+    assert_eq!(repository, "lmsysorg/sglang");
+    let version = tag.trim_start_matches('v').split('-').next().unwrap();
+    assert!(
+        repo()
+            .join("tests/fixtures/engines")
+            .join(format!("sglang-{version}"))
+            .is_dir(),
+        "{sglang}: tests/fixtures/engines/ holds no sglang-{version}, so tokentap was not \
+         validated against it"
+    );
+    assert!(
+        read(&repo().join("docs/conformance.md")).contains(&format!("sglang {version}")),
+        "docs/conformance.md does not speak of sglang {version}"
+    );
+}
+
+// ----------------------------------------------------------------------------- scraping in Kubernetes
+
+/// A Kubernetes label or annotation name as Prometheus turns it into a label name.
+fn sanitize_label_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The targets Prometheus' Kubernetes discovery (`role: pod`) makes of a running pod from
+/// `template` (a pod template: metadata and spec): one per declared container port and one per
+/// container that declares none, each with the pod's `__meta_kubernetes_*` labels. As
+/// `static_configs` entries, so any promtool can relabel them without a cluster.
+fn pod_discovery_targets(
+    template: &Yaml,
+    namespace: &str,
+    name: &str,
+    ip: &str,
+    controller: (&str, &str),
+) -> Vec<Value> {
+    fn set(map: &mut serde_json::Map<String, Value>, key: String, value: &str) {
+        map.insert(key, Value::String(value.to_string()));
+    }
+    let mut pod = serde_json::Map::new();
+    set(&mut pod, "__meta_kubernetes_namespace".into(), namespace);
+    set(&mut pod, "__meta_kubernetes_pod_name".into(), name);
+    set(&mut pod, "__meta_kubernetes_pod_ip".into(), ip);
+    set(&mut pod, "__meta_kubernetes_pod_ready".into(), "true");
+    set(&mut pod, "__meta_kubernetes_pod_phase".into(), "Running");
+    set(
+        &mut pod,
+        "__meta_kubernetes_pod_controller_kind".into(),
+        controller.0,
+    );
+    set(
+        &mut pod,
+        "__meta_kubernetes_pod_controller_name".into(),
+        controller.1,
+    );
+    for (what, path) in [
+        ("label", "metadata.labels"),
+        ("annotation", "metadata.annotations"),
+    ] {
+        for (key, value) in template.at(path).map(Yaml::entries).unwrap_or_default() {
+            let key = sanitize_label_name(key);
+            set(
+                &mut pod,
+                format!("__meta_kubernetes_pod_{what}_{key}"),
+                value.as_str().unwrap(),
+            );
+            set(
+                &mut pod,
+                format!("__meta_kubernetes_pod_{what}present_{key}"),
+                "true",
+            );
+        }
+    }
+    let mut groups = Vec::new();
+    for (init, path) in [
+        ("false", "spec.containers"),
+        ("true", "spec.initContainers"),
+    ] {
+        for container in template.at(path).map(Yaml::seq).unwrap_or_default() {
+            let mut labels = pod.clone();
+            set(
+                &mut labels,
+                "__meta_kubernetes_pod_container_name".into(),
+                container.str_at("name"),
+            );
+            set(
+                &mut labels,
+                "__meta_kubernetes_pod_container_image".into(),
+                container.str_at("image"),
+            );
+            set(
+                &mut labels,
+                "__meta_kubernetes_pod_container_init".into(),
+                init,
+            );
+            let ports = container.at("ports").map(Yaml::seq).unwrap_or_default();
+            if ports.is_empty() {
+                groups.push(serde_json::json!({"targets": [ip], "labels": labels}));
+            }
+            for port in ports {
+                let mut labels = labels.clone();
+                let number = port.str_at("containerPort");
+                if let Some(name) = port.at("name").and_then(Yaml::as_str) {
+                    set(
+                        &mut labels,
+                        "__meta_kubernetes_pod_container_port_name".into(),
+                        name,
+                    );
+                }
+                set(
+                    &mut labels,
+                    "__meta_kubernetes_pod_container_port_number".into(),
+                    number,
+                );
+                set(
+                    &mut labels,
+                    "__meta_kubernetes_pod_container_port_protocol".into(),
+                    port.at("protocol").and_then(Yaml::as_str).unwrap_or("TCP"),
+                );
+                groups.push(
+                    serde_json::json!({"targets": [format!("{ip}:{number}")], "labels": labels}),
+                );
+            }
+        }
+    }
+    groups
+}
+
+/// One target a job keeps after relabelling: its final labels (`__address__`,
+/// `__metrics_path__`, `job`, `pod`, ...) and the discovered ones it came from.
+struct Kept {
+    labels: BTreeMap<String, String>,
+    discovered: BTreeMap<String, String>,
+}
+
+/// `promtool check service-discovery`: the targets `job` of `config` keeps. Static targets are
+/// there at once; promtool waits out its timeout either way, so the timeout is short.
+fn kept_targets(promtool: &Path, config: &Path, job: &str) -> Vec<Kept> {
+    let check = run(Command::new(promtool)
+        .args(["check", "service-discovery", "--timeout=2s"])
+        .arg(config)
+        .arg(job));
+    assert!(
+        check.ok,
+        "promtool check service-discovery {job}:\n{}{}",
+        check.stdout, check.stderr
+    );
+    let as_map = |v: &Value| -> BTreeMap<String, String> {
+        v.as_object()
+            .map(|o| {
+                o.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let results: Value = serde_json::from_str(&check.stdout).unwrap_or_else(|e| {
+        panic!(
+            "promtool's answer for {job} is not JSON ({e}):\n{}",
+            check.stdout
+        )
+    });
+    results
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| Kept {
+            labels: as_map(&r["labels"]),
+            discovered: as_map(&r["discoveredLabels"]),
+        })
+        .filter(|k| !k.labels.is_empty())
+        .collect()
+}
+
+/// Issue 38: without prometheus-operator, `prometheus-kubernetes.yml` scrapes tokentap's admin
+/// port with the token (job tokentap*) and the inference server's own metrics (job sglang) of
+/// every sidecar pod, and nothing of any other pod. The pod is the shipped one as Kubernetes'
+/// pod discovery presents it, fed to the config's own relabelling by promtool (Debian's promtool
+/// has no Kubernetes discovery, so the discovery blocks become static targets carrying the same
+/// `__meta_kubernetes_*` labels). sglang listens on the pod's loopback: its metrics are read
+/// through tokentap's data port, which forwards GET /metrics to it; the ServiceMonitor does the
+/// same under the same job name, and so does the compose stack's config.
+#[test]
+fn the_kubernetes_prometheus_config_scrapes_tokentap_and_the_engine() {
+    let promtool = require_prometheus_tool("promtool");
+    let kinds = kubernetes_kinds();
+    let workload = sidecar_workload(&kinds);
+    let template = workload.at("spec.template").unwrap();
+    let controller = (workload.str_at("kind"), workload.str_at("metadata.name"));
+    let mut groups = pod_discovery_targets(
+        template,
+        "llm",
+        "sglang-tokentap-0",
+        "127.0.0.2",
+        controller,
+    );
+    // Another application's pod with the same annotations and port names: neither job takes it
+    // (the admin token must not reach it).
+    let others: Vec<Value> = groups
+        .iter()
+        .map(|group| {
+            let mut group = group.clone();
+            let address = group["targets"][0]
+                .as_str()
+                .unwrap()
+                .replace("127.0.0.2", "127.0.0.3");
+            group["targets"][0] = Value::String(address);
+            let labels = group["labels"].as_object_mut().unwrap();
+            labels.insert(
+                "__meta_kubernetes_pod_label_app_kubernetes_io_name".into(),
+                Value::String("other".into()),
+            );
+            labels.insert(
+                "__meta_kubernetes_pod_name".into(),
+                Value::String("other-0".into()),
+            );
+            group
+        })
+        .collect();
+    groups.extend(others);
+
+    let text = read(&deploy("prometheus/prometheus-kubernetes.yml"));
+    let config = yaml_file("prometheus/prometheus-kubernetes.yml");
+    let jobs = config.at("scrape_configs").unwrap().seq();
+    let discovering: Vec<&Yaml> = jobs
+        .iter()
+        .filter(|j| j.at("kubernetes_sd_configs").is_some())
+        .collect();
+    let block = "    kubernetes_sd_configs:\n      - role: pod\n";
+    assert_eq!(
+        text.matches(block).count(),
+        discovering.len(),
+        "every job discovers pods with the one block this test replaces"
+    );
+    let dir = TempDir::new("prometheus-kubernetes");
+    let path = dir.0.join("prometheus-kubernetes.yml");
+    std::fs::write(
+        &path,
+        text.replace(
+            block,
+            &format!("    static_configs: {}\n", Value::Array(groups)),
+        ),
+    )
+    .unwrap();
+    // Everything but the discovery itself, with the promtool at hand.
+    let syntax = run(Command::new(&promtool)
+        .args(["check", "config", "--syntax-only"])
+        .arg(&path));
+    assert!(
+        syntax.ok,
+        "promtool check config (discovery replaced):\n{}{}",
+        syntax.stdout, syntax.stderr
+    );
+
+    let tokentap_config = sidecar_config(&kinds);
+    let addresses = |kept: &[Kept]| -> BTreeSet<(String, String)> {
+        kept.iter()
+            .map(|k| {
+                (
+                    k.labels["__address__"].clone(),
+                    k.labels["__metrics_path__"].clone(),
+                )
+            })
+            .collect()
+    };
+    let kept_by_job: BTreeMap<&str, Vec<Kept>> = jobs
+        .iter()
+        .map(|job| {
+            let name = job.str_at("job_name");
+            (name, kept_targets(&promtool, &path, name))
+        })
+        .collect();
+    for kept in kept_by_job.values().flatten() {
+        assert_eq!(
+            kept.labels.get("pod").map(String::as_str),
+            Some("sglang-tokentap-0"),
+            "only the sidecar pod is scraped, labelled with its pod: {:?}",
+            kept.labels
+        );
+    }
+
+    // tokentap's admin listener, with the token.
+    let tokentap: Vec<&Yaml> = jobs
+        .iter()
+        .filter(|j| j.str_at("job_name").starts_with("tokentap"))
+        .collect();
+    assert_eq!(tokentap.len(), 1, "one tokentap* job");
+    assert_eq!(
+        addresses(&kept_by_job[tokentap[0].str_at("job_name")]),
+        BTreeSet::from([(
+            format!("127.0.0.2:{}", tokentap_config.admin.listen.port()),
+            "/metrics".to_string()
+        )])
+    );
+    assert_eq!(tokentap[0].str_at("authorization.type"), "Bearer");
+
+    // The engine's metrics, through tokentap's data port, without the token.
+    let engine = jobs
+        .iter()
+        .find(|j| j.str_at("job_name") == "sglang")
+        .expect("a job named sglang scrapes the inference server's own metrics");
+    for auth in [
+        "authorization",
+        "basic_auth",
+        "oauth2",
+        "bearer_token",
+        "bearer_token_file",
+    ] {
+        assert!(
+            engine.at(auth).is_none(),
+            "the sglang job sends no {auth}: the data port needs none, and the admin token must \
+             not travel to the upstream"
+        );
+    }
+    let kept = &kept_by_job["sglang"];
+    let upstream = &tokentap_config.upstreams[0];
+    assert_eq!(
+        addresses(kept),
+        BTreeSet::from([(
+            format!("127.0.0.2:{}", tokentap_config.proxy.listen.port()),
+            upstream.metrics_path.clone()
+        )]),
+        "one target per pod: tokentap's data listener, at the upstream's metrics path"
+    );
+    let port_name = kept[0].discovered["__meta_kubernetes_pod_container_port_name"].clone();
+    assert_eq!(
+        kept[0].discovered["__meta_kubernetes_pod_container_name"],
+        "tokentap"
+    );
+    // tokentap forwards that GET to sglang, which serves its metrics there.
+    assert!(
+        tokentap::proxy::routes::RoutePolicy::from_config(&tokentap_config.proxy.routes)
+            .check("GET", &upstream.metrics_path)
+            .is_ok(),
+        "proxy.routes forwards GET {}",
+        upstream.metrics_path
+    );
+    let sglang = pod_container(template, "sglang");
+    let args = sglang.at("args").unwrap().strings();
+    let arg = |flag: &str| args[args.iter().position(|a| *a == flag).unwrap() + 1];
+    assert_eq!(
+        (upstream.url.host(), upstream.url.port_u16()),
+        (Some(arg("--host")), arg("--port").parse().ok())
+    );
+    assert!(args.contains(&"--enable-metrics"), "{args:?}");
+
+    // The same scrape with prometheus-operator and in the compose stack: job sglang, no token,
+    // through the Service port that targets that container port.
+    let service = &kinds["Service"];
+    let service_port = service
+        .at("spec.ports")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|p| p.str_at("targetPort") == port_name)
+        .unwrap_or_else(|| panic!("the Service has no port targeting {port_name}"))
+        .str_at("name");
+    let endpoint = kinds["ServiceMonitor"]
+        .at("spec.endpoints")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|e| e.str_at("port") == service_port)
+        .unwrap_or_else(|| panic!("the ServiceMonitor scrapes no {service_port} port"));
+    assert_eq!(endpoint.str_at("path"), upstream.metrics_path);
+    assert!(endpoint.at("authorization").is_none() && endpoint.at("bearerTokenSecret").is_none());
+    let relabelled_job = endpoint
+        .at("relabelings")
+        .unwrap()
+        .seq()
+        .iter()
+        .find(|r| r.str_at("targetLabel") == "job")
+        .unwrap()
+        .str_at("replacement");
+    assert_eq!(relabelled_job, "sglang");
+    assert!(yaml_file("prometheus/prometheus.yml")
+        .at("scrape_configs")
+        .unwrap()
+        .seq()
+        .iter()
+        .any(|j| j.str_at("job_name") == "sglang"));
 }
 
 /// The variables Kubernetes puts into every pod started after `service` exists ("service
