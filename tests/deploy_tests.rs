@@ -2293,6 +2293,27 @@ fn the_dashboards_read_at_a_glance() {
                     steps.contains(&0.95) && steps.contains(&1.05) && below == above,
                     "{name}: {title}: thresholds {steps:?} are not symmetric around 1"
                 );
+                // One ratio everywhere: the page's and the reports' scale, band for band.
+                let bands: Vec<(f64, String)> = defaults["thresholds"]["steps"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|s| {
+                        (
+                            s["value"].as_f64().unwrap_or(0.0),
+                            s["color"].as_str().unwrap().to_owned(),
+                        )
+                    })
+                    .collect();
+                let page: Vec<(f64, String)> = tokentap::matrix::side_by_side::RATIO_BANDS
+                    .iter()
+                    .map(|b| (b.from, b.colour.to_owned()))
+                    .collect();
+                assert_eq!(bands, page, "{name}: {title}: not the page's ratio scale");
+                assert!(
+                    !exprs.iter().any(|e| e.contains("total_tokens_per_second")),
+                    "{name}: {title}: the ratio is of per-request tok/s, as on the page"
+                );
                 assert!(
                     panel["description"]
                         .as_str()
@@ -2915,7 +2936,7 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
                         }
                         // Production ÷ the latest sweep's gauges: the sweep here is the
                         // production matrix itself, so every cell is near ×1.00.
-                        if title.starts_with("Total tok/s: production ÷ latest sweep") {
+                        if title.starts_with("Per-request tok/s: production ÷ latest sweep") {
                             let window = &values["window"];
                             for (context, concurrency) in
                                 [("   8K", "1"), ("   8K", "4"), ("  16K", "4")]

@@ -270,9 +270,12 @@ async fn a_page_reference_gives_exact_ratios_gauges_follow_min_requests_and_the_
         html.contains(&format!("data-ratio=\"{tok_s_ratio}\"")),
         "{html}"
     );
+    // On the one scale of every ratio: below ×0.95, orange or red.
+    let style = tokentap::matrix::side_by_side::ratio_style(tok_s_ratio);
+    assert!(tok_s_ratio < 0.95 && style.contains("#c4162a") || style.contains("#ff9830"));
     assert!(
-        html.contains("background:hsl(0,"),
-        "a ratio below 1 is red: {html}"
+        html.contains(&style),
+        "a slower ratio is drawn {style}: {html}"
     );
     // The page shows the drift grid beside the matrices.
     let page_html = admin(&server, "GET", "/?window=15m", None).await.text();

@@ -420,7 +420,7 @@ pub fn ratio_grid_fragment(compare: &MatrixCompare) -> String {
                 .filter(|c| c.verdict == Verdict::Compared)
                 .and_then(|c| c.ratios.per_request_tok_s);
             let style = ratio.map_or_else(String::new, |r| {
-                format!(" style=\"background:{}\"", super::html::ratio_colour(r))
+                format!(" style=\"{}\"", super::html::ratio_style(r))
             });
             let data_ratio = ratio.map_or_else(String::new, |r| format!(" data-ratio=\"{r}\""));
             let verdict = cell.map_or("", |c| match c.verdict {

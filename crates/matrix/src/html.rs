@@ -16,7 +16,7 @@ use super::page::{
     GridCellText, ALL_CAPTION, DECODE_CAPTION, PAGE_TITLE, PREFILL_CAPTION, SECTION_LAUNCH,
     SECTION_NOTES,
 };
-use super::side_by_side::{diverging_colour, legend_fragment, Axes};
+use super::side_by_side::{legend_fragment, Axes};
 use super::svg::{decode_chart, prefill_chart, xml_escape as escape};
 use super::units::{context_label, format_ms_tenths, format_ms_whole, format_rate, or_missing};
 
@@ -411,10 +411,11 @@ fn render_report(doc: &MatrixDoc, capacity: Option<&CapacityReport>) -> String {
     )
 }
 
-/// Background for a ratio on the one fixed diverging scale ([`diverging_colour`]): white at
-/// ×1, green above, red below, whatever the other cells.
-pub fn ratio_colour(ratio: f64) -> String {
-    diverging_colour(ratio)
+/// `background` and text `color` for a ratio on the one fixed scale
+/// ([`RATIO_BANDS`](super::side_by_side::RATIO_BANDS)): green within 5 % of ×1, orange and red
+/// slower, blue faster, whatever the other cells.
+pub fn ratio_style(ratio: f64) -> String {
+    super::side_by_side::ratio_style(ratio)
 }
 
 /// The total tok/s ratio grid of a diff, status changes outlined. Cells carry `data-context`,
@@ -455,9 +456,8 @@ pub fn ratio_grid_fragment(diff: &MatrixDiff) -> String {
             } else {
                 format!(" title=\"{}\"", escape(&title))
             };
-            let style = ratio.map_or_else(String::new, |r| {
-                format!(" style=\"background:{}\"", ratio_colour(r))
-            });
+            let style =
+                ratio.map_or_else(String::new, |r| format!(" style=\"{}\"", ratio_style(r)));
             let data_ratio = ratio.map_or_else(String::new, |r| format!(" data-ratio=\"{r}\""));
             let _ = write!(
                 out,

@@ -17,8 +17,64 @@ use super::evidence::evidence_label;
 use super::svg::xml_escape as escape;
 use super::units::{context_label, format_percent};
 
-/// Ratios at or beyond this factor (either way) get full colour.
-pub const FULL_COLOUR_RATIO: f64 = 2.0;
+/// One band of the one colour scale of a speed ratio (production ÷ sweep or reference, B ÷ A
+/// of a diff; above 1 is faster): from `from` (inclusive) up to the next band's `from`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RatioBand {
+    pub from: f64,
+    /// Background, as Grafana's threshold colours write it (the dashboards use the same).
+    pub colour: &'static str,
+    /// Text colour readable on it.
+    pub text: &'static str,
+    pub meaning: &'static str,
+}
+
+/// The scale every ratio is drawn on — the page, the HTML reports and the Grafana ratio
+/// panels (a deploy test checks their thresholds against it): green within 5 % of the
+/// reference, orange and red slower, blue faster.
+pub const RATIO_BANDS: [RatioBand; 5] = [
+    RatioBand {
+        from: 0.0,
+        colour: "#c4162a",
+        text: "#ffffff",
+        meaning: "more than 20 % slower",
+    },
+    RatioBand {
+        from: 0.8,
+        colour: "#ff9830",
+        text: "#1f2328",
+        meaning: "5–20 % slower",
+    },
+    RatioBand {
+        from: 0.95,
+        colour: "#73bf69",
+        text: "#1f2328",
+        meaning: "within 5 %",
+    },
+    RatioBand {
+        from: 1.05,
+        colour: "#8ab8ff",
+        text: "#1f2328",
+        meaning: "5–20 % faster",
+    },
+    RatioBand {
+        from: 1.2,
+        colour: "#1f60c4",
+        text: "#ffffff",
+        meaning: "more than 20 % faster",
+    },
+];
+
+/// Background of a gap the prefill overlap explains (drawn apart, never as a slow cell).
+pub const EXPLAINED_COLOUR: &str = "#d8d9da";
+
+/// The band `ratio` falls in (`None` for a ratio that is not a positive number).
+pub fn ratio_band(ratio: f64) -> Option<&'static RatioBand> {
+    if !ratio.is_finite() || ratio <= 0.0 {
+        return None;
+    }
+    RATIO_BANDS.iter().rev().find(|band| ratio >= band.from)
+}
 /// A ratio within this share of what the prefill overlap predicts is "explained" by it.
 pub const EXPLAINED_WITHIN: f64 = 0.10;
 /// Overlap below this is not worth a "why".
@@ -133,29 +189,36 @@ pub fn compare_cell(production: Option<&DecodeCell>, sweep: Option<&DecodeCell>)
 /// Background of a ratio on the fixed diverging scale: white at ×1, green above, red below,
 /// full colour at ×[`FULL_COLOUR_RATIO`] and ÷[`FULL_COLOUR_RATIO`].
 pub fn diverging_colour(ratio: f64) -> String {
-    if !ratio.is_finite() || ratio <= 0.0 {
-        return "#eceef1".to_owned();
+    ratio_band(ratio).map_or_else(|| "#eceef1".to_owned(), |band| band.colour.to_owned())
+}
+
+/// `background` and `color` of a ratio's cell.
+pub fn ratio_style(ratio: f64) -> String {
+    match ratio_band(ratio) {
+        Some(band) => format!("background:{};color:{}", band.colour, band.text),
+        None => "background:#eceef1".to_owned(),
     }
-    let strength = (ratio.ln().abs() / FULL_COLOUR_RATIO.ln()).min(1.0);
-    let hue = if ratio >= 1.0 { 130 } else { 0 };
-    format!("hsl({hue}, 62%, {:.0}%)", 97.0 - strength * 40.0)
 }
 
 /// The colour legend of the fixed scale.
 pub fn legend_fragment() -> String {
     let mut out = String::from("<div class=\"scale-legend\" aria-label=\"colour scale\">");
-    for ratio in [0.5, 0.67, 0.83, 1.0, 1.2, 1.5, 2.0] {
-        let label = if ratio < 1.0 {
-            format!("÷{:.1}", 1.0 / ratio)
-        } else {
-            format!("×{ratio:.1}")
+    for band in &RATIO_BANDS {
+        let range = match RATIO_BANDS.iter().find(|next| next.from > band.from) {
+            Some(next) if band.from == 0.0 => format!("below ×{}", next.from),
+            Some(next) => format!("×{}–×{}", band.from, next.from),
+            None => format!("×{} and above", band.from),
         };
         let _ = write!(
             out,
-            "<span class=\"swatch\" style=\"background:{}\">{label}</span>",
-            diverging_colour(ratio)
+            "<span class=\"swatch\" style=\"background:{};color:{}\" title=\"{}\">{range}</span>",
+            band.colour, band.text, band.meaning
         );
     }
+    let _ = write!(
+        out,
+        "<span class=\"swatch explained\" style=\"background:{EXPLAINED_COLOUR}\">explained by overlap</span>"
+    );
     out.push_str("<span class=\"swatch not-compared\">not compared</span></div>");
     out
 }
@@ -243,9 +306,14 @@ pub fn comparison_fragment(production: &MatrixDoc, sweep: &MatrixDoc) -> String 
                     );
                     let _ = write!(
                         out,
-                        "<td class=\"compared{}\" {attributes} data-ratio=\"{ratio}\" style=\"background:{}\" title=\"{}\"><span class=\"total\">×{ratio:.2}</span><span class=\"ttft\">{}</span></td>",
+                        "<td class=\"compared{}\" {attributes} data-ratio=\"{ratio}\" style=\"{}\" title=\"{}\"><span class=\"total\">×{ratio:.2}</span><span class=\"ttft\">{}</span></td>",
                         if explained { " explained" } else { "" },
-                        diverging_colour(ratio),
+                        // A gap the overlap explains is drawn as explained, not as a slow cell.
+                        if explained {
+                            format!("background:{EXPLAINED_COLOUR}")
+                        } else {
+                            ratio_style(ratio)
+                        },
                         escape(&title),
                         escape(&why)
                     );
@@ -369,10 +437,15 @@ mod tests {
 
     #[test]
     fn the_scale_is_fixed_and_centred_on_one() {
-        assert_eq!(diverging_colour(1.0), "hsl(130, 62%, 97%)");
-        // ×0.98 is nearly white whatever else is on the page.
-        assert_eq!(diverging_colour(0.98), "hsl(0, 62%, 96%)");
+        // Within 5 % either way is the reference's own speed.
+        assert_eq!(diverging_colour(1.0), "#73bf69");
+        assert_eq!(diverging_colour(0.98), "#73bf69");
+        assert_eq!(diverging_colour(0.95), "#73bf69");
+        assert_eq!(diverging_colour(0.9), "#ff9830");
         assert_eq!(diverging_colour(0.5), diverging_colour(0.25));
-        assert_eq!(diverging_colour(2.0), "hsl(130, 62%, 57%)");
+        assert_eq!(diverging_colour(1.1), "#8ab8ff");
+        assert_eq!(diverging_colour(2.0), "#1f60c4");
+        assert_eq!(diverging_colour(f64::NAN), "#eceef1");
+        assert!(RATIO_BANDS.windows(2).all(|w| w[0].from < w[1].from));
     }
 }

@@ -198,11 +198,63 @@ pub fn metrics(state: &AppState) -> Reply {
         let _ = writeln!(out, "# TYPE {} {}", metric.name, metric.kind);
         let _ = writeln!(out, "{}{{{labels}}} {value:?}", metric.name);
     }
+    queue_time_histogram(
+        &mut out,
+        state.options.dialect,
+        &model_labels,
+        &inputs.stats,
+    );
     Reply {
         status: StatusCode::OK,
         content_type: CONTENT_TYPE,
         body: out,
     }
+}
+
+/// sglang's `queue_time_seconds` bucket bounds (its list, up to 1,800 s).
+const SGLANG_QUEUE_BOUNDS: &[f64] = &[
+    0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0,
+    40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 200.0, 300.0, 400.0, 500.0, 600.0, 700.0, 800.0,
+    900.0, 1000.0, 1200.0, 1400.0, 1600.0, 1800.0,
+];
+/// vLLM's request-latency buckets (`REQUEST_LATENCY_BUCKETS`, up to 1,920 s).
+const VLLM_QUEUE_BOUNDS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0,
+];
+
+/// The queue-time histogram under the dialect's name and buckets: what an operator's
+/// queue-time panel reads first when TTFT rises.
+fn queue_time_histogram(out: &mut String, dialect: Dialect, labels: &str, stats: &SchedulerStats) {
+    let (name, help, bounds) = match dialect {
+        Dialect::Sglang => (
+            "sglang:queue_time_seconds",
+            "Histogram of queueing time in seconds.",
+            SGLANG_QUEUE_BOUNDS,
+        ),
+        Dialect::Vllm => (
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            VLLM_QUEUE_BOUNDS,
+        ),
+    };
+    let times = &stats.queue_time;
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} histogram");
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {:?}", times.sum_s);
+    for bound in bounds {
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels},le=\"{bound:?}\"}} {:?}",
+            times.at_most(*bound) as f64
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{{labels},le=\"+Inf\"}} {:?}",
+        times.count as f64
+    );
+    let _ = writeln!(out, "{name}_count{{{labels}}} {:?}", times.count as f64);
 }
 
 /// vLLM's `cache_config_info` labels: the KV pool in blocks of `kv_block_size` tokens.
@@ -213,4 +265,28 @@ fn cache_config_labels(profile: &Profile) -> String {
         "block_size=\"{block}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.9\",kv_cache_size_tokens=\"{}\",num_cpu_blocks=\"None\",num_gpu_blocks=\"{blocks}\"",
         blocks * block
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::{QueueTimes, QUEUE_TIME_BOUNDS};
+
+    #[test]
+    fn each_dialects_buckets_are_whole_spans_and_cumulative() {
+        for bound in SGLANG_QUEUE_BOUNDS.iter().chain(VLLM_QUEUE_BOUNDS) {
+            assert!(QUEUE_TIME_BOUNDS.contains(bound), "{bound}");
+        }
+        let mut times = QueueTimes::default();
+        for seconds in [0.0, 0.0004, 0.3, 0.31, 7.0, 5000.0] {
+            times.add(seconds);
+        }
+        assert_eq!(times.at_most(0.0), 1);
+        assert_eq!(times.at_most(0.001), 2);
+        assert_eq!(times.at_most(0.3), 3);
+        assert_eq!(times.at_most(0.5), 4);
+        assert_eq!(times.at_most(10.0), 5);
+        assert_eq!(times.at_most(1920.0), 5);
+        assert_eq!(times.count, 6);
+    }
 }

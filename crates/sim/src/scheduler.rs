@@ -111,6 +111,60 @@ pub struct SchedulerStats {
     pub aborted_total: u64,
     pub cache_queries: u64,
     pub cache_hits: u64,
+    /// Time admitted requests waited in the queue (`sglang:queue_time_seconds`,
+    /// `vllm:request_queue_time_seconds`).
+    pub queue_time: QueueTimes,
+}
+
+/// Every upper bound of sglang's `queue_time_seconds` and vLLM's request-latency buckets, in
+/// order: the counts are kept per span between two of them, so each dialect's cumulative
+/// buckets are sums of whole spans.
+pub const QUEUE_TIME_BOUNDS: [f64; 46] = [
+    0.0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0,
+    10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 100.0, 120.0, 200.0, 240.0, 300.0,
+    400.0, 480.0, 500.0, 600.0, 700.0, 800.0, 900.0, 960.0, 1000.0, 1200.0, 1400.0, 1600.0, 1800.0,
+    1920.0,
+];
+
+/// Queue times: count per span of [`QUEUE_TIME_BOUNDS`] (the last counts everything above),
+/// their sum and number.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QueueTimes {
+    pub spans: [u64; QUEUE_TIME_BOUNDS.len() + 1],
+    pub sum_s: f64,
+    pub count: u64,
+}
+
+impl Default for QueueTimes {
+    fn default() -> Self {
+        Self {
+            spans: [0; QUEUE_TIME_BOUNDS.len() + 1],
+            sum_s: 0.0,
+            count: 0,
+        }
+    }
+}
+
+impl QueueTimes {
+    pub fn add(&mut self, seconds: f64) {
+        let span = QUEUE_TIME_BOUNDS
+            .iter()
+            .position(|bound| seconds <= *bound)
+            .unwrap_or(QUEUE_TIME_BOUNDS.len());
+        self.spans[span] += 1;
+        self.sum_s += seconds;
+        self.count += 1;
+    }
+
+    /// Requests that waited at most `bound` seconds (`bound` one of [`QUEUE_TIME_BOUNDS`]).
+    pub fn at_most(&self, bound: f64) -> u64 {
+        QUEUE_TIME_BOUNDS
+            .iter()
+            .zip(&self.spans)
+            .take_while(|(upper, _)| **upper <= bound)
+            .map(|(_, count)| count)
+            .sum()
+    }
 }
 
 /// The handle request tasks use.
@@ -145,6 +199,8 @@ struct Req {
     prefill_remaining: u64,
     join_started: Instant,
     join_batch: usize,
+    /// When it joined the waiting queue.
+    queued_at: Instant,
     accept: AcceptLengths,
     events: mpsc::UnboundedSender<Event>,
 }
@@ -358,6 +414,7 @@ impl Scheduler {
             prefill_remaining: s.prompt_tokens.max(1),
             join_started: Instant::now(),
             join_batch: 1,
+            queued_at: Instant::now(),
             accept: self.model.accept_lengths(s.request_seed ^ self.seed),
             events: s.events,
         });
@@ -468,6 +525,9 @@ impl Scheduler {
                 break;
             };
             self.reserved += req.reserved;
+            self.stats
+                .queue_time
+                .add(now.saturating_duration_since(req.queued_at).as_secs_f64());
             self.stats.used_tokens += req.prompt_tokens;
             self.stats.prompt_tokens_total += req.prompt_tokens;
             self.stats.cache_queries += 1;

@@ -60,4 +60,8 @@ pub struct DemoArgs {
     /// slo.ttft=500ms (repeatable; see config/tokentap.toml).
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
+    /// Multiply every simulated prefill and decode time by this (tests: a machine too busy for
+    /// the simulator's timing, without loading one).
+    #[arg(long, value_name = "FACTOR", default_value_t = 1.0, hide = true)]
+    pub sim_slowdown: f64,
 }

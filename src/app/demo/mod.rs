@@ -21,6 +21,7 @@
 mod args;
 mod finish;
 mod http;
+mod machine;
 mod mixed;
 mod phase;
 mod report;

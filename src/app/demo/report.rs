@@ -34,6 +34,9 @@ pub struct DemoReport<'a> {
     pub steady: Option<&'a MatrixDoc>,
     pub mixed: Option<&'a MatrixDoc>,
     pub steady_cells: &'a [(u64, u32)],
+    /// Set when the machine was too busy for the simulator's timing (`machine::TimingCheck`):
+    /// the sentence that says so, printed first, and no comparison is judged.
+    pub too_busy: Option<String>,
 }
 
 impl DemoReport<'_> {
@@ -82,7 +85,10 @@ impl DemoReport<'_> {
             }
             row.push(interference_text(production).0);
             let all_within = outside.is_empty();
-            row.push(if all_within {
+            row.push(if self.too_busy.is_some() {
+                // The machine missed the simulator's timing: no verdict either way.
+                "not judged".to_owned()
+            } else if all_within {
                 "✓".to_owned()
             } else {
                 format!("✗ {}", outside.join(", "))
@@ -143,11 +149,15 @@ impl DemoReport<'_> {
     /// The comparison in Markdown, definitions under the tables.
     pub fn markdown(&self) -> String {
         let (steady, agreeing) = self.steady_table();
-        let mut out = String::from("## Steady traffic · the sweep\n\n");
+        let mut out = String::new();
+        if let Some(warning) = &self.too_busy {
+            let _ = writeln!(out, "> **Warning.** {}\n", md_escape(warning));
+        }
+        out.push_str("## Steady traffic · the sweep\n\n");
         let _ = writeln!(
             out,
-            "Plain clients reproduce sweep cells: same prompt length, same number of streams, warm prompt. {agreeing} of {} cells agree with the sweep within 5 % on every compared column.\n",
-            self.steady_cells.len()
+            "Plain clients reproduce sweep cells: same prompt length, same number of streams, warm prompt. {}\n",
+            self.agreement(agreeing)
         );
         out.push_str(&steady.markdown());
         out.push_str("\n## Mixed traffic · the sweep\n\n");
@@ -165,12 +175,31 @@ impl DemoReport<'_> {
         out
     }
 
+    /// How many steady cells agree, or why that is not judged.
+    fn agreement(&self, agreeing: usize) -> String {
+        if self.too_busy.is_some() {
+            "Not judged: the machine was too busy for the simulator's timing (see the warning)."
+                .to_owned()
+        } else {
+            format!(
+                "{agreeing} of {} cells agree with the sweep within 5 % on every compared column.",
+                self.steady_cells.len()
+            )
+        }
+    }
+
     /// The comparisons as aligned text for a terminal (`--format table`).
     pub fn terminal(&self) -> String {
         let (steady, agreeing) = self.steady_table();
-        let mut out = format!(
-            "Steady traffic beside the sweep: {agreeing} of {} cells agree within 5 % on every compared column.\n\n",
-            self.steady_cells.len()
+        let mut out = String::new();
+        if let Some(warning) = &self.too_busy {
+            out.push_str(&wrap(&format!("WARNING: {warning}"), 100));
+            out.push('\n');
+        }
+        let _ = write!(
+            out,
+            "Steady traffic beside the sweep: {}\n\n",
+            self.agreement(agreeing)
         );
         out.push_str(&steady.terminal(&[
             "Cell",
@@ -240,23 +269,28 @@ impl DemoReport<'_> {
             format!("<div class=\"panel\" id=\"{id}\"><h3>{title}</h3>{grid}</div>")
         };
         let versus = |doc: Option<&MatrixDoc>| {
-            doc.filter(|d| !d.decode.is_empty())
+            // Ratios drawn in colour read as findings; a machine too busy has none to show.
+            doc.filter(|d| !d.decode.is_empty() && self.too_busy.is_none())
                 .map_or_else(String::new, |doc| comparison_fragment(doc, self.synthetic))
         };
         let body = format!(
-            "<h1>tokentap demo</h1><p class=\"note\">A simulated sglang server behind the tokentap proxy: a synthetic sweep, then ordinary traffic in two phases, all measured by the proxy's metering path. First: the steady traffic's cells ÷ the sweep's, on one grid.</p>{steady_versus}\
+            "<h1>tokentap demo</h1>{busy}<p class=\"note\">A simulated sglang server behind the tokentap proxy: a synthetic sweep, then ordinary traffic in two phases, all measured by the proxy's metering path. First: the steady traffic's cells ÷ the sweep's, on one grid.</p>{steady_versus}\
 <div class=\"panels\">{sweep_heat}{steady_heat}{mixed_heat}</div>{facts}<h2>Synthetic sweep</h2>{prefill}\
-<h2>Steady traffic · the sweep</h2><p class=\"note\">Plain clients reproduce sweep cells: same prompt length, same number of streams, warm prompt. {agreeing} of {cells} cells agree within 5 % on every compared column.</p><div class=\"scroll\">{steady}</div>\
+<h2>Steady traffic · the sweep</h2><p class=\"note\">Plain clients reproduce sweep cells: same prompt length, same number of streams, warm prompt. {agreement}</p><div class=\"scroll\">{steady}</div>\
 <h2>Mixed traffic · the sweep</h2><p class=\"note\">Cold prompts of many lengths at changing concurrency. Each request sits in the row of its prompt length and the column of its average number of active requests (prefilling ones included). Where the mean per-request speed matches sweep × (1 − overlap), the gap to the sweep is the time other requests' prefills held the decode up.</p>{mixed_versus}<div class=\"scroll\">{mixed}</div>\
 <h3>Definitions (the same for the sweep and production)</h3><ul class=\"note\">{definitions}</ul>\
 <h2>Synthetic: all measurements</h2>{synthetic_all}<h2>Steady traffic: all measurements</h2>{steady_all}<h2>Mixed traffic: all measurements</h2>{mixed_all}",
+            busy = self.too_busy.as_ref().map_or_else(String::new, |w| format!(
+                "<p class=\"warning\" id=\"too-busy\"><strong>Warning.</strong> {}</p>",
+                xml_escape(w)
+            )),
             steady_versus = versus(self.steady),
             sweep_heat = heat(Some(self.synthetic), "synthetic", "Synthetic sweep"),
             steady_heat = heat(self.steady, "production", "Steady traffic (production)"),
             mixed_heat = heat(self.mixed, "mixed", "Mixed traffic (production)"),
             facts = facts_fragment(self.synthetic),
             prefill = prefill_fragment(self.synthetic),
-            cells = self.steady_cells.len(),
+            agreement = xml_escape(&self.agreement(agreeing)),
             steady = steady.html(),
             mixed_versus = versus(self.mixed),
             mixed = mixed.html(),
@@ -266,6 +300,26 @@ impl DemoReport<'_> {
         );
         page("tokentap demo", &body)
     }
+}
+
+/// `text` wrapped at spaces into lines of at most `width` characters.
+fn wrap(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
 }
 
 #[cfg(test)]
@@ -319,6 +373,7 @@ mod tests {
             steady: Some(&steady),
             mixed: Some(&mixed),
             steady_cells: &cells,
+            too_busy: None,
         };
         let (table, agreeing) = report.steady_table();
         assert_eq!(agreeing, 1);

@@ -9,6 +9,7 @@ use crate::aggregate::Window;
 use crate::sweep::status::SweepState;
 
 use super::args::DemoArgs;
+use super::machine::TimingCheck;
 use super::report::DemoReport;
 use super::steady::steady_cells;
 use super::{finish, mixed, start, steady, sweep};
@@ -21,6 +22,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     let demo = start::start(&args, began, steady_hold).await?;
     // 1. The short sweep.
     let sweep = sweep::sweep(&demo, &args).await?;
+    // Did this machine keep the simulator's timing? If not, nothing after it is a finding.
+    let timing = TimingCheck::of(&demo.profile, &sweep.synthetic);
+    if let Some(warning) = timing.as_ref().and_then(TimingCheck::warning) {
+        eprintln!("warning: {warning}");
+    }
     // 2. Steady traffic: ordinary clients reproduce a few of the sweep's cells.
     let cells = steady_cells(&sweep.synthetic);
     let steady = steady::steady(
@@ -44,6 +50,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         steady: steady.matrix.as_ref(),
         mixed: mixed.matrix.as_ref(),
         steady_cells: &cells,
+        too_busy: timing.as_ref().and_then(TimingCheck::warning),
     };
     finish::finish(&args, &demo, began, &report, production.as_ref()).await?;
 

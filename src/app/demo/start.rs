@@ -21,6 +21,8 @@ pub struct Demo {
     pub token: String,
     /// The simulated model's served name (the sweep's when it names none).
     pub profile_name: String,
+    /// The profile the simulator runs, calibrated from a seed page: what the sweep should give.
+    pub profile: Profile,
 }
 
 /// Starts the simulator and the proxy and prints their addresses.
@@ -30,9 +32,10 @@ pub async fn start(args: &DemoArgs, began: Instant, steady_hold: Duration) -> an
     let profile_name = profile.model.served_model_name.clone();
     let source = profile.labels.source.clone();
     let sim = SimServer::start(
-        profile,
+        profile.clone(),
         SimOptions {
             seed: args.seed,
+            slowdown: args.sim_slowdown,
             ..SimOptions::default()
         },
     )
@@ -68,6 +71,7 @@ pub async fn start(args: &DemoArgs, began: Instant, steady_hold: Duration) -> an
         server,
         token,
         profile_name,
+        profile,
     })
 }
 
