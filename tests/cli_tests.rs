@@ -339,7 +339,7 @@ async fn a_sweep_ends_with_an_aligned_table_and_logs_one_line_per_cell_off_a_ter
 
 /// The first line of `tokentap [global flags] serve …` on loopback whose stderr is a pipe, once
 /// it is forwarding; the process is stopped before returning.
-fn first_serve_line(global: &[&str]) -> String {
+fn first_serve_line(global: &[&str], serve: &[&str]) -> String {
     use std::io::{BufRead, BufReader};
     let mut child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
         .args(global)
@@ -356,6 +356,7 @@ fn first_serve_line(global: &[&str]) -> String {
             "--set",
             "store.data_dir=",
         ])
+        .args(serve)
         .env_remove("NO_COLOR")
         .env_remove("TOKENTAP_CONFIG")
         .env_remove("TOKENTAP_ADMIN__TOKEN")
@@ -368,26 +369,43 @@ fn first_serve_line(global: &[&str]) -> String {
     let stderr = child.stderr.take().unwrap();
     let (send, receive) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if line.contains("tokentap is forwarding") {
-                let _ = send.send(line);
-                break;
-            }
+        // The first line it logs at all.
+        if let Some(Ok(line)) = BufReader::new(stderr).lines().next() {
+            let _ = send.send(line);
         }
     });
     let line = receive.recv_timeout(std::time::Duration::from_secs(30));
     let _ = child.kill();
     let _ = child.wait();
-    line.expect("tokentap serve said it is forwarding within 30 s")
+    let line = line.expect("tokentap serve logged a line within 30 s");
+    assert!(
+        line.contains("tokentap is forwarding"),
+        "the first line says where it forwards: {line}"
+    );
+    line
 }
 
 #[test]
 fn logs_off_a_terminal_have_no_colour_codes_and_json_is_one_object_per_line() {
-    let text = first_serve_line(&[]);
+    let text = first_serve_line(&[], &[]);
     assert!(!text.contains('\u{1b}'), "{text:?}");
     assert!(text.contains(" INFO "), "{text}");
-    let json = first_serve_line(&["--log-format", "json"]);
+    // One short line: the page (no token: `/`), the data port, the admin port, the upstream.
+    assert!(text.contains("; page http://127.0.0.1:"), "{text}");
+    assert!(
+        text.contains(" proxy=127.0.0.1:") && text.contains(" admin=127.0.0.1:"),
+        "{text}"
+    );
+    assert!(text.contains(" upstream=http://"), "{text}");
+    assert!(
+        text.chars().count() <= 240,
+        "{} characters: {text}",
+        text.len()
+    );
+    // With a token, the page is opened at its login.
+    let guarded = first_serve_line(&[], &["--set", "admin.token=first-line-token"]);
+    assert!(guarded.contains("/login proxy="), "{guarded}");
+    let json = first_serve_line(&["--log-format", "json"], &[]);
     let value: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(value["level"], "INFO", "{json}");
     assert!(

@@ -185,8 +185,8 @@ pub fn render(
         body.push_str(&measurements_fragment(doc));
         if !doc.metadata.notes.is_empty() {
             body.push_str("<ul class=\"notes\">");
-            for note in &doc.metadata.notes {
-                let _ = write!(body, "<li>{}</li>", escape(note));
+            for note in crate::matrix::notes::collapsed(&doc.metadata.notes) {
+                let _ = write!(body, "<li>{}</li>", escape(&note));
             }
             body.push_str("</ul>");
         }

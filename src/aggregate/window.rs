@@ -453,7 +453,8 @@ impl ProductionMatrix {
             .to
             .duration_since(window.from)
             .unwrap_or(Duration::ZERO);
-        metadata.run.window_s = Some(length.as_secs_f64());
+        // Tenths of a second: what a page prints, and the JSON says no more than it measured.
+        metadata.run.window_s = Some((length.as_secs_f64() * 10.0).round() / 10.0);
         metadata.run.started_at = Some(format_rfc3339(window.from));
         metadata.run.ended_at = Some(format_rfc3339(window.to));
         metadata.notes.push(format!(
@@ -612,6 +613,16 @@ mod tests {
             .iter()
             .any(|n| n.contains("Other models in this window: n")));
         assert_eq!(doc.metadata.run.window_s, Some(3600.0));
+        // A window of any length is said in tenths of a second, never as a raw float.
+        let odd = production
+            .matrix(
+                Window::Last(Duration::from_nanos(222_904_716_322)),
+                None,
+                now,
+            )
+            .unwrap();
+        assert_eq!(odd.metadata.run.window_s, Some(222.9));
+        assert!(crate::matrix::render_markdown(&odd).contains("222.9 s"));
         assert_eq!(
             doc.metadata.run.ended_at.as_deref(),
             Some("2025-06-15T18:06:40Z")

@@ -107,9 +107,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         proxy = %server.proxy_addr,
         admin = %server.admin_addr,
         upstream = %server.proxy.router.default_upstream().config.url,
-        "tokentap is forwarding; metrics at http://{}/metrics",
-        server.admin_addr
+        "{}",
+        server.first_line()
     );
+    tracing::info!("data listener: {}", server.connection_limit);
     let signal = signals.next().await;
     tracing::info!(
         signal,
@@ -149,6 +150,8 @@ pub struct ProxyServer {
     admin_task: JoinHandle<()>,
     snapshot_task: Option<JoinHandle<()>>,
     drift_task: JoinHandle<()>,
+    /// How many connections the data listener holds and why (logged after the first line).
+    pub connection_limit: String,
 }
 
 impl ProxyServer {
@@ -295,19 +298,22 @@ impl ProxyServer {
             config.admin.max_connections,
             upstream_descriptors(&config),
         );
+        // After the first line (`run`): a detail of sizing, not what an operator reads first.
         if config.proxy.max_connections == 0 {
-            tracing::info!(
+            tracing::debug!(
                 max_connections,
                 descriptor_limit = %descriptors,
                 "data listener: at most {max_connections} connections (proxy.max_connections = 0: what the descriptor limit allows after a reserve, at two descriptors per stream with HTTP/1 upstreams, one with HTTP/2 ones); raise LimitNOFILE (ulimit -Hn) to hold more"
             );
-        } else {
-            tracing::info!(
-                max_connections,
-                descriptor_limit = %descriptors,
-                "data listener: at most {max_connections} connections (proxy.max_connections)"
-            );
         }
+        let connection_limit = format!(
+            "at most {max_connections} connections ({})",
+            if config.proxy.max_connections == 0 {
+                format!("the descriptor limit {descriptors} allows; raise LimitNOFILE for more")
+            } else {
+                "proxy.max_connections".to_owned()
+            }
+        );
         // proxy.workers = 0: connections are tasks of the shared runtime.
         let workers = match config.proxy.workers {
             0 => None,
@@ -408,7 +414,23 @@ impl ProxyServer {
             admin_task,
             snapshot_task,
             drift_task,
+            connection_limit,
         })
+    }
+
+    /// The message of the first line a started proxy logs (its fields name the data port, the
+    /// admin port and the upstream): where a person opens the page — its `/login` when a token
+    /// guards it. Prometheus scrapes `/metrics` on the same admin port.
+    pub fn first_line(&self) -> String {
+        let page = if self.config.admin.token.is_some() {
+            "/login"
+        } else {
+            "/"
+        };
+        format!(
+            "tokentap is forwarding; page http://{}{page}",
+            self.admin_addr
+        )
     }
 
     /// What cuts the grace period of [`ProxyServer::shutdown`] short: triggered, the data

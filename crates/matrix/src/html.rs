@@ -87,8 +87,8 @@ pub fn facts_fragment(doc: &MatrixDoc) -> String {
     }
     if !doc.metadata.notes.is_empty() {
         let _ = write!(out, "<h2>{SECTION_NOTES}</h2><ul class=\"notes\">");
-        for note in &doc.metadata.notes {
-            let _ = write!(out, "<li>{}</li>", escape(note));
+        for note in super::notes::collapsed(&doc.metadata.notes) {
+            let _ = write!(out, "<li>{}</li>", escape(&note));
         }
         out.push_str("</ul>");
     }

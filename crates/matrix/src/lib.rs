@@ -23,6 +23,7 @@ pub mod html;
 pub mod import;
 pub mod infer;
 pub mod markdown;
+pub mod notes;
 pub mod page;
 pub mod redact;
 pub mod seed;

@@ -49,6 +49,37 @@ pub fn models(state: &AppState) -> Reply {
     Reply::json(StatusCode::OK, out)
 }
 
+/// A command that starts this simulated server: `tokentap simulate --profile NAME` with the
+/// built-in profile's name (what `--list-profiles` shows, not the served model's), else the
+/// process's own command line when it is `tokentap simulate …`; `null` when neither is known
+/// (a profile built in code), never a command that would not run.
+fn launch_command(profile: &super::Profile) -> Value {
+    use std::sync::OnceLock;
+    static BUILTINS: OnceLock<Vec<(String, &'static str)>> = OnceLock::new();
+    let builtins = BUILTINS.get_or_init(|| {
+        super::BUILTIN_PROFILES
+            .iter()
+            .filter_map(|(name, _)| {
+                let builtin = super::Profile::builtin(name).ok()?;
+                Some((builtin.model.served_model_name, *name))
+            })
+            .collect()
+    });
+    if let Some((_, name)) = builtins
+        .iter()
+        .find(|(served, _)| *served == profile.model.served_model_name)
+    {
+        return Value::String(format!("tokentap simulate --profile {name}"));
+    }
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).is_some_and(|a| a == "simulate") {
+        let mut command = vec!["tokentap".to_owned()];
+        command.extend(args.into_iter().skip(1));
+        return Value::String(command.join(" "));
+    }
+    Value::Null
+}
+
 /// `/server_info` (`/get_server_info`): sglang's server arguments and scheduler state.
 pub fn server_info(state: &AppState) -> Reply {
     let p = &state.profile;
@@ -72,7 +103,7 @@ pub fn server_info(state: &AppState) -> Reply {
         "enable_cache_report": state.options.enable_cache_report,
         "stream_response_default_include_usage": state.options.stream_response_default_include_usage,
         "random_seed": state.options.seed,
-        "launch_command": format!("tokentap simulate --profile {}", p.model.served_model_name),
+        "launch_command": launch_command(p),
         "status": "ready",
         "max_total_num_tokens": p.capacity.kv_tokens,
         "max_req_input_len": state.max_request_input_tokens(),
@@ -212,4 +243,27 @@ where
         ),
     };
     Reply::json(StatusCode::OK, out)
+}
+
+#[cfg(test)]
+mod launch_tests {
+    use super::*;
+
+    #[test]
+    fn the_launch_command_names_a_profile_that_loads() {
+        for (name, _) in crate::BUILTIN_PROFILES {
+            let profile = crate::Profile::builtin(name).unwrap();
+            let Value::String(command) = launch_command(&profile) else {
+                panic!("no launch command for {name}");
+            };
+            let given = command
+                .strip_prefix("tokentap simulate --profile ")
+                .unwrap_or_else(|| panic!("{command}"));
+            assert_eq!(crate::Profile::load(given).unwrap(), profile, "{command}");
+        }
+        // A profile built in code (not a built-in, not from the command line): no command.
+        let mut custom = crate::Profile::builtin(crate::BUILTIN_PROFILES[0].0).unwrap();
+        custom.model.served_model_name = "made-in-code".to_owned();
+        assert_eq!(launch_command(&custom), Value::Null);
+    }
 }
