@@ -416,3 +416,207 @@ fn logs_off_a_terminal_have_no_colour_codes_and_json_is_one_object_per_line() {
     );
     assert!(value["fields"]["proxy"].as_str().is_some(), "{json}");
 }
+
+/// `tokentap args…` with `env` set, killed if it has not ended within `limit` (a `serve` whose
+/// listener did bind would run on; the test then fails): its output.
+fn tokentap_within(args: &[&str], env: &[(&str, &str)], limit: std::time::Duration) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tokentap"));
+    command
+        .args(args)
+        .env_remove("TOKENTAP_ADMIN__TOKEN")
+        .env_remove("TOKENTAP_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().unwrap();
+    let step = std::time::Duration::from_millis(20);
+    let mut waited = std::time::Duration::ZERO;
+    while child.try_wait().unwrap().is_none() {
+        if waited > limit {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!("still running after {limit:?}: {output:?}");
+        }
+        std::thread::sleep(step);
+        waited += step;
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A loopback port nothing listens on (bound, then let go).
+fn dead_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+#[test]
+fn a_sweep_at_a_dead_port_says_nothing_listens_there_in_one_line() {
+    let url = format!("http://127.0.0.1:{}", dead_port());
+    let limit = std::time::Duration::from_secs(30);
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let mut args = vec!["sweep", "--target", url.as_str()];
+        args.extend_from_slice(extra);
+        let output = tokentap_within(&args, &[], limit);
+        assert!(!output.status.success(), "{extra:?}: {output:?}");
+        let text = stderr(&output);
+        assert_eq!(
+            text,
+            format!("error: nothing is listening at {url} (connection refused): is the inference server up, and is this its port? (sglang listens on 30000 by default, vLLM on 8000)\n"),
+            "{extra:?}: one line, no warnings before it"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_given_an_inference_server_as_admin_says_what_admin_takes() {
+    let upstream = crate::common::ScriptedUpstream::start(|_| {
+        crate::common::Script::json(404, r#"{"detail":"Not Found"}"#)
+    })
+    .await;
+    let sim = SimServer::start(
+        Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
+        SimOptions::default(),
+    )
+    .await
+    .unwrap();
+    let cases = [
+        (upstream.url(), vec![], "POST /sweeps"),
+        (
+            upstream.url(),
+            vec!["--dry-run"],
+            "POST /sweeps?dry_run=true",
+        ),
+        (sim.base_url(), vec![], "POST /sweeps"),
+    ];
+    for (url, extra, asked) in cases {
+        let output = tokio::task::spawn_blocking({
+            let url = url.clone();
+            move || {
+                let mut args = vec!["sweep", "--admin", url.as_str()];
+                args.extend(extra);
+                tokentap_within(&args, &[], std::time::Duration::from_secs(60))
+            }
+        })
+        .await
+        .unwrap();
+        assert!(!output.status.success(), "{url}: {output:?}");
+        let url = url.trim_end_matches('/');
+        assert_eq!(
+            stderr(&output),
+            format!("error: {url} is not a tokentap admin listener (it answered 404 to {asked}: {{\"detail\":\"Not Found\"}}); --admin takes the proxy's admin address (default 127.0.0.1:9464), --target takes the inference server\n"),
+        );
+    }
+    sim.shutdown().await;
+}
+
+#[test]
+fn serve_says_which_flag_chooses_a_busy_port_and_names_vllm_only_for_8000() {
+    use tokentap::app::serve::{bind_error, Listener};
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let port = busy.local_addr().unwrap().port();
+    let serve = |listen: &str, admin: &str| {
+        tokentap_within(
+            &[
+                "serve",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--listen",
+                listen,
+                "--admin",
+                admin,
+                "--set",
+                "upstream.metrics_interval=0",
+                "--set",
+                "store.data_dir=",
+            ],
+            &[],
+            std::time::Duration::from_secs(30),
+        )
+    };
+    let data = serve(&addr, "127.0.0.1:0");
+    assert!(!data.status.success(), "{data:?}");
+    assert_eq!(
+        stderr(&data),
+        format!("error: cannot listen on {addr}: another process holds port {port}; choose another with --listen or proxy.listen\n")
+    );
+    let admin = serve("127.0.0.1:0", &addr);
+    assert!(!admin.status.success(), "{admin:?}");
+    assert_eq!(
+        stderr(&admin),
+        format!("error: cannot listen on {addr}: another process holds port {port}; choose another with --admin or admin.listen\n")
+    );
+    drop(busy);
+
+    // Port 8000 itself may be anyone's on the machine running the tests: the message alone.
+    let in_use = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+    let at = |text: &str| text.parse::<std::net::SocketAddr>().unwrap();
+    assert_eq!(
+        bind_error(Listener::Data, at("0.0.0.0:8000"), &in_use, None),
+        "cannot listen on 0.0.0.0:8000: another process holds port 8000 (vLLM also listens on 8000 by default); choose another with --listen or proxy.listen, e.g. --listen 0.0.0.0:8100"
+    );
+    assert!(!bind_error(Listener::Data, at("0.0.0.0:8001"), &in_use, None).contains("vLLM"));
+    assert!(!bind_error(Listener::Admin, at("127.0.0.1:8000"), &in_use, None).contains("vLLM"));
+    assert_eq!(
+        bind_error(
+            Listener::Admin,
+            at("127.0.0.1:8100"),
+            &in_use,
+            Some(at("127.0.0.1:8100"))
+        ),
+        "cannot listen on 127.0.0.1:8100: the data listener (--listen or proxy.listen) is on port 8100; give the admin listener another with --admin or admin.listen"
+    );
+    let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+    assert!(bind_error(Listener::Data, at("0.0.0.0:80"), &denied, None)
+        .starts_with("cannot listen on 0.0.0.0:80 (chosen by --listen or proxy.listen): "),);
+}
+
+#[test]
+fn a_duration_without_a_unit_fails_alike_from_a_flag_a_file_and_the_environment() {
+    let dir = temp_dir("no-unit");
+    let file = dir.join("slo.toml");
+    std::fs::write(&file, "[slo]\nttft = 500\n").unwrap();
+    let file = file.to_str().unwrap();
+    let serve = ["serve", "--upstream", "http://127.0.0.1:1"];
+    let limit = std::time::Duration::from_secs(30);
+    let reason = "key `slo.ttft`: `500` has no unit: write e.g. 500ms, 2s or 1m\n";
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, String);
+    let cases: Vec<Case> = vec![
+        (
+            [&serve[..], &["--set", "slo.ttft=500"]].concat(),
+            vec![],
+            format!("error: flag --set slo.ttft: {reason}"),
+        ),
+        (
+            [&serve[..], &["-c", file]].concat(),
+            vec![],
+            format!("error: config file {file}: {reason}"),
+        ),
+        (
+            serve.to_vec(),
+            vec![("TOKENTAP_SLO__TTFT", "500")],
+            format!("error: environment variable TOKENTAP_SLO__TTFT: {reason}"),
+        ),
+        (
+            vec![
+                "sweep",
+                "--target",
+                "http://127.0.0.1:1",
+                "--set",
+                "slo.ttft=500",
+            ],
+            vec![],
+            format!("error: flag --set slo.ttft: {reason}"),
+        ),
+    ];
+    for (args, env, want) in cases {
+        let output = tokentap_within(&args, &env, limit);
+        assert!(!output.status.success(), "{args:?}: {output:?}");
+        assert_eq!(stderr(&output), want, "{args:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

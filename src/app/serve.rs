@@ -127,6 +127,58 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Which of `tokentap serve`'s listeners a bind failure is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// The data listener: `--listen`, `proxy.listen` (default 0.0.0.0:8000).
+    Data,
+    /// The admin listener: `--admin`, `admin.listen` (default 127.0.0.1:9464).
+    Admin,
+}
+
+impl Listener {
+    /// The flag and the setting that choose its address.
+    fn chosen_by(self) -> &'static str {
+        match self {
+            Listener::Data => "--listen or proxy.listen",
+            Listener::Admin => "--admin or admin.listen",
+        }
+    }
+}
+
+/// What `tokentap serve` says when `listener` cannot bind `addr`. A busy port is another
+/// process's, named with the flag and setting that choose another (and, only for 8000, the
+/// data listener's default, that vLLM listens there too); the admin listener on the data
+/// listener's port (`data`, once bound) is said as such; any other failure keeps the system's
+/// reason.
+pub fn bind_error(
+    listener: Listener,
+    addr: SocketAddr,
+    error: &std::io::Error,
+    data: Option<SocketAddr>,
+) -> String {
+    let port = addr.port();
+    let chosen_by = listener.chosen_by();
+    if error.kind() != std::io::ErrorKind::AddrInUse {
+        return format!("cannot listen on {addr} (chosen by {chosen_by}): {error}");
+    }
+    if listener == Listener::Admin && data.is_some_and(|data| data.port() == port) {
+        return format!(
+            "cannot listen on {addr}: the data listener (--listen or proxy.listen) is on port {port}; give the admin listener another with {chosen_by}"
+        );
+    }
+    let vllm = if listener == Listener::Data && port == 8000 {
+        " (vLLM also listens on 8000 by default)"
+    } else {
+        ""
+    };
+    let example = match listener {
+        Listener::Data if port == 8000 => ", e.g. --listen 0.0.0.0:8100",
+        _ => "",
+    };
+    format!("cannot listen on {addr}: another process holds port {port}{vllm}; choose another with {chosen_by}{example}")
+}
+
 /// A running proxy: data listener, admin listener, meter and sinks.
 #[derive(Debug)]
 pub struct ProxyServer {
@@ -159,15 +211,25 @@ impl ProxyServer {
     pub async fn start(config: Config) -> anyhow::Result<Self> {
         let proxy_listener = TcpListener::bind(config.proxy.listen)
             .await
-            .with_context(|| {
-                format!(
-                    "cannot listen on {} (proxy.listen; vLLM also defaults to port 8000: pick another with --listen 0.0.0.0:8100)",
-                    config.proxy.listen
-                )
+            .map_err(|error| {
+                anyhow::anyhow!(bind_error(
+                    Listener::Data,
+                    config.proxy.listen,
+                    &error,
+                    None
+                ))
             })?;
+        let data_addr = proxy_listener.local_addr().ok();
         let admin_listener = TcpListener::bind(config.admin.listen)
             .await
-            .with_context(|| format!("cannot listen on {} (admin.listen)", config.admin.listen))?;
+            .map_err(|error| {
+                anyhow::anyhow!(bind_error(
+                    Listener::Admin,
+                    config.admin.listen,
+                    &error,
+                    data_addr
+                ))
+            })?;
         Self::start_on(config, proxy_listener, admin_listener).await
     }
 

@@ -206,6 +206,7 @@ async fn dry_run(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCode
     let mut previews = Vec::new();
     if admins.is_empty() {
         let config = args.load_config()?;
+        check_target(&config).await?;
         let proxy = super::serve::build_proxy(&config)?;
         let manager = SweepManager::in_memory(
             crate::synthetic::ProxyPath::shared(proxy),
@@ -224,11 +225,7 @@ async fn dry_run(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCode
             .send(Method::POST, "/sweeps?dry_run=true", Some(plan))
             .await?;
         if status != StatusCode::OK {
-            bail!(
-                "{}/sweeps?dry_run=true answered {status}: {}",
-                admin.base,
-                Admin::message(&body)
-            );
+            return Err(admin.refusal(&Method::POST, "/sweeps?dry_run=true", status, &body));
         }
         let preview: crate::sweep::PlanPreview =
             serde_json::from_slice(&body).with_context(|| {
@@ -459,6 +456,7 @@ async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
             upstream.metrics_interval = upstream.metrics_interval.min(SWEEP_METRICS_INTERVAL);
         }
     }
+    check_target(&config).await?;
     let proxy = super::serve::build_proxy(&config)?;
     // The server's own state beside each cell, as `tokentap serve` has it (the scrapers end
     // with the proxy).
@@ -482,6 +480,40 @@ async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
         );
     }
     follow_local(&manager, &id, !args.quiet).await
+}
+
+/// Before a `--target` sweep, one TCP connection to the inference server (the first
+/// upstream, which `--target` sets), within its `connect_timeout`: a server that is not there
+/// is said once — its URL, why, what to check — instead of through the in-process proxy's
+/// readers and scrapers, each of which would warn about it first.
+async fn check_target(config: &Config) -> anyhow::Result<()> {
+    let Some(upstream) = config.upstreams.first() else {
+        return Ok(());
+    };
+    let url = &upstream.url;
+    let shown = crate::net::redact::redact_url(&url.to_string());
+    let shown = shown.trim_end_matches('/');
+    let Some(host) = url.host() else {
+        return Ok(());
+    };
+    // `[::1]` in a URL, `::1` to connect.
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let port = url.port_u16().unwrap_or(match url.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    });
+    let wait = upstream.connect_timeout;
+    let check = "is the inference server up, and is this its port? (sglang listens on 30000 by default, vLLM on 8000)";
+    match tokio::time::timeout(wait, tokio::net::TcpStream::connect((host, port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
+            bail!("nothing is listening at {shown} (connection refused): {check}")
+        }
+        Ok(Err(error)) => bail!("cannot connect to {shown} ({error}): {check}"),
+        Err(_) => bail!(
+            "{shown} did not accept a connection within {wait:?} (upstream.connect_timeout): {check}"
+        ),
+    }
 }
 
 /// Follows a sweep of `manager` to its end, cancelling it on Ctrl-C.
@@ -574,17 +606,57 @@ impl Admin {
             .with_context(|| format!("{method} {shown}"))
     }
 
-    /// The error message of an admin answer.
+    /// The error for an answer to `method path` other than the one wanted: what the admin
+    /// API said, or, for a 404 or 405 that is not tokentap's own "no sweep" (tokentap's admin
+    /// always has the sweep routes), that `base` is not a tokentap admin listener at all — an
+    /// inference server or the proxy's data port given as `--admin` — and which flag takes what.
+    pub fn refusal(
+        &self,
+        method: &Method,
+        path: &str,
+        status: StatusCode,
+        body: &[u8],
+    ) -> anyhow::Error {
+        let message = Admin::message(body);
+        let base = crate::net::redact::redact_url(&self.base);
+        let unknown_route = matches!(
+            status,
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
+        );
+        let no_sweep = status == StatusCode::NOT_FOUND
+            && Admin::tokentap_message(body).is_some_and(|m| m.starts_with("no sweep "));
+        if unknown_route && !no_sweep {
+            let said: String = message.trim().chars().take(200).collect();
+            let said = if said.is_empty() {
+                String::new()
+            } else {
+                format!(": {said}")
+            };
+            return anyhow::anyhow!(
+                "{base} is not a tokentap admin listener (it answered {} to {method} {path}{said}); --admin takes the proxy's admin address (default 127.0.0.1:9464), --target takes the inference server",
+                status.as_u16()
+            );
+        }
+        anyhow::anyhow!(
+            "{}{path} answered {status}: {message}",
+            crate::net::redact::redact_url(&self.base)
+        )
+    }
+
+    /// The error message of an admin answer: tokentap's own, else the body as text.
     pub fn message(body: &[u8]) -> String {
+        Admin::tokentap_message(body).unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
+    }
+
+    /// The message of an error body in tokentap's shape (`{"error": {"message": …}}`), if it
+    /// is one.
+    fn tokentap_message(body: &[u8]) -> Option<String> {
         serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| {
-                v.get("error")
-                    .and_then(|e| e.get("message"))
-                    .and_then(|m| m.as_str())
-                    .map(str::to_owned)
-            })
-            .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
+            .ok()?
+            .get("error")?
+            .get("message")?
+            .as_str()
+            .map(str::to_owned)
     }
 }
 
@@ -596,11 +668,7 @@ async fn run_remote(args: &SweepArgs, admin_url: &str) -> anyhow::Result<SweepSt
             let plan = serde_json::to_string(&args.request())?;
             let (status, body) = admin.send(Method::POST, "/sweeps", Some(plan)).await?;
             if status != StatusCode::ACCEPTED {
-                bail!(
-                    "{}/sweeps answered {status}: {}",
-                    admin.base,
-                    Admin::message(&body)
-                );
+                return Err(admin.refusal(&Method::POST, "/sweeps", status, &body));
             }
             let answer: serde_json::Value = serde_json::from_slice(&body).with_context(|| {
                 format!("{}/sweeps answered something that is not JSON", admin.base)
@@ -621,11 +689,7 @@ async fn run_remote(args: &SweepArgs, admin_url: &str) -> anyhow::Result<SweepSt
     loop {
         let (code, body) = admin.send(Method::GET, &path, None).await?;
         if code != StatusCode::OK {
-            bail!(
-                "{}{path} answered {code}: {}",
-                admin.base,
-                Admin::message(&body)
-            );
+            return Err(admin.refusal(&Method::GET, &path, code, &body));
         }
         let status: SweepStatus = serde_json::from_slice(&body).with_context(|| {
             format!(

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use super::error::{ConfigError, Origins};
 use super::raw::{RawMetering, RawSlo, RawSloTargets};
+use crate::base::duration::no_unit;
 use crate::meter::buckets::Ladder;
 use crate::meter::slo::{parse_target, SloPolicy, SloTargets, TtftOf};
 
@@ -48,6 +49,19 @@ impl MeteringConfig {
     }
 }
 
+/// Why `text` is not an SLO target: a bare number (`500`, however it was written) has no
+/// unit, in the words every duration of the configuration uses; anything else is not a
+/// positive duration.
+fn target_error(text: &str) -> String {
+    let forms = "500ms, 2s or 1m";
+    let bare = text.parse::<f64>().is_ok_and(|n| n.is_finite() && n > 0.0);
+    if bare {
+        no_unit(text, forms)
+    } else {
+        format!("`{text}` is not a positive duration like {forms}")
+    }
+}
+
 /// Validates `[slo]`: each target a positive duration (`500ms`, `2s`, `1m`). Checked here, not
 /// while deserialising, because the error names a model's table as `slo.models."<model>"`.
 fn slo_policy(raw: &RawSlo, origins: &Origins) -> Result<SloPolicy, ConfigError> {
@@ -56,10 +70,7 @@ fn slo_policy(raw: &RawSlo, origins: &Origins) -> Result<SloPolicy, ConfigError>
             text.as_deref()
                 .map(|text| {
                     parse_target(text.trim()).ok_or_else(|| {
-                        origins.error(
-                            &format!("{prefix}{name}"),
-                            format!("`{text}` is not a positive duration like 500ms, 2s or 1m"),
-                        )
+                        origins.error(&format!("{prefix}{name}"), target_error(text.trim()))
                     })
                 })
                 .transpose()

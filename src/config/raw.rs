@@ -315,8 +315,11 @@ impl Default for RawSweep {
 #[derive(Debug, Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawSloTargets {
+    #[serde(deserialize_with = "value::duration_text")]
     pub ttft: Option<String>,
+    #[serde(deserialize_with = "value::duration_text")]
     pub tbt: Option<String>,
+    #[serde(deserialize_with = "value::duration_text")]
     pub e2e: Option<String>,
 }
 
@@ -326,8 +329,11 @@ pub struct RawSloTargets {
 pub struct RawSlo {
     /// `"any"` (default) or `"answer"`: which first token `ttft` judges.
     pub ttft_of: Option<String>,
+    #[serde(deserialize_with = "value::duration_text")]
     pub ttft: Option<String>,
+    #[serde(deserialize_with = "value::duration_text")]
     pub tbt: Option<String>,
+    #[serde(deserialize_with = "value::duration_text")]
     pub e2e: Option<String>,
     pub models: std::collections::BTreeMap<String, RawSloTargets>,
 }

@@ -15,20 +15,48 @@ use crate::base::duration::parse_duration;
 use crate::matrix::capacity::Basis;
 
 /// A duration as written: `30s`, `500ms`, or a bare `0` (which TOML and the environment layer
-/// read as a number), parsed by `base::duration::parse_duration`.
+/// read as a number), parsed by `base::duration::parse_duration`. A bare number other than 0
+/// fails as having no unit, whichever layer wrote it.
 pub fn duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-    // Untagged as it always was, so a value of another type fails in the same words.
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Text {
-        Text(String),
-        Number(i64),
-    }
-    let text = match Text::deserialize(deserializer)? {
-        Text::Text(text) => text,
-        Text::Number(n) => n.to_string(),
-    };
+    let text = deserializer.deserialize_any(DurationText)?;
     parse_duration(&text).map_err(D::Error::custom)
+}
+
+/// A duration's text as written, unparsed: a string, or a number as TOML and the environment
+/// and `--set` layers read `500` (so `500` fails the same way from a file, a variable or a
+/// flag: it has no unit); absent stays `None`. The `[slo]` targets, parsed by their section.
+pub fn duration_text<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<String>, D::Error> {
+    deserializer.deserialize_any(DurationText).map(Some)
+}
+
+/// Reads a duration's text: a string, or an integer or float written as its digits; anything
+/// else fails saying what a duration looks like.
+struct DurationText;
+
+impl serde::de::Visitor<'_> for DurationText {
+    type Value = String;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a duration such as 500ms, 30s or 5m")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<String, E> {
+        Ok(text.to_owned())
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<String, E> {
+        Ok(n.to_string())
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<String, E> {
+        Ok(n.to_string())
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<String, E> {
+        Ok(n.to_string())
+    }
 }
 
 /// A listen address such as `127.0.0.1:8000`.

@@ -15,7 +15,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(|| format!("`{text}` has no unit: write e.g. 500ms, 30s, 5m, 1h or 7d"))?;
+        .ok_or_else(|| no_unit(text, "500ms, 30s, 5m, 1h or 7d"))?;
     let (number, unit) = text.split_at(split);
     let number: f64 = number
         .parse()
@@ -33,6 +33,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         }
     };
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is out of range"))
+}
+
+/// The one message for a bare number where a duration is wanted (`500` from a file, an
+/// environment variable or `--set`): it has no unit, and `examples` are the forms the key takes
+/// (`"500ms, 2s or 1m"`).
+pub fn no_unit(text: &str, examples: &str) -> String {
+    format!("`{text}` has no unit: write e.g. {examples}")
 }
 
 /// `1h 02m`, `3m 05s`, `42s`.
