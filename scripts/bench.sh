@@ -39,7 +39,8 @@ install_baselines() {
 # The bench binary and the tokentap binary it runs: built here when cargo exists.
 find_binaries() {
   if [ -z "${OVERHEAD_BENCH_BIN:-}" ] && command -v cargo >/dev/null 2>&1; then
-    cargo build --release --quiet
+    # jemalloc, as production builds: the idle-stream memory figures are of it.
+    cargo build --release --features jemalloc --quiet
     OVERHEAD_BENCH_BIN=$(cargo bench --bench overhead --no-run --message-format=json 2>/dev/null \
       | grep -o '"executable":"[^"]*overhead[^"]*"' | tail -1 | cut -d'"' -f4)
   fi

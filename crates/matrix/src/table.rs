@@ -1,6 +1,6 @@
 //! The matrix as an aligned plain-text list for a terminal (`--format list` of `tokentap
 //! matrix show`, `sweep`, `replay` and `demo`; the seed grid is `--format table`,
-//! [`crate::grid`]): a title line, the prefill rows, one row per decode cell, then
+//! `grid.rs`): a title line, the prefill rows, one row per decode cell, then
 //! the cells' tails (p90 and p99 of TTFT, TBT and ITL) where the document has them,
 //! columns padded to their widest entry and numbers right-aligned, never wider than
 //! [`MAX_WIDTH`] columns (a long status is cut with `…`). No colour, no box-drawing: it reads the
