@@ -469,6 +469,35 @@ fn a_sweep_at_a_dead_port_says_nothing_listens_there_in_one_line() {
             "{extra:?}: one line, no warnings before it"
         );
     }
+    // `replay --target` checks its server the same way.
+    let dir = temp_dir("replay-dead");
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 8, \"hash_ids\": [0]}\n",
+    )
+    .unwrap();
+    let output = tokentap_within(
+        &[
+            "replay",
+            trace.to_str().unwrap(),
+            "--target",
+            url.as_str(),
+            "--out",
+            dir.join("out").to_str().unwrap(),
+        ],
+        &[],
+        limit,
+    );
+    assert!(!output.status.success(), "{output:?}");
+    assert!(
+        stderr(&output).contains(&format!(
+            "nothing is listening at {url} (connection refused)"
+        )),
+        "{}",
+        stderr(&output)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -511,6 +540,62 @@ async fn a_sweep_given_an_inference_server_as_admin_says_what_admin_takes() {
         );
     }
     sim.shutdown().await;
+}
+
+/// `reference` shares the sweep's admin client: an inference server given as `--admin` is named
+/// as such, tokentap's own 404 ("no reference pinned …") is not mistaken for one, and an admin
+/// address where nothing listens says so for both commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_client_says_when_admin_is_not_tokentap_or_not_there() {
+    let upstream = crate::common::ScriptedUpstream::start(|_| {
+        crate::common::Script::json(404, r#"{"detail":"Not Found"}"#)
+    })
+    .await;
+    let url = upstream.url().trim_end_matches('/').to_owned();
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        drop(listener);
+        format!("http://{addr}")
+    };
+    let run = |args: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            tokentap_within(&args, &[], std::time::Duration::from_secs(60))
+        })
+        .await
+        .unwrap()
+    };
+    let output = run(vec![
+        "reference".into(),
+        "show".into(),
+        "--admin".into(),
+        url.clone(),
+    ])
+    .await;
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains(&format!("{url} is not a tokentap admin listener")),
+        "{}",
+        stderr(&output)
+    );
+    for args in [
+        vec!["reference", "show", "--admin", dead.as_str()],
+        vec!["sweep", "--admin", dead.as_str()],
+    ] {
+        let output = run(args.iter().map(|a| (*a).to_owned()).collect()).await;
+        assert!(!output.status.success());
+        let text = stderr(&output);
+        assert!(
+            text.starts_with(&format!("error: cannot connect to {dead} (")),
+            "{args:?}: {text}"
+        );
+        assert!(
+            text.contains("is `tokentap serve` running there?"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 1, "one line: {text}");
+    }
 }
 
 #[test]

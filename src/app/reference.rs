@@ -208,13 +208,10 @@ pub async fn run(args: ReferenceArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let pinning = method == Method::PUT;
+    let method_shown = method.clone();
     let (status, answer) = admin.send(method, &path, body).await?;
     if !status.is_success() {
-        anyhow::bail!(
-            "{}{path}: {} ({status})",
-            admin.base,
-            Admin::message(&answer)
-        );
+        return Err(admin.refusal(&method_shown, &path, status, &answer));
     }
     if pinning {
         // Said on stderr as well: a pinned reference with cells drift will not compare.

@@ -200,8 +200,18 @@ struct Common<'a> {
 
 impl Common<'_> {
     /// The in-process proxy in front of `url`, configured like `tokentap serve` would be, and
-    /// the evidence rule its replay matrix is judged by (`[evidence]`).
-    fn proxy(&self, url: &str) -> anyhow::Result<(Arc<Proxy>, EvidenceRule)> {
+    /// the evidence rule its replay matrix is judged by (`[evidence]`). A `--target` where
+    /// nothing listens is said once, before the proxy's readers would each warn about it.
+    async fn proxy(&self, url: &str) -> anyhow::Result<(Arc<Proxy>, EvidenceRule)> {
+        let config = self.config(url)?;
+        if self.deployment.target.is_some() {
+            super::sweep::check_target(&config).await?;
+        }
+        Ok(((self.build_proxy)(&config)?, config.evidence))
+    }
+
+    /// The configuration of the in-process proxy in front of `url`.
+    fn config(&self, url: &str) -> anyhow::Result<Config> {
         let mut loader = ConfigLoader::new();
         if let Some(path) = &self.args.config {
             loader = loader.file(path)?;
@@ -215,7 +225,7 @@ impl Common<'_> {
                 "--target",
             )
             .load()?;
-        Ok(((self.build_proxy)(&config)?, config.evidence))
+        Ok(config)
     }
 
     /// The model every request names: `--model`, the trace's, the simulator's, else the first
@@ -265,7 +275,7 @@ async fn replay_once(
 ) -> anyhow::Result<ExitCode> {
     let args = common.args;
     let (sim, url) = common.deployment.start().await?;
-    let (proxy, evidence) = common.proxy(&url)?;
+    let (proxy, evidence) = common.proxy(&url).await?;
     let model = match common.model(&proxy, &url).await {
         Ok(model) => model,
         Err(error) => {
@@ -385,7 +395,7 @@ async fn find_speed(
             break;
         }
         let (sim, url) = common.deployment.start().await?;
-        let (proxy, evidence) = common.proxy(&url)?;
+        let (proxy, evidence) = common.proxy(&url).await?;
         if sim.is_none() {
             // The same server replay after replay: wait until it has finished the last one.
             if settle.is_none() {

@@ -486,7 +486,7 @@ async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
 /// upstream, which `--target` sets), within its `connect_timeout`: a server that is not there
 /// is said once — its URL, why, what to check — instead of through the in-process proxy's
 /// readers and scrapers, each of which would warn about it first.
-async fn check_target(config: &Config) -> anyhow::Result<()> {
+pub(super) async fn check_target(config: &Config) -> anyhow::Result<()> {
     let Some(upstream) = config.upstreams.first() else {
         return Ok(());
     };
@@ -553,6 +553,11 @@ pub async fn follow_local(
     }
 }
 
+/// Nothing answered at the admin address: the whole message, without the exchange's prefix.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ConnectFailed(String);
+
 /// A small client of a remote admin API (also used by `tokentap reference`).
 pub struct Admin {
     pub base: String,
@@ -594,22 +599,39 @@ impl Admin {
         let request = builder
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .with_context(|| format!("{shown} is not a usable URL"))?;
+        let base = crate::net::redact::redact_url(&self.base);
         let exchange = async {
-            let response = self.client.request(request).await?;
+            let response = self.client.request(request).await.map_err(|error| {
+                if error.is_connect() {
+                    // The usual mistake: nothing there, or the wrong port; say which address
+                    // --admin wants rather than hyper's chain.
+                    anyhow::Error::new(ConnectFailed(format!(
+                        "cannot connect to {base} ({}): is `tokentap serve` running there? --admin takes the proxy's admin listener (admin.listen, default 127.0.0.1:9464)",
+                        crate::base::error::error_chain(&error)
+                            .rsplit(": ")
+                            .next()
+                            .unwrap_or("connection failed")
+                    )))
+                } else {
+                    anyhow::Error::new(error)
+                }
+            })?;
             let status = response.status();
             let body = response.into_body().collect().await?.to_bytes();
             Ok::<_, anyhow::Error>((status, body))
         };
-        tokio::time::timeout(Duration::from_secs(30), exchange)
-            .await
-            .with_context(|| format!("{method} {shown}: no answer within 30 s"))?
-            .with_context(|| format!("{method} {shown}"))
+        match tokio::time::timeout(Duration::from_secs(30), exchange).await {
+            Err(_) => anyhow::bail!("{method} {shown}: no answer within 30 s"),
+            Ok(Err(error)) if error.is::<ConnectFailed>() => Err(error),
+            Ok(result) => result.with_context(|| format!("{method} {shown}")),
+        }
     }
 
     /// The error for an answer to `method path` other than the one wanted: what the admin
-    /// API said, or, for a 404 or 405 that is not tokentap's own "no sweep" (tokentap's admin
-    /// always has the sweep routes), that `base` is not a tokentap admin listener at all — an
-    /// inference server or the proxy's data port given as `--admin` — and which flag takes what.
+    /// API said, or, for a 404 or 405 not in tokentap's error shape (tokentap's admin answers
+    /// every refusal as `{"error": {"message": …}}`, its "no sweep …" and "no reference …"
+    /// included), that `base` is not a tokentap admin listener at all — an inference server
+    /// or the proxy's data port given as `--admin` — and which flag takes what.
     pub fn refusal(
         &self,
         method: &Method,
@@ -623,9 +645,8 @@ impl Admin {
             status,
             StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
         );
-        let no_sweep = status == StatusCode::NOT_FOUND
-            && Admin::tokentap_message(body).is_some_and(|m| m.starts_with("no sweep "));
-        if unknown_route && !no_sweep {
+        let tokentaps_own = Admin::tokentap_message(body).is_some();
+        if unknown_route && !tokentaps_own {
             let said: String = message.trim().chars().take(200).collect();
             let said = if said.is_empty() {
                 String::new()
