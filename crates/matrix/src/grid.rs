@@ -3,7 +3,7 @@
 //! per context), then the "Sustained decode" grid — contexts as rows, requests at once as
 //! columns, total tok/s over the median TTFT in each cell, a short status word where a cell has
 //! no figures — and a one-line legend naming only the statuses shown. Never wider than
-//! [`MAX_WIDTH`](crate::table::MAX_WIDTH): columns that do not fit wrap into further column
+//! [`MAX_WIDTH`]: columns that do not fit wrap into further column
 //! groups, each with its own header. The flat list of every figure is `--format list`
 //! ([`crate::table::render_table`]).
 

@@ -186,8 +186,8 @@ pub fn compare_cell(production: Option<&DecodeCell>, sweep: Option<&DecodeCell>)
     }
 }
 
-/// Background of a ratio on the fixed diverging scale: white at ×1, green above, red below,
-/// full colour at ×[`FULL_COLOUR_RATIO`] and ÷[`FULL_COLOUR_RATIO`].
+/// Background of a ratio on the one fixed scale ([`RATIO_BANDS`]): its band's colour, grey for a
+/// ratio that is not a positive number.
 pub fn diverging_colour(ratio: f64) -> String {
     ratio_band(ratio).map_or_else(|| "#eceef1".to_owned(), |band| band.colour.to_owned())
 }
