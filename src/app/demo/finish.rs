@@ -62,7 +62,11 @@ pub async fn finish(
         "    Open {} in a browser (heat map, charts, both phases beside the sweep, every measurement).",
         report_path.display()
     );
-    eprintln!("    Also written: {}", written.join(", "));
+    // Within 120 columns: the list wraps, each line indented under the first.
+    let also = super::report::wrap(&format!("Also written: {}", written.join(", ")), 116);
+    for line in also.lines() {
+        eprintln!("    {line}");
+    }
     eprintln!();
     eprintln!("Try next:");
     eprintln!("    tokentap serve --upstream http://YOUR-SGLANG:30000     # meter your own server; clients use :8000");

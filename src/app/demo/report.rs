@@ -302,8 +302,9 @@ impl DemoReport<'_> {
     }
 }
 
-/// `text` wrapped at spaces into lines of at most `width` characters.
-fn wrap(text: &str, width: usize) -> String {
+/// `text` wrapped at spaces into lines of at most `width` characters (a word longer than a
+/// line stands alone).
+pub(super) fn wrap(text: &str, width: usize) -> String {
     let mut out = String::new();
     let mut line = String::new();
     for word in text.split(' ') {

@@ -25,7 +25,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     // Did this machine keep the simulator's timing? If not, nothing after it is a finding.
     let timing = TimingCheck::of(&demo.profile, &sweep.synthetic);
     if let Some(warning) = timing.as_ref().and_then(TimingCheck::warning) {
-        eprintln!("warning: {warning}");
+        eprint!(
+            "{}",
+            super::report::wrap(&format!("warning: {warning}"), 120)
+        );
     }
     // 2. Steady traffic: ordinary clients reproduce a few of the sweep's cells.
     let cells = steady_cells(&sweep.synthetic);
