@@ -53,14 +53,14 @@ pub fn models(state: &AppState) -> Reply {
 /// built-in profile's name (what `--list-profiles` shows, not the served model's), else the
 /// process's own command line when it is `tokentap simulate …`; `null` when neither is known
 /// (a profile built in code), never a command that would not run.
-fn launch_command(profile: &super::Profile) -> Value {
+fn launch_command(profile: &super::profile::Profile) -> Value {
     use std::sync::OnceLock;
     static BUILTINS: OnceLock<Vec<(String, &'static str)>> = OnceLock::new();
     let builtins = BUILTINS.get_or_init(|| {
-        super::BUILTIN_PROFILES
+        super::profile::BUILTIN_PROFILES
             .iter()
             .filter_map(|(name, _)| {
-                let builtin = super::Profile::builtin(name).ok()?;
+                let builtin = super::profile::Profile::builtin(name).ok()?;
                 Some((builtin.model.served_model_name, *name))
             })
             .collect()
@@ -251,18 +251,23 @@ mod launch_tests {
 
     #[test]
     fn the_launch_command_names_a_profile_that_loads() {
-        for (name, _) in crate::BUILTIN_PROFILES {
-            let profile = crate::Profile::builtin(name).unwrap();
+        for (name, _) in crate::profile::BUILTIN_PROFILES {
+            let profile = crate::profile::Profile::builtin(name).unwrap();
             let Value::String(command) = launch_command(&profile) else {
                 panic!("no launch command for {name}");
             };
             let given = command
                 .strip_prefix("tokentap simulate --profile ")
                 .unwrap_or_else(|| panic!("{command}"));
-            assert_eq!(crate::Profile::load(given).unwrap(), profile, "{command}");
+            assert_eq!(
+                crate::profile::Profile::load(given).unwrap(),
+                profile,
+                "{command}"
+            );
         }
         // A profile built in code (not a built-in, not from the command line): no command.
-        let mut custom = crate::Profile::builtin(crate::BUILTIN_PROFILES[0].0).unwrap();
+        let mut custom =
+            crate::profile::Profile::builtin(crate::profile::BUILTIN_PROFILES[0].0).unwrap();
         custom.model.served_model_name = "made-in-code".to_owned();
         assert_eq!(launch_command(&custom), Value::Null);
     }
