@@ -459,7 +459,20 @@ async fn a_mooncake_trace_without_a_model_replays_against_a_target_with_its_serv
     );
     sim.shutdown().await;
 
-    // Nothing listens there any more: no /v1/models to ask.
+    // Something listens but lists no model: the trace names none either, so say how to give it.
+    let silent = crate::common::ScriptedUpstream::start(|_| {
+        crate::common::Script::json(404, r#"{"detail":"Not Found"}"#)
+    })
+    .await;
+    let (status, _, stderr) = run(silent.url()).await.unwrap();
+    assert!(!status.success());
+    assert!(
+        stderr.contains("the trace names no model")
+            && stderr.contains("/v1/models")
+            && stderr.contains("--model"),
+        "{stderr}"
+    );
+    // Nothing listens there any more: said before anything is asked.
     let closed = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap()
@@ -467,9 +480,7 @@ async fn a_mooncake_trace_without_a_model_replays_against_a_target_with_its_serv
     let (status, _, stderr) = run(format!("http://{closed}")).await.unwrap();
     assert!(!status.success());
     assert!(
-        stderr.contains("the trace names no model")
-            && stderr.contains("/v1/models")
-            && stderr.contains("--model"),
+        stderr.contains(&format!("nothing is listening at http://{closed}")),
         "{stderr}"
     );
     let _ = std::fs::remove_dir_all(&dir);
