@@ -27,7 +27,7 @@
 //! No Docker engine runs here: images are never built by these tests.
 
 #[path = "deploy/yaml.rs"]
-mod yaml;
+pub(crate) mod yaml;
 
 use crate::common;
 
@@ -150,17 +150,23 @@ fn load_config(toml: &str, env: &[(String, String)]) -> Result<Config, String> {
 
 // ----------------------------------------------------------------------------- promtool
 
+/// The shipped rule files, as the Prometheus configs name them: the recording rules and alerts,
+/// then the error-budget alerts `tokentap rules` writes.
+const RULE_FILES: [&str; 2] = ["rules/tokentap.rules.yml", "rules/tokentap-slo.rules.yml"];
+
 #[test]
 fn promtool_checks_the_rules_and_the_compose_prometheus_config() {
     let promtool = require_prometheus_tool("promtool");
-    let rules = run(Command::new(&promtool)
-        .args(["check", "rules"])
-        .arg(deploy("prometheus/rules/tokentap.rules.yml")));
-    assert!(
-        rules.ok,
-        "promtool check rules:\n{}{}",
-        rules.stdout, rules.stderr
-    );
+    for file in RULE_FILES {
+        let rules = run(Command::new(&promtool)
+            .args(["check", "rules"])
+            .arg(deploy(&format!("prometheus/{file}"))));
+        assert!(
+            rules.ok,
+            "promtool check rules {file}:\n{}{}",
+            rules.stdout, rules.stderr
+        );
+    }
 
     // --syntax-only: the credentials files named in them exist only inside the deployments.
     let compose = run(Command::new(&promtool)
@@ -180,7 +186,7 @@ fn promtool_checks_the_rules_and_the_compose_prometheus_config() {
         let config = yaml_file(rel);
         assert_eq!(
             config.at("rule_files").unwrap().strings(),
-            vec!["rules/tokentap.rules.yml"],
+            RULE_FILES,
             "{rel}"
         );
         let jobs = config.at("scrape_configs").unwrap().seq();
@@ -218,15 +224,52 @@ fn promtool_checks_the_kubernetes_prometheus_config() {
 #[test]
 fn promtool_unit_tests_of_the_rules_pass() {
     let promtool = require_prometheus_tool("promtool");
-    let test = run(Command::new(&promtool)
-        .args(["test", "rules", "tokentap.rules.test.yml"])
-        .current_dir(deploy("prometheus/rules")));
-    assert!(
-        test.ok,
-        "promtool test rules:\n{}{}",
-        test.stdout, test.stderr
+    for file in ["tokentap.rules.test.yml", "tokentap-slo.rules.test.yml"] {
+        let test = run(Command::new(&promtool)
+            .args(["test", "rules", file])
+            .current_dir(deploy("prometheus/rules")));
+        assert!(
+            test.ok,
+            "promtool test rules {file}:\n{}{}",
+            test.stdout, test.stderr
+        );
+        assert!(test.stdout.contains("SUCCESS"), "{}", test.stdout);
+    }
+}
+
+/// The shipped error-budget alerts and their unit tests are exactly what `tokentap rules`
+/// writes for the configuration beside them, so they never drift from the generator.
+#[test]
+fn the_shipped_slo_rules_are_the_generators_output() {
+    let dir = TempDir::new("slo-rules");
+    let (rules, tests) = (
+        dir.0.join("tokentap-slo.rules.yml"),
+        dir.0.join("tokentap-slo.rules.test.yml"),
     );
-    assert!(test.stdout.contains("SUCCESS"), "{}", test.stdout);
+    let output = run(Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        .args(["rules", "--config"])
+        .arg(deploy("prometheus/tokentap-slo.toml"))
+        .arg("--output")
+        .arg(&rules)
+        .arg("--tests")
+        .arg(&tests)
+        .env_remove("TOKENTAP_CONFIG")
+        .env_remove("TOKENTAP_SLO__OBJECTIVE"));
+    assert!(
+        output.ok,
+        "tokentap rules:\n{}{}",
+        output.stdout, output.stderr
+    );
+    for (generated, shipped) in [
+        (&rules, "prometheus/rules/tokentap-slo.rules.yml"),
+        (&tests, "prometheus/rules/tokentap-slo.rules.test.yml"),
+    ] {
+        assert!(
+            read(generated) == read(&deploy(shipped)),
+            "deploy/{shipped} is not what `tokentap rules` writes for deploy/prometheus/tokentap-slo.toml: \
+             regenerate it with the command in that file's header"
+        );
+    }
 }
 
 /// The rule groups as (name → expression) per group name.
@@ -275,13 +318,22 @@ fn the_hour_window_rules_mirror_the_five_minute_ones() {
 }
 
 #[test]
-fn the_prometheusrule_is_the_rules_file() {
-    let rules = yaml_file("prometheus/rules/tokentap.rules.yml");
+fn the_prometheusrule_is_the_rules_files() {
+    let groups: Vec<Yaml> = RULE_FILES
+        .iter()
+        .flat_map(|file| {
+            yaml_file(&format!("prometheus/{file}"))
+                .at("groups")
+                .unwrap()
+                .seq()
+                .to_vec()
+        })
+        .collect();
     let resource = yaml_file("kubernetes/prometheusrule.yaml");
     assert_eq!(resource.str_at("kind"), "PrometheusRule");
     assert_eq!(
         resource.at("spec.groups"),
-        rules.at("groups"),
+        Some(&Yaml::Seq(groups)),
         "deploy/kubernetes/prometheusrule.yaml is out of date: regenerate it with the command in its header"
     );
 }
@@ -2697,11 +2749,9 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
     }
     std::fs::write(&config_file, config).unwrap();
     std::fs::create_dir_all(dir.0.join("rules")).unwrap();
-    std::fs::copy(
-        deploy("prometheus/rules/tokentap.rules.yml"),
-        dir.0.join("rules/tokentap.rules.yml"),
-    )
-    .unwrap();
+    for file in RULE_FILES {
+        std::fs::copy(deploy(&format!("prometheus/{file}")), dir.0.join(file)).unwrap();
+    }
     let check = run(Command::new(require_prometheus_tool("promtool"))
         .args(["check", "config"])
         .arg(&config_file));
@@ -2757,6 +2807,18 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
         },
     )
     .await;
+
+    // The error-budget rules (rules/tokentap-slo.rules.yml) on the same series: every
+    // production request succeeded within the loose target, so neither SLI burns its budget.
+    for sli in ["availability", "attainment"] {
+        wait_for(
+            &api,
+            &format!("model_sli:tokentap_error_budget_burn_rate:ratio_rate5m{{sli=\"{sli}\"}}"),
+            Duration::from_secs(20),
+            |r| value_where(r, &[("model", MODEL)]) == Some(0.0),
+        )
+        .await;
+    }
 
     // The latest sweep's gauges: a synthetic matrix with the production cells (the proxy's own
     // matrix, relabelled) stands in for a finished sweep.

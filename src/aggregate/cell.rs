@@ -21,16 +21,9 @@ use crate::meter::server_state::GAUGES;
 
 use super::sketch::QuantileSketch;
 
-/// A request that failed on the server's side (client aborts are not failures: people press
-/// stop). More than [`ERROR_SHARE`] of a cell's finished requests failing marks it `Error`.
-fn is_failure(outcome: Outcome) -> bool {
-    matches!(
-        outcome,
-        Outcome::UpstreamError | Outcome::UpstreamAborted | Outcome::Timeout
-    )
-}
-
-/// Share of failed requests above which a cell is `Error` rather than `Valid`.
+/// Share of failed requests above which a cell is `Error` rather than `Valid` (a failure is a
+/// request that failed on the server's side, [`Outcome::is_failure`]: client aborts are not
+/// failures, people press stop).
 pub const ERROR_SHARE: f64 = 0.05;
 
 /// What one request contributed to one concurrency level.
@@ -798,7 +791,7 @@ pub struct PrefillAccumulator {
 impl PrefillAccumulator {
     /// Adds a record if it qualifies (docs/metrics.md, "Prefill rows"); returns whether it did.
     pub fn add_record(&mut self, record: &RequestRecord) -> bool {
-        if is_failure(record.outcome) {
+        if record.outcome.is_failure() {
             return false;
         }
         let (Some(prompt), Some(ttft)) = (record.tokens.prompt, record.timing.ttft) else {

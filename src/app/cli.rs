@@ -137,6 +137,23 @@ pub enum Command {
     ///   tokentap replay trace.jsonl --from-matrix other-deployment.md --find-speed --slo ttft=2s,tbt=50ms
     #[command(verbatim_doc_comment)]
     Replay(super::replay::ReplayArgs),
+    /// Print Prometheus alerts on the [slo] error budgets: multiwindow, multi-burn-rate.
+    ///
+    /// Reads the configuration as `tokentap serve` does (--config, the environment, --set) and
+    /// prints rule groups (YAML) for each model with an [slo.models."<model>"] table and for
+    /// every other model: the burn rate of its error budget (1 - [slo] objective) on
+    /// availability (failed requests, client aborts left out) and on SLO attainment (requests
+    /// that met their targets; where targets are set), recorded over 5m, 30m, 1h and 6h, and
+    /// the SRE workbook's alerts: 14.4x over 1h and 5m (severity page), 6x over 6h and 30m
+    /// (ticket). --tests writes promtool unit tests in which every alert fires once and stays
+    /// quiet twice (docs/metrics.md, "Error budgets"; docs/operations.md installs them).
+    ///
+    /// Examples:
+    ///   tokentap rules --config tokentap.toml > tokentap-slo.rules.yml
+    ///   tokentap rules --config tokentap.toml --output rules/tokentap-slo.rules.yml \
+    ///     --tests rules/tokentap-slo.rules.test.yml && promtool test rules rules/tokentap-slo.rules.test.yml
+    #[command(verbatim_doc_comment)]
+    Rules(super::rules::RulesArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     ///
     /// Examples:
@@ -185,6 +202,7 @@ pub fn main() -> ExitCode {
             Command::Workload(args) => super::workload::run(args).await,
             Command::Fleet(args) => super::fleet::run(args).await,
             Command::Replay(args) => super::replay::run(args, super::serve::build_proxy).await,
+            Command::Rules(args) => super::rules::run(args),
             Command::Completions(_) => Ok(ExitCode::SUCCESS),
         }
     });

@@ -13,6 +13,8 @@
 //! - [`drift`]: the drift refresher (production against pinned references → the drift gauges).
 //! - [`reference`](mod@reference): `tokentap reference` (pin, show, clear the drift reference through the admin API).
 //! - [`workload`]: `tokentap workload export|convert`; [`replay`]: `tokentap replay`.
+//! - [`rules`]: `tokentap rules` (the error-budget burn-rate alerts of `[slo]`, and their
+//!   promtool unit tests).
 //! - [`output`]: `--format table|md|json`, what sweep, replay and demo print when they end.
 //! - [`store`]: what `tokentap matrix show --store` reads from the store.
 
@@ -24,6 +26,7 @@ pub mod matrix;
 pub mod output;
 pub mod reference;
 pub mod replay;
+pub mod rules;
 pub mod serve;
 pub mod simulate;
 pub mod store;

@@ -62,14 +62,23 @@ pub struct ServeArgs {
     pub set: Vec<String>,
 }
 
+/// The configuration file (`--config`), the environment and `--set`, layered as every command
+/// that reads tokentap's configuration does.
+pub fn config_layers(
+    file: Option<&std::path::Path>,
+    set: &[String],
+) -> anyhow::Result<ConfigLoader> {
+    let mut loader = ConfigLoader::new();
+    if let Some(path) = file {
+        loader = loader.file(path)?;
+    }
+    Ok(loader.process_env()?.set_args(set)?)
+}
+
 impl ServeArgs {
     /// Loads the configuration layers these arguments name.
     pub fn load_config(&self) -> anyhow::Result<Config> {
-        let mut loader = ConfigLoader::new();
-        if let Some(path) = &self.config {
-            loader = loader.file(path)?;
-        }
-        loader = loader.process_env()?.set_args(&self.set)?;
+        let mut loader = config_layers(self.config.as_deref(), &self.set)?;
         if let Some(url) = &self.upstream {
             loader = loader.flag(
                 "upstream",

@@ -314,6 +314,38 @@ mod tests {
     }
 
     #[test]
+    fn slo_objectives_default_per_model_and_out_of_range() {
+        let load = |text: &str| {
+            ConfigLoader::new()
+                .text(text, "x.toml")
+                .and_then(ConfigLoader::load)
+                .map(|config| config.metering.objectives)
+        };
+        let defaults = load("").unwrap();
+        assert_eq!(defaults.of("any"), 0.99);
+        let set = load("[slo]\nobjective = 0.999\n[slo.models.\"m\"]\nobjective = 0.995\n[slo.models.\"n\"]\nttft = \"1s\"\n").unwrap();
+        assert_eq!(set.of("m"), 0.995);
+        assert_eq!(
+            set.of("n"),
+            0.999,
+            "a table without one takes [slo] objective"
+        );
+        assert_eq!(set.of("other"), 0.999);
+        for (text, key) in [
+            ("[slo]\nobjective = 0.9\n", "slo.objective"),
+            ("[slo]\nobjective = 1.0\n", "slo.objective"),
+            (
+                "[slo.models.\"m\"]\nobjective = 0.5\n",
+                "slo.models.\"m\".objective",
+            ),
+        ] {
+            let error = load(text).unwrap_err().to_string();
+            assert!(error.contains(key), "{error}");
+            assert!(error.contains("between 0.95 and 0.99999"), "{error}");
+        }
+    }
+
+    #[test]
     fn unknown_keys_name_the_key_and_origin() {
         let error = ConfigLoader::new()
             .text("[proxy]\nlisen = \"1.2.3.4:5\"\n", "x.toml")

@@ -1,5 +1,6 @@
 //! `[metering]` and `[slo]`: what is read of each request, the bucket ladders, the bounds on
-//! buffered bytes and model labels, and the SLO targets per model.
+//! buffered bytes and model labels, the SLO targets per model and the objectives the error
+//! budgets of `tokentap rules` are cut from.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +24,47 @@ pub struct MeteringConfig {
     pub max_models: usize,
     /// SLO targets per model (`[slo]`); none by default.
     pub slo: SloPolicy,
+    /// `[slo] objective` and each model's own (`tokentap rules`).
+    pub objectives: SloObjectives,
+}
+
+/// The objective when `[slo] objective` is not set: 99 % of requests succeed and meet their
+/// targets, an error budget of 1 %.
+pub const DEFAULT_OBJECTIVE: f64 = 0.99;
+
+/// The lowest objective accepted: a larger budget than 5 % would need most requests to fail
+/// before the fast-burn alert (14.4 × the budget) fired.
+pub const MIN_OBJECTIVE: f64 = 0.95;
+
+/// The highest objective accepted: a budget under 0.001 % is below what an hour of request
+/// counters resolves.
+pub const MAX_OBJECTIVE: f64 = 0.99999;
+
+/// The objectives of the error budgets (`[slo] objective`, `[slo.models."<model>"] objective`):
+/// the share of a model's production requests that must succeed (availability) and meet their
+/// targets (SLO attainment) over the SLO's period; the error budget is 1 − the objective.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloObjectives {
+    /// Every model's, unless its own table sets one.
+    pub default: f64,
+    /// The models whose table sets its own.
+    pub models: BTreeMap<String, f64>,
+}
+
+impl Default for SloObjectives {
+    fn default() -> Self {
+        Self {
+            default: DEFAULT_OBJECTIVE,
+            models: BTreeMap::new(),
+        }
+    }
+}
+
+impl SloObjectives {
+    /// The objective of `model`: its table's, else the default.
+    pub fn of(&self, model: &str) -> f64 {
+        self.models.get(model).copied().unwrap_or(self.default)
+    }
 }
 
 impl MeteringConfig {
@@ -45,6 +87,7 @@ impl MeteringConfig {
             concurrency,
             max_models: origins.nonzero("metering.max_models", raw.max_models)?,
             slo: slo_policy(slo, origins)?,
+            objectives: slo_objectives(slo, origins)?,
         })
     }
 }
@@ -87,6 +130,7 @@ fn slo_policy(raw: &RawSlo, origins: &Origins) -> Result<SloPolicy, ConfigError>
             ttft: raw.ttft.clone(),
             tbt: raw.tbt.clone(),
             e2e: raw.e2e.clone(),
+            objective: None,
         },
     )?;
     let mut models = BTreeMap::new();
@@ -110,4 +154,31 @@ fn slo_policy(raw: &RawSlo, origins: &Origins) -> Result<SloPolicy, ConfigError>
         models,
         ttft_of,
     })
+}
+
+/// Validates the objectives: each within [`MIN_OBJECTIVE`], [`MAX_OBJECTIVE`].
+fn slo_objectives(raw: &RawSlo, origins: &Origins) -> Result<SloObjectives, ConfigError> {
+    let check = |key: &str, objective: f64| {
+        if (MIN_OBJECTIVE..=MAX_OBJECTIVE).contains(&objective) {
+            Ok(objective)
+        } else {
+            Err(origins.error(
+                key,
+                format!(
+                    "must lie between {MIN_OBJECTIVE} and {MAX_OBJECTIVE} (the share of requests that succeed and meet their targets; the error budget is 1 - it, and the fast-burn alert needs 14.4 x the budget to be a possible error ratio), found {objective}"
+                ),
+            ))
+        }
+    };
+    let default = check("slo.objective", raw.objective.unwrap_or(DEFAULT_OBJECTIVE))?;
+    let mut models = BTreeMap::new();
+    for (model, table) in &raw.models {
+        if let Some(objective) = table.objective {
+            models.insert(
+                model.clone(),
+                check(&format!("slo.models.\"{model}\".objective"), objective)?,
+            );
+        }
+    }
+    Ok(SloObjectives { default, models })
 }

@@ -34,7 +34,9 @@ pub use drift::DriftConfig;
 pub use error::ConfigError;
 pub use fingerprint::FingerprintConfig;
 pub use loader::{Config, ConfigLoader};
-pub use metering::MeteringConfig;
+pub use metering::{
+    MeteringConfig, SloObjectives, DEFAULT_OBJECTIVE, MAX_OBJECTIVE, MIN_OBJECTIVE,
+};
 pub use proxy::{ListenerTls, ProxyConfig, RoutePolicyConfig};
 pub use raw::RawConfig;
 pub use store::StoreConfig;

@@ -321,6 +321,8 @@ pub struct RawSloTargets {
     pub tbt: Option<String>,
     #[serde(deserialize_with = "value::duration_text")]
     pub e2e: Option<String>,
+    /// The model's own objective (`[slo] objective` when absent).
+    pub objective: Option<f64>,
 }
 
 /// `[slo]`: the default targets, and `[slo.models."<model>"]` tables that replace them.
@@ -335,6 +337,9 @@ pub struct RawSlo {
     pub tbt: Option<String>,
     #[serde(deserialize_with = "value::duration_text")]
     pub e2e: Option<String>,
+    /// The share of requests that must succeed and meet their targets (the error budget is
+    /// 1 − it); 0.99 when absent (`metering::DEFAULT_OBJECTIVE`).
+    pub objective: Option<f64>,
     pub models: std::collections::BTreeMap<String, RawSloTargets>,
 }
 

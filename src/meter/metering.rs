@@ -502,12 +502,16 @@ impl RequestMeter {
     }
 
     /// The matrix cell: the prompt's context bucket, the concurrency bucket of its average.
+    /// Without the upstream's prompt count (a failed request's usually) the context is the one
+    /// the request was expected in, from its prompt's size (`expect_cell`).
     fn buckets(&self, tokens: &Tokens, interference: &Interference) -> Buckets {
+        let context = match (tokens.prompt, self.expected) {
+            (Some(prompt), _) => self.meter.contexts.context_bucket(prompt),
+            (None, Some(expected)) => expected.context,
+            (None, None) => self.meter.contexts.context_bucket(0),
+        };
         Buckets {
-            context: self
-                .meter
-                .contexts
-                .context_bucket(tokens.prompt.unwrap_or(0)),
+            context,
             concurrency: self
                 .meter
                 .concurrency

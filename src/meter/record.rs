@@ -69,6 +69,22 @@ impl Outcome {
         Outcome::UpstreamStalled,
     ];
 
+    /// The outcomes that are the server's failures, in [`Outcome::ALL`] order: upstream errors,
+    /// upstream aborts, timeouts and stalls. A client abort is not one (people press stop):
+    /// availability = 1 − failed ÷ (every request but client aborts), docs/metrics.md.
+    pub const FAILURES: [Outcome; 4] = [
+        Outcome::UpstreamError,
+        Outcome::UpstreamAborted,
+        Outcome::Timeout,
+        Outcome::UpstreamStalled,
+    ];
+
+    /// Whether the request failed on the server's side (one of [`Outcome::FAILURES`]): the one
+    /// definition the matrix's `Error` status, the SLO verdict and the availability rules share.
+    pub fn is_failure(self) -> bool {
+        Self::FAILURES.contains(&self)
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
@@ -224,7 +240,9 @@ impl Default for Interference {
 /// The ladder buckets (indices) of the request's production-matrix cell.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Buckets {
-    /// From the prompt's length.
+    /// From the prompt's length: the upstream's count, else (an error body, a stream broken
+    /// off before its usage, no answer) the estimate from the prompt's size the request was
+    /// admitted with, so a failure is counted in the cell its prompt belongs to.
     pub context: usize,
     /// From [`Interference::average_active`].
     pub concurrency: usize,

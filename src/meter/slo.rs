@@ -50,18 +50,16 @@ impl SloTargets {
     }
 
     /// The verdict of a finished request. A failed request (upstream error, upstream abort,
-    /// timeout) misses whatever was set: it served nothing usable. A request the client stopped
-    /// is judged on what it saw until then (the sweep stops its streams at the window's end).
+    /// timeout, stall: [`Outcome::is_failure`]) misses whatever was set: it served nothing
+    /// usable. A request the client stopped is judged on what it saw until then (the sweep
+    /// stops its streams at the window's end).
     /// A TTFT target without a first token is missed; a TBT target with fewer than two tokens
     /// has nothing to judge and does not count against the request.
     pub fn judge(&self, figures: &SloFigures) -> SloVerdict {
         if !self.is_set() {
             return SloVerdict::Unset;
         }
-        let failed = matches!(
-            figures.outcome,
-            Outcome::UpstreamError | Outcome::UpstreamAborted | Outcome::Timeout
-        );
+        let failed = figures.outcome.is_failure();
         let ttft_ok = self
             .ttft
             .is_none_or(|target| figures.time_to_first_token.is_some_and(|t| t <= target));
@@ -342,6 +340,10 @@ mod tests {
             },
             SloFigures {
                 outcome: Outcome::Timeout,
+                ..good
+            },
+            SloFigures {
+                outcome: Outcome::UpstreamStalled,
                 ..good
             },
         ];

@@ -1,5 +1,7 @@
 //! Logs, Prometheus metrics (with the drift gauges, `drift`, the capacity gauges, `capacity`,
-//! and the latest sweep's gauges, `sweep`) and OpenTelemetry export.
+//! and the latest sweep's gauges, `sweep`), the error-budget alerts written for Prometheus
+//! (`budget`, `tokentap rules`) and OpenTelemetry export.
+pub mod budget;
 pub mod capacity;
 pub mod drift;
 pub mod logging;
