@@ -61,7 +61,7 @@ pub enum Command {
     /// Example: `tokentap serve --upstream http://127.0.0.1:30000` (sglang on :30000, tokentap on
     /// :8000, admin on 127.0.0.1:9464; vLLM also listens on 8000: add --listen 0.0.0.0:8100).
     /// Every setting is documented in config/tokentap.toml and can be given as
-    /// TOKENTAP_<SECTION>__<KEY> in the environment (e.g. TOKENTAP_ADMIN__TOKEN) or as --set
+    /// `TOKENTAP_<SECTION>__<KEY>` in the environment (e.g. TOKENTAP_ADMIN__TOKEN) or as --set
     /// section.key=value. With admin.token set, a browser opens the page after logging in at
     /// http://<admin>/login.
     /// SIGTERM or Ctrl-C stops accepting and lets streams finish within proxy.shutdown_grace.
@@ -137,11 +137,11 @@ pub enum Command {
     ///   tokentap replay trace.jsonl --from-matrix other-deployment.md --find-speed --slo ttft=2s,tbt=50ms
     #[command(verbatim_doc_comment)]
     Replay(super::replay::ReplayArgs),
-    /// Print Prometheus alerts on the [slo] error budgets: multiwindow, multi-burn-rate.
+    /// Print Prometheus alerts on the `[slo]` error budgets: multiwindow, multi-burn-rate.
     ///
     /// Reads the configuration as `tokentap serve` does (--config, the environment, --set) and
-    /// prints rule groups (YAML) for each model with an [slo.models."<model>"] table and for
-    /// every other model: the burn rate of its error budget (1 - [slo] objective) on
+    /// prints rule groups (YAML) for each model with an `[slo.models."<model>"]` table and for
+    /// every other model: the burn rate of its error budget (1 - `[slo]` objective) on
     /// availability (failed requests, client aborts left out) and on SLO attainment (requests
     /// that met their targets; where targets are set), recorded over 5m, 30m, 1h and 6h, and
     /// the SRE workbook's alerts: 14.4x over 1h and 5m (severity page), 6x over 6h and 30m

@@ -13,8 +13,8 @@ use crate::telemetry::budget;
 /// Arguments of `tokentap rules`.
 #[derive(Debug, clap::Args)]
 pub struct RulesArgs {
-    /// TOML configuration file, as `tokentap serve` reads it (its [slo] section gives the
-    /// objectives and targets). Environment variables TOKENTAP_<SECTION>__<KEY> override it.
+    /// TOML configuration file, as `tokentap serve` reads it (its `[slo]` section gives the
+    /// objectives and targets). Environment variables `TOKENTAP_<SECTION>__<KEY>` override it.
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
     /// Set any key of config/tokentap.toml, e.g. --set slo.objective=0.995 (repeatable; over the
