@@ -392,6 +392,23 @@ pub fn capacity_text(context: &ContextCapacity) -> String {
     }
 }
 
+/// What stops a context's capacity, and where its cells meet again above a miss.
+fn limited_text(context: &ContextCapacity) -> String {
+    let mut limited = context
+        .limited_by
+        .clone()
+        .unwrap_or_else(|| "not reached".to_owned());
+    if !context.non_monotonic.is_empty() {
+        let again: Vec<String> = context.non_monotonic.iter().map(u32::to_string).collect();
+        let _ = write!(
+            limited,
+            "; meets again at {} (non-monotonic)",
+            again.join(", ")
+        );
+    }
+    limited
+}
+
 /// The report as Markdown: the query, then one row per context.
 pub fn render_capacity_markdown(report: &CapacityReport) -> String {
     let mut out = String::from("# Capacity under an SLO\n\n");
@@ -421,18 +438,7 @@ pub fn render_capacity_markdown(report: &CapacityReport) -> String {
                     .map(|(c, why)| format!("{c} ({why})")),
             )
             .collect();
-        let mut limited = context
-            .limited_by
-            .clone()
-            .unwrap_or_else(|| "not reached".to_owned());
-        if !context.non_monotonic.is_empty() {
-            let again: Vec<String> = context.non_monotonic.iter().map(u32::to_string).collect();
-            let _ = write!(
-                limited,
-                "; meets again at {} (non-monotonic)",
-                again.join(", ")
-            );
-        }
+        let limited = limited_text(context);
         let _ = writeln!(
             out,
             "| {} | {} | {} | {} | {} | {} | {} |",
@@ -481,14 +487,7 @@ pub fn render_capacity_table(report: &CapacityReport) -> String {
         .contexts
         .iter()
         .map(|context| {
-            let mut limited = context
-                .limited_by
-                .clone()
-                .unwrap_or_else(|| "not reached".to_owned());
-            if !context.non_monotonic.is_empty() {
-                let again: Vec<String> = context.non_monotonic.iter().map(u32::to_string).collect();
-                let _ = write!(limited, "; meets again at {}", again.join(", "));
-            }
+            let limited = limited_text(context);
             vec![
                 context_label(context.context_tokens),
                 capacity_text(context),

@@ -16,7 +16,7 @@ use crate::units::{context_label, format_decimal, format_rate, format_rate_compa
 /// Spaces between two columns of the grid.
 const GAP: usize = 2;
 
-/// A cell's two lines (figure over TTFT) and the mark its status adds.
+/// A cell's two lines: its figure (with a caveated status's mark) over its TTFT.
 struct GridCell {
     top: String,
     bottom: String,

@@ -44,34 +44,42 @@ fn cause(rest: &str) -> String {
 /// The notes with each cause that several cells share given once, in the order of its first
 /// note: `"8K × 4 is Off target: … (the same for 3 more cells: 8K × 8, 16K × 4, 16K × 8)"`.
 pub fn collapsed(notes: &[String]) -> Vec<String> {
-    let mut groups: Vec<(Option<String>, Vec<&str>, Vec<&str>)> = Vec::new();
+    /// One cause: its first note whole, and the cell labels of every note that says it.
+    struct Cause<'a> {
+        key: Option<String>,
+        first: &'a str,
+        labels: Vec<&'a str>,
+    }
+    let mut causes: Vec<Cause<'_>> = Vec::new();
     for note in notes {
-        match cell_label(note) {
-            Some((label, rest)) => {
-                let key = cause(rest);
-                match groups
-                    .iter_mut()
-                    .find(|(k, _, _)| k.as_deref() == Some(key.as_str()))
-                {
-                    Some((_, labels, _)) => labels.push(label),
-                    None => groups.push((Some(key), vec![label], vec![note.as_str()])),
-                }
-            }
-            None => groups.push((None, Vec::new(), vec![note.as_str()])),
+        let Some((label, rest)) = cell_label(note) else {
+            causes.push(Cause {
+                key: None,
+                first: note,
+                labels: Vec::new(),
+            });
+            continue;
+        };
+        let key = cause(rest);
+        match causes.iter_mut().find(|c| c.key.as_deref() == Some(key.as_str())) {
+            Some(found) => found.labels.push(label),
+            None => causes.push(Cause {
+                key: Some(key),
+                first: note,
+                labels: vec![label],
+            }),
         }
     }
-    groups
+    causes
         .into_iter()
-        .map(|(_, labels, first)| {
-            let first = first.first().copied().unwrap_or_default();
-            match labels.len() {
-                0 | 1 => first.to_owned(),
-                n => format!(
-                    "{first} (the same for {} more cells: {})",
-                    n - 1,
-                    labels[1..].join(", ")
-                ),
-            }
+        .map(|cause| match cause.labels.len() {
+            0 | 1 => cause.first.to_owned(),
+            n => format!(
+                "{} (the same for {} more cells: {})",
+                cause.first,
+                n - 1,
+                cause.labels[1..].join(", ")
+            ),
         })
         .collect()
 }
