@@ -61,7 +61,10 @@ pub fn collapsed(notes: &[String]) -> Vec<String> {
             continue;
         };
         let key = cause(rest);
-        match causes.iter_mut().find(|c| c.key.as_deref() == Some(key.as_str())) {
+        match causes
+            .iter_mut()
+            .find(|c| c.key.as_deref() == Some(key.as_str()))
+        {
             Some(found) => found.labels.push(label),
             None => causes.push(Cause {
                 key: Some(key),
