@@ -71,6 +71,7 @@ static FAKESERVE: EngineSpec = EngineSpec {
     }),
     tokenize: &[],
     control_routes: &[ControlRoute::any("/fake_purge")],
+    priority: None,
 };
 
 const FAKE_METRICS: &str = "# TYPE fakeserve:running gauge\n\

@@ -120,6 +120,8 @@ async fn a_u64_max_usage_jump_is_clamped_flagged_and_costs_microseconds() {
         asked_model: None,
         upstream: Arc::from("u"),
         tag: None,
+        tenant: None,
+        priority: None,
     };
     // One request whose last event jumps by `jump` tokens; returns what it cost.
     let request = |jump: u64| {

@@ -30,5 +30,6 @@ mod sim_layers_tests;
 mod sim_tests;
 mod slo_tests;
 mod sweep_tests;
+mod tenant_tests;
 mod tls_tests;
 mod workload_tests;

@@ -569,7 +569,7 @@ async fn snapshots_are_written_periodically_and_at_shutdown_and_survive_a_restar
     let (server, _) = start_proxy(&config).await;
     let reopened = server.store.clone().unwrap();
     let snapshot = reopened
-        .snapshot_at(SystemTime::now(), Some("m"))
+        .snapshot_at(SystemTime::now(), Some("m"), None)
         .unwrap()
         .unwrap();
     let first = reopened.snapshots(None, None).unwrap()[0].clone();
@@ -580,7 +580,7 @@ async fn snapshots_are_written_periodically_and_at_shutdown_and_survive_a_restar
             .collect::<Vec<_>>()
     };
     let first_doc = reopened
-        .snapshot_at(first.taken_at, Some("m"))
+        .snapshot_at(first.taken_at, Some("m"), None)
         .unwrap()
         .unwrap();
     assert_eq!(cells_of(&first_doc.matrix), cells_of(&live));

@@ -6,7 +6,8 @@
 //! production matrix covers (default `current`: the one it runs now, plus requests from
 //! before it was first read); the document's metadata is filled from that configuration's
 //! facts. `compare=previous` gives the current configuration's cells ÷ the previous one's
-//! (`matrix::diff`).
+//! (`matrix::diff`). `tenant=NAME` and `priority=BAND` narrow the production matrix to one
+//! tenant's requests (`[tenants]`) or one band of the requests' `priority` field.
 //!
 //! Also owns [`synthetic_matrix`]: the sweep engine's [`LatestMatrix`](crate::sweep::LatestMatrix) slot, else the store's
 //! latest finished sweep.
@@ -18,10 +19,11 @@ use std::time::SystemTime;
 use http::{header, Request, Response, StatusCode};
 
 use crate::aggregate::config::{apply_config, fingerprint_of, set_fingerprint};
-use crate::aggregate::{FingerprintFilter, Window, DEFAULT_WINDOW};
+use crate::aggregate::{FingerprintFilter, RecordFilter, Window, DEFAULT_WINDOW};
 use crate::base::Source;
 use crate::matrix::doc::{MatrixDoc, Metadata};
 use crate::meter::identity::{ConfigEntry, FingerprintId};
+use crate::meter::priority::PriorityBand;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::upstream::Upstream;
 
@@ -107,6 +109,20 @@ pub fn current_configurations(state: &AdminState) -> FingerprintFilter {
     FingerprintFilter::Only(ids)
 }
 
+/// One tenant's or one priority band's share of the production traffic (`?tenant=`,
+/// `?priority=`); the default is all of it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TrafficSlice {
+    pub tenant: Option<String>,
+    pub priority: Option<PriorityBand>,
+}
+
+impl TrafficSlice {
+    pub fn is_all(&self) -> bool {
+        self.tenant.is_none() && self.priority.is_none()
+    }
+}
+
 /// As [`production_matrix`], of the configurations `choice` names; the metadata is filled
 /// from the configuration's facts and names the others the window holds.
 pub fn production_matrix_of(
@@ -114,6 +130,17 @@ pub fn production_matrix_of(
     window: Window,
     model: Option<&str>,
     choice: FingerprintChoice,
+) -> Option<MatrixDoc> {
+    production_matrix_sliced(state, window, model, choice, &TrafficSlice::default())
+}
+
+/// As [`production_matrix_of`], of one tenant's or priority band's requests.
+pub fn production_matrix_sliced(
+    state: &AdminState,
+    window: Window,
+    model: Option<&str>,
+    choice: FingerprintChoice,
+    slice: &TrafficSlice,
 ) -> Option<MatrixDoc> {
     let now = SystemTime::now();
     let registry = state.proxy.meter.identities();
@@ -125,7 +152,12 @@ pub fn production_matrix_of(
             routed_upstream(state, model).identity.current_config(),
         ),
     };
-    let mut doc = match state.production.matrix_of(window, model, now, &filter) {
+    let records = RecordFilter {
+        fingerprints: filter.clone(),
+        tenant: slice.tenant.clone(),
+        priority: slice.priority,
+    };
+    let mut doc = match state.production.matrix_where(window, model, now, &records) {
         Some(doc) => doc,
         None if model.is_some() => return None,
         None => {
@@ -133,7 +165,13 @@ pub fn production_matrix_of(
             metadata.run.source = Some(Source::Production);
             metadata.run.benchmark_tool = Some(format!("tokentap v{}", env!("CARGO_PKG_VERSION")));
             metadata.notes.push(format!(
-                "No production requests ended in the window ({}).",
+                "No production requests{} ended in the window ({}).",
+                match (&slice.tenant, slice.priority) {
+                    (Some(t), Some(p)) => format!(" of tenant {t} at priority {p}"),
+                    (Some(t), None) => format!(" of tenant {t}"),
+                    (None, Some(p)) => format!(" at priority {p}"),
+                    (None, None) => String::new(),
+                },
                 window.label()
             ));
             MatrixDoc::new(metadata)
@@ -233,6 +271,8 @@ pub struct MatrixQuery {
     pub fingerprint: FingerprintChoice,
     /// `compare=previous`: the current configuration ÷ the previous one.
     pub compare_previous: bool,
+    /// `tenant=NAME`, `priority=BAND`: one tenant's or one band's requests.
+    pub slice: TrafficSlice,
 }
 
 impl MatrixQuery {
@@ -247,6 +287,7 @@ impl MatrixQuery {
             upstream: None,
             fingerprint: FingerprintChoice::Current,
             compare_previous: false,
+            slice: TrafficSlice::default(),
         };
         for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -285,6 +326,15 @@ impl MatrixQuery {
                         format!("fingerprint `{value}`: expected current, all or a 12-hex-digit id")
                     })?;
                 }
+                "tenant" if !value.is_empty() => parsed.slice.tenant = Some(value),
+                "priority" if !value.is_empty() => {
+                    parsed.slice.priority = Some(PriorityBand::parse(&value).ok_or_else(|| {
+                        format!(
+                            "priority `{value}`: expected a band ({}) or an integer",
+                            PriorityBand::ALL.map(PriorityBand::label).join(", ")
+                        )
+                    })?);
+                }
                 _ => {}
             }
         }
@@ -304,11 +354,16 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
             "compare",
             "upstream",
             "fingerprint",
+            "tenant",
+            "priority",
         ],
     ) {
         Ok(query) => query,
         Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
     };
+    if let Err(message) = check_slice(state, &query) {
+        return json_error(StatusCode::BAD_REQUEST, &message);
+    }
     let format = query.format.unwrap_or_else(|| {
         Format::from_accept(
             request
@@ -340,11 +395,12 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
     }
     let doc = match query.source {
         Source::Production => {
-            match production_matrix_of(
+            match production_matrix_sliced(
                 state,
                 query.window,
                 query.model.as_deref(),
                 query.fingerprint,
+                &query.slice,
             ) {
                 Some(doc) => Arc::new(doc),
                 None => {
@@ -375,6 +431,33 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         },
     };
     respond(StatusCode::OK, format.content_type(), format.render(&doc))
+}
+
+/// A slice the proxy can answer: a tenant it counts (`[tenants]` on, the name in the allow
+/// list or `other`), of the production matrix, not of a comparison.
+pub fn check_slice(state: &AdminState, query: &MatrixQuery) -> Result<(), String> {
+    if query.slice.is_all() {
+        return Ok(());
+    }
+    if query.source == Source::Synthetic {
+        return Err("tenant= and priority= narrow the production matrix; leave out source=synthetic (sweeps have neither)".to_owned());
+    }
+    if query.compare_reference || query.compare_previous {
+        return Err("tenant= and priority= narrow the matrix; compare=… compares all production traffic, so leave them out".to_owned());
+    }
+    if let Some(tenant) = &query.slice.tenant {
+        let tenants = &state.proxy.tenants;
+        if !tenants.enabled() {
+            return Err(format!("tenant `{tenant}`: tenants are off; set [tenants] header or [tenants.keys] to count them (docs/metrics.md, \"Tenants\")"));
+        }
+        if !tenants.counts(tenant) {
+            return Err(format!(
+                "tenant `{tenant}` is not counted; the tenants are {}",
+                tenants.names().join(", ")
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The production window compared with the reference pinned for its model: `Err` is the

@@ -18,6 +18,7 @@ pub mod reference;
 pub mod routes;
 pub mod session;
 pub mod sessions;
+pub mod slices;
 pub mod state;
 pub mod sweeps;
 pub mod workload;

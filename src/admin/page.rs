@@ -2,7 +2,9 @@
 //! scale around ×1, the "why" in each cell), then the two heat maps on the same axes and
 //! colour scale, one self-contained HTML document (inline CSS, no scripts, no external
 //! assets) that reloads itself every [`REFRESH_SECONDS`] with a meta refresh, so everything is
-//! in the DOM without JavaScript. Query: `window=` (1m … 24h, `all`) and `model=`. Below the
+//! in the DOM without JavaScript. Query: `window=` (1m … 24h, `all`), `model=`, and `tenant=`,
+//! `priority=` (the production side narrowed to one tenant or priority band; the filters and
+//! the per-priority table are `slices.rs`). Below the
 //! grids: the drift grid (production ÷ the reference pinned for the model,
 //! when one is) and the production "All measurements" table (prefill rows included).
 //! Under the header: each upstream's configuration (fingerprint, engine, version) and, when it
@@ -29,8 +31,11 @@ use crate::matrix::units::{context_label, format_percent};
 use crate::proxy::body::ResponseBody;
 
 use super::capacity::CapacityAnswer;
-use super::matrix::{production_matrix, synthetic_matrix, MatrixQuery, NO_SWEEP};
-use super::query::percent_decode;
+use super::matrix::{
+    check_slice, production_matrix_sliced, synthetic_matrix, FingerprintChoice, MatrixQuery,
+    NO_SWEEP,
+};
+use super::query::query_escape;
 use super::state::{json_error, respond, AdminState};
 
 /// How often the page reloads itself.
@@ -44,11 +49,23 @@ const PAGE_STYLE: &str = "<style>.panel>h2{margin-top:8px}.windows a{margin-righ
 
 /// `GET /`.
 pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
-    let query = match MatrixQuery::parse(request.uri().query(), &["window", "model"]) {
+    let query = match MatrixQuery::parse(
+        request.uri().query(),
+        &["window", "model", "tenant", "priority"],
+    ) {
         Ok(query) => query,
         Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
     };
-    let production = production_matrix(state, query.window, query.model.as_deref());
+    if let Err(message) = check_slice(state, &query) {
+        return json_error(StatusCode::BAD_REQUEST, &message);
+    }
+    let production = production_matrix_sliced(
+        state,
+        query.window,
+        query.model.as_deref(),
+        FingerprintChoice::Current,
+        &query.slice,
+    );
     let synthetic = match synthetic_matrix(state).await {
         Ok(doc) => doc,
         Err(error) => {
@@ -72,7 +89,14 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         query.model.as_deref(),
         SystemTime::now(),
     );
-    let html = with_after_header(html, &config_fragment(state));
+    let slices = super::slices::fragment(
+        state,
+        query.window,
+        query.model.as_deref(),
+        &query.slice,
+        SystemTime::now(),
+    );
+    let html = with_after_header(html, &format!("{slices}{}", config_fragment(state)));
     let html = match super::session::session_of(state, request) {
         Some(session) => with_controls(html, &super::session::page_controls(state, &session)),
         None => html,
@@ -388,19 +412,4 @@ fn doc_line(doc: &MatrixDoc) -> String {
         _ => {}
     }
     parts.join(" · ")
-}
-
-/// What a model name keeps unescaped in a query string: letters, digits and `-._~/`.
-const QUERY_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'.')
-    .remove(b'_')
-    .remove(b'~')
-    .remove(b'/');
-
-/// Escapes a model name for a query string (the reverse of `percent_decode`).
-fn query_escape(text: &str) -> String {
-    let out = percent_encoding::utf8_percent_encode(text, QUERY_ESCAPED).to_string();
-    debug_assert_eq!(percent_decode(&out).as_deref(), Some(text));
-    out
 }

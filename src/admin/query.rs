@@ -1,4 +1,5 @@
-//! Query-string values: decoding `%XX` and `+` the one way every admin endpoint does.
+//! Query-string values: decoding `%XX` and `+` the one way every admin endpoint does, and
+//! escaping a value for the page's links.
 
 /// Decodes `%XX` and `+` in a query value; `None` for bad escapes or non-UTF-8.
 ///
@@ -20,4 +21,19 @@ pub fn percent_decode(text: &str) -> Option<String> {
         .decode_utf8()
         .ok()
         .map(std::borrow::Cow::into_owned)
+}
+
+/// What a model name keeps unescaped in a query string: letters, digits and `-._~/`.
+const QUERY_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
+/// Escapes a model name for a query string (the reverse of `percent_decode`).
+pub fn query_escape(text: &str) -> String {
+    let out = percent_encoding::utf8_percent_encode(text, QUERY_ESCAPED).to_string();
+    debug_assert_eq!(percent_decode(&out).as_deref(), Some(text));
+    out
 }

@@ -25,5 +25,6 @@ pub mod window;
 pub use cell::{CellAccumulator, Fragment, MatrixAccumulator, PrefillAccumulator};
 pub use sketch::QuantileSketch;
 pub use window::{
-    FingerprintFilter, ProductionMatrix, Window, WindowError, WindowMatrix, DEFAULT_WINDOW,
+    FingerprintFilter, ProductionMatrix, RecordFilter, Slicings, Window, WindowError, WindowMatrix,
+    DEFAULT_WINDOW,
 };

@@ -1,5 +1,6 @@
 //! The snapshot task: every `store.snapshot_interval` it writes the production matrix of the
-//! interval just ended (one document per model with traffic) to the store, then deletes
+//! interval just ended (one document per model with traffic, and with `[tenants]` on one
+//! more per tenant of that model) to the store, then deletes
 //! snapshots older than `store.retention`. On shutdown it writes the part-interval since the
 //! last snapshot, so a restart loses nothing. Owned and stopped by `serve::ProxyServer`.
 //!
@@ -15,9 +16,10 @@ use tokio::time::Instant;
 use crate::net::Shutdown;
 use crate::store::Store;
 
-use super::window::{ProductionMatrix, Window, MAX_WINDOW};
+use super::window::{ProductionMatrix, RecordFilter, Window, MAX_WINDOW};
 
-/// Writes one snapshot per model with records in the `length` before `now`; returns how many.
+/// Writes one snapshot per model with records in the `length` before `now`, and one per
+/// tenant of each; returns how many.
 pub fn write_snapshots(
     production: &ProductionMatrix,
     store: &Store,
@@ -34,9 +36,23 @@ pub fn write_snapshots(
             .map(|name| &**name)
             .collect();
         let doc = production.document(entry, &others);
-        store.put_snapshot(now, length, &entry.model, &doc)?;
+        store.put_snapshot(now, length, &entry.model, None, &doc)?;
     }
-    Ok(windows.len())
+    let mut written = windows.len();
+    for entry in &windows {
+        for (tenant, _) in production.slicings(window, &entry.model, now).tenants {
+            let only = RecordFilter {
+                tenant: Some(tenant.to_string()),
+                ..RecordFilter::default()
+            };
+            let Some(doc) = production.matrix_where(window, Some(&entry.model), now, &only) else {
+                continue;
+            };
+            store.put_snapshot(now, length, &entry.model, Some(&tenant), &doc)?;
+            written += 1;
+        }
+    }
+    Ok(written)
 }
 
 /// Starts the task. `retention` zero keeps snapshots forever.

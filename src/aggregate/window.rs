@@ -19,6 +19,7 @@ use crate::matrix::doc::{MatrixDoc, Metadata};
 use crate::matrix::evidence::EvidenceRule;
 use crate::meter::buckets::Ladder;
 use crate::meter::identity::FingerprintId;
+use crate::meter::priority::PriorityBand;
 use crate::meter::record::RequestRecord;
 use crate::meter::RecordSink;
 
@@ -94,8 +95,60 @@ impl Window {
     }
 }
 
-/// Accumulators by (model, the upstream's configuration): two configurations never share one.
-type ByModel = HashMap<(Arc<str>, FingerprintId), MatrixAccumulator>;
+/// Accumulators by model, the upstream's configuration (two configurations never share
+/// one), tenant and priority band (bounded: the allow list plus `other`, four bands).
+type ByModel = HashMap<SliceKey, MatrixAccumulator>;
+
+/// What one accumulator of a slice holds the records of.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SliceKey {
+    model: Arc<str>,
+    fingerprint: FingerprintId,
+    tenant: Option<Arc<str>>,
+    priority: Option<PriorityBand>,
+}
+
+/// Which records a matrix covers: configurations, and one tenant or priority band when asked
+/// (`/matrix?tenant=…&priority=…`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordFilter {
+    pub fingerprints: FingerprintFilter,
+    /// Only this tenant's records (`[tenants]`).
+    pub tenant: Option<String>,
+    /// Only records whose `priority` fell in this band.
+    pub priority: Option<PriorityBand>,
+}
+
+impl RecordFilter {
+    fn admits(&self, key: &SliceKey) -> bool {
+        self.fingerprints.admits(key.fingerprint)
+            && self
+                .tenant
+                .as_deref()
+                .is_none_or(|t| key.tenant.as_deref() == Some(t))
+            && self.priority.is_none_or(|p| key.priority == Some(p))
+    }
+
+    /// Says in words which slice of the traffic a document covers (nothing for all of it).
+    fn describe(&self) -> Option<String> {
+        let mut parts = Vec::new();
+        if let Some(tenant) = &self.tenant {
+            parts.push(format!("tenant {}", one_line(tenant)));
+        }
+        if let Some(priority) = self.priority {
+            parts.push(format!("priority {priority}"));
+        }
+        (!parts.is_empty()).then(|| parts.join(", "))
+    }
+}
+
+/// The tenants and priority bands of one model's records in a window, with request counts,
+/// busiest first: what the page offers to filter by.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Slicings {
+    pub tenants: Vec<(Arc<str>, u64)>,
+    pub priorities: Vec<(PriorityBand, u64)>,
+}
 
 /// Configurations kept per model in the since-start accumulators; past it the one first seen
 /// longest ago goes (the time slices expire by themselves).
@@ -175,7 +228,7 @@ struct Slices {
     minutes: Ring,
     hours: Ring,
     all: ByModel,
-    /// The keys of `all`, first seen first (for [`MAX_FINGERPRINTS_PER_MODEL`]).
+    /// The configurations of `all`, first seen first (for [`MAX_FINGERPRINTS_PER_MODEL`]).
     all_order: VecDeque<(Arc<str>, FingerprintId)>,
 }
 
@@ -270,7 +323,13 @@ impl ProductionMatrix {
         let mut single = MatrixAccumulator::default();
         single.add_record(record, &self.concurrency);
         let at = unix_seconds(ended).max(0.0) as u64;
-        let key = (Arc::clone(&record.model), record.fingerprint);
+        let key = SliceKey {
+            model: Arc::clone(&record.model),
+            fingerprint: record.fingerprint,
+            tenant: record.tenant.clone(),
+            priority: record.priority,
+        };
+        let configuration = (Arc::clone(&record.model), record.fingerprint);
         let mut slices = lock::lock(&self.slices);
         let Slices {
             minutes,
@@ -278,16 +337,19 @@ impl ProductionMatrix {
             all,
             all_order,
         } = &mut *slices;
-        if !all.contains_key(&key) {
-            let same_model = all_order.iter().filter(|(m, _)| *m == key.0).count();
+        if !all_order.contains(&configuration) {
+            let same_model = all_order
+                .iter()
+                .filter(|(m, _)| *m == configuration.0)
+                .count();
             if same_model >= MAX_FINGERPRINTS_PER_MODEL {
-                if let Some(oldest) = all_order.iter().position(|(m, _)| *m == key.0) {
-                    if let Some(gone) = all_order.remove(oldest) {
-                        all.remove(&gone);
+                if let Some(oldest) = all_order.iter().position(|(m, _)| *m == configuration.0) {
+                    if let Some((model, fingerprint)) = all_order.remove(oldest) {
+                        all.retain(|k, _| !(k.model == model && k.fingerprint == fingerprint));
                     }
                 }
             }
-            all_order.push_back(key.clone());
+            all_order.push_back(configuration);
         }
         for models in [minutes.slice_at(at), hours.slice_at(at), Some(all)]
             .into_iter()
@@ -307,9 +369,9 @@ impl ProductionMatrix {
     ) -> Vec<(FingerprintId, u64)> {
         let mut counts: HashMap<FingerprintId, u64> = HashMap::new();
         self.each_slice(window, now, |models| {
-            for ((m, id), accumulator) in models {
-                if &**m == model {
-                    *counts.entry(*id).or_default() += accumulator.requests;
+            for (key, accumulator) in models {
+                if &*key.model == model {
+                    *counts.entry(key.fingerprint).or_default() += accumulator.requests;
                 }
             }
         });
@@ -378,12 +440,53 @@ impl ProductionMatrix {
         now: SystemTime,
         filter: &FingerprintFilter,
     ) -> Vec<WindowMatrix> {
+        let filter = RecordFilter {
+            fingerprints: filter.clone(),
+            ..RecordFilter::default()
+        };
+        self.window_where(window, now, &filter)
+    }
+
+    /// The tenants and priority bands of `model`'s records in `window`, busiest first.
+    pub fn slicings(&self, window: Window, model: &str, now: SystemTime) -> Slicings {
+        let mut tenants: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut priorities: HashMap<PriorityBand, u64> = HashMap::new();
+        self.each_slice(window, now, |models| {
+            for (key, accumulator) in models {
+                if &*key.model != model {
+                    continue;
+                }
+                if let Some(tenant) = &key.tenant {
+                    *tenants.entry(Arc::clone(tenant)).or_default() += accumulator.requests;
+                }
+                if let Some(priority) = key.priority {
+                    *priorities.entry(priority).or_default() += accumulator.requests;
+                }
+            }
+        });
+        let mut tenants: Vec<_> = tenants.into_iter().collect();
+        tenants.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let mut priorities: Vec<_> = priorities.into_iter().collect();
+        priorities.sort_by_key(|(band, _)| *band);
+        Slicings {
+            tenants,
+            priorities,
+        }
+    }
+
+    /// Every model's figures over `window` ending at `now`, of the records `filter` admits.
+    pub fn window_where(
+        &self,
+        window: Window,
+        now: SystemTime,
+        filter: &RecordFilter,
+    ) -> Vec<WindowMatrix> {
         let mut merged: HashMap<Arc<str>, MatrixAccumulator> = HashMap::new();
         let from = self.each_slice(window, now, |models| {
-            for ((model, id), accumulator) in models {
-                if filter.admits(*id) {
+            for (key, accumulator) in models {
+                if filter.admits(key) {
                     merged
-                        .entry(Arc::clone(model))
+                        .entry(Arc::clone(&key.model))
                         .or_default()
                         .merge(accumulator);
                 }
@@ -428,7 +531,23 @@ impl ProductionMatrix {
         now: SystemTime,
         filter: &FingerprintFilter,
     ) -> Option<MatrixDoc> {
-        let all = self.window_of(window, now, filter);
+        let filter = RecordFilter {
+            fingerprints: filter.clone(),
+            ..RecordFilter::default()
+        };
+        self.matrix_where(window, model, now, &filter)
+    }
+
+    /// As [`ProductionMatrix::matrix`], of the records `filter` admits; a document of one
+    /// tenant or priority band says so in its notes.
+    pub fn matrix_where(
+        &self,
+        window: Window,
+        model: Option<&str>,
+        now: SystemTime,
+        filter: &RecordFilter,
+    ) -> Option<MatrixDoc> {
+        let all = self.window_where(window, now, filter);
         let chosen = match model {
             Some(name) => all.iter().find(|w| &*w.model == name)?,
             None => all.first()?,
@@ -438,7 +557,13 @@ impl ProductionMatrix {
             .filter(|w| !Arc::ptr_eq(&w.model, &chosen.model))
             .map(|w| &*w.model)
             .collect();
-        Some(self.document(chosen, &others))
+        let mut doc = self.document(chosen, &others);
+        if let Some(slice) = filter.describe() {
+            doc.metadata
+                .notes
+                .insert(0, format!("Only the requests of {slice}."));
+        }
+        Some(doc)
     }
 
     /// The document of one model's window; `others` are named in a note.

@@ -154,6 +154,16 @@ pub enum Command {
     ///     --tests rules/tokentap-slo.rules.test.yml && promtool test rules rules/tokentap-slo.rules.test.yml
     #[command(verbatim_doc_comment)]
     Rules(super::rules::RulesArgs),
+    /// Tenants (`[tenants]`): print the hash a `[tenants.keys]` entry takes for an API key.
+    ///
+    /// Requests are counted per tenant when `[tenants]` names a header or maps API-key hashes
+    /// to tenant names; keys are never stored or shown, only their SHA-256 (docs/metrics.md,
+    /// "Tenants").
+    ///
+    /// Example:
+    ///   printf %s "$API_KEY" | tokentap tenants hash-key
+    #[command(verbatim_doc_comment)]
+    Tenants(super::tenants::TenantsArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     ///
     /// Examples:
@@ -203,6 +213,7 @@ pub fn main() -> ExitCode {
             Command::Fleet(args) => super::fleet::run(args).await,
             Command::Replay(args) => super::replay::run(args, super::serve::build_proxy).await,
             Command::Rules(args) => super::rules::run(args),
+            Command::Tenants(args) => super::tenants::run(args),
             Command::Completions(_) => Ok(ExitCode::SUCCESS),
         }
     });

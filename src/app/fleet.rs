@@ -17,6 +17,7 @@ use crate::fleet::matrix::{fleet_matrix, mean_ttft_ms, FleetQuery};
 use crate::fleet::promql::PromClient;
 use crate::matrix::EvidenceRule;
 use crate::matrix::Format;
+use crate::meter::priority::PriorityBand;
 
 /// Read the fleet's matrix back from Prometheus (or Thanos, Mimir: anything that speaks
 /// PromQL), per configuration fingerprint, and compare a canary with its baseline.
@@ -75,6 +76,14 @@ pub struct SourceArgs {
     /// (repeatable).
     #[arg(long = "match", value_name = "MATCHER")]
     pub matchers: Vec<String>,
+    /// Only one tenant's requests (the `tenant` label the sidecars write with `[tenants]`
+    /// on: a name of their allow list, or `other`).
+    #[arg(long, value_name = "NAME")]
+    pub tenant: Option<String>,
+    /// Only requests whose `priority` fell in this band: negative, 0, 1-9 or 10+ (the
+    /// `priority` label).
+    #[arg(long, value_name = "BAND", value_parser = priority_band)]
+    pub priority: Option<PriorityBand>,
     /// A cell with fewer completed requests in the window is Low evidence: shown grey, never in
     /// a ratio. Default 20 (the `[evidence]` default).
     #[arg(long, value_name = "N")]
@@ -191,11 +200,36 @@ impl SourceArgs {
                 TrafficSource::Synthetic => Source::Synthetic,
             },
             fingerprint,
-            matchers: self.matchers.clone(),
+            matchers: self
+                .matchers
+                .iter()
+                .cloned()
+                .chain(
+                    self.tenant
+                        .as_deref()
+                        .map(|t| format!("tenant={}", promql_string(t))),
+                )
+                .chain(self.priority.map(|p| format!("priority=\"{}\"", p.label())))
+                .collect(),
             window,
             evidence,
         })
     }
+}
+
+/// `--priority`: a band's label, or an integer (its band).
+fn priority_band(text: &str) -> Result<PriorityBand, String> {
+    PriorityBand::parse(text).ok_or_else(|| {
+        format!(
+            "`{text}` is not a priority band: expected {} or an integer",
+            PriorityBand::ALL.map(PriorityBand::label).join(", ")
+        )
+    })
+}
+
+/// A PromQL string literal: `"…"` with `\` and `"` escaped.
+fn promql_string(text: &str) -> String {
+    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 /// `--at`: RFC 3339, or Unix seconds (a fraction allowed, as Prometheus writes them).

@@ -167,6 +167,10 @@ pub struct ShowArgs {
     /// With --store: only snapshots of this served model. Default: every model.
     #[arg(long, value_name = "NAME", requires = "store")]
     pub model: Option<String>,
+    /// With --store: the snapshots of one tenant's requests (`[tenants]`: a name of the
+    /// allow list, or `other`). Default: every request.
+    #[arg(long, value_name = "NAME", requires = "store")]
+    pub tenant: Option<String>,
     /// Output format.
     /// table (the seed page's grid: contexts × concurrency, total tok/s over TTFT, at most 120
     /// columns), list (every figure of every cell, one row each), md (the seed page's layout;
@@ -268,10 +272,19 @@ pub(super) fn write_output(output: Option<&Path>, text: &str) -> anyhow::Result<
 fn show(args: &ShowArgs) -> anyhow::Result<ExitCode> {
     let doc = match (&args.file, &args.store) {
         (_, Some(dir)) => {
-            match super::store::snapshot_for_show(dir, args.at.as_deref(), args.model.as_deref())? {
+            match super::store::snapshot_for_show(
+                dir,
+                args.at.as_deref(),
+                args.model.as_deref(),
+                args.tenant.as_deref(),
+            )? {
                 Some(doc) => doc,
                 None => {
-                    let listing = super::store::list_snapshots(dir, args.model.as_deref())?;
+                    let listing = super::store::list_snapshots(
+                        dir,
+                        args.model.as_deref(),
+                        args.tenant.as_deref(),
+                    )?;
                     write_output(args.output.as_deref(), &listing)?;
                     return Ok(ExitCode::SUCCESS);
                 }

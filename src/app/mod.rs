@@ -15,6 +15,7 @@
 //! - [`workload`]: `tokentap workload export|convert`; [`replay`]: `tokentap replay`.
 //! - [`rules`]: `tokentap rules` (the error-budget burn-rate alerts of `[slo]`, and their
 //!   promtool unit tests).
+//! - [`tenants`]: `tokentap tenants hash-key` (the hash a `[tenants.keys]` entry takes).
 //! - [`output`]: `--format table|md|json`, what sweep, replay and demo print when they end.
 //! - [`store`]: what `tokentap matrix show --store` reads from the store.
 
@@ -31,6 +32,7 @@ pub mod serve;
 pub mod simulate;
 pub mod store;
 pub mod sweep;
+pub mod tenants;
 pub mod workload;
 
 pub use cli::{main, Cli};

@@ -665,5 +665,6 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         faults,
         prefix_salt,
         routes: RoutePolicy::from_config(&config.proxy.routes),
+        tenants: crate::proxy::tenants::Tenants::new(config.tenants.clone()),
     }))
 }

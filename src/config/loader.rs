@@ -14,6 +14,7 @@ use super::raw::RawConfig;
 use super::store::StoreConfig;
 use super::sweep::SweepConfig;
 use super::telemetry::TelemetryConfig;
+use super::tenants::TenantsConfig;
 use super::upstream::UpstreamConfig;
 use super::workload::WorkloadConfig;
 use crate::matrix::evidence::EvidenceRule;
@@ -222,6 +223,8 @@ pub struct Config {
     pub workload: WorkloadConfig,
     /// `[fingerprint]`: each upstream's configuration, read in the background.
     pub fingerprint: FingerprintConfig,
+    /// `[tenants]`: who a request is counted under (`proxy::tenants`).
+    pub tenants: TenantsConfig,
 }
 
 impl Config {
@@ -246,6 +249,7 @@ impl Config {
         let drift = DriftConfig::from_raw(raw.drift, evidence, origins)?;
         let workload = WorkloadConfig::from_raw(raw.workload, origins)?;
         let fingerprint = FingerprintConfig::from_raw(raw.fingerprint, origins)?;
+        let tenants = TenantsConfig::from_raw(raw.tenants, origins)?;
         Ok(Config {
             proxy,
             upstreams,
@@ -259,6 +263,7 @@ impl Config {
             capacity,
             workload,
             fingerprint,
+            tenants,
         })
     }
 }

@@ -34,6 +34,7 @@ pub struct RawConfig {
     pub capacity: RawCapacity,
     pub workload: RawWorkload,
     pub fingerprint: RawFingerprint,
+    pub tenants: RawTenants,
 }
 
 #[derive(Debug, Deserialize)]
@@ -410,6 +411,18 @@ impl Default for RawFingerprint {
             launch_command: String::new(),
         }
     }
+}
+
+/// `[tenants]`: who a request is counted under (off by default).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTenants {
+    /// The request header naming the tenant; empty: none.
+    pub header: String,
+    /// The tenant names counted as themselves.
+    pub allow: Vec<String>,
+    /// SHA-256 of an API key → tenant name.
+    pub keys: std::collections::BTreeMap<String, String>,
 }
 
 /// `[drift]`: how production is compared with pinned reference matrices.

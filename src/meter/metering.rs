@@ -236,6 +236,12 @@ pub struct RequestLabels {
     pub asked_model: Option<Arc<str>>,
     pub upstream: Arc<str>,
     pub tag: Option<Arc<str>>,
+    /// The tenant the request is counted under (`[tenants]`: an allow-listed name or
+    /// `other`); `None` when tenants are off. A key of the matrix and a label of the cell
+    /// series.
+    pub tenant: Option<Arc<str>>,
+    /// The band of the request's `priority` field, when it sent one.
+    pub priority: Option<super::priority::PriorityBand>,
 }
 
 /// The measurement of one request in progress.
@@ -427,6 +433,8 @@ impl RequestMeter {
             asked_model: self.labels.asked_model.clone(),
             upstream: Arc::clone(&self.labels.upstream),
             tag: self.labels.tag.clone(),
+            tenant: self.labels.tenant.clone(),
+            priority: self.labels.priority,
             fingerprint: self.fingerprint,
             outcome,
             status: self.status,

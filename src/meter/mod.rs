@@ -7,6 +7,7 @@ pub mod buckets;
 pub mod identity;
 pub mod inflight;
 mod metering;
+pub mod priority;
 pub mod record;
 pub mod server_state;
 pub mod slo;

@@ -110,6 +110,10 @@ pub struct RequestRecord {
     pub upstream: Arc<str>,
     /// Free-form tag set by in-process callers (the sweep engine tags its cell's requests).
     pub tag: Option<Arc<str>>,
+    /// The tenant it was counted under (see `RequestLabels`); `None` when tenants are off.
+    pub tenant: Option<Arc<str>>,
+    /// The band of its `priority` field, when it sent one.
+    pub priority: Option<super::priority::PriorityBand>,
     /// The upstream's configuration (fingerprint) at request start.
     pub fingerprint: super::identity::FingerprintId,
     pub outcome: Outcome,
@@ -291,6 +295,8 @@ impl RequestRecord {
             asked_model: None,
             upstream: Arc::from("default"),
             tag: None,
+            tenant: None,
+            priority: None,
             fingerprint: super::identity::FingerprintId::UNKNOWN,
             outcome: Outcome::Ok,
             status: 200,

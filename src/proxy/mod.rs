@@ -15,6 +15,7 @@ pub mod relay;
 pub mod request_body;
 pub mod routes;
 pub mod service;
+pub mod tenants;
 pub mod timeout;
 pub mod upstream;
 pub mod usage_unasked;

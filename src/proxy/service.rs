@@ -36,6 +36,7 @@ use crate::base::lock;
 use crate::base::Route;
 use crate::base::Source;
 use crate::config::MeteringConfig;
+use crate::meter::priority::PriorityBand;
 use crate::meter::slo::SLO_HEADER;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
 use crate::net::faults::{Fault, FaultCounters};
@@ -142,6 +143,8 @@ pub struct Proxy {
     pub prefix_salt: Option<PrefixSalt>,
     /// Which paths clients may reach (`proxy.routes`).
     pub routes: RoutePolicy,
+    /// Who a production request is counted under (`[tenants]`).
+    pub tenants: super::tenants::Tenants,
 }
 
 /// The memory metered request bodies may hold while being read, over all requests, in KiB
@@ -414,9 +417,9 @@ impl Proxy {
             HeaderValue::from_static("identity"),
         );
         let (model, asked_model) = self.recorded_model(&upstream, facts.model.as_deref());
-        let (source, tag) = match synthetic {
-            Some(s) => (Source::Synthetic, s.tag),
-            None => (Source::Production, None),
+        let (source, tag, tenant) = match synthetic {
+            Some(s) => (Source::Synthetic, s.tag, None),
+            None => (Source::Production, None, self.tenants.of(&parts.headers)),
         };
         let mut meter = self.meter.begin(
             RequestLabels {
@@ -426,6 +429,8 @@ impl Proxy {
                 asked_model,
                 upstream: Arc::clone(&upstream.name),
                 tag,
+                tenant,
+                priority: facts.priority.map(PriorityBand::of),
             },
             head_in,
         );

@@ -111,6 +111,8 @@ pub struct SnapshotInfo {
     /// Length of the window the snapshot aggregates.
     pub window: Duration,
     pub model: String,
+    /// The tenant whose requests it covers (`[tenants]`); `None`: every request.
+    pub tenant: Option<String>,
     /// Decode cells and output tokens in it (for listings).
     pub cells: u64,
     pub output_tokens: u64,
@@ -220,6 +222,7 @@ impl Store {
                 PRAGMA user_version = 1;",
             )
             .map_err(open_error)?;
+        add_snapshot_tenant(&connection).map_err(open_error)?;
         Ok(Store {
             path,
             connection: Mutex::new(connection),
@@ -330,21 +333,23 @@ impl Store {
         at: SystemTime,
         window: Duration,
         model: &str,
+        tenant: Option<&str>,
         matrix: &MatrixDoc,
     ) -> Result<i64, StoreError> {
         let output_tokens: u64 = matrix.decode.iter().filter_map(|c| c.output_tokens).sum();
         let connection = self.connection();
         connection
             .execute(
-                "INSERT INTO snapshots (taken_ms, window_ms, model, cells, output_tokens, matrix_json)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO snapshots (taken_ms, window_ms, model, cells, output_tokens, matrix_json, tenant)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![
                     unix_millis(at),
                     i64::try_from(window.as_millis()).unwrap_or(i64::MAX),
                     model,
                     i64::try_from(matrix.decode.len()).unwrap_or(i64::MAX),
                     i64::try_from(output_tokens).unwrap_or(i64::MAX),
-                    crate::matrix::render_json(matrix)
+                    crate::matrix::render_json(matrix),
+                    tenant
                 ],
             )
             .map_err(query("put_snapshot"))?;
@@ -360,7 +365,7 @@ impl Store {
         let connection = self.connection();
         let mut statement = connection
             .prepare(
-                "SELECT id, taken_ms, window_ms, model, cells, output_tokens FROM snapshots
+                "SELECT id, taken_ms, window_ms, model, cells, output_tokens, tenant FROM snapshots
                  WHERE taken_ms >= ?1 AND taken_ms < ?2 ORDER BY taken_ms, id",
             )
             .map_err(query("select snapshots"))?;
@@ -377,20 +382,22 @@ impl Store {
             .map_err(query("read a snapshots row"))
     }
 
-    /// The latest snapshot taken at or before `at` (of `model`, when given).
+    /// The latest snapshot taken at or before `at` (of `model`, when given), of `tenant`'s
+    /// requests (`None`: of every request).
     pub fn snapshot_at(
         &self,
         at: SystemTime,
         model: Option<&str>,
+        tenant: Option<&str>,
     ) -> Result<Option<Snapshot>, StoreError> {
         let connection = self.connection();
         let row = connection
             .query_row(
-                "SELECT id, taken_ms, window_ms, model, cells, output_tokens, matrix_json
-                 FROM snapshots WHERE taken_ms <= ?1 AND (?2 IS NULL OR model = ?2)
+                "SELECT id, taken_ms, window_ms, model, cells, output_tokens, tenant, matrix_json
+                 FROM snapshots WHERE taken_ms <= ?1 AND (?2 IS NULL OR model = ?2) AND tenant IS ?3
                  ORDER BY taken_ms DESC, id DESC LIMIT 1",
-                params![unix_millis(at), model],
-                |row| Ok((snapshot_info(row)?, row.get::<_, String>(6)?)),
+                params![unix_millis(at), model, tenant],
+                |row| Ok((snapshot_info(row)?, row.get::<_, String>(7)?)),
             )
             .optional()
             .map_err(query("snapshot_at"))?;
@@ -421,7 +428,30 @@ fn snapshot_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
         model: row.get(3)?,
         cells: u64::try_from(row.get::<_, i64>(4)?).unwrap_or(0),
         output_tokens: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0),
+        tenant: row.get(6)?,
     })
+}
+
+/// Adds `snapshots.tenant` to a store made before tenants (NULL: every request). The schema
+/// version stays 1: an older tokentap reads and writes such a store as before.
+fn add_snapshot_tenant(connection: &Connection) -> rusqlite::Result<()> {
+    let present: bool = connection.query_row(
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('snapshots') WHERE name = 'tenant')",
+        [],
+        |row| row.get(0),
+    )?;
+    if present {
+        return Ok(());
+    }
+    match connection.execute_batch("ALTER TABLE snapshots ADD COLUMN tenant TEXT") {
+        // Another process opening the same store added it first.
+        Err(rusqlite::Error::SqliteFailure(_, Some(message)))
+            if message.contains("duplicate column") =>
+        {
+            Ok(())
+        }
+        result => result,
+    }
 }
 
 pub(super) fn read_matrix(
@@ -465,11 +495,17 @@ mod tests {
             let store = Store::open(&dir).unwrap();
             for (i, at) in [0, 3600, 7200].into_iter().enumerate() {
                 store
-                    .put_snapshot(t(at), Duration::from_secs(3600), "m", &doc(i as u64 + 1))
+                    .put_snapshot(
+                        t(at),
+                        Duration::from_secs(3600),
+                        "m",
+                        None,
+                        &doc(i as u64 + 1),
+                    )
                     .unwrap();
             }
             store
-                .put_snapshot(t(7200), Duration::from_secs(3600), "other", &doc(9))
+                .put_snapshot(t(7200), Duration::from_secs(3600), "other", None, &doc(9))
                 .unwrap();
         }
         let store = Store::open(&dir).unwrap();
@@ -477,13 +513,16 @@ mod tests {
         assert_eq!(all.len(), 4);
         assert_eq!(all[0].output_tokens, 1);
         assert_eq!(all[0].window, Duration::from_secs(3600));
-        let middle = store.snapshot_at(t(5000), None).unwrap().unwrap();
+        let middle = store.snapshot_at(t(5000), None, None).unwrap().unwrap();
         assert_eq!(middle.info.taken_at, t(3600));
         assert_eq!(middle.matrix, doc(2));
-        let other = store.snapshot_at(t(9000), Some("m")).unwrap().unwrap();
+        let other = store
+            .snapshot_at(t(9000), Some("m"), None)
+            .unwrap()
+            .unwrap();
         assert_eq!(other.info.model, "m");
         assert!(store
-            .snapshot_at(t(0) - Duration::from_secs(1), None)
+            .snapshot_at(t(0) - Duration::from_secs(1), None, None)
             .unwrap()
             .is_none());
         assert_eq!(

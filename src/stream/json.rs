@@ -386,6 +386,28 @@ pub fn string_eq(json: &[u8], span: Span, expected: &[u8]) -> bool {
             .is_some_and(|contents| decodes_to(contents, expected))
 }
 
+/// The JSON integer at `span`, signed (`-3`, `7`), saturating at `i64`'s bounds; `None` for
+/// anything else (a fraction, an exponent, a string): the request's `priority`.
+pub fn as_i64(json: &[u8], span: Span) -> Option<i64> {
+    let raw = span.bytes(json);
+    let (negative, digits) = match raw.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, raw),
+    };
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let mut value: i64 = 0;
+    for &b in digits {
+        value = value.saturating_mul(10).saturating_add(i64::from(b - b'0'));
+    }
+    Some(if negative {
+        value.saturating_neg()
+    } else {
+        value
+    })
+}
+
 /// Reads a non-negative integer (a JSON number without sign, fraction or exponent; a
 /// fraction like `12.0` is accepted and truncated). Saturates instead of overflowing.
 pub fn as_u64(json: &[u8], span: Span) -> Option<u64> {

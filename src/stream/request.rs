@@ -36,6 +36,8 @@ pub struct RequestFacts {
     /// The request offered tools (a non-empty `tools` array): a tools list alone adds prefill
     /// time on some models, so such requests are told apart.
     pub with_tools: bool,
+    /// The top-level integer `priority` (sglang and vLLM, every route that takes one).
+    pub priority: Option<i64>,
 }
 
 /// Reads the facts from a JSON request body; `None` if the body is not a JSON object.
@@ -45,7 +47,7 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
         return None;
     }
     // One walk over the top-level object for every field (the prompt may be megabytes).
-    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid, messages, prompt, text, input_ids, input, tools] =
+    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid, messages, prompt, text, input_ids, input, tools, priority] =
         json::last_members(
             body,
             start,
@@ -64,6 +66,7 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
                 b"input_ids",
                 b"input",
                 b"tools",
+                b"priority",
             ],
         )
         .map(|member| member.map(|m| m.value));
@@ -93,6 +96,7 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
             Route::Responses => input,
         },
         with_tools: tools.is_some_and(|s| json::is_nonempty_array(body, s)),
+        priority: priority.and_then(|s| json::as_i64(body, s)),
     })
 }
 

@@ -112,6 +112,8 @@ pub fn metered_body(
             asked_model: None,
             upstream: std::sync::Arc::from("u"),
             tag: None,
+            tenant: None,
+            priority: None,
         },
         tokio::time::Instant::now(),
     );

@@ -199,6 +199,12 @@ impl RecordSink for OtelSink {
         ];
 
         let mut attributes = common.to_vec();
+        if let Some(tenant) = &r.tenant {
+            attributes.push(KeyValue::new("tokentap.tenant", tenant.to_string()));
+        }
+        if let Some(priority) = r.priority {
+            attributes.push(KeyValue::new("tokentap.priority", priority.label()));
+        }
         if let Some(asked) = &r.asked_model {
             // The name the client sent, when the served model differs (bounded like labels).
             attributes.push(KeyValue::new("tokentap.model.asked", asked.to_string()));

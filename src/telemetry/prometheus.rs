@@ -31,6 +31,7 @@ use crate::base::Route;
 use crate::base::Source;
 use crate::meter::buckets::Ladder;
 use crate::meter::identity::{FingerprintId, IdentityRegistry};
+use crate::meter::priority::PriorityBand;
 use crate::meter::record::SloVerdict;
 use crate::meter::record::{Outcome, RequestRecord};
 use crate::meter::server_state::{ScrapeOutcome, ServerStateRegistry};
@@ -44,16 +45,40 @@ use super::names::*;
 static METADATA: Metadata<'static> =
     Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
-/// (model, upstream, route, source, context bucket, concurrency bucket, fingerprint).
-type CellKey = (
-    Arc<str>,
-    Arc<str>,
-    Route,
-    Source,
-    usize,
-    usize,
-    FingerprintId,
-);
+/// One cell's series: who (model, upstream, route, source, tenant, priority band), where
+/// (context and concurrency buckets) and on what configuration (fingerprint).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CellKey {
+    model: Arc<str>,
+    upstream: Arc<str>,
+    route: Route,
+    source: Source,
+    context: usize,
+    concurrency: usize,
+    fingerprint: FingerprintId,
+    /// `None` when tenants are off: no `tenant` label.
+    tenant: Option<Arc<str>>,
+    /// `None` when the request sent no `priority`: no `priority` label.
+    priority: Option<PriorityBand>,
+}
+
+impl CellKey {
+    /// The cell a finished request's record lands in, at concurrency bucket `concurrency`
+    /// (its tokens are split over the buckets they were emitted in).
+    fn of_record(r: &RequestRecord, concurrency: usize) -> Self {
+        Self {
+            model: Arc::clone(&r.model),
+            upstream: Arc::clone(&r.upstream),
+            route: r.route,
+            source: r.source,
+            context: r.buckets.context,
+            concurrency,
+            fingerprint: r.fingerprint,
+            tenant: r.tenant.clone(),
+            priority: r.priority,
+        }
+    }
+}
 /// (model, upstream, route, source).
 type BaseKey = (Arc<str>, Arc<str>, Route, Source);
 
@@ -595,16 +620,26 @@ impl PrometheusMetrics {
     /// The labels of one cell: the base labels plus its context and concurrency buckets and
     /// the upstream's configuration (`fingerprint`: 12 hex, `unknown` or `flapping`).
     fn cell_labels(&self, key: &CellKey) -> Vec<Label> {
-        let mut labels = self.base_labels(&key.0, &key.1, key.2, key.3);
+        let mut labels = self.base_labels(&key.model, &key.upstream, key.route, key.source);
         labels.push(Label::new(
             "context_bucket",
-            self.contexts.label(key.4).to_string(),
+            self.contexts.label(key.context).to_string(),
         ));
         labels.push(Label::new(
             "concurrency_bucket",
-            self.concurrency.label(key.5).to_string(),
+            self.concurrency.label(key.concurrency).to_string(),
         ));
-        labels.push(Label::new("fingerprint", key.6.label().as_str().to_owned()));
+        labels.push(Label::new(
+            "fingerprint",
+            key.fingerprint.label().as_str().to_owned(),
+        ));
+        // Bounded: the allow list plus `other` (`proxy::tenants`), and four bands.
+        if let Some(tenant) = &key.tenant {
+            labels.push(Label::new("tenant", tenant.to_string()));
+        }
+        if let Some(priority) = key.priority {
+            labels.push(Label::new("priority", priority.label()));
+        }
         labels
     }
 
@@ -720,17 +755,7 @@ impl PrometheusMetrics {
         let Some(verdict) = SloVerdict::JUDGED.iter().position(|v| *v == r.slo.verdict) else {
             return;
         };
-        let key = |bucket: usize| {
-            (
-                Arc::clone(&r.model),
-                Arc::clone(&r.upstream),
-                r.route,
-                r.source,
-                r.buckets.context,
-                bucket,
-                r.fingerprint,
-            )
-        };
+        let key = |bucket: usize| CellKey::of_record(r, bucket);
         if let Some(counter) = self
             .slo_cell(key(r.buckets.concurrency))
             .requests
@@ -896,15 +921,17 @@ impl RecordSink for PrometheusMetrics {
 
     fn expected(&self, labels: &RequestLabels, cell: ExpectedCell) {
         // Creating the handles registers every series of the cell at 0.
-        self.cell((
-            Arc::clone(&labels.model),
-            Arc::clone(&labels.upstream),
-            labels.route,
-            labels.source,
-            cell.context,
-            cell.concurrency,
-            cell.fingerprint,
-        ));
+        self.cell(CellKey {
+            model: Arc::clone(&labels.model),
+            upstream: Arc::clone(&labels.upstream),
+            route: labels.route,
+            source: labels.source,
+            context: cell.context,
+            concurrency: cell.concurrency,
+            fingerprint: cell.fingerprint,
+            tenant: labels.tenant.clone(),
+            priority: labels.priority,
+        });
     }
 
     fn record(&self, r: &Arc<RequestRecord>) {
@@ -924,15 +951,7 @@ impl RecordSink for PrometheusMetrics {
         }
         self.record_slo(r);
 
-        let cell = self.cell((
-            Arc::clone(&r.model),
-            Arc::clone(&r.upstream),
-            r.route,
-            r.source,
-            r.buckets.context,
-            r.buckets.concurrency,
-            r.fingerprint,
-        ));
+        let cell = self.cell(CellKey::of_record(r, r.buckets.concurrency));
         if let Some(i) = Outcome::ALL.iter().position(|o| *o == r.outcome) {
             if let Some(counter) = cell.outcomes.get(i) {
                 counter.increment(1);
@@ -997,15 +1016,7 @@ impl RecordSink for PrometheusMetrics {
             let split = if bucket == r.buckets.concurrency {
                 Arc::clone(&cell)
             } else {
-                self.cell((
-                    Arc::clone(&r.model),
-                    Arc::clone(&r.upstream),
-                    r.route,
-                    r.source,
-                    r.buckets.context,
-                    bucket,
-                    r.fingerprint,
-                ))
+                self.cell(CellKey::of_record(r, bucket))
             };
             split.completion_tokens.increment(tokens);
             split.decode_seconds.record(seconds);

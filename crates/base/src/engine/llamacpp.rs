@@ -50,6 +50,7 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         special_tokens_field: Some("add_special"),
     }],
     control_routes: CONTROL_ROUTES,
+    priority: None,
 };
 
 /// `llama-server`'s routes that act on it (`tools/server/server.cpp`): a slot's KV cache saved,

@@ -15,5 +15,5 @@ mod vllm;
 pub use spec::{
     by_name, control_route, detect, load_metric_names, register, server_info_routes, Abort,
     ControlRoute, Detection, Engine, EngineSpec, Evidence, FingerprintKeys, KvBudget, Methods,
-    Metrics, SelfDescription, Tokenize, UsageReport,
+    Metrics, PriorityScheduling, SelfDescription, Tokenize, UsageReport,
 };

@@ -60,4 +60,5 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
     ],
     // The OpenAI API has no route that acts on the server.
     control_routes: &[],
+    priority: None,
 };

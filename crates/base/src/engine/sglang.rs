@@ -3,7 +3,7 @@
 
 use super::spec::{
     Abort, ControlRoute, Detection, EngineSpec, FingerprintKeys, KvBudget, Methods, Metrics,
-    SelfDescription, Tokenize, UsageReport,
+    PriorityScheduling, SelfDescription, Tokenize, UsageReport,
 };
 
 pub(super) const SPEC: EngineSpec = EngineSpec {
@@ -103,6 +103,13 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         special_tokens_field: Some("add_special_tokens"),
     }],
     control_routes: CONTROL_ROUTES,
+    // sglang `--enable-priority-scheduling` (`schedule_policy.py`: `priority_sign = -1` unless
+    // `--schedule-low-priority-values-first`); vLLM `--scheduling-policy priority`, lower first.
+    priority: Some(PriorityScheduling {
+        flag: "--enable-priority-scheduling",
+        larger_first: true,
+        reverse_flag: Some("--schedule-low-priority-values-first"),
+    }),
 };
 
 /// sglang 0.5.23's routes that act on the server (`entrypoints/http_server.py`,

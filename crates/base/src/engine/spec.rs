@@ -37,6 +37,34 @@ pub struct EngineSpec {
     /// logging) or reach into it (weights, other clients' requests): refused on the data
     /// port unless `proxy.routes` opens them (docs/operations.md, "Routes").
     pub control_routes: &'static [ControlRoute],
+    /// How it schedules by the request's `priority` field, if it can (docs/operations.md,
+    /// "Priority scheduling").
+    pub priority: Option<PriorityScheduling>,
+}
+
+/// An engine's priority scheduling: off unless started with `flag`; then the waiting requests
+/// are taken by their `priority`, larger values first or smaller first.
+#[derive(Debug, Clone, Copy)]
+pub struct PriorityScheduling {
+    /// The launch flag that turns it on.
+    pub flag: &'static str,
+    /// Larger values are served first (sglang's default); else smaller first (vLLM).
+    pub larger_first: bool,
+    /// The launch flag that reverses the order, where there is one.
+    pub reverse_flag: Option<&'static str>,
+}
+
+impl PriorityScheduling {
+    /// One sentence an operator reads beside per-priority figures.
+    pub fn describe(&self, engine: &str) -> String {
+        format!(
+            "{engine} schedules by priority only when started with {}; it then serves {} values first{}.",
+            self.flag,
+            if self.larger_first { "larger" } else { "smaller" },
+            self.reverse_flag
+                .map_or_else(String::new, |flag| format!(" ({flag} reverses it)"))
+        )
+    }
 }
 
 /// The evidence that names an engine, in the order [`detect`] weighs it.

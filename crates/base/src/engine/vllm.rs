@@ -2,8 +2,8 @@
 //! (`entrypoints/`, `v1/metrics/loggers.py`).
 
 use super::spec::{
-    ControlRoute, Detection, EngineSpec, FingerprintKeys, KvBudget, Metrics, SelfDescription,
-    Tokenize, UsageReport,
+    ControlRoute, Detection, EngineSpec, FingerprintKeys, KvBudget, Metrics, PriorityScheduling,
+    SelfDescription, Tokenize, UsageReport,
 };
 
 pub(super) const SPEC: EngineSpec = EngineSpec {
@@ -67,6 +67,12 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         special_tokens_field: Some("add_special_tokens"),
     }],
     control_routes: CONTROL_ROUTES,
+    // `--scheduling-policy priority`: the waiting queue by (priority, arrival), lower first.
+    priority: Some(PriorityScheduling {
+        flag: "--scheduling-policy priority",
+        larger_first: false,
+        reverse_flag: None,
+    }),
 };
 
 /// vLLM 0.32's routes that act on the server (`entrypoints/serve/dev/`, `serve/profile/`,
