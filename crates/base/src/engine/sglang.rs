@@ -46,6 +46,8 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
             "page_size",
             "schedule_policy",
             "schedule_conservativeness",
+            "enable_priority_scheduling",
+            "schedule_low_priority_values_first",
             "attention_backend",
             "prefill_attention_backend",
             "decode_attention_backend",
