@@ -2642,9 +2642,13 @@ async fn client_loop(
                     .to_bytes();
             assert!(bytes.ends_with(b"data: [DONE]\n\n"));
         } else {
+            // Production requests carry a `priority` (the priority panel's bands; the engine
+            // here ignores it): the 8K clients 0, the 16K clients 5.
+            let mut body: serde_json::Value = serde_json::from_str(&body).unwrap();
+            body["priority"] = serde_json::json!(if prompt_tokens > 8000 { 5 } else { 0 });
             let response = common::post(
                 &format!("http://{}/v1/completions", server.proxy_addr),
-                &body,
+                &body.to_string(),
             )
             .await;
             assert_eq!(response.status, 200, "{}", response.text());
@@ -2708,7 +2712,8 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
         &sim.base_url(),
         // A loose SLO, so every request is judged and the SLO panels have data; drift after a
         // single request, refreshed every second, so the drift panels have data too.
-        &format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[slo]\ne2e = \"10m\"\n[evidence]\nmin_requests = 1\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n[drift]\nrefresh_interval = \"1s\"\n"),
+        // Tenants on: every production request is `other` (the tenant panel's data).
+        &format!("[admin]\ntoken = \"{ADMIN_TOKEN}\"\n[tenants]\nheader = \"x-tenant\"\nallow = [\"search\"]\n[slo]\ne2e = \"10m\"\n[evidence]\nmin_requests = 1\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n[drift]\nrefresh_interval = \"1s\"\n"),
     )
     .await;
     let server = Arc::new(server);
