@@ -65,6 +65,21 @@ pub struct SimulateArgs {
     /// profile's `labels.engine_version`.
     #[arg(long, value_name = "VERSION")]
     pub engine_version: Option<String>,
+    /// Like sglang's --enable-priority-scheduling: admit waiting requests by their `priority`
+    /// field (chat, completions, /generate), ties by arrival; in the sglang dialect larger
+    /// values first and requests without one last (the vLLM dialect: as --scheduling-policy
+    /// priority); /server_info says so. Default: first come first served, as in both engines.
+    #[arg(long)]
+    pub enable_priority_scheduling: bool,
+    /// Like sglang's --schedule-low-priority-values-first: with priority scheduling, smaller
+    /// `priority` values go first (the vLLM dialect always does). Default: larger first.
+    #[arg(long)]
+    pub schedule_low_priority_values_first: bool,
+    /// Like vLLM's --scheduling-policy: `priority` admits waiting requests by their
+    /// `priority` field, smaller values first (a request without one counts as 0), ties by
+    /// arrival; the same switch as --enable-priority-scheduling. Default: fcfs.
+    #[arg(long, value_enum, value_name = "POLICY", default_value_t = SchedulingPolicy::Fcfs)]
+    pub scheduling_policy: SchedulingPolicy,
     /// Add or replace a server argument in /server_info, as KEY=VALUE (VALUE is JSON, else a
     /// string); repeatable: another configuration of the same profile, for fingerprint tests.
     #[arg(long = "server-arg", value_name = "KEY=VALUE", value_parser = parse_server_arg)]
@@ -98,6 +113,15 @@ pub struct SimulateArgs {
     /// With --measure-lag: prompt length in tokens of every stream.
     #[arg(long, value_name = "TOKENS", default_value_t = 1024)]
     pub measure_context: u64,
+}
+
+/// The values of `--scheduling-policy`, vLLM's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SchedulingPolicy {
+    /// First come first served.
+    Fcfs,
+    /// By each request's `priority`, then arrival.
+    Priority,
 }
 
 /// `tokentap simulate`.
@@ -163,6 +187,9 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         engine_version: args.engine_version.clone(),
         server_args: args.server_args.clone(),
         slowdown: args.slowdown,
+        priority_scheduling: args.enable_priority_scheduling
+            || args.scheduling_policy == SchedulingPolicy::Priority,
+        low_priority_values_first: args.schedule_low_priority_values_first,
     };
     if let Some(streams) = args.measure_lag {
         let report = lag::measure(

@@ -102,6 +102,8 @@ pub fn server_info(state: &AppState) -> Reply {
         "stream_interval": 1,
         "enable_cache_report": state.options.enable_cache_report,
         "stream_response_default_include_usage": state.options.stream_response_default_include_usage,
+        "enable_priority_scheduling": state.options.priority_scheduling,
+        "schedule_low_priority_values_first": state.options.low_priority_values_first,
         "random_seed": state.options.seed,
         "launch_command": launch_command(p),
         "status": "ready",

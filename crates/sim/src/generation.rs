@@ -98,6 +98,7 @@ where
         max_new_tokens,
         min_new_tokens: parsed.min_new_tokens,
         ignore_eos: parsed.ignore_eos,
+        priority: state.options.request_priority(parsed.priority),
         request_seed,
         events: events_tx,
     };

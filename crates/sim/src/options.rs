@@ -1,5 +1,6 @@
 //! What a simulator run is asked to be: the server it impersonates on the wire ([`Dialect`])
-//! and the run-time options that are not part of a deployment's profile ([`SimOptions`]).
+//! and the run-time options that are not part of a deployment's profile ([`SimOptions`]),
+//! including the order its scheduler takes waiting requests in ([`QueueOrder`]).
 //! A leaf: every other part of the simulator reads these, none is read here.
 
 /// Which server the simulator impersonates on the wire.
@@ -42,11 +43,115 @@ pub struct SimOptions {
     /// Every prefill and decode time multiplied by this (1.5: 1.5 times slower); 0 or 1: the
     /// profile's speed. Not shown anywhere: a slow node looks like any other.
     pub slowdown: f64,
+    /// sglang `--enable-priority-scheduling`, vLLM `--scheduling-policy priority`: waiting
+    /// requests are admitted by their `priority` field, in the dialect's direction
+    /// ([`SimOptions::queue_order`]); off: first come first served, the field ignored.
+    pub priority_scheduling: bool,
+    /// sglang `--schedule-low-priority-values-first`: with `priority_scheduling`, smaller
+    /// values go first instead of sglang's default larger-first. The vLLM dialect always
+    /// takes smaller values first, so it ignores this.
+    pub low_priority_values_first: bool,
+}
+
+/// The order the scheduler admits waiting requests in; ties always go by arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueOrder {
+    /// First come first served (both engines' default policy).
+    #[default]
+    Arrival,
+    /// Larger `priority` values first (sglang's default priority scheduling).
+    LargerFirst,
+    /// Smaller `priority` values first (vLLM's priority policy; sglang with
+    /// `--schedule-low-priority-values-first`).
+    SmallerFirst,
 }
 
 impl SimOptions {
     /// The engine version the simulator presents.
     pub fn engine_version<'a>(&'a self, profile_version: &'a str) -> &'a str {
         self.engine_version.as_deref().unwrap_or(profile_version)
+    }
+
+    /// The order the scheduler admits waiting requests in under these options.
+    pub fn queue_order(&self) -> QueueOrder {
+        match (self.priority_scheduling, self.dialect) {
+            (false, _) => QueueOrder::Arrival,
+            (true, Dialect::Sglang) if self.low_priority_values_first => QueueOrder::SmallerFirst,
+            (true, Dialect::Sglang) => QueueOrder::LargerFirst,
+            (true, Dialect::Vllm) => QueueOrder::SmallerFirst,
+        }
+    }
+
+    /// The priority a request waits with: its own `priority`, or the engine's default for a
+    /// request without one. vLLM's default is 0. sglang gives such a request the extreme value
+    /// that sorts it behind every request that named one (`-sys.maxsize - 1` larger-first,
+    /// `sys.maxsize` smaller-first, in its scheduler's `_set_or_validate_priority`).
+    pub fn request_priority(&self, requested: Option<i64>) -> i64 {
+        match (requested, self.queue_order(), self.dialect) {
+            (Some(priority), _, _) => priority,
+            (None, QueueOrder::LargerFirst, Dialect::Sglang) => i64::MIN,
+            (None, QueueOrder::SmallerFirst, Dialect::Sglang) => i64::MAX,
+            (None, _, _) => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(dialect: Dialect, on: bool, low_first: bool) -> SimOptions {
+        SimOptions {
+            dialect,
+            priority_scheduling: on,
+            low_priority_values_first: low_first,
+            ..SimOptions::default()
+        }
+    }
+
+    #[test]
+    fn the_dialect_decides_the_direction_of_priority_scheduling() {
+        assert_eq!(
+            options(Dialect::Sglang, false, true).queue_order(),
+            QueueOrder::Arrival
+        );
+        assert_eq!(
+            options(Dialect::Vllm, false, false).queue_order(),
+            QueueOrder::Arrival
+        );
+        assert_eq!(
+            options(Dialect::Sglang, true, false).queue_order(),
+            QueueOrder::LargerFirst
+        );
+        assert_eq!(
+            options(Dialect::Sglang, true, true).queue_order(),
+            QueueOrder::SmallerFirst
+        );
+        assert_eq!(
+            options(Dialect::Vllm, true, true).queue_order(),
+            QueueOrder::SmallerFirst
+        );
+    }
+
+    #[test]
+    fn a_request_without_priority_waits_as_the_engine_defaults_it() {
+        // sglang: behind every request that named a priority, whichever the direction.
+        assert_eq!(
+            options(Dialect::Sglang, true, false).request_priority(None),
+            i64::MIN
+        );
+        assert_eq!(
+            options(Dialect::Sglang, true, true).request_priority(None),
+            i64::MAX
+        );
+        // vLLM: 0.
+        assert_eq!(
+            options(Dialect::Vllm, true, false).request_priority(None),
+            0
+        );
+        assert_eq!(
+            options(Dialect::Vllm, true, false).request_priority(Some(-3)),
+            -3
+        );
     }
 }

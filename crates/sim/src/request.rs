@@ -36,6 +36,9 @@ pub struct GenRequest {
     pub max_new_tokens: Option<i64>,
     pub min_new_tokens: u64,
     pub ignore_eos: bool,
+    /// The request's `priority` (chat, completions, `/generate`); `None` when absent, and
+    /// always on the APIs that do not read it.
+    pub priority: Option<i64>,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,

@@ -9,7 +9,9 @@
 //! step instead of accumulating.
 //!
 //! One scheduler iteration, like sglang's event loop:
-//! 1. admit queued requests, first come first served, while both limits hold:
+//! 1. admit queued requests in queue order while both limits hold (first come first served,
+//!    or by each request's `priority` under priority scheduling, ties by arrival: see
+//!    [`QueueOrder`]):
 //!    admitted < `max_running_requests`, and the KV reservation
 //!    `Σ (prompt + min(max_new_tokens, 4096))` stays within `kv_tokens` (4096 is sglang's
 //!    clip of the output estimate; the seed pages' "over capacity" rule is the same sum);
@@ -32,6 +34,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::model::{natural_output_tokens, AcceptLengths, PerformanceModel};
+use super::options::QueueOrder;
 use super::profile::Profile;
 
 /// sglang clips the output estimate used for admission at this many tokens
@@ -76,6 +79,9 @@ pub struct Submission {
     pub max_new_tokens: u64,
     pub min_new_tokens: u64,
     pub ignore_eos: bool,
+    /// Where it waits under priority scheduling (the engine's default already filled in for a
+    /// request that named none); ignored under [`QueueOrder::Arrival`].
+    pub priority: i64,
     /// Seeds the accept lengths and the natural output length (and, on the request side,
     /// the text), so identical requests behave identically under one server seed.
     pub request_seed: u64,
@@ -174,14 +180,18 @@ pub struct SchedulerHandle {
     pub stats: watch::Receiver<SchedulerStats>,
 }
 
-/// Start the scheduler task on the current runtime.
-pub fn spawn(profile: &Profile, seed: u64) -> (SchedulerHandle, tokio::task::JoinHandle<()>) {
+/// Start the scheduler task on the current runtime; `order` is how it takes waiting requests.
+pub fn spawn(
+    profile: &Profile,
+    seed: u64,
+    order: QueueOrder,
+) -> (SchedulerHandle, tokio::task::JoinHandle<()>) {
     let (commands, command_rx) = mpsc::unbounded_channel();
     let (stats_tx, stats) = watch::channel(SchedulerStats {
         kv_tokens: profile.capacity.kv_tokens,
         ..SchedulerStats::default()
     });
-    let scheduler = Scheduler::new(profile, seed, command_rx, stats_tx);
+    let scheduler = Scheduler::new(profile, seed, order, command_rx, stats_tx);
     let task = tokio::spawn(scheduler.run());
     (SchedulerHandle { commands, stats }, task)
 }
@@ -193,6 +203,7 @@ struct Req {
     cache_key: u64,
     target: u64,
     finish_at_target: Finish,
+    priority: i64,
     emitted: u64,
     reserved: u64,
     cached_tokens: u64,
@@ -260,9 +271,11 @@ struct Scheduler {
     chunk_size: u64,
     natural_mean: u32,
     seed: u64,
+    order: QueueOrder,
     commands: mpsc::UnboundedReceiver<Command>,
     stats_tx: watch::Sender<SchedulerStats>,
     stats: SchedulerStats,
+    /// Kept in admission order: arrival, or priority then arrival ([`Scheduler::enqueue`]).
     waiting: VecDeque<Req>,
     prefilling: VecDeque<Req>,
     joining: Vec<Req>,
@@ -283,6 +296,7 @@ impl Scheduler {
     fn new(
         profile: &Profile,
         seed: u64,
+        order: QueueOrder,
         commands: mpsc::UnboundedReceiver<Command>,
         stats_tx: watch::Sender<SchedulerStats>,
     ) -> Scheduler {
@@ -293,6 +307,7 @@ impl Scheduler {
             chunk_size: u64::from(profile.capacity.chunked_prefill_size),
             natural_mean: profile.model.natural_output_tokens,
             seed,
+            order,
             commands,
             stats_tx,
             stats: SchedulerStats {
@@ -401,13 +416,14 @@ impl Scheduler {
             (s.prompt_tokens + s.max_new_tokens.min(OUTPUT_RESERVATION_CLIP)).min(self.kv_tokens);
         self.rids.insert(s.rid.clone(), s.id);
         self.stats.requests_total += 1;
-        self.waiting.push_back(Req {
+        self.enqueue(Req {
             id: s.id,
             rid: s.rid,
             prompt_tokens: s.prompt_tokens,
             cache_key: s.cache_key,
             target,
             finish_at_target,
+            priority: s.priority,
             emitted: 0,
             reserved,
             cached_tokens: 0,
@@ -418,6 +434,26 @@ impl Scheduler {
             accept: self.model.accept_lengths(s.request_seed ^ self.seed),
             events: s.events,
         });
+    }
+
+    /// Put a new request in the waiting queue at its place. Arrival order: at the back, as
+    /// before priority scheduling existed. Priority order: behind every request that goes
+    /// before it or ties with it, so equal priorities keep arrival order, the same order
+    /// sglang's sort by (priority, queue entry time) and vLLM's heap of (priority, arrival)
+    /// give. Only the waiting queue is ordered: an admitted request is never preempted for a
+    /// later, more urgent one (both engines can preempt under priority scheduling; the
+    /// simulator does not model it).
+    fn enqueue(&mut self, req: Req) {
+        let at = match self.order {
+            QueueOrder::Arrival => self.waiting.len(),
+            QueueOrder::LargerFirst => self
+                .waiting
+                .partition_point(|queued| queued.priority >= req.priority),
+            QueueOrder::SmallerFirst => self
+                .waiting
+                .partition_point(|queued| queued.priority <= req.priority),
+        };
+        self.waiting.insert(at, req);
     }
 
     /// Take a request out of whichever collection holds it.
@@ -707,5 +743,144 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::{Dialect, SimOptions};
+    use crate::profile::BUILTIN_PROFILES;
+
+    /// Virtual time (the runtime's clock is paused): only a stuck scheduler reaches it.
+    const PATIENCE: Duration = Duration::from_secs(3600);
+
+    /// A built-in profile that admits one request at a time, so everything sent while one
+    /// runs has to queue.
+    fn one_at_a_time() -> Profile {
+        let mut profile = Profile::builtin(BUILTIN_PROFILES[0].0).unwrap();
+        profile.capacity.max_running_requests = 1;
+        profile
+    }
+
+    fn submission(
+        id: u64,
+        max_new_tokens: u64,
+        priority: i64,
+        events: mpsc::UnboundedSender<Event>,
+    ) -> Submission {
+        Submission {
+            id,
+            rid: format!("r{id}"),
+            prompt_tokens: 100,
+            // Distinct prompts: no cache hit joins out of turn.
+            cache_key: id,
+            max_new_tokens,
+            min_new_tokens: 0,
+            ignore_eos: true,
+            priority,
+            request_seed: id,
+            events,
+        }
+    }
+
+    /// Occupy the batch with one long request, then submit one request per entry of
+    /// `priorities` at the same instant, and return their indexes in the order their first
+    /// tokens came.
+    async fn first_token_order(options: &SimOptions, priorities: &[Option<i64>]) -> Vec<usize> {
+        let (handle, task) = spawn(&one_at_a_time(), 7, options.queue_order());
+        let (blocker_tx, mut blocker) = mpsc::unbounded_channel();
+        handle
+            .commands
+            .send(Command::Submit(submission(0, 64, 0, blocker_tx)))
+            .unwrap();
+        // Its first token: admitted, and the only place is taken for its 64 tokens.
+        let first = tokio::time::timeout(PATIENCE, blocker.recv())
+            .await
+            .unwrap();
+        assert!(matches!(first, Some(Event::Output { finish: None, .. })));
+
+        let (done_tx, mut done) = mpsc::unbounded_channel();
+        for (index, requested) in priorities.iter().enumerate() {
+            let (tx, mut events) = mpsc::unbounded_channel();
+            let priority = options.request_priority(*requested);
+            handle
+                .commands
+                .send(Command::Submit(submission(
+                    index as u64 + 1,
+                    2,
+                    priority,
+                    tx,
+                )))
+                .unwrap();
+            let done_tx = done_tx.clone();
+            tokio::spawn(async move {
+                if let Some(Event::Output { .. }) = events.recv().await {
+                    let _ = done_tx.send(index);
+                }
+                // Drain to the end so the request finishes and frees its place.
+                while events.recv().await.is_some() {}
+            });
+        }
+        // The queue is longer than the batch: all of them wait behind the blocker at once.
+        let mut stats = handle.stats.clone();
+        let queued = stats.wait_for(|s| s.running == 1 && s.queued == priorities.len());
+        tokio::time::timeout(PATIENCE, queued)
+            .await
+            .unwrap()
+            .unwrap();
+        let mut order = Vec::new();
+        while order.len() < priorities.len() {
+            let index = tokio::time::timeout(PATIENCE, done.recv()).await.unwrap();
+            order.push(index.unwrap());
+        }
+        task.abort();
+        order
+    }
+
+    fn options(dialect: Dialect, priority_scheduling: bool, low_first: bool) -> SimOptions {
+        SimOptions {
+            dialect,
+            priority_scheduling,
+            low_priority_values_first: low_first,
+            ..SimOptions::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sglang_priority_scheduling_serves_larger_values_first() {
+        let sglang = options(Dialect::Sglang, true, false);
+        let order = first_token_order(&sglang, &[Some(1), Some(10), None, Some(5), Some(10)]).await;
+        // 10 and 10 by arrival, then 5, 1, and the request without a priority last.
+        assert_eq!(order, [1, 4, 3, 0, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sglang_low_priority_values_first_serves_smaller_values_first() {
+        let sglang = options(Dialect::Sglang, true, true);
+        let order = first_token_order(&sglang, &[Some(3), None, Some(-1), Some(3)]).await;
+        // -1, then 3 and 3 by arrival; without a priority still last.
+        assert_eq!(order, [2, 0, 3, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn vllm_priority_policy_serves_smaller_values_first() {
+        // `low_priority_values_first` is sglang's option: the vLLM dialect ignores it.
+        for low_first in [false, true] {
+            let vllm = options(Dialect::Vllm, true, low_first);
+            let order =
+                first_token_order(&vllm, &[Some(5), None, Some(-2), Some(5), Some(0)]).await;
+            // -2, then 0 and the request without a priority (vLLM's default 0) by arrival, then 5, 5.
+            assert_eq!(order, [2, 1, 4, 0, 3]);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_priority_scheduling_the_queue_stays_first_come_first_served() {
+        for dialect in [Dialect::Sglang, Dialect::Vllm] {
+            let off = options(dialect, false, true);
+            let order = first_token_order(&off, &[Some(1), Some(10), None, Some(-5)]).await;
+            assert_eq!(order, [0, 1, 2, 3], "{dialect:?}");
+        }
     }
 }

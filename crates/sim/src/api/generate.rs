@@ -51,6 +51,8 @@ pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
         max_new_tokens: Some(opt_int(params, "max_new_tokens")?.unwrap_or(DEFAULT_MAX_NEW_TOKENS)),
         min_new_tokens: opt_int(params, "min_new_tokens")?.unwrap_or(0).max(0) as u64,
         ignore_eos: opt_bool(params, "ignore_eos")?.unwrap_or(false),
+        // `GenerateReqInput.priority`: top level, beside `rid`, not a sampling parameter.
+        priority: opt_int(body, "priority")?,
         stop: stop_strings(params.get("stop"), "stop")?,
         stream: opt_bool(body, "stream")?.unwrap_or(false),
         include_usage: false,
@@ -163,5 +165,19 @@ fn write_times(o: &Output, out: &mut String) {
             out,
             ",\"request_finished_ts\":{now_unix:.6},\"response_sent_to_client_ts\":{now_unix:.6}"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn priority_is_a_top_level_field_of_generate() {
+        let body =
+            serde_json::json!({"text": "hi", "priority": 4, "sampling_params": {"priority": 9}});
+        assert_eq!(parse(&body).unwrap().priority, Some(4));
+        let bad = serde_json::json!({"text": "hi", "priority": [1]});
+        assert!(parse(&bad).is_err());
     }
 }

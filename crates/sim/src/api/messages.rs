@@ -85,6 +85,7 @@ pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
         max_new_tokens: Some(max_tokens),
         min_new_tokens: 0,
         ignore_eos: opt_bool(body, "ignore_eos")?.unwrap_or(false),
+        priority: None,
         stop: stop_strings(body.get("stop_sequences"), "stop_sequences")?,
         stream: opt_bool(body, "stream")?.unwrap_or(false),
         include_usage: false,

@@ -87,6 +87,9 @@ pub fn parse(body: &Value, api: Api, dialect: Dialect) -> Result<GenRequest, Api
         max_new_tokens,
         min_new_tokens,
         ignore_eos: opt_bool(body, "ignore_eos")?.unwrap_or(false),
+        // An integer in both servers' request models (sglang `Optional[int]`, vLLM `int = 0`):
+        // anything else is their pydantic `int_type` error.
+        priority: opt_int(body, "priority")?,
         stop: stop_strings(body.get("stop"), "stop")?,
         stream,
         include_usage,
@@ -479,4 +482,57 @@ fn vllm_usage(o: &Output, out: &mut String, completion: u64, per_chunk: bool) {
         );
     }
     out.push('}');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::options::Dialect;
+
+    fn chat(extra: Value) -> Value {
+        let mut body = serde_json::json!({"messages": [{"role": "user", "content": "hi"}]});
+        if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            body.extend(extra);
+        }
+        body
+    }
+
+    #[test]
+    fn priority_is_read_as_an_integer() {
+        for dialect in [Dialect::Sglang, Dialect::Vllm] {
+            let parsed = parse(
+                &chat(serde_json::json!({"priority": -3})),
+                Api::Chat,
+                dialect,
+            );
+            assert_eq!(parsed.unwrap().priority, Some(-3));
+            let absent = parse(&chat(serde_json::json!({})), Api::Chat, dialect);
+            assert_eq!(absent.unwrap().priority, None);
+            let completion = serde_json::json!({"prompt": "hi", "priority": 7});
+            let parsed = parse(&completion, Api::Completion, dialect);
+            assert_eq!(parsed.unwrap().priority, Some(7));
+        }
+    }
+
+    #[test]
+    fn a_priority_that_is_not_an_integer_is_the_request_models_400() {
+        let bad = parse(
+            &chat(serde_json::json!({"priority": "high"})),
+            Api::Chat,
+            Dialect::Vllm,
+        );
+        let error = bad.err().unwrap();
+        assert_eq!(
+            error.message,
+            "[{'type': 'int_type', 'loc': ('body', 'priority'), 'msg': 'Input should be a valid integer'}]"
+        );
+        let reply = error.reply(Dialect::Vllm, Api::Chat);
+        assert_eq!(reply.status, http::StatusCode::BAD_REQUEST);
+        let fraction = parse(
+            &chat(serde_json::json!({"priority": 1.5})),
+            Api::Chat,
+            Dialect::Sglang,
+        );
+        assert!(fraction.err().unwrap().message.contains("int_from_float"));
+    }
 }

@@ -76,6 +76,7 @@ pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
         max_new_tokens: opt_int(body, "max_output_tokens")?,
         min_new_tokens: opt_int(body, "min_tokens")?.unwrap_or(0).max(0) as u64,
         ignore_eos: opt_bool(body, "ignore_eos")?.unwrap_or(false),
+        priority: None,
         stop: Vec::new(),
         stream: opt_bool(body, "stream")?.unwrap_or(false),
         include_usage: false,
