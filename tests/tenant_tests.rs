@@ -345,3 +345,97 @@ async fn the_priority_band_slices_the_cells_and_the_page_shows_each_bands_ttft()
     }
     server.shutdown().await;
 }
+
+/// A simulator serving 2 requests at a time, 100 tok/s each: a queue forms at once.
+fn two_slot_profile() -> tokentap::sim::Profile {
+    let mut profile = common::flat_profile("m", 100.0, 5.0, "tests/tenant_tests.rs");
+    profile.capacity.max_running_requests = 2;
+    profile
+}
+
+/// The median of `values` (sorted here).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+#[tokio::test]
+async fn under_load_the_engine_serves_its_high_priority_band_first_and_tokentap_shows_it() {
+    use tokentap::sim::{Dialect, SimOptions, SimServer};
+    // sglang with --enable-priority-scheduling: larger values first.
+    let sim = SimServer::start(
+        two_slot_profile(),
+        SimOptions {
+            dialect: Dialect::Sglang,
+            priority_scheduling: true,
+            ..SimOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    // The upstream's self-description is read (fingerprint reads on): the page names its engine.
+    let (server, records) = common::proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"\"\n{}",
+        sim.base_url(),
+        common::NO_EVIDENCE_MINIMUM
+    ))
+    .await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let admin = server.admin_addr.to_string();
+    let body = |priority: i64, tokens: u64| {
+        format!(
+            r#"{{"model":"m","stream":true,"max_tokens":{tokens},"ignore_eos":true,"priority":{priority},"messages":[{{"role":"user","content":"hello"}}]}}"#
+        )
+    };
+    // Two long requests take both slots; then twelve wait, high (10) and low (0) interleaved.
+    let blockers = {
+        let url = url.clone();
+        let blockers: Vec<_> = (0..2).map(|_| (Vec::new(), body(0, 30))).collect();
+        tokio::spawn(async move { send_all(&url, blockers).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let queued: Vec<_> = (0..12)
+        .map(|i| (Vec::new(), body(if i % 2 == 0 { 10 } else { 0 }, 10)))
+        .collect();
+    send_all(&url, queued).await;
+    blockers.await.unwrap();
+    let all = records.wait_for(14).await;
+    let ttfts = |band: &str| {
+        all.iter()
+            .filter(|r| r.priority.map(|p| p.label()) == Some(band))
+            .filter_map(|r| r.timing.ttft)
+            .map(|t| t.as_secs_f64() * 1000.0)
+            .collect::<Vec<f64>>()
+    };
+    let (high, low) = (ttfts("10+"), ttfts("0"));
+    assert_eq!((high.len(), low.len()), (6, 8), "{high:?} {low:?}");
+    let (high_p50, low_p50) = (median(high.clone()), median(low.clone()));
+    eprintln!("TTFT p50: priority 10+ {high_p50:.0} ms, priority 0 {low_p50:.0} ms");
+    assert!(
+        high_p50 * 1.5 < low_p50,
+        "the high band waits less: {high:?} vs {low:?}"
+    );
+
+    // What an operator reads: each band's matrix, the page's table, the Prometheus label.
+    let (_, body) = matrix(&admin, "priority=10%2B").await;
+    let doc: MatrixDoc = serde_json::from_str(&body).unwrap();
+    assert_eq!(requests_in(&doc), 6, "{body}");
+    let html = get(&format!("http://{admin}/?window=all")).await.text();
+    assert!(html.contains("id=\"by-priority\""), "{html}");
+    for band in ["0", "10+"] {
+        assert!(
+            html.contains(&format!("data-priority=\"{band}\" data-ttft-ms=\"")),
+            "{band}: {html}"
+        );
+    }
+    assert!(
+        html.contains("sglang schedules by priority only when started with --enable-priority-scheduling; it then serves larger values first (--schedule-low-priority-values-first reverses it)."),
+        "{html}"
+    );
+    let metrics = get(&format!("http://{admin}/metrics")).await.text();
+    assert!(
+        metrics.contains("priority=\"10+\"") && metrics.contains("priority=\"0\""),
+        "{metrics}"
+    );
+    server.shutdown().await;
+}
