@@ -297,6 +297,36 @@ mod tests {
     }
 
     #[test]
+    fn server_timing_says_when_and_its_header_must_be_a_header_name() {
+        use crate::config::ServerTiming;
+        let load = |text: &str| {
+            ConfigLoader::new()
+                .text(&format!("[metering]\n{text}\n"), "x.toml")
+                .and_then(ConfigLoader::load)
+                .map(|config| config.metering)
+                .map_err(|e| e.to_string())
+        };
+        let defaults = load("").unwrap();
+        assert_eq!(defaults.server_timing, ServerTiming::Off);
+        assert_eq!(defaults.server_timing_header, "x-tokentap-timing");
+        let asked =
+            load("server_timing = \"on_request\"\nserver_timing_header = \"X-Timing\"").unwrap();
+        assert_eq!(asked.server_timing, ServerTiming::OnRequest);
+        assert_eq!(asked.server_timing_header, "x-timing");
+        assert_eq!(
+            load("server_timing = \"always\"").unwrap().server_timing,
+            ServerTiming::Always
+        );
+        let error = load("server_timing = \"yes\"").unwrap_err();
+        assert!(
+            error.contains("metering.server_timing") && error.contains("on_request"),
+            "{error}"
+        );
+        let error = load("server_timing_header = \"two words\"").unwrap_err();
+        assert!(error.contains("metering.server_timing_header"), "{error}");
+    }
+
+    #[test]
     fn usage_unasked_says_which_usage_and_yes_means_every_chunk() {
         let parse = |value: &str| {
             ConfigLoader::new()

@@ -1,11 +1,13 @@
 //! `[metering]` and `[slo]`: what is read of each request, the bucket ladders, the bounds on
-//! buffered bytes and model labels, the SLO targets per model and the objectives the error
-//! budgets of `tokentap rules` are cut from.
+//! buffered bytes and model labels, whether a request's timing is handed back to its client
+//! (`Server-Timing`), the SLO targets per model and the objectives the error budgets of
+//! `tokentap rules` are cut from.
 
 use std::collections::BTreeMap;
 
 use super::error::{ConfigError, Origins};
 use super::raw::{RawMetering, RawSlo, RawSloTargets};
+use super::value::ServerTiming;
 use crate::base::duration::no_unit;
 use crate::meter::buckets::Ladder;
 use crate::meter::slo::{parse_target, SloPolicy, SloTargets, TtftOf};
@@ -26,6 +28,10 @@ pub struct MeteringConfig {
     pub slo: SloPolicy,
     /// `[slo] objective` and each model's own (`tokentap rules`).
     pub objectives: SloObjectives,
+    /// When a request's own timing is handed back to its client (`Server-Timing`).
+    pub server_timing: ServerTiming,
+    /// The request header whose presence asks for it, with `server_timing = "on_request"`.
+    pub server_timing_header: http::HeaderName,
 }
 
 /// The objective when `[slo] objective` is not set: 99 % of requests succeed and meet their
@@ -88,6 +94,19 @@ impl MeteringConfig {
             max_models: origins.nonzero("metering.max_models", raw.max_models)?,
             slo: slo_policy(slo, origins)?,
             objectives: slo_objectives(slo, origins)?,
+            server_timing: raw.server_timing,
+            server_timing_header: http::HeaderName::from_bytes(
+                raw.server_timing_header.trim().as_bytes(),
+            )
+            .map_err(|_| {
+                origins.error(
+                    "metering.server_timing_header",
+                    format!(
+                        "`{}` is not an HTTP header name",
+                        raw.server_timing_header.trim()
+                    ),
+                )
+            })?,
         })
     }
 }

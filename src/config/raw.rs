@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::Uri;
 use serde::Deserialize;
 
-use super::value::{self, UsageUnasked};
+use super::value::{self, ServerTiming, UsageUnasked};
 use crate::matrix::capacity::Basis;
 use crate::meter::buckets::{DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
 
@@ -207,6 +207,10 @@ pub struct RawMetering {
     pub context_buckets: Vec<u64>,
     pub concurrency_buckets: Vec<u64>,
     pub max_models: u64,
+    /// When a request's timing is handed back (`Server-Timing`).
+    pub server_timing: ServerTiming,
+    /// The request header whose presence asks for it (`server_timing = "on_request"`).
+    pub server_timing_header: String,
 }
 
 impl Default for RawMetering {
@@ -219,6 +223,8 @@ impl Default for RawMetering {
             context_buckets: DEFAULT_CONTEXTS.to_vec(),
             concurrency_buckets: DEFAULT_CONCURRENCY.to_vec(),
             max_models: 32,
+            server_timing: ServerTiming::Off,
+            server_timing_header: "x-tokentap-timing".to_string(),
         }
     }
 }

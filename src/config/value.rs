@@ -138,3 +138,30 @@ impl<'de> Deserialize<'de> for UsageUnasked {
         }
     }
 }
+
+/// `[metering] server_timing`: when a request's own timing is handed back to its client
+/// (`Server-Timing`, docs/metrics.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ServerTiming {
+    /// Never: the client's bytes stay the upstream's.
+    #[default]
+    Off,
+    /// When the request carries the header `server_timing_header` names.
+    OnRequest,
+    /// For every metered request from a client.
+    Always,
+}
+
+impl<'de> Deserialize<'de> for ServerTiming {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "off" => Ok(Self::Off),
+            "on_request" => Ok(Self::OnRequest),
+            "always" => Ok(Self::Always),
+            other => Err(D::Error::custom(format!(
+                "`{other}` must be \"off\", \"on_request\" or \"always\""
+            ))),
+        }
+    }
+}

@@ -211,6 +211,7 @@ impl Meter {
             slo: ResolvedSlo::default(),
             server_state,
             expected: None,
+            request_id: None,
         }
     }
 
@@ -279,6 +280,8 @@ pub struct RequestMeter {
     server_state: Option<(Arc<ServerStateTracker>, StateReading)>,
     /// The cell last announced to the sinks (`expect_cell`).
     expected: Option<ExpectedCell>,
+    /// The request's id, carried into its record (see `RequestRecord::request_id`).
+    pub request_id: Option<std::sync::Arc<str>>,
 }
 
 impl std::fmt::Debug for RequestMeter {
@@ -396,16 +399,26 @@ impl RequestMeter {
         self.guard.is_none()
     }
 
-    /// Publishes the record. Later calls (and the drop) do nothing.
-    pub fn finish(&mut self, outcome: Outcome, usage: Usage, completion_tokens: u64, exact: bool) {
-        if self.guard.is_none() {
-            return;
-        }
+    /// The context and concurrency ladders a record's `buckets` index (for the cell's labels).
+    pub fn ladders(&self) -> (&Ladder, &Ladder) {
+        (&self.meter.contexts, &self.meter.concurrency)
+    }
+
+    /// Publishes the record and returns it (for what the client is handed back of it). Later
+    /// calls (and the drop) do nothing and return `None`.
+    pub fn finish(
+        &mut self,
+        outcome: Outcome,
+        usage: Usage,
+        completion_tokens: u64,
+        exact: bool,
+    ) -> Option<Arc<RequestRecord>> {
+        // Already published: nothing to do (checked before the counts are clamped, which
+        // would flag a finished record).
+        self.guard.as_ref()?;
         let (usage, completion_tokens, exact) =
             self.plausible_counts(usage, completion_tokens, exact);
-        let Some(guard) = self.guard.take() else {
-            return;
-        };
+        let guard = self.guard.take()?;
         let now = Instant::now();
         self.timeline.end = Some(now);
         let interference = self.interference(completion_tokens, exact);
@@ -448,8 +461,9 @@ impl RequestMeter {
             server_state,
             slo,
             overhead: self.overhead(),
+            request_id: self.request_id.take(),
         };
-        self.meter.publish(record);
+        Some(self.meter.publish(record))
     }
 
     /// The usage counts and the completion count, each clamped to what a real server could
@@ -488,6 +502,7 @@ impl RequestMeter {
         if self.clamped {
             tracing::debug!(
                 upstream = %self.labels.upstream,
+                request_id = self.request_id.as_deref(),
                 "implausible token count from the upstream clamped; the record is approximate"
             );
         }

@@ -137,6 +137,10 @@ pub struct RequestRecord {
     pub server_state: ServerStateMeans,
     pub slo: SloResult,
     pub overhead: Overhead,
+    /// The request id the client sent (`x-request-id`, visible ASCII, at most 128 bytes), or
+    /// tokentap's own when the request's timing was handed back and the client sent none or a
+    /// bad one (`proxy::request_id`): what ties a client's `Server-Timing` to this record.
+    pub request_id: Option<Arc<str>>,
 }
 
 /// When things happened, relative to request head in (`started_at` is wall-clock).
@@ -310,6 +314,7 @@ impl RequestRecord {
             server_state: ServerStateMeans::default(),
             slo: SloResult::default(),
             overhead: Overhead::default(),
+            request_id: None,
         }
     }
 }

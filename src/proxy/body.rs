@@ -1,5 +1,7 @@
 //! The two body types of the data path: what goes to the upstream (`request_body`, re-exported) and what goes to the
-//! client (the upstream's answer, or one tokentap writes: whole, or streamed from a channel). Both are enums, not boxed trait objects, so the common cases cost no allocation.
+//! client (the upstream's answer — as it streams, or read whole first when its head carries the request's
+//! `Server-Timing` — or one tokentap writes: whole, or streamed from a channel). Both are enums, not boxed trait
+//! objects, so the common cases cost no allocation.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -13,6 +15,9 @@ use crate::stream::body::MeteredBody;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::sync::mpsc;
+
+/// The error of every body the client is sent: the upstream's, under its idle timeout.
+pub type BodyError = IdleError<crate::proxy::inline_pool::UpstreamBodyError>;
 
 /// The body sent to the client: its source, handed to the connection in pieces.
 #[derive(Debug)]
@@ -47,6 +52,10 @@ enum Source {
     Upstream(MeteredBody<UpstreamBody>, Option<Watched>),
     /// An answer tokentap wrote itself (errors, admin pages).
     Local(Option<Bytes>),
+    /// The end of an upstream answer that was read whole before its head was sent (its bytes
+    /// are handed first, as `rest`): the upstream's trailers, or the error that broke it off.
+    /// Watched like `Upstream`.
+    Held(Option<Result<http::HeaderMap, BodyError>>, Option<Watched>),
     /// An answer tokentap writes as it goes (the admin's streamed `/workload` export): chunks
     /// from a small bounded channel, so a client that reads slowly makes the producer wait; an
     /// `Err` breaks the response off. Watched like `Upstream`, so a client that stops reading
@@ -62,6 +71,7 @@ impl std::fmt::Debug for Source {
                 .debug_tuple("Local")
                 .field(&b.as_ref().map(Bytes::len))
                 .finish(),
+            Source::Held(..) => f.write_str("Held"),
             Source::Channel(..) => f.write_str("Channel"),
         }
     }
@@ -89,6 +99,42 @@ impl ResponseBody {
             Watched(watch)
         });
         Self::from_source(Source::Upstream(body, watch))
+    }
+
+    /// An upstream answer read whole (`bytes`), then `end`: its trailers, or the error that
+    /// broke it off. `watch` as for [`ResponseBody::upstream`].
+    pub fn held(
+        bytes: Bytes,
+        end: Option<Result<http::HeaderMap, BodyError>>,
+        watch: Option<Arc<SendWatch>>,
+    ) -> Self {
+        let watch = watch
+            .filter(|_| !bytes.is_empty() || end.is_some())
+            .map(|watch| {
+                watch.handed_over();
+                Watched(watch)
+            });
+        let mut body = Self::from_source(Source::Held(end, watch));
+        body.rest = Some(bytes).filter(|b| !b.is_empty());
+        body
+    }
+
+    /// The upstream's body of which `read` was already read: those bytes first, then the
+    /// rest as it streams. `watch` as for [`ResponseBody::upstream`].
+    pub fn upstream_after(
+        read: Bytes,
+        body: MeteredBody<UpstreamBody>,
+        watch: Option<Arc<SendWatch>>,
+    ) -> Self {
+        let watch = watch
+            .filter(|_| !read.is_empty() || !body.is_end_stream())
+            .map(|watch| {
+                watch.handed_over();
+                Watched(watch)
+            });
+        let mut response = Self::from_source(Source::Upstream(body, watch));
+        response.rest = Some(read).filter(|b| !b.is_empty());
+        response
     }
 
     /// A body fed by `chunks`; `watch` (from the request's connection) as for
@@ -194,7 +240,7 @@ impl Body for ResponseBody {
 impl Source {
     fn watch(&self) -> Option<&SendWatch> {
         match self {
-            Source::Upstream(_, watch) | Source::Channel(_, watch) => {
+            Source::Upstream(_, watch) | Source::Channel(_, watch) | Source::Held(_, watch) => {
                 watch.as_ref().map(|Watched(watch)| &**watch)
             }
             Source::Local(_) => None,
@@ -238,6 +284,7 @@ impl Source {
                     .filter(|b| !b.is_empty())
                     .map(|b| Ok(Frame::data(b))),
             ),
+            Source::Held(end, _) => Poll::Ready(end.take().map(|end| end.map(Frame::trailers))),
             Source::Channel(chunks, _) => match chunks.poll_recv(cx) {
                 Poll::Pending => Poll::Pending,
                 Poll::Ready(Some(Ok(bytes))) => Poll::Ready(Some(Ok(Frame::data(bytes)))),
@@ -257,6 +304,7 @@ impl Source {
         match self {
             Source::Upstream(body, _) => body.is_end_stream(),
             Source::Local(bytes) => bytes.as_ref().is_none_or(Bytes::is_empty),
+            Source::Held(end, _) => end.is_none(),
             Source::Channel(..) => false,
         }
     }
@@ -267,7 +315,8 @@ impl Source {
             Source::Local(bytes) => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
-            Source::Channel(..) => SizeHint::new(),
+            Source::Held(None, _) => SizeHint::with_exact(0),
+            Source::Held(Some(_), _) | Source::Channel(..) => SizeHint::new(),
         }
     }
 }

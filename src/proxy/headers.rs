@@ -32,7 +32,17 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     }
     headers.remove("proxy-connection");
     // TE: only `trailers` is about the message (and the only value HTTP/2 allows).
-    let trailers = headers
+    let trailers = takes_trailers(headers);
+    headers.remove(header::TE);
+    if trailers {
+        headers.insert(header::TE, http::HeaderValue::from_static("trailers"));
+    }
+}
+
+/// True when a request says its client takes trailers (`TE: trailers`, RFC 9110 §10.1.4):
+/// hyper's HTTP/1 server sends a response's trailers only then.
+pub fn takes_trailers(headers: &HeaderMap) -> bool {
+    headers
         .get_all(header::TE)
         .iter()
         .filter_map(|v| v.to_str().ok())
@@ -41,11 +51,7 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
             t.split(';')
                 .next()
                 .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        });
-    headers.remove(header::TE);
-    if trailers {
-        headers.insert(header::TE, http::HeaderValue::from_static("trailers"));
-    }
+        })
 }
 
 /// True for `text/event-stream` (any parameters).

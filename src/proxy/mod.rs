@@ -13,6 +13,7 @@ pub mod headers;
 pub mod inline_pool;
 pub mod relay;
 pub mod request_body;
+pub mod request_id;
 pub mod routes;
 pub mod service;
 pub mod tenants;

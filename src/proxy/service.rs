@@ -8,6 +8,12 @@
 //! tokentap's account except a body the client failed to send (or sent too slowly: request
 //! bodies are under an idle timeout, metered ones also under a total one). Upstream response
 //! bodies are under the upstream's idle timeout; a stall ends them as `upstream_stalled`.
+//!
+//! A client may get its request's own timing back (`metering.server_timing`: on request, by a
+//! header, or always): a stream as a trailer where the client takes trailers (HTTP/2, or
+//! HTTP/1.1 with `TE: trailers`, announced by `Trailer: Server-Timing`), else as a final SSE
+//! comment; a non-streamed answer as a `Server-Timing` header, for which its body is read whole
+//! first (up to `metering.max_parse_bytes`; a longer one is forwarded as it is, without it).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -28,14 +34,15 @@ use super::body::{DynBody, RequestBody, ResponseBody};
 use super::box_error::BoxError;
 use super::connector::at_capacity;
 use super::error::{error_chain, ProxyError};
-use super::headers::{is_event_stream, remove_hop_by_hop};
+use super::headers::{is_event_stream, remove_hop_by_hop, takes_trailers};
+use super::request_id;
 use super::routes::{Internal, RoutePolicy};
 use super::timeout::{is_stall, IdleError, IdleTimeout};
 use super::upstream::{Router, Upstream};
 use crate::base::lock;
 use crate::base::Route;
 use crate::base::Source;
-use crate::config::MeteringConfig;
+use crate::config::{MeteringConfig, ServerTiming};
 use crate::meter::priority::PriorityBand;
 use crate::meter::slo::SLO_HEADER;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
@@ -45,6 +52,7 @@ use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
 use crate::stream::fingerprint::PrefixSalt;
 use crate::stream::request::{injection, inspect};
 use crate::stream::rewrite::Injected;
+use crate::stream::timing::{TimingDelivery, SERVER_TIMING};
 
 /// Marks a request as the sweep's own (set in-process only: clients cannot set it).
 #[derive(Debug, Clone, Default)]
@@ -457,10 +465,20 @@ impl Proxy {
             slo_model,
             parts.headers.get(SLO_HEADER).map(HeaderValue::as_bytes),
         );
+        // Only a client gets its timing back: tokentap's own requests read their records.
+        let timing = (!internal && self.timing_asked(&parts.headers)).then(|| TimingAsk {
+            trailers: parts.version == Version::HTTP_2
+                || (parts.version == Version::HTTP_11 && takes_trailers(&parts.headers)),
+        });
+        // The client's id when it is safe to repeat; tokentap's own where the client is handed
+        // its timing (the id ties it to the record) and sent none it could be given back.
+        meter.request_id = request_id::from_client(&parts.headers)
+            .or_else(|| timing.is_some().then(request_id::generate));
         let metered = MeteredRequest {
             meter,
             route,
             injected,
+            timing,
         };
         self.forward(
             parts,
@@ -505,6 +523,15 @@ impl Proxy {
             .filter(|asked| *asked != &*recorded)
             .map(|asked| self.models.label(asked));
         (recorded, asked)
+    }
+
+    /// Whether this request's client gets its timing back (`metering.server_timing`).
+    fn timing_asked(&self, headers: &http::HeaderMap) -> bool {
+        match self.metering.server_timing {
+            ServerTiming::Off => false,
+            ServerTiming::OnRequest => headers.contains_key(&self.metering.server_timing_header),
+            ServerTiming::Always => true,
+        }
     }
 
     /// The answer to a request body that went silent (counted where it stalled).
@@ -608,11 +635,13 @@ impl Proxy {
             .counted(&self.faults, Fault::UpstreamStalled)
             .counting_breaks(Fault::UpstreamAborted);
         remove_hop_by_hop(&mut parts.headers);
+        let mut delivery = None;
         let metering = metered.map(|m| {
             let MeteredRequest {
                 mut meter,
                 route,
                 injected,
+                timing,
             } = m;
             meter.timeline.response_head = Some(Instant::now());
             meter.status = parts.status.as_u16();
@@ -625,6 +654,18 @@ impl Proxy {
                 .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
             if encoded {
                 tracing::debug!(upstream = %upstream.name, "a metered response is content-encoded: forwarded unread");
+            }
+            delivery = timing.and_then(|ask| match (event_stream, ask.trailers) {
+                (false, _) => Some(TimingDelivery::Header),
+                (true, true) => Some(TimingDelivery::Trailer),
+                // A comment cannot be appended to compressed bytes.
+                (true, false) => (!encoded).then_some(TimingDelivery::Comment),
+            });
+            if delivery == Some(TimingDelivery::Trailer) {
+                // hyper's HTTP/1 server sends only the trailer fields the head announces.
+                parts
+                    .headers
+                    .append(header::TRAILER, HeaderValue::from_static("server-timing"));
             }
             let metering = Metering::new(
                 meter,
@@ -639,6 +680,7 @@ impl Proxy {
                     max_event_bytes: self.metering.max_event_bytes,
                     max_body_bytes: self.metering.max_parse_bytes,
                     encoded,
+                    timing: delivery,
                 },
             );
             if metering.rewrites() {
@@ -646,11 +688,65 @@ impl Proxy {
             }
             metering
         });
-        Response::from_parts(
-            parts,
-            ResponseBody::upstream(MeteredBody::new(incoming, metering), watch),
-        )
+        let body = MeteredBody::new(incoming, metering);
+        if delivery == Some(TimingDelivery::Header) {
+            return self.with_timing_header(parts, body, watch).await;
+        }
+        Response::from_parts(parts, ResponseBody::upstream(body, watch))
     }
+
+    /// A non-streamed answer with the request's `Server-Timing` in its head: the body is read
+    /// whole first (its record is published at its end), up to `metering.max_parse_bytes`. A
+    /// longer one is forwarded as it is, without the header; one that breaks off is forwarded
+    /// up to the break, then broken, without it. The upstream's idle timeout bounds the wait.
+    async fn with_timing_header(
+        &self,
+        mut parts: http::response::Parts,
+        mut body: MeteredBody<crate::proxy::timeout::UpstreamBody>,
+        watch: Option<Arc<crate::net::streams::SendWatch>>,
+    ) -> Response<ResponseBody> {
+        let limit = self.metering.max_parse_bytes;
+        let mut held = BytesMut::new();
+        let end = loop {
+            match body.frame().await {
+                None => break None,
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        held.extend_from_slice(&data);
+                        if held.len() > limit {
+                            tracing::debug!(
+                                limit,
+                                "a non-streamed answer over the parse limit: forwarded without Server-Timing"
+                            );
+                            let read = held.freeze();
+                            return Response::from_parts(
+                                parts,
+                                ResponseBody::upstream_after(read, body, watch),
+                            );
+                        }
+                    }
+                    Err(frame) => break frame.into_trailers().ok().map(Ok),
+                },
+                Some(Err(error)) => break Some(Err(error)),
+            }
+        };
+        if !matches!(end, Some(Err(_))) {
+            if let Some(value) = body
+                .take_server_timing()
+                .and_then(|value| HeaderValue::try_from(value).ok())
+            {
+                parts.headers.insert(SERVER_TIMING, value);
+            }
+        }
+        Response::from_parts(parts, ResponseBody::held(held.freeze(), end, watch))
+    }
+}
+
+/// A client asked for its timing back.
+#[derive(Debug, Clone, Copy)]
+struct TimingAsk {
+    /// It takes trailers: HTTP/2, or HTTP/1.1 with `TE: trailers`.
+    trailers: bool,
 }
 
 /// A metered request on its way to the upstream.
@@ -658,6 +754,8 @@ struct MeteredRequest {
     meter: RequestMeter,
     route: Route,
     injected: Injected,
+    /// The client asked for its timing back.
+    timing: Option<TimingAsk>,
 }
 
 fn fail(error: ProxyError, metered: Option<MeteredRequest>) -> Response<ResponseBody> {

@@ -10,9 +10,17 @@
 //! End of stream arrives four ways — `None`, trailers, an error, `is_end_stream()` after a
 //! data frame — and a client hang-up only as `Drop`; the record is published exactly once
 //! whichever comes first.
+//!
+//! When the client asked for its timing back ([`TimingDelivery`]), the `Server-Timing` value is
+//! written from the published record, once, and handed over after the upstream's last bytes:
+//! as a trailer (merged with the upstream's own), or as a final SSE comment where the client
+//! cannot read trailers — not after a break, and no comment after a stream cut off mid-event
+//! (it would join that event). For a non-streamed answer the proxy takes the value
+//! ([`MeteredBody::take_server_timing`]) to put in the response head.
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -26,6 +34,7 @@ use super::classify::EventClassifier;
 use super::edits::EditQueue;
 use super::rewrite::Injected;
 use super::sse::SseScanner;
+use super::timing::{self, TimingDelivery};
 use crate::base::Route;
 
 /// How the response body is read.
@@ -54,6 +63,18 @@ pub struct Metering {
     meter: RequestMeter,
     /// What the client gets of the upstream's bytes, when tokentap injected usage.
     edits: Option<EditQueue>,
+    /// The request's timing, when its client gets it back (touched once, at the end).
+    hand_back: Option<HandBack>,
+}
+
+/// A request's `Server-Timing`, for a client that asked for it.
+#[derive(Debug)]
+struct HandBack {
+    delivery: TimingDelivery,
+    /// The engine's own queue time, read from a non-streamed body.
+    queue: Option<Duration>,
+    /// The value, written when the record is published and taken when it is handed over.
+    value: Option<String>,
 }
 
 impl std::fmt::Debug for Metering {
@@ -80,6 +101,8 @@ pub struct MeteringOptions {
     /// The body has a `Content-Encoding` (gzip, br…): it cannot be read as it passes, so it
     /// is forwarded untouched and nothing is stripped from it.
     pub encoded: bool,
+    /// Where the request's `Server-Timing` goes, when its client asked for it.
+    pub timing: Option<TimingDelivery>,
 }
 
 impl Metering {
@@ -104,12 +127,60 @@ impl Metering {
             classifier: EventClassifier::new(options.route),
             mode,
             edits,
+            hand_back: options.timing.map(|delivery| HandBack {
+                delivery,
+                queue: None,
+                value: None,
+            }),
         })
     }
 
-    /// True when the forwarded bytes differ from the upstream's (size hints are then unknown).
+    /// True when the forwarded bytes differ from the upstream's (size hints are then unknown):
+    /// usage stripped, or timing added after them.
     pub fn rewrites(&self) -> bool {
-        self.edits.is_some()
+        self.edits.is_some() || self.adds_after_body()
+    }
+
+    /// The request's timing is added after the upstream's bytes (a trailer or a comment).
+    fn adds_after_body(&self) -> bool {
+        self.hand_back
+            .as_ref()
+            .is_some_and(|h| h.delivery != TimingDelivery::Header)
+    }
+
+    /// The frame that hands the request's timing over after the upstream's last bytes, if it
+    /// goes there and is still due; `trailers` are the upstream's own, merged into it.
+    fn hand_over(&mut self, trailers: &mut Option<http::HeaderMap>) -> Option<Frame<Bytes>> {
+        let hand_back = self.hand_back.as_mut()?;
+        match hand_back.delivery {
+            TimingDelivery::Header => None,
+            TimingDelivery::Trailer => {
+                let value = http::HeaderValue::try_from(hand_back.value.take()?).ok()?;
+                let mut fields = trailers.take().unwrap_or_default();
+                fields.insert(timing::SERVER_TIMING, value);
+                Some(Frame::trailers(fields))
+            }
+            TimingDelivery::Comment => {
+                let value = hand_back.value.take()?;
+                if matches!(&self.mode, Mode::Sse(scanner) if scanner.mid_event()) {
+                    return None;
+                }
+                let mut line = Vec::with_capacity(timing::COMMENT_PREFIX.len() + value.len() + 2);
+                line.extend_from_slice(timing::COMMENT_PREFIX);
+                line.extend_from_slice(value.as_bytes());
+                line.extend_from_slice(b"\n\n");
+                Some(Frame::data(Bytes::from(line)))
+            }
+        }
+    }
+
+    /// Whether a trailer or comment may still follow (see `hand_over`).
+    fn hands_over_later(&self) -> bool {
+        self.adds_after_body()
+            && self
+                .hand_back
+                .as_ref()
+                .is_some_and(|h| h.value.is_some() || !self.meter.is_finished())
     }
 
     /// Measures one data frame that arrived at `now` and queues what the client gets.
@@ -120,6 +191,7 @@ impl Metering {
             classifier,
             mode,
             edits,
+            ..
         } = self;
         match mode {
             Mode::Opaque => Some(data),
@@ -163,6 +235,9 @@ impl Metering {
         {
             if !overflowed {
                 self.classifier.observe_body(buffer);
+                if let Some(hand_back) = &mut self.hand_back {
+                    hand_back.queue = timing::queue_time(buffer);
+                }
             }
         }
         let outcome = if self.meter.status >= 400 || self.classifier.error_seen() {
@@ -183,12 +258,22 @@ impl Metering {
     fn finish(&mut self, outcome: Outcome) {
         let classifier = &self.classifier;
         let exact = classifier.completion_exact() && !matches!(self.mode, Mode::Opaque);
-        self.meter.finish(
+        let record = self.meter.finish(
             outcome,
             classifier.usage(),
             classifier.completion_tokens(),
             exact,
         );
+        // Once per request, at its end: what the client asked to get back.
+        if let (Some(record), Some(hand_back)) = (record, &mut self.hand_back) {
+            if outcome != Outcome::ClientAborted {
+                hand_back.value = Some(timing::server_timing(
+                    &record,
+                    self.meter.ladders(),
+                    hand_back.queue,
+                ));
+            }
+        }
     }
 
     fn is_finished(&self) -> bool {
@@ -257,6 +342,15 @@ impl<B: Body> MeteredBody<B> {
             error_delayed: false,
         }
     }
+
+    /// The request's `Server-Timing` value for the response head, once the body has ended
+    /// (a non-streamed answer read whole; [`TimingDelivery::Header`]).
+    pub fn take_server_timing(&mut self) -> Option<String> {
+        let hand_back = self.metering.as_mut()?.hand_back.as_mut()?;
+        (hand_back.delivery == TimingDelivery::Header)
+            .then(|| hand_back.value.take())
+            .flatten()
+    }
 }
 
 /// How an error of the wrapped body ends a metered request: an upstream abort, unless the
@@ -300,6 +394,13 @@ where
                 if let Some(error) = this.pending_error.take() {
                     return Poll::Ready(Some(Err(error)));
                 }
+                if let Some(frame) = this
+                    .metering
+                    .as_mut()
+                    .and_then(|metering| metering.hand_over(this.pending_trailers))
+                {
+                    return Poll::Ready(Some(Ok(frame)));
+                }
                 if let Some(trailers) = this.pending_trailers.take() {
                     return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
                 }
@@ -312,6 +413,8 @@ where
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
                         let arrived = Instant::now();
+                        // Before a last frame ends the request: its record has the body's time.
+                        metering.meter.timeline.first_byte.get_or_insert(arrived);
                         let forward = metering.on_data(data, arrived);
                         if this.inner.is_end_stream() {
                             metering.on_end();
@@ -356,6 +459,7 @@ where
                     && self.pending_trailers.is_none()
                     && (self.inner_done || self.inner.is_end_stream())
                     && metering.edits.as_ref().is_none_or(EditQueue::is_drained)
+                    && !metering.hands_over_later()
             }
         }
     }
@@ -388,7 +492,11 @@ mod tests {
         assert!(std::mem::offset_of!(Metering, classifier) < 128);
         assert!(
             std::mem::offset_of!(Metering, meter) < std::mem::offset_of!(Metering, edits),
-            "the edit queue (only with injected usage) goes last"
+            "the edit queue (only with injected usage) goes after the meter"
+        );
+        assert!(
+            std::mem::offset_of!(Metering, edits) < std::mem::offset_of!(Metering, hand_back),
+            "the timing handed back (touched once, at the end) goes last"
         );
     }
 
@@ -422,6 +530,90 @@ mod tests {
         let records = sink.0.lock().unwrap();
         assert_eq!(records.len(), 1, "exactly one record");
         (out, Arc::clone(&records[0]))
+    }
+
+    /// Polls a chat stream of `frames` whose client asked for its timing by `delivery` to its
+    /// end: the data and the trailers it handed over.
+    fn hand_back(frames: &[&str], delivery: TimingDelivery) -> (String, Option<http::HeaderMap>) {
+        let meter = Meter::new(
+            Ladder::contexts(&DEFAULT_CONTEXTS).unwrap(),
+            Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap(),
+        );
+        let mut request = meter.begin(
+            crate::meter::RequestLabels {
+                route: Route::ChatCompletions,
+                source: crate::base::Source::Production,
+                model: Arc::from("m"),
+                asked_model: None,
+                upstream: Arc::from("u"),
+                tag: None,
+                tenant: None,
+                priority: None,
+            },
+            Instant::now(),
+        );
+        request.status = 200;
+        request.request_id = Some(Arc::from("r-1"));
+        let metering = Metering::new(
+            request,
+            MeteringOptions {
+                route: Route::ChatCompletions,
+                event_stream: true,
+                injected: Injected::default(),
+                max_event_bytes: 1 << 16,
+                max_body_bytes: 1 << 16,
+                encoded: false,
+                timing: Some(delivery),
+            },
+        );
+        assert!(
+            metering.rewrites(),
+            "bytes follow the upstream's: no length"
+        );
+        let frames = frames.iter().map(|f| Bytes::copy_from_slice(f.as_bytes()));
+        let mut body = MeteredBody::new(
+            crate::stream::sample::Frames(frames.collect()),
+            Some(metering),
+        );
+        let mut cx = Context::from_waker(Waker::noop());
+        let (mut out, mut trailers) = (String::new(), None);
+        while let Poll::Ready(Some(frame)) = Pin::new(&mut body).poll_frame(&mut cx) {
+            match frame.unwrap().into_data() {
+                Ok(data) => out.push_str(std::str::from_utf8(&data).unwrap()),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        assert!(body.is_end_stream());
+        (out, trailers)
+    }
+
+    #[test]
+    fn the_timing_follows_the_upstream_s_last_bytes_as_a_comment_or_a_trailer() {
+        let stream = [
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        let (out, trailers) = hand_back(&stream, TimingDelivery::Comment);
+        let comment = out.strip_prefix(&stream.concat()).unwrap();
+        assert!(
+            comment.starts_with(": server-timing ttft;dur=")
+                && comment.ends_with("request;desc=\"r-1\"\n\n"),
+            "{comment:?}"
+        );
+        assert!(trailers.is_none());
+        let (out, trailers) = hand_back(&stream, TimingDelivery::Trailer);
+        assert_eq!(out, stream.concat());
+        let value = trailers.unwrap()["server-timing"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(value.ends_with("request;desc=\"r-1\""), "{value}");
+        // Cut off mid-event: a comment would join that event.
+        let cut = [stream[0], "data: {\"choi"];
+        assert_eq!(
+            hand_back(&cut, TimingDelivery::Comment),
+            (cut.concat(), None)
+        );
     }
 
     fn stream(newline: &str, pieces: &[u64]) -> (String, String) {

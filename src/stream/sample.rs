@@ -127,6 +127,7 @@ pub fn metered_body(
             max_event_bytes: 1 << 16,
             max_body_bytes: 1 << 16,
             encoded: false,
+            timing: None,
         },
     );
     MeteredBody::new(Frames(frames.into_iter().collect()), Some(metering))

@@ -5,8 +5,10 @@
 //! a `gen_ai.first_token` event at the first token — so tracing costs nothing per SSE event.
 //! Attributes follow the OpenTelemetry GenAI semantic conventions (`gen_ai.operation.name`,
 //! `gen_ai.request.model`, `gen_ai.usage.*`, `server.address`, `error.type`) plus `tokentap.*`
-//! for what the conventions do not name (TTFT, TBT, buckets, source). No request header, prompt
-//! or completion text is ever attached: API keys cannot leak into traces.
+//! for what the conventions do not name (TTFT, TBT, buckets, source, `tokentap.request_id`: the
+//! request id a client sent or was handed back with its timing, visible ASCII and bounded,
+//! `proxy::request_id`). No other request header, no prompt or completion text is ever
+//! attached: API keys cannot leak into traces.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -208,6 +210,10 @@ impl RecordSink for OtelSink {
         if let Some(asked) = &r.asked_model {
             // The name the client sent, when the served model differs (bounded like labels).
             attributes.push(KeyValue::new("tokentap.model.asked", asked.to_string()));
+        }
+        if let Some(id) = &r.request_id {
+            // What ties this span to the client's own logs and the timing it was handed back.
+            attributes.push(KeyValue::new("tokentap.request_id", id.to_string()));
         }
         attributes.extend([
             KeyValue::new("gen_ai.usage.output_tokens", as_i64(r.tokens.completion)),
