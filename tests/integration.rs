@@ -31,5 +31,6 @@ mod sim_tests;
 mod slo_tests;
 mod sweep_tests;
 mod tenant_tests;
+mod timing_tests;
 mod tls_tests;
 mod workload_tests;
