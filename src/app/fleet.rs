@@ -339,6 +339,51 @@ mod tests {
     use crate::base::wallclock::unix_millis;
 
     #[test]
+    fn tenant_and_priority_become_matchers_of_every_query() {
+        use clap::Parser as _;
+        let cli = crate::app::cli::Cli::try_parse_from([
+            "tokentap",
+            "fleet",
+            "matrix",
+            "--prometheus",
+            "http://127.0.0.1:9090",
+            "--match",
+            "cluster=\"eu\"",
+            "--tenant",
+            "se\"arch",
+            "--priority",
+            "12",
+        ])
+        .unwrap();
+        let crate::app::cli::Command::Fleet(fleet) = cli.command else {
+            panic!("not the fleet command");
+        };
+        let super::FleetCommand::Matrix(args) = fleet.command else {
+            panic!("not fleet matrix");
+        };
+        let query = args.source.query(None).unwrap();
+        assert_eq!(
+            query.selector(Some("m")),
+            r#"source="production",model="m",cluster="eu",tenant="se\"arch",priority="10+""#
+        );
+        let refused = crate::app::cli::Cli::try_parse_from([
+            "tokentap",
+            "fleet",
+            "matrix",
+            "--prometheus",
+            "http://127.0.0.1:9090",
+            "--priority",
+            "urgent",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            refused.contains("expected negative, 0, 1-9, 10+ or an integer"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn at_takes_rfc3339_and_unix_seconds() {
         let rfc = parse_instant("2026-12-01T14:00:00Z").map(unix_millis);
         assert_eq!(rfc, Some(1_796_133_600_000));
