@@ -32,8 +32,8 @@ use crate::proxy::body::ResponseBody;
 
 use super::capacity::CapacityAnswer;
 use super::matrix::{
-    check_slice, production_matrix_sliced, synthetic_matrix, FingerprintChoice, MatrixQuery,
-    NO_SWEEP,
+    check_slice, production_matrix, production_matrix_sliced, synthetic_matrix, FingerprintChoice,
+    MatrixQuery, NO_SWEEP,
 };
 use super::query::query_escape;
 use super::state::{json_error, respond, AdminState};
@@ -89,10 +89,24 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         query.model.as_deref(),
         SystemTime::now(),
     );
+    // The model the production side shows (the busiest one when none is named).
+    // A slice with no traffic in the window names no model: then the window's busiest.
+    let shown_model = query
+        .model
+        .clone()
+        .or_else(|| {
+            production
+                .as_ref()
+                .and_then(|doc| doc.metadata.model.served_model.clone())
+        })
+        .or_else(|| {
+            production_matrix(state, query.window, None)
+                .and_then(|doc| doc.metadata.model.served_model)
+        });
     let slices = super::slices::fragment(
         state,
         query.window,
-        query.model.as_deref(),
+        shown_model.as_deref(),
         &query.slice,
         SystemTime::now(),
     );

@@ -18,7 +18,8 @@ use super::query::query_escape;
 use super::state::AdminState;
 
 /// The filter links and, when the window's requests sent a `priority`, the per-priority
-/// table; empty when neither tenants nor priorities are in play.
+/// table, for `model` (the one the page's production side shows); empty when neither tenants
+/// nor priorities are in play, or no model had traffic.
 pub fn fragment(
     state: &AdminState,
     window: Window,
@@ -26,16 +27,7 @@ pub fn fragment(
     slice: &TrafficSlice,
     now: SystemTime,
 ) -> String {
-    let Some(model) = model.map(str::to_owned).or_else(|| {
-        production_matrix_sliced(
-            state,
-            window,
-            None,
-            FingerprintChoice::Current,
-            &TrafficSlice::default(),
-        )
-        .and_then(|doc| doc.metadata.model.served_model)
-    }) else {
+    let Some(model) = model.map(str::to_owned) else {
         return String::new();
     };
     let seen = state.production.slicings(window, &model, now);
