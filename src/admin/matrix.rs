@@ -166,12 +166,9 @@ pub fn production_matrix_sliced(
             metadata.run.benchmark_tool = Some(format!("tokentap v{}", env!("CARGO_PKG_VERSION")));
             metadata.notes.push(format!(
                 "No production requests{} ended in the window ({}).",
-                match (&slice.tenant, slice.priority) {
-                    (Some(t), Some(p)) => format!(" of tenant {t} at priority {p}"),
-                    (Some(t), None) => format!(" of tenant {t}"),
-                    (None, Some(p)) => format!(" at priority {p}"),
-                    (None, None) => String::new(),
-                },
+                records
+                    .describe()
+                    .map_or_else(String::new, |slice| format!(" of {slice}")),
                 window.label()
             ));
             MatrixDoc::new(metadata)

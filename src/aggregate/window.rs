@@ -130,7 +130,7 @@ impl RecordFilter {
     }
 
     /// Says in words which slice of the traffic a document covers (nothing for all of it).
-    fn describe(&self) -> Option<String> {
+    pub fn describe(&self) -> Option<String> {
         let mut parts = Vec::new();
         if let Some(tenant) = &self.tenant {
             parts.push(format!("tenant {}", one_line(tenant)));

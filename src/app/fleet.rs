@@ -14,7 +14,7 @@ use super::matrix::{write_output, EXIT_GATE_FAILED};
 use crate::base::Source;
 use crate::fleet::compare::{compare, render_compare_json, render_compare_markdown};
 use crate::fleet::matrix::{fleet_matrix, mean_ttft_ms, FleetQuery};
-use crate::fleet::promql::PromClient;
+use crate::fleet::promql::{quote, PromClient};
 use crate::matrix::EvidenceRule;
 use crate::matrix::Format;
 use crate::meter::priority::PriorityBand;
@@ -207,7 +207,7 @@ impl SourceArgs {
                 .chain(
                     self.tenant
                         .as_deref()
-                        .map(|t| format!("tenant={}", promql_string(t))),
+                        .map(|t| format!("tenant={}", quote(t))),
                 )
                 .chain(self.priority.map(|p| format!("priority=\"{}\"", p.label())))
                 .collect(),
@@ -225,11 +225,6 @@ fn priority_band(text: &str) -> Result<PriorityBand, String> {
             PriorityBand::ALL.map(PriorityBand::label).join(", ")
         )
     })
-}
-
-/// A PromQL string literal: `"…"` with `\` and `"` escaped.
-fn promql_string(text: &str) -> String {
-    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
 }
 
 /// `--at`: RFC 3339, or Unix seconds (a fraction allowed, as Prometheus writes them).
