@@ -479,6 +479,83 @@ async fn on_request_a_stream_ends_with_a_comment_over_http1_and_a_trailer_where_
     server.shutdown().await;
 }
 
+/// An upstream that sends its own `Server-Timing` (a header on whole answers, an announced
+/// trailer on streams) keeps every entry: tokentap's is added beside it, and `Trailer` names
+/// the field once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_s_own_server_timing_is_kept_and_tokentap_s_is_added_beside_it() {
+    let upstream = ScriptedUpstream::start(|request: &Received| {
+        let mut script = script_for(request);
+        if script.headers[0].1.starts_with("text/event-stream") {
+            script
+                .headers
+                .push(("trailer", "Server-Timing".to_string()));
+            script.steps.push(crate::common::Step::Trailers(vec![(
+                "server-timing",
+                "engine;dur=7",
+            )]));
+        } else {
+            script
+                .headers
+                .push(("server-timing", "engine;dur=12".to_string()));
+        }
+        script
+    })
+    .await;
+    let (server, _records) = proxy(
+        &upstream.url(),
+        "[metering]\nserver_timing = \"on_request\"\n",
+    )
+    .await;
+    let addr = server.proxy_addr;
+    let entries = |values: &mut dyn Iterator<Item = &http::HeaderValue>| -> Vec<String> {
+        values
+            .flat_map(|v| parse_server_timing(v.to_str().unwrap()))
+            .map(|(name, _)| name)
+            .collect()
+    };
+
+    // A whole answer: the upstream's header, then tokentap's.
+    let answer = http1(addr, WHOLE, &[(ASK, "1")]).await;
+    let names = entries(&mut answer.headers.get_all("server-timing").iter());
+    assert_eq!(
+        names.first().map(String::as_str),
+        Some("engine"),
+        "{names:?}"
+    );
+    assert!(names.iter().any(|n| n == "ttft"), "{names:?}");
+
+    // A stream over HTTP/1.1 with `TE: trailers`: one `Trailer` naming the field, both entries.
+    let answer = http1(addr, STREAMED, &[(ASK, "1"), ("te", "trailers")]).await;
+    let announced: Vec<_> = answer.headers.get_all("trailer").iter().collect();
+    assert_eq!(announced.len(), 1, "{announced:?}");
+    assert!(announced[0]
+        .to_str()
+        .unwrap()
+        .eq_ignore_ascii_case("server-timing"));
+    let trailers = answer.trailers.expect("trailers");
+    let names = entries(&mut trailers.get_all("server-timing").iter());
+    assert_eq!(
+        names.first().map(String::as_str),
+        Some("engine"),
+        "{names:?}"
+    );
+    assert!(names.iter().any(|n| n == "ttft"), "{names:?}");
+
+    // HTTP/2 (the client says it takes trailers, so the HTTP/1 upstream sends its own): the
+    // same trailer.
+    let answer = http2(addr, STREAMED, &[(ASK, "1"), ("te", "trailers")]).await;
+    let trailers = answer.trailers.expect("trailers");
+    let names = entries(&mut trailers.get_all("server-timing").iter());
+    assert_eq!(
+        names.first().map(String::as_str),
+        Some("engine"),
+        "{names:?}"
+    );
+    assert!(names.iter().any(|n| n == "ttft"), "{names:?}");
+    server.shutdown().await;
+}
+
 /// The OpenAI Python SDK, a real client: `scripts/test` installs it (PyPI `openai`) when missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_python_sdk_parses_the_same_answers_with_timing_on_as_off() {

@@ -19,10 +19,12 @@
 //! and without the field a forged form is refused anyway. Sessions last `admin.session_ttl`
 //! (12 h by default) and at most `admin.max_sessions` are kept (a login past it ends the
 //! oldest). Failed logins are counted (`tokentap_admin_login_failures_total{reason}`) and
-//! slowed per client address: after the n-th failure in a row that address waits n seconds
-//! (at most [`MAX_DELAY`]) before its next attempt is even checked (429 with `Retry-After`
-//! until then); at most [`MAX_CLIENTS`] addresses are tracked, past that new ones share one
-//! slot. Sessions live in memory: a restart logs everyone out.
+//! slowed per client address (an IPv6 client by its /64), each attempt counted before its body
+//! is read: after the n-th failure in a row that address waits n seconds (at most
+//! [`MAX_DELAY`]), and a wrong token it sends meanwhile gets 429 with `Retry-After`; so does
+//! any wrong one past the listener's budget (`admin.max_failed_credentials_per_second`). The
+//! right token always logs in. At most [`MAX_CLIENTS`] addresses are tracked (the oldest
+//! waits make room). Sessions live in memory: a restart logs everyone out.
 
 use std::fmt::Write as _;
 
@@ -31,7 +33,8 @@ use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
 pub use super::sessions::{
-    cookie_id, ClientAddr, LoginFailure, SessionView, Sessions, COOKIE, MAX_CLIENTS, MAX_DELAY,
+    cookie_id, Attempt, ClientAddr, LoginFailure, SessionView, Sessions, COOKIE, MAX_CLIENTS,
+    MAX_DELAY,
 };
 pub use super::state::too_many;
 use super::state::{constant_time_eq, json_error, read_body, respond, AdminState};
@@ -113,41 +116,43 @@ where
     B::Error: Into<BoxError>,
 {
     let client = request.extensions().get::<ClientAddr>().map(|c| c.0);
-    if let Some(left) = state.sessions.wait_left(client) {
-        state
-            .metrics
-            .count_login_failure(LoginFailure::Throttled.label());
-        let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
-        let mut response = login_page(
-            StatusCode::TOO_MANY_REQUESTS,
-            Some(&format!(
-                "Too many failed logins from your address: try again in {seconds} s."
-            )),
-        );
-        if let Ok(value) = HeaderValue::try_from(seconds.to_string()) {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
-        }
-        return response;
-    }
+    // Counted before the body is awaited: logins whose bodies come late cannot all be checked
+    // as first attempts. A right token is forgiven below, whatever this said.
+    let attempt = state.sessions.attempt(client);
     let body = match read_body(request, MAX_FORM_BYTES, "the login form").await {
         Ok(body) => body,
         Err(response) => return response,
     };
     let given = form_field(&body, "token").unwrap_or_default();
     if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
-        state
-            .metrics
-            .count_login_failure(LoginFailure::BadToken.label());
-        let wait = state.sessions.failed(client);
-        tracing::warn!(
-            client = ?client,
-            wait_s = wait.as_secs(),
-            "failed admin login"
-        );
-        return login_page(
-            StatusCode::UNAUTHORIZED,
-            Some("That is not the admin token."),
-        );
+        return match attempt {
+            Attempt::Throttled(left) => {
+                state
+                    .metrics
+                    .count_login_failure(LoginFailure::Throttled.label());
+                let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+                let mut response = login_page(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    Some(&format!(
+                        "Too many failed logins: try again in {seconds} s."
+                    )),
+                );
+                if let Ok(value) = HeaderValue::try_from(seconds.to_string()) {
+                    response.headers_mut().insert(header::RETRY_AFTER, value);
+                }
+                response
+            }
+            Attempt::Counted(wait) => {
+                state
+                    .metrics
+                    .count_login_failure(LoginFailure::BadToken.label());
+                tracing::warn!(client = ?client, wait_s = wait.as_secs(), "failed admin login");
+                login_page(
+                    StatusCode::UNAUTHORIZED,
+                    Some("That is not the admin token."),
+                )
+            }
+        };
     }
     state.sessions.succeeded(client);
     let Some(session) = state.sessions.open() else {

@@ -1,8 +1,12 @@
 //! The browser sessions and the failed-credential record of the admin listener, as data: the
 //! session table (`admin.max_sessions` sessions of `admin.session_ttl`, each with its CSRF
-//! token), and per client address the failures that make it wait before its next login or
-//! bearer token is even checked. No HTTP here: `session.rs` serves the login routes and the
-//! page's forms with it, and `state.rs` checks credentials against it.
+//! token), per client address (an IPv6 client by its /64) the failures that make its next
+//! wrong credential wait, and one budget of failed checks per second for the whole listener
+//! (`admin.max_failed_credentials_per_second`). A right credential is never held back by
+//! either: the callers check it first (`Sessions::attempt` is consulted only for wrong ones, or
+//! counted before a login's body arrives and forgiven when it was right). No HTTP here:
+//! `session.rs` serves the login routes and the page's forms with it, and `state.rs` checks
+//! credentials against it.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -39,8 +43,20 @@ pub struct ClientAddr(pub IpAddr);
 pub enum LoginFailure {
     /// The token given was not the configured one (or was missing).
     BadToken,
-    /// The address was still waiting after earlier failures; the token was not checked.
+    /// A wrong token that came while its address was still waiting after earlier failures, or
+    /// after the listener's budget of failed checks for this second was spent.
     Throttled,
+}
+
+/// What counting a credential attempt says: where a wrong credential stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attempt {
+    /// Counted as a failure: the address now waits this long before its next wrong one is
+    /// answered 401 rather than 429.
+    Counted(Duration),
+    /// Too soon: the address is still waiting, or the listener has spent its budget of failed
+    /// checks; a wrong credential is answered 429 with this `Retry-After`.
+    Throttled(Duration),
 }
 
 impl LoginFailure {
@@ -76,6 +92,58 @@ struct Inner {
     failures: HashMap<Option<IpAddr>, Failures>,
     /// Failures recorded so far (the next one's serial).
     serials: u64,
+    /// The listener's budget of failed checks (a token bucket), whatever the address.
+    budget: Option<Bucket>,
+}
+
+/// A token bucket of `per_second` failed checks a second, at most one second's worth saved.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    per_second: f64,
+    tokens: f64,
+    filled_at: Instant,
+}
+
+impl Bucket {
+    fn new(per_second: u32, now: Instant) -> Self {
+        let per_second = f64::from(per_second.max(1));
+        Self {
+            per_second,
+            tokens: per_second,
+            filled_at: now,
+        }
+    }
+
+    /// Takes one failure's worth; else how long until one is there.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.filled_at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.per_second).min(self.per_second);
+        self.filled_at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64(
+                (1.0 - self.tokens) / self.per_second,
+            ))
+        }
+    }
+}
+
+/// Who a failure is counted against: an IPv4 address, an IPv6 client's /64 (one machine's
+/// usual share: counting each of its 2^64 addresses apart would be no limit), an IPv4-mapped
+/// IPv6 address as the IPv4 one.
+fn client_key(client: Option<IpAddr>) -> Option<IpAddr> {
+    match client? {
+        IpAddr::V4(v4) => Some(IpAddr::V4(v4)),
+        IpAddr::V6(v6) => Some(match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let [a, b, c, d, ..] = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(a, b, c, d, 0, 0, 0, 0))
+            }
+        }),
+    }
 }
 
 /// The browser sessions and the failed-login record of one admin listener.
@@ -83,6 +151,8 @@ struct Inner {
 pub struct Sessions {
     ttl: Duration,
     max_sessions: usize,
+    /// `admin.max_failed_credentials_per_second`.
+    failures_per_second: u32,
     random: SystemRandom,
     inner: Mutex<Inner>,
 }
@@ -96,10 +166,11 @@ pub struct SessionView {
 }
 
 impl Sessions {
-    pub fn new(ttl: Duration, max_sessions: usize) -> Self {
+    pub fn new(ttl: Duration, max_sessions: usize, failures_per_second: u32) -> Self {
         Self {
             ttl,
             max_sessions: max_sessions.max(1),
+            failures_per_second: failures_per_second.max(1),
             random: SystemRandom::new(),
             inner: Mutex::default(),
         }
@@ -168,22 +239,46 @@ impl Sessions {
             .count()
     }
 
-    /// How long this address must still wait before a credential it sends is checked.
+    /// How long this address must still wait before a wrong credential it sends is answered
+    /// 401 rather than 429.
     pub fn wait_left(&self, client: Option<IpAddr>) -> Option<Duration> {
         let now = Instant::now();
         let inner = lock(&self.inner);
-        let failures = inner.failures.get(&client)?;
+        let failures = inner.failures.get(&client_key(client))?;
         let left = failures.retry_at.saturating_duration_since(now);
         (!left.is_zero()).then_some(left)
     }
 
-    /// Records a failed login or bearer token from this address: returns how long it must
-    /// now wait. A full table first forgets what is past `FORGET_AFTER`, then the entry whose
-    /// wait ended (or ends) first.
-    pub fn failed(&self, client: Option<IpAddr>) -> Duration {
+    /// Counts a credential attempt from this address that was wrong, or whose credential is
+    /// not read yet (a login counted before its body arrives; [`Sessions::succeeded`] forgives
+    /// it when it was right). While the address still waits after earlier failures, or once
+    /// the listener's budget of failed checks for this second is spent, the attempt is
+    /// [`Attempt::Throttled`] (not recorded again); else it is recorded and the address waits
+    /// 1 s, 2 s, … up to [`MAX_DELAY`].
+    pub fn attempt(&self, client: Option<IpAddr>) -> Attempt {
         let now = Instant::now();
+        let key = client_key(client);
         let mut inner = lock(&self.inner);
-        if !inner.failures.contains_key(&client) && inner.failures.len() >= MAX_CLIENTS {
+        if let Some(failures) = inner.failures.get(&key) {
+            let left = failures.retry_at.saturating_duration_since(now);
+            if !left.is_zero() {
+                return Attempt::Throttled(left);
+            }
+        }
+        let per_second = self.failures_per_second;
+        let budget = inner
+            .budget
+            .get_or_insert_with(|| Bucket::new(per_second, now));
+        if let Err(left) = budget.take(now) {
+            return Attempt::Throttled(left);
+        }
+        Attempt::Counted(Self::record_failure(&mut inner, key, now))
+    }
+
+    /// Records a failure against `key`: how long it must now wait. A full table first
+    /// forgets what is past `FORGET_AFTER`, then the entry whose wait ended (or ends) first.
+    fn record_failure(inner: &mut Inner, key: Option<IpAddr>, now: Instant) -> Duration {
+        if !inner.failures.contains_key(&key) && inner.failures.len() >= MAX_CLIENTS {
             inner
                 .failures
                 .retain(|_, f| f.retry_at + FORGET_AFTER > now);
@@ -200,7 +295,7 @@ impl Sessions {
         }
         inner.serials += 1;
         let serial = inner.serials;
-        let entry = inner.failures.entry(client).or_insert(Failures {
+        let entry = inner.failures.entry(key).or_insert(Failures {
             count: 0,
             retry_at: now,
             serial,
@@ -219,7 +314,7 @@ impl Sessions {
     pub fn succeeded(&self, client: Option<IpAddr>) {
         let mut inner = lock(&self.inner);
         if !inner.failures.is_empty() {
-            inner.failures.remove(&client);
+            inner.failures.remove(&client_key(client));
         }
     }
 }
@@ -255,7 +350,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn sessions_expire_and_are_bounded() {
-        let sessions = Sessions::new(Duration::from_secs(60), 2);
+        let sessions = Sessions::new(Duration::from_secs(60), 2, 10);
         let first = sessions.open().unwrap();
         assert_eq!(first.id.len(), 64);
         assert_ne!(first.id, first.csrf);
@@ -275,25 +370,33 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn failures_slow_an_address_and_memory_is_bounded() {
-        let sessions = Sessions::new(Duration::from_secs(60), 2);
+        // A listener budget out of the way: this test is about the per-address record.
+        let sessions = Sessions::new(Duration::from_secs(60), 2, 1_000_000);
         let a = Some(IpAddr::from([127, 0, 0, 2]));
         assert!(sessions.wait_left(a).is_none());
-        assert_eq!(sessions.failed(a), Duration::from_secs(1));
-        assert!(sessions.wait_left(a).is_some());
+        assert_eq!(
+            sessions.attempt(a),
+            Attempt::Counted(Duration::from_secs(1))
+        );
+        assert!(matches!(sessions.attempt(a), Attempt::Throttled(_)));
         assert!(sessions
             .wait_left(Some(IpAddr::from([127, 0, 0, 3])))
             .is_none());
         tokio::time::advance(Duration::from_secs(1)).await;
         assert!(sessions.wait_left(a).is_none());
-        assert_eq!(sessions.failed(a), Duration::from_secs(2));
+        assert_eq!(
+            sessions.attempt(a),
+            Attempt::Counted(Duration::from_secs(2))
+        );
         for _ in 0..100 {
-            sessions.failed(a);
+            tokio::time::advance(MAX_DELAY).await;
+            sessions.attempt(a);
         }
         assert_eq!(sessions.wait_left(a), Some(MAX_DELAY));
         sessions.succeeded(a);
         assert!(sessions.wait_left(a).is_none());
         for n in 0..(MAX_CLIENTS as u32 + 10) {
-            sessions.failed(Some(IpAddr::from(n.to_be_bytes())));
+            sessions.attempt(Some(IpAddr::from(n.to_be_bytes())));
         }
         assert!(lock(&sessions.inner).failures.len() <= MAX_CLIENTS);
         // A full table never makes an address with no failures of its own wait.
@@ -306,5 +409,51 @@ mod tests {
         assert!(sessions
             .wait_left(Some(IpAddr::from(0u32.to_be_bytes())))
             .is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_listener_budget_bounds_failures_from_any_number_of_addresses() {
+        let sessions = Sessions::new(Duration::from_secs(60), 2, 10);
+        // 4,000 addresses, one wrong guess each, all within one second.
+        let mut counted = 0;
+        for n in 0..4_000u32 {
+            if n % 400 == 0 && n > 0 {
+                tokio::time::advance(Duration::from_millis(100)).await;
+            }
+            let from = Some(IpAddr::from((0x7f10_0000 + n).to_be_bytes()));
+            match sessions.attempt(from) {
+                Attempt::Counted(_) => counted += 1,
+                Attempt::Throttled(left) => assert!(left <= Duration::from_millis(100)),
+            }
+        }
+        // One second's worth at the start, then 10 a second over the 0.9 s that passed.
+        assert!((10..=19).contains(&counted), "{counted} failures counted");
+        // The budget fills again.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(matches!(
+            sessions.attempt(Some(IpAddr::from([127, 9, 9, 9]))),
+            Attempt::Counted(_)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ipv6_client_is_counted_by_its_64() {
+        let sessions = Sessions::new(Duration::from_secs(60), 2, 1_000);
+        let one: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let same_64: IpAddr = "2001:db8:1:2:ffff:ffff:ffff:ffff".parse().unwrap();
+        let other_64: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert!(matches!(sessions.attempt(Some(one)), Attempt::Counted(_)));
+        assert!(matches!(
+            sessions.attempt(Some(same_64)),
+            Attempt::Throttled(_)
+        ));
+        assert!(sessions.wait_left(Some(other_64)).is_none());
+        // An IPv4-mapped address is its IPv4 address.
+        let v4: IpAddr = "127.0.0.5".parse().unwrap();
+        let mapped: IpAddr = "::ffff:127.0.0.5".parse().unwrap();
+        sessions.attempt(Some(v4));
+        assert!(sessions.wait_left(Some(mapped)).is_some());
+        sessions.succeeded(Some(same_64));
+        assert!(sessions.wait_left(Some(one)).is_none());
     }
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 
-use super::sessions::{self, ClientAddr, LoginFailure, SessionView, Sessions};
+use super::sessions::{self, Attempt, ClientAddr, LoginFailure, SessionView, Sessions};
 use crate::aggregate::ProductionMatrix;
 use crate::config::CapacityConfig;
 use crate::meter::slo::SloPolicy;
@@ -58,13 +58,13 @@ pub struct CapacitySettings {
     pub slo: SloPolicy,
 }
 
-/// The answer to a credential sent from an address still waiting after failures: `429`, with
-/// how long in `Retry-After` (the credential is not looked at).
+/// The answer to a wrong credential sent from an address still waiting after failures (or
+/// past the listener's budget of failed checks): `429`, with how long in `Retry-After`.
 pub fn too_many(left: std::time::Duration) -> Response<ResponseBody> {
     let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
     let mut response = json_error(
         StatusCode::TOO_MANY_REQUESTS,
-        &format!("too many wrong admin credentials from this address: try again in {seconds} s"),
+        &format!("too many wrong admin credentials: try again in {seconds} s"),
     );
     if let Ok(value) = HeaderValue::try_from(seconds.to_string()) {
         response.headers_mut().insert(header::RETRY_AFTER, value);
@@ -157,29 +157,33 @@ impl AdminState {
         self.bearer_ok(request)
     }
 
-    /// A bearer token is judged once per request, before routing: from an address still
-    /// waiting after failures, `429` without looking at it; a wrong one is a failure (the
-    /// address waits 1 s, 2 s, … up to 30 s, as after failed logins) and a `401`; a right one
-    /// forgets the address's failures. `None`: go on (no token configured, no bearer sent, or
-    /// the right one).
+    /// A bearer token is judged once per request, before routing, and checked first: the
+    /// right one goes on whatever its address's failures or the listener's budget (it forgets
+    /// the address's failures); a wrong one is a failure (`401`, and the address waits 1 s,
+    /// 2 s, … up to 30 s, as after failed logins), or `429` while its address still waits or
+    /// once the listener's budget of failed checks for this second is spent. `None`: go on (no
+    /// token configured, no bearer sent, or the right one).
     pub(super) fn check_bearer<B>(&self, request: &Request<B>) -> Option<Response<ResponseBody>> {
         let token = self.token.as_deref()?;
         let given = bearer(request)?;
         let client = request.extensions().get::<ClientAddr>().map(|c| c.0);
-        if let Some(left) = self.sessions.wait_left(client) {
-            self.metrics
-                .count_login_failure(LoginFailure::Throttled.label());
-            return Some(too_many(left));
-        }
         if constant_time_eq(given.as_bytes(), token.as_bytes()) {
             self.sessions.succeeded(client);
             return None;
         }
-        self.metrics
-            .count_login_failure(LoginFailure::BadToken.label());
-        let wait = self.sessions.failed(client);
-        tracing::warn!(client = ?client, wait_s = wait.as_secs(), "wrong admin bearer token");
-        Some(unauthorized())
+        Some(match self.sessions.attempt(client) {
+            Attempt::Throttled(left) => {
+                self.metrics
+                    .count_login_failure(LoginFailure::Throttled.label());
+                too_many(left)
+            }
+            Attempt::Counted(wait) => {
+                self.metrics
+                    .count_login_failure(LoginFailure::BadToken.label());
+                tracing::warn!(client = ?client, wait_s = wait.as_secs(), "wrong admin bearer token");
+                unauthorized()
+            }
+        })
     }
 
     /// Whether the request's `Host` (or HTTP/2 authority) is a loopback name or address, or

@@ -3,7 +3,7 @@
 //! | route | does |
 //! |---|---|
 //! | `POST /sweeps` | start a sweep (JSON plan, may be empty): 202 + id; 409 while one runs or while production requests are in flight (unless the plan says `beside_production`); 400 names the bad field |
-//! | `POST /sweeps?dry_run=true` | what that sweep would do, nothing started: 200 + the preview (cells, largest prompt, KV use, expected duration, the plan) |
+//! | `POST /sweeps?dry_run=true` | what that sweep would do, nothing started: 200 + the preview (cells, largest prompt, KV use, expected duration, the plan); any spelling of the key previews unless its value is false, 0, no or off, and any other query is a 400 |
 //! | `GET /sweeps` | every sweep, newest first |
 //! | `GET /sweeps/{id}` | state, progress, ETA, plan, partial matrix; `?format=md\|html\|json` renders the matrix alone |
 //! | `DELETE /sweeps/{id}` | cancel: the streams are aborted within a second |
@@ -102,12 +102,10 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let dry_run = request
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .any(|pair| matches!(pair, "dry_run" | "dry_run=true" | "dry_run=1"));
+    let dry_run = match dry_run(request.uri().query().unwrap_or("")) {
+        Ok(dry_run) => dry_run,
+        Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
+    };
     if dry_run {
         return preview(state, request).await;
     }
@@ -129,6 +127,37 @@ where
         }
         Err(error) => start_error(error),
     }
+}
+
+/// Whether `POST /sweeps`' query asks for a preview. It fails closed: the key is read in any
+/// spelling a client may send (case, `-` for `_`, percent-encoded), and previews unless its
+/// value is a clear false (`false`, `0`, `no`, `off`: any case); a bare key or a true value
+/// previews. A value that is neither, or any other key, is a 400 naming what is accepted, so a
+/// misspelt preview never starts a sweep.
+fn dry_run(query: &str) -> Result<bool, String> {
+    const ACCEPTED: &str = "POST /sweeps takes one query key, `dry_run` (`?dry_run=true` previews; false, 0, no or off starts the sweep)";
+    let mut dry_run = false;
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        let key = super::query::percent_decode(key)
+            .map(|key| key.trim().to_ascii_lowercase().replace('-', "_"));
+        let value = super::query::percent_decode(value).map(|v| v.trim().to_ascii_lowercase());
+        let shown = |text: &str| text.chars().take(64).collect::<String>();
+        if key.as_deref() != Some("dry_run") {
+            return Err(format!("unknown query key `{}`: {ACCEPTED}", shown(pair)));
+        }
+        match value.as_deref() {
+            Some("" | "true" | "1" | "yes" | "on") => dry_run = true,
+            Some("false" | "0" | "no" | "off") => {}
+            _ => {
+                return Err(format!(
+                    "`{}`: dry_run is true or false; {ACCEPTED}",
+                    shown(pair)
+                ))
+            }
+        }
+    }
+    Ok(dry_run)
 }
 
 /// `GET /sweeps/{id}`: its status, or its matrix rendered (`?format=`).
@@ -161,3 +190,52 @@ pub fn show(state: &AdminState, id: &str, query: &str) -> Response<ResponseBody>
 /// The renderings of a sweep's (or a reference's) matrix alone (`?format=`; `status`, the
 /// default, is the whole status).
 pub const MATRIX_ALONE: [Format; 3] = [Format::Json, Format::Markdown, Format::Html];
+
+#[cfg(test)]
+mod tests {
+    use super::dry_run;
+
+    #[test]
+    fn every_spelling_of_dry_run_previews_and_nothing_unknown_starts_a_sweep() {
+        for query in [
+            "dry_run",
+            "dry_run=true",
+            "dry_run=1",
+            "dry_run=True",
+            "dry_run=TRUE",
+            "dry_run=yes",
+            "dry_run=on",
+            "dry-run=true",
+            "DRY_RUN=true",
+            "Dry-Run",
+            "dry%5Frun=true",
+            "%64ry_run=%54rue",
+            "dry_run=",
+            "dry_run=false&dry_run=true",
+            "&dry_run&",
+        ] {
+            assert_eq!(dry_run(query), Ok(true), "{query}");
+        }
+        for query in [
+            "",
+            "&",
+            "dry_run=false",
+            "dry_run=0",
+            "DRY-RUN=False",
+            "dry_run=off",
+        ] {
+            assert_eq!(dry_run(query), Ok(false), "{query}");
+        }
+        for query in [
+            "dry_run=maybe",
+            "dryrun=true",
+            "preview=true",
+            "dry_run=%FF",
+            "dry_run=%zz",
+            "x",
+        ] {
+            let error = dry_run(query).unwrap_err();
+            assert!(error.contains("dry_run"), "{query}: {error}");
+        }
+    }
+}

@@ -341,6 +341,7 @@ impl ProxyServer {
             sessions: admin::session::Sessions::new(
                 config.admin.session_ttl,
                 config.admin.max_sessions,
+                config.admin.max_failed_credentials_per_second,
             ),
             allowed_hosts: config.admin.allowed_hosts.clone(),
         });
@@ -662,6 +663,10 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
             metered_total: config.proxy.body_read_timeout,
         },
         body_budget: BodyBudget::new(config.metering.max_buffered_bytes),
+        held_budget: crate::stream::held::HeldBudget::new(
+            config.metering.max_held_bytes,
+            Arc::clone(&faults),
+        ),
         faults,
         prefix_salt,
         routes: RoutePolicy::from_config(&config.proxy.routes),

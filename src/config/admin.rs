@@ -21,6 +21,9 @@ pub struct AdminConfig {
     /// answers to (lower case, without a port): a page elsewhere cannot reach the listener
     /// through a name that resolves to loopback (DNS rebinding).
     pub allowed_hosts: Vec<String>,
+    /// Wrong bearer tokens and logins checked per second on the whole listener, whatever the
+    /// address; past it a wrong one gets 429 (a right one is always admitted).
+    pub max_failed_credentials_per_second: u32,
 }
 
 impl AdminConfig {
@@ -31,6 +34,11 @@ impl AdminConfig {
             max_connections: origins.nonzero("admin.max_connections", raw.max_connections)?,
             session_ttl: raw.session_ttl,
             max_sessions: origins.nonzero("admin.max_sessions", raw.max_sessions)?,
+            max_failed_credentials_per_second: u32::try_from(origins.nonzero(
+                "admin.max_failed_credentials_per_second",
+                raw.max_failed_credentials_per_second,
+            )?)
+            .unwrap_or(u32::MAX),
             allowed_hosts: raw
                 .allowed_hosts
                 .iter()

@@ -19,6 +19,9 @@ pub struct MeteringConfig {
     /// Most bytes of metered request bodies held at once while they are being read, over all
     /// requests; past it bodies are forwarded as they stream, unmetered.
     pub max_buffered_bytes: usize,
+    /// Most bytes of non-streamed answers held at once (for metering and for the timing
+    /// header), over all requests; past it answers pass through unheld (`stream::held`).
+    pub max_held_bytes: usize,
     pub max_event_bytes: usize,
     pub contexts: Ladder,
     pub concurrency: Ladder,
@@ -88,6 +91,7 @@ impl MeteringConfig {
             max_parse_bytes: origins.nonzero("metering.max_parse_bytes", raw.max_parse_bytes)?,
             max_buffered_bytes: origins
                 .nonzero("metering.max_buffered_bytes", raw.max_buffered_bytes)?,
+            max_held_bytes: origins.nonzero("metering.max_held_bytes", raw.max_held_bytes)?,
             max_event_bytes: origins.nonzero("metering.max_event_bytes", raw.max_event_bytes)?,
             contexts,
             concurrency,

@@ -182,6 +182,7 @@ pub struct RawAdmin {
     pub session_ttl: Duration,
     pub max_sessions: u64,
     pub allowed_hosts: Vec<String>,
+    pub max_failed_credentials_per_second: u64,
 }
 
 impl Default for RawAdmin {
@@ -193,6 +194,7 @@ impl Default for RawAdmin {
             session_ttl: Duration::from_secs(12 * 3600),
             max_sessions: 64,
             allowed_hosts: Vec::new(),
+            max_failed_credentials_per_second: 10,
         }
     }
 }
@@ -203,6 +205,7 @@ pub struct RawMetering {
     pub inject_usage: bool,
     pub max_parse_bytes: u64,
     pub max_buffered_bytes: u64,
+    pub max_held_bytes: u64,
     pub max_event_bytes: u64,
     pub context_buckets: Vec<u64>,
     pub concurrency_buckets: Vec<u64>,
@@ -219,6 +222,7 @@ impl Default for RawMetering {
             inject_usage: true,
             max_parse_bytes: 8 << 20,
             max_buffered_bytes: 256 << 20,
+            max_held_bytes: 64 << 20,
             max_event_bytes: 1 << 20,
             context_buckets: DEFAULT_CONTEXTS.to_vec(),
             concurrency_buckets: DEFAULT_CONCURRENCY.to_vec(),

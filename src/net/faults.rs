@@ -44,10 +44,20 @@ pub enum Fault {
     /// A client asked for a route `proxy.routes` does not forward (an engine's control route,
     /// by default): answered 403, never sent upstream.
     RouteRefused,
+    /// A non-streamed answer on a metered route could not be held for metering (or for its
+    /// timing header) within `metering.max_held_bytes`, shared by all answers: it passed
+    /// through unheld, its usage unread (`stream::held`).
+    AnswerUnheld,
+    /// A request asked for a path `proxy.routes` cannot read as the engine would (a
+    /// percent-escape that is not UTF-8, a target without a leading `/`): answered 400.
+    PathUnreadable,
+    /// A request carried a field an engine runs as code (sglang's
+    /// `custom_logit_processor`): answered 403 naming the setting that opens it.
+    CodeFieldRefused,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 16] = [
         Fault::HeaderTimeout,
         Fault::BodyIdleTimeout,
         Fault::BodyReadTimeout,
@@ -61,6 +71,9 @@ impl Fault {
         Fault::UpstreamStrayBytes,
         Fault::UpstreamAborted,
         Fault::RouteRefused,
+        Fault::AnswerUnheld,
+        Fault::PathUnreadable,
+        Fault::CodeFieldRefused,
     ];
 
     pub fn label(self) -> &'static str {
@@ -78,6 +91,9 @@ impl Fault {
             Fault::UpstreamStrayBytes => "upstream_stray_bytes",
             Fault::UpstreamAborted => "upstream_aborted",
             Fault::RouteRefused => "route_refused",
+            Fault::AnswerUnheld => "answer_unheld",
+            Fault::PathUnreadable => "path_unreadable",
+            Fault::CodeFieldRefused => "code_field_refused",
         }
     }
 
@@ -96,6 +112,9 @@ impl Fault {
             Fault::UpstreamStrayBytes => 10,
             Fault::UpstreamAborted => 11,
             Fault::RouteRefused => 12,
+            Fault::AnswerUnheld => 13,
+            Fault::PathUnreadable => 14,
+            Fault::CodeFieldRefused => 15,
         }
     }
 }

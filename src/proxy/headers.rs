@@ -54,6 +54,16 @@ pub fn takes_trailers(headers: &HeaderMap) -> bool {
         })
 }
 
+/// True when a response's `Trailer` header already names `field` (any case, any list).
+pub fn announces_trailer(headers: &HeaderMap, field: &str) -> bool {
+    headers
+        .get_all(header::TRAILER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|name| name.trim().eq_ignore_ascii_case(field))
+}
+
 /// True for `text/event-stream` (any parameters).
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
     headers

@@ -34,7 +34,7 @@ use super::body::{DynBody, RequestBody, ResponseBody};
 use super::box_error::BoxError;
 use super::connector::at_capacity;
 use super::error::{error_chain, ProxyError};
-use super::headers::{is_event_stream, remove_hop_by_hop, takes_trailers};
+use super::headers::{announces_trailer, is_event_stream, remove_hop_by_hop, takes_trailers};
 use super::request_id;
 use super::routes::{Internal, RoutePolicy};
 use super::timeout::{is_stall, IdleError, IdleTimeout};
@@ -50,6 +50,7 @@ use crate::net::faults::{Fault, FaultCounters};
 use crate::net::streams::StreamWatch;
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
 use crate::stream::fingerprint::PrefixSalt;
+use crate::stream::held::HeldBudget;
 use crate::stream::request::{injection, inspect};
 use crate::stream::rewrite::Injected;
 use crate::stream::timing::{TimingDelivery, SERVER_TIMING};
@@ -153,6 +154,9 @@ pub struct Proxy {
     pub routes: RoutePolicy,
     /// Who a production request is counted under (`[tenants]`).
     pub tenants: super::tenants::Tenants,
+    /// The memory non-streamed answers are held in, over all requests
+    /// (`metering.max_held_bytes`).
+    pub held_budget: Arc<HeldBudget>,
 }
 
 /// The memory metered request bodies may hold while being read, over all requests, in KiB
@@ -661,8 +665,11 @@ impl Proxy {
                 // A comment cannot be appended to compressed bytes.
                 (true, false) => (!encoded).then_some(TimingDelivery::Comment),
             });
-            if delivery == Some(TimingDelivery::Trailer) {
-                // hyper's HTTP/1 server sends only the trailer fields the head announces.
+            if delivery == Some(TimingDelivery::Trailer)
+                && !announces_trailer(&parts.headers, SERVER_TIMING.as_str())
+            {
+                // hyper's HTTP/1 server sends only the trailer fields the head announces;
+                // once, when the upstream announced its own already.
                 parts
                     .headers
                     .append(header::TRAILER, HeaderValue::from_static("server-timing"));
@@ -681,6 +688,7 @@ impl Proxy {
                     max_body_bytes: self.metering.max_parse_bytes,
                     encoded,
                     timing: delivery,
+                    held_budget: Some(Arc::clone(&self.held_budget)),
                 },
             );
             if metering.rewrites() {
@@ -696,34 +704,43 @@ impl Proxy {
     }
 
     /// A non-streamed answer with the request's `Server-Timing` in its head: the body is read
-    /// whole first (its record is published at its end), up to `metering.max_parse_bytes`. A
-    /// longer one is forwarded as it is, without the header; one that breaks off is forwarded
-    /// up to the break, then broken, without it. The upstream's idle timeout bounds the wait.
+    /// whole first (its record is published at its end), into the one copy metering keeps
+    /// anyway, up to `metering.max_parse_bytes` and within the held-answer budget
+    /// (`metering.max_held_bytes`). A longer one, or one the budget cannot hold, is forwarded as
+    /// it is, without the header: what was held, then the rest as it comes. One that breaks off
+    /// is forwarded up to the break, then broken, without it. The upstream's idle timeout
+    /// bounds the wait.
     async fn with_timing_header(
         &self,
         mut parts: http::response::Parts,
         mut body: MeteredBody<crate::proxy::timeout::UpstreamBody>,
         watch: Option<Arc<crate::net::streams::SendWatch>>,
     ) -> Response<ResponseBody> {
-        let limit = self.metering.max_parse_bytes;
-        let mut held = BytesMut::new();
         let end = loop {
             match body.frame().await {
                 None => break None,
                 Some(Ok(frame)) => match frame.into_data() {
+                    // Its bytes are in the held copy: this frame itself is dropped.
+                    Ok(_) if body.holds_for_client() => {}
                     Ok(data) => {
-                        held.extend_from_slice(&data);
-                        if held.len() > limit {
-                            tracing::debug!(
-                                limit,
-                                "a non-streamed answer over the parse limit: forwarded without Server-Timing"
-                            );
-                            let read = held.freeze();
-                            return Response::from_parts(
-                                parts,
-                                ResponseBody::upstream_after(read, body, watch),
-                            );
-                        }
+                        tracing::debug!(
+                            limit = self.metering.max_parse_bytes,
+                            held = self.held_budget.held(),
+                            "a non-streamed answer over the parse limit or the held-answer budget: forwarded without Server-Timing"
+                        );
+                        let held = body.take_held();
+                        let read = if held.is_empty() {
+                            data
+                        } else {
+                            let mut read = BytesMut::with_capacity(held.len() + data.len());
+                            read.extend_from_slice(&held);
+                            read.extend_from_slice(&data);
+                            read.freeze()
+                        };
+                        return Response::from_parts(
+                            parts,
+                            ResponseBody::upstream_after(read, body, watch),
+                        );
                     }
                     Err(frame) => break frame.into_trailers().ok().map(Ok),
                 },
@@ -735,10 +752,11 @@ impl Proxy {
                 .take_server_timing()
                 .and_then(|value| HeaderValue::try_from(value).ok())
             {
-                parts.headers.insert(SERVER_TIMING, value);
+                // Beside the upstream's own entries, never in their place.
+                parts.headers.append(SERVER_TIMING, value);
             }
         }
-        Response::from_parts(parts, ResponseBody::held(held.freeze(), end, watch))
+        Response::from_parts(parts, ResponseBody::held(body.take_held(), end, watch))
     }
 }
 

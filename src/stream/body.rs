@@ -19,6 +19,7 @@
 //! ([`MeteredBody::take_server_timing`]) to put in the response head.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
@@ -32,6 +33,7 @@ use crate::meter::RequestMeter;
 
 use super::classify::EventClassifier;
 use super::edits::EditQueue;
+use super::held::{HeldBudget, HeldBuffer, Push};
 use super::rewrite::Injected;
 use super::sse::SseScanner;
 use super::timing::{self, TimingDelivery};
@@ -45,12 +47,17 @@ enum Mode {
     Opaque,
     /// `text/event-stream`: scanned event by event.
     Sse(SseScanner),
-    /// Any other body on a metered route: copied up to `limit` bytes and parsed at the end
-    /// (non-streamed completions and JSON errors).
+    /// Any other body on a metered route: copied up to `limit` bytes, within the shared
+    /// budget of held answers, and parsed at the end (non-streamed completions and JSON
+    /// errors). A copy that cannot go on is released at once (`overflowed`), unless the client
+    /// gets it (`for_client`: its timing header waits for the end): the proxy then takes it.
+    /// A content-encoded body held for its timing header is copied but not parsed (`parse`).
     Json {
-        buffer: Vec<u8>,
+        buffer: HeldBuffer,
         limit: usize,
         overflowed: bool,
+        for_client: bool,
+        parse: bool,
     },
 }
 
@@ -87,7 +94,7 @@ impl std::fmt::Debug for Metering {
 }
 
 /// Options for one metered response.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct MeteringOptions {
     pub route: Route,
     /// The response is `text/event-stream`.
@@ -103,19 +110,25 @@ pub struct MeteringOptions {
     pub encoded: bool,
     /// Where the request's `Server-Timing` goes, when its client asked for it.
     pub timing: Option<TimingDelivery>,
+    /// The budget non-streamed answers are held within (`None`: unbounded, for benches and
+    /// pure tests).
+    pub held_budget: Option<Arc<HeldBudget>>,
 }
 
 impl Metering {
     pub fn new(meter: RequestMeter, options: MeteringOptions) -> Box<Self> {
-        let mode = if options.encoded {
+        let header = options.timing == Some(TimingDelivery::Header);
+        let mode = if options.encoded && !header {
             Mode::Opaque
-        } else if options.event_stream {
+        } else if options.event_stream && !options.encoded {
             Mode::Sse(SseScanner::new(options.max_event_bytes))
         } else {
             Mode::Json {
-                buffer: Vec::new(),
+                buffer: HeldBuffer::new(options.held_budget.clone()),
                 limit: options.max_body_bytes,
                 overflowed: false,
+                for_client: header,
+                parse: !options.encoded,
             }
         };
         let edits = (options.event_stream && !options.encoded && options.injected.any())
@@ -157,7 +170,8 @@ impl Metering {
             TimingDelivery::Trailer => {
                 let value = http::HeaderValue::try_from(hand_back.value.take()?).ok()?;
                 let mut fields = trailers.take().unwrap_or_default();
-                fields.insert(timing::SERVER_TIMING, value);
+                // Beside the upstream's own entries, never in their place.
+                fields.append(timing::SERVER_TIMING, value);
                 Some(Frame::trailers(fields))
             }
             TimingDelivery::Comment => {
@@ -199,11 +213,14 @@ impl Metering {
                 buffer,
                 limit,
                 overflowed,
+                for_client,
+                ..
             } => {
-                if buffer.len() + data.len() <= *limit {
-                    buffer.extend_from_slice(&data);
-                } else {
+                if !*overflowed && buffer.push(&data, *limit) != Push::Held {
                     *overflowed = true;
+                    if !*for_client {
+                        buffer.release();
+                    }
                 }
                 Some(data)
             }
@@ -230,14 +247,15 @@ impl Metering {
     /// Publishes the record for a stream that ended normally (`None` or trailers).
     fn on_end(&mut self) {
         if let Mode::Json {
-            buffer, overflowed, ..
+            buffer,
+            overflowed: false,
+            parse: true,
+            ..
         } = &self.mode
         {
-            if !overflowed {
-                self.classifier.observe_body(buffer);
-                if let Some(hand_back) = &mut self.hand_back {
-                    hand_back.queue = timing::queue_time(buffer);
-                }
+            self.classifier.observe_body(buffer.as_slice());
+            if let Some(hand_back) = &mut self.hand_back {
+                hand_back.queue = timing::queue_time(buffer.as_slice());
             }
         }
         let outcome = if self.meter.status >= 400 || self.classifier.error_seen() {
@@ -278,6 +296,30 @@ impl Metering {
 
     fn is_finished(&self) -> bool {
         self.meter.is_finished()
+    }
+
+    /// The body is being held whole for its client (see [`MeteredBody::take_held`]).
+    fn holds_for_client(&self) -> bool {
+        matches!(
+            self.mode,
+            Mode::Json {
+                for_client: true,
+                overflowed: false,
+                ..
+            }
+        )
+    }
+
+    /// The copy held for the client, taken (empty when none).
+    fn take_held(&mut self) -> Bytes {
+        match &mut self.mode {
+            Mode::Json {
+                buffer,
+                for_client: true,
+                ..
+            } => std::mem::replace(buffer, HeldBuffer::new(None)).into_bytes(),
+            _ => Bytes::new(),
+        }
     }
 }
 
@@ -341,6 +383,25 @@ impl<B: Body> MeteredBody<B> {
             inner_done: false,
             error_delayed: false,
         }
+    }
+
+    /// Whether every byte of the answer so far is in the copy held for the client (a
+    /// non-streamed answer whose client waits for its timing header): false once it could not
+    /// go on (the answer is longer than `metering.max_parse_bytes`, or the held-answer budget
+    /// is spent), and for any other body.
+    pub fn holds_for_client(&self) -> bool {
+        self.metering
+            .as_ref()
+            .is_some_and(|metering| metering.holds_for_client())
+    }
+
+    /// The copy held for the client, taken: the whole answer once the body has ended, or what
+    /// was held before the frame that did not fit. Its share of the budget is handed back when
+    /// the client's copy is dropped.
+    pub fn take_held(&mut self) -> Bytes {
+        self.metering
+            .as_mut()
+            .map_or_else(Bytes::new, |metering| metering.take_held())
     }
 
     /// The request's `Server-Timing` value for the response head, once the body has ended
@@ -564,6 +625,7 @@ mod tests {
                 max_body_bytes: 1 << 16,
                 encoded: false,
                 timing: Some(delivery),
+                held_budget: None,
             },
         );
         assert!(

@@ -10,6 +10,7 @@ pub mod body;
 pub mod classify;
 pub mod edits;
 pub mod fingerprint;
+pub mod held;
 pub mod json;
 pub mod request;
 pub mod rewrite;

@@ -128,6 +128,7 @@ pub fn metered_body(
             max_body_bytes: 1 << 16,
             encoded: false,
             timing: None,
+            held_budget: None,
         },
     );
     MeteredBody::new(Frames(frames.into_iter().collect()), Some(metering))

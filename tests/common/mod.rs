@@ -40,6 +40,9 @@ pub enum Step {
     /// Wait until this long after the response body began (an absolute schedule: timer
     /// lateness does not accumulate over a long stream).
     Until(Duration),
+    /// Trailer fields after the body (HTTP/1 sends them only to a request with `TE: trailers`
+    /// and when the head's `Trailer` names them).
+    Trailers(Vec<(&'static str, &'static str)>),
 }
 
 /// How a scripted body ends.
@@ -229,6 +232,13 @@ async fn respond(
             match step {
                 Step::Wait(d) => tokio::time::sleep(d).await,
                 Step::Until(d) => tokio::time::sleep_until(body_start + d).await,
+                Step::Trailers(fields) => {
+                    let mut trailers = http::HeaderMap::new();
+                    for (name, value) in fields {
+                        trailers.append(name, value.parse().unwrap());
+                    }
+                    let _ = tx.send(Ok(Frame::trailers(trailers))).await;
+                }
                 Step::Send(bytes) => {
                     let len = bytes.len();
                     if tx.send(Ok(Frame::data(bytes))).await.is_err() {
@@ -253,7 +263,7 @@ async fn respond(
     let mut response = Response::new(ChannelBody(rx));
     *response.status_mut() = http::StatusCode::from_u16(script.status).unwrap();
     for (name, value) in script.headers {
-        response.headers_mut().insert(name, value.parse().unwrap());
+        response.headers_mut().append(name, value.parse().unwrap());
     }
     response
 }

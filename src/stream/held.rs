@@ -1,0 +1,220 @@
+//! One memory budget for the answers tokentap holds (`metering.max_held_bytes`): a
+//! non-streamed answer on a metered route (and a stream not labelled `text/event-stream`) is
+//! copied as it passes so that its usage can be read at its end, and, when its client asked for
+//! its timing, that same copy is what the client gets after the `Server-Timing` head. Request
+//! bodies have a budget of their own (`metering.max_buffered_bytes`); without this one, 50
+//! clients with 8 MB answers made a sidecar hold 400 MB.
+//!
+//! Every byte of capacity a [`HeldBuffer`] allocates is reserved from the [`HeldBudget`]
+//! first, and handed back when the buffer (or the `Bytes` made of it) is dropped. When the
+//! budget cannot cover the next frame, the answer passes through unheld (counted as
+//! `tokentap_faults_total{fault="answer_unheld"}`) and its buffer is released at once. Per
+//! frame of a held answer: one atomic update when the buffer grows (capacity doubles), none
+//! otherwise; SSE streams never hold anything here.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::net::faults::{Fault, FaultCounters};
+
+/// The bytes every held answer may take together.
+#[derive(Debug)]
+pub struct HeldBudget {
+    limit: usize,
+    held: AtomicUsize,
+    faults: Arc<FaultCounters>,
+}
+
+impl HeldBudget {
+    pub fn new(limit: usize, faults: Arc<FaultCounters>) -> Arc<Self> {
+        Arc::new(Self {
+            limit,
+            held: AtomicUsize::new(0),
+            faults,
+        })
+    }
+
+    /// Bytes held now, over all answers.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// The budget (`metering.max_held_bytes`).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    fn reserve(&self, bytes: usize) -> bool {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|total| *total <= self.limit)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: usize) {
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// What [`HeldBuffer::push`] did with a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Push {
+    /// Appended.
+    Held,
+    /// The answer is longer than the buffer's own limit (`metering.max_parse_bytes`).
+    OverLimit,
+    /// The shared budget cannot cover it (counted once per answer).
+    OverBudget,
+}
+
+/// The copy of one answer, its capacity reserved from the budget (none: unbounded, for the
+/// benches and the pure tests).
+#[derive(Debug)]
+pub struct HeldBuffer {
+    bytes: Vec<u8>,
+    reserved: usize,
+    budget: Option<Arc<HeldBudget>>,
+}
+
+impl HeldBuffer {
+    pub fn new(budget: Option<Arc<HeldBudget>>) -> Self {
+        Self {
+            bytes: Vec::new(),
+            reserved: 0,
+            budget,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Appends `data` if the answer stays within `limit` and the budget covers the capacity
+    /// it needs; else leaves the buffer as it was.
+    pub fn push(&mut self, data: &[u8], limit: usize) -> Push {
+        let needed = match self.bytes.len().checked_add(data.len()) {
+            Some(needed) if needed <= limit => needed,
+            _ => return Push::OverLimit,
+        };
+        if needed > self.reserved {
+            // Double as `Vec` would, within the limit; the exact size when the budget cannot
+            // cover the doubling.
+            let doubled = self
+                .reserved
+                .saturating_mul(2)
+                .clamp(needed, limit.max(needed));
+            let grown = [doubled, needed]
+                .into_iter()
+                .find(|capacity| self.take(capacity - self.reserved));
+            let Some(capacity) = grown else {
+                if let Some(budget) = &self.budget {
+                    budget.faults.add(Fault::AnswerUnheld);
+                }
+                return Push::OverBudget;
+            };
+            self.bytes.reserve_exact(capacity - self.bytes.len());
+            self.reserved = capacity;
+        }
+        self.bytes.extend_from_slice(data);
+        Push::Held
+    }
+
+    fn take(&self, bytes: usize) -> bool {
+        self.budget
+            .as_ref()
+            .is_none_or(|budget| budget.reserve(bytes))
+    }
+
+    /// Frees the copy and hands its reservation back now (an answer that will pass unheld).
+    pub fn release(&mut self) {
+        self.bytes = Vec::new();
+        if let Some(budget) = &self.budget {
+            budget.release(self.reserved);
+        }
+        self.reserved = 0;
+    }
+
+    /// The copy as `Bytes` for the client; its reservation is handed back when the last of
+    /// them is dropped (once the connection has written it).
+    pub fn into_bytes(self) -> Bytes {
+        if self.bytes.is_empty() {
+            return Bytes::new();
+        }
+        Bytes::from_owner(self)
+    }
+}
+
+impl AsRef<[u8]> for HeldBuffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for HeldBuffer {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(limit: usize) -> Arc<HeldBudget> {
+        HeldBudget::new(limit, Arc::new(FaultCounters::default()))
+    }
+
+    #[test]
+    fn capacity_is_reserved_before_it_is_allocated_and_handed_back_at_the_end() {
+        let budget = budget(1000);
+        let mut a = HeldBuffer::new(Some(Arc::clone(&budget)));
+        assert_eq!(a.push(&[1; 100], 10_000), Push::Held);
+        assert_eq!(budget.held(), 100);
+        assert_eq!(a.push(&[2; 50], 10_000), Push::Held);
+        assert_eq!(budget.held(), 200, "doubled");
+        assert!(a.bytes.capacity() >= 150);
+        let mut b = HeldBuffer::new(Some(Arc::clone(&budget)));
+        assert_eq!(b.push(&[3; 700], 10_000), Push::Held);
+        assert_eq!(budget.held(), 900);
+        // 150 + 300 needs 250 more than a's 200: doubling to 400 and the exact 450 both miss.
+        assert_eq!(a.push(&[4; 300], 10_000), Push::OverBudget);
+        assert_eq!(a.len(), 150, "left as it was");
+        assert_eq!(budget.faults.get(Fault::AnswerUnheld), 1);
+        a.release();
+        assert_eq!(budget.held(), 700);
+        let bytes = b.into_bytes();
+        assert_eq!(bytes.len(), 700);
+        assert_eq!(budget.held(), 700, "held while the client's copy lives");
+        let clone = bytes.slice(10..20);
+        drop(bytes);
+        assert_eq!(budget.held(), 700);
+        drop(clone);
+        assert_eq!(budget.held(), 0);
+        drop(a);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn the_buffer_s_own_limit_comes_first() {
+        let budget = budget(1 << 20);
+        let mut a = HeldBuffer::new(Some(Arc::clone(&budget)));
+        assert_eq!(a.push(&[1; 60], 100), Push::Held);
+        assert_eq!(a.push(&[1; 60], 100), Push::OverLimit);
+        assert_eq!(a.push(&[1; 40], 100), Push::Held);
+        assert_eq!(budget.held(), 100, "never past the limit");
+        assert_eq!(budget.faults.get(Fault::AnswerUnheld), 0);
+        let mut unbounded = HeldBuffer::new(None);
+        assert_eq!(unbounded.push(&[1; 5000], 1 << 20), Push::Held);
+    }
+}
