@@ -3383,3 +3383,152 @@ async fn an_idle_http2_client_that_never_answers_the_ping_is_closed_at_the_idle_
     assert_eq!(server.proxy.faults.get(Fault::IdleClosed), 1);
     server.shutdown().await;
 }
+
+/// Held answers have one memory budget (`metering.max_held_bytes`): 50 clients whose
+/// non-streamed answers are 8 MB each, over HTTP/1.1 connections of their own and as 50
+/// streams of one HTTP/2 connection, with their timing asked (held whole for the header) and
+/// not (copied for metering), make the proxy's peak memory grow by at most the budget plus a
+/// stated margin (the connections' own buffers). Without the budget the same load held every
+/// answer: +391 MiB (+774 MiB with timing asked). Every answer reaches its client whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_answers_stay_within_one_memory_budget_over_http1_and_http2() {
+    // 8 MB: within `metering.max_parse_bytes` (8 MiB), so each one is held when the budget allows.
+    const ANSWER: usize = 8_000_000;
+    const CLIENTS: usize = 50;
+    const BUDGET: u64 = 32 << 20;
+    // What 100 connections' buffers and the allocator's slack may add: hyper's write buffers,
+    // the upstream read buffers, HTTP/2 stream windows, and glibc's per-thread arenas (the test
+    // build's allocator), each of which keeps freed 8 MB blocks for its own thread.
+    const MARGIN: u64 = 64 << 20;
+    let answer = {
+        let filler = "x".repeat(ANSWER - 120);
+        let text = format!(
+            r#"{{"id":"big","object":"chat.completion","choices":[{{"index":0,"message":{{"content":"{filler}"}}}}],"usage":{{"prompt_tokens":5,"completion_tokens":7}}}}"#
+        );
+        Bytes::from(text)
+    };
+    let length = answer.len();
+    let sent = answer.clone();
+    let upstream = upstream_with(move |_| {
+        // Sent in 256 KiB pieces a few milliseconds apart, so the 50 answers are in flight
+        // together.
+        let mut steps = Vec::new();
+        let mut at = 0;
+        while at < sent.len() {
+            let end = (at + (256 << 10)).min(sent.len());
+            steps.push(Step::Send(sent.slice(at..end)));
+            steps.push(Step::Wait(Duration::from_millis(5)));
+            at = end;
+        }
+        let mut script = Script::json(200, "");
+        script.steps = steps;
+        script
+            .headers
+            .push(("content-length", sent.len().to_string()));
+        script
+    })
+    .await;
+    let served = Served::start(
+        &upstream.url(),
+        &format!(
+            "[upstream]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[metering]\nserver_timing = \"on_request\"\nmax_held_bytes = {BUDGET}\n"
+        ),
+        None,
+    );
+    let url = format!("http://{}/v1/chat/completions", served.proxy);
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let request = |timing: bool| {
+        let mut request = http::Request::post(&url).header("content-type", "application/json");
+        if timing {
+            request = request.header("x-tokentap-timing", "1");
+        }
+        request
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    };
+    // Reads an answer to its end without keeping it: its length, first and last bytes.
+    async fn drain(response: http::Response<hyper::body::Incoming>) -> (u16, usize, u8, u8) {
+        let status = response.status().as_u16();
+        let mut body = response.into_body();
+        let (mut length, mut first, mut last) = (0, 0, 0);
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame.unwrap().into_data() {
+                if length == 0 && !data.is_empty() {
+                    first = data[0];
+                }
+                if let Some(byte) = data.last() {
+                    last = *byte;
+                }
+                length += data.len();
+            }
+        }
+        (status, length, first, last)
+    }
+    // One answer first: the process at rest, every lazy allocation made.
+    let warm = drain(client().request(request(true)).await.unwrap()).await;
+    assert_eq!(warm, (200, length, b'{', b'}'));
+    let before = served.rss().unwrap();
+
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    for timing in [false, true] {
+        // HTTP/1.1: a connection per client.
+        let mut tasks = Vec::new();
+        for _ in 0..CLIENTS {
+            let request = request(timing);
+            tasks.push(tokio::spawn(async move {
+                let client = client();
+                drain(client.request(request).await.unwrap()).await
+            }));
+        }
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), (200, length, b'{', b'}'));
+        }
+        // HTTP/2: one connection, 50 streams.
+        let stream = TcpStream::connect(served.proxy).await.unwrap();
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        let mut tasks = Vec::new();
+        for _ in 0..CLIENTS {
+            let mut sender = sender.clone();
+            let request = request(timing);
+            tasks.push(tokio::spawn(async move {
+                drain(sender.send_request(request).await.unwrap()).await
+            }));
+        }
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), (200, length, b'{', b'}'));
+        }
+        let peak = served.peak_rss().unwrap();
+        let growth = peak.saturating_sub(before);
+        eprintln!(
+            "figure: 50 × 8 MiB answers, timing asked {timing}: RSS {:.1} MiB at rest, peak {:.1} MiB, growth {:.1} MiB (budget {:.0} + margin {:.0})",
+            mib(before),
+            mib(peak),
+            mib(growth),
+            mib(BUDGET),
+            mib(MARGIN)
+        );
+        assert!(
+            growth <= BUDGET + MARGIN,
+            "held answers grew the proxy by {:.1} MiB (budget {:.0} MiB + margin {:.0} MiB)",
+            mib(growth),
+            mib(BUDGET),
+            mib(MARGIN)
+        );
+    }
+    let metrics = get(&format!("http://{}/metrics", served.admin))
+        .await
+        .text();
+    let unheld = sample(
+        &metrics,
+        "tokentap_faults_total",
+        &["listener=\"proxy\"", "fault=\"answer_unheld\""],
+    )
+    .unwrap();
+    assert!(unheld > 0.0, "answers past the budget are counted");
+}

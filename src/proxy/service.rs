@@ -689,6 +689,10 @@ impl Proxy {
                     encoded,
                     timing: delivery,
                     held_budget: Some(Arc::clone(&self.held_budget)),
+                    length: parts
+                        .headers
+                        .get(header::CONTENT_LENGTH)
+                        .and_then(|v| v.to_str().ok()?.parse().ok()),
                 },
             );
             if metering.rewrites() {

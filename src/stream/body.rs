@@ -113,6 +113,8 @@ pub struct MeteringOptions {
     /// The budget non-streamed answers are held within (`None`: unbounded, for benches and
     /// pure tests).
     pub held_budget: Option<Arc<HeldBudget>>,
+    /// The body's length, when its head says (`Content-Length`).
+    pub length: Option<usize>,
 }
 
 impl Metering {
@@ -123,10 +125,24 @@ impl Metering {
         } else if options.event_stream && !options.encoded {
             Mode::Sse(SseScanner::new(options.max_event_bytes))
         } else {
+            // A known length is reserved whole up front (or the answer is not held at all):
+            // an answer held for its client never stops half-way, which would leave what was
+            // held and the rest to be sent apart.
+            let (buffer, overflowed) = match options.length {
+                None => (HeldBuffer::new(options.held_budget.clone()), false),
+                Some(length) => match HeldBuffer::for_length(
+                    options.held_budget.clone(),
+                    length,
+                    options.max_body_bytes,
+                ) {
+                    Ok(buffer) => (buffer, false),
+                    Err(_) => (HeldBuffer::new(None), true),
+                },
+            };
             Mode::Json {
-                buffer: HeldBuffer::new(options.held_budget.clone()),
+                buffer,
                 limit: options.max_body_bytes,
-                overflowed: false,
+                overflowed,
                 for_client: header,
                 parse: !options.encoded,
             }
@@ -626,6 +642,7 @@ mod tests {
                 encoded: false,
                 timing: Some(delivery),
                 held_budget: None,
+                length: None,
             },
         );
         assert!(

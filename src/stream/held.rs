@@ -88,6 +88,29 @@ impl HeldBuffer {
         }
     }
 
+    /// A buffer for an answer whose length is known (its `Content-Length`): the whole of it
+    /// reserved now, so a held answer never stops half-way; else why not (the copy is never
+    /// begun, and nothing is held for it).
+    pub fn for_length(
+        budget: Option<Arc<HeldBudget>>,
+        length: usize,
+        limit: usize,
+    ) -> Result<Self, Push> {
+        if length > limit {
+            return Err(Push::OverLimit);
+        }
+        let mut buffer = Self::new(budget);
+        if !buffer.take(length) {
+            if let Some(budget) = &buffer.budget {
+                budget.faults.add(Fault::AnswerUnheld);
+            }
+            return Err(Push::OverBudget);
+        }
+        buffer.bytes.reserve_exact(length);
+        buffer.reserved = length;
+        Ok(buffer)
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         &self.bytes
     }
@@ -201,6 +224,26 @@ mod tests {
         assert_eq!(budget.held(), 700);
         drop(clone);
         assert_eq!(budget.held(), 0);
+        drop(a);
+        assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn a_known_length_is_reserved_whole_or_not_at_all() {
+        let budget = budget(1000);
+        let mut a = HeldBuffer::for_length(Some(Arc::clone(&budget)), 600, 10_000).unwrap();
+        assert_eq!(budget.held(), 600);
+        assert_eq!(a.push(&[1; 600], 10_000), Push::Held);
+        assert_eq!(budget.held(), 600, "no growth past the reservation");
+        assert_eq!(
+            HeldBuffer::for_length(Some(Arc::clone(&budget)), 500, 10_000).unwrap_err(),
+            Push::OverBudget
+        );
+        assert_eq!(budget.faults.get(Fault::AnswerUnheld), 1);
+        assert_eq!(
+            HeldBuffer::for_length(Some(Arc::clone(&budget)), 20_000, 10_000).unwrap_err(),
+            Push::OverLimit
+        );
         drop(a);
         assert_eq!(budget.held(), 0);
     }

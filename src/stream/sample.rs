@@ -129,6 +129,7 @@ pub fn metered_body(
             encoded: false,
             timing: None,
             held_budget: None,
+            length: None,
         },
     );
     MeteredBody::new(Frames(frames.into_iter().collect()), Some(metering))
