@@ -489,7 +489,7 @@ impl io::Write for SocketWriter<'_, '_> {
 /// The TCP socket under a TLS connection, counting where the bytes read from it stand in
 /// their TLS records, so that the idle check knows whether rustls holds half a record that
 /// nothing can judge yet (rustls does not say).
-pub struct RecordCounted {
+struct RecordCounted {
     socket: TcpStream,
     framing: RecordFraming,
 }
