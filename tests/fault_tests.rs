@@ -2853,8 +2853,18 @@ async fn exports_whose_clients_stop_reading_are_cut_at_the_send_stall_timeout() 
 // ---------------------------------------------------------------------------------------
 // Do no harm: a hostile upstream must not make a request run twice, hand one client's
 // bytes to another, or turn a truncation into nothing. Each case runs through both upstream
-// clients: the inline pool (`proxy::relay`, the default for plain HTTP/1) and hyper-util's
-// client (`upstream.inline_connections = false`).
+// clients: the inline pool (`proxy::relay`, the default for HTTP/1, plain or TLS) and
+// hyper-util's client (`upstream.inline_connections = false`), and again through a TLS
+// upstream (`Transport::Tls`) with the inline pool.
+
+/// How the hostile upstream is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Plain,
+    /// TLS 1.3 by rustls with a certificate of a throwaway CA (`upstream.tls_ca`); rustls sends
+    /// its session tickets right after the handshake, as servers do.
+    Tls,
+}
 
 /// What a hostile upstream does after reading a request.
 #[derive(Debug, Clone)]
@@ -2881,6 +2891,8 @@ struct Hostile {
     addr: SocketAddr,
     heard: Arc<Mutex<Vec<Heard>>>,
     task: tokio::task::JoinHandle<()>,
+    /// The certificates of a TLS upstream.
+    pki: Option<common::pki::Pki>,
 }
 
 impl Drop for Hostile {
@@ -2892,25 +2904,54 @@ impl Drop for Hostile {
 type Plan = Arc<dyn Fn(&Heard) -> (bool, Vec<Act>) + Send + Sync>;
 
 impl Hostile {
-    async fn start(plan: impl Fn(&Heard) -> (bool, Vec<Act>) + Send + Sync + 'static) -> Self {
+    async fn start_over(
+        transport: Transport,
+        plan: impl Fn(&Heard) -> (bool, Vec<Act>) + Send + Sync + 'static,
+    ) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let heard: Arc<Mutex<Vec<Heard>>> = Arc::default();
         let log = Arc::clone(&heard);
         let plan: Plan = Arc::new(plan);
+        let pki = (transport == Transport::Tls).then(|| common::pki::Pki::new("hostile"));
+        let acceptor = pki
+            .as_ref()
+            .map(|pki| common::pki::acceptor(pki, &[b"http/1.1"]));
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
-                let (log, plan) = (Arc::clone(&log), Arc::clone(&plan));
+                let (log, plan, acceptor) = (Arc::clone(&log), Arc::clone(&plan), acceptor.clone());
                 tokio::spawn(async move {
-                    let _ = hostile_connection(socket, log, plan).await;
+                    let _ = match acceptor {
+                        None => hostile_connection(socket, log, plan).await,
+                        Some(acceptor) => match acceptor.accept(socket).await {
+                            Ok(tls) => hostile_connection(tls, log, plan).await,
+                            Err(error) => Err(error),
+                        },
+                    };
                 });
             }
         });
-        Self { addr, heard, task }
+        Self {
+            addr,
+            heard,
+            task,
+            pki,
+        }
     }
 
     fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        match self.pki {
+            None => format!("http://{}", self.addr),
+            Some(_) => format!("https://{}", self.addr),
+        }
+    }
+
+    /// The `[upstream]` lines a proxy needs for it besides its URL (the CA of a TLS one).
+    fn upstream_keys(&self) -> String {
+        match &self.pki {
+            None => String::new(),
+            Some(pki) => format!("tls_ca = \"{}\"", pki.path("ca.pem")),
+        }
     }
 
     fn count(&self, method: &str, path_start: &str) -> usize {
@@ -2923,8 +2964,26 @@ impl Hostile {
     }
 }
 
+/// The hostile upstream's side of a connection, plain or TLS.
+trait HostileSocket: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {
+    /// The TCP socket under it, for a reset.
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl HostileSocket for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl HostileSocket for tokio_rustls::server::TlsStream<TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        self.get_ref().0
+    }
+}
+
 async fn hostile_connection(
-    mut socket: TcpStream,
+    mut socket: impl HostileSocket,
     log: Arc<Mutex<Vec<Heard>>>,
     plan: Plan,
 ) -> std::io::Result<()> {
@@ -2968,13 +3027,18 @@ async fn hostile_connection(
         log.lock().unwrap().push(heard);
         for act in acts {
             match act {
-                Act::Write(bytes) => socket.write_all(&bytes).await?,
+                Act::Write(bytes) => {
+                    socket.write_all(&bytes).await?;
+                    // TLS: out of rustls and into the socket now, as one write.
+                    socket.flush().await?;
+                }
                 Act::Sleep(pause) if pause.is_zero() => {}
                 Act::Sleep(pause) => tokio::time::sleep(pause).await,
                 Act::Reset => {
-                    socket.set_zero_linger()?;
+                    socket.tcp().set_zero_linger()?;
                     return Ok(());
                 }
+                // TLS: a close_notify, then the FIN.
                 Act::Close => {
                     socket.shutdown().await?;
                     return Ok(());
@@ -2999,14 +3063,33 @@ const UPSTREAM_CLIENTS: [(&str, &str); 2] = [
     ("hyper", "inline_connections = false"),
 ];
 
+/// Longer than `upstream.pool_reuse_after` (50 ms by default): a kept-alive connection idle
+/// this long carries the next request.
+const PAST_REUSE_AFTER: Duration = Duration::from_millis(80);
+
+/// The `[upstream]` lines of a proxy in front of `upstream` through the client `key` selects.
+fn upstream_lines(upstream: &Hostile, key: &str) -> String {
+    format!("{key}\n{}", upstream.upstream_keys())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_the_upstream_read_is_never_sent_twice() {
+    never_sent_twice(Transport::Plain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_a_tls_upstream_read_is_never_sent_twice() {
+    never_sent_twice(Transport::Tls).await;
+}
+
+async fn never_sent_twice(transport: Transport) {
     // Each POST is read whole, then the connection is reset (or closed) without an answer.
-    // Before it, a GET leaves a kept-alive connection in the pool, so the POST goes out on a
-    // reused connection: the case a client may retry, but only if the request never left.
+    // Before it, a GET leaves a kept-alive connection in the pool, and the POST waits until
+    // that connection has settled, so it goes out on a reused connection: the case a client
+    // may retry, but only if the request never left.
     for (client, key) in UPSTREAM_CLIENTS {
         for ending in [Act::Reset, Act::Close] {
-            let upstream = Hostile::start({
+            let upstream = Hostile::start_over(transport, {
                 let ending = ending.clone();
                 move |heard| {
                     if heard.method == "POST" {
@@ -3017,27 +3100,32 @@ async fn a_request_the_upstream_read_is_never_sent_twice() {
                 }
             })
             .await;
-            let (server, records) = proxy_with(&upstream.url(), "", key).await;
+            let (server, records) =
+                proxy_with(&upstream.url(), "", &upstream_lines(&upstream, key)).await;
             let rounds = 8;
             for round in 0..rounds {
                 let warm = get(&format!("http://{}/v1/models", server.proxy_addr)).await;
-                assert_eq!(warm.status, 200, "{client}");
+                assert_eq!(warm.status, 200, "{client} {transport:?}");
+                tokio::time::sleep(PAST_REUSE_AFTER).await;
                 let response = post(
                     &format!("http://{}/v1/chat/completions", server.proxy_addr),
                     r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
                 )
                 .await;
-                assert_eq!(response.status, 502, "{client} {ending:?} round {round}");
+                assert_eq!(
+                    response.status, 502,
+                    "{client} {transport:?} {ending:?} round {round}"
+                );
             }
             assert_eq!(
                 upstream.count("POST", "/v1/chat/completions"),
                 rounds,
-                "{client} {ending:?}: the upstream saw a request more than once"
+                "{client} {transport:?} {ending:?}: the upstream saw a request more than once"
             );
             let records = records.wait_for(rounds).await;
             assert!(
                 records.iter().all(|r| r.outcome == Outcome::UpstreamError),
-                "{client}: {:?}",
+                "{client} {transport:?}: {:?}",
                 records.iter().map(|r| r.outcome).collect::<Vec<_>>()
             );
             server.shutdown().await;
@@ -3099,9 +3187,15 @@ async fn stray_round(proxy: SocketAddr, id: usize, tally: &Mutex<Tally>) {
 
 /// 90 good clients, `workers` at a time, against an upstream that sends a stray answer
 /// `late` after each of its answers; `pause` between one worker's requests.
-async fn stray_run(key: &str, late: Duration, workers: usize, pause: Duration) -> (Tally, f64) {
-    let upstream = Hostile::start(stray_plan(late)).await;
-    let (server, _records) = proxy_with(&upstream.url(), "", key).await;
+async fn stray_run(
+    transport: Transport,
+    key: &str,
+    late: Duration,
+    workers: usize,
+    pause: Duration,
+) -> (Tally, f64) {
+    let upstream = Hostile::start_over(transport, stray_plan(late)).await;
+    let (server, _records) = proxy_with(&upstream.url(), "", &upstream_lines(&upstream, key)).await;
     let tally = Arc::new(Mutex::new(Tally::default()));
     let per_worker = 90 / workers;
     let mut tasks = Vec::new();
@@ -3127,45 +3221,64 @@ async fn stray_run(key: &str, late: Duration, workers: usize, pause: Duration) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stray_upstream_bytes_never_reach_another_client() {
+    stray_bytes_reach_no_other_client(Transport::Plain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stray_bytes_from_a_tls_upstream_never_reach_another_client() {
+    // Over TLS the idle check reads what arrived into rustls: the session tickets rustls sends
+    // after every handshake are no stray bytes, the stray answers are.
+    stray_bytes_reach_no_other_client(Transport::Tls).await;
+}
+
+async fn stray_bytes_reach_no_other_client(transport: Transport) {
+    let (inline_key, hyper_key) = (UPSTREAM_CLIENTS[0].1, UPSTREAM_CLIENTS[1].1);
     for late in [Duration::from_millis(3), Duration::from_millis(30)] {
         // Stray bytes that arrive before the connection is reused: no client may see them,
         // whichever upstream client carries the requests (the inline pool peeks the socket;
         // hyper's connection task reads them and closes).
         let settle = late + Duration::from_millis(20);
-        let (inline, strays) = stray_run("inline_connections = true", late, 1, settle).await;
+        let (inline, strays) = stray_run(transport, inline_key, late, 1, settle).await;
         assert_eq!(
-            inline.wrong, 0,
-            "inline, {late:?} late, reuse after: {inline:?}"
-        );
-        assert_eq!(
-            inline.own, 90,
-            "inline, {late:?} late, reuse after: {inline:?}"
+            (inline.wrong, inline.own),
+            (0, 90),
+            "inline, {transport:?}, {late:?} late, reuse after: {inline:?}"
         );
         assert!(strays >= 1.0, "the stray bytes were not counted: {strays}");
 
-        // Back to back: bytes may arrive after the next request was written, which HTTP/1
-        // cannot tell from its answer. The pool turns careful at the first stray bytes it
-        // sees, so it hands on far fewer than hyper's client does.
-        let (inline, _) = stray_run("inline_connections = true", late, 6, Duration::ZERO).await;
-        let (hyper, _) = stray_run("inline_connections = false", late, 6, Duration::ZERO).await;
-        eprintln!("{late:?} late, back to back: inline {inline:?}, hyper {hyper:?}");
-        // Until the pool has seen stray bytes (on a settled connection's peek, or after an
-        // answer), the connections in use may carry some; after, none is reused before its
-        // bytes had a second to show. hyper's client hands on most of them (63-71 of 90 here).
-        assert!(
-            inline.wrong < hyper.wrong && inline.wrong <= 30,
-            "inline {inline:?} against hyper {hyper:?} ({late:?} late, back to back)"
+        // Back to back: a connection carries the next request only once it has sat idle
+        // `upstream.pool_reuse_after` (50 ms) and its socket showed nothing then, so bytes
+        // sent up to then reach no other client, from the first reuse on. (Bytes that arrive
+        // after the next request was written cannot be told from its answer in HTTP/1.)
+        let (inline, _) = stray_run(transport, inline_key, late, 6, Duration::ZERO).await;
+        let (hyper, _) = stray_run(transport, hyper_key, late, 6, Duration::ZERO).await;
+        eprintln!(
+            "figure: {transport:?}, {late:?} late, back to back: inline {inline:?}, hyper {hyper:?}"
+        );
+        assert_eq!(
+            (inline.wrong, inline.own),
+            (0, 90),
+            "inline, {transport:?}, {late:?} late, back to back (hyper: {hyper:?})"
         );
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_truncated_answer_reaches_the_client_as_a_truncation() {
-    // The head, ten bytes of a hundred, and the close: all in one write, so the proxy reads
-    // the close together with the head.
+    truncation_forwarded(Transport::Plain).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_answer_from_a_tls_upstream_reaches_the_client_as_a_truncation() {
+    truncation_forwarded(Transport::Tls).await;
+}
+
+async fn truncation_forwarded(transport: Transport) {
+    // The head, ten bytes of a hundred, and the close: all in one write (over TLS, the close
+    // is a close_notify right after it), so the proxy reads the close together with the head.
     let truncated = b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: 100\r\n\r\n0123456789".to_vec();
     for (client, key) in UPSTREAM_CLIENTS {
-        let upstream = Hostile::start({
+        let upstream = Hostile::start_over(transport, {
             let truncated = truncated.clone();
             move |heard| {
                 if heard.target.starts_with("/v1/models") {
@@ -3176,7 +3289,9 @@ async fn a_truncated_answer_reaches_the_client_as_a_truncation() {
             }
         })
         .await;
-        let (server, records) = proxy_with(&upstream.url(), "", key).await;
+        let (server, records) =
+            proxy_with(&upstream.url(), "", &upstream_lines(&upstream, key)).await;
+        let client = format!("{client} {transport:?}");
         // A passthrough route.
         let response = get(&format!("http://{}/v1/files/1", server.proxy_addr)).await;
         assert_eq!(response.status, 200, "{client}");
@@ -3218,10 +3333,8 @@ async fn a_truncated_answer_reaches_the_client_as_a_truncation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_answer_and_a_close_fail_no_later_request() {
-    // The upstream answers an upload before reading its body, then closes (a reset: the body
-    // is still unread); a GET in between and after must never meet that connection. At once
-    // after the answer, both clients see the close first; 2 ms later (the keep-alive race),
-    // only a connection that waits `pool_reuse_after` before its next request does.
+    // At once after the answer, both clients see the close first; 2 ms later (the keep-alive
+    // race), only a connection that waits `pool_reuse_after` before its next request does.
     let cases = [
         ("inline", "inline_connections = true", Duration::ZERO),
         ("hyper", "inline_connections = false", Duration::ZERO),
@@ -3231,8 +3344,28 @@ async fn an_early_answer_and_a_close_fail_no_later_request() {
             Duration::from_millis(2),
         ),
     ];
-    for (client, key, close_after) in cases {
-        let upstream = Hostile::start(move |heard| {
+    early_answer_then_close(Transport::Plain, &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_and_a_close_from_a_tls_upstream_fail_no_later_request() {
+    // The close is a close_notify (then the reset of the unread upload).
+    let cases = [
+        ("inline", "inline_connections = true", Duration::ZERO),
+        (
+            "inline",
+            "inline_connections = true",
+            Duration::from_millis(2),
+        ),
+    ];
+    early_answer_then_close(Transport::Tls, &cases).await;
+}
+
+/// The upstream answers an upload before reading its body, then closes (a reset: the body is
+/// still unread); a GET in between and after must never meet that connection.
+async fn early_answer_then_close(transport: Transport, cases: &[(&str, &str, Duration)]) {
+    for &(client, key, close_after) in cases {
+        let upstream = Hostile::start_over(transport, move |heard| {
             if heard.method == "POST" {
                 (
                     false,
@@ -3247,7 +3380,8 @@ async fn an_early_answer_and_a_close_fail_no_later_request() {
             }
         })
         .await;
-        let (server, _records) = proxy_with(&upstream.url(), "", key).await;
+        let (server, _records) =
+            proxy_with(&upstream.url(), "", &upstream_lines(&upstream, key)).await;
         let upload = "x".repeat(64 * 1024);
         let mut failed = Vec::new();
         for round in 0..45 {
@@ -3261,7 +3395,7 @@ async fn an_early_answer_and_a_close_fail_no_later_request() {
         }
         assert!(
             failed.is_empty(),
-            "{client}, close {close_after:?} after the answer: later requests failed: {failed:?}"
+            "{client} {transport:?}, close {close_after:?} after the answer: later requests failed: {failed:?}"
         );
         server.shutdown().await;
     }

@@ -132,8 +132,8 @@ async fn both_upstream_pools_forward_the_same_bytes_and_reuse_one_connection() {
             .load(std::sync::atomic::Ordering::Relaxed);
         for _ in 0..3 {
             // A kept-alive connection carries the next request once it has sat idle
-            // `upstream.pool_reuse_after` (10 ms).
-            tokio::time::sleep(Duration::from_millis(30)).await;
+            // `upstream.pool_reuse_after` (50 ms).
+            tokio::time::sleep(Duration::from_millis(80)).await;
             let through = post(&url, CHAT).await;
             assert_eq!(through.status, 200);
             assert_eq!(

@@ -156,7 +156,7 @@ impl Default for RawUpstream {
             stream_idle_timeout: Duration::from_secs(120),
             pool_idle_timeout: Duration::from_secs(90),
             pool_max_idle: 1024,
-            pool_reuse_after: Duration::from_millis(10),
+            pool_reuse_after: Duration::from_millis(50),
             max_connections: 0,
             http2: false,
             inline_connections: true,

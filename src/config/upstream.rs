@@ -33,7 +33,8 @@ pub struct UpstreamConfig {
     pub pool_idle_timeout: Duration,
     pub pool_max_idle: usize,
     /// A kept-alive connection carries another request only after it sat idle this long
-    /// (plain-HTTP/1 upstreams, `proxy::inline_pool`): a server that closes right after its
+    /// (HTTP/1 upstreams, plain or TLS, `proxy::inline_pool`; 50 ms by default): a server that
+    /// closes right after its
     /// answer, or sends bytes past its framing, shows it in the socket before the next request
     /// is written there, not after.
     pub pool_reuse_after: Duration,
@@ -41,8 +42,9 @@ pub struct UpstreamConfig {
     /// data listener's connection limit, resolved when the proxy is built.
     pub max_connections: usize,
     pub http2: bool,
-    /// Plain-HTTP/1 upstreams: connections driven inside the client's task
-    /// (`proxy::inline_pool`); false: hyper-util's pooled client, a task per connection.
+    /// HTTP/1 upstreams, plain or TLS: connections driven inside the client's task
+    /// (`proxy::inline_pool`); false: hyper-util's pooled client, a task per connection
+    /// (HTTP/2 upstreams always use it).
     pub inline_connections: bool,
     pub tls_ca: Option<PathBuf>,
     pub tls_client_cert: Option<PathBuf>,

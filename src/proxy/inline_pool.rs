@@ -1,4 +1,4 @@
-//! Plain-HTTP/1 upstream connections driven inside the task that reads their response.
+//! HTTP/1 upstream connections, plain or TLS, driven inside the task that reads their response.
 //!
 //! hyper-util's pooled client spawns one task per upstream connection: each SSE event then
 //! crosses tasks twice (the connection task reads it and wakes the client's connection task,
@@ -12,27 +12,34 @@
 //! The pool keeps idle connections (LIFO, at most `upstream.pool_max_idle`, dropped after
 //! `upstream.pool_idle_timeout`). Every open connection holds one of
 //! `upstream.max_connections` slots (as [`super::connector::Limited`] does for the pooled
-//! client). Used for `http://` upstreams without `http2`; TLS and HTTP/2 upstreams keep
+//! client). Used for `http://` and `https://` upstreams without `http2` (TLS by rustls, with
+//! the configuration hyper's client would use, offering only `http/1.1`); HTTP/2 upstreams keep
 //! hyper-util's client (HTTP/2 multiplexes streams on one connection, so there is no
-//! connection per stream to drive).
+//! connection per stream to drive), and so does `upstream.inline_connections = false`.
 //!
 //! What a sidecar must never do to production, and how this pool keeps it:
 //! - **Never a request twice.** A request goes again on a fresh connection only when not one
-//!   byte of it entered the first connection's socket (the write itself failed at once). Once
-//!   a byte went, the server may have read the request and started a generation, whatever it
-//!   did next (closed, reset, said nothing), so the client gets the failure instead.
+//!   byte of it entered the first connection's socket (the write itself failed at once; over
+//!   TLS, plaintext rustls took counts as entered unless that very write failed before a byte
+//!   reached the socket, `relay::TlsUpstream`). Once a byte went, the server may have read the
+//!   request and started a generation, whatever it did next (closed, reset, said nothing), so
+//!   the client gets the failure instead.
 //! - **Never another client's bytes.** A connection goes back to the pool only after a
 //!   response read exactly to its framing (a length or a chunked body, never one read to the
 //!   close), with the whole request written before the answer came (a server that answers
 //!   early may not have read the rest), no `close` from the server, and nothing after the
 //!   answer: a non-blocking peek of the socket itself at release and again at checkout (not
-//!   tokio's cached readiness, which nobody updates while a connection sits idle). Bytes found
-//!   there are stray (the server sent more than its answer's framing said): the connection is
-//!   dropped, `tokentap_faults_total{fault="upstream_stray_bytes"}` counts it, and the pool
-//!   turns careful for [`CAREFUL_FOR`]: a connection is reused only after it has sat idle
-//!   [`CAREFUL_SETTLE`] with nothing arriving, so late stray bytes show up in the peek rather
-//!   than in front of the next request. Bytes that arrive after the next request was written
-//!   cannot be told apart from its answer in HTTP/1 (docs/operations.md).
+//!   tokio's cached readiness, which nobody updates while a connection sits idle; over TLS,
+//!   what arrived is read into rustls and judged by what it decrypts to, so a session ticket
+//!   is no stray byte). A connection is checked out only once it has sat idle
+//!   `upstream.pool_reuse_after` (50 ms by default), so bytes a server sends that late show up
+//!   in the peek from the first reuse on. Bytes found there are stray (the server sent more
+//!   than its answer's framing said): the connection is dropped,
+//!   `tokentap_faults_total{fault="upstream_stray_bytes"}` counts it, and the pool turns
+//!   careful for [`CAREFUL_FOR`]: a connection is reused only after it has sat idle
+//!   [`CAREFUL_SETTLE`] with nothing arriving, so later stray bytes too show up in the peek
+//!   rather than in front of the next request. Bytes that arrive after the next request was
+//!   written cannot be told apart from its answer in HTTP/1 (docs/operations.md).
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -47,13 +54,18 @@ use http::header::{HeaderValue, HOST};
 use http::{Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use rustls::pki_types::ServerName;
+use rustls::ClientConfig;
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
 
 use super::box_error::BoxError;
 use super::connector::acquire_slot;
-use super::relay::{self, Connection, Decoder, FinalHead, IdleState, Outgoing, RelayError};
+use super::relay::{
+    self, Connection, Decoder, FinalHead, IdleState, Outgoing, RelayError, UpstreamStream,
+};
 use super::request_body::RequestBody;
 use crate::base::lock;
 use crate::net::faults::{Fault, FaultCounters};
@@ -103,10 +115,19 @@ pub struct InlineOptions {
     pub max_buf_size: usize,
 }
 
-/// The connections of one plain-HTTP/1 upstream.
+/// How an `https://` upstream's connections open TLS.
+struct TlsTarget {
+    connector: TlsConnector,
+    /// SNI, and the name the certificate must carry: the URL's host.
+    server_name: ServerName<'static>,
+}
+
+/// The connections of one HTTP/1 upstream.
 pub struct InlinePool {
     host: String,
     port: u16,
+    /// `Some` for an `https://` upstream.
+    tls: Option<TlsTarget>,
     /// `Host` of every request (the client's was removed: it addressed tokentap).
     host_header: HeaderValue,
     options: InlineOptions,
@@ -122,41 +143,64 @@ impl std::fmt::Debug for InlinePool {
         f.debug_struct("InlinePool")
             .field("host", &self.host)
             .field("port", &self.port)
+            .field("tls", &self.tls.is_some())
             .field("idle", &lock::lock(&self.idle).connections.len())
             .finish()
     }
 }
 
-/// The upstream is not plain `http://` with a host (those keep hyper-util's client).
+/// The upstream is not `http://` or `https://` with a host (or an `https://` one came without
+/// a TLS configuration, or its host is no name TLS can check): those keep hyper-util's client.
 #[derive(Debug)]
-pub struct NotPlainHttp;
+pub struct NotInlineUpstream;
 
 impl InlinePool {
+    /// `tls` is the client configuration of `https://` upstreams (its ALPN is set to
+    /// `http/1.1` here); plain `http://` ones need none.
     pub fn new(
         url: &Uri,
         options: InlineOptions,
+        tls: Option<ClientConfig>,
         faults: Arc<FaultCounters>,
-    ) -> Result<Arc<Self>, NotPlainHttp> {
-        if url.scheme_str() != Some("http") {
-            return Err(NotPlainHttp);
-        }
-        let authority = url.authority().ok_or(NotPlainHttp)?;
+    ) -> Result<Arc<Self>, NotInlineUpstream> {
+        let default_port = match url.scheme_str() {
+            Some("http") => 80,
+            Some("https") => 443,
+            _ => return Err(NotInlineUpstream),
+        };
+        let authority = url.authority().ok_or(NotInlineUpstream)?;
         let host = authority
             .host()
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string();
-        let port = authority.port_u16().unwrap_or(80);
+        let port = authority.port_u16().unwrap_or(default_port);
         // hyper-util's `set_host`: the port only when it is not the scheme's default.
         let host_header = match authority.port_u16() {
-            Some(80) | None => HeaderValue::from_str(authority.host()),
+            None => HeaderValue::from_str(authority.host()),
+            Some(port) if port == default_port => HeaderValue::from_str(authority.host()),
             Some(port) => HeaderValue::from_str(&format!("{}:{port}", authority.host())),
         }
-        .map_err(|_| NotPlainHttp)?;
+        .map_err(|_| NotInlineUpstream)?;
+        let tls = match (default_port, tls) {
+            (80, _) => None,
+            (_, None) => return Err(NotInlineUpstream),
+            (_, Some(mut config)) => {
+                // This client speaks HTTP/1.1 only: a server must not pick h2 over ALPN.
+                config.alpn_protocols = vec![b"http/1.1".to_vec()];
+                let server_name =
+                    ServerName::try_from(host.clone()).map_err(|_| NotInlineUpstream)?;
+                Some(TlsTarget {
+                    connector: TlsConnector::from(Arc::new(config)),
+                    server_name,
+                })
+            }
+        };
         let limit = options.max_connections.clamp(1, Semaphore::MAX_PERMITS);
         Ok(Arc::new(Self {
             host,
             port,
+            tls,
             host_header,
             slots: Arc::new(Semaphore::new(limit)),
             limit,
@@ -299,7 +343,7 @@ impl InlinePool {
         let now = Instant::now();
         let worker = crate::net::workers::current();
         loop {
-            let connection = {
+            let mut connection = {
                 let mut idle = lock::lock(&self.idle);
                 // The oldest are at the front: those idle past the timeout go first.
                 while idle.connections.front().is_some_and(|i| {
@@ -357,11 +401,12 @@ impl InlinePool {
         Ok((false, self.connect().await?))
     }
 
-    /// A new connection, holding a slot (waiting up to `connect_timeout` for one).
+    /// A new connection, holding a slot (waiting up to `connect_timeout` for one); the TCP
+    /// connect and the TLS handshake together take at most `connect_timeout` more.
     async fn connect(self: &Arc<Self>) -> Result<Connection, BoxError> {
         let wait = self.options.connect_timeout;
         let slot = acquire_slot(&self.slots, self.limit, wait, &self.faults).await?;
-        let connecting = TcpStream::connect((self.host.as_str(), self.port));
+        let connecting = self.open();
         let stream = if wait.is_zero() {
             connecting.await?
         } else {
@@ -369,8 +414,19 @@ impl InlinePool {
                 .await
                 .map_err(|_| ConnectTimeout(wait))??
         };
-        stream.set_nodelay(true)?;
         Ok(Connection::new(stream, self.options.max_buf_size, slot))
+    }
+
+    /// The TCP connect, and the TLS handshake for an `https://` upstream.
+    async fn open(&self) -> std::io::Result<UpstreamStream> {
+        let socket = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        socket.set_nodelay(true)?;
+        match &self.tls {
+            None => Ok(UpstreamStream::Plain(socket)),
+            Some(tls) => {
+                UpstreamStream::handshake(socket, &tls.connector, tls.server_name.clone()).await
+            }
+        }
     }
 
     /// Back to the pool: a connection whose response was read exactly to the end, when
@@ -438,7 +494,7 @@ impl InlinePool {
     }
 }
 
-/// The TCP connect took longer than `upstream.connect_timeout`.
+/// The TCP connect (and TLS handshake) took longer than `upstream.connect_timeout`.
 #[derive(Debug, thiserror::Error)]
 #[error("connecting took longer than {0:?} (upstream.connect_timeout)")]
 struct ConnectTimeout(Duration);
@@ -469,7 +525,7 @@ struct Driver {
 /// Why an upstream response body broke off.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamBodyError {
-    /// From hyper-util's pooled client (TLS and HTTP/2 upstreams).
+    /// From hyper-util's pooled client (HTTP/2 upstreams, or `inline_connections = false`).
     #[error(transparent)]
     Pooled(#[from] hyper::Error),
     /// From a connection of the inline pool.
@@ -673,6 +729,7 @@ mod tests {
                 max_connections: 4,
                 max_buf_size: 8192,
             },
+            None,
             Arc::new(FaultCounters::default()),
         )
         .unwrap()
@@ -786,6 +843,7 @@ mod tests {
                 max_connections: 1,
                 max_buf_size: 8192,
             },
+            None,
             Arc::new(FaultCounters::default()),
         )
         .unwrap();
@@ -920,6 +978,7 @@ mod tests {
                 max_connections: 4,
                 max_buf_size: 8192,
             },
+            None,
             Arc::new(FaultCounters::default()),
         )
         .unwrap();
@@ -951,6 +1010,7 @@ mod tests {
                 max_connections: 4,
                 max_buf_size: 8192,
             },
+            None,
             Arc::clone(&faults),
         )
         .unwrap();
@@ -1081,7 +1141,7 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_http_upstreams() {
+    fn http_and_https_upstreams_with_their_default_ports() {
         let faults = Arc::new(FaultCounters::default());
         let options = InlineOptions {
             connect_timeout: Duration::ZERO,
@@ -1091,11 +1151,30 @@ mod tests {
             max_connections: 1,
             max_buf_size: 8192,
         };
-        let https: Uri = "https://example.test/".parse().unwrap();
-        assert!(InlinePool::new(&https, options.clone(), Arc::clone(&faults)).is_err());
-        let http: Uri = "http://[::1]:8000/".parse().unwrap();
-        let pool = InlinePool::new(&http, options, faults).unwrap();
-        assert_eq!(pool.host, "::1");
+        let tls = crate::net::tls::client_config(None, None).unwrap();
+        let new = |url: &str, tls: Option<ClientConfig>| {
+            let url: Uri = url.parse().unwrap();
+            InlinePool::new(&url, options.clone(), tls, Arc::clone(&faults))
+        };
+        // An https:// upstream needs its TLS configuration; other schemes are not for it.
+        assert!(new("https://example.test/", None).is_err());
+        assert!(new("ftp://example.test/", Some(tls.clone())).is_err());
+        let pool = new("http://[::1]:8000/", None).unwrap();
+        assert_eq!((pool.host.as_str(), pool.port), ("::1", 8000));
         assert_eq!(pool.host_header, "[::1]:8000");
+        assert!(pool.tls.is_none());
+        for (url, port, host_header) in [
+            ("https://example.test/", 443, "example.test"),
+            ("https://example.test:443/", 443, "example.test"),
+            ("https://example.test:8443/", 8443, "example.test:8443"),
+            ("https://127.0.0.1:80/", 80, "127.0.0.1:80"),
+        ] {
+            let pool = new(url, Some(tls.clone())).unwrap();
+            assert_eq!(pool.port, port, "{url}");
+            assert_eq!(pool.host_header, host_header, "{url}");
+            assert!(pool.tls.is_some(), "{url}");
+        }
+        let pool = new("http://example.test:80/", None).unwrap();
+        assert_eq!(pool.host_header, "example.test");
     }
 }

@@ -1,6 +1,8 @@
 //! Upstreams: their pooled keep-alive clients and how a request picks one.
 //!
-//! One hyper-util client per upstream (pooled HTTP/1.1 keep-alive, or HTTP/2), with rustls for
+//! HTTP/1 upstreams, plain or TLS, go through tokentap's inline pool (`inline_pool`); HTTP/2
+//! upstreams, and any upstream with `inline_connections = false`, through a hyper-util client
+//! (pooled HTTP/1.1 keep-alive, or HTTP/2). Both use the same rustls configuration for
 //! https:// upstreams. Routing: a matching `path_prefix` wins (the prefix is stripped), then a
 //! `models` match on a metered request's JSON `model`, else the default upstream.
 
@@ -46,8 +48,9 @@ pub struct Upstream {
     pub name: Arc<str>,
     pub config: UpstreamConfig,
     pub client: UpstreamClient,
-    /// Plain-HTTP/1 upstreams: connections driven inside the client's task (`inline_pool`);
-    /// `None` for TLS and HTTP/2 upstreams, which use `client`.
+    /// HTTP/1 upstreams, plain or TLS: connections driven inside the client's task
+    /// (`inline_pool`); `None` for HTTP/2 upstreams and with `inline_connections = false`,
+    /// which use `client`.
     inline: Option<Arc<InlinePool>>,
     /// The configured label for requests that name no model (interned once), if any.
     pub default_model: Option<Arc<str>>,
@@ -89,7 +92,7 @@ impl Upstream {
                 .zip(config.tls_client_key.as_deref()),
         )?;
         let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
+            .with_tls_config(tls.clone())
             .https_or_http()
             .enable_http1()
             .enable_http2()
@@ -107,6 +110,7 @@ impl Upstream {
                     max_connections: config.max_connections,
                     max_buf_size: stream_buffer,
                 },
+                Some(tls),
                 Arc::clone(&faults),
             )
             .ok()
@@ -149,8 +153,8 @@ impl Upstream {
         })
     }
 
-    /// Sends `request` (its URI from [`Upstream::uri`]) to the upstream: plain HTTP/1 through
-    /// the inline pool, anything else through the pooled client.
+    /// Sends `request` (its URI from [`Upstream::uri`]) to the upstream: HTTP/1 (plain or TLS)
+    /// through the inline pool, HTTP/2 through the pooled client.
     pub async fn send(
         &self,
         request: http::Request<RequestBody>,

@@ -269,6 +269,7 @@ async fn respond(
 }
 
 pub mod chromium;
+pub mod pki;
 
 /// Collects every record the proxy publishes.
 #[derive(Default)]
