@@ -1316,6 +1316,34 @@ def tokentap_version(binary, repo):
     return v, c
 
 
+# The route fixture of each engine the harness drives (tests/fixtures/engines/routes/), the venv
+# that has the engine installed, and the flags and environment that add optional routes.
+ROUTE_CHECKS = {
+    "sglang": ("venv-sglang-server", "sglang-0.5.23.tsv", ["--env", "DUMPER_SERVER_PORT=reuse", "--args", "--enable-metrics"]),
+    "vllm": (
+        "venv-vllm",
+        "vllm-0.32.tsv",
+        ["--env", "VLLM_SERVER_DEV_MODE=1", "--env", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"],
+    ),
+}
+
+
+def check_routes(key, home, repo):
+    """Runs conformance/routes.py --check in the engine's venv: fails naming every route the
+    engine registers that its fixture (and so the engine home, which engine_tests holds to it)
+    does not classify. llama.cpp's server is not a FastAPI app of the pinned version: skipped."""
+    if key not in ROUTE_CHECKS:
+        return
+    venv, fixture, extra = ROUTE_CHECKS[key]
+    python = os.path.join(home, venv, "bin", "python")
+    argv = [python, os.path.join(repo, "conformance", "routes.py"), key, "--check",
+            os.path.join(repo, "tests", "fixtures", "engines", "routes", fixture)] + extra
+    print(f"[{key}] checking the engine's own routes against {fixture}", flush=True)
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{key} registers routes tokentap does not classify:\n{done.stdout}{done.stderr[-2000:]}")
+
+
 def main():
     # A SIGTERM stops the run through the finally blocks, so engines and proxies are stopped too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1397,6 +1425,9 @@ def main():
         eng = results["engines"].setdefault(key, {"label": cls.label})
         tap = None
         try:
+            # Before anything runs: the engine's own application lists no route the engine
+            # home does not classify (tokentap's route policy fails closed on the rest).
+            check_routes(key, args.home, args.repo)
             print(f"[{key}] starting the engine", flush=True)
             if args.attach:
                 engine.attach()

@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use common::*;
 use tokentap::base::engine::{
-    register, Abort, ControlRoute, Detection, Engine, EngineSpec, FingerprintKeys, KvBudget,
-    Metrics, SelfDescription, UsageReport,
+    classify_route, register, Abort, CodeField, Detection, Engine, EngineRoute, EngineSpec,
+    FingerprintKeys, KvBudget, Metrics, RouteClass, RouteTable, RouteVerdict, SelfDescription,
+    UsageReport,
 };
 use tokentap::proxy::answers::Answers;
 
@@ -70,7 +71,18 @@ static FAKESERVE: EngineSpec = EngineSpec {
         id_field: "request_id",
     }),
     tokenize: &[],
-    control_routes: &[ControlRoute::any("/fake_purge")],
+    routes: RouteTable {
+        version: "1",
+        routes: &[
+            EngineRoute::new(RouteClass::Control, &["POST"], "/fake_purge"),
+            EngineRoute::new(RouteClass::Inference, &["POST"], "/fake_generate"),
+        ],
+    },
+    code_fields: &[CodeField {
+        field: "fake_code",
+        routes: &["/fake_generate"],
+        opened_by: "--allow-fake-code",
+    }],
     priority: None,
 };
 
@@ -88,6 +100,7 @@ async fn an_engine_added_in_one_file_is_recognised_by_the_proxy_the_sweep_and_th
     register(&FAKESERVE);
     let fake = Engine::named("fakeserve").expect("registered");
     let upstream = ScriptedUpstream::start(|r| match r.path.as_str() {
+        "/fake_generate" => Script::json(200, r#"{"text":"ok"}"#),
         "/v1/models" => Script::json(
             200,
             r#"{"object":"list","data":[{"id":"fm","object":"model","owned_by":"fakeserve","root":"/weights/fm","max_model_len":4096}]}"#,
@@ -115,6 +128,16 @@ async fn an_engine_added_in_one_file_is_recognised_by_the_proxy_the_sweep_and_th
         refused.text()
     );
     assert!(upstream.requests().iter().all(|r| r.path != "/fake_purge"));
+    // Its inference route is forwarded, and a field it runs as code refused there.
+    let generate = format!("http://{}/fake_generate", server.proxy_addr);
+    assert_eq!(post(&generate, r#"{"prompt":"hi"}"#).await.status, 200);
+    let refused = post(&generate, r#"{"prompt":"hi","fake_code":"x"}"#).await;
+    assert_eq!(refused.status, 403);
+    assert!(
+        refused.text().contains("--allow-fake-code"),
+        "{}",
+        refused.text()
+    );
 
     // The one reader names the engine; the fingerprint's facts carry it.
     let served = Arc::clone(server.proxy.router.default_upstream());
@@ -231,5 +254,97 @@ fn every_built_in_engine_is_detected_on_its_real_answers() {
             "{}",
             dir.display()
         );
+    }
+}
+
+/// One line of a route fixture: method, path template, class.
+fn fixture_routes(name: &str) -> Vec<(String, String, String)> {
+    let path = format!(
+        "{}/tests/fixtures/engines/routes/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .skip(1)
+        .map(|line| {
+            let mut fields = line.split('\t');
+            let mut next = || fields.next().unwrap().to_string();
+            (next(), next(), next())
+        })
+        .collect()
+}
+
+/// A concrete path a template stands for (`{id}` one segment, `{x:path}` two).
+fn concrete(template: &str) -> String {
+    template
+        .split('/')
+        .map(|part| {
+            if part.ends_with(":path}") {
+                "org/model"
+            } else if part.starts_with('{') {
+                "p1"
+            } else {
+                part
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// Every route sglang 0.5.23 and vLLM 0.32 register (with every flag that adds routes), as read
+/// from their sources into `tests/fixtures/engines/routes/` (and checked against the engines'
+/// own applications by `conformance/routes.py`), is classified by the engine home exactly as
+/// the fixture says, and the data port's policy follows: control refused, the rest forwarded.
+/// The engine home declares no route of those versions the fixture does not list.
+#[test]
+fn every_route_of_sglang_and_vllm_is_classified_as_their_sources_say() {
+    for (engine, fixture) in [
+        (Engine::SGLANG, "sglang-0.5.23.tsv"),
+        (Engine::VLLM, "vllm-0.32.tsv"),
+    ] {
+        let routes = fixture_routes(fixture);
+        assert!(routes.len() > 80, "{fixture}: {} routes", routes.len());
+        let table = engine.spec().routes;
+        assert!(
+            fixture.contains(table.version),
+            "{fixture} vs {}",
+            table.version
+        );
+        for (method, template, class) in &routes {
+            let (method, path) = match method.as_str() {
+                "MOUNT" => ("GET", format!("{template}/x")),
+                "WS" => ("GET", concrete(template)),
+                other => (other, concrete(template)),
+            };
+            let own = table
+                .routes
+                .iter()
+                .find(|r| r.matches_path(&path) && r.takes(method))
+                .unwrap_or_else(|| panic!("{fixture}: {method} {path} is not declared"));
+            assert_eq!(own.class.as_str(), class, "{fixture}: {method} {path}");
+            let verdict = classify_route(method, &path);
+            match class.as_str() {
+                "control" => assert!(
+                    matches!(verdict, RouteVerdict::Control { .. }),
+                    "{fixture}: {method} {path} is {verdict:?}"
+                ),
+                _ => assert!(
+                    matches!(verdict, RouteVerdict::Forward(_)),
+                    "{fixture}: {method} {path} is {verdict:?}"
+                ),
+            }
+        }
+        for route in table.routes {
+            let listed = routes.iter().any(|(method, template, _)| {
+                template == route.path
+                    && (route.mount == (method == "MOUNT"))
+                    && (route.mount
+                        || route.methods.iter().any(|m| {
+                            m == method || (*m == "GET" && (method == "HEAD" || method == "WS"))
+                        }))
+            });
+            assert!(listed, "{fixture} does not list {route:?}");
+        }
     }
 }

@@ -471,7 +471,13 @@ async fn stalled_request_bodies_end_at_their_timeouts_with_a_408() {
     );
 
     // An unmetered body streamed to the upstream stalls: the client still gets a 408.
-    let (answer, _) = stalled_body(server.proxy_addr, "/upload", 100, b"0123456789").await;
+    let (answer, _) = stalled_body(
+        server.proxy_addr,
+        "/v1/audio/transcriptions",
+        100,
+        b"0123456789",
+    )
+    .await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 
     assert_eq!(server.proxy.faults.get(Fault::BodyIdleTimeout), 2);
@@ -3417,6 +3423,17 @@ async fn engine_control_routes_are_refused_on_the_data_port_unless_opened() {
         ("POST", "/sleep"),
         ("POST", "/v1/load_lora_adapter"),
         ("POST", "/slots/0?action=erase"),
+        // vLLM's SageMaker aliases of LoRA loading, and the scale-out twin of its abort.
+        ("POST", "/adapters"),
+        ("DELETE", "/adapters/my-lora"),
+        ("POST", "/inference/v1/abort_requests"),
+        // uvicorn reads `%FF` as U+FFFD: sglang's `/dumper/{method}`.
+        ("POST", "/%64umper/x%FF"),
+        // sglang's server arguments, API keys included.
+        ("GET", "/get_server_info"),
+        // No engine serves these: refused too (fail closed).
+        ("POST", "/FLUSH_CACHE"),
+        ("GET", "/internal/debug"),
     ] {
         let request = http::Request::builder()
             .method(method)
@@ -3439,12 +3456,31 @@ async fn engine_control_routes_are_refused_on_the_data_port_unless_opened() {
             .collect::<Vec<_>>()
     );
     // Inference, model listing, health and the engine's own metrics pass.
-    for path in ["/v1/models", "/health", "/metrics", "/get_server_info"] {
+    for path in [
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/get_model_info",
+        "/version",
+    ] {
         assert_eq!(get(&format!("{base}{path}")).await.status, 200, "{path}");
     }
     let chat = post(&format!("{base}/v1/chat/completions"), CHAT_WITH_USAGE).await;
     assert_eq!(chat.status, 200);
-    assert_eq!(server.proxy.faults.get(Fault::RouteRefused), 10);
+    assert_eq!(server.proxy.faults.get(Fault::RouteRefused), 17);
+    // A target without a leading `/` is the client's mistake: 400, never a 502.
+    let mut socket = TcpStream::connect(server.proxy_addr).await.unwrap();
+    socket
+        .write_all(b"OPTIONS * HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    socket.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 400");
+    assert_eq!(server.proxy.faults.get(Fault::PathUnreadable), 1);
+    let malformed = post(&format!("{base}/v1/chat%zzcompletions"), "{}").await;
+    assert_eq!(malformed.status, 400, "{}", malformed.text());
+    assert!(malformed.text().contains("bad_request_target"));
     server.shutdown().await;
 
     // Opened one by one, or all of them.
@@ -3665,4 +3701,113 @@ async fn held_answers_stay_within_one_memory_budget_over_http1_and_http2() {
     )
     .unwrap();
     assert!(unheld > 0.0, "answers past the budget are counted");
+}
+
+/// sglang runs `custom_logit_processor` as code (a pickle it loads, with
+/// `--enable-custom-logit-processor`): a request carrying it, however its key is written, is
+/// refused on every route sglang reads it from, naming the flag and `proxy.code_fields`; one
+/// whose body is too long to be checked is refused too; one without it passes, and
+/// `proxy.code_fields = "forward"` forwards it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_an_engine_runs_as_code_are_refused_unless_opened() {
+    let upstream = upstream_with(|_| Script::json(200, r#"{"ok":true}"#)).await;
+    let (server, _records) = proxy_with(&upstream.url(), "", "").await;
+    let base = format!("http://{}", server.proxy_addr);
+    for (path, body) in [
+        (
+            "/generate",
+            r#"{"text":"hi","custom_logit_processor":"8004"}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":[],"custom\u005flogit_processor":"8004"}"#,
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"m","prompt":"hi","custom_logit_processor":"8004"}"#,
+        ),
+        (
+            "/invocations",
+            r#"{"messages":[],"custom_logit_processor":"8004"}"#,
+        ),
+        (
+            "/vertex_generate",
+            r#"{"instances":[],"parameters":{"custom_logit_processor":"8004"}}"#,
+        ),
+    ] {
+        let refused = post(&format!("{base}{path}"), body).await;
+        assert_eq!(refused.status, 403, "{path}");
+        let text = refused.text();
+        assert!(text.contains("--enable-custom-logit-processor"), "{text}");
+        assert!(text.contains("proxy.code_fields"), "{text}");
+    }
+    assert!(
+        upstream.requests().is_empty(),
+        "a refused request reached the upstream"
+    );
+    // Without the field, and naming it only inside a prompt: forwarded.
+    for (path, body) in [
+        (
+            "/generate",
+            r#"{"text":"what does custom_logit_processor do?"}"#,
+        ),
+        (
+            "/invocations",
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+        ),
+    ] {
+        assert_eq!(
+            post(&format!("{base}{path}"), body).await.status,
+            200,
+            "{path}"
+        );
+    }
+    assert_eq!(server.proxy.faults.get(Fault::CodeFieldRefused), 5);
+    server.shutdown().await;
+
+    let (server, _records) = proxy_from_config(&format!(
+        "[proxy]\ncode_fields = \"forward\"\n[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[metering]\nmax_parse_bytes = 64\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    let opened = post(
+        &format!("http://{}/generate", server.proxy_addr),
+        r#"{"text":"hi","custom_logit_processor":"8004"}"#,
+    )
+    .await;
+    assert_eq!(opened.status, 200);
+    server.shutdown().await;
+
+    // The parse limit at 64 bytes: a longer body is forwarded as it streams, scanned on the way.
+    // With the field in what was read first: refused before anything goes upstream. With it
+    // further on: the body is cut off before its end, so the upstream never has a whole
+    // document to read it from. Without it: forwarded whole.
+    let (server, _records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[metering]\nmax_parse_bytes = 64\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    let generate = format!("http://{}/generate", server.proxy_addr);
+    let padding = "x".repeat(200);
+    let early = format!(r#"{{"custom_logit_processor":"8004","text":"{padding}"}}"#);
+    assert_eq!(post(&generate, &early).await.status, 403);
+    let late = format!(r#"{{"text":"{padding}","custom\u005flogit_processor":"8004"}}"#);
+    let cut = post(&generate, &late).await;
+    assert_ne!(cut.status, 200, "{}", cut.text());
+    let clean = format!(r#"{{"text":"{padding}"}}"#);
+    assert_eq!(post(&generate, &clean).await.status, 200);
+    let whole: Vec<_> = upstream
+        .requests()
+        .into_iter()
+        .filter(|r| r.path == "/generate")
+        .map(|r| r.body)
+        .collect();
+    assert!(
+        whole
+            .iter()
+            .all(|body| !body.windows(6).any(|w| w == b"\\u005f")),
+        "a whole body with the field reached the upstream"
+    );
+    assert!(whole.iter().any(|body| body.as_ref() == clean.as_bytes()));
+    server.shutdown().await;
 }

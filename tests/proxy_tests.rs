@@ -480,11 +480,11 @@ async fn other_routes_pass_through_untouched() {
     })
     .await;
     let (server, records) = proxy(&upstream.url(), "").await;
-    let response = get(&format!("http://{}/get_server_info?x=1", server.proxy_addr)).await;
+    let response = get(&format!("http://{}/get_model_info?x=1", server.proxy_addr)).await;
     assert_eq!(response.status, 207);
     assert_eq!(
         response.text(),
-        r#"{"path":"/get_server_info?x=1","method":"GET"}"#
+        r#"{"path":"/get_model_info?x=1","method":"GET"}"#
     );
     let request = http::Request::put(format!("http://{}/v1/chat/completions", server.proxy_addr))
         .header("authorization", "Bearer secret-key")
@@ -812,7 +812,6 @@ async fn named_upstreams_are_chosen_by_path_prefix_then_model() {
             "/v1/chat/completions?x=1",
         ),
         ("/b", "", "b", "/"),
-        ("/bb/v1/models", "", "default", "/bb/v1/models"),
     ];
     for (path, body, upstream, seen) in cases {
         let response = post(&format!("{base}{path}"), body).await;
@@ -823,6 +822,15 @@ async fn named_upstreams_are_chosen_by_path_prefix_then_model() {
             "{path} {body}"
         );
     }
+    // `/bb` is not under the prefix `/b`: the default upstream's path, which no engine serves
+    // (refused, fail closed), never `b`'s `/v1/models`.
+    let refused = post(&format!("{base}/bb/v1/models"), "").await;
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert!(
+        refused.text().contains("/bb/v1/models"),
+        "{}",
+        refused.text()
+    );
     let records = records.wait_for(3).await;
     let upstreams: Vec<&str> = records.iter().map(|r| &*r.upstream).collect();
     assert_eq!(upstreams, ["default", "qwen", "b"]);

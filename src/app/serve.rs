@@ -670,6 +670,7 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         faults,
         prefix_salt,
         routes: RoutePolicy::from_config(&config.proxy.routes),
+        code_fields: config.proxy.code_fields,
         tenants: crate::proxy::tenants::Tenants::new(config.tenants.clone()),
     }))
 }

@@ -45,5 +45,5 @@ pub use sweep::SweepConfig;
 pub use telemetry::TelemetryConfig;
 pub use tenants::{TenantsConfig, MAX_TENANTS, MAX_TENANT_NAME, OTHER_TENANT};
 pub use upstream::UpstreamConfig;
-pub use value::{ServerTiming, UsageUnasked};
+pub use value::{CodeFields, ServerTiming, UsageUnasked};
 pub use workload::WorkloadConfig;

@@ -41,12 +41,15 @@ pub struct ProxyConfig {
     pub send_stall_timeout: Duration,
     /// Which paths the data port forwards (`proxy::routes`).
     pub routes: RoutePolicyConfig,
+    /// Request fields an engine runs as code: refused (the default) or forwarded.
+    pub code_fields: super::value::CodeFields,
 }
 
 /// `proxy.routes`, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RoutePolicyConfig {
-    /// `"safe"` (the default): everything but the engines' control routes.
+    /// `"safe"` (the default): the engines' inference and read routes (control routes and
+    /// paths no engine declares refused).
     Safe,
     /// `"all"`: everything.
     All,
@@ -57,7 +60,7 @@ pub enum RoutePolicyConfig {
 
 impl RoutePolicyConfig {
     fn from_raw(raw: RawRoutes, origins: &Origins) -> Result<Self, ConfigError> {
-        const HELP: &str = "expected \"safe\" (the default: the engines' control routes refused), \"all\", or a list of paths such as [\"safe\", \"/flush_cache\"] or [\"/v1/*\", \"/health\"]";
+        const HELP: &str = "expected \"safe\" (the default: the engines' inference and read routes; control routes and paths no engine declares refused), \"all\", or a list of paths such as [\"safe\", \"/flush_cache\"] or [\"/v1/*\", \"/health\"]";
         match raw {
             RawRoutes::One(word) => match word.as_str() {
                 "safe" => Ok(RoutePolicyConfig::Safe),
@@ -154,6 +157,7 @@ impl ProxyConfig {
             http2_keep_alive_timeout: raw.http2_keep_alive_timeout,
             send_stall_timeout: raw.send_stall_timeout,
             routes: RoutePolicyConfig::from_raw(raw.routes, origins)?,
+            code_fields: raw.code_fields,
         };
         if proxy.workers > MAX_WORKERS {
             return Err(origins.error(

@@ -63,6 +63,7 @@ pub struct RawProxy {
     #[serde(deserialize_with = "value::duration")]
     pub send_stall_timeout: Duration,
     pub routes: RawRoutes,
+    pub code_fields: value::CodeFields,
 }
 
 /// `proxy.routes`: a word (`"safe"`, `"all"`) or a list of paths (with `"safe"` among them to
@@ -98,6 +99,7 @@ impl Default for RawProxy {
             http2_keep_alive_timeout: Duration::from_secs(10),
             send_stall_timeout: Duration::from_secs(30),
             routes: RawRoutes::default(),
+            code_fields: value::CodeFields::default(),
         }
     }
 }

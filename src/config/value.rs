@@ -139,6 +139,30 @@ impl<'de> Deserialize<'de> for UsageUnasked {
     }
 }
 
+/// `proxy.code_fields`: what the data port does with request fields an engine runs as code
+/// (sglang's `custom_logit_processor`, `base::engine::CodeField`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CodeFields {
+    /// Refused with a 403 naming the setting and the engine's flag.
+    #[default]
+    Refuse,
+    /// Forwarded (for an engine started with the flag on purpose, behind trusted clients).
+    Forward,
+}
+
+impl<'de> Deserialize<'de> for CodeFields {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "refuse" => Ok(Self::Refuse),
+            "forward" => Ok(Self::Forward),
+            other => Err(D::Error::custom(format!(
+                "`{other}` must be \"refuse\" (the default) or \"forward\""
+            ))),
+        }
+    }
+}
+
 /// `[metering] server_timing`: when a request's own timing is handed back to its client
 /// (`Server-Timing`, docs/metrics.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -2,7 +2,9 @@
 //!
 //! tokentap answers for itself only when the upstream could not: 502 when it is unreachable
 //! or broke before answering, 504 when it did not answer in time, 400 when the client's body
-//! could not be read, 408 when it did not arrive in time, 405 for `CONNECT` (a tunnel, never proxied). The JSON body names the upstream and the cause so an operator can act
+//! could not be read or its target cannot be read as the engine would, 408 when it did not
+//! arrive in time, 405 for `CONNECT` (a tunnel, never proxied), 403 for a route or a field
+//! `proxy.routes` / `proxy.code_fields` do not forward. The JSON body names the upstream and the cause so an operator can act
 //! on it; it never echoes request headers (API keys stay out of responses and logs).
 
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use http::{header, Response, StatusCode};
 
 use super::body::ResponseBody;
 use super::box_error::BoxError;
+use super::routes::NotForwarded;
 use crate::meter::record::Outcome;
 
 #[derive(Debug, thiserror::Error)]
@@ -46,13 +49,32 @@ pub enum ProxyError {
         /// Which limit: the idle gap or the whole metered body.
         limit: &'static str,
     },
-    #[error("{path} is {} and is not forwarded from the data port; an operator opens it with proxy.routes (for instance routes = [\"safe\", \"{path}\"]), or calls the engine directly", match engine { Some(engine) => format!("a control route of {engine}"), None => "not in proxy.routes".to_string() })]
+    #[error("`{path}` is {} and is not forwarded from the data port; an operator opens it with proxy.routes (for instance routes = [\"safe\", \"{path}\"]), or calls the engine directly", refused_because(*why))]
     RouteRefused {
         /// The path as the engine would route it.
         path: String,
-        /// The engine whose control route it is.
-        engine: Option<&'static str>,
+        why: NotForwarded,
     },
+    #[error("cannot read the request target `{target}` as the engine would: {why}")]
+    BadPath { target: String, why: &'static str },
+    #[error("the request carries `{field}`, which {engine} runs as code (with {opened_by}); it is not forwarded from the data port unless proxy.code_fields = \"forward\"")]
+    CodeField {
+        field: &'static str,
+        engine: &'static str,
+        opened_by: &'static str,
+    },
+}
+
+/// The reason a path is not forwarded, as the 403 says it.
+fn refused_because(why: NotForwarded) -> String {
+    match why {
+        NotForwarded::Control(engine) => format!("a control route of {engine}"),
+        NotForwarded::Unknown => {
+            "not a route of any engine tokentap knows (sglang, vLLM, llama.cpp, the OpenAI API)"
+                .to_string()
+        }
+        NotForwarded::NotListed => "not in proxy.routes".to_string(),
+    }
 }
 
 pub use crate::base::error::error_chain;
@@ -74,7 +96,8 @@ impl ProxyError {
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::RouteRefused { .. } => StatusCode::FORBIDDEN,
+            ProxyError::RouteRefused { .. } | ProxyError::CodeField { .. } => StatusCode::FORBIDDEN,
+            ProxyError::BadPath { .. } => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -85,7 +108,9 @@ impl ProxyError {
             ProxyError::ClientBody { .. }
             | ProxyError::BodyTimeout { .. }
             | ProxyError::Method { .. }
-            | ProxyError::RouteRefused { .. } => Outcome::ClientAborted,
+            | ProxyError::RouteRefused { .. }
+            | ProxyError::BadPath { .. }
+            | ProxyError::CodeField { .. } => Outcome::ClientAborted,
             _ => Outcome::UpstreamError,
         }
     }
@@ -100,6 +125,8 @@ impl ProxyError {
             ProxyError::BodyTimeout { .. } => "request_body_timeout",
             ProxyError::Method { .. } => "method_not_allowed",
             ProxyError::RouteRefused { .. } => "route_refused",
+            ProxyError::BadPath { .. } => "bad_request_target",
+            ProxyError::CodeField { .. } => "code_field_refused",
         }
     }
 
@@ -112,7 +139,9 @@ impl ProxyError {
             ProxyError::ClientBody { .. }
             | ProxyError::BodyTimeout { .. }
             | ProxyError::Method { .. }
-            | ProxyError::RouteRefused { .. } => None,
+            | ProxyError::RouteRefused { .. }
+            | ProxyError::BadPath { .. }
+            | ProxyError::CodeField { .. } => None,
         }
     }
 

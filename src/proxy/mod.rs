@@ -6,6 +6,7 @@ pub mod answers;
 pub mod ask;
 pub mod body;
 pub mod box_error;
+pub mod code_fields;
 pub mod connector;
 pub mod describe;
 pub mod error;

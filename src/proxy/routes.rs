@@ -1,17 +1,21 @@
-//! Which paths the data port forwards (`proxy.routes`): the engines' control routes (cache
-//! flushes, weight updates, profiling, sleep, other clients' aborts: `base::engine`) are not
-//! a client's to call through a sidecar that every client can reach, so by default they are
-//! refused with a 403 that names the setting; everything else is forwarded untouched.
+//! Which paths the data port forwards (`proxy.routes`). It fails closed: every route of
+//! every engine tokentap knows is declared in the engine home (`base::engine`: sglang 0.5.23's
+//! and vLLM 0.32's whole route lists, llama.cpp's server, the OpenAI API), each as inference,
+//! read or control. Inference and read routes are forwarded; control routes (cache flushes,
+//! weight updates, LoRA loading, profiling, sleep, other clients' aborts) are not a client's
+//! to call through a sidecar every client can reach, and a path no engine declares is not
+//! either: both are refused with a 403 that names the setting and the path.
 //!
-//! Paths are compared as the engine's router will see them: percent-decoded (Starlette
-//! decodes before routing, so `/flush%5Fcache` is `/flush_cache`), with empty and `.` segments
-//! dropped, `..` applied, and no trailing slash. A path that cannot be decoded is compared as
-//! sent. Requests tokentap makes itself (the sweep's targeted aborts, its discovery reads)
-//! carry [`Internal`] and are not subject to the policy.
+//! Paths are compared as the engine's server will read them: percent-decoded before routing
+//! (uvicorn decodes with replacement, so `%FF` reads as U+FFFD and `%2F` as `/`), with empty
+//! and `.` segments dropped, `..` applied, and no trailing slash (Starlette's redirect). A
+//! target that cannot be read that way (no leading `/`, a `%` that does not start two hex
+//! digits) is a 400. Requests tokentap makes itself (the sweep's targeted aborts, its
+//! discovery reads) carry [`Internal`] and are not subject to the policy.
 
 use std::borrow::Cow;
 
-use crate::base::engine::{control_route, ControlRoute};
+use crate::base::engine::{classify_route, RouteVerdict};
 use crate::config::RoutePolicyConfig;
 
 /// Marks a request tokentap itself sends through the data path (set in-process only: no
@@ -24,7 +28,7 @@ pub struct Internal;
 pub enum RoutePolicy {
     /// Everything (`proxy.routes = "all"`).
     All,
-    /// Everything but the engines' control routes, plus these opened paths.
+    /// The engines' inference and read routes, plus these opened paths.
     Safe { opened: Vec<Pattern> },
     /// Only these paths.
     Only(Vec<Pattern>),
@@ -46,7 +50,7 @@ impl Pattern {
                 prefix: true,
             },
             None => Pattern {
-                path: normalise(text).into_owned(),
+                path: normalise(text).map_or_else(|_| text.to_string(), Cow::into_owned),
                 prefix: false,
             },
         }
@@ -64,11 +68,22 @@ impl Pattern {
 
 /// Why a request was refused: the route and what opens it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused {
-    /// The path as compared (normalised).
-    pub path: String,
-    /// The engine whose control route it is, when it is one.
-    pub engine: Option<&'static str>,
+pub enum Refused {
+    /// Not forwarded (a 403): the path as compared (normalised), and why.
+    Route { path: String, why: NotForwarded },
+    /// The target cannot be read as the engine would (a 400).
+    Unreadable { target: String, why: &'static str },
+}
+
+/// Why a readable path is not forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotForwarded {
+    /// A control route of this engine.
+    Control(&'static str),
+    /// No engine tokentap knows declares it.
+    Unknown,
+    /// `proxy.routes` is a list without `"safe"`, and this path is not in it.
+    NotListed,
 }
 
 impl RoutePolicy {
@@ -92,32 +107,54 @@ impl RoutePolicy {
         if matches!(self, RoutePolicy::All) {
             return Ok(());
         }
-        let path = normalise(path);
-        let control: Option<(&'static str, ControlRoute)> = control_route(method, &path);
-        let allowed = match self {
-            RoutePolicy::All => true,
+        let path = normalise(path).map_err(|why| Refused::Unreadable {
+            target: path.chars().take(200).collect(),
+            why,
+        })?;
+        let why = match self {
+            RoutePolicy::All => return Ok(()),
             RoutePolicy::Safe { opened } => {
-                control.is_none() || opened.iter().any(|p| p.matches(&path))
+                if opened.iter().any(|p| p.matches(&path)) {
+                    return Ok(());
+                }
+                match classify_route(method, &path) {
+                    RouteVerdict::Forward(_) => return Ok(()),
+                    RouteVerdict::Control { engine } => NotForwarded::Control(engine),
+                    RouteVerdict::Unknown => NotForwarded::Unknown,
+                }
             }
-            RoutePolicy::Only(patterns) => patterns.iter().any(|p| p.matches(&path)),
+            RoutePolicy::Only(patterns) => {
+                if patterns.iter().any(|p| p.matches(&path)) {
+                    return Ok(());
+                }
+                NotForwarded::NotListed
+            }
         };
-        if allowed {
-            Ok(())
-        } else {
-            Err(Refused {
-                path: path.into_owned(),
-                engine: control.map(|(engine, _)| engine),
-            })
-        }
+        Err(Refused::Route {
+            path: path.chars().take(200).collect(),
+            why,
+        })
     }
 }
 
-/// `path` as an engine's router compares it (see the module's doc).
-pub fn normalise(path: &str) -> Cow<'_, str> {
-    let decoded = percent_encoding::percent_decode_str(path).decode_utf8();
-    let decoded: Cow<'_, str> = match decoded {
-        Ok(decoded) => decoded,
-        Err(_) => Cow::Borrowed(path),
+/// `path` as an engine's server routes it (see the module's doc), or why it cannot be read.
+pub fn normalise(path: &str) -> Result<Cow<'_, str>, &'static str> {
+    if !path.starts_with('/') {
+        return Err("a request target is a path that starts with `/`");
+    }
+    let escapes_well_formed = path.split('%').skip(1).all(|after| {
+        after
+            .as_bytes()
+            .get(..2)
+            .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !escapes_well_formed {
+        return Err("every `%` in a path starts a two-digit hex escape");
+    }
+    // uvicorn's `unquote`: bytes that are not UTF-8 read as U+FFFD.
+    let decoded: Cow<'_, str> = match percent_encoding::percent_decode_str(path).into() {
+        Cow::Borrowed(bytes) => String::from_utf8_lossy(bytes),
+        Cow::Owned(bytes) => Cow::Owned(String::from_utf8_lossy(&bytes).into_owned()),
     };
     let clean = !decoded.contains("//")
         && !decoded.contains("/./")
@@ -126,7 +163,7 @@ pub fn normalise(path: &str) -> Cow<'_, str> {
         && !decoded.ends_with("/..")
         && (decoded.len() <= 1 || !decoded.ends_with('/'));
     if clean && decoded.starts_with('/') {
-        return decoded;
+        return Ok(decoded);
     }
     let mut segments: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {
@@ -138,7 +175,7 @@ pub fn normalise(path: &str) -> Cow<'_, str> {
             segment => segments.push(segment),
         }
     }
-    Cow::Owned(format!("/{}", segments.join("/")))
+    Ok(Cow::Owned(format!("/{}", segments.join("/"))))
 }
 
 #[cfg(test)]
@@ -147,6 +184,14 @@ mod tests {
 
     fn safe() -> RoutePolicy {
         RoutePolicy::Safe { opened: Vec::new() }
+    }
+
+    fn why(policy: &RoutePolicy, method: &str, path: &str) -> Option<NotForwarded> {
+        match policy.check(method, path) {
+            Ok(()) => None,
+            Err(Refused::Route { why, .. }) => Some(why),
+            Err(Refused::Unreadable { target, why }) => panic!("{target}: {why}"),
+        }
     }
 
     #[test]
@@ -161,33 +206,71 @@ mod tests {
             "/flush%5Fcache",
             "/%66lush_cache",
         ] {
-            let refused = policy.check("POST", path).unwrap_err();
-            assert_eq!(refused.path, "/flush_cache", "{path}");
-            assert_eq!(refused.engine, Some("sglang"));
+            let Err(Refused::Route { path: seen, why }) = policy.check("POST", path) else {
+                panic!("{path} forwarded");
+            };
+            assert_eq!(seen, "/flush_cache", "{path}");
+            assert_eq!(why, NotForwarded::Control("sglang"));
         }
         assert!(policy.check("POST", "/reset_prefix_cache").is_err());
         assert!(policy.check("POST", "/sleep").is_err());
+        // uvicorn reads `%FF` as U+FFFD: still sglang's dumper.
+        assert_eq!(
+            why(&policy, "POST", "/%64umper/x%FF"),
+            Some(NotForwarded::Control("sglang"))
+        );
         for path in [
             "/v1/chat/completions",
+            "/v1%2Fchat%2Fcompletions",
             "/generate",
             "/v1/models",
             "/metrics",
-            "/health",
         ] {
             assert!(policy.check("POST", path).is_ok(), "{path}");
             assert!(policy.check("GET", path).is_ok(), "{path}");
         }
-        // Not a control route by its letters: forwarded (the engine answers 404).
-        assert!(policy.check("POST", "/FLUSH_CACHE").is_ok());
+        assert!(policy.check("GET", "/health").is_ok());
+    }
+
+    #[test]
+    fn a_path_no_engine_declares_is_refused() {
+        let policy = safe();
+        for path in [
+            "/FLUSH_CACHE",
+            "/nope",
+            "/v1/chat/completions/extra",
+            "/admin",
+        ] {
+            assert_eq!(
+                why(&policy, "POST", path),
+                Some(NotForwarded::Unknown),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unreadable_target_is_refused_as_such() {
+        for target in ["*", "v1/chat/completions", "", "/a%zz", "/a%4"] {
+            assert!(
+                matches!(
+                    safe().check("POST", target),
+                    Err(Refused::Unreadable { .. })
+                ),
+                "{target}"
+            );
+        }
+        assert!(RoutePolicy::All.check("POST", "*").is_ok());
     }
 
     #[test]
     fn a_list_opens_what_it_names_and_all_opens_everything() {
         let opened = RoutePolicy::from_config(&RoutePolicyConfig::List {
             safe: true,
-            paths: vec!["/flush_cache".into()],
+            paths: vec!["/flush_cache".into(), "/custom/*".into()],
         });
         assert!(opened.check("POST", "/flush_cache").is_ok());
+        assert!(opened.check("POST", "/custom/route").is_ok());
         assert!(opened.check("POST", "/abort_request").is_err());
         let only = RoutePolicy::from_config(&RoutePolicyConfig::List {
             safe: false,
@@ -195,8 +278,9 @@ mod tests {
         });
         assert!(only.check("POST", "/v1/chat/completions").is_ok());
         assert!(only.check("GET", "/health").is_ok());
-        assert!(only.check("GET", "/metrics").is_err());
+        assert_eq!(why(&only, "GET", "/metrics"), Some(NotForwarded::NotListed));
         assert!(only.check("POST", "/generate").is_err());
         assert!(RoutePolicy::All.check("POST", "/flush_cache").is_ok());
+        assert!(RoutePolicy::All.check("POST", "/anything").is_ok());
     }
 }

@@ -32,17 +32,18 @@ use tokio::time::Instant;
 
 use super::body::{DynBody, RequestBody, ResponseBody};
 use super::box_error::BoxError;
+use super::code_fields::{FieldScanner, GuardedBody};
 use super::connector::at_capacity;
 use super::error::{error_chain, ProxyError};
 use super::headers::{announces_trailer, is_event_stream, remove_hop_by_hop, takes_trailers};
 use super::request_id;
-use super::routes::{Internal, RoutePolicy};
+use super::routes::{Internal, Refused, RoutePolicy};
 use super::timeout::{is_stall, IdleError, IdleTimeout};
 use super::upstream::{Router, Upstream};
 use crate::base::lock;
 use crate::base::Route;
 use crate::base::Source;
-use crate::config::{MeteringConfig, ServerTiming};
+use crate::config::{CodeFields, MeteringConfig, ServerTiming};
 use crate::meter::priority::PriorityBand;
 use crate::meter::slo::SLO_HEADER;
 use crate::meter::{Meter, RequestLabels, RequestMeter};
@@ -51,7 +52,7 @@ use crate::net::streams::StreamWatch;
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
 use crate::stream::fingerprint::PrefixSalt;
 use crate::stream::held::HeldBudget;
-use crate::stream::request::{injection, inspect};
+use crate::stream::request::{carries_field, injection, inspect};
 use crate::stream::rewrite::Injected;
 use crate::stream::timing::{TimingDelivery, SERVER_TIMING};
 
@@ -152,6 +153,8 @@ pub struct Proxy {
     pub prefix_salt: Option<PrefixSalt>,
     /// Which paths clients may reach (`proxy.routes`).
     pub routes: RoutePolicy,
+    /// Whether request fields an engine runs as code are refused (`proxy.code_fields`).
+    pub code_fields: CodeFields,
     /// Who a production request is counted under (`[tenants]`).
     pub tenants: super::tenants::Tenants,
     /// The memory non-streamed answers are held in, over all requests
@@ -323,13 +326,18 @@ impl Proxy {
         if !internal {
             // The path the engine will route, as it will route it.
             if let Err(refused) = self.routes.check(parts.method.as_str(), &upstream_path) {
-                self.faults.add(Fault::RouteRefused);
-                tracing::debug!(path = %refused.path, engine = ?refused.engine, "control route refused");
-                return ProxyError::RouteRefused {
-                    path: refused.path,
-                    engine: refused.engine,
-                }
-                .into_response();
+                let error = match refused {
+                    Refused::Route { path, why } => {
+                        self.faults.add(Fault::RouteRefused);
+                        ProxyError::RouteRefused { path, why }
+                    }
+                    Refused::Unreadable { target, why } => {
+                        self.faults.add(Fault::PathUnreadable);
+                        ProxyError::BadPath { target, why }
+                    }
+                };
+                tracing::debug!(%error, "route refused");
+                return error.into_response();
             }
         }
         let body = self.client_body(body);
@@ -337,7 +345,12 @@ impl Proxy {
             .then(|| Route::from_path(&upstream_path))
             .flatten();
 
-        let Some(route) = route else {
+        // A field its engine runs as code is looked for where that engine reads it: the body
+        // of such a route is read even when it is not metered.
+        let code_field = (!internal && parts.method == Method::POST)
+            .then(|| self.code_field(&upstream, &upstream_path))
+            .flatten();
+        if route.is_none() && code_field.is_none() {
             let body = RequestBody::Stream {
                 prefix: None,
                 rest: body,
@@ -345,7 +358,7 @@ impl Proxy {
             return self
                 .forward(parts, body, &upstream, &upstream_path, None)
                 .await;
-        };
+        }
 
         let read = read_limited(body, self.metering.max_parse_bytes, &self.body_budget);
         let bytes = match tokio::time::timeout(self.limits.metered_total, read).await {
@@ -364,6 +377,18 @@ impl Proxy {
         let (bytes, _budget) = match bytes {
             Ok(ReadBody::Complete(bytes, held)) => (bytes, held),
             Ok(ReadBody::TooLong(prefix, rest)) => {
+                // Too long to be read whole first: what was read is scanned now, the rest as it
+                // streams (a field found there cuts the body off before its end).
+                let rest = match code_field {
+                    None => rest,
+                    Some(found @ (engine, field)) => {
+                        let mut scanner = FieldScanner::new(&field);
+                        if scanner.feed(&prefix) {
+                            return self.refuse_code_field(found);
+                        }
+                        Box::pin(GuardedBody::new(rest, scanner, engine))
+                    }
+                };
                 tracing::debug!(
                     path,
                     limit = self.metering.max_parse_bytes,
@@ -383,6 +408,23 @@ impl Proxy {
             Err(error) => return ProxyError::client_body(error).into_response(),
         };
         let body_read = Instant::now();
+        if let Some(found @ (_, field)) = code_field {
+            if carries_field(&bytes, field.field) {
+                return self.refuse_code_field(found);
+            }
+        }
+        let Some(route) = route else {
+            // Read only to be checked: forwarded as it came.
+            return self
+                .forward(
+                    parts,
+                    RequestBody::Full(Some(bytes)),
+                    &upstream,
+                    &upstream_path,
+                    None,
+                )
+                .await;
+        };
         let Some(facts) = inspect(route, &bytes) else {
             // Not a JSON object: the upstream will say what it thinks of it.
             return self
@@ -527,6 +569,39 @@ impl Proxy {
             .filter(|asked| *asked != &*recorded)
             .map(|asked| self.models.label(asked));
         (recorded, asked)
+    }
+
+    /// The field run as code that a request to `path` may carry, when its upstream's engine
+    /// reads it there (any engine's, while the upstream has not said what it is), unless
+    /// `proxy.code_fields = "forward"`.
+    fn code_field(
+        &self,
+        upstream: &Upstream,
+        path: &str,
+    ) -> Option<(&'static str, crate::base::engine::CodeField)> {
+        if self.code_fields == CodeFields::Forward {
+            return None;
+        }
+        let path = super::routes::normalise(path).ok()?;
+        let engine = upstream.engine().map(|engine| engine.spec().name);
+        let found = crate::base::engine::code_fields(&path)
+            .find(|(declared_by, _)| engine.is_none_or(|engine| engine == *declared_by));
+        found
+    }
+
+    /// The 403 for a body carrying a field run as code.
+    fn refuse_code_field(
+        &self,
+        (engine, field): (&'static str, crate::base::engine::CodeField),
+    ) -> Response<ResponseBody> {
+        self.faults.add(Fault::CodeFieldRefused);
+        let error = ProxyError::CodeField {
+            field: field.field,
+            engine,
+            opened_by: field.opened_by,
+        };
+        tracing::debug!(%error, "a field run as code refused");
+        error.into_response()
     }
 
     /// Whether this request's client gets its timing back (`metering.server_timing`).

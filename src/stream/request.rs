@@ -15,6 +15,26 @@ use super::json::{self, Span};
 use super::rewrite::Injected;
 use crate::base::Route;
 
+/// Whether a request body carries `field` where an engine reads it: a member of the top-level
+/// object, or of its `parameters` object (sglang's `/vertex_generate` hands those on as a
+/// generate request), names compared as the engine's parser reads them (escapes decoded).
+/// Fails closed: a body that is not one whole JSON value as this navigator reads it counts as
+/// carrying the field when its bytes could hide it (the name itself, or any `\u` escape),
+/// since the engine's parser (Python's, which also takes `NaN`) may read it.
+pub fn carries_field(body: &[u8], field: &str) -> bool {
+    let start = json::skip_ws(body, 0);
+    let whole =
+        json::value_end(body, start).is_some_and(|end| json::skip_ws(body, end) == body.len());
+    if !whole {
+        let hides = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+        return hides(field.as_bytes()) || hides(b"\\u");
+    }
+    let key = field.as_bytes();
+    json::member(body, start, key).is_some()
+        || json::get(body, start, b"parameters")
+            .is_some_and(|parameters| json::member(body, parameters.start, key).is_some())
+}
+
 /// The fields tokentap reads from a metered request.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestFacts {
@@ -249,6 +269,27 @@ pub fn inject_usage(body: &[u8], facts: &RequestFacts) -> Option<(Vec<u8>, Injec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_field_that_runs_code_is_found_however_it_is_written() {
+        let field = "custom_logit_processor";
+        for body in [
+            r#"{"text":"hi","custom_logit_processor":"80049500"}"#,
+            r#"{"text":"hi","custom\u005flogit_processor":"x"}"#,
+            r#"{"parameters":{"custom_logit_processor":"x"},"instances":[]}"#,
+            r#"{"a":NaN,"custom\u005flogit_processor":"x"}"#,
+            r#"{"a":1,"custom_logit_processor":"x""#,
+        ] {
+            assert!(carries_field(body.as_bytes(), field), "{body}");
+        }
+        for body in [
+            r#"{"messages":[{"role":"user","content":"what is custom_logit_processor in sglang?"}]}"#,
+            r#"{"messages":[{"custom_logit_processor":"only the engine's top level counts"}]}"#,
+            r#"{"text":"hi"}"#,
+        ] {
+            assert!(!carries_field(body.as_bytes(), field), "{body}");
+        }
+    }
 
     fn inject(body: &str) -> (String, Injected) {
         let facts = inspect(Route::ChatCompletions, body.as_bytes()).unwrap();

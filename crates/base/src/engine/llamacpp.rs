@@ -2,7 +2,7 @@
 //! (`tools/server/server.cpp`).
 
 use super::spec::{
-    ControlRoute, Detection, EngineSpec, FingerprintKeys, KvBudget, Methods, Metrics,
+    Detection, EngineRoute, EngineSpec, FingerprintKeys, KvBudget, Metrics, RouteClass, RouteTable,
     SelfDescription, Tokenize, UsageReport,
 };
 
@@ -49,17 +49,57 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         text_field: "content",
         special_tokens_field: Some("add_special"),
     }],
-    control_routes: CONTROL_ROUTES,
+    routes: RouteTable {
+        version: "",
+        routes: ROUTES,
+    },
+    code_fields: &[],
     priority: None,
 };
 
-/// `llama-server`'s routes that act on it (`tools/server/server.cpp`): a slot's KV cache saved,
+/// `llama-server`'s routes (`tools/server/server.cpp`). Control: a slot's KV cache saved,
 /// restored or erased (`POST /slots/{id}?action=`), LoRA scales and server properties changed,
-/// models loaded and unloaded in router mode. Their `GET`s only read.
-const CONTROL_ROUTES: &[ControlRoute] = &[
-    ControlRoute::under("/slots/", Methods::Only(&["POST"])),
-    ControlRoute::only("/lora-adapters", &["POST"]),
-    ControlRoute::only("/props", &["POST"]),
-    ControlRoute::only("/models/load", &["POST"]),
-    ControlRoute::only("/models/unload", &["POST"]),
+/// models loaded and unloaded in router mode, and `GET /slots`, which shows the prompts other
+/// clients' requests are running. Their other `GET`s only read. (No version is pinned: the
+/// conformance harness drives llama-cpp-python's server, a FastAPI app of its own.)
+const ROUTES: &[EngineRoute] = &[
+    EngineRoute::new(RouteClass::Read, &["GET"], "/"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/health"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/v1/health"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/metrics"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/props"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/props"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/models"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/v1/models"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/api/tags"),
+    EngineRoute::new(RouteClass::Read, &["POST"], "/api/show"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/completion"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/completions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/completions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/chat/completions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/chat/completions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/api/chat"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/messages"),
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["POST"],
+        "/v1/messages/count_tokens",
+    ),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/infill"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/embedding"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/embeddings"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/embeddings"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/rerank"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/reranking"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/rerank"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/reranking"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/tokenize"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/detokenize"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/apply-template"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/lora-adapters"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/lora-adapters"),
+    EngineRoute::new(RouteClass::Control, &["GET"], "/slots"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/slots/{id}"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/models/load"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/models/unload"),
 ];

@@ -1,8 +1,8 @@
 //! Any other OpenAI-compatible server: what tokentap assumes of a server it cannot name.
 
 use super::spec::{
-    Detection, EngineSpec, FingerprintKeys, KvBudget, Metrics, SelfDescription, Tokenize,
-    UsageReport,
+    Detection, EngineRoute, EngineSpec, FingerprintKeys, KvBudget, Metrics, RouteClass, RouteTable,
+    SelfDescription, Tokenize, UsageReport,
 };
 
 pub(super) const SPEC: EngineSpec = EngineSpec {
@@ -59,6 +59,52 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         },
     ],
     // The OpenAI API has no route that acts on the server.
-    control_routes: &[],
+    routes: RouteTable {
+        version: "",
+        routes: ROUTES,
+    },
+    code_fields: &[],
     priority: None,
 };
+
+/// The OpenAI API's own routes that an OpenAI-compatible server may serve (the inference ones,
+/// a client's own files and batches, the model list), and the health and metrics pages most
+/// such servers add.
+const ROUTES: &[EngineRoute] = &[
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/chat/completions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/completions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/embeddings"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/responses"),
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["GET", "DELETE"],
+        "/v1/responses/{id}",
+    ),
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["POST"],
+        "/v1/responses/{id}/cancel",
+    ),
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["GET"],
+        "/v1/responses/{id}/input_items",
+    ),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/audio/transcriptions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/audio/translations"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/audio/speech"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/moderations"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/images/generations"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/messages"),
+    // A client's own files and batches (the Batch API).
+    EngineRoute::new(RouteClass::Inference, &["GET", "POST"], "/v1/files"),
+    EngineRoute::new(RouteClass::Inference, &["GET", "DELETE"], "/v1/files/{id}"),
+    EngineRoute::new(RouteClass::Inference, &["GET"], "/v1/files/{id}/content"),
+    EngineRoute::new(RouteClass::Inference, &["GET", "POST"], "/v1/batches"),
+    EngineRoute::new(RouteClass::Inference, &["GET"], "/v1/batches/{id}"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/batches/{id}/cancel"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/v1/models"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/v1/models/{model:path}"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/health"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/metrics"),
+];

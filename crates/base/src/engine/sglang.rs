@@ -2,8 +2,8 @@
 //! own sources (`entrypoints/http_server.py`, `observability/metrics_collector.py`).
 
 use super::spec::{
-    Abort, ControlRoute, Detection, EngineSpec, FingerprintKeys, KvBudget, Methods, Metrics,
-    PriorityScheduling, SelfDescription, Tokenize, UsageReport,
+    Abort, CodeField, Detection, EngineRoute, EngineSpec, FingerprintKeys, KvBudget, Metrics,
+    PriorityScheduling, RouteClass, RouteTable, SelfDescription, Tokenize, UsageReport,
 };
 
 pub(super) const SPEC: EngineSpec = EngineSpec {
@@ -104,7 +104,25 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         text_field: "prompt",
         special_tokens_field: Some("add_special_tokens"),
     }],
-    control_routes: CONTROL_ROUTES,
+    routes: RouteTable {
+        version: "0.5.23",
+        routes: ROUTES,
+    },
+    // `--enable-custom-logit-processor`: the field is a hex-encoded dill pickle the scheduler
+    // unpickles (`sampling/custom_logit_processor.py`), read by `GenerateReqInput`,
+    // `CompletionRequest` and `ChatCompletionRequest` (`/invocations` is chat;
+    // `/vertex_generate` passes its `parameters` on as a generate request).
+    code_fields: &[CodeField {
+        field: "custom_logit_processor",
+        routes: &[
+            "/generate",
+            "/v1/completions",
+            "/v1/chat/completions",
+            "/invocations",
+            "/vertex_generate",
+        ],
+        opened_by: "--enable-custom-logit-processor",
+    }],
     // sglang `--enable-priority-scheduling` (`schedule_policy.py`: `priority_sign = -1` unless
     // `--schedule-low-priority-values-first`); vLLM `--scheduling-policy priority`, lower first.
     priority: Some(PriorityScheduling {
@@ -114,49 +132,186 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
     }),
 };
 
-/// sglang 0.5.23's routes that act on the server (`entrypoints/http_server.py`,
-/// `entrypoints/elastic_ep.py`): caches, weights, memory, profiling, logging, scheduling,
-/// LoRA adapters, other clients' requests. `GET /get_weights_by_name` only reads, but it hands
-/// out the model's weights and costs the GPU a copy: refused too. Sessions (`/open_session`)
-/// are an inference feature and forwarded.
-const CONTROL_ROUTES: &[ControlRoute] = &[
-    ControlRoute::any("/flush_cache"),
-    ControlRoute::any("/set_internal_state"),
-    ControlRoute::under("/dumper/", Methods::Any),
-    ControlRoute::any("/add_external_corpus"),
-    ControlRoute::any("/remove_external_corpus"),
-    ControlRoute::only("/hicache/storage-backend/clear", &["POST"]),
-    ControlRoute::only("/hicache/storage-backend", &["PUT", "DELETE", "POST"]),
-    ControlRoute::any("/start_profile"),
-    ControlRoute::any("/stop_profile"),
-    ControlRoute::any("/set_trace_level"),
-    ControlRoute::any("/freeze_gc"),
-    ControlRoute::any("/start_expert_distribution_record"),
-    ControlRoute::any("/stop_expert_distribution_record"),
-    ControlRoute::any("/dump_expert_distribution_record"),
-    ControlRoute::any("/update_weights_from_disk"),
-    ControlRoute::any("/init_weights_send_group_for_remote_instance"),
-    ControlRoute::any("/send_weights_to_remote_instance"),
-    ControlRoute::any("/init_weights_update_group"),
-    ControlRoute::any("/destroy_weights_update_group"),
-    ControlRoute::any("/update_weights_from_tensor"),
-    ControlRoute::any("/begin_weight_update"),
-    ControlRoute::any("/end_weight_update"),
-    ControlRoute::any("/update_weights_from_distributed"),
-    ControlRoute::any("/update_weights_from_ipc"),
-    ControlRoute::any("/update_weight_version"),
-    ControlRoute::any("/get_weights_by_name"),
-    ControlRoute::any("/release_memory_occupation"),
-    ControlRoute::any("/resume_memory_occupation"),
-    ControlRoute::any("/weights_checker"),
-    ControlRoute::any("/slow_down"),
-    ControlRoute::any("/pd_role_switch"),
-    ControlRoute::any("/load_lora_adapter"),
-    ControlRoute::any("/load_lora_adapter_from_tensors"),
-    ControlRoute::any("/unload_lora_adapter"),
-    ControlRoute::any("/configure_logging"),
-    ControlRoute::any("/abort_request"),
-    ControlRoute::any("/pause_generation"),
-    ControlRoute::any("/continue_generation"),
-    ControlRoute::any("/scale_elastic_ep"),
+/// Every route sglang 0.5.23's HTTP server registers (`entrypoints/http_server.py` and the
+/// routers it includes; the list as data, with each route's source line and condition:
+/// `tests/fixtures/engines/routes/sglang-0.5.23.tsv`). Control: caches, weights, memory,
+/// profiling, logging, scheduling, LoRA adapters, other clients' requests, scale-out, the
+/// dumper, expert records; and `/server_info` (`/get_server_info`), which hands out the
+/// resolved server arguments, API keys included (tokentap reads it itself, directly). Sessions
+/// (`/open_session`, `/close_session`) are an inference feature. Paths some environment
+/// variables move (the Ollama routes, `/vertex_generate`) are listed at their defaults.
+const ROUTES: &[EngineRoute] = &[
+    EngineRoute::new(RouteClass::Read, &["GET"], "/"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/abort_request"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/add_external_corpus"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/api/chat"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/api/generate"),
+    EngineRoute::new(RouteClass::Read, &["POST"], "/api/show"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/api/tags"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/begin_weight_update"),
+    EngineRoute::new(RouteClass::Inference, &["POST", "PUT"], "/classify"),
+    EngineRoute::new(RouteClass::Inference, &["GET", "POST"], "/close_session"),
+    EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/configure_logging"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/continue_generation"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/destroy_weights_update_group",
+    ),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/detokenize"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/docs"), // unless env DISABLE_OPENAPI_DOC=true|1
+    EngineRoute::new(RouteClass::Read, &["GET"], "/docs/oauth2-redirect"), // unless env DISABLE_OPENAPI_DOC=true|1
+    EngineRoute::new(
+        RouteClass::Control,
+        &["GET", "POST"],
+        "/dump_expert_distribution_record",
+    ),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/dumper/{method}"), // env DUMPER_SERVER_PORT=reuse
+    EngineRoute::new(RouteClass::Inference, &["POST", "PUT"], "/encode"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/end_weight_update"),
+    EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/flush_cache"),
+    EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/freeze_gc"),
+    EngineRoute::new(RouteClass::Inference, &["POST", "PUT"], "/generate"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["GET"],
+        "/get_hicache_l3_cache_layout",
+    ),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/get_model_info"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["GET"],
+        "/get_remote_instance_transfer_engine_info",
+    ),
+    EngineRoute::new(RouteClass::Control, &["GET"], "/get_server_info"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["GET", "POST"],
+        "/get_weights_by_name",
+    ),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/health"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/health_generate"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["DELETE", "GET", "PUT"],
+        "/hicache/storage-backend",
+    ),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/hicache/storage-backend/clear",
+    ),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/init_weights_send_group_for_remote_instance",
+    ),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/init_weights_update_group"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/invocations"),
+    EngineRoute::new(RouteClass::Control, &["GET"], "/is_scaling_elastic_ep"),
+    EngineRoute::new(RouteClass::Control, &["GET"], "/list_external_corpora"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/load_lora_adapter"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/load_lora_adapter_from_tensors",
+    ),
+    EngineRoute::mount(RouteClass::Read, "/metrics"), // --enable-metrics
+    EngineRoute::new(RouteClass::Read, &["GET"], "/model_info"),
+    EngineRoute::new(RouteClass::Inference, &["GET", "POST"], "/open_session"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/openapi.json"), // unless env DISABLE_OPENAPI_DOC=true|1
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/parse_function_call"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/pause_generation"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/pd_role_switch"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/ping"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/ready"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/redoc"), // unless env DISABLE_OPENAPI_DOC=true|1
+    EngineRoute::new(
+        RouteClass::Control,
+        &["GET", "POST"],
+        "/release_memory_occupation",
+    ),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["GET"],
+        "/remote_instance_transfer_engine_info",
+    ),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/remove_external_corpus"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["GET", "POST"],
+        "/resume_memory_occupation",
+    ),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/scale_elastic_ep"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/send_weights_to_remote_instance",
+    ),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/separate_reasoning"),
+    EngineRoute::new(RouteClass::Control, &["GET"], "/server_info"),
+    EngineRoute::new(RouteClass::Control, &["POST", "PUT"], "/set_internal_state"),
+    EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/set_trace_level"),
+    EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/slow_down"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["GET", "POST"],
+        "/start_expert_distribution_record",
+    ),
+    EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/start_profile"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["GET", "POST"],
+        "/stop_expert_distribution_record",
+    ),
+    EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/stop_profile"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/tokenize"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/unload_lora_adapter"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/update_weight_version"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/update_weights_from_disk"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/update_weights_from_distributed",
+    ),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/update_weights_from_ipc"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/update_weights_from_tensor",
+    ),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/audio/transcriptions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/chat/completions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/classify"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/completions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/decisions"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/detokenize"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/embeddings"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/v1/loads"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/messages"),
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["POST"],
+        "/v1/messages/count_tokens",
+    ),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/v1/models"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/v1/models/{model:path}"),
+    EngineRoute::new(RouteClass::Inference, &["GET"], "/v1/realtime"),
+    EngineRoute::new(RouteClass::Inference, &["POST", "PUT"], "/v1/rerank"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/responses"),
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["GET"],
+        "/v1/responses/{response_id}",
+    ),
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["POST"],
+        "/v1/responses/{response_id}/cancel",
+    ),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/score"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/systemone"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/tokenize"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/vertex_generate"),
+    EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/weights_checker"),
 ];

@@ -9,7 +9,8 @@ use super::{llamacpp, openai, sglang, vllm};
 /// What tokentap knows of one inference engine. Everything engine-specific is here, declared
 /// once in the engine's own file: how it is recognised, where it describes itself, its metric
 /// names and how its data-parallel ranks fold, where its KV budget is read, how it reports
-/// usage and cached tokens, how a request is aborted, its control routes.
+/// usage and cached tokens, how a request is aborted, every route its server registers and
+/// what each one is, the request fields it runs as code.
 #[derive(Debug)]
 pub struct EngineSpec {
     /// The short name used in documents, labels and messages (`sglang`, `vllm`, …).
@@ -33,10 +34,15 @@ pub struct EngineSpec {
     /// Where it counts a prompt's tokens, tried in order (the next when one answers 404 or
     /// 405); the answer's `count`, else the length of its `tokens`.
     pub tokenize: &'static [Tokenize],
-    /// The routes that change the server's state (caches, weights, profiling, scheduling,
-    /// logging) or reach into it (weights, other clients' requests): refused on the data
-    /// port unless `proxy.routes` opens them (docs/operations.md, "Routes").
-    pub control_routes: &'static [ControlRoute],
+    /// Every route its server registers, each classified: inference and read routes are
+    /// forwarded; control routes (caches, weights, LoRA load/unload, profiling, logging,
+    /// memory, other clients' aborts, scale-out) are refused on the data port, and so is any
+    /// path no engine declares, unless `proxy.routes` opens them (docs/operations.md,
+    /// "Routes").
+    pub routes: RouteTable,
+    /// Request fields it runs as code when a launch flag allows: refused on the data port
+    /// unless `proxy.code_fields` opens them.
+    pub code_fields: &'static [CodeField],
     /// How it schedules by the request's `priority` field, if it can (docs/operations.md,
     /// "Priority scheduling").
     pub priority: Option<PriorityScheduling>,
@@ -183,66 +189,130 @@ pub struct Tokenize {
     pub special_tokens_field: Option<&'static str>,
 }
 
-/// Which methods of a route change state.
+/// What a route of an engine's server is to the data port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Methods {
-    /// Every method (the engine accepts GET and POST alike for the action).
-    Any,
-    /// Only these (upper case); the route's other methods only read.
-    Only(&'static [&'static str]),
+pub enum RouteClass {
+    /// A client's own work: generation, chat, completions, responses (a client's own cancel
+    /// included), embeddings, scoring, tokenizing, sessions. Forwarded.
+    Inference,
+    /// Harmless information: health, models, version, the metrics page. Forwarded.
+    Read,
+    /// Acts on the server or on other clients (caches, weights, LoRA adapters, profiling,
+    /// logging, memory, other clients' aborts, scale-out), or hands out what a client should
+    /// not read (server arguments with keys in them). Refused unless opened.
+    Control,
 }
 
-/// A control route of an engine: a path (exact, or every path under it when `prefix`) and
-/// the methods that act.
+impl RouteClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteClass::Inference => "inference",
+            RouteClass::Read => "read",
+            RouteClass::Control => "control",
+        }
+    }
+}
+
+/// A route an engine's server registers: its methods and its path as the server's router
+/// writes it (`{name}` one segment, `{name:path}` the rest of the path), or a mount (every
+/// method, every path that starts with it, as Starlette's `Mount` takes them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ControlRoute {
+pub struct EngineRoute {
+    pub class: RouteClass,
+    /// Upper case; `HEAD` is taken as `GET`. Empty for a mount.
+    pub methods: &'static [&'static str],
     pub path: &'static str,
-    pub prefix: bool,
-    pub methods: Methods,
+    pub mount: bool,
 }
 
-impl ControlRoute {
-    /// An exact path, acting on every method.
-    pub const fn any(path: &'static str) -> Self {
+impl EngineRoute {
+    pub const fn new(
+        class: RouteClass,
+        methods: &'static [&'static str],
+        path: &'static str,
+    ) -> Self {
         Self {
-            path,
-            prefix: false,
-            methods: Methods::Any,
-        }
-    }
-
-    /// An exact path, acting on these methods only.
-    pub const fn only(path: &'static str, methods: &'static [&'static str]) -> Self {
-        Self {
-            path,
-            prefix: false,
-            methods: Methods::Only(methods),
-        }
-    }
-
-    /// Every path under `path` (which ends in `/`), on these methods.
-    pub const fn under(path: &'static str, methods: Methods) -> Self {
-        Self {
-            path,
-            prefix: true,
+            class,
             methods,
+            path,
+            mount: false,
         }
     }
 
-    /// Whether a request of `method` to `path` (normalised: decoded, no empty or dot segments,
-    /// no trailing slash) is this route's.
-    pub fn matches(&self, method: &str, path: &str) -> bool {
-        let on_path = if self.prefix {
-            path.starts_with(self.path)
-        } else {
-            path == self.path
-        };
-        on_path
-            && match self.methods {
-                Methods::Any => true,
-                Methods::Only(methods) => methods.iter().any(|m| m.eq_ignore_ascii_case(method)),
-            }
+    /// Every method and every path that starts with `path`.
+    pub const fn mount(class: RouteClass, path: &'static str) -> Self {
+        Self {
+            class,
+            methods: &[],
+            path,
+            mount: true,
+        }
     }
+
+    /// Whether `path` (normalised: decoded, no empty or dot segments, no trailing slash) is
+    /// this route's.
+    pub fn matches_path(&self, path: &str) -> bool {
+        if self.mount {
+            return path.starts_with(self.path);
+        }
+        let mut template = self.path.split('/');
+        let mut segments = path.split('/');
+        loop {
+            match (template.next(), segments.next()) {
+                (None, None) => return true,
+                (Some(part), Some(segment)) => {
+                    if part.starts_with('{') && part.ends_with(":path}") {
+                        return !segment.is_empty();
+                    }
+                    let parameter = part.starts_with('{') && part.ends_with('}');
+                    if (parameter && segment.is_empty()) || (!parameter && part != segment) {
+                        return false;
+                    }
+                }
+                _ => return false,
+            }
+        }
+    }
+
+    /// Whether the route takes `method` (a mount takes every one).
+    pub fn takes(&self, method: &str) -> bool {
+        let method = if method == "HEAD" { "GET" } else { method };
+        self.mount || self.methods.contains(&method)
+    }
+}
+
+/// Every route one version of an engine's server registers (with every flag that adds
+/// routes), as read from its source: `tests/fixtures/engines/routes/` holds the same list as
+/// data, which `conformance/routes.py` checks against the engine's own application and
+/// `engine_tests` against this table.
+#[derive(Debug, Clone, Copy)]
+pub struct RouteTable {
+    /// The server version the table was read from (`""`: a protocol, no one server).
+    pub version: &'static str,
+    pub routes: &'static [EngineRoute],
+}
+
+/// A request field an engine runs as code (sglang's `custom_logit_processor`: a pickled
+/// callable it unpickles), the routes whose bodies it is read from, and the engine's launch
+/// flag that turns it on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CodeField {
+    pub field: &'static str,
+    pub routes: &'static [&'static str],
+    pub opened_by: &'static str,
+}
+
+/// What the engines' route tables say of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteVerdict {
+    /// An inference or read route of some engine (or a path some engine serves, with a method
+    /// none declares: the engine answers it, 405 or an `OPTIONS` preflight).
+    Forward(RouteClass),
+    /// A control route of this engine (a route one engine uses for control is refused
+    /// whatever engine serves: the engines share the data port's path space).
+    Control { engine: &'static str },
+    /// No engine declares this path.
+    Unknown,
 }
 
 /// An inference engine: one of the built-in ones, or one registered at run time.
@@ -409,16 +479,47 @@ pub fn detect(evidence: &Evidence<'_>) -> Option<Engine> {
     evidence.lists_models.then_some(Engine::OPENAI)
 }
 
-/// The control route of any engine that a request of `method` to the normalised `path` is,
-/// and the engine's name. Engines share the data port's path space: a route one engine uses
-/// for control is refused whatever engine serves (none uses it for inference).
-pub fn control_route(method: &str, path: &str) -> Option<(&'static str, ControlRoute)> {
-    Engine::all().into_iter().find_map(|engine| {
+/// What a request of `method` to the normalised `path` is, by every engine's route table: a
+/// control route of any engine wins; then an inference or read route that takes the method;
+/// then a path some engine declares under other methods (refused when one of them is control);
+/// else unknown.
+pub fn classify_route(method: &str, path: &str) -> RouteVerdict {
+    let mut taking = None;
+    let mut other_method = None;
+    let mut control_on_path = None;
+    for engine in Engine::all() {
         let spec = engine.spec();
-        spec.control_routes
+        for route in spec.routes.routes.iter().filter(|r| r.matches_path(path)) {
+            match (route.class, route.takes(method)) {
+                (RouteClass::Control, true) => return RouteVerdict::Control { engine: spec.name },
+                (RouteClass::Control, false) => {
+                    control_on_path.get_or_insert(spec.name);
+                }
+                (class, true) => {
+                    taking.get_or_insert(class);
+                }
+                (class, false) => {
+                    other_method.get_or_insert(class);
+                }
+            }
+        }
+    }
+    match (taking, control_on_path, other_method) {
+        (Some(class), _, _) => RouteVerdict::Forward(class),
+        (None, Some(engine), _) => RouteVerdict::Control { engine },
+        (None, None, Some(class)) => RouteVerdict::Forward(class),
+        (None, None, None) => RouteVerdict::Unknown,
+    }
+}
+
+/// The fields an engine runs as code that a request body to `path` may carry, with the engine.
+pub fn code_fields(path: &str) -> impl Iterator<Item = (&'static str, CodeField)> + '_ {
+    Engine::all().into_iter().flat_map(move |engine| {
+        let spec = engine.spec();
+        spec.code_fields
             .iter()
-            .find(|route| route.matches(method, path))
-            .map(|route| (spec.name, *route))
+            .filter(move |field| field.routes.contains(&path))
+            .map(move |field| (spec.name, *field))
     })
 }
 
@@ -452,42 +553,91 @@ mod tests {
     use super::*;
 
     #[test]
-    fn control_routes_match_their_methods_and_paths() {
+    fn routes_are_classified_by_every_engine_s_table() {
+        use RouteVerdict::{Control, Forward, Unknown};
+        let control = |engine| Control { engine };
+        assert_eq!(classify_route("POST", "/flush_cache"), control("sglang"));
+        assert_eq!(classify_route("GET", "/flush_cache"), control("sglang"));
+        // A method the path does not declare, on a control path: refused.
+        assert_eq!(classify_route("GET", "/abort_request"), control("sglang"));
         assert_eq!(
-            control_route("POST", "/flush_cache").map(|(e, _)| e),
-            Some("sglang")
+            classify_route("POST", "/reset_prefix_cache"),
+            control("vllm")
+        );
+        assert_eq!(classify_route("POST", "/slots/0"), control("llamacpp"));
+        assert_eq!(classify_route("POST", "/adapters"), control("vllm"));
+        assert_eq!(classify_route("DELETE", "/adapters/x"), control("vllm"));
+        assert_eq!(
+            classify_route("POST", "/inference/v1/abort_requests"),
+            control("vllm")
         );
         assert_eq!(
-            control_route("GET", "/flush_cache").map(|(e, _)| e),
-            Some("sglang")
+            classify_route("POST", "/dumper/x\u{fffd}"),
+            control("sglang")
         );
-        assert!(control_route("POST", "/reset_prefix_cache").is_some());
-        assert!(control_route("POST", "/slots/0").is_some());
-        // Reads of the same path are forwarded.
-        assert!(control_route("GET", "/hicache/storage-backend").is_none());
-        assert!(control_route("PUT", "/hicache/storage-backend").is_some());
-        // Inference and read-only routes never are.
-        for path in [
-            "/v1/chat/completions",
-            "/v1/completions",
-            "/generate",
-            "/v1/models",
-            "/health",
-            "/metrics",
-            "/server_info",
-            "/get_server_info",
-            "/v1/embeddings",
-            "/tokenize",
+        // Reads of the same path are forwarded where an engine declares them.
+        assert_eq!(
+            classify_route("GET", "/lora-adapters"),
+            Forward(RouteClass::Read)
+        );
+        assert_eq!(
+            classify_route("POST", "/lora-adapters"),
+            control("llamacpp")
+        );
+        // llama-server's slots show other clients' prompts.
+        assert_eq!(classify_route("GET", "/slots"), control("llamacpp"));
+        for (method, path) in [
+            ("POST", "/v1/chat/completions"),
+            ("POST", "/v1/completions"),
+            ("POST", "/generate"),
+            ("POST", "/v1/embeddings"),
+            ("POST", "/tokenize"),
+            ("POST", "/v1/responses/resp_1/cancel"),
+            ("GET", "/v1/responses/resp_1"),
+            ("OPTIONS", "/v1/chat/completions"),
         ] {
-            for method in ["GET", "POST"] {
-                assert!(control_route(method, path).is_none(), "{method} {path}");
-            }
+            assert_eq!(
+                classify_route(method, path),
+                Forward(RouteClass::Inference),
+                "{method} {path}"
+            );
         }
-        // Every engine's routes are absolute paths, prefixes end in a slash.
+        for (method, path) in [
+            ("GET", "/v1/models"),
+            ("GET", "/v1/models/org/model"),
+            ("GET", "/health"),
+            ("HEAD", "/health"),
+            ("GET", "/metrics"),
+            ("GET", "/version"),
+        ] {
+            assert_eq!(
+                classify_route(method, path),
+                Forward(RouteClass::Read),
+                "{method} {path}"
+            );
+        }
+        for path in ["/FLUSH_CACHE", "/nope", "/v1", "/v1/chat", "/dumper"] {
+            assert_eq!(classify_route("POST", path), Unknown, "{path}");
+        }
+    }
+
+    #[test]
+    fn templates_match_one_segment_a_path_tail_or_a_mount() {
+        let one = EngineRoute::new(RouteClass::Read, &["GET"], "/a/{id}/b");
+        assert!(one.matches_path("/a/1/b"));
+        assert!(!one.matches_path("/a/b"));
+        assert!(!one.matches_path("/a/1/2/b"));
+        let tail = EngineRoute::new(RouteClass::Read, &["GET"], "/m/{x:path}");
+        assert!(tail.matches_path("/m/a/b/c"));
+        assert!(!tail.matches_path("/m"));
+        let mount = EngineRoute::mount(RouteClass::Read, "/metrics");
+        assert!(mount.matches_path("/metrics") && mount.matches_path("/metrics/x"));
+        assert!(mount.takes("DELETE"));
+        assert!(one.takes("HEAD") && !one.takes("POST"));
+        // Every engine's routes are absolute paths.
         for engine in Engine::all() {
-            for route in engine.spec().control_routes {
+            for route in engine.spec().routes.routes {
                 assert!(route.path.starts_with('/'), "{route:?}");
-                assert_eq!(route.prefix, route.path.ends_with('/'), "{route:?}");
             }
         }
     }

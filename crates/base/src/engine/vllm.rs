@@ -2,8 +2,8 @@
 //! (`entrypoints/`, `v1/metrics/loggers.py`).
 
 use super::spec::{
-    ControlRoute, Detection, EngineSpec, FingerprintKeys, KvBudget, Metrics, PriorityScheduling,
-    SelfDescription, Tokenize, UsageReport,
+    Detection, EngineRoute, EngineSpec, FingerprintKeys, KvBudget, Metrics, PriorityScheduling,
+    RouteClass, RouteTable, SelfDescription, Tokenize, UsageReport,
 };
 
 pub(super) const SPEC: EngineSpec = EngineSpec {
@@ -66,7 +66,11 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         text_field: "prompt",
         special_tokens_field: Some("add_special_tokens"),
     }],
-    control_routes: CONTROL_ROUTES,
+    routes: RouteTable {
+        version: "0.32",
+        routes: ROUTES,
+    },
+    code_fields: &[],
     // `--scheduling-policy priority`: the waiting queue by (priority, arrival), lower first.
     priority: Some(PriorityScheduling {
         flag: "--scheduling-policy priority",
@@ -75,33 +79,130 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
     }),
 };
 
-/// vLLM 0.32's routes that act on the server (`entrypoints/serve/dev/`, `serve/profile/`,
-/// `serve/lora/`, `serve/elastic_ep/`, `serve/fault_tolerance/`, `rl/online/`). The dev routes
-/// exist only with `VLLM_SERVER_DEV_MODE=1`, the RL ones only in RL deployments: refused
-/// wherever they exist.
-const CONTROL_ROUTES: &[ControlRoute] = &[
-    ControlRoute::any("/reset_prefix_cache"),
-    ControlRoute::any("/reset_mm_cache"),
-    ControlRoute::any("/reset_encoder_cache"),
-    ControlRoute::any("/collective_rpc"),
-    ControlRoute::any("/sleep"),
-    ControlRoute::any("/wake_up"),
-    ControlRoute::any("/release_kv_cache_memory"),
-    ControlRoute::any("/start_profile"),
-    ControlRoute::any("/stop_profile"),
-    ControlRoute::any("/v1/load_lora_adapter"),
-    ControlRoute::any("/v1/unload_lora_adapter"),
-    ControlRoute::any("/scale_elastic_ep"),
-    ControlRoute::any("/fault_tolerance/apply"),
-    ControlRoute::any("/abort_requests"),
-    ControlRoute::any("/pause"),
-    ControlRoute::any("/resume"),
-    ControlRoute::any("/init_weight_transfer_engine"),
-    ControlRoute::any("/shutdown_weight_transfer_engine"),
-    ControlRoute::any("/start_weight_update"),
-    ControlRoute::any("/start_draft_weight_update"),
-    ControlRoute::any("/finish_weight_update"),
-    ControlRoute::any("/update_weights"),
-    ControlRoute::any("/update_weight_version"),
-    ControlRoute::any("/weight_checker"),
+/// Every route vLLM 0.32's OpenAI-compatible server registers, with every flag that adds
+/// routes (`entrypoints/openai/api_server.py` and the routers it includes; the list as data,
+/// with each route's source line and condition: `tests/fixtures/engines/routes/vllm-0.32.tsv`).
+/// Control: the dev-mode routes (`VLLM_SERVER_DEV_MODE=1`: caches, `collective_rpc`, sleep,
+/// the RL routes), runtime LoRA loading under every alias (`/v1/load_lora_adapter`, SageMaker's
+/// `POST /adapters`, `DELETE /adapters/{name}`), profiling, elastic EP, fault tolerance, and
+/// other clients' aborts (`/abort_requests`, `/inference/v1/abort_requests`).
+const ROUTES: &[EngineRoute] = &[
+    EngineRoute::new(RouteClass::Control, &["POST"], "/abort_requests"), // env VLLM_SERVER_DEV_MODE=1 | --tokens-only
+    EngineRoute::new(RouteClass::Control, &["POST"], "/adapters"), // env VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true
+    EngineRoute::new(RouteClass::Control, &["DELETE"], "/adapters/{adapter_name}"), // env VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/classify"), // pooling model with task classify
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/cohere/v2/chat"), // task generate + env VLLM_ENABLE_COHERE_API=1 + cohere SDK installed
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/cohere/v2/chat/render"), // task generate + env VLLM_ENABLE_COHERE_API=1 + cohere SDK +
+    EngineRoute::new(RouteClass::Control, &["POST"], "/collective_rpc"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/detokenize"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/docs"), // unless --disable-fastapi-docs; unless --disable-fastapi-docs or --enable-offline-docs
+    EngineRoute::new(RouteClass::Read, &["GET"], "/docs/oauth2-redirect"), // unless --disable-fastapi-docs; unless --disable-fastapi-docs or --enable-offline-docs
+    EngineRoute::new(RouteClass::Control, &["POST"], "/fault_tolerance/apply"), // --enable-fault-tolerance
+    EngineRoute::new(RouteClass::Control, &["GET"], "/fault_tolerance/status"), // --enable-fault-tolerance
+    EngineRoute::new(RouteClass::Control, &["POST"], "/finish_weight_update"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/generative_scoring"), // task generate
+    EngineRoute::new(RouteClass::Control, &["GET"], "/get_world_size"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Read, &["GET"], "/health"),
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/inference/v1/abort_requests",
+    ), // task generate|render
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/inference/v1/generate"), // task generate|render
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/init_weight_transfer_engine",
+    ), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/invocations"),
+    EngineRoute::new(RouteClass::Control, &["GET"], "/is_paused"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/is_scaling_elastic_ep"), // task generate
+    EngineRoute::new(RouteClass::Control, &["GET"], "/is_sleeping"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["GET"], "/kv_event_sources"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/load"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/metrics"),
+    EngineRoute::mount(RouteClass::Read, "/metrics"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/openapi.json"), // unless --disable-fastapi-docs
+    EngineRoute::new(RouteClass::Control, &["POST"], "/pause"),    // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Read, &["GET", "POST"], "/ping"),
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/pooling"), // pooling model with a pooling task
+    EngineRoute::new(RouteClass::Read, &["GET"], "/redoc"), // unless --disable-fastapi-docs or --enable-offline-docs
+    EngineRoute::new(RouteClass::Control, &["POST"], "/release_kv_cache_memory"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/rerank"), // pooling model whose scoring API is enabled
+    EngineRoute::new(RouteClass::Control, &["POST"], "/reset_encoder_cache"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/reset_mm_cache"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/reset_prefix_cache"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/resume"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/scale_elastic_ep"), // task generate
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/score"), // pooling model whose scoring API is enabled
+    EngineRoute::new(RouteClass::Control, &["GET"], "/server_info"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(
+        RouteClass::Control,
+        &["POST"],
+        "/shutdown_weight_transfer_engine",
+    ), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/sleep"),   // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/start_draft_weight_update"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/start_profile"), // --profiler-config with profiler set
+    EngineRoute::new(RouteClass::Control, &["POST"], "/start_weight_update"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::mount(RouteClass::Read, "/static"), // --enable-offline-docs
+    EngineRoute::new(RouteClass::Control, &["POST"], "/stop_profile"), // --profiler-config with profiler set
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/tokenize"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/tokenizer_info"), // --enable-tokenizer-info-endpoint
+    EngineRoute::new(RouteClass::Control, &["POST"], "/update_weight_version"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/update_weights"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/audio/transcriptions"), // task transcription
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/audio/translations"), // task transcription
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/chat/completions"),   // task generate
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["POST"],
+        "/v1/chat/completions/batch",
+    ), // task generate
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["POST"],
+        "/v1/chat/completions/derender",
+    ), // task generate|render
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["POST"],
+        "/v1/chat/completions/render",
+    ), // task generate|render
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/completions"),        // task generate
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/completions/derender"), // task generate|render
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/completions/render"), // task generate|render
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/embeddings"), // pooling model with task embed
+    EngineRoute::new(RouteClass::Control, &["POST"], "/v1/load_lora_adapter"), // env VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/messages"),        // task generate
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["POST"],
+        "/v1/messages/count_tokens",
+    ), // task generate
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/messages/render"), // task generate|render
+    EngineRoute::new(RouteClass::Read, &["GET"], "/v1/models"),
+    EngineRoute::new(RouteClass::Inference, &["GET"], "/v1/realtime"), // task realtime
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/rerank"), // pooling model whose scoring API is enabled
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/responses"), // task generate
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/responses/render"), // task generate|render
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["GET"],
+        "/v1/responses/{response_id}",
+    ), // task generate
+    EngineRoute::new(
+        RouteClass::Inference,
+        &["POST"],
+        "/v1/responses/{response_id}/cancel",
+    ), // task generate
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/score"), // pooling model whose scoring API is enabled
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v1/systemone"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/v1/unload_lora_adapter"), // env VLLM_ALLOW_RUNTIME_LORA_UPDATING=1|true
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v2/embed"), // pooling model with task embed
+    EngineRoute::new(RouteClass::Inference, &["POST"], "/v2/rerank"), // pooling model whose scoring API is enabled
+    EngineRoute::new(RouteClass::Read, &["GET"], "/version"),
+    EngineRoute::new(RouteClass::Control, &["POST"], "/wake_up"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["POST"], "/weight_checker"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Control, &["GET"], "/weight_info"), // env VLLM_SERVER_DEV_MODE=1
 ];
