@@ -508,22 +508,25 @@ async fn the_upstream_s_own_server_timing_is_kept_and_tokentap_s_is_added_beside
     )
     .await;
     let addr = server.proxy_addr;
-    let entries = |values: &mut dyn Iterator<Item = &http::HeaderValue>| -> Vec<String> {
-        values
+    // The upstream's entry first, tokentap's beside it, in the field lines of `fields`.
+    let engine_then_ours = |fields: &HeaderMap| {
+        let names: Vec<String> = fields
+            .get_all("server-timing")
+            .iter()
             .flat_map(|v| parse_server_timing(v.to_str().unwrap()))
             .map(|(name, _)| name)
-            .collect()
+            .collect();
+        assert_eq!(
+            names.first().map(String::as_str),
+            Some("engine"),
+            "{names:?}"
+        );
+        assert!(names.iter().any(|n| n == "ttft"), "{names:?}");
     };
 
     // A whole answer: the upstream's header, then tokentap's.
     let answer = http1(addr, WHOLE, &[(ASK, "1")]).await;
-    let names = entries(&mut answer.headers.get_all("server-timing").iter());
-    assert_eq!(
-        names.first().map(String::as_str),
-        Some("engine"),
-        "{names:?}"
-    );
-    assert!(names.iter().any(|n| n == "ttft"), "{names:?}");
+    engine_then_ours(&answer.headers);
 
     // A stream over HTTP/1.1 with `TE: trailers`: one `Trailer` naming the field, both entries.
     let answer = http1(addr, STREAMED, &[(ASK, "1"), ("te", "trailers")]).await;
@@ -533,26 +536,12 @@ async fn the_upstream_s_own_server_timing_is_kept_and_tokentap_s_is_added_beside
         .to_str()
         .unwrap()
         .eq_ignore_ascii_case("server-timing"));
-    let trailers = answer.trailers.expect("trailers");
-    let names = entries(&mut trailers.get_all("server-timing").iter());
-    assert_eq!(
-        names.first().map(String::as_str),
-        Some("engine"),
-        "{names:?}"
-    );
-    assert!(names.iter().any(|n| n == "ttft"), "{names:?}");
+    engine_then_ours(&answer.trailers.expect("trailers"));
 
     // HTTP/2 (the client says it takes trailers, so the HTTP/1 upstream sends its own): the
     // same trailer.
     let answer = http2(addr, STREAMED, &[(ASK, "1"), ("te", "trailers")]).await;
-    let trailers = answer.trailers.expect("trailers");
-    let names = entries(&mut trailers.get_all("server-timing").iter());
-    assert_eq!(
-        names.first().map(String::as_str),
-        Some("engine"),
-        "{names:?}"
-    );
-    assert!(names.iter().any(|n| n == "ttft"), "{names:?}");
+    engine_then_ours(&answer.trailers.expect("trailers"));
     server.shutdown().await;
 }
 

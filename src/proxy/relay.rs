@@ -144,7 +144,7 @@ impl Connection {
     /// tokio's cached readiness: nobody polls an idle connection, so a close or stray bytes
     /// that arrived since its last read may not have reached the reactor's readiness yet, and
     /// `try_read` would answer "would block" without asking the kernel. Over TLS, what arrived
-    /// is read into rustls and judged by what it decrypts to ([`TlsUpstream::idle_state`]).
+    /// is read into rustls and judged by what it decrypts to (`TlsUpstream::idle_state`).
     pub fn idle_state(&mut self) -> IdleState {
         if !self.buf.is_empty() {
             return IdleState::Stray;

@@ -413,20 +413,10 @@ impl Proxy {
                 return self.refuse_code_field(found);
             }
         }
-        let Some(route) = route else {
-            // Read only to be checked: forwarded as it came.
-            return self
-                .forward(
-                    parts,
-                    RequestBody::Full(Some(bytes)),
-                    &upstream,
-                    &upstream_path,
-                    None,
-                )
-                .await;
-        };
-        let Some(facts) = inspect(route, &bytes) else {
-            // Not a JSON object: the upstream will say what it thinks of it.
+        let metered = route.and_then(|route| Some((route, inspect(route, &bytes)?)));
+        let Some((route, facts)) = metered else {
+            // Read only to be checked for a field run as code, or not a JSON object (the
+            // upstream will say what it thinks of it): forwarded as it came, unmetered.
             return self
                 .forward(
                     parts,
