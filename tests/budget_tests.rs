@@ -329,8 +329,10 @@ fn rules_for_two_models_pass_promtool_and_every_alert_fires_and_stays_quiet() {
          [slo.models.\"acme/big\"]\ntbt = \"50ms\"\n",
     )
     .unwrap();
-    let rules = dir.0.join("slo.rules.yml");
-    let tests = dir.0.join("slo.rules.test.yml");
+    // Into a folder that does not exist yet: the command makes it.
+    let folder = dir.0.join("rules");
+    let rules = folder.join("slo.rules.yml");
+    let tests = folder.join("slo.rules.test.yml");
     let output = tokentap(&[
         "rules",
         "--config",
@@ -348,9 +350,9 @@ fn rules_for_two_models_pass_promtool_and_every_alert_fires_and_stays_quiet() {
     let text = std::fs::read_to_string(&rules).unwrap();
     assert_eq!(String::from_utf8(stdout.stdout).unwrap(), text);
 
-    let (ok, said) = promtool(&["check", "rules", "slo.rules.yml"], &dir.0);
+    let (ok, said) = promtool(&["check", "rules", "slo.rules.yml"], &folder);
     assert!(ok, "promtool check rules:\n{said}\n{text}");
-    let (ok, said) = promtool(&["test", "rules", "slo.rules.test.yml"], &dir.0);
+    let (ok, said) = promtool(&["test", "rules", "slo.rules.test.yml"], &folder);
     assert!(
         ok,
         "promtool test rules:\n{said}\n{}",

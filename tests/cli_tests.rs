@@ -705,3 +705,35 @@ fn a_duration_without_a_unit_fails_alike_from_a_flag_a_file_and_the_environment(
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `tokentap simulate` says which server it imitates as `--dialect` spells it.
+#[test]
+fn the_simulator_names_its_dialect_as_the_flag_spells_it() {
+    use std::io::{BufRead, BufReader};
+    for dialect in ["sglang", "vllm"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+            .args(["simulate", "--listen", "127.0.0.1:0", "--dialect", dialect])
+            .env_remove("TOKENTAP_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if line.contains("listening on") {
+                    let _ = send.send(line);
+                    break;
+                }
+            }
+        });
+        let line = receive.recv_timeout(std::time::Duration::from_secs(30));
+        let _ = child.kill();
+        let _ = child.wait();
+        let line = line.expect("the simulator says where it listens within 30 s");
+        assert!(line.contains(&format!("({dialect} dialect)")), "{line}");
+    }
+}

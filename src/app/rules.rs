@@ -42,14 +42,26 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
             .context("cannot write the rules to stdout")?;
         return Ok(ExitCode::SUCCESS);
     };
-    std::fs::write(output, &rules)
-        .with_context(|| format!("cannot write the rules to {}", output.display()))?;
+    write_creating_folder(output, &rules, "the rules")?;
     if let Some(tests) = &args.tests {
         let rule_file = rule_file_from(tests, output)?;
-        std::fs::write(tests, budget::unit_tests(&scopes, &rule_file))
-            .with_context(|| format!("cannot write the unit tests to {}", tests.display()))?;
+        write_creating_folder(
+            tests,
+            &budget::unit_tests(&scopes, &rule_file),
+            "the unit tests",
+        )?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Writes `text` to `path`, making the folders above it first (`--output rules/x.yml` in a
+/// checkout without `rules/`).
+fn write_creating_folder(path: &Path, text: &str, what: &str) -> anyhow::Result<()> {
+    if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(folder)
+            .with_context(|| format!("cannot make the folder {} for {what}", folder.display()))?;
+    }
+    std::fs::write(path, text).with_context(|| format!("cannot write {what} to {}", path.display()))
 }
 
 /// How the tests file names the rule file: its name when both lie in one directory (promtool

@@ -212,9 +212,14 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
     let addr = listener
         .local_addr()
         .context("reading the listener address")?;
+    // The dialect as `--dialect` spells it (`sglang`, `vllm`), not its Rust name.
+    let dialect = clap::ValueEnum::to_possible_value(&options.dialect).map_or_else(
+        || format!("{:?}", options.dialect),
+        |v| v.get_name().to_string(),
+    );
     eprintln!(
-        "tokentap simulate: {} ({:?} dialect) listening on http://{addr}",
-        profile.model.served_model_name, options.dialect
+        "tokentap simulate: {} ({dialect} dialect) listening on http://{addr}",
+        profile.model.served_model_name
     );
     serve(listener, profile, options, async {
         let _ = tokio::signal::ctrl_c().await;
