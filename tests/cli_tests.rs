@@ -337,11 +337,36 @@ async fn a_sweep_ends_with_an_aligned_table_and_logs_one_line_per_cell_off_a_ter
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The first line of a child's piped stderr that `wanted` takes, within 30 s; the child is
+/// stopped before returning.
+fn stderr_line_then_stop(
+    mut child: std::process::Child,
+    wanted: impl Fn(&str) -> bool + Send + 'static,
+) -> Option<String> {
+    use std::io::{BufRead, BufReader};
+    let stderr = child.stderr.take()?;
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if wanted(&line) {
+                let _ = send.send(line);
+                break;
+            }
+        }
+    });
+    let line = receive
+        .recv_timeout(std::time::Duration::from_secs(30))
+        .ok();
+    let _ = child.kill();
+    let _ = child.wait();
+    line
+}
+
 /// The first line of `tokentap [global flags] serve …` on loopback whose stderr is a pipe, once
 /// it is forwarding; the process is stopped before returning.
 fn first_serve_line(global: &[&str], serve: &[&str]) -> String {
-    use std::io::{BufRead, BufReader};
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
         .args(global)
         .args([
             "serve",
@@ -366,18 +391,9 @@ fn first_serve_line(global: &[&str], serve: &[&str]) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (send, receive) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // The first line it logs at all.
-        if let Some(Ok(line)) = BufReader::new(stderr).lines().next() {
-            let _ = send.send(line);
-        }
-    });
-    let line = receive.recv_timeout(std::time::Duration::from_secs(30));
-    let _ = child.kill();
-    let _ = child.wait();
-    let line = line.expect("tokentap serve logged a line within 30 s");
+    // The first line it logs at all.
+    let line =
+        stderr_line_then_stop(child, |_| true).expect("tokentap serve logged a line within 30 s");
     assert!(
         line.contains("tokentap is forwarding"),
         "the first line says where it forwards: {line}"
@@ -709,9 +725,8 @@ fn a_duration_without_a_unit_fails_alike_from_a_flag_a_file_and_the_environment(
 /// `tokentap simulate` says which server it imitates as `--dialect` spells it.
 #[test]
 fn the_simulator_names_its_dialect_as_the_flag_spells_it() {
-    use std::io::{BufRead, BufReader};
     for dialect in ["sglang", "vllm"] {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        let child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
             .args(["simulate", "--listen", "127.0.0.1:0", "--dialect", dialect])
             .env_remove("TOKENTAP_CONFIG")
             .stdin(Stdio::null())
@@ -719,21 +734,8 @@ fn the_simulator_names_its_dialect_as_the_flag_spells_it() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (send, receive) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if line.contains("listening on") {
-                    let _ = send.send(line);
-                    break;
-                }
-            }
-        });
-        let line = receive.recv_timeout(std::time::Duration::from_secs(30));
-        let _ = child.kill();
-        let _ = child.wait();
-        let line = line.expect("the simulator says where it listens within 30 s");
+        let line = stderr_line_then_stop(child, |line| line.contains("listening on"))
+            .expect("the simulator says where it listens within 30 s");
         assert!(line.contains(&format!("({dialect} dialect)")), "{line}");
     }
 }
