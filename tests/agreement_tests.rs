@@ -71,6 +71,7 @@ async fn hold_streams(url: &str, len: u64, streams: u32, hold: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn production_cells_agree_with_the_synthetic_sweep() {
+    let _cores = common::cores::for_timing().await;
     let sim = SimServer::start(Profile::builtin(STEP).unwrap(), SimOptions::default())
         .await
         .unwrap();

@@ -111,12 +111,13 @@ fn counter(page: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
-/// Failed requests: upstream errors, upstream aborts, upstream stalls, timeouts.
-const FAILURES: [&str; 4] = [
+/// Failed requests: upstream errors, upstream aborts, upstream stalls, timeouts, shed.
+const FAILURES: [&str; 5] = [
     "upstream_error",
     "upstream_aborted",
     "upstream_stalled",
     "timeout",
+    "shed",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,13 +161,13 @@ async fn failures_are_counted_in_their_models_cell_and_client_aborts_apart() {
     let records = records.wait_for(8).await;
     let outcomes: Vec<(&str, &str)> = records
         .iter()
-        .map(|r| (&*r.model, r.outcome.label()))
+        .map(|r| (&*r.labels.model, r.outcome.label()))
         .collect();
     for expected in [
         ("model-a", "upstream_error"),
         ("model-a", "upstream_aborted"),
         ("model-a", "timeout"),
-        ("model-b", "upstream_error"),
+        ("model-b", "shed"),
         ("model-b", "client_aborted"),
     ] {
         assert!(outcomes.contains(&expected), "{expected:?} in {outcomes:?}");
@@ -206,7 +207,7 @@ async fn failures_are_counted_in_their_models_cell_and_client_aborts_apart() {
         );
     }
     assert_eq!(requests("model-b", "8K", "ok"), 1.0, "{page}");
-    assert_eq!(requests("model-b", "8K", "upstream_error"), 1.0, "{page}");
+    assert_eq!(requests("model-b", "8K", "shed"), 1.0, "{page}");
     // The client's hang-up is its own outcome, never a failure.
     assert_eq!(requests("model-b", "8K", "client_aborted"), 1.0, "{page}");
     for outcome in ["upstream_aborted", "upstream_stalled", "timeout"] {
@@ -318,6 +319,7 @@ fn alerts(rules: &yaml::Yaml) -> Vec<(String, String)> {
 
 #[test]
 fn rules_for_two_models_pass_promtool_and_every_alert_fires_and_stays_quiet() {
+    let _cores = common::cores::busy_blocking();
     let dir = TempDir::new("budget-rules");
     let config = dir.0.join("tokentap.toml");
     // Two models with their own targets (one with its own objective, its name full of regex

@@ -449,16 +449,10 @@ fn tokentap_within(args: &[&str], env: &[(&str, &str)], limit: std::time::Durati
         command.env(name, value);
     }
     let mut child = command.spawn().unwrap();
-    let step = std::time::Duration::from_millis(20);
-    let mut waited = std::time::Duration::ZERO;
-    while child.try_wait().unwrap().is_none() {
-        if waited > limit {
-            let _ = child.kill();
-            let output = child.wait_with_output().unwrap();
-            panic!("still running after {limit:?}: {output:?}");
-        }
-        std::thread::sleep(step);
-        waited += step;
+    if crate::common::wait::child_exit(&mut child, limit).is_none() {
+        let _ = child.kill();
+        let output = child.wait_with_output().unwrap();
+        panic!("still running after {limit:?}: {output:?}");
     }
     child.wait_with_output().unwrap()
 }
@@ -737,5 +731,52 @@ fn the_simulator_names_its_dialect_as_the_flag_spells_it() {
         let line = stderr_line_then_stop(child, |line| line.contains("listening on"))
             .expect("the simulator says where it listens within 30 s");
         assert!(line.contains(&format!("({dialect} dialect)")), "{line}");
+    }
+}
+
+/// `matrix capacity` and `matrix diff` print the terminal table on a terminal (within 120
+/// columns, no Markdown escapes) and Markdown in a pipe, as `matrix show` does.
+#[test]
+fn capacity_and_diff_choose_the_table_on_a_terminal_and_markdown_in_a_pipe() {
+    let seeds = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/seeds");
+    let mut pages: Vec<_> = std::fs::read_dir(seeds)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    pages.sort();
+    let (a, b) = (
+        pages[0].display().to_string(),
+        pages[1].display().to_string(),
+    );
+    let on_a_terminal = |args: &str| {
+        let output = Command::new("script")
+            .args(["-qec"])
+            .arg(format!("{} {args}", env!("CARGO_BIN_EXE_tokentap")))
+            .arg("/dev/null")
+            .env("COLUMNS", "120")
+            .env_remove("TOKENTAP_CONFIG")
+            .stdin(Stdio::null())
+            .output()
+            .expect("script (util-linux) gives the command a terminal");
+        assert!(output.status.success(), "{output:?}");
+        stdout(&output)
+    };
+    for args in [
+        format!("matrix capacity {a} --slo ttft=2s,tbt=50ms"),
+        format!("matrix diff {a} {b}"),
+    ] {
+        let shown = on_a_terminal(&args);
+        assert!(widest_line(&shown) <= 120, "{args}:\n{shown}");
+        assert!(
+            !shown.contains("| ") && !shown.contains("\\>"),
+            "{args}: Markdown on a terminal:\n{shown}"
+        );
+        let words: Vec<&str> = args.split(' ').collect();
+        let piped = stdout(&tokentap(&words));
+        assert!(
+            piped.contains("| "),
+            "{args}: not Markdown in a pipe:\n{piped}"
+        );
     }
 }

@@ -223,6 +223,7 @@ fn promtool_checks_the_kubernetes_prometheus_config() {
 
 #[test]
 fn promtool_unit_tests_of_the_rules_pass() {
+    let _cores = common::cores::busy_blocking();
     let promtool = require_prometheus_tool("promtool");
     for file in ["tokentap.rules.test.yml", "tokentap-slo.rules.test.yml"] {
         let test = run(Command::new(&promtool)
@@ -1981,17 +1982,8 @@ impl ServeProcess {
 
     /// The exit status, once stderr has closed (bounded like `wait_for_line`).
     fn exit_status(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(status) = self.child.0.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "tokentap did not exit within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        common::wait::child_exit(&mut self.child.0, Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("tokentap did not exit within 60 s"))
     }
 }
 
@@ -2584,21 +2576,19 @@ async fn wait_for(
     limit: Duration,
     done: impl Fn(&[Value]) -> bool,
 ) -> Vec<Value> {
-    let deadline = Instant::now() + limit;
-    loop {
+    common::wait::eventually(limit, async || {
         let result = api
             .instant(query)
             .await
             .unwrap_or_else(|e| panic!("{query}: {e}"));
         if done(&result) {
-            return result;
+            Ok(result)
+        } else {
+            Err(result)
         }
-        assert!(
-            Instant::now() < deadline,
-            "waited {limit:?} for {query}; last result: {result:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|result| panic!("waited {limit:?} for {query}; last result: {result:?}"))
 }
 
 fn completion_body(prompt_tokens: usize, max_tokens: u64) -> String {
@@ -2700,6 +2690,7 @@ async fn pin_reference(server: &tokentap::app::serve::ProxyServer) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
+    let _cores = common::cores::busy().await;
     let started = Instant::now();
     let prometheus = require_prometheus_tool("prometheus");
 

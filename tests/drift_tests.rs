@@ -322,15 +322,15 @@ async fn a_page_reference_gives_exact_ratios_gauges_follow_min_requests_and_the_
     for _ in 0..4 {
         one_request(&server).await;
     }
-    let mut present = false;
-    for _ in 0..100 {
-        if !drift_samples(&server).await.is_empty() {
-            present = true;
-            break;
+    let present = common::wait::eventually(Duration::from_secs(10), async || {
+        if drift_samples(&server).await.is_empty() {
+            Err(())
+        } else {
+            Ok(())
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(present, "the refresher set no gauge within 10 s");
+    })
+    .await;
+    assert!(present.is_ok(), "the refresher set no gauge within 10 s");
     let cleared = cli(&[
         "reference",
         "clear",
@@ -342,14 +342,15 @@ async fn a_page_reference_gives_exact_ratios_gauges_follow_min_requests_and_the_
         "m",
     ]);
     assert!(cleared.status.success(), "{cleared:?}");
-    let mut gone = false;
-    for _ in 0..100 {
+    let gone = common::wait::eventually(Duration::from_secs(10), async || {
         if drift_samples(&server).await.is_empty() {
-            gone = true;
-            break;
+            Ok(())
+        } else {
+            Err(())
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
+    .is_ok();
     assert!(
         gone,
         "the refresher kept the gauge of a cleared reference for 10 s"
@@ -504,6 +505,7 @@ async fn two_streams(url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reference_pinned_from_a_sweep_gives_ratios_near_one_for_traffic_like_the_sweep() {
+    let _cores = common::cores::for_timing().await;
     let sim = SimServer::start(Profile::builtin(STEP).unwrap(), SimOptions::default())
         .await
         .unwrap();

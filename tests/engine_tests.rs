@@ -141,14 +141,10 @@ async fn an_engine_added_in_one_file_is_recognised_by_the_proxy_the_sweep_and_th
 
     // The one reader names the engine; the fingerprint's facts carry it.
     let served = Arc::clone(server.proxy.router.default_upstream());
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while served.engine() != Some(fake) || served.identity.current_config().is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the engine was not read"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::wait::until("the engine read", Duration::from_secs(20), || {
+        served.engine() == Some(fake) && served.identity.current_config().is_some()
+    })
+    .await;
     let config = served.identity.current_config().unwrap();
     assert_eq!(config.engine(), "fakeserve");
     assert_eq!(
@@ -158,18 +154,20 @@ async fn an_engine_added_in_one_file_is_recognised_by_the_proxy_the_sweep_and_th
     );
 
     // Its server state: the running requests of its two shards, summed; its KV share averaged.
-    let mut metrics = String::new();
-    for _ in 0..200 {
-        metrics = get(&format!("http://{}/metrics", server.admin_addr))
+    let metrics = common::wait::eventually(Duration::from_secs(10), async || {
+        let metrics = get(&format!("http://{}/metrics", server.admin_addr))
             .await
             .text();
         if metrics
             .contains("tokentap_upstream_running_requests{upstream=\"default\",model=\"fm\"} 5")
         {
-            break;
+            Ok(metrics)
+        } else {
+            Err(metrics)
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|metrics| metrics);
     assert!(
         metrics.contains("tokentap_upstream_running_requests{upstream=\"default\",model=\"fm\"} 5"),
         "{metrics}"

@@ -68,6 +68,7 @@ async fn run_streams(url: &str, streams: u32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_production_cells() {
+    let _cores = common::cores::for_timing().await;
     let sim = SimServer::start(Profile::builtin(STEP).unwrap(), SimOptions::default())
         .await
         .unwrap();
@@ -113,7 +114,7 @@ async fn a_captured_trace_replayed_on_the_same_simulator_reproduces_the_producti
         .unwrap()
         .load()
         .unwrap();
-    let replay_proxy = tokentap::app::serve::build_proxy(&config).unwrap();
+    let replay_proxy = tokentap::app::proxy::build_proxy(&config).unwrap();
     let plan = ReplayPlan {
         speed: 1.0,
         max_requests: None,

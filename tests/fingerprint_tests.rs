@@ -98,15 +98,9 @@ async fn proxy(url: &str, data_dir: &str, extra: &str) -> (ProxyServer, Arc<Reco
     .await
 }
 
-/// Polls `check` every 50 ms for at most 15 s.
-async fn until(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..300 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
+/// Waits (at most 15 s) until `check` holds.
+async fn until(what: &str, check: impl FnMut() -> bool) {
+    common::wait::until(what, Duration::from_secs(15), check).await;
 }
 
 fn current(server: &ProxyServer) -> FingerprintId {
@@ -169,7 +163,10 @@ async fn a_restart_as_another_version_is_a_new_fingerprint_everywhere() {
         assert_eq!(chat(&server, "m").await, 200);
     }
     let before = records.wait_for(3).await;
-    assert!(before.iter().all(|r| r.fingerprint == first), "{before:#?}");
+    assert!(
+        before.iter().all(|r| r.labels.fingerprint == first),
+        "{before:#?}"
+    );
 
     // Every per-cell series carries the label; the info series names engine and version.
     let (_, metrics) = admin(&server, "/metrics").await;
@@ -224,7 +221,7 @@ async fn a_restart_as_another_version_is_a_new_fingerprint_everywhere() {
             .lock()
             .unwrap()
             .iter()
-            .filter(|r| r.fingerprint == second && r.outcome == Outcome::Ok)
+            .filter(|r| r.labels.fingerprint == second && r.outcome == Outcome::Ok)
             .count()
             >= 3
     })
@@ -506,7 +503,7 @@ async fn the_vllm_captures_give_a_fingerprint_and_the_matrix_metadata() {
 
     assert_eq!(chat(&server, "tiny-llama").await, 200);
     let got = records.wait_for(1).await;
-    assert_eq!(got[0].fingerprint, current(&server));
+    assert_eq!(got[0].labels.fingerprint, current(&server));
     let doc = admin_json(&server, "/matrix?format=json").await;
     let metadata = &doc["metadata"];
     assert_eq!(metadata["engine"]["name"], "vllm");

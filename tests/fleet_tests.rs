@@ -25,7 +25,7 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::Request;
@@ -214,32 +214,67 @@ async fn sidecar(upstream: &str, extra: &str) -> ProxyServer {
 /// The fingerprint a sidecar labels its series with now, once it has read its upstream
 /// (bounded wait).
 async fn current_fingerprint(server: &ProxyServer) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let page = common::get(&format!("http://{}/metrics", server.admin_addr)).await;
+    common::wait::eventually(Duration::from_secs(20), async || {
+        let page = common::get(&format!("http://{}/metrics", server.admin_addr))
+            .await
+            .text();
         let found = page
-            .text()
             .lines()
             .filter(|l| l.starts_with("tokentap_upstream_config_info{"))
             .find_map(|l| {
                 let rest = &l[l.find("fingerprint=\"")? + 13..];
                 Some(rest[..rest.find('"')?].to_owned())
             });
-        if let Some(fingerprint) = found {
-            return fingerprint;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} never exported tokentap_upstream_config_info:\n{}",
-            server.admin_addr,
-            page.text()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        found.ok_or(page)
+    })
+    .await
+    .unwrap_or_else(|page| {
+        panic!(
+            "{} never exported tokentap_upstream_config_info:\n{page}",
+            server.admin_addr
+        )
+    })
+}
+
+/// Waits (bounded) until Prometheus is scraping all `targets` sidecars.
+async fn until_up(base: &str, targets: usize) {
+    common::wait::until_async(
+        format!("Prometheus scraping all {targets} sidecars"),
+        Duration::from_secs(30),
+        async || instant(base, "up{job=\"tokentap\"} == 1").await.len() >= targets,
+    )
+    .await;
+}
+
+/// Waits (bounded) until Prometheus has scraped each of the `targets` sidecars `scrapes`
+/// times since `since` (every 1 s: the latest scrape of each is at least `scrapes - 1` s
+/// after it), so it holds their final counts and `increase` sees them stay flat.
+async fn until_scraped_since(base: &str, targets: usize, since: SystemTime, scrapes: u32) {
+    let since_s = since
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let wanted = since_s + f64::from(scrapes.saturating_sub(1));
+    common::wait::until_async(
+        format!("{scrapes} scrapes of each sidecar since the traffic ended"),
+        Duration::from_secs(30),
+        async || {
+            let latest = instant(base, "timestamp(up{job=\"tokentap\"})").await;
+            latest.len() >= targets
+                && latest.iter().all(|sample| {
+                    sample["value"][1]
+                        .as_str()
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .is_some_and(|at| at >= wanted)
+                })
+        },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
+    let _cores = common::cores::busy().await;
     let started = Instant::now();
     // Two replicas of the baseline configuration, one of the candidate: another engine
     // version, and slower by SLOWER (the simulator's --slowdown).
@@ -292,14 +327,7 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
     )
     .unwrap();
     let (_prometheus, base) = start_prometheus(&dir.0, &config_file).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while instant(&base, "up{job=\"tokentap\"} == 1").await.len() < 3 {
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus did not scrape all three sidecars within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    until_up(&base, 3).await;
 
     // Steady traffic: one stream per replica, then four at once per replica (8K × 1, 8K × 4).
     let proxies: Vec<String> = servers.iter().map(|s| s.proxy_addr.to_string()).collect();
@@ -307,7 +335,7 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
     phase(&proxies, 4, 20).await;
     let traffic_done = started.elapsed();
     // Three more scrapes, so Prometheus has the sidecars' final counts.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    until_scraped_since(&base, 3, SystemTime::now(), 3).await;
 
     let own: Vec<Value> = {
         let mut own = Vec::new();
@@ -775,14 +803,7 @@ async fn a_burst_that_starts_and_ends_together_shows_in_the_fleet_matrix() {
     )
     .unwrap();
     let (_prometheus, base) = start_prometheus(&dir.0, &config_file).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while instant(&base, "up{job=\"tokentap\"} == 1").await.len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus scraped both sidecars"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    until_up(&base, 2).await;
     // 4 streams of 600 tokens at 100 tok/s per sidecar: about 6 s, all at once.
     const TOKENS: u64 = 600;
     let mut streams = Vec::new();
@@ -812,7 +833,7 @@ async fn a_burst_that_starts_and_ends_together_shows_in_the_fleet_matrix() {
     }
     let client_rate = rates.iter().sum::<f64>() / rates.len() as f64;
     // Three more scrapes.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    until_scraped_since(&base, 2, SystemTime::now(), 3).await;
     let output = tokentap(
         [
             "fleet",

@@ -78,6 +78,7 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_request_speed_falls_with_prefill_interference_as_chunked_prefill_predicts() {
+    let _cores = common::cores::for_timing().await;
     let sim = SimServer::start(Profile::builtin(STEP).unwrap(), SimOptions::default())
         .await
         .unwrap();

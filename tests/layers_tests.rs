@@ -1,6 +1,8 @@
 //! The workspace's layer rule, checked on the source text: a top-level module of `src/` imports
 //! only modules of lower layers (the order is the "Layers" block of ARCHITECTURE.md, read
-//! from there), and the files of one module never import each other in a cycle.
+//! from there), and the files of one module never import each other in a cycle, at any depth
+//! of folders (`base::engine`'s files among themselves as much as `base`'s). `admin`'s files
+//! also stand on at most four floors (the longest chain of imports between them, issue 47).
 //!
 //! `base`, `matrix` and `sim` are crates of the workspace (`crates/<name>/`, re-exported by
 //! `src/lib.rs` under those names): the compiler already keeps them off the proxy, and this
@@ -194,52 +196,55 @@ fn layer_violations(
     violations
 }
 
-/// Per top-level module: child → the children it imports.
+/// Per module that is a folder, at any depth (`proxy`, `base::engine`): child → the children
+/// it imports. A file `m/f/x.rs` is a node of `m::f`'s graph (as `x`) and, through its folder,
+/// of `m`'s (as `f`).
 fn file_imports(files: &[SourceFile]) -> BTreeMap<String, BTreeMap<String, BTreeSet<String>>> {
     let mut children: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
         let module = module_path(&file.path);
-        if module.len() >= 2 {
+        for depth in 1..module.len() {
             children
-                .entry(module[0].to_owned())
+                .entry(module[..depth].join("::"))
                 .or_default()
-                .insert(module[1].to_owned());
+                .insert(module[depth].to_owned());
         }
     }
     let mut graphs: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
     for file in files {
         let module = module_path(&file.path);
-        if module.len() < 2 {
-            continue;
-        }
-        let (top, child) = (module[0], module[1]);
-        let siblings = &children[top];
         let text = non_test_part(&file.text);
-        let mut targets: BTreeSet<String> = names_after(text, &format!("crate::{top}::"))
-            .map(str::to_owned)
-            .collect();
-        // `super::` climbs one level per occurrence; only paths that land on `top` name a sibling.
-        for (at, _) in text.match_indices("super::") {
-            if text[..at].ends_with("super::") {
-                continue; // counted from the first `super::` of the chain
+        for depth in 1..module.len() {
+            let (parent, child) = (&module[..depth], module[depth]);
+            let name = parent.join("::");
+            let siblings = &children[&name];
+            let mut targets: BTreeSet<String> = names_after(text, &format!("crate::{name}::"))
+                .map(str::to_owned)
+                .collect();
+            // `super::` climbs one level per occurrence; only paths that land on `parent` name a
+            // sibling.
+            for (at, _) in text.match_indices("super::") {
+                if text[..at].ends_with("super::") {
+                    continue; // counted from the first `super::` of the chain
+                }
+                let mut climbed = 0;
+                let mut rest = &text[at..];
+                while let Some(stripped) = rest.strip_prefix("super::") {
+                    climbed += 1;
+                    rest = stripped;
+                }
+                if module.len() == depth + climbed {
+                    targets.extend(names_in(rest).into_iter().map(str::to_owned));
+                }
             }
-            let mut depth = 0;
-            let mut rest = &text[at..];
-            while let Some(stripped) = rest.strip_prefix("super::") {
-                depth += 1;
-                rest = stripped;
-            }
-            if module.len() == depth + 1 {
-                targets.extend(names_in(rest).into_iter().map(str::to_owned));
-            }
+            let graph = graphs.entry(name).or_default();
+            let edges = graph.entry(child.to_owned()).or_default();
+            edges.extend(
+                targets
+                    .into_iter()
+                    .filter(|target| target != child && siblings.contains(target)),
+            );
         }
-        let graph = graphs.entry(top.to_owned()).or_default();
-        let edges = graph.entry(child.to_owned()).or_default();
-        edges.extend(
-            targets
-                .into_iter()
-                .filter(|target| target != child && siblings.contains(target)),
-        );
     }
     graphs
 }
@@ -309,6 +314,61 @@ fn file_cycles(files: &[SourceFile]) -> Vec<(String, BTreeSet<String>)> {
     }
     all.sort();
     all
+}
+
+/// The most floors `admin` may have (issue 47): the session table and the view; state and
+/// query; the endpoint files; the route table.
+const ADMIN_MAX_FLOORS: usize = 4;
+
+/// A longest chain of imports in a module's file graph, importer first (`[routes, page, view]`:
+/// `routes` imports `page`, which imports `view`). Its length is the module's floors: how many
+/// files stand on each other, a file that imports no sibling being floor 1. A folder is one
+/// file, as in [`file_imports`]. A cycle's files are walked once (the cycle test reports them).
+fn longest_chain(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    fn chain_from<'g>(
+        node: &'g str,
+        graph: &'g BTreeMap<String, BTreeSet<String>>,
+        known: &mut BTreeMap<&'g str, Vec<String>>,
+        walking: &mut BTreeSet<&'g str>,
+    ) -> Vec<String> {
+        if let Some(chain) = known.get(node) {
+            return chain.clone();
+        }
+        walking.insert(node);
+        let mut longest = Vec::new();
+        for next in graph.get(node).into_iter().flatten() {
+            if walking.contains(next.as_str()) {
+                continue;
+            }
+            let below = chain_from(next, graph, known, walking);
+            if below.len() > longest.len() {
+                longest = below;
+            }
+        }
+        walking.remove(node);
+        let mut chain = vec![node.to_owned()];
+        chain.extend(longest);
+        known.insert(node, chain.clone());
+        chain
+    }
+    let mut known = BTreeMap::new();
+    let mut longest = Vec::new();
+    for node in graph.keys() {
+        let chain = chain_from(node, graph, &mut known, &mut BTreeSet::new());
+        if chain.len() > longest.len() {
+            longest = chain;
+        }
+    }
+    longest
+}
+
+/// Per module with files of its own: a longest chain of imports between them (see
+/// [`longest_chain`]).
+fn module_floors(files: &[SourceFile]) -> BTreeMap<String, Vec<String>> {
+    file_imports(files)
+        .into_iter()
+        .map(|(module, graph)| (module, longest_chain(&graph)))
+        .collect()
 }
 
 /// The layers, lowest first, from the fenced block under "## Layers" in ARCHITECTURE.md
@@ -464,6 +524,21 @@ fn no_file_cycle_within_a_module_beyond_the_known_ones() {
     );
 }
 
+#[test]
+fn admin_stands_on_at_most_four_floors() {
+    let floors = module_floors(&read_workspace());
+    let table: Vec<String> = floors
+        .iter()
+        .map(|(module, chain)| format!("{module}: {} ({})", chain.len(), chain.join(" → ")))
+        .collect();
+    let admin = floors.get("admin").map_or(0, Vec::len);
+    assert!(
+        (1..=ADMIN_MAX_FLOORS).contains(&admin),
+        "admin stands on {admin} floors, at most {ADMIN_MAX_FLOORS} wanted; floors per module (a longest chain, importer first):\n{}",
+        table.join("\n")
+    );
+}
+
 fn tree(files: &[(&str, &str)]) -> Vec<SourceFile> {
     files
         .iter()
@@ -581,6 +656,65 @@ fn the_checker_sees_file_cycles_through_super_and_crate_paths() {
         [
             ("meter".to_owned(), set(&["record", "slo"])),
             ("proxy".to_owned(), set(&["body", "timeout"])),
+        ]
+    );
+}
+
+#[test]
+fn floors_count_the_longest_chain_of_files() {
+    let files = tree(&[
+        ("admin/mod.rs", "pub mod routes; pub mod page; pub use routes::X;"),
+        (
+            "admin/routes.rs",
+            "use super::{page, state::AdminState};\n#[cfg(test)]\nmod tests { use super::super::slices::S; }\n",
+        ),
+        ("admin/page/mod.rs", "mod render; pub use render::render;"),
+        ("admin/page/render.rs", "use crate::admin::view::V;\n"),
+        ("admin/view.rs", "use super::state::AdminState;\n"),
+        ("admin/state.rs", "use crate::proxy::Proxy;\n"),
+        ("admin/slices.rs", "use super::view::V;\n"),
+        ("proxy/mod.rs", "pub mod body;"),
+        ("proxy/body.rs", ""),
+    ]);
+    let floors = module_floors(&files);
+    assert_eq!(floors["admin"], ["routes", "page", "view", "state"]);
+    assert_eq!(floors["proxy"], ["body"]);
+    // A cycle ends a chain where it would turn back.
+    let cyclic = tree(&[
+        ("m/a.rs", "use super::b::X;"),
+        ("m/b.rs", "use super::a::Y;"),
+    ]);
+    assert_eq!(module_floors(&cyclic)["m"].len(), 2);
+}
+
+#[test]
+fn the_checker_sees_a_file_cycle_inside_a_folder_of_a_crate() {
+    let crates: Vec<String> = ["base", "matrix", "sim"].map(str::to_owned).to_vec();
+    let sources = [
+        ("base/mod.rs", "pub mod engine; pub mod lock;"),
+        ("base/engine/mod.rs", "mod sglang; mod spec;"),
+        (
+            "base/engine/spec.rs",
+            "use super::{sglang, vllm};\nfn f() { crate::lock::read(); }\n",
+        ),
+        ("base/engine/sglang.rs", "use super::spec::EngineSpec;\n"),
+        ("base/engine/vllm.rs", "use crate::engine::spec::Metrics;\n"),
+        ("base/lock.rs", "use crate::engine::Engine;\n"),
+    ];
+    let files: Vec<SourceFile> = sources
+        .iter()
+        .map(|(path, text)| SourceFile {
+            path: (*path).to_owned(),
+            text: as_module("base", &crates, text),
+        })
+        .collect();
+    let set = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+    // `engine` ⇄ `lock` is a cycle between the folder and a file of `base` too.
+    assert_eq!(
+        file_cycles(&files),
+        [
+            ("base".to_owned(), set(&["engine", "lock"])),
+            ("base::engine".to_owned(), set(&["sglang", "spec", "vllm"])),
         ]
     );
 }

@@ -675,7 +675,7 @@ fn malformed_seed_text_gives_named_errors() {
     // Unknown status.
     let broken = with_line(&text, row, &original.replace("Valid", "Fine"));
     let error = chain(parse_any(&broken).unwrap_err());
-    assert_eq!(error, format!("line {row}: All measurements row: unknown status \"Fine\", expected Valid, Low evidence, Off target, Over capacity, Not run or Error: <reason>"));
+    assert_eq!(error, format!("line {row}: All measurements row: unknown status \"Fine\", expected Valid, Low evidence, Off target, Over capacity, Not run, Error: <reason> or Shed: <reason>"));
 
     // Bad number.
     let broken = with_line(&text, row, &original.replace("278.7", "27x.7"));
@@ -988,6 +988,7 @@ fn element_text(dom: &str, marker: &str, tag: &str) -> String {
 
 #[test]
 fn html_report_and_svg_render_in_headless_chromium() {
+    let _cores = common::cores::busy_blocking();
     let dir = temp_dir("chromium");
     let doc = seed(GLM);
     let report = html::render_html(&doc);
@@ -1375,4 +1376,126 @@ fn the_server_state_columns_round_trip_and_older_documents_still_read() {
         ..ServerState::default()
     });
     assert!(bad.validate().is_err());
+}
+
+/// `matrix capacity --advise` on a seed page: every figure of the advice is what the page's own
+/// cells and prefill rows give by the arithmetic of docs/capacity.md ("Advice for the engine's
+/// limits"), worked here by hand from the seed's figures.
+#[test]
+fn cli_advises_the_engines_limits_from_a_seed_pages_figures() {
+    let (ttft_target, tbt_target) = (2000.0_f64, 30.0_f64);
+    let out = tokentap()
+        .args(["matrix", "capacity"])
+        .arg(seeds_dir().join(GLM))
+        .args(["--slo", "ttft=2s,tbt=30ms", "--advise", "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let advice: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(advice["schema"], "tokentap.engine-advice/v1");
+    let doc = seed(GLM);
+    let mut running_slo_limited: Vec<(u64, u64)> = Vec::new();
+    let mut running_any: Vec<(u64, u64)> = Vec::new();
+    let mut queued_tokens: Vec<(u64, u64)> = Vec::new();
+    let contexts = advice["contexts"].as_array().unwrap();
+    assert_eq!(contexts.len(), doc.contexts().len());
+    for context in doc.contexts() {
+        // The capacity by hand: valid cells by concurrency, the last that meets both targets
+        // before the first that misses one.
+        let mut cells: Vec<_> = doc
+            .decode
+            .iter()
+            .filter(|c| c.context_tokens == context && c.status == CellStatus::Valid)
+            .collect();
+        cells.sort_by_key(|c| c.concurrency);
+        let mut capacity = None;
+        let mut missed = false;
+        for cell in &cells {
+            let meets = cell.ttft_ms.unwrap() <= ttft_target && cell.tbt_ms.unwrap() <= tbt_target;
+            if !meets {
+                missed = true;
+                capacity.get_or_insert(0);
+                break;
+            }
+            capacity = Some(cell.concurrency);
+        }
+        let got = contexts
+            .iter()
+            .find(|c| c["context_tokens"] == context)
+            .unwrap();
+        assert_eq!(
+            got["capacity"].as_u64(),
+            capacity.map(u64::from),
+            "{context}"
+        );
+        assert_eq!(got["limited_by_slo"], missed, "{context}");
+        let Some(capacity) = capacity.filter(|c| *c > 0) else {
+            assert!(got["max_running_requests"].is_null(), "{context}");
+            continue;
+        };
+        assert_eq!(got["max_running_requests"], capacity, "{context}");
+        running_any.push((u64::from(capacity), context));
+        if missed {
+            running_slo_limited.push((u64::from(capacity), context));
+        }
+        let prefill = doc
+            .prefill
+            .iter()
+            .find(|row| row.context_tokens == context)
+            .and_then(|row| row.prompt_tok_s)
+            .unwrap();
+        let ttft_at_capacity = cells
+            .iter()
+            .find(|c| c.concurrency == capacity)
+            .and_then(|c| c.ttft_ms)
+            .unwrap();
+        let tokens = ((ttft_target - ttft_at_capacity).max(0.0) / 1000.0 * prefill).floor() as u64;
+        assert_eq!(got["prefill_tok_s"].as_f64(), Some(prefill), "{context}");
+        assert_eq!(
+            got["ttft_at_capacity_ms"].as_f64(),
+            Some(ttft_at_capacity),
+            "{context}"
+        );
+        assert_eq!(got["max_num_queued_tokens"], tokens, "{context}");
+        assert_eq!(got["max_queued_requests"], tokens / context, "{context}");
+        queued_tokens.push((tokens, context));
+    }
+    // Engine-wide: the smallest SLO-limited capacity (else the largest), the smallest token
+    // budget, and that budget in prompts of the shortest context.
+    let running = running_slo_limited
+        .iter()
+        .min()
+        .or_else(|| running_any.iter().max())
+        .copied()
+        .unwrap();
+    assert_eq!(
+        advice["overall"]["max_running_requests"],
+        serde_json::json!([running.0, running.1])
+    );
+    let tokens = *queued_tokens.iter().min().unwrap();
+    assert_eq!(
+        advice["overall"]["max_num_queued_tokens"],
+        serde_json::json!([tokens.0, tokens.1])
+    );
+    let shortest = doc.contexts().into_iter().min().unwrap();
+    assert_eq!(
+        advice["overall"]["max_queued_requests"],
+        serde_json::json!([tokens.0 / shortest, shortest])
+    );
+    // The Markdown names each flag with its value.
+    let md = tokentap()
+        .args(["matrix", "capacity"])
+        .arg(seeds_dir().join(GLM))
+        .args(["--slo", "ttft=2s,tbt=30ms", "--advise"])
+        .output()
+        .unwrap();
+    let md = String::from_utf8(md.stdout).unwrap();
+    assert!(
+        md.contains(&format!("vLLM `--max-num-queued-tokens`: {}", tokens.0)),
+        "{md}"
+    );
 }

@@ -124,6 +124,7 @@ fn sweep_cell(records: &[Arc<RequestRecord>], context: u64, concurrency: u32) ->
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pairs() {
+    let _cores = common::cores::for_timing().await;
     let upstream = ScriptedUpstream::start(timed_stream).await;
     // One burst per cell: no evidence minimum, the figures themselves are under test.
     let (server, records) = start_proxy(&format!(
@@ -403,6 +404,7 @@ fn screenshot_dir() -> PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_page_shows_production_beside_the_sweep_on_one_grid_in_headless_chromium() {
+    let _cores = common::cores::busy().await;
     let upstream = ScriptedUpstream::start(timed_stream).await;
     let (server, records) = start_proxy(&format!(
         "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[evidence]\nmin_requests = 10\nmin_measured_for = \"1s\"\nmin_output_tokens = 100\n",
@@ -536,33 +538,38 @@ async fn snapshots_are_written_periodically_and_at_shutdown_and_survive_a_restar
         dir.display()
     );
     // A window is made of minute slices: a snapshot covers the whole minute its records ended
-    // in. Records that ended in the minute before the shutdown snapshot's window are (rightly)
-    // not in it, so keep the burst and the shutdown inside one minute.
-    let into_minute = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-        % 60;
-    if into_minute >= 45 {
-        tokio::time::sleep(Duration::from_secs(61 - into_minute)).await;
-    }
+    // in, so records that ended in the minute before the shutdown snapshot's window are
+    // (rightly) not in it. Which snapshot holds what around a minute's end is
+    // `aggregate::snapshot`'s paused-time test, on a clock it starts where it likes; here, a
+    // stream still running at the shutdown gives its snapshot a record of its own minute,
+    // whenever the minute ends.
     let (server, records) = start_proxy(&config).await;
     burst(&server, 2, 5_000, 12).await;
     records.wait_for(2).await;
     let live = production_doc(&server).await;
     let store = server.store.clone().unwrap();
-    let mut periodic = 0;
-    for _ in 0..100 {
-        periodic = store.snapshots(None, None).unwrap().len();
-        if periodic > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(periodic > 0, "no periodic snapshot within 10 s");
+    common::wait::until("a periodic snapshot", Duration::from_secs(10), || {
+        !store.snapshots(None, None).unwrap().is_empty()
+    })
+    .await;
+    let last = {
+        let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+        tokio::spawn(async move { post(&url, &chat(5_000, 12)).await })
+    };
+    let meter = &server.proxy.meter;
+    common::wait::until("the last stream in flight", Duration::from_secs(10), || {
+        meter.inflight(tokentap::base::Source::Production) >= 1
+    })
+    .await;
+    let stopping = SystemTime::now();
     server.shutdown().await;
+    assert_eq!(last.await.unwrap().status, 200, "the drain let it finish");
     let after_shutdown = store.snapshots(None, None).unwrap();
-    assert!(after_shutdown.len() > periodic, "no snapshot at shutdown");
+    let at_shutdown = after_shutdown.last().unwrap();
+    assert!(
+        at_shutdown.taken_at >= stopping && at_shutdown.output_tokens >= 12,
+        "no snapshot at shutdown with the last stream: {after_shutdown:?}"
+    );
     drop(store);
 
     // A restart on the same directory keeps them.
@@ -609,7 +616,17 @@ async fn snapshots_are_written_periodically_and_at_shutdown_and_survive_a_restar
         .unwrap();
     assert!(rendered.status.success(), "{rendered:?}");
     let doc = parse_json(&String::from_utf8(rendered.stdout).unwrap()).unwrap();
-    assert_eq!(cells_of(&doc), cells_of(&live));
+    // The CLI renders the snapshot the store holds at that time (to the second: the shutdown's
+    // may fall within it, when the shutdown came less than a second after the first).
+    let held = reopened
+        .snapshot_at(
+            tokentap::base::wallclock::parse_rfc3339(&at).unwrap(),
+            None,
+            None,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(cells_of(&doc), cells_of(&held.matrix));
     let too_early = std::process::Command::new(tokentap)
         .args(["matrix", "show", "--at", "2001-01-01T00:00:00Z", "--store"])
         .arg(&dir)
@@ -657,6 +674,7 @@ async fn the_matrix_and_the_page_need_the_admin_token_when_one_is_set() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_window_of_few_long_streams_is_valid_for_decode_with_its_ttft_marked_by_its_n() {
+    let _cores = common::cores::for_timing().await;
     // Four 8K streams of 12 s each at once, under the default evidence rule (20 completed
     // requests, 10 s, 500 tokens): decode tok/s rests on ~1,900 tokens over 12 s, so the cell
     // is Valid; its TTFT rests on 4 requests, which a note says, and its tails are absent.
@@ -697,6 +715,7 @@ async fn a_steady_window_of_few_long_streams_is_valid_for_decode_with_its_ttft_m
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_cache_hits_split_the_ttft_warm_and_cold_and_a_server_without_the_report_is_told_its_flag(
 ) {
+    let _cores = common::cores::for_timing().await;
     use tokentap::sim::{Profile, SimOptions, SimServer};
     let prompt = |letters: &str| {
         // The simulator counts ceil(bytes / 4) tokens: 2,000 tokens, an 8K cell.
@@ -723,14 +742,10 @@ async fn prompt_cache_hits_split_the_ttft_warm_and_cold_and_a_server_without_the
         ))
         .await;
         let upstream = Arc::clone(server.proxy.router.default_upstream());
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while upstream.engine().is_none() {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the engine was read"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        common::wait::until("the engine read", Duration::from_secs(10), || {
+            upstream.engine().is_some()
+        })
+        .await;
         let url = format!("http://{}/v1/completions", server.proxy_addr);
         // One cold prompt, then the same prompt three times (warm), then another cold one.
         for letters in ["abcd", "abcd", "abcd", "abcd", "wxyz"] {

@@ -17,6 +17,7 @@ use http_body_util::{BodyExt, Full};
 use tokentap::base::Route;
 use tokentap::base::Source;
 use tokentap::meter::record::Outcome;
+use tokio::time::Instant;
 
 const PROMPT_TOKENS: u64 = 12;
 
@@ -96,9 +97,9 @@ async fn injection_is_invisible_to_the_client_and_counts_are_exact() {
 
     let record = &records.wait_for(1).await[0];
     assert_eq!(record.outcome, Outcome::Ok);
-    assert_eq!(record.route, Route::ChatCompletions);
-    assert_eq!(record.source, Source::Production);
-    assert_eq!(&*record.model, "m");
+    assert_eq!(record.labels.route, Route::ChatCompletions);
+    assert_eq!(record.labels.source, Source::Production);
+    assert_eq!(&*record.labels.model, "m");
     assert_eq!(record.tokens.completion, 5);
     assert!(record.tokens.completion_exact);
     assert_eq!(record.tokens.prompt, Some(PROMPT_TOKENS));
@@ -317,9 +318,13 @@ async fn every_end_of_a_stream_is_recorded_once_with_its_outcome() {
     let _ = body.frame().await;
     drop(body);
 
-    let records = records.wait_for(5).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let collected = records.wait_for(5).await;
+    let hung = upstream.requests().into_iter().last().unwrap();
+    wait_for_disconnect(&hung).await;
+    // Shut down: every request's record is in, and there is one per request.
+    server.shutdown().await;
     assert_eq!(records.len(), 5, "one record per request");
+    let records = collected;
     let outcomes: Vec<Outcome> = records.iter().map(|r| r.outcome).collect();
     assert_eq!(
         outcomes,
@@ -333,13 +338,10 @@ async fn every_end_of_a_stream_is_recorded_once_with_its_outcome() {
     );
     assert!(records.iter().all(|r| r.tokens.completion >= 1));
     // The hang-up reached the upstream at once.
-    let hung = upstream.requests().into_iter().last().unwrap();
-    wait_for_disconnect(&hung).await;
     assert!(
         hung.disconnected.lock().unwrap().is_some(),
         "upstream never saw the client go"
     );
-    server.shutdown().await;
 }
 
 #[tokio::test]
@@ -386,7 +388,7 @@ async fn non_streaming_requests_are_metered_from_the_json_body() {
     assert!(!record.streaming);
     assert!(record.tokens.completion_exact);
     assert!(record.tokens.completion > 0);
-    assert_eq!(&*record.model, "tiny-llama");
+    assert_eq!(&*record.labels.model, "tiny-llama");
     server.shutdown().await;
 }
 
@@ -501,9 +503,9 @@ async fn other_routes_pass_through_untouched() {
     assert_eq!(received.headers["authorization"], "Bearer secret-key");
     assert_eq!(received.headers["x-custom"], "kept");
     assert!(!received.headers.contains_key("x-private"));
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(records.len(), 0, "nothing metered");
+    // Shut down: any record would be in by now.
     server.shutdown().await;
+    assert_eq!(records.len(), 0, "nothing metered");
 }
 
 #[tokio::test]
@@ -587,9 +589,9 @@ async fn oversized_request_bodies_are_forwarded_unmetered() {
     .await;
     assert_eq!(response.text(), format!(r#"{{"len":{}}}"#, big.len()));
     assert_eq!(upstream.requests()[0].body, Bytes::from(big));
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(records.len(), 0);
+    // Shut down: any record would be in by now.
     server.shutdown().await;
+    assert_eq!(records.len(), 0);
 }
 
 #[tokio::test]
@@ -707,7 +709,11 @@ async fn shutdown_lets_in_flight_streams_finish() {
                 tokio::spawn(async move { post(&url, CHAT).await })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let meter = &server.proxy.meter;
+        common::wait::until("4 streams in flight", Duration::from_secs(10), || {
+            meter.inflight(tokentap::base::Source::Production) >= 4
+        })
+        .await;
         let addr = server.proxy_addr;
         server.shutdown().await;
         for stream in in_flight {
@@ -751,7 +757,22 @@ async fn a_slow_client_holds_the_upstream_back_instead_of_filling_memory() {
         .body(Full::new(Bytes::from(CHAT)))
         .unwrap();
     let response = client().request(request).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The client reads nothing: wait (bounded) until the upstream has been held back, its
+    // bytes sent unchanged for 300 ms, however long that takes to come.
+    let mut last = (usize::MAX, Instant::now());
+    let held_back = common::wait::eventually(Duration::from_secs(10), async || {
+        let sent = upstream.sent_bytes();
+        if sent != last.0 {
+            last = (sent, Instant::now());
+            Err(sent)
+        } else if last.1.elapsed() < Duration::from_millis(300) {
+            Err(sent)
+        } else {
+            Ok(sent)
+        }
+    })
+    .await;
+    assert!(held_back.is_ok(), "the upstream never stopped sending");
     let stalled_at = upstream.sent_bytes();
     assert!(
         stalled_at < 32 << 20,
@@ -832,7 +853,7 @@ async fn named_upstreams_are_chosen_by_path_prefix_then_model() {
         refused.text()
     );
     let records = records.wait_for(3).await;
-    let upstreams: Vec<&str> = records.iter().map(|r| &*r.upstream).collect();
+    let upstreams: Vec<&str> = records.iter().map(|r| &*r.labels.upstream).collect();
     assert_eq!(upstreams, ["default", "qwen", "b"]);
     server.shutdown().await;
 }
@@ -841,8 +862,8 @@ async fn named_upstreams_are_chosen_by_path_prefix_then_model() {
 async fn upstream_5xx_answers_pass_through_and_count_as_upstream_errors() {
     let upstream = ScriptedUpstream::start(|_| {
         Script::json(
-            503,
-            r#"{"object":"error","message":"overloaded","code":503}"#,
+            500,
+            r#"{"object":"error","message":"internal error","code":500}"#,
         )
     })
     .await;
@@ -852,27 +873,25 @@ async fn upstream_5xx_answers_pass_through_and_count_as_upstream_errors() {
         CHAT,
     )
     .await;
-    assert_eq!(response.status, 503);
+    assert_eq!(response.status, 500);
     assert_eq!(
         response.text(),
-        r#"{"object":"error","message":"overloaded","code":503}"#
+        r#"{"object":"error","message":"internal error","code":500}"#
     );
     let record = &records.wait_for(1).await[0];
     assert_eq!(
         (record.outcome, record.status),
-        (Outcome::UpstreamError, 503)
+        (Outcome::UpstreamError, 500)
     );
     server.shutdown().await;
 }
 
-/// Waits (at most a second) until the upstream saw its peer go away.
+/// Waits (at most a second) until the upstream saw its peer go away (the caller asserts it).
 async fn wait_for_disconnect(received: &Received) {
-    for _ in 0..100 {
-        if received.disconnected.lock().unwrap().is_some() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let _ = common::wait::eventually(Duration::from_secs(1), async || {
+        received.disconnected.lock().unwrap().ok_or(())
+    })
+    .await;
 }
 
 /// An sglang whose scheduler never answers internal-state requests (sglang 0.5.23's HTTP stack
@@ -915,12 +934,10 @@ async fn a_request_naming_no_model_is_recorded_under_the_served_model() {
     ))
     .await;
     let default = std::sync::Arc::clone(server.proxy.router.default_upstream());
-    for _ in 0..500 {
-        if default.served_model().is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::wait::until("the served model", Duration::from_secs(5), || {
+        default.served_model().is_some()
+    })
+    .await;
     assert_eq!(default.served_model().as_deref(), Some("tiny-llama"));
     let body = r#"{"text":"hi","sampling_params":{"max_new_tokens":2},"stream":true}"#;
     let through = post(&format!("http://{}/generate", server.proxy_addr), body).await;
@@ -930,8 +947,8 @@ async fn a_request_naming_no_model_is_recorded_under_the_served_model() {
         through.text()
     );
     let record = &records.wait_for(1).await[0];
-    assert_eq!(record.route, Route::Generate);
-    assert_eq!(&*record.model, "tiny-llama");
+    assert_eq!(record.labels.route, Route::Generate);
+    assert_eq!(&*record.labels.model, "tiny-llama");
     assert_eq!(record.tokens.completion, 2);
     assert!(
         upstream.requests().iter().any(|r| r.path == "/server_info"),
@@ -947,7 +964,85 @@ async fn a_request_naming_no_model_is_recorded_under_the_served_model() {
     ))
     .await;
     post(&format!("http://{}/generate", server.proxy_addr), body).await;
-    assert_eq!(&*records.wait_for(1).await[0].model, "configured");
+    assert_eq!(&*records.wait_for(1).await[0].labels.model, "configured");
     assert!(upstream.requests().iter().all(|r| r.path == "/generate"));
+    server.shutdown().await;
+}
+
+/// An sglang whose server info and version take `slow` to answer while its model list answers
+/// at once (a busy scheduler): chat streams come after `chat_delay`.
+fn sglang_slow_to_describe(request: &Received, slow: Duration, chat_delay: Duration) -> Script {
+    match request.path.as_str() {
+        "/server_info" | "/get_server_info" | "/version" => Script {
+            head_delay: slow,
+            ..Script::json(
+                200,
+                r#"{"version":"0.5.9","tp_size":1,"model_path":"/w/tiny"}"#,
+            )
+        },
+        "/v1/models" => Script::json(
+            200,
+            r#"{"object":"list","data":[{"id":"tiny-llama","object":"model","created":1,"owned_by":"sglang","root":"tiny-llama","parent":null,"max_model_len":512}]}"#,
+        ),
+        "/v1/chat/completions" => Script {
+            head_delay: chat_delay,
+            ..sglang_chat(request, &[("Hi", 1), (" there", 1)], Duration::ZERO)
+        },
+        _ => Script::json(404, r#"{"detail":"Not Found"}"#),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_before_the_upstream_described_itself_is_recorded_under_the_served_model() {
+    let slow = Duration::from_millis(1500);
+    let upstream = ScriptedUpstream::start(move |r| {
+        sglang_slow_to_describe(r, slow, Duration::from_millis(2000))
+    })
+    .await;
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"\"\n[fingerprint]\ninterval = \"60s\"\n",
+        upstream.url()
+    ))
+    .await;
+    let started = Instant::now();
+    let default = std::sync::Arc::clone(server.proxy.router.default_upstream());
+    // Sent at once (within the first 100 ms), naming an alias the server does not list.
+    let body = r#"{"model":"my-alias","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":2}"#;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let sent = tokio::spawn(async move { post(&url, body).await });
+    // The model is published as soon as the model list answers, long before the slow routes.
+    common::wait::until("the served model", Duration::from_secs(5), || {
+        default.served_model().is_some()
+    })
+    .await;
+    assert!(
+        started.elapsed() < slow,
+        "the served model waited for the slow routes ({:?})",
+        started.elapsed()
+    );
+    assert!(default.identity.current() == tokentap::meter::identity::FingerprintId::UNKNOWN);
+    let through = sent.await.unwrap();
+    assert_eq!(through.status, 200);
+    let record = &records.wait_for(1).await[0];
+    // Labelled under the served model and the configuration read meanwhile, not the alias.
+    assert_eq!(&*record.labels.model, "tiny-llama");
+    assert_eq!(record.labels.asked_model.as_deref(), Some("my-alias"));
+    assert!(
+        record.labels.fingerprint.is_config(),
+        "fingerprint {}",
+        record.labels.fingerprint.label().as_str()
+    );
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    assert!(metrics.contains("model=\"tiny-llama\""), "{metrics}");
+    for absent in ["model=\"my-alias\"", "fingerprint=\"unknown\""] {
+        assert!(
+            !metrics
+                .lines()
+                .any(|l| !l.starts_with('#') && l.contains(absent)),
+            "a series under {absent}: {metrics}"
+        );
+    }
     server.shutdown().await;
 }

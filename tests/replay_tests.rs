@@ -417,6 +417,7 @@ fn check_metering(case: &Case, record: &RequestRecord) {
 
 #[test]
 fn every_capture_replays_transparently_in_any_frame_split() {
+    let _cores = common::cores::busy_blocking();
     for case in cases() {
         let expected = normalise(&case, &case.direct);
         let bytes = &case.upstream;
@@ -544,12 +545,12 @@ async fn usage_an_sglang_sends_unasked_is_discovered_and_left_to_the_client() {
     .await;
     // Discovery asks at start-up; wait (bounded) until the answer is in.
     let default = Arc::clone(server.proxy.router.default_upstream());
-    for _ in 0..500 {
-        if default.server_usage() == ServerUsage::Final {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    common::wait::until(
+        "the usage discovery",
+        std::time::Duration::from_secs(5),
+        || default.server_usage() == ServerUsage::Final,
+    )
+    .await;
     assert_eq!(
         default.server_usage(),
         ServerUsage::Final,

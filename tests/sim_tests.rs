@@ -228,18 +228,16 @@ async fn wait_metrics(
     what: &str,
     check: impl Fn(&str) -> bool,
 ) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    common::wait::eventually(Duration::from_secs(30), async || {
         let (_, text) = get(client, base, "/metrics").await;
         if check(&text) {
-            return text;
+            Ok(text)
+        } else {
+            Err(text)
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
+    .unwrap_or_else(|text| panic!("timed out waiting for {what}:\n{text}"))
 }
 
 fn ids(len: usize, salt: u64) -> Vec<u64> {
@@ -333,6 +331,7 @@ async fn seed_cell(profile_name: &str, concurrency: usize, window: Duration) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_profile_reproduces_its_seed_at_8k_c1_and_c32() {
+    let _cores = common::cores::for_timing().await;
     // Seed 003 (Step-3.7): prefill 8K 15.0K tok/s; c=1 118.4 total / 118.5 per request;
     // c=32 1,310.0 total / 41.5 per request.
     let (prefill, per_request, total) = seed_cell(STEP, 1, Duration::from_secs(4)).await;
@@ -352,6 +351,7 @@ async fn step_profile_reproduces_its_seed_at_8k_c1_and_c32() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn glm_profile_reproduces_its_seed_at_8k_c1_and_c32() {
+    let _cores = common::cores::for_timing().await;
     // Seed 000 (GLM-5.3, DFlash): prefill 8K 11.4K tok/s; per request c=1 179.9, c=32 43.2.
     // The model's total is C × per-request; the seed's Total column sits 3-5% lower (its
     // window accounting, docs/simulator.md), so total is checked against C × per-request.
@@ -372,6 +372,7 @@ async fn glm_profile_reproduces_its_seed_at_8k_c1_and_c32() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefill_rates_match_both_seeds_at_16k() {
+    let _cores = common::cores::for_timing().await;
     for (name, want) in [(STEP, 15_500.0), (GLM, 12_700.0)] {
         let sim = start(Profile::builtin(name).unwrap(), Dialect::Sglang).await;
         let client = client();
@@ -458,11 +459,12 @@ async fn abort_request_by_rid_ends_the_stream_with_abort() {
             async move { record(&client, &base, "/v1/chat/completions", &body, None).await },
         )
     };
-    wait_metrics(&client, &base, "running", |m| {
+    // Running and decoding (tokens out) when the abort comes.
+    wait_metrics(&client, &base, "running and decoding", |m| {
         metric(m, "sglang:num_running_reqs") == 1.0
+            && metric(m, "sglang:generation_tokens_total") >= 2.0
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let (status, _) = post_json(&client, &base, "/abort_request", br#"{"rid":"abort-me-1"}"#).await;
     assert_eq!(status, 200);
     let r = tokio::time::timeout(Duration::from_secs(10), task)
@@ -891,6 +893,7 @@ fn median(values: &mut [f64]) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_simulator_built_from_a_seed_reproduces_its_cells() {
+    let _cores = common::cores::for_timing().await;
     // Step-3.7 seed: 8K c=1 118.5 tok/s per request, 498 ms TTFT; 32K c=4 73.8 tok/s, 383 ms;
     // prefill 8K 15.0K, 32K 15.3K tok/s.
     let doc = seed_matrix(STEP_SEED);
@@ -934,6 +937,7 @@ async fn a_simulator_built_from_a_seed_reproduces_its_cells() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_speculative_seed_gives_several_tokens_per_event_at_the_seed_speed() {
+    let _cores = common::cores::for_timing().await;
     // GLM-5.3 (DFlash) 8K c=2: 143.7 tok/s per request, 57 ms TTFT; 3 tokens per event.
     let doc = seed_matrix(GLM_SEED);
     let profile = Profile::from_matrix(&doc, &Default::default()).unwrap();
@@ -1441,12 +1445,10 @@ async fn usage_the_server_sends_by_default_reaches_the_client_through_the_proxy(
     ))
     .await;
     let upstream = Arc::clone(server.proxy.router.default_upstream());
-    for _ in 0..500 {
-        if upstream.server_usage() == ServerUsage::Final {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::wait::until("the usage discovery", Duration::from_secs(5), || {
+        upstream.server_usage() == ServerUsage::Final
+    })
+    .await;
     assert_eq!(
         upstream.server_usage(),
         ServerUsage::Final,
@@ -1475,6 +1477,7 @@ async fn usage_the_server_sends_by_default_reaches_the_client_through_the_proxy(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_measures_the_simulator_as_a_direct_client_does() {
+    let _cores = common::cores::for_timing().await;
     // Step-3.7 8K: c=1 118.5 tok/s, 498 ms cached TTFT; c=4 77.7 tok/s, 316 ms. The same cell
     // runs at the same time on two simulators: one measured by the client directly, one behind
     // the proxy and measured by its records.
@@ -1630,7 +1633,7 @@ async fn the_proxy_measures_messages_and_responses_streams() {
         let r = record(&client, &proxied, path, &body, None).await;
         assert_eq!(r.status, 200);
         let record = &records.wait_for(i + 1).await[i];
-        assert_eq!(record.route, route);
+        assert_eq!(record.labels.route, route);
         assert_eq!(record.outcome, Outcome::Ok, "{path}");
         assert_eq!(record.tokens.completion, 100, "{path}");
         assert!(record.tokens.completion_exact);

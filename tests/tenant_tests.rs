@@ -154,7 +154,7 @@ async fn a_thousand_hostile_tenant_names_leave_the_allow_list_plus_other() {
     let all = records.wait_for(1011).await;
     let count = |tenant: &str| {
         all.iter()
-            .filter(|r| r.tenant.as_deref() == Some(tenant))
+            .filter(|r| r.labels.slice.tenant() == Some(tenant))
             .count()
     };
     assert_eq!(
@@ -291,7 +291,7 @@ async fn the_priority_band_slices_the_cells_and_the_page_shows_each_bands_ttft()
     requests.push((Vec::new(), chat("")));
     send_all(&url, requests).await;
     let all = records.wait_for(8).await;
-    let bands: Vec<Option<&str>> = all.iter().map(|r| r.priority.map(|p| p.label())).collect();
+    let bands: Vec<Option<&str>> = all.iter().map(|r| r.labels.slice.priority()).collect();
     for (band, n) in [
         (Some("0"), 2),
         (Some("1-9"), 1),
@@ -393,7 +393,19 @@ async fn under_load_the_engine_serves_its_high_priority_band_first_and_tokentap_
         let blockers: Vec<_> = (0..2).map(|_| (Vec::new(), body(0, 30))).collect();
         tokio::spawn(async move { send_all(&url, blockers).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Both run on the server before the others are sent.
+    let sim_metrics = format!("{}/metrics", sim.base_url());
+    common::wait::until_async(
+        "two running on the server",
+        Duration::from_secs(10),
+        async || {
+            get(&sim_metrics).await.text().lines().any(|l| {
+                l.starts_with("sglang:num_running_reqs{")
+                    && l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) >= Some(2.0)
+            })
+        },
+    )
+    .await;
     let queued: Vec<_> = (0..12)
         .map(|i| (Vec::new(), body(if i % 2 == 0 { 10 } else { 0 }, 10)))
         .collect();
@@ -402,7 +414,7 @@ async fn under_load_the_engine_serves_its_high_priority_band_first_and_tokentap_
     let all = records.wait_for(14).await;
     let ttfts = |band: &str| {
         all.iter()
-            .filter(|r| r.priority.map(|p| p.label()) == Some(band))
+            .filter(|r| r.labels.slice.priority() == Some(band))
             .filter_map(|r| r.timing.ttft)
             .map(|t| t.as_secs_f64() * 1000.0)
             .collect::<Vec<f64>>()

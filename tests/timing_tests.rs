@@ -585,13 +585,12 @@ async fn the_openai_python_sdk_parses_the_same_answers_with_timing_on_as_off() {
         .spawn()
         .unwrap();
     // Bounded: its output is a line or two, well within a pipe's buffer while it runs.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while child.try_wait().unwrap().is_none() {
-        if tokio::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("openai_timing.py did not finish within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    if crate::common::wait::child_exit_async(&mut child, Duration::from_secs(60))
+        .await
+        .is_none()
+    {
+        let _ = child.kill();
+        panic!("openai_timing.py did not finish within 60 s");
     }
     let output = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);

@@ -253,12 +253,11 @@ fn the_replay_command_is_bounded_and_writes_its_matrix_and_diff() {
             .spawn()
             .unwrap();
         // Bounded: the last request is due in ten minutes; --max-duration must end it first.
-        for _ in 0..1200 {
-            if let Some(status) = child.try_wait().unwrap() {
-                let output = child.wait_with_output().unwrap();
-                return (status, String::from_utf8_lossy(&output.stdout).into_owned());
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
+        if let Some(status) =
+            common::wait::child_exit(&mut child, std::time::Duration::from_secs(60))
+        {
+            let output = child.wait_with_output().unwrap();
+            return (status, String::from_utf8_lossy(&output.stdout).into_owned());
         }
         let _ = child.kill();
         panic!("tokentap replay did not stop within 60 s");
@@ -308,16 +307,13 @@ fn tokentap_bounded(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    for _ in 0..limit_s * 20 {
-        if child.try_wait().unwrap().is_some() {
-            let output = child.wait_with_output().unwrap();
-            return (
-                output.status,
-                String::from_utf8_lossy(&output.stdout).into_owned(),
-                String::from_utf8_lossy(&output.stderr).into_owned(),
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+    if common::wait::child_exit(&mut child, std::time::Duration::from_secs(limit_s)).is_some() {
+        let output = child.wait_with_output().unwrap();
+        return (
+            output.status,
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        );
     }
     let _ = child.kill();
     panic!("tokentap {args:?} did not stop within {limit_s} s");

@@ -21,8 +21,9 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use serde::Serialize;
 
-use super::query::percent_decode;
+use super::query::{percent_decode, MATRIX_ALONE};
 use super::state::{json_error, json_response, respond, AdminState};
+use super::view::resolve_upstream;
 use crate::aggregate::drift::reference_info;
 use crate::matrix::compare::{Reference, ReferenceInfo};
 use crate::matrix::doc::{CellStatus, MatrixDoc};
@@ -112,33 +113,6 @@ fn pin_warnings(matrix: &MatrixDoc) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// The upstream a model's requests go to: the one named, which must exist, else the router's.
-pub(super) fn resolve_upstream(
-    state: &AdminState,
-    named: Option<&str>,
-    model: &str,
-) -> Result<String, String> {
-    let router = &state.proxy.router;
-    match named {
-        Some(name) => {
-            if router.all().iter().any(|u| &*u.name == name) {
-                Ok(name.to_owned())
-            } else {
-                let known: Vec<&str> = router.all().iter().map(|u| &*u.name).collect();
-                Err(format!(
-                    "no upstream named `{name}`; configured: {}",
-                    known.join(", ")
-                ))
-            }
-        }
-        None => Ok(router
-            .by_model(model)
-            .unwrap_or_else(|| router.default_upstream())
-            .name
-            .to_string()),
-    }
 }
 
 /// Serves a request to `/reference`.
@@ -283,7 +257,7 @@ where
             );
         }
     }
-    let upstream = match resolve_upstream(state, query.upstream.as_deref(), &model) {
+    let upstream = match resolve_upstream(state.view(), query.upstream.as_deref(), &model) {
         Ok(upstream) => upstream,
         Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
     };
@@ -368,7 +342,7 @@ fn show_query(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBo
         }
         return json_response(StatusCode::OK, &list);
     };
-    let upstream = match resolve_upstream(state, query.upstream.as_deref(), model) {
+    let upstream = match resolve_upstream(state.view(), query.upstream.as_deref(), model) {
         Ok(upstream) => upstream,
         Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
     };
@@ -389,7 +363,7 @@ fn show_query(state: &AdminState, query: &ReferenceQuery) -> Response<ResponseBo
                 matrix: Some(&reference.matrix),
             },
         ),
-        Some(name) => match Format::parse_among(name, &super::sweeps::MATRIX_ALONE) {
+        Some(name) => match Format::parse_among(name, &MATRIX_ALONE) {
             Ok(format) => respond(
                 StatusCode::OK,
                 format.content_type(),
@@ -410,7 +384,7 @@ async fn unpin_query(state: &AdminState, query: &ReferenceQuery) -> Response<Res
             "say which reference to unpin with ?model= (and ?upstream= when the router does not choose it)",
         );
     };
-    let upstream = match resolve_upstream(state, query.upstream.as_deref(), &model) {
+    let upstream = match resolve_upstream(state.view(), query.upstream.as_deref(), &model) {
         Ok(upstream) => upstream,
         Err(message) => return json_error(StatusCode::BAD_REQUEST, &message),
     };

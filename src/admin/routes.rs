@@ -11,15 +11,22 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
-use super::state::{bearer, json_error, misdirected_host, respond, unauthorized, AdminState};
-use super::{capacity, matrix, page, reference, session, sweeps, workload};
+use super::state::{
+    bearer, json_error, misdirected_host, respond, unauthorized, AdminState, Credential,
+};
+use super::{capacity, matrix, page, reference, session, status, sweeps, workload};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
 
 /// Who may use a route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Access {
-    /// Anyone: health checks, the login form.
+    /// Anyone, whatever the `Host` and whatever credential comes along (none is checked): the
+    /// health and readiness probes, which a load balancer sends by the node's address, and
+    /// whose stale token must not count as a failed credential.
+    Probe,
+    /// Anyone: the login form and its posts (the `Host` check and a sent bearer token's check
+    /// still apply).
     Open,
     /// The bearer token or a browser session from `/login` (anyone while no `admin.token` is
     /// set, on loopback names only). A browser without either is sent to the login form.
@@ -73,6 +80,7 @@ pub enum Handler {
     Matrix,
     Workload,
     Capacity,
+    Status,
     Page,
     SweepList,
     SweepStart,
@@ -101,13 +109,13 @@ const fn route(method: Method, path: RoutePath, access: Access, handler: Handler
     }
 }
 
-use Access::{Form, Open, Read, Write};
+use Access::{Form, Open, Probe, Read, Write};
 use RoutePath::{Exact, Under};
 
 /// Every route of the admin listener.
 pub const ROUTES: &[AdminRoute] = &[
-    route(Method::GET, Exact("/healthz"), Open, Handler::Healthz),
-    route(Method::GET, Exact("/readyz"), Open, Handler::Readyz),
+    route(Method::GET, Exact("/healthz"), Probe, Handler::Healthz),
+    route(Method::GET, Exact("/readyz"), Probe, Handler::Readyz),
     route(Method::GET, Exact("/login"), Open, Handler::LoginForm),
     route(Method::POST, Exact("/login"), Open, Handler::Login),
     route(Method::POST, Exact("/logout"), Open, Handler::Logout),
@@ -117,6 +125,7 @@ pub const ROUTES: &[AdminRoute] = &[
     route(Method::GET, Exact("/matrix"), Read, Handler::Matrix),
     route(Method::GET, Exact("/workload"), Read, Handler::Workload),
     route(Method::GET, Exact("/capacity"), Read, Handler::Capacity),
+    route(Method::GET, Exact("/status"), Read, Handler::Status),
     route(Method::GET, Exact("/sweeps"), Read, Handler::SweepList),
     route(Method::POST, Exact("/sweeps"), Write, Handler::SweepStart),
     route(Method::GET, Under("/sweeps/"), Read, Handler::SweepShow),
@@ -169,7 +178,7 @@ fn normalised(path: &str) -> &str {
 impl AdminState {
     /// Answers one admin request: the `Host` check (no token), the bearer token's check (every
     /// request that carries one, throttled per address), the route's access from the table,
-    /// then its handler.
+    /// then its handler. A `Probe` route skips the first two.
     pub async fn handle<B>(self: Arc<Self>, request: Request<B>) -> Response<ResponseBody>
     where
         B: Body<Data = Bytes> + Send + 'static,
@@ -177,8 +186,8 @@ impl AdminState {
     {
         let path = normalised(request.uri().path()).to_owned();
         let found = find(request.method(), &path);
-        let open = matches!(found, Ok(route) if matches!(route.handler, Handler::Healthz | Handler::Readyz));
-        if !open {
+        let probe = matches!(found, Ok(route) if route.access == Access::Probe);
+        if !probe {
             if self.token.is_none() && !self.host_allowed(&request) {
                 return misdirected_host(&request);
             }
@@ -218,10 +227,10 @@ impl AdminState {
         request: &Request<B>,
     ) -> Option<Response<ResponseBody>> {
         match route.access {
-            Access::Open | Access::Form => None,
+            Access::Probe | Access::Open | Access::Form => None,
             Access::Read if self.authorized(request) => None,
             Access::Read if session::wants_html(request) => Some(session::see_other("/login")),
-            Access::Read => Some(unauthorized()),
+            Access::Read => Some(unauthorized(sent(request))),
             Access::Write if self.token.is_none() => Some(json_error(
                 StatusCode::FORBIDDEN,
                 &format!(
@@ -231,7 +240,7 @@ impl AdminState {
                 ),
             )),
             Access::Write if self.authorized_strict(request) => None,
-            Access::Write => Some(unauthorized()),
+            Access::Write => Some(unauthorized(sent(request))),
         }
     }
 
@@ -252,7 +261,7 @@ impl AdminState {
                 if self.draining.load(Ordering::Relaxed) {
                     respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
                 } else {
-                    respond(StatusCode::OK, "text/plain", "ready\n")
+                    readiness(&self).await
                 }
             }
             Handler::LoginForm => session::login_form(&self),
@@ -273,6 +282,7 @@ impl AdminState {
             Handler::Matrix => matrix::handle(&self, &request).await,
             Handler::Workload => workload::handle(&self, &request).await,
             Handler::Capacity => capacity::handle(&self),
+            Handler::Status => status::handle(&self).await,
             Handler::Page => page::handle(&self, &request).await,
             Handler::SweepList => sweeps::list(&self),
             Handler::SweepStart => sweeps::start(&self, request).await,
@@ -285,6 +295,34 @@ impl AdminState {
     }
 }
 
+/// Whether a refused request sent a credential (a bearer token or a session cookie): a wrong
+/// one was judged before routing; here a request without one is told it sent none.
+fn sent<B>(request: &Request<B>) -> Credential {
+    if bearer(request).is_some() || super::sessions::cookie_id(request).is_some() {
+        Credential::Wrong
+    } else {
+        Credential::Missing
+    }
+}
+
+/// `/readyz` while not draining: 200 `ready` while at least one upstream answers, else 503
+/// naming each upstream — so Kubernetes keeps a sidecar whose engine is loading, or dead, out
+/// of the Service until it answers.
+async fn readiness(state: &AdminState) -> Response<ResponseBody> {
+    let upstreams = state.readiness.upstreams(&state.proxy).await;
+    if upstreams.iter().any(|u| u.answering) {
+        return respond(StatusCode::OK, "text/plain", "ready\n");
+    }
+    let mut body = String::from("not ready: no upstream answers\n");
+    for upstream in upstreams.iter() {
+        body.push_str(&format!(
+            "upstream {} at {}: not answering\n",
+            upstream.name, upstream.url
+        ));
+    }
+    respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", body)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,6 +330,12 @@ mod tests {
     #[test]
     fn every_path_finds_its_route_or_the_methods_it_takes() {
         assert_eq!(find(&Method::GET, "/metrics").unwrap().access, Access::Read);
+        assert_eq!(
+            find(&Method::GET, "/healthz").unwrap().access,
+            Access::Probe
+        );
+        assert_eq!(find(&Method::GET, "/readyz").unwrap().access, Access::Probe);
+        assert_eq!(find(&Method::GET, "/login").unwrap().access, Access::Open);
         assert_eq!(
             find(&Method::POST, "/sweeps").unwrap().access,
             Access::Write

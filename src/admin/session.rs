@@ -32,12 +32,11 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
-pub use super::sessions::{
-    cookie_id, Attempt, ClientAddr, LoginFailure, SessionView, Sessions, COOKIE, MAX_CLIENTS,
-    MAX_DELAY,
-};
-pub use super::state::too_many;
 use super::state::{constant_time_eq, json_error, read_body, respond, AdminState};
+pub use super::state::{
+    cookie_id, too_many, Attempt, ClientAddr, LoginFailure, SessionView, Sessions, COOKIE,
+    MAX_CLIENTS, MAX_DELAY,
+};
 use crate::base::escape::xml_escape as escape;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
@@ -316,42 +315,6 @@ fn no_store(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
         .headers_mut()
         .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
-}
-
-/// The bar at the top of the page for a logged-in browser: the sweep running now (if any),
-/// with how far it is, how long it has waited for production and a Cancel button; else a form
-/// that previews a sweep (starting it takes a second, confirming click); and one that logs out.
-/// Each form carries the session's CSRF token.
-pub fn page_controls(state: &AdminState, session: &SessionView) -> String {
-    let csrf = escape(&session.csrf);
-    let mut out = String::from("<section id=\"session\" class=\"session\">");
-    let running = state
-        .sweeps
-        .list()
-        .into_iter()
-        .find(|s| s.state.is_active())
-        .and_then(|summary| state.sweeps.get(&summary.id));
-    match running {
-        Some(running) => {
-            let _ = write!(
-                out,
-                "<p class=\"note\" id=\"sweep-running\">Sweep <a href=\"/sweeps/{id}\">{id}</a>: {line}.</p><form id=\"cancel-sweep\" method=\"post\" action=\"/page/sweep\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"cancel\"><input type=\"hidden\" name=\"id\" value=\"{id}\"><button type=\"submit\">Cancel the sweep</button></form> ",
-                id = escape(&running.id),
-                line = escape(&running.progress_line()),
-            );
-        }
-        None => {
-            let _ = write!(
-                out,
-                "<form id=\"preview-sweep\" method=\"post\" action=\"/page/sweep\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"preview\"><button type=\"submit\">Preview a sweep (default plan)…</button></form> "
-            );
-        }
-    }
-    let _ = write!(
-        out,
-        "<form method=\"post\" action=\"/logout\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><button type=\"submit\">Log out</button></form></section>"
-    );
-    out
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -155,6 +156,8 @@ pub struct Sessions {
     failures_per_second: u32,
     random: SystemRandom,
     inner: Mutex<Inner>,
+    /// Credential checks begun ([`Sessions::attempt`] calls), throttled or not.
+    attempts: AtomicU64,
 }
 
 /// A session found by its cookie.
@@ -173,6 +176,7 @@ impl Sessions {
             failures_per_second: failures_per_second.max(1),
             random: SystemRandom::new(),
             inner: Mutex::default(),
+            attempts: AtomicU64::new(0),
         }
     }
 
@@ -239,6 +243,12 @@ impl Sessions {
             .count()
     }
 
+    /// Credential checks begun since start, throttled or not: a login counts when its head
+    /// arrives, before its body (how a caller knows the heads it sent were read).
+    pub fn attempts(&self) -> u64 {
+        self.attempts.load(Ordering::Relaxed)
+    }
+
     /// How long this address must still wait before a wrong credential it sends is answered
     /// 401 rather than 429.
     pub fn wait_left(&self, client: Option<IpAddr>) -> Option<Duration> {
@@ -256,6 +266,7 @@ impl Sessions {
     /// [`Attempt::Throttled`] (not recorded again); else it is recorded and the address waits
     /// 1 s, 2 s, … up to [`MAX_DELAY`].
     pub fn attempt(&self, client: Option<IpAddr>) -> Attempt {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let key = client_key(client);
         let mut inner = lock(&self.inner);

@@ -1,7 +1,9 @@
-//! What the admin endpoints share: [`AdminState`] (what they read), the credential checks (the
-//! bearer token, throttled per client address; browser sessions; the `Host` check that keeps a
-//! token-less admin to loopback names), the small response helpers, and the hyper service that
-//! hands requests to the route table (`routes.rs`).
+//! What the admin endpoints share: [`AdminState`] (what they read; [`AdminState::view`], the
+//! part the view layer reads), the credential checks (the bearer token, throttled per client
+//! address; browser sessions; the `Host` check that keeps a token-less admin to loopback
+//! names), the small response helpers, and the hyper service that hands requests to the route
+//! table (`routes.rs`). The session table's types (`sessions.rs`) are re-exported here: an
+//! endpoint file imports only `state`, `query` and `view`.
 
 use std::convert::Infallible;
 use std::sync::atomic::AtomicBool;
@@ -11,10 +13,13 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 
-use super::sessions::{self, Attempt, ClientAddr, LoginFailure, SessionView, Sessions};
+use super::sessions;
+pub use super::sessions::{
+    cookie_id, Attempt, ClientAddr, LoginFailure, SessionView, Sessions, COOKIE, MAX_CLIENTS,
+    MAX_DELAY,
+};
+use super::view::{CapacitySettings, View};
 use crate::aggregate::ProductionMatrix;
-use crate::config::CapacityConfig;
-use crate::meter::slo::SloPolicy;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
 use crate::proxy::Proxy;
@@ -49,13 +54,15 @@ pub struct AdminState {
     pub sessions: Sessions,
     /// `admin.allowed_hosts`: without a token, the `Host` names answered besides loopback.
     pub allowed_hosts: Vec<String>,
+    /// Whether the upstreams answer (`/readyz`), probed at most once a second.
+    pub readiness: crate::proxy::readiness::ReadinessProbe,
 }
 
-/// What live headroom is computed with: `[capacity]` and the `[slo]` targets.
-#[derive(Debug, Clone)]
-pub struct CapacitySettings {
-    pub config: CapacityConfig,
-    pub slo: SloPolicy,
+/// What a refused request sent: no credential at all, or a wrong one (told apart in the 401).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    Missing,
+    Wrong,
 }
 
 /// The answer to a wrong credential sent from an address still waiting after failures (or
@@ -136,6 +143,18 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl AdminState {
+    /// The part of the state the view layer reads: figures, no credentials.
+    pub fn view(&self) -> View<'_> {
+        View {
+            proxy: &self.proxy,
+            production: &self.production,
+            synthetic: &self.synthetic,
+            store: &self.store,
+            drift: &self.drift,
+            capacity: &self.capacity,
+        }
+    }
+
     /// True if the request may read: it carries the configured bearer token or a live browser
     /// session (or no token is configured).
     pub fn authorized<B>(&self, request: &Request<B>) -> bool {
@@ -181,7 +200,7 @@ impl AdminState {
                 self.metrics
                     .count_login_failure(LoginFailure::BadToken.label());
                 tracing::warn!(client = ?client, wait_s = wait.as_secs(), "wrong admin bearer token");
-                unauthorized()
+                unauthorized(Credential::Wrong)
             }
         })
     }
@@ -242,11 +261,16 @@ pub(super) fn misdirected_host<B>(request: &Request<B>) -> Response<ResponseBody
     )
 }
 
-pub fn unauthorized() -> Response<ResponseBody> {
-    let mut response = json_error(
-        StatusCode::UNAUTHORIZED,
-        "this admin endpoint needs `Authorization: Bearer <admin.token>` (a browser: log in at /login)",
-    );
+pub fn unauthorized(credential: Credential) -> Response<ResponseBody> {
+    let message = match credential {
+        Credential::Missing => {
+            "this admin endpoint needs the admin token and none was sent: send `Authorization: Bearer <admin.token>` (tokentap's own commands send --token or the TOKENTAP_ADMIN__TOKEN environment variable; a browser: log in at /login)"
+        }
+        Credential::Wrong => {
+            "the admin token sent is not this proxy's admin.token (tokentap's own commands send --token or the TOKENTAP_ADMIN__TOKEN environment variable: check its value; a browser: log in at /login)"
+        }
+    };
+    let mut response = json_error(StatusCode::UNAUTHORIZED, message);
     response
         .headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 
+use super::query::{percent_decode, MATRIX_ALONE};
 use super::state::{json_error, json_response, respond, AdminState};
 use crate::matrix::Format;
 use crate::proxy::body::ResponseBody;
@@ -139,9 +140,8 @@ fn dry_run(query: &str) -> Result<bool, String> {
     let mut dry_run = false;
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
-        let key = super::query::percent_decode(key)
-            .map(|key| key.trim().to_ascii_lowercase().replace('-', "_"));
-        let value = super::query::percent_decode(value).map(|v| v.trim().to_ascii_lowercase());
+        let key = percent_decode(key).map(|key| key.trim().to_ascii_lowercase().replace('-', "_"));
+        let value = percent_decode(value).map(|v| v.trim().to_ascii_lowercase());
         let shown = |text: &str| text.chars().take(64).collect::<String>();
         if key.as_deref() != Some("dry_run") {
             return Err(format!("unknown query key `{}`: {ACCEPTED}", shown(pair)));
@@ -186,10 +186,6 @@ pub fn show(state: &AdminState, id: &str, query: &str) -> Response<ResponseBody>
         ),
     }
 }
-
-/// The renderings of a sweep's (or a reference's) matrix alone (`?format=`; `status`, the
-/// default, is the whole status).
-pub const MATRIX_ALONE: [Format; 3] = [Format::Json, Format::Markdown, Format::Html];
 
 #[cfg(test)]
 mod tests {

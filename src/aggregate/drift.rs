@@ -175,8 +175,8 @@ mod tests {
         let ms = Duration::from_millis;
         let a = FingerprintId::from_hash(0xa);
         let mut r = record(Some(1000), &[(0, 20)], ms(100), ms(10), 1.0, Outcome::Ok);
-        r.model = "m".into();
-        r.fingerprint = a;
+        r.labels.model = "m".into();
+        r.labels.fingerprint = a;
         production.add(&r);
         let now = SystemTime::now() + Duration::from_secs(1);
         let mut matrix = production.matrix(Window::All, Some("m"), now).unwrap();

@@ -78,7 +78,10 @@ pub fn headroom(production: &MatrixDoc, capacity: &CapacityReport) -> Option<Hea
             .filter(|c| {
                 matches!(
                     c.status,
-                    CellStatus::Valid | CellStatus::LowEvidence | CellStatus::Error(_)
+                    CellStatus::Valid
+                        | CellStatus::LowEvidence
+                        | CellStatus::Error(_)
+                        | CellStatus::Shed(_)
                 )
             })
             .map(|c| request_seconds(c.average_active_requests, c.measured_for_s))

@@ -1,6 +1,6 @@
 //! The snapshot task: every `store.snapshot_interval` it writes the production matrix of the
-//! interval just ended (one document per model with traffic, and with `[tenants]` on one
-//! more per tenant of that model) to the store, then deletes
+//! interval just ended (one document per model with traffic, and one more per value of each
+//! slice dimension that keeps snapshots: with `[tenants]` on, per tenant of that model) to the store, then deletes
 //! snapshots older than `store.retention`. On shutdown it writes the part-interval since the
 //! last snapshot, so a restart loses nothing. Owned and stopped by `serve::ProxyServer`.
 //!
@@ -13,13 +13,14 @@ use std::time::{Duration, SystemTime};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::meter::labels::SliceFilter;
 use crate::net::Shutdown;
 use crate::store::Store;
 
 use super::window::{ProductionMatrix, RecordFilter, Window, MAX_WINDOW};
 
 /// Writes one snapshot per model with records in the `length` before `now`, and one per
-/// tenant of each; returns how many.
+/// value of each snapshotted slice dimension (a tenant) of each; returns how many.
 pub fn write_snapshots(
     production: &ProductionMatrix,
     store: &Store,
@@ -36,20 +37,27 @@ pub fn write_snapshots(
             .map(|name| &**name)
             .collect();
         let doc = production.document(entry, &others);
-        store.put_snapshot(now, length, &entry.model, None, &doc)?;
+        store.put_snapshot(now, length, &entry.model, &SliceFilter::default(), &doc)?;
     }
     let mut written = windows.len();
     for entry in &windows {
-        for (tenant, _) in production.slicings(window, &entry.model, now).tenants {
-            let only = RecordFilter {
-                tenant: Some(tenant.to_string()),
-                ..RecordFilter::default()
-            };
-            let Some(doc) = production.matrix_where(window, Some(&entry.model), now, &only) else {
+        let slicings = production.slicings(window, &entry.model, now);
+        for (dimension, values) in &slicings.by_dimension {
+            if !dimension.snapshots {
                 continue;
-            };
-            store.put_snapshot(now, length, &entry.model, Some(&tenant), &doc)?;
-            written += 1;
+            }
+            for (value, _) in values {
+                let only = RecordFilter {
+                    slice: SliceFilter::only(dimension, value.clone()),
+                    ..RecordFilter::default()
+                };
+                let Some(doc) = production.matrix_where(window, Some(&entry.model), now, &only)
+                else {
+                    continue;
+                };
+                store.put_snapshot(now, length, &entry.model, &only.slice, &doc)?;
+                written += 1;
+            }
         }
     }
     Ok(written)
@@ -61,17 +69,38 @@ pub fn spawn(
     store: Arc<Store>,
     interval: Duration,
     retention: Duration,
+    shutdown: Shutdown,
+) -> JoinHandle<()> {
+    spawn_clocked(
+        production,
+        store,
+        interval,
+        retention,
+        shutdown,
+        SystemTime::now,
+    )
+}
+
+/// [`spawn`], with the wall clock that dates the snapshots and ends their windows as a
+/// parameter (the proxy's is `SystemTime::now`; the tests' follows paused time from a start
+/// they choose, so a window's minute is never waited for).
+fn spawn_clocked(
+    production: Arc<ProductionMatrix>,
+    store: Arc<Store>,
+    interval: Duration,
+    retention: Duration,
     mut shutdown: Shutdown,
+    clock: impl Fn() -> SystemTime + Send + 'static,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut last = SystemTime::now();
+        let mut last = clock();
         let mut next = Instant::now() + interval;
         loop {
             let stopping = tokio::select! {
                 () = tokio::time::sleep_until(next) => false,
                 () = shutdown.wait() => true,
             };
-            let now = SystemTime::now();
+            let now = clock();
             let length = now.duration_since(last).unwrap_or(interval);
             let production = Arc::clone(&production);
             let store = Arc::clone(&store);
@@ -106,3 +135,7 @@ pub fn spawn(
         }
     })
 }
+
+#[cfg(test)]
+#[path = "snapshot_tests.rs"]
+mod tests;

@@ -19,7 +19,9 @@ use crate::matrix::doc::{MatrixDoc, Metadata};
 use crate::matrix::evidence::EvidenceRule;
 use crate::meter::buckets::Ladder;
 use crate::meter::identity::FingerprintId;
-use crate::meter::priority::PriorityBand;
+use crate::meter::labels::{
+    dimensions, one_line, Dimension, SliceFilter, SliceValue, TrafficSlice,
+};
 use crate::meter::record::RequestRecord;
 use crate::meter::RecordSink;
 
@@ -96,7 +98,7 @@ impl Window {
 }
 
 /// Accumulators by model, the upstream's configuration (two configurations never share
-/// one), tenant and priority band (bounded: the allow list plus `other`, four bands).
+/// one) and traffic slice (tenant, priority band, …: each dimension bounded by its producer).
 type ByModel = HashMap<SliceKey, MatrixAccumulator>;
 
 /// What one accumulator of a slice holds the records of.
@@ -104,50 +106,44 @@ type ByModel = HashMap<SliceKey, MatrixAccumulator>;
 struct SliceKey {
     model: Arc<str>,
     fingerprint: FingerprintId,
-    tenant: Option<Arc<str>>,
-    priority: Option<PriorityBand>,
+    slice: TrafficSlice,
 }
 
-/// Which records a matrix covers: configurations, and one tenant or priority band when asked
+/// Which records a matrix covers: configurations, and one slice of the traffic when asked
 /// (`/matrix?tenant=…&priority=…`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RecordFilter {
     pub fingerprints: FingerprintFilter,
-    /// Only this tenant's records (`[tenants]`).
-    pub tenant: Option<String>,
-    /// Only records whose `priority` fell in this band.
-    pub priority: Option<PriorityBand>,
+    pub slice: SliceFilter,
 }
 
 impl RecordFilter {
     fn admits(&self, key: &SliceKey) -> bool {
-        self.fingerprints.admits(key.fingerprint)
-            && self
-                .tenant
-                .as_deref()
-                .is_none_or(|t| key.tenant.as_deref() == Some(t))
-            && self.priority.is_none_or(|p| key.priority == Some(p))
+        self.fingerprints.admits(key.fingerprint) && self.slice.admits(&key.slice)
     }
 
     /// Says in words which slice of the traffic a document covers (nothing for all of it).
     pub fn describe(&self) -> Option<String> {
-        let mut parts = Vec::new();
-        if let Some(tenant) = &self.tenant {
-            parts.push(format!("tenant {}", one_line(tenant)));
-        }
-        if let Some(priority) = self.priority {
-            parts.push(format!("priority {priority}"));
-        }
-        (!parts.is_empty()).then(|| parts.join(", "))
+        self.slice.describe()
     }
 }
 
-/// The tenants and priority bands of one model's records in a window, with request counts,
-/// busiest first: what the page offers to filter by.
+/// The values each slice dimension took in one model's records in a window, with request
+/// counts: what the page offers to filter by. A dimension with a fixed set of values lists
+/// them in its order, any other busiest first.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Slicings {
-    pub tenants: Vec<(Arc<str>, u64)>,
-    pub priorities: Vec<(PriorityBand, u64)>,
+    pub by_dimension: Vec<(&'static Dimension, Vec<(SliceValue, u64)>)>,
+}
+
+impl Slicings {
+    /// The values seen of the dimension called `name`.
+    pub fn values(&self, name: &str) -> &[(SliceValue, u64)] {
+        self.by_dimension
+            .iter()
+            .find(|(dimension, _)| dimension.name == name)
+            .map_or(&[], |(_, values)| values.as_slice())
+    }
 }
 
 /// Configurations kept per model in the since-start accumulators; past it the one first seen
@@ -324,12 +320,11 @@ impl ProductionMatrix {
         single.add_record(record, &self.concurrency);
         let at = unix_seconds(ended).max(0.0) as u64;
         let key = SliceKey {
-            model: Arc::clone(&record.model),
-            fingerprint: record.fingerprint,
-            tenant: record.tenant.clone(),
-            priority: record.priority,
+            model: Arc::clone(&record.labels.model),
+            fingerprint: record.labels.fingerprint,
+            slice: record.labels.slice.clone(),
         };
-        let configuration = (Arc::clone(&record.model), record.fingerprint);
+        let configuration = (Arc::clone(&record.labels.model), record.labels.fingerprint);
         let mut slices = lock::lock(&self.slices);
         let Slices {
             minutes,
@@ -447,31 +442,39 @@ impl ProductionMatrix {
         self.window_where(window, now, &filter)
     }
 
-    /// The tenants and priority bands of `model`'s records in `window`, busiest first.
+    /// The values each slice dimension took in `model`'s records in `window`.
     pub fn slicings(&self, window: Window, model: &str, now: SystemTime) -> Slicings {
-        let mut tenants: HashMap<Arc<str>, u64> = HashMap::new();
-        let mut priorities: HashMap<PriorityBand, u64> = HashMap::new();
+        let mut seen: HashMap<(&'static str, SliceValue), u64> = HashMap::new();
         self.each_slice(window, now, |models| {
             for (key, accumulator) in models {
                 if &*key.model != model {
                     continue;
                 }
-                if let Some(tenant) = &key.tenant {
-                    *tenants.entry(Arc::clone(tenant)).or_default() += accumulator.requests;
-                }
-                if let Some(priority) = key.priority {
-                    *priorities.entry(priority).or_default() += accumulator.requests;
+                for (dimension, value) in key.slice.iter() {
+                    *seen.entry((dimension, value.clone())).or_default() += accumulator.requests;
                 }
             }
         });
-        let mut tenants: Vec<_> = tenants.into_iter().collect();
-        tenants.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let mut priorities: Vec<_> = priorities.into_iter().collect();
-        priorities.sort_by_key(|(band, _)| *band);
-        Slicings {
-            tenants,
-            priorities,
-        }
+        let by_dimension = dimensions()
+            .into_iter()
+            .filter_map(|dimension| {
+                let mut values: Vec<(SliceValue, u64)> = seen
+                    .iter()
+                    .filter(|((name, _), _)| *name == dimension.name)
+                    .map(|((_, value), count)| (value.clone(), *count))
+                    .collect();
+                if values.is_empty() {
+                    return None;
+                }
+                match dimension.values {
+                    Some(order) => values
+                        .sort_by_key(|(value, _)| order.iter().position(|v| *v == value.as_str())),
+                    None => values.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0))),
+                }
+                Some((dimension, values))
+            })
+            .collect();
+        Slicings { by_dimension }
     }
 
     /// Every model's figures over `window` ending at `now`, of the records `filter` admits.
@@ -640,23 +643,9 @@ impl ProductionMatrix {
 
 impl RecordSink for ProductionMatrix {
     fn record(&self, record: &Arc<RequestRecord>) {
-        if record.source == self.source {
+        if record.labels.source == self.source {
             self.add(record);
         }
-    }
-}
-
-/// Model names come from request bodies: make them one printable line for the document.
-fn one_line(text: &str) -> String {
-    let cleaned: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    let trimmed = cleaned.split_whitespace().collect::<Vec<_>>().join(" ");
-    if trimmed.is_empty() {
-        "unknown".to_owned()
-    } else {
-        trimmed
     }
 }
 
@@ -697,7 +686,7 @@ mod tests {
             Outcome::Ok,
         );
         r.timing.started_at = end - r.timing.duration;
-        r.model = Arc::from(model);
+        r.labels.model = Arc::from(model);
         r
     }
 
@@ -832,7 +821,7 @@ mod tests {
         let b = FingerprintId::from_hash(0xb);
         for (fingerprint, tokens) in [(a, 10), (a, 10), (b, 30)] {
             let mut r = ending_at(at(60), tokens, "m");
-            r.fingerprint = fingerprint;
+            r.labels.fingerprint = fingerprint;
             production.add(&r);
         }
         let now = at(120);
@@ -860,7 +849,7 @@ mod tests {
         // Past MAX_FINGERPRINTS_PER_MODEL since start, the first seen goes.
         for i in 0..MAX_FINGERPRINTS_PER_MODEL as u64 {
             let mut r = ending_at(at(60), 1, "m");
-            r.fingerprint = FingerprintId::from_hash(0x100 + i);
+            r.labels.fingerprint = FingerprintId::from_hash(0x100 + i);
             production.add(&r);
         }
         let kept = production.fingerprints(Window::All, "m", now);

@@ -164,6 +164,15 @@ pub enum Command {
     ///   printf %s "$API_KEY" | tokentap tenants hash-key
     #[command(verbatim_doc_comment)]
     Tenants(super::tenants::TenantsArgs),
+    /// The one verdict of a running proxy, per model: does production meet the SLO (the worst
+    /// cell and its attainment), does it agree with the sweep, how much headroom is left and
+    /// what it rests on, drift against the reference, a configuration change in the window.
+    /// Reads GET /status on the admin listener; every line within 120 columns.
+    ///
+    /// Example:
+    ///   tokentap status --admin http://127.0.0.1:9464 --token "$TOKEN"
+    #[command(verbatim_doc_comment)]
+    Status(super::status::StatusArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     ///
     /// Examples:
@@ -211,9 +220,10 @@ pub fn main() -> ExitCode {
             Command::Reference(args) => super::reference::run(args).await,
             Command::Workload(args) => super::workload::run(args).await,
             Command::Fleet(args) => super::fleet::run(args).await,
-            Command::Replay(args) => super::replay::run(args, super::serve::build_proxy).await,
+            Command::Replay(args) => super::replay::run(args).await,
             Command::Rules(args) => super::rules::run(args),
             Command::Tenants(args) => super::tenants::run(args),
+            Command::Status(args) => super::status::run(args).await,
             Command::Completions(_) => Ok(ExitCode::SUCCESS),
         }
     });

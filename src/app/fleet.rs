@@ -133,9 +133,10 @@ pub struct MatrixArgs {
     /// Only replicas of this configuration fingerprint (the `fingerprint` label).
     #[arg(long, value_name = "ID")]
     pub fingerprint: Option<String>,
-    /// md, json, csv, html, svg or table (as `matrix show`).
-    #[arg(long, short, value_parser = super::output::format_parser(&MATRIX_FORMATS), default_value = "md")]
-    pub format: Format,
+    /// md, json, csv, html, svg or table (as `matrix show`). Default: `table` on a terminal,
+    /// `md` in a pipe or with --output.
+    #[arg(long, short, value_parser = super::output::format_parser(&MATRIX_FORMATS))]
+    pub format: Option<Format>,
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -256,7 +257,14 @@ async fn matrix(args: &MatrixArgs) -> anyhow::Result<ExitCode> {
     let client = args.source.client()?;
     let query = args.source.query(args.fingerprint.clone())?;
     let doc = fleet_matrix(&client, &query, args.source.instant()?).await?;
-    let text = args.format.render(&doc);
+    let format = args
+        .format
+        .unwrap_or(if super::matrix::to_terminal(args.output.as_deref()) {
+            Format::Table
+        } else {
+            Format::Markdown
+        });
+    let text = format.render(&doc);
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
 }

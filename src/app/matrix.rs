@@ -126,12 +126,20 @@ pub struct CapacityArgs {
     pub file: PathBuf,
     #[command(flatten)]
     pub slo: SloArgs,
-    /// Output format.
-    #[arg(long, short, value_enum, default_value_t = CapacityFormat::Md)]
-    pub format: CapacityFormat,
+    /// Output format. Default: `table` on a terminal, `md` in a pipe or with --output.
+    #[arg(long, short, value_enum)]
+    pub format: Option<CapacityFormat>,
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
+    /// Also advise the engine's own limits from the capacity and the measured prefill rate:
+    /// the concurrency cap (sglang --max-running-requests, vLLM --max-num-seqs) and the queue
+    /// caps (vLLM --max-num-queued-tokens and --max-num-queued-reqs, sglang
+    /// --max-queued-requests), each with the figures it came from (docs/capacity.md). With
+    /// --format json the advice alone (schema tokentap.engine-advice/v1); md and table: after
+    /// the capacity.
+    #[arg(long)]
+    pub advise: bool,
 }
 
 /// The renderings `matrix show` offers.
@@ -193,9 +201,9 @@ pub struct DiffArgs {
     pub a: PathBuf,
     /// The matrix B compared with A; every ratio is B ÷ A.
     pub b: PathBuf,
-    /// Output format.
-    #[arg(long, short, value_enum, default_value_t = DiffFormat::Md)]
-    pub format: DiffFormat,
+    /// Output format. Default: `table` on a terminal, `md` in a pipe or with --output.
+    #[arg(long, short, value_enum)]
+    pub format: Option<DiffFormat>,
     /// Write the diff to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -243,7 +251,36 @@ fn capacity_command(args: &CapacityArgs) -> anyhow::Result<ExitCode> {
         .ok_or_else(|| anyhow::anyhow!("give the SLO with --slo, e.g. --slo ttft=2s,tbt=50ms"))?;
     let doc = load(&args.file)?;
     let report = crate::matrix::capacity::capacity(&doc, &query)?;
-    let text = match args.format {
+    let format = args
+        .format
+        .unwrap_or(if to_terminal(args.output.as_deref()) {
+            CapacityFormat::Table
+        } else {
+            CapacityFormat::Md
+        });
+    if args.advise {
+        use crate::matrix::advise::{advise, render_advice_json, render_advice_markdown};
+        let advice = advise(&doc, &report);
+        let text = match format {
+            CapacityFormat::Json => render_advice_json(&advice),
+            CapacityFormat::Md => format!(
+                "{}\n{}",
+                crate::matrix::capacity::render_capacity_markdown(&report),
+                render_advice_markdown(&advice)
+            ),
+            CapacityFormat::Table => format!(
+                "{}\n{}",
+                crate::matrix::capacity::render_capacity_table(&report),
+                render_advice_markdown(&advice)
+            ),
+            CapacityFormat::Html => {
+                anyhow::bail!("--advise writes md, table or json, not html")
+            }
+        };
+        write_output(args.output.as_deref(), &text)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let text = match format {
         CapacityFormat::Md => crate::matrix::capacity::render_capacity_markdown(&report),
         CapacityFormat::Json => crate::matrix::capacity::render_capacity_json(&report),
         CapacityFormat::Html => crate::matrix::html::render_html_with_capacity(&doc, &report),
@@ -251,6 +288,13 @@ fn capacity_command(args: &CapacityArgs) -> anyhow::Result<ExitCode> {
     };
     write_output(args.output.as_deref(), &text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether a rendering goes to a terminal (no `--output` file, stdout a terminal): there the
+/// default is the aligned table within 120 columns, elsewhere Markdown, as `matrix show` does.
+pub(super) fn to_terminal(output: Option<&Path>) -> bool {
+    use std::io::IsTerminal as _;
+    output.is_none() && std::io::stdout().is_terminal()
 }
 
 /// Writes a rendering to `output`, or to standard output (flushed) when there is none.
@@ -344,10 +388,25 @@ fn diff_command(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     }
     let a = load(&args.a)?;
     let b = load(&args.b)?;
+    // A sweep shaped like production and one by the seed method answer different questions
+    // (`matrix::doc::LIKE_PRODUCTION`): their figures are never set side by side.
+    anyhow::ensure!(
+        a.like_production() == b.like_production(),
+        "{} was measured with requests shaped like production and {} with the seed method's identical warm streams: their figures answer different questions and are not compared (diff two matrices of the same shape)",
+        if a.like_production() { args.a.display() } else { args.b.display() },
+        if a.like_production() { args.b.display() } else { args.a.display() },
+    );
     let mut result = diff::diff(&a, &b);
     result.a.label = args.a.display().to_string();
     result.b.label = args.b.display().to_string();
-    let text = match args.format {
+    let format = args
+        .format
+        .unwrap_or(if to_terminal(args.output.as_deref()) {
+            DiffFormat::Table
+        } else {
+            DiffFormat::Md
+        });
+    let text = match format {
         DiffFormat::Md => diff::render_diff_markdown(&result),
         DiffFormat::Json => diff::render_diff_json(&result),
         DiffFormat::Html => crate::matrix::html::render_diff_html(&result),

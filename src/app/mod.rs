@@ -3,7 +3,9 @@
 //! domain module imports anything from here.
 //!
 //! - [`cli`]: argument parsing, the runtime, exit codes.
-//! - [`serve`]: `tokentap serve`, and the wiring every command that runs a proxy shares
+//! - [`proxy`](mod@proxy): the one place a configuration becomes the proxy's data path
+//!   ([`proxy::build_proxy`]), for serve, sweep, replay and (through serve) demo.
+//! - [`serve`]: `tokentap serve`, and the wiring every command that runs a whole server shares
 //!   ([`serve::ProxyServer`]: config → proxy, meter, sinks, listeners, tasks, shutdown).
 //! - [`sweep`]: `tokentap sweep`.
 //! - [`simulate`]: `tokentap simulate`.
@@ -25,11 +27,13 @@ pub mod drift;
 pub mod fleet;
 pub mod matrix;
 pub mod output;
+pub mod proxy;
 pub mod reference;
 pub mod replay;
 pub mod rules;
 pub mod serve;
 pub mod simulate;
+pub mod status;
 pub mod store;
 pub mod sweep;
 pub mod tenants;

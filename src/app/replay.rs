@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::output::OutputFormat;
+use super::proxy::build_proxy;
 use super::sweep::{write_matrix, EXIT_CANCELLED};
 use crate::config::{Config, ConfigLoader};
 use crate::matrix::diff::{diff, render_diff_json, render_diff_markdown, MatrixDiff};
@@ -118,12 +119,8 @@ const DRAIN_ALLOWANCE: Duration = Duration::from_secs(60);
 /// what the previous replay left running.
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
-/// Builds the data path from a configuration (`serve::build_proxy`; passed in by the command
-/// layer, so this module does not import the wiring above it).
-pub type BuildProxy = fn(&Config) -> anyhow::Result<Arc<Proxy>>;
-
 /// `tokentap replay`.
-pub async fn run(args: ReplayArgs, build_proxy: BuildProxy) -> anyhow::Result<ExitCode> {
+pub async fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let trace = read_trace_file(&args.trace)?;
     anyhow::ensure!(
         !trace.requests.is_empty(),
@@ -174,7 +171,6 @@ pub async fn run(args: ReplayArgs, build_proxy: BuildProxy) -> anyhow::Result<Ex
     let common = Common {
         args: &args,
         trace: &trace,
-        build_proxy,
         deployment: &deployment,
         stop,
     };
@@ -193,7 +189,6 @@ pub async fn run(args: ReplayArgs, build_proxy: BuildProxy) -> anyhow::Result<Ex
 struct Common<'a> {
     args: &'a ReplayArgs,
     trace: &'a Trace,
-    build_proxy: BuildProxy,
     deployment: &'a Deployment,
     stop: watch::Receiver<bool>,
 }
@@ -207,7 +202,7 @@ impl Common<'_> {
         if self.deployment.target.is_some() {
             super::sweep::check_target(&config).await?;
         }
-        Ok(((self.build_proxy)(&config)?, config.evidence))
+        Ok((build_proxy(&config)?, config.evidence))
     }
 
     /// The configuration of the in-process proxy in front of `url`.

@@ -8,7 +8,9 @@ use anyhow::Context as _;
 use tokio::net::TcpListener;
 
 use crate::sim::from_matrix::{self, FromMatrixOptions};
-use crate::sim::{lag, serve, Dialect, Profile, SimOptions, BUILTIN_PROFILES, DEFAULT_PROFILE};
+use crate::sim::{
+    lag, serve, Dialect, Profile, QueueCaps, SimOptions, BUILTIN_PROFILES, DEFAULT_PROFILE,
+};
 
 /// Arguments of `tokentap simulate`.
 #[derive(Debug, clap::Args)]
@@ -96,6 +98,16 @@ pub struct SimulateArgs {
     /// `capacity.max_running_requests`.
     #[arg(long, value_name = "N")]
     pub max_running_requests: Option<u32>,
+    /// Like sglang's --max-queued-requests (sglang dialect) and vLLM's --max-num-queued-reqs
+    /// (vLLM dialect): at most N requests wait; one arriving at a full queue is refused with
+    /// the engine's 503 ("The request queue is full." / QueueOverflowError). Default: no cap.
+    #[arg(long, value_name = "N", visible_alias = "max-num-queued-reqs")]
+    pub max_queued_requests: Option<u64>,
+    /// Like vLLM's --max-num-queued-tokens: at most N prompt tokens wait for prefill, the
+    /// arriving request's included; over it the request is refused with 503
+    /// (MaxQueuedTokensError). Default: no cap.
+    #[arg(long, value_name = "N")]
+    pub max_num_queued_tokens: Option<u64>,
     /// Print the names of the built-in profiles and exit.
     #[arg(long)]
     pub list_profiles: bool,
@@ -190,6 +202,10 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         priority_scheduling: args.enable_priority_scheduling
             || args.scheduling_policy == SchedulingPolicy::Priority,
         low_priority_values_first: args.schedule_low_priority_values_first,
+        queue_caps: QueueCaps {
+            requests: args.max_queued_requests,
+            tokens: args.max_num_queued_tokens,
+        },
     };
     if let Some(streams) = args.measure_lag {
         let report = lag::measure(

@@ -109,8 +109,9 @@ pub struct SweepArgs {
     /// attainment, median, p90 or p99. Default auto.
     #[arg(long, value_name = "BASIS", requires = "find_capacity")]
     pub capacity_basis: Option<String>,
-    /// Directory for matrix.json, matrix.html and matrix.md. Default tokentap-sweep-ID (the
-    /// sweep's id).
+    /// Directory for matrix.json, matrix.html and matrix.md. Default: the store's folder,
+    /// <store.data_dir>/sweeps/tokentap-sweep-ID (the sweep's id), or a temporary folder when
+    /// no store is configured; the path is printed.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Configuration file: its sweep section gives the defaults; with --target its upstream and
@@ -138,6 +139,17 @@ pub struct SweepArgs {
     /// they ran beside. Better: drain the replica first.
     #[arg(long)]
     pub beside_production: bool,
+    /// Shape the cells like production's traffic of the model: per context, the cached share
+    /// of the prompt production shows, the rest cold and unique per request, output lengths
+    /// drawn from production's (needs production through the proxy: --admin). Its cells are
+    /// labelled like-production and never compared with seed-method sweeps. --find-capacity
+    /// uses it when production has evidence; --seed-method keeps the seed tool's shape.
+    #[arg(long, conflicts_with = "seed_method")]
+    pub like_production: bool,
+    /// With --find-capacity: measure with the seed tool's identical warm streams even when
+    /// production has evidence for the model.
+    #[arg(long)]
+    pub seed_method: bool,
 }
 
 impl SweepArgs {
@@ -163,6 +175,13 @@ impl SweepArgs {
             attainment: self.attainment,
             capacity_basis: self.capacity_basis.clone(),
             beside_production: self.beside_production.then_some(true),
+            like_production: if self.like_production {
+                Some(true)
+            } else if self.seed_method {
+                Some(false)
+            } else {
+                None
+            },
         }
     }
 
@@ -207,7 +226,7 @@ async fn dry_run(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCode
     if admins.is_empty() {
         let config = args.load_config()?;
         check_target(&config).await?;
-        let proxy = super::serve::build_proxy(&config)?;
+        let proxy = super::proxy::build_proxy(&config)?;
         let manager = SweepManager::in_memory(
             crate::synthetic::ProxyPath::shared(proxy),
             config.sweep.clone(),
@@ -309,10 +328,13 @@ async fn run_fleet(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCo
         .collect();
     let spread = fleet_spread(&docs);
     let dir = args.out.clone().unwrap_or_else(|| {
-        PathBuf::from(format!(
-            "tokentap-fleet-sweep-{}",
-            replicas.first().map_or("none", |(_, s)| s.id.as_str())
-        ))
+        default_out(
+            args,
+            &format!(
+                "fleet-{}",
+                replicas.first().map_or("none", |(_, s)| s.id.as_str())
+            ),
+        )
     });
     let mut written = Vec::new();
     for (i, (_, status)) in replicas.iter().enumerate() {
@@ -364,7 +386,7 @@ async fn run_fleet(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCo
         }
         print!("{}", render_spread_markdown(&spread));
     }
-    eprintln!("tokentap sweep: {}", written.join(", "));
+    print_written(&written);
     for failure in &failures {
         eprintln!("tokentap sweep: {failure}");
     }
@@ -400,7 +422,7 @@ fn finish(args: &SweepArgs, status: &SweepStatus) -> anyhow::Result<ExitCode> {
     let dir = args
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from(format!("tokentap-sweep-{}", status.id)));
+        .unwrap_or_else(|| default_out(args, &status.id));
     let mut written = write_matrix(&dir, "matrix", matrix)?;
     if let Some(report) = &status.capacity {
         print!(
@@ -412,7 +434,7 @@ fn finish(args: &SweepArgs, status: &SweepStatus) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot write {}", path.display()))?;
         written.push(path.display().to_string());
     }
-    eprintln!("tokentap sweep: {}", written.join(", "));
+    print_written(&written);
     let measured = matrix.prefill.iter().any(|r| r.status.is_valid())
         || matrix.decode.iter().any(|c| c.status.is_valid());
     Ok(match status.state {
@@ -424,6 +446,26 @@ fn finish(args: &SweepArgs, status: &SweepStatus) -> anyhow::Result<ExitCode> {
         SweepState::Cancelled => ExitCode::from(EXIT_CANCELLED),
         _ => ExitCode::FAILURE,
     })
+}
+
+/// The files written, one path a line: a long path is never wrapped in the middle of a name
+/// among others on a 120-column terminal.
+fn print_written(written: &[String]) {
+    eprintln!("tokentap sweep: wrote");
+    for path in written {
+        eprintln!("  {path}");
+    }
+}
+
+/// Where a sweep's files go without `--out`: under the configured store's folder
+/// (`<store.data_dir>/sweeps/<id>`, the default `tokentap-data/` is git-ignored in a checkout),
+/// else a temporary folder; never loose in the current directory. The path is printed.
+fn default_out(args: &SweepArgs, id: &str) -> PathBuf {
+    let name = format!("tokentap-sweep-{id}");
+    match args.load_config().ok().and_then(|c| c.store.data_dir) {
+        Some(data_dir) => data_dir.join("sweeps").join(name),
+        None => std::env::temp_dir().join(name),
+    }
 }
 
 /// Writes `<dir>/<stem>.{json,html,md}` and returns the paths.
@@ -457,7 +499,7 @@ async fn run_local(args: &SweepArgs) -> anyhow::Result<SweepStatus> {
         }
     }
     check_target(&config).await?;
-    let proxy = super::serve::build_proxy(&config)?;
+    let proxy = super::proxy::build_proxy(&config)?;
     // The server's own state beside each cell, as `tokentap serve` has it (the scrapers end
     // with the proxy).
     crate::upstream_metrics::spawn_scrapers(&proxy.router, &proxy.meter);
@@ -505,7 +547,7 @@ pub(super) async fn check_target(config: &Config) -> anyhow::Result<()> {
     let wait = upstream.connect_timeout;
     let check = "is the inference server up, and is this its port? (sglang listens on 30000 by default, vLLM on 8000)";
     match tokio::time::timeout(wait, tokio::net::TcpStream::connect((host, port))).await {
-        Ok(Ok(_)) => Ok(()),
+        Ok(Ok(_)) => not_a_tokentap_admin(url, shown).await,
         Ok(Err(error)) if error.kind() == std::io::ErrorKind::ConnectionRefused => {
             bail!("nothing is listening at {shown} (connection refused): {check}")
         }
@@ -514,6 +556,32 @@ pub(super) async fn check_target(config: &Config) -> anyhow::Result<()> {
             "{shown} did not accept a connection within {wait:?} (upstream.connect_timeout): {check}"
         ),
     }
+}
+
+/// A `--target` that is a tokentap admin listener (it answers `/v1/models` with its own
+/// "no admin endpoint" 404) is said to be one, with the flag that takes it; anything else goes
+/// on (the sweep's own reads then say what the server is).
+async fn not_a_tokentap_admin(url: &http::Uri, shown: &str) -> anyhow::Result<()> {
+    if url.scheme_str() != Some("http") {
+        return Ok(());
+    }
+    let probe = Admin::new(&url.to_string(), None);
+    let answer = tokio::time::timeout(
+        Duration::from_secs(3),
+        probe.send(Method::GET, "/v1/models", None),
+    )
+    .await;
+    let Ok(Ok((status, body))) = answer else {
+        return Ok(());
+    };
+    let admins_own = status == StatusCode::NOT_FOUND
+        && Admin::tokentap_message(&body).is_some_and(|m| m.starts_with("no admin endpoint"));
+    if admins_own {
+        bail!(
+            "{shown} is a tokentap admin listener, not an inference server (it answered 404 \"no admin endpoint /v1/models\"): use --admin {shown} to sweep through that proxy, or give --target the inference server's URL (sglang listens on 30000 by default, vLLM on 8000)"
+        );
+    }
+    Ok(())
 }
 
 /// Follows a sweep of `manager` to its end, cancelling it on Ctrl-C.

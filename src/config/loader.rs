@@ -180,7 +180,10 @@ impl ConfigLoader {
         let raw: RawConfig = serde_path_to_error::deserialize(toml::Value::Table(self.table))
             .map_err(|error| {
                 let key = error.path().to_string();
-                let message = error.inner().message().to_string();
+                let mut message = error.inner().message().to_string();
+                if message.contains("expected a sequence") {
+                    message.push_str(&list_form(&key));
+                }
                 origins.error(&key, message)
             })?;
         Config::from_raw(raw, &origins)
@@ -196,6 +199,16 @@ fn tokentap_key(var: &str) -> Option<(&str, &str)> {
         Some(key) => Some(("", key)),
         None => rest.split_once("__"),
     }
+}
+
+/// How a list-valued key is written outside the file: `a,b` is one string to TOML, so the form
+/// that works is shown with the key's own name.
+fn list_form(key: &str) -> String {
+    let env = key.replace('.', "__").to_ascii_uppercase();
+    format!(
+        "; write a list as TOML, quoted for the shell: --set {key}='[\"a\", \"b\"]', or TOKENTAP_{env}='[\"a\", \"b\"]', or `{}` in the file",
+        key.rsplit('.').next().unwrap_or(key).to_owned() + " = [\"a\", \"b\"]"
+    )
 }
 
 fn parse_scalar(value: &str) -> toml::Value {
@@ -607,6 +620,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(unknown.contains("flag --set proxy.lisen"), "{unknown}");
+        // A list is TOML: `a,b` is one string, and the error shows the form that works.
+        let list = ConfigLoader::new()
+            .set_args(&["tenants.allow=a,b".to_owned()])
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            list.contains("flag --set tenants.allow")
+                && list.contains(r#"--set tenants.allow='["a", "b"]'"#)
+                && list.contains(r#"TOKENTAP_TENANTS__ALLOW='["a", "b"]'"#),
+            "{list}"
+        );
+        let config = ConfigLoader::new()
+            .set_args(&[
+                r#"tenants.allow=["a", "b"]"#.to_owned(),
+                "tenants.header=x-t".to_owned(),
+            ])
+            .unwrap()
+            .load()
+            .unwrap();
+        let allowed: Vec<&str> = config.tenants.allow.iter().map(|a| &**a).collect();
+        assert_eq!(allowed, ["a", "b"]);
         for (bad, shown) in [
             ("proxy.listen", "proxy.listen"),
             ("listen=1", "listen"),

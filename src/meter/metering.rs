@@ -14,11 +14,12 @@ use std::time::SystemTime;
 use tokio::time::Instant;
 
 use crate::base::lock;
-use crate::base::{Route, Source};
+use crate::base::Source;
 
 use super::bounds::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
 use super::buckets::Ladder;
 use super::inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
+use super::labels::{RequestLabels, SettleLabels};
 use super::record::{
     prefill_rate, time_between_tokens, Buckets, Interference, Outcome, Overhead, RequestRecord,
     SloResult, Timing, Tokens,
@@ -176,8 +177,24 @@ impl Meter {
             .map_or(0, |c| c.load(Ordering::Relaxed).max(0) as u64)
     }
 
-    /// Counts a metered request in. `head_in` is when its head arrived.
-    pub fn begin(self: &Arc<Self>, labels: RequestLabels, head_in: Instant) -> RequestMeter {
+    /// Counts a metered request in: `start` says who it is and what its head and body said
+    /// (labels alone for a request known only by them); `head_in` is when its head arrived.
+    pub fn begin(
+        self: &Arc<Self>,
+        start: impl Into<RequestStart>,
+        head_in: Instant,
+    ) -> RequestMeter {
+        let RequestStart {
+            labels,
+            max_tokens,
+            with_tools,
+            prefix_blocks,
+            slo,
+            request_id,
+            body_read,
+            estimated_prompt_tokens,
+            settle,
+        } = start.into();
         let tracker = self.inflight.tracker(&labels.upstream, &labels.model);
         let guard = tracker.enter(head_in);
         let server_state = self
@@ -190,29 +207,39 @@ impl Meter {
         if let Some(c) = self.inflight_by_source.get(labels.source.index()) {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        for sink in lock::read(&self.sinks).iter() {
-            sink.started(&labels);
+        // Provisional labels make no series: the sinks hear of the request once they are
+        // settled (its first token) or as it ends.
+        if settle.is_none() {
+            for sink in lock::read(&self.sinks).iter() {
+                sink.started(&labels);
+            }
         }
-        RequestMeter {
+        let mut timeline = Timeline::new(head_in, &TOKEN_GAP_BUCKETS, &OVERHEAD_BUCKETS);
+        timeline.body_read = body_read;
+        let mut meter = RequestMeter {
             meter: Arc::clone(self),
-            timeline: Timeline::new(head_in, &TOKEN_GAP_BUCKETS, &OVERHEAD_BUCKETS),
+            timeline,
             started_at: SystemTime::now(),
             labels,
             guard: Some(guard),
-            max_tokens: None,
-            fingerprint: super::identity::FingerprintId::UNKNOWN,
-            prefix_blocks: Vec::new(),
+            max_tokens,
+            prefix_blocks,
             status: 0,
             streaming: false,
-            with_tools: false,
+            with_tools,
             inflight_at_head: tracker.current(),
             interference: InterferenceSpan::default(),
             clamped: false,
-            slo: ResolvedSlo::default(),
+            slo,
             server_state,
             expected: None,
-            request_id: None,
+            request_id,
+            settle,
+        };
+        if let Some(prompt_tokens) = estimated_prompt_tokens {
+            meter.expect_cell(prompt_tokens);
         }
+        meter
     }
 
     fn publish(&self, record: RequestRecord) -> Arc<RequestRecord> {
@@ -225,24 +252,47 @@ impl Meter {
     }
 }
 
-/// Who a metered request is, for labels and aggregation.
+/// What is known of a metered request as it starts, handed to [`Meter::begin`] in one piece:
+/// who it is, and what its head and body said. A request known only by its labels (a test, a
+/// bench) starts from them, the rest unknown (`From<RequestLabels>`).
 #[derive(Debug, Clone)]
-pub struct RequestLabels {
-    pub route: Route,
-    pub source: Source,
-    /// The model the server serves (`proxy::service::recorded_model`): every matrix key.
-    pub model: Arc<str>,
-    /// The name the client sent, when it differs from `model` (bounded like model labels):
-    /// an attribute of the request's span, never a key.
-    pub asked_model: Option<Arc<str>>,
-    pub upstream: Arc<str>,
-    pub tag: Option<Arc<str>>,
-    /// The tenant the request is counted under (`[tenants]`: an allow-listed name or
-    /// `other`); `None` when tenants are off. A key of the matrix and a label of the cell
-    /// series.
-    pub tenant: Option<Arc<str>>,
-    /// The band of the request's `priority` field, when it sent one.
-    pub priority: Option<super::priority::PriorityBand>,
+pub struct RequestStart {
+    pub labels: RequestLabels,
+    /// The generation limit the client set.
+    pub max_tokens: Option<u64>,
+    /// The request offered tools (`RequestFacts::with_tools`).
+    pub with_tools: bool,
+    /// The prompt's salted prefix block ids (empty unless the workload capture is on).
+    pub prefix_blocks: Vec<u64>,
+    /// The request's SLO targets (none unless the proxy resolved some).
+    pub slo: ResolvedSlo,
+    /// The request's id, carried into its record (see `RequestRecord::request_id`).
+    pub request_id: Option<Arc<str>>,
+    /// When its body had been read whole: tokentap's own time before the upstream send counts
+    /// from there (from head in without it).
+    pub body_read: Option<Instant>,
+    /// Its prompt's tokens as estimated from the prompt's size, when known: the cell it is
+    /// expected in is said to the sinks as it begins ([`RequestMeter::expect_cell`]).
+    pub estimated_prompt_tokens: Option<u64>,
+    /// Set when the labels are provisional (the upstream has not said what it serves or runs
+    /// yet): what settles them at the first token or at the end ([`SettleLabels`]).
+    pub settle: Option<Arc<dyn SettleLabels>>,
+}
+
+impl From<RequestLabels> for RequestStart {
+    fn from(labels: RequestLabels) -> Self {
+        Self {
+            labels,
+            max_tokens: None,
+            with_tools: false,
+            prefix_blocks: Vec::new(),
+            slo: ResolvedSlo::default(),
+            request_id: None,
+            body_read: None,
+            estimated_prompt_tokens: None,
+            settle: None,
+        }
+    }
 }
 
 /// The measurement of one request in progress.
@@ -255,33 +305,33 @@ pub struct RequestMeter {
     meter: Arc<Meter>,
     /// Present until the record is published.
     guard: Option<InflightGuard>,
-    pub labels: RequestLabels,
+    labels: RequestLabels,
     /// A token count of this request was clamped: its record is marked approximate.
     clamped: bool,
-    pub streaming: bool,
+    streaming: bool,
     /// The request offered tools (`RequestFacts::with_tools`).
-    pub with_tools: bool,
+    with_tools: bool,
     /// The prefill integrals read at the first and the latest token.
     interference: InterferenceSpan,
-    pub timeline: Timeline,
-    pub started_at: SystemTime,
-    pub max_tokens: Option<u64>,
-    /// The upstream's configuration when the request started (read from its lock-free slot
-    /// by whoever begins the request; `unknown` if nobody does).
-    pub fingerprint: super::identity::FingerprintId,
+    timeline: Timeline,
+    started_at: SystemTime,
+    max_tokens: Option<u64>,
     /// The prompt's salted prefix block ids (empty unless the workload capture is on).
-    pub prefix_blocks: Vec<u64>,
+    prefix_blocks: Vec<u64>,
     /// Upstream status (or tokentap's own answer, e.g. 502).
-    pub status: u16,
+    status: u16,
     inflight_at_head: u32,
     /// The request's SLO targets (none unless the proxy resolved some).
-    pub slo: ResolvedSlo,
+    slo: ResolvedSlo,
     /// The upstream's scraped-state tracker and its integrals at head in, when scraped.
     server_state: Option<(Arc<ServerStateTracker>, StateReading)>,
     /// The cell last announced to the sinks (`expect_cell`).
     expected: Option<ExpectedCell>,
     /// The request's id, carried into its record (see `RequestRecord::request_id`).
-    pub request_id: Option<std::sync::Arc<str>>,
+    request_id: Option<std::sync::Arc<str>>,
+    /// While its labels are provisional: what settles them (cold: asked at the first token
+    /// and at the end only).
+    settle: Option<Arc<dyn SettleLabels>>,
 }
 
 impl std::fmt::Debug for RequestMeter {
@@ -299,6 +349,13 @@ impl RequestMeter {
     /// sinks hear of each cell once per request. Called at admission and at the first token
     /// (one read lock, like the first token's own bookkeeping; never on later events).
     pub fn expect_cell(&mut self, prompt_tokens: u64) {
+        if self.guard.is_none() {
+            return;
+        }
+        // Provisional labels are settled here if the upstream has said by now; until they
+        // are, the cell is kept (a failed request's context) but no sink hears of it.
+        let was_provisional = self.settle.is_some();
+        let provisional = was_provisional && !self.settle_labels();
         let Some(guard) = &self.guard else {
             return;
         };
@@ -308,15 +365,76 @@ impl RequestMeter {
                 .meter
                 .concurrency
                 .concurrency_bucket_of_count(guard.tracker().current()),
-            fingerprint: self.fingerprint,
+            fingerprint: self.labels.fingerprint,
         };
-        if self.expected == Some(cell) {
+        let newly_settled = was_provisional && !provisional;
+        if self.expected == Some(cell) && !newly_settled {
             return;
         }
         self.expected = Some(cell);
+        if provisional {
+            return;
+        }
         for sink in lock::read(&self.meter.sinks).iter() {
             sink.expected(&self.labels, cell);
         }
+    }
+
+    /// Settles provisional labels with what the upstream has said by now; whether they are
+    /// settled. Once settled, the sinks hear that the request started (they heard nothing of
+    /// it under its provisional labels). At most at the first token and at the end.
+    fn settle_labels(&mut self) -> bool {
+        let Some(settle) = &self.settle else {
+            return true;
+        };
+        if !settle.settle(&mut self.labels) {
+            return false;
+        }
+        self.settle = None;
+        for sink in lock::read(&self.meter.sinks).iter() {
+            sink.started(&self.labels);
+        }
+        true
+    }
+
+    /// The request was sent on to the upstream at `at`.
+    pub fn upstream_sent(&mut self, at: Instant) {
+        self.timeline.upstream_sent = Some(at);
+    }
+
+    /// The upstream's response head arrived at `at`, with `status`.
+    pub fn response_head(&mut self, at: Instant, status: u16) {
+        self.timeline.response_head = Some(at);
+        self.status = status;
+    }
+
+    /// The status the request was answered with: the upstream's, or tokentap's own (a 502).
+    pub fn set_status(&mut self, status: u16) {
+        self.status = status;
+    }
+
+    /// The status the request was answered with (0 until it was).
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// Whether the answer is an event stream (a non-streamed answer reaches its client whole,
+    /// which its SLO verdict reads).
+    pub fn set_streaming(&mut self, streaming: bool) {
+        self.streaming = streaming;
+    }
+
+    /// A frame of the response body arrived at `at`: the first one is its first byte. On every
+    /// frame's path: one branch.
+    #[inline]
+    pub fn first_byte(&mut self, at: Instant) {
+        self.timeline.first_byte.get_or_insert(at);
+    }
+
+    /// A frame that `arrived` was handed on at `forwarded`: the time tokentap held it.
+    #[inline]
+    pub fn frame(&mut self, arrived: Instant, forwarded: Instant) {
+        self.timeline.frame(arrived, forwarded);
     }
 
     /// Whether no output token was seen yet (the next one is the first).
@@ -418,6 +536,14 @@ impl RequestMeter {
         self.guard.as_ref()?;
         let (usage, completion_tokens, exact) =
             self.plausible_counts(usage, completion_tokens, exact);
+        if self.settle.is_some() && !self.settle_labels() {
+            // Still provisional as it ends: recorded under what is known, the sinks told it
+            // started first (they heard nothing of it).
+            self.settle = None;
+            for sink in lock::read(&self.meter.sinks).iter() {
+                sink.started(&self.labels);
+            }
+        }
         let guard = self.guard.take()?;
         let now = Instant::now();
         self.timeline.end = Some(now);
@@ -440,15 +566,7 @@ impl RequestMeter {
         let buckets = self.buckets(&tokens, &interference);
         let slo = self.slo_result(outcome, &timing, completion_tokens);
         let record = RequestRecord {
-            route: self.labels.route,
-            source: self.labels.source,
-            model: Arc::clone(&self.labels.model),
-            asked_model: self.labels.asked_model.clone(),
-            upstream: Arc::clone(&self.labels.upstream),
-            tag: self.labels.tag.clone(),
-            tenant: self.labels.tenant.clone(),
-            priority: self.labels.priority,
-            fingerprint: self.fingerprint,
+            labels: self.labels.clone(),
             outcome,
             status: self.status,
             streaming: self.streaming,

@@ -6,6 +6,7 @@ pub mod bounds;
 pub mod buckets;
 pub mod identity;
 pub mod inflight;
+pub mod labels;
 mod metering;
 pub mod priority;
 pub mod record;
@@ -14,7 +15,8 @@ pub mod slo;
 pub mod striped;
 pub mod timeline;
 
+pub use labels::RequestLabels;
 pub use metering::{
-    ExpectedCell, Meter, RecordSink, RequestLabels, RequestMeter, Usage, MAX_TOKENS_PER_EVENT,
+    ExpectedCell, Meter, RecordSink, RequestMeter, RequestStart, Usage, MAX_TOKENS_PER_EVENT,
     MAX_TOKENS_PER_REQUEST, PROMPT_BYTES_PER_TOKEN,
 };

@@ -36,7 +36,7 @@ impl PriorityBand {
     }
 
     /// The `priority` label value and the `?priority=` query value.
-    pub fn label(self) -> &'static str {
+    pub const fn label(self) -> &'static str {
         match self {
             Self::Negative => "negative",
             Self::Zero => "0",

@@ -10,8 +10,6 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::base::{Route, Source};
-
 use super::buckets::MAX_LADDER;
 use super::server_state::ServerStateMeans;
 use super::timeline::{ConcurrencySplit, LocalHistogram};
@@ -57,26 +55,38 @@ pub enum Outcome {
     /// The upstream's response went silent mid-body for longer than `stream_idle_timeout`;
     /// tokentap ended it (a stalling server, not a client giving up).
     UpstreamStalled,
+    /// The engine (or a gateway in front of it) refused the request for load: status 429 or
+    /// 503 (with or without `Retry-After`), or a stream that ended with the engine's own
+    /// queue-full or priority-preemption abort (sglang's `--max-queued-requests`, vLLM's
+    /// `--max-num-queued-reqs`/`--max-num-queued-tokens`). A server failure (one of
+    /// [`Outcome::FAILURES`]: it misses every SLO and counts against availability), not a
+    /// client abort, kept apart from `upstream_error` because it means "over capacity", not
+    /// "broken".
+    Shed,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
         Outcome::Ok,
         Outcome::UpstreamError,
         Outcome::ClientAborted,
         Outcome::UpstreamAborted,
         Outcome::Timeout,
         Outcome::UpstreamStalled,
+        Outcome::Shed,
     ];
 
     /// The outcomes that are the server's failures, in [`Outcome::ALL`] order: upstream errors,
-    /// upstream aborts, timeouts and stalls. A client abort is not one (people press stop):
-    /// availability = 1 − failed ÷ (every request but client aborts), docs/metrics.md.
-    pub const FAILURES: [Outcome; 4] = [
+    /// upstream aborts, timeouts, stalls and shed requests (a request the engine refused for
+    /// load was not served: it misses its SLO and counts against availability). A client abort
+    /// is not one (people press stop): availability = 1 − failed ÷ (every request but client
+    /// aborts), docs/metrics.md.
+    pub const FAILURES: [Outcome; 5] = [
         Outcome::UpstreamError,
         Outcome::UpstreamAborted,
         Outcome::Timeout,
         Outcome::UpstreamStalled,
+        Outcome::Shed,
     ];
 
     /// Whether the request failed on the server's side (one of [`Outcome::FAILURES`]): the one
@@ -93,6 +103,7 @@ impl Outcome {
             Outcome::UpstreamAborted => "upstream_aborted",
             Outcome::Timeout => "timeout",
             Outcome::UpstreamStalled => "upstream_stalled",
+            Outcome::Shed => "shed",
         }
     }
 }
@@ -102,20 +113,9 @@ impl Outcome {
 /// `record.interference.average_active`, …).
 #[derive(Debug, Clone)]
 pub struct RequestRecord {
-    pub route: Route,
-    pub source: Source,
-    pub model: Arc<str>,
-    /// The name the client sent, when it differs from `model` (see `RequestLabels`).
-    pub asked_model: Option<Arc<str>>,
-    pub upstream: Arc<str>,
-    /// Free-form tag set by in-process callers (the sweep engine tags its cell's requests).
-    pub tag: Option<Arc<str>>,
-    /// The tenant it was counted under (see `RequestLabels`); `None` when tenants are off.
-    pub tenant: Option<Arc<str>>,
-    /// The band of its `priority` field, when it sent one.
-    pub priority: Option<super::priority::PriorityBand>,
-    /// The upstream's configuration (fingerprint) at request start.
-    pub fingerprint: super::identity::FingerprintId,
+    /// Who it was (model, upstream, route, source, configuration, traffic slice), as fixed
+    /// when it started.
+    pub labels: super::labels::RequestLabels,
     pub outcome: Outcome,
     /// HTTP status from the upstream (or the one tokentap answered with, e.g. 502).
     pub status: u16,
@@ -293,15 +293,7 @@ impl RequestRecord {
     /// (`RequestRecord { tokens, ..RequestRecord::for_test() }`).
     pub fn for_test() -> Self {
         Self {
-            route: Route::ChatCompletions,
-            source: Source::Production,
-            model: Arc::from("m"),
-            asked_model: None,
-            upstream: Arc::from("default"),
-            tag: None,
-            tenant: None,
-            priority: None,
-            fingerprint: super::identity::FingerprintId::UNKNOWN,
+            labels: super::labels::RequestLabels::for_test(),
             outcome: Outcome::Ok,
             status: 200,
             streaming: true,

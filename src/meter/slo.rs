@@ -346,6 +346,11 @@ mod tests {
                 outcome: Outcome::UpstreamStalled,
                 ..good
             },
+            // Refused for load: it served nothing, an SLO miss.
+            SloFigures {
+                outcome: Outcome::Shed,
+                ..good
+            },
         ];
         for figures in missed {
             assert_eq!(targets.judge(&figures), SloVerdict::Missed, "{figures:?}");

@@ -253,3 +253,7 @@ pub async fn serve_until<M, S, B>(
         );
     }
 }
+
+#[cfg(test)]
+#[path = "accept_tests.rs"]
+mod tests;

@@ -88,12 +88,9 @@ impl Answers {
         if let Some((route, _)) = &self.server_info {
             routes.push(route);
         }
-        let model_info_routes: Vec<&'static str> = Engine::all()
-            .into_iter()
-            .filter_map(|e| e.spec().describe.model_info)
-            .collect();
         if self.model_info.is_some() {
-            routes.extend(model_info_routes);
+            // Which engine's route gave it is not kept: every engine's counts as answered.
+            routes.extend(engine::model_info_routes());
         }
         engine::detect(&Evidence {
             owned_by: self

@@ -1,7 +1,8 @@
-//! The one reader of an upstream's self-description: every engine's server-info route
-//! (`base::engine`, with its older names asked only when the newer is missing), model info,
-//! `/v1/models`, version and the metrics page, asked at once and direct (`ask`: each bounded by
-//! its deadline and size), so a question that never answers costs its deadline and no more.
+//! The one reader of an upstream's self-description: every engine's own routes as the engine
+//! home declares them (`base::engine`: each engine's server info, with its older names asked
+//! only when the newer is missing, its model info and its version), `/v1/models` and the metrics
+//! page, asked at once and direct (`ask`: each bounded by its deadline and size), so a question
+//! that never answers costs its deadline and no more.
 //!
 //! One task per upstream reads it at start, every interval (`[fingerprint] interval`, else a
 //! minute), and at once when the upstream answers again after failing; each read is
@@ -11,44 +12,65 @@
 //! the fingerprint (`upstream_identity`, which subscribes), and the sweep, which asks for a fresh
 //! read at its start through its door (`synthetic::DataPath::describe`).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use super::answers::Answers;
+use super::answers::{model_ids, Answers};
 use super::ask;
 use super::service::Proxy;
 use super::upstream::Upstream;
-use crate::base::engine::{self, Engine};
+use crate::base::engine;
+use crate::base::json::field_text;
 use crate::config::UsageUnasked;
 
 /// Asks `upstream` everything at once, each question within `deadline`; its metrics page only
 /// when `with_metrics` (the fingerprint reads its `*_info` series, a sweep its gauges; the
 /// scraper reads the page for the server's state on its own).
 pub async fn read(upstream: &Upstream, deadline: Duration, with_metrics: bool) -> Answers {
+    read_with(upstream, deadline, with_metrics, &|_: &[&str]| {}).await
+}
+
+/// [`read`], handing `served` the models the server serves as soon as its model list answers
+/// (`/v1/models`, or the engine's model info naming its served model, whichever comes first
+/// with a model; `/v1/models` when both do), without waiting for the slower questions.
+async fn read_with(
+    upstream: &Upstream,
+    deadline: Duration,
+    with_metrics: bool,
+    served: &(dyn Fn(&[&str]) + Sync),
+) -> Answers {
     let metrics_path = upstream.config.metrics_path.clone();
-    let model_info_route = Engine::all()
-        .into_iter()
-        .find_map(|e| e.spec().describe.model_info);
-    let version_route = Engine::all()
-        .into_iter()
-        .find_map(|e| e.spec().describe.version);
+    let model_info_routes = engine::model_info_routes();
+    let version_routes = engine::version_routes();
+    // `/v1/models` answered with a model: the model info's name is not used then.
+    let listed = AtomicBool::new(false);
     let (server_info, model_info, models, version, metrics) = tokio::join!(
         server_info(upstream, deadline),
         async {
-            match model_info_route {
-                Some(route) => json(upstream, route, deadline).await,
-                None => None,
+            let info = first_json(upstream, &model_info_routes, deadline).await;
+            let name = info.as_ref().and_then(|i| field_text(i, SERVED_MODEL_KEY));
+            if let Some(name) = name.filter(|n| !n.is_empty()) {
+                if !listed.swap(true, Ordering::AcqRel) {
+                    served(&[&name]);
+                }
             }
+            info
         },
-        json(upstream, "/v1/models", deadline),
         async {
-            match version_route {
-                Some(route) => json(upstream, route, deadline).await,
-                None => None,
+            let models = json(upstream, "/v1/models", deadline).await;
+            let ids = models.as_ref().map(model_ids).unwrap_or_default();
+            if !ids.is_empty() {
+                listed.store(true, Ordering::Release);
+                served(&ids);
             }
+            models
         },
+        first_json(upstream, &version_routes, deadline),
         async {
             if with_metrics {
                 text(upstream, &metrics_path, deadline).await
@@ -64,6 +86,28 @@ pub async fn read(upstream: &Upstream, deadline: Duration, with_metrics: bool) -
         version,
         metrics,
     }
+}
+
+/// The key of an engine's model info that names the model it serves (sglang's
+/// `served_model_name`; its `model_path` is the weights, not what `/v1/models` lists).
+const SERVED_MODEL_KEY: &str = "served_model_name";
+
+/// Every engine's own route for one document (its model info, its version), asked at once:
+/// the answer of the first route, in engine order, that gave 2xx JSON. Asked together, so the
+/// routes of engines the server is not cost one deadline between them, not one each.
+fn first_json<'a>(
+    upstream: &'a Upstream,
+    routes: &'a [&'static str],
+    deadline: Duration,
+) -> Pin<Box<dyn Future<Output = Option<Value>> + Send + 'a>> {
+    Box::pin(async move {
+        let (route, later) = routes.split_first()?;
+        let (this, later) = tokio::join!(
+            json(upstream, route, deadline),
+            first_json(upstream, later, deadline)
+        );
+        this.or(later)
+    })
 }
 
 /// The first engine's server info that answers: each engine's routes in order, an older name
@@ -122,9 +166,14 @@ pub async fn read_now(
     afresh: bool,
     with_metrics: bool,
 ) -> Option<Arc<Answers>> {
-    let answers = read(upstream, ask::DEADLINE, with_metrics).await;
+    // The served models are published as soon as the model list answers: requests are
+    // recorded under them from then on, and those that started before settle under them
+    // when they end (`phase::start`), without waiting for the slower questions.
+    let early = |models: &[&str]| serve_models(proxy, upstream, models);
+    let answers = read_with(upstream, ask::DEADLINE, with_metrics, &early).await;
     if !answers.any() {
         upstream.identity.note_answer(false);
+        upstream.set_awaiting_first_read(false);
         return None;
     }
     let answers = match upstream.description() {
@@ -135,6 +184,7 @@ pub async fn read_now(
     let answers = Arc::new(answers);
     apply(proxy, upstream, &answers);
     upstream.publish_description(Arc::clone(&answers));
+    upstream.set_awaiting_first_read(false);
     Some(answers)
 }
 
@@ -143,19 +193,23 @@ pub async fn read_now(
 /// served id the client's name matches); and, for `sends_usage_unasked = "auto"`, whether the
 /// engine says it sends the final usage chunk unasked.
 fn apply(proxy: &Proxy, upstream: &Upstream, answers: &Answers) {
-    let models = answers.model_ids();
+    serve_models(proxy, upstream, &answers.model_ids());
+    if upstream.config.sends_usage_unasked == UsageUnasked::Auto {
+        if let Some(flag) = super::usage_unasked::from_answers(answers) {
+            upstream.set_usage_unasked(flag);
+        }
+    }
+}
+
+/// Every served model gets its own label, and requests are recorded under them from now on.
+fn serve_models(proxy: &Proxy, upstream: &Upstream, models: &[&str]) {
     proxy.models.serve(models.iter().copied());
-    if !models.is_empty() && upstream.set_served_models(&models) {
+    if !models.is_empty() && upstream.set_served_models(models) {
         tracing::info!(
             upstream = %upstream.name,
             models = %models.join(", "),
             "requests are recorded under the model the server serves (/v1/models), whatever name the client sends"
         );
-    }
-    if upstream.config.sends_usage_unasked == UsageUnasked::Auto {
-        if let Some(flag) = super::usage_unasked::from_answers(answers) {
-            upstream.set_usage_unasked(flag);
-        }
     }
 }
 
@@ -188,6 +242,7 @@ pub fn spawn(proxy: &Arc<Proxy>, fingerprint_interval: Duration) {
             proxy.models.serve(std::iter::once(&**model));
         }
         if wanted(upstream, fingerprint_interval) {
+            upstream.set_awaiting_first_read(true);
             tokio::spawn(read_forever(
                 Arc::downgrade(proxy),
                 index,
@@ -227,5 +282,180 @@ async fn read_forever(proxy: Weak<Proxy>, index: usize, interval: Duration, with
             () = tokio::time::sleep(wait) => false,
             () = identity.back() => true,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use serde_json::json;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+    use crate::base::engine::{
+        register, Detection, Engine, EngineSpec, FingerprintKeys, KvBudget, Metrics, RouteTable,
+        SelfDescription, UsageReport,
+    };
+    use crate::config::ConfigLoader;
+    use crate::net::faults::FaultCounters;
+
+    /// An engine that describes itself on routes of its own and is otherwise invisible (no
+    /// detection, metrics or routes), so registering it changes nothing else the tests of this
+    /// binary see. Registered, it comes before the built-in engines.
+    static SELF_DESCRIBING: EngineSpec = EngineSpec {
+        name: "describe-test",
+        detect: Detection {
+            owned_by: &[],
+            metric_prefix: None,
+            by_self_description: false,
+        },
+        describe: SelfDescription {
+            server_info: &[],
+            model_info: Some("/describe-test/model"),
+            version: Some("/describe-test/version"),
+            version_key: None,
+            model_path_key: None,
+            models_root_is_path: false,
+            context_length_key: None,
+            max_input_key: None,
+        },
+        fingerprint: FingerprintKeys {
+            names: &[],
+            prefixes: &[],
+        },
+        metrics: Metrics {
+            running: &[],
+            queued: &[],
+            kv_usage: &[],
+            prefix_hit_rate: &[],
+            prefix_hits: &[],
+            prefix_queries: &[],
+            cached_prompt_tokens: &[],
+            prompt_tokens: &[],
+            rank_label: None,
+        },
+        kv_budget: KvBudget::Unknown,
+        usage: UsageReport {
+            unasked_key: None,
+            cache_report_flag: None,
+        },
+        abort: None,
+        tokenize: &[],
+        routes: RouteTable {
+            version: "",
+            routes: &[],
+        },
+        code_fields: &[],
+        priority: None,
+    };
+
+    /// A server that answers each `GET` by its path (`answer`: status and JSON body), one
+    /// request per connection, and keeps the paths it was asked.
+    async fn scripted(
+        answer: fn(&str) -> (u16, &'static str),
+    ) -> (String, Arc<Mutex<Vec<String>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&asked);
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let seen = Arc::clone(&seen);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let head = String::from_utf8_lossy(&head);
+                    let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+                    let (status, body) = answer(&path);
+                    seen.lock().unwrap().push(path);
+                    let response = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = stream.write_all(response.as_bytes()).await;
+                });
+            }
+        });
+        (url, asked)
+    }
+
+    fn upstream(url: &str) -> Upstream {
+        let config = ConfigLoader::new()
+            .text(
+                &format!("[upstream]\nurl = \"{url}\"\nmax_connections = 8\n"),
+                "test.toml",
+            )
+            .unwrap()
+            .load()
+            .unwrap();
+        Upstream::new(
+            config.upstreams[0].clone(),
+            config.proxy.max_stream_buffer,
+            Arc::new(FaultCounters::default()),
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn engines_after_the_first_are_described_through_their_own_routes() {
+        register(&SELF_DESCRIBING);
+        assert_eq!(
+            Engine::all().first().map(|e| e.name()),
+            Some("describe-test")
+        );
+        // Answers as sglang (model info) and vLLM (version) do; the registered engine's own
+        // routes are missing here.
+        let (url, asked) = scripted(|path| match path {
+            "/model_info" => (200, r#"{"model_path":"/weights/m"}"#),
+            "/version" => (200, r#"{"version":"0.11.0"}"#),
+            _ => (404, r#"{"detail":"Not Found"}"#),
+        })
+        .await;
+        let answers = read(&upstream(&url), Duration::from_secs(5), false).await;
+        assert_eq!(
+            answers.model_info,
+            Some(json!({"model_path": "/weights/m"}))
+        );
+        assert_eq!(answers.version, Some(json!({"version": "0.11.0"})));
+        let asked = asked.lock().unwrap().clone();
+        for route in [
+            "/describe-test/model",
+            "/describe-test/version",
+            "/model_info",
+            "/version",
+        ] {
+            assert!(
+                asked.iter().any(|p| p == route),
+                "{route} not asked: {asked:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn where_two_engines_answer_the_first_in_engine_order_is_kept() {
+        register(&SELF_DESCRIBING);
+        let (url, _) = scripted(|path| match path {
+            "/describe-test/version" => (200, r#"{"version":"mine"}"#),
+            "/version" => (200, r#"{"version":"0.11.0"}"#),
+            "/describe-test/model" => (500, r#"{"detail":"broken"}"#),
+            "/model_info" => (200, r#"{"model_path":"/weights/m"}"#),
+            _ => (404, r#"{"detail":"Not Found"}"#),
+        })
+        .await;
+        let answers = read(&upstream(&url), Duration::from_secs(5), false).await;
+        assert_eq!(answers.version, Some(json!({"version": "mine"})));
+        // An engine's route that fails leaves the next engine's answer.
+        assert_eq!(
+            answers.model_info,
+            Some(json!({"model_path": "/weights/m"}))
+        );
     }
 }

@@ -68,6 +68,10 @@ pub struct Upstream {
     /// What the server last said of itself (`describe`, the one reader): `None` until a read
     /// answered. Subscribers (the fingerprint) are woken by each new read.
     description: tokio::sync::watch::Sender<Option<Arc<Answers>>>,
+    /// Its first self-description read is under way (`describe::spawn` sets it for an
+    /// upstream read in the background, the first read's end clears it): requests that start
+    /// meanwhile have provisional labels, settled when they end (`phase::start`).
+    first_read: AtomicBool,
 }
 
 impl Upstream {
@@ -150,6 +154,7 @@ impl Upstream {
             client,
             inline,
             description: tokio::sync::watch::Sender::new(None),
+            first_read: AtomicBool::new(false),
         })
     }
 
@@ -247,6 +252,16 @@ impl Upstream {
         let list: Vec<Arc<str>> = models.iter().map(|m| Arc::from(*m)).collect();
         *lock::write(&self.served_models) = Arc::from(list);
         true
+    }
+
+    /// Whether its first self-description read is under way (see `first_read`).
+    pub fn awaiting_first_read(&self) -> bool {
+        self.first_read.load(Ordering::Acquire)
+    }
+
+    /// Marks its first self-description read as under way (`true`) or over (`false`).
+    pub fn set_awaiting_first_read(&self, awaiting: bool) {
+        self.first_read.store(awaiting, Ordering::Release);
     }
 
     /// The upstream URL for messages (no credentials are ever part of it).

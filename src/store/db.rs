@@ -12,6 +12,7 @@ use crate::base::lock;
 use crate::base::wallclock::{from_unix_millis, unix_millis};
 use crate::matrix::doc::MatrixDoc;
 use crate::matrix::import::{parse_json, ImportError};
+use crate::meter::labels::{SliceFilter, SliceValue, TENANT};
 
 /// The database file inside the data directory.
 pub const FILE_NAME: &str = "tokentap.sqlite3";
@@ -111,8 +112,12 @@ pub struct SnapshotInfo {
     /// Length of the window the snapshot aggregates.
     pub window: Duration,
     pub model: String,
-    /// The tenant whose requests it covers (`[tenants]`); `None`: every request.
+    /// The tenant whose requests it covers (`[tenants]`); `None`: every request, or a slice
+    /// of another dimension.
     pub tenant: Option<String>,
+    /// The slice of the traffic it covers, as its key (`tenant=search`; see
+    /// `meter::labels::SliceFilter::store_key`); `None`: every request.
+    pub slice: Option<String>,
     /// Decode cells and output tokens in it (for listings).
     pub cells: u64,
     pub output_tokens: u64,
@@ -222,7 +227,8 @@ impl Store {
                 PRAGMA user_version = 1;",
             )
             .map_err(open_error)?;
-        add_snapshot_tenant(&connection).map_err(open_error)?;
+        add_snapshot_column(&connection, "tenant").map_err(open_error)?;
+        add_snapshot_column(&connection, "slice").map_err(open_error)?;
         Ok(Store {
             path,
             connection: Mutex::new(connection),
@@ -333,15 +339,20 @@ impl Store {
         at: SystemTime,
         window: Duration,
         model: &str,
-        tenant: Option<&str>,
+        slice: &SliceFilter,
         matrix: &MatrixDoc,
     ) -> Result<i64, StoreError> {
+        // The tenant column, which older readers know, when the slice is one tenant's.
+        let tenant = slice
+            .get(TENANT.name)
+            .filter(|_| slice.parameters().count() == 1);
+        let key = slice.store_key();
         let output_tokens: u64 = matrix.decode.iter().filter_map(|c| c.output_tokens).sum();
         let connection = self.connection();
         connection
             .execute(
-                "INSERT INTO snapshots (taken_ms, window_ms, model, cells, output_tokens, matrix_json, tenant)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO snapshots (taken_ms, window_ms, model, cells, output_tokens, matrix_json, tenant, slice)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 params![
                     unix_millis(at),
                     i64::try_from(window.as_millis()).unwrap_or(i64::MAX),
@@ -349,7 +360,8 @@ impl Store {
                     i64::try_from(matrix.decode.len()).unwrap_or(i64::MAX),
                     i64::try_from(output_tokens).unwrap_or(i64::MAX),
                     crate::matrix::render_json(matrix),
-                    tenant
+                    tenant,
+                    key
                 ],
             )
             .map_err(query("put_snapshot"))?;
@@ -365,7 +377,7 @@ impl Store {
         let connection = self.connection();
         let mut statement = connection
             .prepare(
-                "SELECT id, taken_ms, window_ms, model, cells, output_tokens, tenant FROM snapshots
+                "SELECT id, taken_ms, window_ms, model, cells, output_tokens, tenant, slice FROM snapshots
                  WHERE taken_ms >= ?1 AND taken_ms < ?2 ORDER BY taken_ms, id",
             )
             .map_err(query("select snapshots"))?;
@@ -390,14 +402,31 @@ impl Store {
         model: Option<&str>,
         tenant: Option<&str>,
     ) -> Result<Option<Snapshot>, StoreError> {
+        let slice = match tenant {
+            Some(tenant) => SliceFilter::only(&TENANT, SliceValue::from(tenant)),
+            None => SliceFilter::default(),
+        };
+        self.snapshot_of(at, model, &slice)
+    }
+
+    /// The latest snapshot taken at or before `at` (of `model`, when given), of the slice of
+    /// the traffic `slice` selects (all of it when empty).
+    pub fn snapshot_of(
+        &self,
+        at: SystemTime,
+        model: Option<&str>,
+        slice: &SliceFilter,
+    ) -> Result<Option<Snapshot>, StoreError> {
         let connection = self.connection();
+        // A row written before the slice column has only its tenant.
         let row = connection
             .query_row(
-                "SELECT id, taken_ms, window_ms, model, cells, output_tokens, tenant, matrix_json
-                 FROM snapshots WHERE taken_ms <= ?1 AND (?2 IS NULL OR model = ?2) AND tenant IS ?3
+                "SELECT id, taken_ms, window_ms, model, cells, output_tokens, tenant, slice, matrix_json
+                 FROM snapshots WHERE taken_ms <= ?1 AND (?2 IS NULL OR model = ?2)
+                 AND COALESCE(slice, 'tenant=' || tenant) IS ?3
                  ORDER BY taken_ms DESC, id DESC LIMIT 1",
-                params![unix_millis(at), model, tenant],
-                |row| Ok((snapshot_info(row)?, row.get::<_, String>(7)?)),
+                params![unix_millis(at), model, slice.store_key()],
+                |row| Ok((snapshot_info(row)?, row.get::<_, String>(8)?)),
             )
             .optional()
             .map_err(query("snapshot_at"))?;
@@ -429,21 +458,28 @@ fn snapshot_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
         cells: u64::try_from(row.get::<_, i64>(4)?).unwrap_or(0),
         output_tokens: u64::try_from(row.get::<_, i64>(5)?).unwrap_or(0),
         tenant: row.get(6)?,
+        slice: row.get::<_, Option<String>>(7)?.or_else(|| {
+            row.get::<_, Option<String>>(6)
+                .ok()
+                .flatten()
+                .map(|t| format!("tenant={t}"))
+        }),
     })
 }
 
-/// Adds `snapshots.tenant` to a store made before tenants (NULL: every request). The schema
-/// version stays 1: an older tokentap reads and writes such a store as before.
-fn add_snapshot_tenant(connection: &Connection) -> rusqlite::Result<()> {
+/// Adds `snapshots.<column>` (`tenant`, then `slice`) to a store made before it (NULL: every
+/// request). The schema version stays 1: an older tokentap reads and writes such a store as
+/// before.
+fn add_snapshot_column(connection: &Connection, column: &str) -> rusqlite::Result<()> {
     let present: bool = connection.query_row(
-        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('snapshots') WHERE name = 'tenant')",
-        [],
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('snapshots') WHERE name = ?1)",
+        [column],
         |row| row.get(0),
     )?;
     if present {
         return Ok(());
     }
-    match connection.execute_batch("ALTER TABLE snapshots ADD COLUMN tenant TEXT") {
+    match connection.execute_batch(&format!("ALTER TABLE snapshots ADD COLUMN {column} TEXT")) {
         // Another process opening the same store added it first.
         Err(rusqlite::Error::SqliteFailure(_, Some(message)))
             if message.contains("duplicate column") =>
@@ -499,13 +535,19 @@ mod tests {
                         t(at),
                         Duration::from_secs(3600),
                         "m",
-                        None,
+                        &SliceFilter::default(),
                         &doc(i as u64 + 1),
                     )
                     .unwrap();
             }
             store
-                .put_snapshot(t(7200), Duration::from_secs(3600), "other", None, &doc(9))
+                .put_snapshot(
+                    t(7200),
+                    Duration::from_secs(3600),
+                    "other",
+                    &SliceFilter::default(),
+                    &doc(9),
+                )
                 .unwrap();
         }
         let store = Store::open(&dir).unwrap();

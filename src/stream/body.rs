@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::meter::record::Outcome;
 use crate::meter::RequestMeter;
 
-use super::classify::EventClassifier;
+use super::classify::{is_shed_status, EventClassifier};
 use super::edits::EditQueue;
 use super::held::{HeldBudget, HeldBuffer, Push};
 use super::rewrite::Injected;
@@ -150,7 +150,7 @@ impl Metering {
         let edits = (options.event_stream && !options.encoded && options.injected.any())
             .then(|| EditQueue::new(options.injected, options.max_event_bytes));
         let mut meter = meter;
-        meter.streaming = options.event_stream;
+        meter.set_streaming(options.event_stream);
         Box::new(Self {
             meter,
             classifier: EventClassifier::new(options.route),
@@ -274,7 +274,18 @@ impl Metering {
                 hand_back.queue = timing::queue_time(buffer.as_slice());
             }
         }
-        let outcome = if self.meter.status >= 400 || self.classifier.error_seen() {
+        let status = self.meter.status();
+        // Shed inside a stream already answered 200 only while nothing was generated (a
+        // request aborted from the queue); an abort carrying 503 after tokens came is a
+        // failure mid-generation (sglang's "Generation aborted." on a scheduler timeout or
+        // memory pressure), not load shed at admission.
+        let shed_in_stream =
+            status < 400 && self.classifier.shed_seen() && self.meter.before_first_token();
+        let outcome = if is_shed_status(u64::from(status)) || shed_in_stream {
+            // The engine (or a gateway) refused it for load: 429/503 as the answer's status,
+            // or an error event or abort carrying one before any token.
+            Outcome::Shed
+        } else if status >= 400 || self.classifier.error_seen() {
             Outcome::UpstreamError
         } else if matches!(self.mode, Mode::Sse(_)) && !self.classifier.terminal_seen() {
             // The stream closed cleanly but without its end marker (`[DONE]`, `message_stop`,
@@ -491,13 +502,13 @@ where
                     Ok(data) => {
                         let arrived = Instant::now();
                         // Before a last frame ends the request: its record has the body's time.
-                        metering.meter.timeline.first_byte.get_or_insert(arrived);
+                        metering.meter.first_byte(arrived);
                         let forward = metering.on_data(data, arrived);
                         if this.inner.is_end_stream() {
                             metering.on_end();
                             *this.inner_done = true;
                         }
-                        metering.meter.timeline.frame(arrived, Instant::now());
+                        metering.meter.frame(arrived, Instant::now());
                         if let Some(data) = forward {
                             return Poll::Ready(Some(Ok(Frame::data(data))));
                         }
@@ -609,6 +620,49 @@ mod tests {
         (out, Arc::clone(&records[0]))
     }
 
+    /// The outcome of a chat request whose upstream answered `status` with `body`.
+    fn outcome_of(status: u16, event_stream: bool, body: &str) -> Outcome {
+        let meter = Meter::new(
+            Ladder::contexts(&DEFAULT_CONTEXTS).unwrap(),
+            Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap(),
+        );
+        let sink = Arc::new(Collect::default());
+        meter.add_sink(sink.clone());
+        let mut metered = crate::stream::sample::metered_body(
+            Route::ChatCompletions,
+            status,
+            event_stream,
+            [Bytes::from(body.to_owned())],
+            &meter,
+            Injected::default(),
+        );
+        let mut cx = Context::from_waker(Waker::noop());
+        while let Poll::Ready(Some(_)) = Pin::new(&mut metered).poll_frame(&mut cx) {}
+        drop(metered);
+        let records = sink.0.lock().unwrap();
+        records[0].outcome
+    }
+
+    #[test]
+    fn answers_that_mean_the_engine_shed_the_request_are_shed() {
+        let sglang = r#"{"object":"error","message":"The request queue is full.","type":"Service Unavailable","param":null,"code":503}"#;
+        assert_eq!(outcome_of(503, false, sglang), Outcome::Shed);
+        assert_eq!(outcome_of(429, false, "{}"), Outcome::Shed);
+        assert_eq!(outcome_of(503, false, ""), Outcome::Shed);
+        // A stream already answered 200 whose error event carries the shed status.
+        let event = "data: {\"error\": {\"message\": \"The request queue is full.\", \"code\": 503}}\n\ndata: [DONE]\n\n";
+        assert_eq!(outcome_of(200, true, event), Outcome::Shed);
+        // After tokens came, a 503 abort is a failure mid-generation, not shed.
+        let mid = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\ndata: {\"error\": {\"message\": \"Generation aborted.\", \"code\": 503}}\n\ndata: [DONE]\n\n";
+        assert_eq!(outcome_of(200, true, mid), Outcome::UpstreamError);
+        // Other failures stay what they were.
+        assert_eq!(outcome_of(500, false, sglang), Outcome::UpstreamError);
+        assert_eq!(outcome_of(400, false, "{}"), Outcome::UpstreamError);
+        let refused =
+            "data: {\"error\": {\"message\": \"too long\", \"code\": 400}}\n\ndata: [DONE]\n\n";
+        assert_eq!(outcome_of(200, true, refused), Outcome::UpstreamError);
+    }
+
     /// Polls a chat stream of `frames` whose client asked for its timing by `delivery` to its
     /// end: the data and the trailers it handed over.
     fn hand_back(frames: &[&str], delivery: TimingDelivery) -> (String, Option<http::HeaderMap>) {
@@ -616,21 +670,22 @@ mod tests {
             Ladder::contexts(&DEFAULT_CONTEXTS).unwrap(),
             Ladder::concurrency(&DEFAULT_CONCURRENCY).unwrap(),
         );
-        let mut request = meter.begin(
-            crate::meter::RequestLabels {
-                route: Route::ChatCompletions,
-                source: crate::base::Source::Production,
-                model: Arc::from("m"),
-                asked_model: None,
-                upstream: Arc::from("u"),
-                tag: None,
-                tenant: None,
-                priority: None,
-            },
-            Instant::now(),
-        );
-        request.status = 200;
-        request.request_id = Some(Arc::from("r-1"));
+        let labels = crate::meter::RequestLabels {
+            route: Route::ChatCompletions,
+            source: crate::base::Source::Production,
+            model: Arc::from("m"),
+            asked_model: None,
+            upstream: Arc::from("u"),
+            tag: None,
+            fingerprint: crate::meter::identity::FingerprintId::UNKNOWN,
+            slice: Default::default(),
+        };
+        let start = crate::meter::RequestStart {
+            request_id: Some(Arc::from("r-1")),
+            ..crate::meter::RequestStart::from(labels)
+        };
+        let mut request = meter.begin(start, Instant::now());
+        request.set_status(200);
         let metering = Metering::new(
             request,
             MeteringOptions {

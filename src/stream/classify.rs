@@ -36,6 +36,10 @@ pub struct EventFacts {
     pub terminal: bool,
     /// An error event or an `{"error": …}` payload.
     pub error: bool,
+    /// The error (or sglang `/generate`'s abort) says the engine refused the request for load:
+    /// its status code is 429 or 503 (sglang's queue-full and priority-preemption aborts,
+    /// vLLM's queue caps), or a Messages error is `overloaded_error`/`rate_limit_error`.
+    pub shed: bool,
 }
 
 /// The most choices (`n`) tracked separately; further indices share the last slot, which
@@ -56,6 +60,8 @@ pub struct EventClassifier {
     /// Every output event so far had an exact token count.
     all_exact: bool,
     error_seen: bool,
+    /// An error event said the engine shed the request ([`EventFacts::shed`]).
+    shed_seen: bool,
     terminal_seen: bool,
     /// A usage report with `choices: []` (or the dialect's final usage event) was seen.
     final_usage_seen: bool,
@@ -79,6 +85,7 @@ impl EventClassifier {
             exact_tokens: 0,
             all_exact: true,
             error_seen: false,
+            shed_seen: false,
             terminal_seen: false,
         }
     }
@@ -116,6 +123,12 @@ impl EventClassifier {
         self.error_seen
     }
 
+    /// An error event or body said the engine shed the request (status code 429 or 503 in
+    /// it): the request's outcome is `shed`, not `upstream_error`.
+    pub fn shed_seen(&self) -> bool {
+        self.shed_seen
+    }
+
     pub fn terminal_seen(&self) -> bool {
         self.terminal_seen
     }
@@ -147,6 +160,7 @@ impl EventClassifier {
             self.exact_tokens = self.exact_tokens.saturating_add(facts.tokens);
         }
         self.error_seen |= facts.error;
+        self.shed_seen |= facts.shed;
         self.terminal_seen |= facts.terminal;
         facts
     }
@@ -154,8 +168,9 @@ impl EventClassifier {
     /// Interprets a complete non-streamed JSON response body.
     pub fn observe_body(&mut self, body: &[u8]) {
         let body = trim(body);
-        if json::top(body, b"error").is_some_and(|s| !json::is_null(body, s)) {
+        if let Some(error) = json::top(body, b"error").filter(|s| !json::is_null(body, *s)) {
             self.error_seen = true;
+            self.shed_seen |= shed_error(body, error);
         }
         match self.route {
             Route::ChatCompletions | Route::Completions => {
@@ -206,7 +221,10 @@ impl EventClassifier {
             match member.key.bytes(data) {
                 b"\"choices\"" => choices = Some(member.value),
                 b"\"usage\"" if !json::is_null(data, member.value) => usage = Some(member.value),
-                b"\"error\"" if !json::is_null(data, member.value) => facts.error = true,
+                b"\"error\"" if !json::is_null(data, member.value) => {
+                    facts.error = true;
+                    facts.shed = shed_error(data, member.value);
+                }
                 _ => {}
             }
         }
@@ -317,9 +335,24 @@ impl EventClassifier {
             facts.terminal = true;
             return facts;
         }
-        if json::top(data, b"error").is_some_and(|s| !json::is_null(data, s)) {
+        if let Some(error) = json::top(data, b"error").filter(|s| !json::is_null(data, *s)) {
             facts.error = true;
+            facts.shed = shed_error(data, error);
             return facts;
+        }
+        // sglang's abort of a request it shed after accepting it (queue full, preempted by a
+        // higher priority request): `meta_info.finish_reason` `{"type":"abort",
+        // "status_code":503,…}`.
+        if let Some(reason) = json::path(data, 0, &[b"meta_info", b"finish_reason"]) {
+            // Only a shed status makes it one: an abort the client asked for (`abort_request`,
+            // the sweep's own) stays what it was.
+            if json::get(data, reason.start, b"type")
+                .is_some_and(|t| json::string_eq(data, t, b"abort"))
+                && shed_error(data, reason)
+            {
+                facts.error = true;
+                facts.shed = true;
+            }
         }
         let index = json::top(data, b"index")
             .and_then(|s| json::as_u64(data, s))
@@ -383,7 +416,13 @@ impl EventClassifier {
                 }
             }
             b"message_stop" => facts.terminal = true,
-            b"error" => facts.error = true,
+            b"error" => {
+                facts.error = true;
+                facts.shed = json::path(data, 0, &[b"error", b"type"]).is_some_and(|t| {
+                    json::string_eq(data, t, b"overloaded_error")
+                        || json::string_eq(data, t, b"rate_limit_error")
+                });
+            }
             _ => {}
         }
         facts
@@ -479,6 +518,24 @@ fn generate_usage(data: &[u8], start: usize) -> Usage {
         cached_tokens: field(b"cached_tokens"),
         reasoning_tokens: None,
     }
+}
+
+/// Whether the error object (or abort finish reason) at `error` carries a shed status:
+/// `code` or `status_code` 429 or 503, as a number or a string.
+fn shed_error(data: &[u8], error: Span) -> bool {
+    [b"code".as_slice(), b"status_code"].iter().any(|key| {
+        json::get(data, error.start, key).is_some_and(|span| {
+            json::as_u64(data, span).is_some_and(is_shed_status)
+                || json::string_eq(data, span, b"429")
+                || json::string_eq(data, span, b"503")
+        })
+    })
+}
+
+/// The HTTP statuses that mean the server refused the request for load: 429 Too Many Requests
+/// and 503 Service Unavailable (with or without `Retry-After`).
+pub fn is_shed_status(status: u64) -> bool {
+    status == 429 || status == 503
 }
 
 fn add_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
@@ -766,6 +823,61 @@ mod tests {
             )],
         );
         assert!(f[0].error && c.error_seen());
+    }
+
+    #[test]
+    fn errors_with_a_shed_status_are_shed() {
+        // sglang's queue-full error event, vLLM's queue cap, a gateway's 429 as a string.
+        for (route, name, data) in [
+            (
+                Route::ChatCompletions,
+                "",
+                r#"{"error": {"object": "error", "message": "The request queue is full.", "code": 503}}"#,
+            ),
+            (
+                Route::Completions,
+                "",
+                r#"{"error":{"message":"The engine is currently busy and cannot accept new requests.","type":"QueueOverflowError","param":null,"code":503}}"#,
+            ),
+            (
+                Route::ChatCompletions,
+                "",
+                r#"{"error":{"message":"slow down","code":"429"}}"#,
+            ),
+            (
+                Route::Generate,
+                "",
+                r#"{"text":"","meta_info":{"id":"r","finish_reason":{"type":"abort","status_code":503,"message":"The request is aborted by a higher priority request."},"completion_tokens":0}}"#,
+            ),
+            (
+                Route::Messages,
+                "error",
+                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+            ),
+        ] {
+            let (c, f) = run(route, &[(name, data)]);
+            assert!(f[0].error && f[0].shed && c.shed_seen(), "{data}");
+        }
+        // A refused request (400) is an error, not a shed; a client's abort of /generate is
+        // neither.
+        let (c, _) = run(
+            Route::ChatCompletions,
+            &[("", r#"{"error": {"message": "too long", "code": 400}}"#)],
+        );
+        assert!(c.error_seen() && !c.shed_seen());
+        let (c, _) = run(
+            Route::Generate,
+            &[(
+                "",
+                r#"{"text":"hi","meta_info":{"finish_reason":{"type":"abort","message":"Abort in waiting queue"}}}"#,
+            )],
+        );
+        assert!(!c.error_seen() && !c.shed_seen());
+        let mut body = EventClassifier::new(Route::ChatCompletions);
+        body.observe_body(
+            br#"{"error":{"message":"busy","type":"MaxQueuedTokensError","code":503}}"#,
+        );
+        assert!(body.shed_seen());
     }
 
     #[test]

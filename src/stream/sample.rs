@@ -112,12 +112,12 @@ pub fn metered_body(
             asked_model: None,
             upstream: std::sync::Arc::from("u"),
             tag: None,
-            tenant: None,
-            priority: None,
+            fingerprint: crate::meter::identity::FingerprintId::UNKNOWN,
+            slice: Default::default(),
         },
         tokio::time::Instant::now(),
     );
-    request.status = status;
+    request.set_status(status);
     let metering = Metering::new(
         request,
         MeteringOptions {

@@ -73,8 +73,12 @@ pub fn server_timing(
         concurrency.label(record.buckets.concurrency)
     );
     description(&mut out, "cell", &cell);
-    if record.fingerprint != FingerprintId::UNKNOWN {
-        description(&mut out, "fingerprint", record.fingerprint.label().as_str());
+    if record.labels.fingerprint != FingerprintId::UNKNOWN {
+        description(
+            &mut out,
+            "fingerprint",
+            record.labels.fingerprint.label().as_str(),
+        );
     }
     if let Some(id) = &record.request_id {
         description(&mut out, "request", id);

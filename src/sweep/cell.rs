@@ -11,6 +11,8 @@
 //!   ([`InterferenceSum`]) over the cell's stream records.
 //! * SLO attainment: share of the cell's streams with targets that met them all ([`SloSum`]);
 //!   goodput: total tok/s × the met streams' share of the streams' completion tokens.
+//! * Shed: a cell whose failed streams were mostly shed by the engine (outcome `shed`: 429/503,
+//!   a queue cap) is `Shed`, not `Error`.
 //! * Prefill: the scout's (prompt − cached) ÷ TTFT and its TTFT.
 
 use std::sync::Arc;
@@ -68,6 +70,17 @@ fn millis(d: Duration) -> f64 {
 pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
     if let Some(first) = m.failures.first() {
         let failed = m.failures.len();
+        let shed = m
+            .records
+            .iter()
+            .filter(|r| r.outcome == Outcome::Shed)
+            .count();
+        if shed > 0 && 2 * shed >= failed {
+            // The engine refused the cell's load (429/503, a queue cap): a status of its own,
+            // a miss for capacity, not a broken measurement.
+            let reason = format!("{shed} of {} streams shed", m.streams.max(shed));
+            return DecodeCell::status_only(m.context, m.concurrency, CellStatus::shed(&reason));
+        }
         let reason = if failed == 1 {
             format!("{first} (1 of {} streams)", m.streams.max(1))
         } else {
@@ -302,13 +315,17 @@ mod tests {
     use crate::base::Route;
     use crate::base::Source;
     use crate::meter::record::{Interference, Timing, Tokens};
+    use crate::meter::RequestLabels;
     use std::time::SystemTime;
 
     fn record(ttft_ms: u64, tbt_ms: f64, active: f64) -> Arc<RequestRecord> {
         let tbt = Duration::from_secs_f64(tbt_ms / 1000.0);
         Arc::new(RequestRecord {
-            source: Source::Synthetic,
-            route: Route::Completions,
+            labels: RequestLabels {
+                source: Source::Synthetic,
+                route: Route::Completions,
+                ..RequestLabels::for_test()
+            },
             timing: Timing {
                 started_at: SystemTime::now(),
                 ttft: Some(Duration::from_millis(ttft_ms)),
@@ -404,6 +421,19 @@ mod tests {
             ..m
         };
         assert_eq!(decode_cell(&sampled).average_active_requests, Some(3.0));
+    }
+
+    #[test]
+    fn streams_the_engine_shed_make_a_shed_cell() {
+        let mut shed = (*record(100, 10.0, 1.0)).clone();
+        shed.outcome = Outcome::Shed;
+        shed.status = 503;
+        let mut m = measurement(vec![record(100, 10.0, 1.0), Arc::new(shed)]);
+        m.failures = vec!["HTTP 503: The request queue is full.".into()];
+        m.streams = 4;
+        let cell = decode_cell(&m);
+        assert_eq!(cell.status, CellStatus::Shed("1 of 4 streams shed".into()));
+        cell.validate().unwrap();
     }
 
     #[test]

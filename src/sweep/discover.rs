@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use super::plan::ServerFacts;
+use super::facts::ServerFacts;
 use crate::base::engine::{Engine, KvBudget};
 use crate::base::exposition;
 use crate::base::json::field_text as text;

@@ -20,6 +20,7 @@ use super::latest::LatestMatrix;
 use super::plan::{Plan, PlanError, SweepRequest};
 use super::preview::PlanPreview;
 use super::runner::{run, RunnerInput};
+use super::shape::ProductionShape;
 use super::status::{StatusCell, SweepState, SweepStatus, SweepSummary};
 use super::store::{MemoryStore, SweepStore};
 use crate::config::SweepConfig;
@@ -107,7 +108,23 @@ pub struct SweepManager {
     /// running one's so far.
     synthetic: LatestMatrix,
     counter: AtomicU64,
+    /// Production's matrix of a model, for sweeps shaped like it (`like_production`); none
+    /// where no production passes this proxy (`tokentap sweep --target`).
+    production: Mutex<Option<Production>>,
 }
+
+/// The production source, shown by name only.
+#[derive(Clone)]
+struct Production(ProductionSource);
+
+impl std::fmt::Debug for Production {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProductionSource")
+    }
+}
+
+/// Production's matrix of the model named, when it has any.
+pub type ProductionSource = Arc<dyn Fn(&str) -> Option<MatrixDoc> + Send + Sync>;
 
 impl SweepManager {
     /// A manager for sweeps through `path`, keeping them in `store` and publishing the latest
@@ -143,6 +160,7 @@ impl SweepManager {
             latest: Mutex::new(latest),
             synthetic,
             counter: AtomicU64::new(0),
+            production: Mutex::new(None),
         })
     }
 
@@ -154,6 +172,46 @@ impl SweepManager {
             Arc::new(MemoryStore::default()),
             LatestMatrix::default(),
         )
+    }
+
+    /// Where sweeps shaped like production (`like_production`) read production's matrix.
+    pub fn set_production(&self, source: ProductionSource) {
+        *lock(&self.production) = Some(Production(source));
+    }
+
+    /// `plan` shaped like production when the request asks for it (`like_production`), or
+    /// when it searches capacity and production has evidence for the model (unless the
+    /// request says `false`). Asked for without evidence, an error naming the key.
+    fn shape_plan(&self, request: &SweepRequest, mut plan: Plan) -> Result<Plan, PlanError> {
+        let asked = request.like_production;
+        let by_default = asked.is_none() && plan.capacity.is_some();
+        if asked != Some(true) && !by_default {
+            return Ok(plan);
+        }
+        let source = lock(&self.production).clone();
+        let shape = source
+            .and_then(|source| (source.0)(&plan.model))
+            .and_then(|doc| ProductionShape::from_matrix(&doc));
+        match shape {
+            Some(shape) => {
+                if by_default {
+                    plan.notes.push(format!(
+                        "find_capacity measured requests shaped like production's traffic, which has evidence for {} (`\"like_production\": false` keeps the seed method)",
+                        plan.model
+                    ));
+                }
+                plan.like_production = Some(shape);
+                Ok(plan)
+            }
+            None if by_default => Ok(plan),
+            None => Err(PlanError::BadValue {
+                field: "like_production".to_owned(),
+                message: format!(
+                    "production has no completed request of model `{}` through this proxy to shape the sweep like (its production matrix has no cell with requests)",
+                    plan.model
+                ),
+            }),
+        }
     }
 
     /// A fresh id: `<unix seconds in hex>-<4 hex>`, sortable by start time.
@@ -226,6 +284,7 @@ impl SweepManager {
     pub async fn preview(&self, request: &SweepRequest) -> Result<PlanPreview, StartError> {
         let facts = discover(&*self.path).await;
         let plan = Plan::resolve(request, &facts, &self.config)?;
+        let plan = self.shape_plan(request, plan)?;
         Ok(PlanPreview::new(plan, self.production_in_flight()))
     }
 
@@ -242,7 +301,9 @@ impl SweepManager {
         let id = active.id.clone();
         let status = Arc::clone(&active.status);
         let facts = discover(&*self.path).await;
-        let plan = match Plan::resolve(&request, &facts, &self.config) {
+        let plan = match Plan::resolve(&request, &facts, &self.config)
+            .and_then(|plan| self.shape_plan(&request, plan))
+        {
             Ok(plan) => plan,
             Err(error) => {
                 status.update(|s| {

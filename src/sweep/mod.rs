@@ -13,11 +13,11 @@
 //! control requests, a scoped record sink, production in flight, synthetic tokens, the server's
 //! load, aborts); the stream driver, the prompts and the load reads are `synthetic`'s.
 //!
-//! Code map: `request` (what the user asks for), `plan` (server facts and the resolved plan),
-//! `resolve` (request → resolved plan, pure), `estimate` (how long measurements take: the
-//! preview's duration and the running sweep's ETA, pure), `discover` (what the server says about
-//! itself), `cell` (records + window → matrix cells, pure),
-//! `preview` (what a plan would do, shown before it starts), `runner` (the procedure), `search` (the capacity search's next level, pure), `status` (progress and the JSON of `GET /sweeps/{id}`), `progress` (the progress line on stderr),
+//! Code map: `request` (what the user asks for), `facts` (what the server says about itself),
+//! `plan` (the resolved plan), `resolve` (request → resolved plan, pure), `estimate` (how long
+//! measurements take: the preview's duration and the running sweep's ETA, pure), `discover`
+//! (reads the server's facts), `cell` (records + window → matrix cells, pure),
+//! `preview` (what a plan would do, shown before it starts), `runner` (the procedure), `search` (the capacity search's next level, pure), `shape` (the like-production shape of a sweep's requests, read from production's matrix, pure), `status` (progress and the JSON of `GET /sweeps/{id}`), `progress` (the progress line on stderr),
 //! `store` (persistence seam over the shared SQLite store), `latest` (the latest synthetic matrix,
 //! read by the admin endpoints), `manager` (one at a time, cancel, follow). The `tokentap sweep`
 //! and `tokentap demo` commands are `app::sweep` and `app::demo`.
@@ -25,6 +25,7 @@
 pub mod cell;
 pub mod discover;
 pub mod estimate;
+pub mod facts;
 pub mod latest;
 pub mod manager;
 pub mod plan;
@@ -34,6 +35,7 @@ pub mod request;
 pub mod resolve;
 pub mod runner;
 pub mod search;
+pub mod shape;
 pub mod status;
 pub mod store;
 

@@ -1,8 +1,8 @@
-//! The sweep plan: what the server says about itself ([`ServerFacts`]), and the resolved
-//! [`Plan`] the runner executes — contexts, concurrency levels, window, max output, KV budget,
-//! which cells are over capacity, and how long every prompt is. What the user asks for
-//! ([`SweepRequest`]) is `request.rs` (re-exported here); resolving it against the facts is
-//! `resolve.rs`; this file's tests cover both.
+//! The sweep plan: the resolved [`Plan`] the runner executes — contexts, concurrency levels,
+//! window, max output, KV budget, which cells are over capacity, and how long every prompt is.
+//! What the server says about itself ([`ServerFacts`]) is `facts.rs`, what the user asks for
+//! ([`SweepRequest`]) is `request.rs` (both re-exported here); resolving the one against the
+//! other is `resolve.rs`; this file's tests cover the resolving too.
 //!
 //! Pure: no I/O, no clock. Defaults follow the seed tool: top context = context
 //! length − max output − 1024, contexts doubling from 8K below it, concurrency 1…128 doubling,
@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use super::facts::ServerFacts;
 pub use super::request::{DurationValue, PromptMode, SweepRequest, TokensValue};
+use super::shape::ProductionShape;
 use crate::base::duration::human_duration;
 use crate::base::engine::Engine;
 use crate::matrix::capacity::CapacityQuery;
@@ -34,40 +36,6 @@ pub const DEFAULT_CONCURRENCY: [u32; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
 pub const MAX_LADDER: usize = 32;
 /// Most simultaneous streams of one cell.
 pub const MAX_CONCURRENCY: u32 = 4096;
-
-/// What the server says about itself (`/v1/models`, `/server_info` or `/get_server_info`,
-/// `/metrics`); `discover.rs` asks for them (it depends on this file, not the reverse).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ServerFacts {
-    /// Which engine answers (`base::engine`); `None` when nothing said.
-    #[serde(default, with = "crate::base::engine::by_name")]
-    pub engine: Option<Engine>,
-    pub engine_version: Option<String>,
-    /// The first model `/v1/models` lists.
-    pub served_model: Option<String>,
-    pub model_path: Option<String>,
-    /// Max prompt + output tokens (`max_model_len`, `context_length`).
-    pub context_length: Option<u64>,
-    /// sglang's `max_req_input_len`: a prompt must be shorter than this (context − 5 when the
-    /// KV cache holds a whole context).
-    #[serde(default)]
-    pub max_input_tokens: Option<u64>,
-    /// KV cache in tokens, and where that figure came from.
-    pub kv_budget_tokens: Option<u64>,
-    pub kv_source: Option<String>,
-    /// The engine's running-requests gauge answers on `/metrics`.
-    pub has_running_gauge: bool,
-    /// Any of the discovery requests got a successful answer.
-    #[serde(default)]
-    pub answered: bool,
-    /// Labels a server may offer (the simulator does).
-    pub hardware: Option<String>,
-    pub gpu_count: Option<u32>,
-    pub quantization: Option<String>,
-    /// The upstream's configuration id (`upstream_identity`) when the sweep began, if read.
-    #[serde(default)]
-    pub fingerprint: Option<String>,
-}
 
 /// One prefill measurement: a scout request of `prompt_tokens` tokens reported at the nominal
 /// `context` (they differ only for the full-context row).
@@ -106,6 +74,10 @@ pub struct Plan {
     /// duration bound, and what was left out); copied into the matrix's notes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// The cells are shaped like production's traffic (`like_production`): its shape per
+    /// context, read from the production matrix when the sweep starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub like_production: Option<ProductionShape>,
 }
 
 /// A plan that cannot run; each names the field at fault.

@@ -51,6 +51,10 @@ pub struct PlanPreview {
     pub production_in_flight: u64,
     /// What resolving decided (the default plan cut to its bound, and what it left out).
     pub notes: Vec<String>,
+    /// The requests are shaped like production's traffic (`like_production`): the shape in
+    /// words; absent for the seed method.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub like_production: Option<String>,
     /// The plan itself, as the runner would execute it.
     pub plan: Plan,
 }
@@ -93,6 +97,7 @@ impl PlanPreview {
             capacity_search: plan.capacity.is_some(),
             production_in_flight,
             notes: plan.notes.clone(),
+            like_production: plan.like_production.as_ref().map(|s| s.describe()),
             plan,
         }
     }
@@ -154,6 +159,12 @@ impl PlanPreview {
                 human_duration(self.cell_duration_s)
             ),
         ];
+        lines.push(match &self.like_production {
+            Some(shape) => format!(
+                "Requests: shaped {shape} (cells labelled like-production, never compared with seed-method sweeps)"
+            ),
+            None => "Requests: the seed method (identical warm streams of max output)".to_owned(),
+        });
         if self.production_in_flight > 0 {
             lines.push(format!(
                 "Production in flight now: {} requests (a start is refused unless it runs beside production)",

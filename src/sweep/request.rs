@@ -90,4 +90,11 @@ pub struct SweepRequest {
     /// is refused with 409 while any are.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub beside_production: Option<bool>,
+    /// Shape the cells like production's traffic of the model (docs/sweep.md, "Like
+    /// production"): per context, production's cached share of the prompt shared by every
+    /// stream, the rest cold and unique per request, output lengths drawn from production's.
+    /// Needs production evidence for the model. Default: no, except with `find_capacity`,
+    /// which uses it when production has evidence (`false` keeps the seed method).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub like_production: Option<bool>,
 }

@@ -281,6 +281,7 @@ impl Plan {
                 ..query
             }),
             notes: Vec::new(),
+            like_production: None,
         };
         if default_plan {
             plan.fit_within(config.max_default_duration);

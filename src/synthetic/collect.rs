@@ -33,10 +33,10 @@ impl RecordCollector {
 
 impl RecordSink for RecordCollector {
     fn record(&self, record: &Arc<RequestRecord>) {
-        if record.source != Source::Synthetic {
+        if record.labels.source != Source::Synthetic {
             return;
         }
-        if let Some(tag) = &record.tag {
+        if let Some(tag) = &record.labels.tag {
             if tag.starts_with(&self.prefix) {
                 lock(&self.records).insert(Arc::clone(tag), Arc::clone(record));
             }

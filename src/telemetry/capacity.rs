@@ -4,7 +4,15 @@
 //! `tokentap_capacity_running_streams{upstream, model}` (requests in flight now) and
 //! `tokentap_capacity_streams{upstream, model, context_bucket, lower_bound}` (streams each
 //! context can take under the SLO). `lower_bound="true"`: the sweep never saw a cell miss, so
-//! the capacity (and the headroom) is at least the figure. The set the refresher
+//! the capacity (and the headroom) is at least the figure. Beside them, production's verdict
+//! that overrules the sweep: `tokentap_capacity_headroom_basis{upstream, model, rests_on}` (1
+//! for what the headroom rests on: `production_misses`, `sweep_and_production`,
+//! `sweep_warm_prompts`), `tokentap_capacity_production_attainment_ratio{upstream, model,
+//! context_bucket, concurrency_bucket, target}` (each context's worst production cell with
+//! evidence, its SLO attainment, `target` the targets it misses) and
+//! `tokentap_capacity_objective_ratio{upstream, model}` (the `[slo]` objective it is held to);
+//! a context whose production misses loses its `tokentap_capacity_streams` series (the sweep's
+//! boundary is no capacity there). The set the refresher
 //! computed last, replaced whole on each refresh (a model without a capacity answer loses its
 //! series at once) and written into `/metrics` as text. Never touched on the request path.
 
@@ -12,8 +20,10 @@ use std::fmt::Write as _;
 use std::sync::{Arc, RwLock};
 
 use super::names::{
-    label_value, CAPACITY_HEADROOM, CAPACITY_HEADROOM_HELP, CAPACITY_LOAD, CAPACITY_LOAD_HELP,
-    CAPACITY_RUNNING, CAPACITY_RUNNING_HELP, CAPACITY_STREAMS, CAPACITY_STREAMS_HELP,
+    label_value, CAPACITY_ATTAINMENT, CAPACITY_ATTAINMENT_HELP, CAPACITY_BASIS,
+    CAPACITY_BASIS_HELP, CAPACITY_HEADROOM, CAPACITY_HEADROOM_HELP, CAPACITY_LOAD,
+    CAPACITY_LOAD_HELP, CAPACITY_OBJECTIVE, CAPACITY_OBJECTIVE_HELP, CAPACITY_RUNNING,
+    CAPACITY_RUNNING_HELP, CAPACITY_STREAMS, CAPACITY_STREAMS_HELP,
 };
 use crate::base::lock;
 
@@ -33,6 +43,27 @@ pub struct HeadroomSample {
     /// (context ladder label, streams, whether that is a lower bound) for every context with
     /// an answer.
     pub capacities: Vec<(String, u32, bool)>,
+    /// What the headroom rests on (`production_misses`, `sweep_and_production`,
+    /// `sweep_warm_prompts`).
+    pub rests_on: &'static str,
+    /// The `[slo]` objective production is held to (0–1).
+    pub objective: f64,
+    /// Each context's worst production cell with evidence.
+    pub production: Vec<ProductionCellSample>,
+}
+
+/// A context's worst production cell with evidence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProductionCellSample {
+    /// Context ladder label.
+    pub context: String,
+    /// Concurrency ladder label.
+    pub concurrency: String,
+    /// The targets it misses (ids joined by `,`: `ttft`, `ttft,tbt`); every target where it
+    /// meets.
+    pub target: String,
+    /// Its SLO attainment (0–1).
+    pub attainment: f64,
 }
 
 /// The current capacity values, shared by the refresher and the Prometheus renderer.
@@ -92,6 +123,50 @@ impl CapacityGauges {
                 }
             }
         }
+        let _ = writeln!(out, "# HELP {CAPACITY_BASIS} {CAPACITY_BASIS_HELP}");
+        let _ = writeln!(out, "# TYPE {CAPACITY_BASIS} gauge");
+        for sample in samples.iter() {
+            let _ = writeln!(
+                out,
+                "{CAPACITY_BASIS}{{{},rests_on=\"{}\"}} 1",
+                labels(sample),
+                sample.rests_on
+            );
+        }
+        let _ = writeln!(out, "# HELP {CAPACITY_OBJECTIVE} {CAPACITY_OBJECTIVE_HELP}");
+        let _ = writeln!(out, "# TYPE {CAPACITY_OBJECTIVE} gauge");
+        for sample in samples.iter().filter(|s| s.objective.is_finite()) {
+            let _ = writeln!(
+                out,
+                "{CAPACITY_OBJECTIVE}{{{}}} {}",
+                labels(sample),
+                sample.objective
+            );
+        }
+        if samples.iter().any(|s| !s.production.is_empty()) {
+            let _ = writeln!(
+                out,
+                "# HELP {CAPACITY_ATTAINMENT} {CAPACITY_ATTAINMENT_HELP}"
+            );
+            let _ = writeln!(out, "# TYPE {CAPACITY_ATTAINMENT} gauge");
+            for sample in samples.iter() {
+                for cell in sample
+                    .production
+                    .iter()
+                    .filter(|c| c.attainment.is_finite())
+                {
+                    let _ = writeln!(
+                        out,
+                        "{CAPACITY_ATTAINMENT}{{{},context_bucket=\"{}\",concurrency_bucket=\"{}\",target=\"{}\"}} {}",
+                        labels(sample),
+                        label_value(&cell.context),
+                        label_value(&cell.concurrency),
+                        label_value(&cell.target),
+                        cell.attainment
+                    );
+                }
+            }
+        }
         if samples.iter().any(|s| !s.capacities.is_empty()) {
             let _ = writeln!(out, "# HELP {CAPACITY_STREAMS} {CAPACITY_STREAMS_HELP}");
             let _ = writeln!(out, "# TYPE {CAPACITY_STREAMS} gauge");
@@ -127,6 +202,14 @@ mod tests {
             load: 2.0,
             running: Some(6),
             capacities: vec![("8K".into(), 8, true)],
+            rests_on: "production_misses",
+            objective: 0.99,
+            production: vec![ProductionCellSample {
+                context: "32K".into(),
+                concurrency: "4".into(),
+                target: "ttft".into(),
+                attainment: 0.848,
+            }],
         }]);
         gauges.render_into(&mut out);
         for line in [
@@ -134,6 +217,9 @@ mod tests {
             "tokentap_capacity_load_streams{upstream=\"default\",model=\"m\"} 2\n",
             "tokentap_capacity_running_streams{upstream=\"default\",model=\"m\"} 6\n",
             "tokentap_capacity_streams{upstream=\"default\",model=\"m\",context_bucket=\"8K\",lower_bound=\"true\"} 8\n",
+            "tokentap_capacity_headroom_basis{upstream=\"default\",model=\"m\",rests_on=\"production_misses\"} 1\n",
+            "tokentap_capacity_objective_ratio{upstream=\"default\",model=\"m\"} 0.99\n",
+            "tokentap_capacity_production_attainment_ratio{upstream=\"default\",model=\"m\",context_bucket=\"32K\",concurrency_bucket=\"4\",target=\"ttft\"} 0.848\n",
         ] {
             assert!(out.contains(line), "{line}\n{out}");
         }

@@ -77,6 +77,13 @@ pub const CAPACITY_LOAD_HELP: &str =
     "Production requests decoding at once, averaged over capacity.window, every context.";
 pub const CAPACITY_RUNNING: &str = "tokentap_capacity_running_streams";
 pub const CAPACITY_RUNNING_HELP: &str = "Requests of the model in flight through this proxy now (production and synthetic), beside tokentap_capacity_load_streams, the window's mean.";
+pub const CAPACITY_BASIS: &str = "tokentap_capacity_headroom_basis";
+pub const CAPACITY_BASIS_HELP: &str = "1 for what the model's headroom rests on: rests_on=\"production_misses\" (production's cells with evidence miss the [slo] objective: no headroom, whatever the sweep says), \"sweep_and_production\" (the sweep's boundary, production's cells with evidence meet the objective) or \"sweep_warm_prompts\" (the sweep alone, on warm prompts: some context has no production cell with evidence).";
+pub const CAPACITY_ATTAINMENT: &str = "tokentap_capacity_production_attainment_ratio";
+pub const CAPACITY_ATTAINMENT_HELP: &str = "SLO attainment (0-1) of each context's worst production cell with evidence over capacity.window, the cell named by context_bucket and concurrency_bucket; target: the targets it misses (ttft, tbt, e2e; every target where it meets). Below tokentap_capacity_objective_ratio the context has no headroom.";
+pub const CAPACITY_OBJECTIVE: &str = "tokentap_capacity_objective_ratio";
+pub const CAPACITY_OBJECTIVE_HELP: &str =
+    "The [slo] objective (0-1) production's cells are held to for the model's headroom.";
 pub const CAPACITY_STREAMS: &str = "tokentap_capacity_streams";
 pub const CAPACITY_STREAMS_HELP: &str = "Streams a context can take under the [slo] targets (the capacity boundary), from the latest sweep of the model, else its pinned reference; lower_bound=\"true\": no measured cell missed, the context takes at least this many.";
 pub const DRIFT_RATIO: &str = "tokentap_drift_ratio";

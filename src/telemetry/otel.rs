@@ -192,22 +192,23 @@ fn as_i64(value: u64) -> i64 {
 
 impl RecordSink for OtelSink {
     fn record(&self, r: &Arc<RequestRecord>) {
-        let op = operation(r.route);
+        let op = operation(r.labels.route);
         let common = [
             KeyValue::new("gen_ai.operation.name", op),
-            KeyValue::new("gen_ai.request.model", r.model.to_string()),
-            KeyValue::new("server.address", r.upstream.to_string()),
-            KeyValue::new("tokentap.source", r.source.as_str()),
+            KeyValue::new("gen_ai.request.model", r.labels.model.to_string()),
+            KeyValue::new("server.address", r.labels.upstream.to_string()),
+            KeyValue::new("tokentap.source", r.labels.source.as_str()),
         ];
 
         let mut attributes = common.to_vec();
-        if let Some(tenant) = &r.tenant {
-            attributes.push(KeyValue::new("tokentap.tenant", tenant.to_string()));
+        for (dimension, value) in r.labels.slice.iter() {
+            // `tokentap.tenant`, `tokentap.priority`, …: one attribute per slice dimension.
+            attributes.push(KeyValue::new(
+                format!("tokentap.{dimension}"),
+                value.as_str().to_owned(),
+            ));
         }
-        if let Some(priority) = r.priority {
-            attributes.push(KeyValue::new("tokentap.priority", priority.label()));
-        }
-        if let Some(asked) = &r.asked_model {
+        if let Some(asked) = &r.labels.asked_model {
             // The name the client sent, when the served model differs (bounded like labels).
             attributes.push(KeyValue::new("tokentap.model.asked", asked.to_string()));
         }
@@ -218,7 +219,7 @@ impl RecordSink for OtelSink {
         attributes.extend([
             KeyValue::new("gen_ai.usage.output_tokens", as_i64(r.tokens.completion)),
             KeyValue::new("http.response.status_code", i64::from(r.status)),
-            KeyValue::new("tokentap.route", r.route.label()),
+            KeyValue::new("tokentap.route", r.labels.route.label()),
             KeyValue::new("tokentap.outcome", r.outcome.label()),
             KeyValue::new("tokentap.streaming", r.streaming),
             KeyValue::new(
@@ -298,7 +299,7 @@ impl RecordSink for OtelSink {
         let start = r.timing.started_at;
         let mut span = self
             .tracer
-            .span_builder(format!("{op} {}", r.model))
+            .span_builder(format!("{op} {}", r.labels.model))
             .with_kind(SpanKind::Client)
             .with_start_time(start)
             .with_attributes(attributes)

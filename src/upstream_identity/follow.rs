@@ -146,7 +146,7 @@ impl RecordSink for OutageWatch {
             return;
         };
         let registry: &IdentityRegistry = meter.identities();
-        let Some(identity) = registry.get(&record.upstream) else {
+        let Some(identity) = registry.get(&record.labels.upstream) else {
             return;
         };
         let unreachable = record.outcome == Outcome::UpstreamError && record.status == 502;

@@ -7,5 +7,7 @@
 
 pub mod known;
 pub mod scrape;
+#[cfg(test)]
+mod tests;
 
 pub use scrape::spawn_scrapers;

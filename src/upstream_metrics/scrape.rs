@@ -87,6 +87,19 @@ pub async fn fetch(upstream: &Upstream, timeout: Duration) -> Result<String, Scr
 }
 
 async fn scrape_forever(upstream: Weak<Upstream>, meter: Weak<Meter>) {
+    scrape_with(upstream, meter, async |upstream, timeout| {
+        fetch(&upstream, timeout).await
+    })
+    .await;
+}
+
+/// The scraper's loop, reading the page with `read` (the proxy's: [`fetch`]; the tests' a
+/// scripted page in paused time).
+pub(super) async fn scrape_with(
+    upstream: Weak<Upstream>,
+    meter: Weak<Meter>,
+    read: impl AsyncFn(Arc<Upstream>, Duration) -> Result<String, ScrapeOutcome>,
+) {
     let kick = match (upstream.upgrade(), meter.upgrade()) {
         (Some(upstream), Some(meter)) => meter.server_state().kick_signal(&upstream.name),
         _ => return,
@@ -100,7 +113,7 @@ async fn scrape_forever(upstream: Weak<Upstream>, meter: Weak<Meter>) {
                 return;
             };
             let interval = upstream.config.metrics_interval;
-            let result = fetch(&upstream, timeout_for(interval)).await;
+            let result = read(Arc::clone(&upstream), timeout_for(interval)).await;
             let now = Instant::now();
             let page = result.and_then(|text| {
                 let page = Page::read(&text);
@@ -139,7 +152,15 @@ async fn scrape_forever(upstream: Weak<Upstream>, meter: Weak<Meter>) {
                     interval
                 }
                 Err(outcome) => {
-                    if failing.is_none() {
+                    if failing.is_none() && outcome == ScrapeOutcome::Unreachable {
+                        // No connection at all: the server is not there (or not yet), which
+                        // matters more than its metrics page.
+                        tracing::warn!(
+                            upstream = %name,
+                            url = %upstream.config.url,
+                            "upstream not answering (no connection): requests to it fail with 502, and /readyz is 503 while no upstream answers"
+                        );
+                    } else if failing.is_none() {
                         tracing::warn!(
                             upstream = %name,
                             path = %upstream.config.metrics_path,

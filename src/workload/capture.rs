@@ -204,7 +204,7 @@ impl WorkloadCapture {
 
 impl RecordSink for WorkloadCapture {
     fn record(&self, record: &Arc<RequestRecord>) {
-        if record.source != Source::Production {
+        if record.labels.source != Source::Production {
             return;
         }
         match self.sender.try_send(Message::Row(row_of(record))) {
@@ -218,8 +218,8 @@ impl RecordSink for WorkloadCapture {
 pub fn row_of(record: &RequestRecord) -> WorkloadRow {
     WorkloadRow {
         started_ms: unix_millis(record.timing.started_at),
-        route: record.route.label().to_string(),
-        model: record.model.to_string(),
+        route: record.labels.route.label().to_string(),
+        model: record.labels.model.to_string(),
         stream: record.streaming,
         prompt_tokens: record.tokens.prompt,
         cached_tokens: record.tokens.cached,
@@ -369,3 +369,7 @@ async fn write_rows(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "capture_tests.rs"]
+mod tests;

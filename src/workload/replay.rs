@@ -163,7 +163,9 @@ struct TallySink {
 
 impl RecordSink for TallySink {
     fn record(&self, record: &Arc<RequestRecord>) {
-        if record.source == Source::Synthetic && record.tag.as_deref() == Some(&*self.tag) {
+        if record.labels.source == Source::Synthetic
+            && record.labels.tag.as_deref() == Some(&*self.tag)
+        {
             lock(&self.tally).add(record, &self.targets);
         }
     }

@@ -123,17 +123,10 @@ fn run(target: &str, profile: &Path, extra: &[String]) -> String {
         let mut out = String::new();
         std::io::Read::read_to_string(&mut stdout, &mut out).map(|_| out)
     });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            break;
-        }
-        if tokio::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("chromium did not finish rendering {target} within 90 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    if super::wait::child_exit(&mut child, Duration::from_secs(90)).is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("chromium did not finish rendering {target} within 90 s");
     }
     reader.join().unwrap().unwrap()
 }

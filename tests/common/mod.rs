@@ -269,7 +269,9 @@ async fn respond(
 }
 
 pub mod chromium;
+pub mod cores;
 pub mod pki;
+pub mod wait;
 
 /// Collects every record the proxy publishes.
 #[derive(Default)]
@@ -284,17 +286,18 @@ impl RecordSink for Records {
 impl Records {
     /// Waits (bounded) until `n` records exist, then returns them.
     pub async fn wait_for(&self, n: usize) -> Vec<Arc<RequestRecord>> {
-        for _ in 0..500 {
-            {
-                let records = self.0.lock().unwrap();
-                if records.len() >= n {
-                    return records.clone();
-                }
+        wait::eventually(Duration::from_secs(10), async || {
+            let records = self.0.lock().unwrap().clone();
+            if records.len() >= n {
+                Ok(records)
+            } else {
+                Err(records)
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let records = self.0.lock().unwrap();
-        panic!("expected {n} records, have {}: {records:#?}", records.len());
+        })
+        .await
+        .unwrap_or_else(|records| {
+            panic!("expected {n} records, have {}: {records:#?}", records.len())
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -657,15 +660,20 @@ pub async fn start_prometheus(
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
         let mut guard = ChildGuard(child);
         let base = format!("http://127.0.0.1:{port}");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while tokio::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = guard.0.try_wait() {
-                break;
+        // Ready, or exited (a port taken between choosing and binding it).
+        let ready = wait::eventually(Duration::from_secs(30), async || {
+            if matches!(guard.0.try_wait(), Ok(Some(_))) {
+                return Ok(false);
             }
             if prometheus_ready(&base).await {
-                return (guard, base);
+                Ok(true)
+            } else {
+                Err(())
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        })
+        .await;
+        if ready == Ok(true) {
+            return (guard, base);
         }
         last_log = std::fs::read_to_string(&log_path).unwrap_or_default();
         if !last_log.contains("address already in use") {

@@ -4,7 +4,8 @@
 //! A cell is judged ([`judge`]) by SLO attainment where it has one and the query allows it, else
 //! by its medians, or by its p90 or p99 tails when asked ([`Basis`]); the report says which for
 //! every context. Only `Valid` cells are judged (`Low evidence`, `Off target`, skipped and failed
-//! cells are listed as excluded). The capacity of a context is the largest concurrency `C` such
+//! cells are listed as excluded), and `Shed` cells, which always miss: the engine refused
+//! their load. The capacity of a context is the largest concurrency `C` such
 //! that every judged cell at or below `C` meets the SLO; a judged cell above the first failure
 //! that meets again is reported as non-monotonic rather than moving the answer (a boundary
 //! that noise can move is no boundary). End-to-end latency, which a matrix does not hold, is
@@ -20,6 +21,9 @@ use super::units::{context_label, format_decimal, format_percent, format_rate, o
 
 /// The schema tag of a capacity report's JSON.
 pub const CAPACITY_SCHEMA: &str = "tokentap.capacity/v1";
+
+/// How a `Shed` cell is judged: a miss, whatever its admitted requests' figures.
+pub const SHED_BASIS: &str = "shed";
 
 /// The latency targets, milliseconds; `None` is not set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -167,6 +171,10 @@ pub struct CapacityReport {
     /// Output tokens per request used for the end-to-end estimate, when one was needed.
     pub output_tokens: Option<u64>,
     pub contexts: Vec<ContextCapacity>,
+    /// The shape of the requests the cells were measured with, when not the seed method's
+    /// (`like production: 8K 20 % cached, …`): the capacity holds for that traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<String>,
 }
 
 impl CapacityReport {
@@ -294,6 +302,9 @@ pub fn capacity(doc: &MatrixDoc, query: &CapacityQuery) -> Result<CapacityReport
         basis: query.basis,
         output_tokens: query.targets.e2e_ms.and(output_tokens),
         contexts,
+        shape: doc
+            .like_production()
+            .then(|| "like production (requests shaped like production's traffic)".to_owned()),
     })
 }
 
@@ -307,6 +318,17 @@ pub fn context_capacity(
     let mut verdicts = Vec::new();
     let mut excluded = Vec::new();
     for cell in cells {
+        if let CellStatus::Shed(reason) = &cell.status {
+            // The engine refused the cell's load: whatever its admitted requests did, the
+            // cell misses (a shed request is an SLO miss).
+            verdicts.push(CellVerdict {
+                concurrency: cell.concurrency,
+                meets: false,
+                judged_by: SHED_BASIS.to_owned(),
+                limited_by: Some(format!("shed by the engine ({reason})")),
+            });
+            continue;
+        }
         if cell.status != CellStatus::Valid {
             excluded.push((cell.concurrency, cell.status.to_string()));
             continue;
@@ -424,6 +446,9 @@ pub fn render_capacity_markdown(report: &CapacityReport) -> String {
             n.saturating_sub(1)
         ))
     );
+    if let Some(shape) = &report.shape {
+        let _ = writeln!(out, "Judged on requests shaped {}\n", md_escape(shape));
+    }
     out.push_str("Capacity: the largest number of simultaneous requests whose cell, and every judged cell below it, meets the SLO (`≥ C`: no cell above C missed, the boundary lies beyond what was measured).\n\n");
     out.push_str("| Context | Capacity | Judged by | Goodput tok/s | Total tok/s | Limited by | Cells (✓ meets, ✗ misses) |\n|---|---:|---|---:|---:|---|---|\n");
     for context in &report.contexts {
@@ -471,6 +496,9 @@ pub fn render_capacity_table(report: &CapacityReport) -> String {
         format_percent(report.attainment),
         report.basis.label(),
     );
+    if let Some(shape) = &report.shape {
+        let _ = writeln!(out, "Judged on requests shaped {shape}");
+    }
     out.push_str(
         "Capacity: the most requests at once whose cell, and every judged cell below it, meets \
          the SLO;\n`≥ C`: no cell above C missed, the boundary lies beyond what was measured.\n\n",
@@ -563,6 +591,25 @@ mod tests {
         let md = render_capacity_markdown(&report);
         assert!(md.contains("| 8K | 4 | medians |"), "{md}");
         assert!(report.beyond(8192, 8) && !report.beyond(8192, 4));
+    }
+
+    #[test]
+    fn a_shed_cell_is_a_miss_whatever_its_admitted_requests_did() {
+        let mut shed = cell(8, 300.0, 20.0);
+        shed.status = CellStatus::Shed("9 of 40 requests shed".into());
+        let report = capacity(
+            &doc(vec![cell(1, 300.0, 20.0), cell(4, 320.0, 25.0), shed]),
+            &query(2000.0, 50.0),
+        )
+        .unwrap();
+        let context = report.context(8192).unwrap();
+        assert_eq!(context.capacity, Some(4));
+        assert!(context.boundary_seen);
+        assert_eq!(
+            context.limited_by.as_deref(),
+            Some("shed by the engine (9 of 40 requests shed) at 8")
+        );
+        assert!(context.excluded.is_empty());
     }
 
     #[test]

@@ -119,6 +119,24 @@ pub struct RunInfo {
     pub started_at: Option<String>,
     /// RFC 3339 time the run or window ended.
     pub ended_at: Option<String>,
+    /// How a sweep's requests were shaped: absent for the seed method (identical warm streams
+    /// of max output); [`LIKE_PRODUCTION`] for a sweep shaped like production's traffic (its
+    /// cached share of the prompt, cold unique rest, production's output lengths). Figures of
+    /// the two shapes answer different questions and are never compared with each other
+    /// ([`MatrixDoc::like_production`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<String>,
+}
+
+/// [`RunInfo::shape`] of a sweep shaped like production's traffic.
+pub const LIKE_PRODUCTION: &str = "like-production";
+
+impl MatrixDoc {
+    /// Whether its cells were measured with requests shaped like production's
+    /// ([`LIKE_PRODUCTION`]): never compared with a seed-method matrix's cells.
+    pub fn like_production(&self) -> bool {
+        self.metadata.run.shape.as_deref() == Some(LIKE_PRODUCTION)
+    }
 }
 
 /// A fact with no dedicated field: which page section it sat in, its key and value.
@@ -507,6 +525,11 @@ pub enum CellStatus {
     NotRun,
     /// The measurement failed; the reason is one line of text.
     Error(String),
+    /// The engine shed the cell's load: more than the error share of its requests were refused
+    /// for load (429/503, a queue cap: outcome `shed`). The figures are those of the admitted
+    /// requests; the reason is one line (`12 of 40 requests shed`). Capacity counts the cell as
+    /// a miss.
+    Shed(String),
 }
 
 impl CellStatus {
@@ -519,6 +542,14 @@ impl CellStatus {
             CellStatus::Error("unknown".to_owned())
         } else {
             CellStatus::Error(cleaned)
+        }
+    }
+
+    /// A `Shed` status, its reason made safe as [`CellStatus::error`] makes an error's.
+    pub fn shed(reason: &str) -> CellStatus {
+        match CellStatus::error(reason) {
+            CellStatus::Error(reason) => CellStatus::Shed(reason),
+            other => other,
         }
     }
 
@@ -535,6 +566,10 @@ impl CellStatus {
             "Over capacity" => Some(CellStatus::OverCapacity),
             "Not run" => Some(CellStatus::NotRun),
             _ => {
+                if let Some(reason) = text.strip_prefix("Shed: ") {
+                    let reason = reason.trim();
+                    return (!reason.is_empty()).then(|| CellStatus::Shed(reason.to_owned()));
+                }
                 let reason = text.strip_prefix("Error: ")?.trim();
                 if reason.is_empty() {
                     None
@@ -552,7 +587,7 @@ impl CellStatus {
     }
 
     /// A short machine name: `valid`, `low-evidence`, `off-target`, `over-capacity`, `not-run`,
-    /// `error` (CSS classes, data attributes).
+    /// `error`, `shed` (CSS classes, data attributes).
     pub fn slug(&self) -> &'static str {
         match self {
             CellStatus::Valid => "valid",
@@ -561,6 +596,7 @@ impl CellStatus {
             CellStatus::OverCapacity => "over-capacity",
             CellStatus::NotRun => "not-run",
             CellStatus::Error(_) => "error",
+            CellStatus::Shed(_) => "shed",
         }
     }
 }
@@ -574,6 +610,7 @@ impl fmt::Display for CellStatus {
             CellStatus::OverCapacity => f.write_str("Over capacity"),
             CellStatus::NotRun => f.write_str("Not run"),
             CellStatus::Error(reason) => write!(f, "Error: {reason}"),
+            CellStatus::Shed(reason) => write!(f, "Shed: {reason}"),
         }
     }
 }
@@ -589,7 +626,7 @@ impl<'de> Deserialize<'de> for CellStatus {
         let text = String::deserialize(deserializer)?;
         CellStatus::parse(&text).ok_or_else(|| {
             serde::de::Error::custom(format!(
-                "unknown status {text:?}, expected \"Valid\", \"Low evidence\", \"Off target\", \"Over capacity\", \"Not run\" or \"Error: <reason>\""
+                "unknown status {text:?}, expected \"Valid\", \"Low evidence\", \"Off target\", \"Over capacity\", \"Not run\", \"Error: <reason>\" or \"Shed: <reason>\""
             ))
         })
     }
@@ -755,12 +792,15 @@ mod tests {
             CellStatus::OverCapacity,
             CellStatus::NotRun,
             CellStatus::Error("stream reset after 12 tokens".to_owned()),
+            CellStatus::Shed("12 of 40 requests shed".to_owned()),
         ] {
             assert_eq!(CellStatus::parse(&status.to_string()), Some(status.clone()));
             let json = serde_json::to_string(&status).unwrap();
             assert_eq!(serde_json::from_str::<CellStatus>(&json).unwrap(), status);
         }
         assert_eq!(CellStatus::parse("Error: "), None);
+        assert_eq!(CellStatus::parse("Shed: "), None);
+        assert_eq!(CellStatus::shed("a\nb").slug(), "shed");
         assert_eq!(CellStatus::parse("valid"), None);
         assert_eq!(
             CellStatus::error("  line one\nline two\t "),

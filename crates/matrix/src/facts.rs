@@ -493,6 +493,7 @@ mod tests {
                 window_s: Some(7200.0),
                 started_at: Some("2025-06-01T12:00:00Z".to_owned()),
                 ended_at: Some("2025-06-01T14:00:00Z".to_owned()),
+                shape: None,
             },
             launch_command: None,
             extra_facts: vec![Fact {

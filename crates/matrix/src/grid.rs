@@ -40,6 +40,10 @@ fn status_word(status: &CellStatus) -> (&'static str, &'static str) {
             "error",
             "error: the measurement failed (--format list says why)",
         ),
+        CellStatus::Shed(_) => (
+            "shed",
+            "shed: the engine refused requests for load (429/503, a queue cap)",
+        ),
     }
 }
 

@@ -35,7 +35,7 @@ table.measurements td.num { text-align: right; } table.measurements { font-size:
 table.grid td { text-align: center; min-width: 86px; height: 44px; }
 table.grid .total { display: block; font-weight: 600; font-size: 15px; } table.grid .ttft, table.grid .tails { display: block; font-size: 11px; opacity: .85; } table.grid .tails { font-size: 10px; }
 td.over-capacity { background: repeating-linear-gradient(45deg, #eee, #eee 6px, #e2e2e2 6px, #e2e2e2 12px); color: #777; font-size: 12px; }
-td.not-run { background: #fafafa; color: #999; font-size: 12px; } td.error { background: #ffe3e3; color: #a40e26; font-size: 12px; }
+td.not-run { background: #fafafa; color: #999; font-size: 12px; } td.error { background: #ffe3e3; color: #a40e26; font-size: 12px; } td.shed { background: #fff0db; color: #8a4b00; font-size: 12px; }
 td.absent { background: #fff; }
 td.low-evidence, td.off-target { background: #eceef1; color: #6e7781; font-size: 12px; } td.low-evidence .total, td.off-target .total { font-size: 12px; font-weight: 600; }
 .scroll { max-width: 100%; overflow-x: auto; }

@@ -9,6 +9,7 @@
 //!
 //! The crate `tokentap-matrix` (`tokentap::matrix`), on `tokentap-base` only: the format cannot
 //! reach the proxy (the compiler keeps that).
+pub mod advise;
 pub mod capacity;
 pub mod compare;
 pub mod csv;

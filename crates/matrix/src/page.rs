@@ -32,6 +32,7 @@ pub const LEGEND_NOT_RUN: &str =
     "Not run: the benchmark skipped this measurement during the run, or the run stopped early.";
 pub const LEGEND_ERROR: &str =
     "Error: the measurement failed; the reason is in the All measurements table.";
+pub const LEGEND_SHED: &str = "Shed: the engine refused more than 5 % of the cell's requests for load (HTTP 429/503, a queue cap such as vLLM's --max-num-queued-reqs or sglang's --max-queued-requests); its figures are the admitted requests', and capacity counts it as an SLO miss.";
 pub const LEGEND_LOW_EVIDENCE: &str = "Low evidence: too few seconds or output tokens to trust its decode figures (n = completed requests, what its TTFT rests on); shown greyed, never in a ratio or a colour scale.";
 pub const LEGEND_OFF_TARGET: &str = "Off target: the sweep cell did not run at its concurrency (the server's average active requests were off it, or production prefills overlapped its decode); its figures measured another cell.";
 pub const TTFT_NOTE_SYNTHETIC: &str =
@@ -336,7 +337,7 @@ pub enum GridCellText {
     /// A cell whose figures are not trusted: its status and the evidence that says why
     /// (`Low evidence` and `n=3 · 11 tok · 0.3 s`; `Off target` and `ran at 5.0`).
     Caveat { status: String, detail: String },
-    /// `Over capacity`, `Not run`, `Error: …`.
+    /// `Over capacity`, `Not run`, `Error: …`, `Shed: …`.
     Status(String),
 }
 
@@ -370,6 +371,13 @@ pub fn status_legends(doc: &MatrixDoc) -> Vec<&'static str> {
         .any(|c| matches!(c.status, CellStatus::Error(_)))
     {
         legends.push(LEGEND_ERROR);
+    }
+    if doc
+        .decode
+        .iter()
+        .any(|c| matches!(c.status, CellStatus::Shed(_)))
+    {
+        legends.push(LEGEND_SHED);
     }
     if doc
         .decode
@@ -592,7 +600,7 @@ pub enum RowError {
     ColumnCount { expected: usize, found: usize },
     #[error("unknown phase {found:?}, expected \"Prefill\" or \"Sustained decode\"")]
     UnknownPhase { found: String },
-    #[error("unknown status {found:?}, expected Valid, Low evidence, Off target, Over capacity, Not run or Error: <reason>")]
+    #[error("unknown status {found:?}, expected Valid, Low evidence, Off target, Over capacity, Not run, Error: <reason> or Shed: <reason>")]
     UnknownStatus { found: String },
     #[error("column {column:?}")]
     Value {

@@ -275,7 +275,7 @@ fn check_number(
 }
 
 fn check_status(item: &str, status: &CellStatus) -> Result<(), ValidationError> {
-    if let CellStatus::Error(reason) = status {
+    if let CellStatus::Error(reason) | CellStatus::Shed(reason) = status {
         let clean =
             !reason.is_empty() && reason.trim() == reason && !reason.chars().any(char::is_control);
         if !clean {

@@ -4,7 +4,7 @@
 use http::StatusCode;
 
 use super::json_out::push_json_str;
-use super::options::Dialect;
+use super::options::{Dialect, ShedCause};
 use super::request::{Api, ApiError};
 
 /// `application/json`.
@@ -168,6 +168,44 @@ pub fn sglang_generate_stream_error(message: &str) -> Reply {
     Reply::event_stream(out)
 }
 
+/// sglang's message for a request aborted at a full waiting queue (`_abort_on_queued_limit`).
+pub const SGLANG_QUEUE_FULL: &str = "The request queue is full.";
+/// vLLM 0.32's `QueueOverflowError` (`--max-num-queued-reqs`).
+pub const VLLM_QUEUE_OVERFLOW: &str = "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.";
+/// vLLM 0.32's `MaxQueuedTokensError` (`--max-num-queued-tokens`); the reference quotes its
+/// first sentence, the second is the queue-overflow one's.
+pub const VLLM_MAX_QUEUED_TOKENS: &str = "The engine has reached its prefill token backlog limit. Please try again later or on a different instance.";
+
+/// The 503 an engine answers a request its queue cap refused (protocols.md §10): sglang
+/// `/generate` `{"error":{"message":"The request queue is full."}}`, sglang's OpenAI-compatible
+/// routes its `ErrorResponse` with `type` the status as text (`create_error_response(…,
+/// err_type=str(status))`), vLLM its `ErrorResponse` with the exception's name as `type`.
+pub fn shed_reply(dialect: Dialect, api: Api, cause: ShedCause) -> Reply {
+    let mut body = String::new();
+    match (dialect, api) {
+        (Dialect::Sglang, Api::Generate) => {
+            write_error(&mut body, ErrorShape::SglangNative, SGLANG_QUEUE_FULL)
+        }
+        (Dialect::Sglang, _) => {
+            body.push_str("{\"object\":\"error\",\"message\":");
+            push_json_str(&mut body, SGLANG_QUEUE_FULL);
+            body.push_str(",\"type\":\"503\",\"param\":null,\"code\":503}");
+        }
+        (Dialect::Vllm, _) => {
+            let (kind, message) = match cause {
+                ShedCause::QueuedRequests => ("QueueOverflowError", VLLM_QUEUE_OVERFLOW),
+                ShedCause::QueuedTokens => ("MaxQueuedTokensError", VLLM_MAX_QUEUED_TOKENS),
+            };
+            body.push_str("{\"error\":{\"message\":");
+            push_json_str(&mut body, message);
+            body.push_str(",\"type\":");
+            push_json_str(&mut body, kind);
+            body.push_str(",\"param\":null,\"code\":503}}");
+        }
+    }
+    Reply::json(StatusCode::SERVICE_UNAVAILABLE, body)
+}
+
 impl ApiError {
     /// The 400 the API's server sends for this error.
     pub fn reply(&self, dialect: Dialect, api: Api) -> Reply {
@@ -188,6 +226,24 @@ mod tests {
     fn the_503_body_keeps_serde_jsons_sorted_key_order() {
         let json = serde_json::json!({"object": "error", "message": "the simulator is shutting down", "type": "ServiceUnavailable", "param": null, "code": 503});
         assert_eq!(Reply::shutting_down().body, json.to_string());
+    }
+
+    #[test]
+    fn a_shed_request_gets_the_engines_503() {
+        let sglang = shed_reply(Dialect::Sglang, Api::Chat, ShedCause::QueuedRequests);
+        assert_eq!(sglang.status, StatusCode::SERVICE_UNAVAILABLE);
+        let json: serde_json::Value = serde_json::from_str(&sglang.body).unwrap();
+        assert_eq!(json["message"], SGLANG_QUEUE_FULL);
+        assert_eq!(json["code"], 503);
+        let native = shed_reply(Dialect::Sglang, Api::Generate, ShedCause::QueuedRequests);
+        assert_eq!(
+            native.body,
+            "{\"error\":{\"message\":\"The request queue is full.\"}}"
+        );
+        let vllm = shed_reply(Dialect::Vllm, Api::Completion, ShedCause::QueuedTokens);
+        let json: serde_json::Value = serde_json::from_str(&vllm.body).unwrap();
+        assert_eq!(json["error"]["type"], "MaxQueuedTokensError");
+        assert_eq!(json["error"]["code"], 503);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::api::{generate, messages, openai, responses};
 use super::body::{CancelGuard, SimBody, SseBody};
-use super::error_body::{sglang_generate_stream_error, write_stream_error, Reply};
+use super::error_body::{sglang_generate_stream_error, shed_reply, write_stream_error, Reply};
 use super::json_out::unix_seconds;
 use super::model::mix_seed;
 use super::options::Dialect;
@@ -90,6 +90,7 @@ where
             .finish(),
     );
     let (events_tx, events) = mpsc::unbounded_channel();
+    let (admission, admitted) = tokio::sync::oneshot::channel();
     let submission = Submission {
         id: counter,
         rid,
@@ -101,6 +102,7 @@ where
         priority: state.options.request_priority(parsed.priority),
         request_seed,
         events: events_tx,
+        admission,
     };
     if state
         .scheduler
@@ -109,6 +111,13 @@ where
         .is_err()
     {
         return Reply::shutting_down().into();
+    }
+    // A queue cap refuses the request before it is queued, before any header (vLLM at
+    // admission, sglang before the status line of every route).
+    match admitted.await {
+        Ok(Ok(())) => {}
+        Ok(Err(cause)) => return shed_reply(dialect, api, cause).into(),
+        Err(_) => return Reply::shutting_down().into(),
     }
     let guard = CancelGuard::new(counter, state.scheduler.commands.clone());
     let profile = &state.profile;

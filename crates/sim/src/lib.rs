@@ -50,7 +50,7 @@ pub mod text;
 
 pub use from_matrix::{FromMatrixError, FromMatrixOptions};
 pub use model::PerformanceModel;
-pub use options::{Dialect, QueueOrder, SimOptions};
+pub use options::{Dialect, QueueCaps, QueueOrder, ShedCause, SimOptions};
 pub use profile::{Profile, ProfileError, BUILTIN_PROFILES};
 
 /// The profile `tokentap simulate` uses when none is named.

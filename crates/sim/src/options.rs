@@ -51,6 +51,49 @@ pub struct SimOptions {
     /// values go first instead of sglang's default larger-first. The vLLM dialect always
     /// takes smaller values first, so it ignores this.
     pub low_priority_values_first: bool,
+    /// The engine's caps on its waiting queue (sglang `--max-queued-requests`, vLLM
+    /// `--max-num-queued-reqs`/`--max-num-queued-tokens`): a request over one is refused with
+    /// the engine's 503. Default: no cap, as in both engines.
+    pub queue_caps: QueueCaps,
+}
+
+/// Caps on the scheduler's waiting queue (requests not yet admitted to run), checked when a
+/// request arrives: over one, the request is shed (refused with 503) and never queued.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueCaps {
+    /// At most this many requests wait (sglang `--max-queued-requests`: a request arriving at
+    /// a full queue is aborted with "The request queue is full."; vLLM `--max-num-queued-reqs`:
+    /// `QueueOverflowError`).
+    pub requests: Option<u64>,
+    /// At most this many prompt tokens wait for prefill, the arriving request's included (vLLM
+    /// `--max-num-queued-tokens`: `MaxQueuedTokensError`).
+    pub tokens: Option<u64>,
+}
+
+/// Which cap refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShedCause {
+    /// [`QueueCaps::requests`].
+    QueuedRequests,
+    /// [`QueueCaps::tokens`].
+    QueuedTokens,
+}
+
+impl QueueCaps {
+    /// Whether a request of `prompt_tokens` arriving at a queue of `waiting` requests holding
+    /// `waiting_tokens` prompt tokens is shed, and by which cap.
+    pub fn shed(&self, waiting: u64, waiting_tokens: u64, prompt_tokens: u64) -> Option<ShedCause> {
+        if self.requests.is_some_and(|cap| waiting >= cap) {
+            return Some(ShedCause::QueuedRequests);
+        }
+        if self
+            .tokens
+            .is_some_and(|cap| waiting_tokens.saturating_add(prompt_tokens) > cap)
+        {
+            return Some(ShedCause::QueuedTokens);
+        }
+        None
+    }
 }
 
 /// The order the scheduler admits waiting requests in; ties always go by arrival.
@@ -107,6 +150,19 @@ mod tests {
             low_priority_values_first: low_first,
             ..SimOptions::default()
         }
+    }
+
+    #[test]
+    fn a_full_queue_sheds_by_requests_then_by_tokens() {
+        let none = QueueCaps::default();
+        assert_eq!(none.shed(1_000, 1 << 40, 1 << 20), None);
+        let caps = QueueCaps {
+            requests: Some(2),
+            tokens: Some(10_000),
+        };
+        assert_eq!(caps.shed(1, 4_000, 6_000), None);
+        assert_eq!(caps.shed(2, 0, 1), Some(ShedCause::QueuedRequests));
+        assert_eq!(caps.shed(1, 4_000, 6_001), Some(ShedCause::QueuedTokens));
     }
 
     #[test]

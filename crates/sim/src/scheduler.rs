@@ -34,7 +34,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use super::model::{natural_output_tokens, AcceptLengths, PerformanceModel};
-use super::options::QueueOrder;
+use super::options::{QueueCaps, QueueOrder, ShedCause};
 use super::profile::Profile;
 
 /// sglang clips the output estimate used for admission at this many tokens
@@ -86,6 +86,8 @@ pub struct Submission {
     /// the text), so identical requests behave identically under one server seed.
     pub request_seed: u64,
     pub events: mpsc::UnboundedSender<Event>,
+    /// Answered at once: queued (`Ok`), or shed by a queue cap before it was queued.
+    pub admission: oneshot::Sender<Result<(), ShedCause>>,
 }
 
 /// Commands from request tasks and the control routes.
@@ -115,6 +117,10 @@ pub struct SchedulerStats {
     pub cached_tokens_total: u64,
     pub requests_total: u64,
     pub aborted_total: u64,
+    /// Requests refused by [`QueueCaps::requests`] and by [`QueueCaps::tokens`]
+    /// (`vllm:admission_rejections_total{reason}`).
+    pub shed_by_requests: u64,
+    pub shed_by_tokens: u64,
     pub cache_queries: u64,
     pub cache_hits: u64,
     /// Time admitted requests waited in the queue (`sglang:queue_time_seconds`,
@@ -180,18 +186,21 @@ pub struct SchedulerHandle {
     pub stats: watch::Receiver<SchedulerStats>,
 }
 
-/// Start the scheduler task on the current runtime; `order` is how it takes waiting requests.
+/// Start the scheduler task on the current runtime; `order` is how it takes waiting requests,
+/// `caps` when it sheds an arriving one.
 pub fn spawn(
     profile: &Profile,
     seed: u64,
     order: QueueOrder,
+    caps: QueueCaps,
 ) -> (SchedulerHandle, tokio::task::JoinHandle<()>) {
     let (commands, command_rx) = mpsc::unbounded_channel();
     let (stats_tx, stats) = watch::channel(SchedulerStats {
         kv_tokens: profile.capacity.kv_tokens,
         ..SchedulerStats::default()
     });
-    let scheduler = Scheduler::new(profile, seed, order, command_rx, stats_tx);
+    let mut scheduler = Scheduler::new(profile, seed, order, command_rx, stats_tx);
+    scheduler.caps = caps;
     let task = tokio::spawn(scheduler.run());
     (SchedulerHandle { commands, stats }, task)
 }
@@ -272,6 +281,7 @@ struct Scheduler {
     natural_mean: u32,
     seed: u64,
     order: QueueOrder,
+    caps: QueueCaps,
     commands: mpsc::UnboundedReceiver<Command>,
     stats_tx: watch::Sender<SchedulerStats>,
     stats: SchedulerStats,
@@ -308,6 +318,7 @@ impl Scheduler {
             natural_mean: profile.model.natural_output_tokens,
             seed,
             order,
+            caps: QueueCaps::default(),
             commands,
             stats_tx,
             stats: SchedulerStats {
@@ -395,6 +406,19 @@ impl Scheduler {
     }
 
     fn submit(&mut self, s: Submission) {
+        let waiting_tokens: u64 = self.waiting.iter().map(|r| r.prompt_tokens).sum();
+        if let Some(cause) =
+            self.caps
+                .shed(self.waiting.len() as u64, waiting_tokens, s.prompt_tokens)
+        {
+            match cause {
+                ShedCause::QueuedRequests => self.stats.shed_by_requests += 1,
+                ShedCause::QueuedTokens => self.stats.shed_by_tokens += 1,
+            }
+            let _ = s.admission.send(Err(cause));
+            return;
+        }
+        let _ = s.admission.send(Ok(()));
         if self.rids.contains_key(&s.rid) {
             let _ = s.events.send(Event::Rejected {
                 message: format!("Duplicate request ID detected: {}", s.rid),
@@ -781,6 +805,7 @@ mod tests {
             priority,
             request_seed: id,
             events,
+            admission: oneshot::channel().0,
         }
     }
 
@@ -788,7 +813,12 @@ mod tests {
     /// `priorities` at the same instant, and return their indexes in the order their first
     /// tokens came.
     async fn first_token_order(options: &SimOptions, priorities: &[Option<i64>]) -> Vec<usize> {
-        let (handle, task) = spawn(&one_at_a_time(), 7, options.queue_order());
+        let (handle, task) = spawn(
+            &one_at_a_time(),
+            7,
+            options.queue_order(),
+            QueueCaps::default(),
+        );
         let (blocker_tx, mut blocker) = mpsc::unbounded_channel();
         handle
             .commands
@@ -836,6 +866,55 @@ mod tests {
         }
         task.abort();
         order
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_past_a_queue_cap_is_shed_and_never_queued() {
+        let caps = QueueCaps {
+            requests: Some(2),
+            tokens: Some(250),
+        };
+        let (handle, task) = spawn(&one_at_a_time(), 7, QueueOrder::Arrival, caps);
+        let (blocker_tx, mut blocker) = mpsc::unbounded_channel();
+        handle
+            .commands
+            .send(Command::Submit(submission(0, 64, 0, blocker_tx)))
+            .unwrap();
+        let first = tokio::time::timeout(PATIENCE, blocker.recv())
+            .await
+            .unwrap();
+        assert!(matches!(first, Some(Event::Output { finish: None, .. })));
+        // Each waits with 100 prompt tokens: the second fits both caps, the third neither
+        // (two wait already), and once one left, 100 + 100 + 100 > 250 tokens.
+        let mut answers = Vec::new();
+        let mut keep = Vec::new();
+        for id in 1..=3 {
+            let (tx, events) = mpsc::unbounded_channel();
+            let (admission, answer) = oneshot::channel();
+            handle
+                .commands
+                .send(Command::Submit(Submission {
+                    admission,
+                    ..submission(id, 2, 0, tx)
+                }))
+                .unwrap();
+            keep.push(events);
+            answers.push(
+                tokio::time::timeout(PATIENCE, answer)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        assert_eq!(answers, [Ok(()), Ok(()), Err(ShedCause::QueuedRequests)]);
+        let mut watch = handle.stats.clone();
+        let stats = *tokio::time::timeout(PATIENCE, watch.wait_for(|s| s.shed_by_requests > 0))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((stats.shed_by_requests, stats.shed_by_tokens), (1, 0));
+        assert_eq!(stats.requests_total, 3, "the shed request was never queued");
+        task.abort();
     }
 
     fn options(dialect: Dialect, priority_scheduling: bool, low_first: bool) -> SimOptions {

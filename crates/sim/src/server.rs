@@ -22,8 +22,12 @@ pub fn build_state(
     options: SimOptions,
 ) -> (Arc<AppState>, tokio::task::JoinHandle<()>) {
     let profile = profile.slowed(options.slowdown);
-    let (scheduler, scheduler_task) =
-        scheduler::spawn(&profile, options.seed, options.queue_order());
+    let (scheduler, scheduler_task) = scheduler::spawn(
+        &profile,
+        options.seed,
+        options.queue_order(),
+        options.queue_caps,
+    );
     let fingerprint = format!("vllm-0.32.0-{:08x}", options.seed as u32);
     let state = Arc::new(AppState {
         profile: Arc::new(profile),

@@ -9,7 +9,7 @@ use crate::aggregate::Window;
 use crate::sweep::status::SweepState;
 
 use super::args::DemoArgs;
-use super::machine::TimingCheck;
+use super::machine::{first_warning, TimingCheck};
 use super::report::DemoReport;
 use super::steady::steady_cells;
 use super::{finish, mixed, start, steady, sweep};
@@ -23,8 +23,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     // 1. The short sweep.
     let sweep = sweep::sweep(&demo, &args).await?;
     // Did this machine keep the simulator's timing? If not, nothing after it is a finding.
-    let timing = TimingCheck::of(&demo.profile, &sweep.synthetic);
-    if let Some(warning) = timing.as_ref().and_then(TimingCheck::warning) {
+    let sweep_timing = TimingCheck::of(&demo.profile, &sweep.synthetic, "its sweep");
+    if let Some(warning) = sweep_timing.as_ref().and_then(TimingCheck::warning) {
         eprint!(
             "{}",
             super::report::wrap(&format!("warning: {warning}"), 120)
@@ -40,6 +40,23 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         &args.steady_duration,
     )
     .await;
+    // The steady traffic is checked too: a machine can stall after the sweep.
+    let steady_timing = steady
+        .matrix
+        .as_ref()
+        .and_then(|m| TimingCheck::of(&demo.profile, m, "its steady traffic"));
+    if sweep_timing
+        .as_ref()
+        .and_then(TimingCheck::warning)
+        .is_none()
+    {
+        if let Some(warning) = steady_timing.as_ref().and_then(TimingCheck::warning) {
+            eprint!(
+                "{}",
+                super::report::wrap(&format!("warning: {warning}"), 120)
+            );
+        }
+    }
     // 3. Mixed traffic: cold prompts of many lengths at changing concurrency.
     let mixed = mixed::mixed(&demo, &sweep.model, args.requests).await;
     // Everything the proxy measured since start, as /matrix shows it.
@@ -53,7 +70,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         steady: steady.matrix.as_ref(),
         mixed: mixed.matrix.as_ref(),
         steady_cells: &cells,
-        too_busy: timing.as_ref().and_then(TimingCheck::warning),
+        too_busy: first_warning(&[sweep_timing, steady_timing]),
     };
     finish::finish(&args, &demo, began, &report, production.as_ref()).await?;
 

@@ -16,7 +16,7 @@ use super::state::{
     Runner, ABORT_GRACE, CANCEL_GRACE, DEFAULT_SCOUT_TTFT, DISCONNECT_LIMIT, DRAIN_LIMIT,
     GAUGE_GRACE, TICK, WARM_UP_LIMIT_BASE, WARM_UP_PREFILL_FACTOR, WARM_UP_PREFILL_MAX,
 };
-use super::streams::{run_slot, CellShared};
+use super::streams::{run_slot, CellShared, StreamShape};
 use crate::matrix::units::context_label;
 use crate::matrix::DecodeCell;
 use crate::meter::record::RequestRecord;
@@ -119,7 +119,21 @@ impl Runner {
             let shared = Arc::clone(&shared);
             let phase = phase_rx.clone();
             let prefix = format!("{}{context}x{concurrency}-", self.tag_prefix);
-            let template = self.template(prompt, self.plan.max_output);
+            let mut template = self.template(prompt, self.plan.max_output);
+            template.shape = self
+                .plan
+                .like_production
+                .as_ref()
+                .and_then(|shape| shape.for_context(context))
+                .and_then(|production| {
+                    StreamShape::new(
+                        prompt,
+                        context,
+                        self.scout.seed,
+                        self.scout.id_pool.clone(),
+                        production,
+                    )
+                });
             slots.spawn(async move {
                 run_slot(path, shared, phase, slot, prefix, template).await;
             });

@@ -112,9 +112,12 @@ impl Drop for Live {
 pub(super) fn scout_record(tag: Arc<str>, prompt_tokens: u64) -> Arc<RequestRecord> {
     let ttft = Some(Duration::from_millis(50));
     Arc::new(RequestRecord {
-        route: Route::Completions,
-        source: Source::Synthetic,
-        tag: Some(tag),
+        labels: crate::meter::RequestLabels {
+            route: Route::Completions,
+            source: Source::Synthetic,
+            tag: Some(tag),
+            ..crate::meter::RequestLabels::for_test()
+        },
         timing: Timing {
             started_at: SystemTime::now(),
             ttft,

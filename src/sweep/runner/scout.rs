@@ -62,6 +62,7 @@ impl Runner {
             prompt: prompt.clone(),
             max_tokens,
             id_field: self.abort_route().map(|abort| abort.id_field),
+            shape: None,
         }
     }
 

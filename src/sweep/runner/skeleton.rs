@@ -27,6 +27,9 @@ pub fn initial_matrix(id: &str, plan: &Plan, facts: &ServerFacts) -> MatrixDoc {
             step.prompt_tokens
         ));
     }
+    if let Some(shape) = &plan.like_production {
+        notes.push(shape.note());
+    }
     notes.extend(plan.notes.iter().cloned());
     let metadata = Metadata {
         model: ModelInfo {
@@ -57,6 +60,10 @@ pub fn initial_matrix(id: &str, plan: &Plan, facts: &ServerFacts) -> MatrixDoc {
             window_s: None,
             started_at: Some(rfc3339(SystemTime::now())),
             ended_at: None,
+            shape: plan
+                .like_production
+                .as_ref()
+                .map(|_| crate::matrix::doc::LIKE_PRODUCTION.to_owned()),
         },
         launch_command: None,
         // The configuration it ran on (`aggregate::config`'s fact), so drift against a

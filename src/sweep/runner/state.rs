@@ -258,6 +258,10 @@ impl Runner {
                 }
             }
         }
+        // The capacity holds for the traffic it was judged on: say which.
+        if let Some(shape) = &self.plan.like_production {
+            report.shape = Some(shape.describe());
+        }
         self.progress.capacity = Some(report);
     }
 

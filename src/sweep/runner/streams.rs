@@ -18,7 +18,8 @@ use super::state::{
 use crate::base::engine::{Abort, Engine, Tokenize};
 use crate::base::json::push_json_string;
 use crate::base::lock::lock;
-use crate::synthetic::prompt::Prompt;
+use crate::sweep::shape::ContextShape;
+use crate::synthetic::prompt::{mix, run_seed, token_ids, Prompt, PromptKind};
 use crate::synthetic::{
     DataPath, LoadGauges, ServerLoad, StreamEnd, StreamPhase, StreamRequest, StreamSignals,
 };
@@ -234,16 +235,119 @@ pub(super) struct RequestTemplate {
     pub(super) max_tokens: u64,
     /// The body field that carries the request id the engine aborts by, if it has one.
     pub(super) id_field: Option<&'static str>,
+    /// The cell is shaped like production (`like_production`): each stream's cold tail and
+    /// output length.
+    pub(super) shape: Option<StreamShape>,
+}
+
+/// How a like-production cell's streams differ from one another (`sweep::shape`): the
+/// prompt's first tokens shared (its cached share, warmed by the scout), the rest unique to
+/// the stream, and an output length drawn from production's; each from the stream's tag, so
+/// a restarted stream gets a fresh tail.
+pub(super) struct StreamShape {
+    /// The prompt's JSON up to its shared tokens, open (`[12,34,`), built once per cell.
+    shared_json: Arc<str>,
+    /// The whole prompt (the scout's: warm), for the streams that are warm.
+    whole_json: Arc<str>,
+    /// Tokens of the cold, unique rest.
+    unique_tokens: u64,
+    context: u64,
+    /// The run's seed: the tails of two runs differ.
+    seed: u64,
+    pool: Option<Arc<[u64]>>,
+    production: ContextShape,
+}
+
+impl StreamShape {
+    /// The shape of a token-id `prompt` of `context` for `production`'s share (`None` for
+    /// text prompts: their tokens cannot be cut apart; they keep the seed method's prompt).
+    pub(super) fn new(
+        prompt: &Prompt,
+        context: u64,
+        seed: u64,
+        pool: Option<Arc<[u64]>>,
+        production: &ContextShape,
+    ) -> Option<Self> {
+        if prompt.kind != PromptKind::TokenIds {
+            return None;
+        }
+        let shared_tokens =
+            ((prompt.tokens as f64) * production.cold_cached_share()).round() as u64;
+        let shared_tokens = shared_tokens.min(prompt.tokens);
+        let body = prompt.json.strip_prefix('[')?.strip_suffix(']')?;
+        let mut shared_json = String::with_capacity(body.len() + 1);
+        shared_json.push('[');
+        for id in body.split(',').take(shared_tokens as usize) {
+            shared_json.push_str(id);
+            shared_json.push(',');
+        }
+        Some(Self {
+            shared_json: Arc::from(shared_json),
+            whole_json: Arc::clone(&prompt.json),
+            unique_tokens: prompt.tokens - shared_tokens,
+            context,
+            seed,
+            pool,
+            production: production.clone(),
+        })
+    }
+
+    /// The stream's seed from its tag.
+    fn stream_seed(&self, rid: &str) -> u64 {
+        mix(self.seed ^ run_seed(rid))
+    }
+
+    /// The stream's prompt: the scout's whole (warm) for production's share of warm streams,
+    /// else the shared part, then its own ids. The serial is the tag's last number (the
+    /// cell's streams in start order).
+    fn prompt_json(&self, rid: &str) -> String {
+        use std::fmt::Write as _;
+        let serial = rid
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| self.stream_seed(rid));
+        if self.production.warm_stream(serial) {
+            return self.whole_json.to_string();
+        }
+        let mut json =
+            String::with_capacity(self.shared_json.len() + self.unique_tokens as usize * 6 + 1);
+        json.push_str(&self.shared_json);
+        let ids = token_ids(
+            self.stream_seed(rid),
+            self.context,
+            self.unique_tokens,
+            self.pool.as_deref(),
+        );
+        for (i, id) in ids.enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            let _ = write!(json, "{id}");
+        }
+        if self.unique_tokens == 0 {
+            // The shared part ends with a comma; a prompt shared whole drops it.
+            json.pop();
+        }
+        json.push(']');
+        json
+    }
 }
 
 impl RequestTemplate {
     pub(super) fn body(&self, rid: &str) -> Bytes {
         let mut body = String::with_capacity(self.prompt.json.len() + BODY_FIELDS_BYTES);
+        let max_tokens = match &self.shape {
+            Some(shape) => shape
+                .production
+                .output_for(shape.stream_seed(rid), self.max_tokens),
+            None => self.max_tokens,
+        };
         body.push_str("{\"model\":");
         body.push_str(&self.model_json);
         body.push_str(&format!(
             ",\"max_tokens\":{},\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":{{\"include_usage\":true,\"continuous_usage_stats\":true}}",
-            self.max_tokens
+            max_tokens
         ));
         if let Some(field) = self.id_field {
             body.push(',');
@@ -252,7 +356,10 @@ impl RequestTemplate {
             push_json_string(&mut body, rid);
         }
         body.push_str(",\"prompt\":");
-        body.push_str(&self.prompt.json);
+        match &self.shape {
+            Some(shape) => body.push_str(&shape.prompt_json(rid)),
+            None => body.push_str(&self.prompt.json),
+        }
         body.push('}');
         Bytes::from(body)
     }

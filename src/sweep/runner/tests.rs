@@ -249,6 +249,11 @@ async fn a_cancel_stops_streams_that_ignore_the_abort_within_its_grace() {
     ));
     assert_eq!(matrix.cell(8192, 2).unwrap().status, CellStatus::NotRun);
     assert!(fake.0.sinks.lock().unwrap().is_empty());
+    // Nothing is sent after the cancel, however long one waits (a minute of paused time).
+    let sent = fake.bodies().len();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(fake.bodies().len(), sent, "a request after the cancel");
+    assert_eq!(fake.0.live_streams.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test(start_paused = true)]

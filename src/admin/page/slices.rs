@@ -1,47 +1,43 @@
-//! The page's tenant and priority filters, and the per-priority table: for each cell, TTFT
+//! The page's slice filters (tenant, priority band, any registered dimension), and the per-priority table: for each cell, TTFT
 //! (any token and first answer token) and TBT of each priority band the window's requests
 //! sent — whether priority scheduling helps, read off one table. Figures come from the
-//! production matrix of each band (`admin::matrix`); nothing here computes them.
+//! production matrix of each band (`admin::view`); nothing here computes them.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
+use crate::admin::query::query_escape;
+use crate::admin::view::{production_matrix_sliced, routed_upstream, FingerprintChoice, View};
 use crate::aggregate::Window;
 use crate::base::escape::xml_escape as escape;
 use crate::matrix::doc::{DecodeCell, MatrixDoc};
 use crate::matrix::units::context_label;
+use crate::meter::labels::{dimensions, SliceFilter, SliceValue, PRIORITY, TENANT};
 use crate::meter::priority::PriorityBand;
 
-use super::matrix::{production_matrix_sliced, routed_upstream, FingerprintChoice, TrafficSlice};
-use super::query::query_escape;
-use super::state::AdminState;
-
-/// The filter links and, when the window's requests sent a `priority`, the per-priority
-/// table, for `model` (the one the page's production side shows); empty when neither tenants
-/// nor priorities are in play, or no model had traffic.
+/// The filter links of each slice dimension in play and, when the window's requests sent a
+/// `priority`, the per-priority table, for `model` (the one the page's production side
+/// shows); empty when no dimension is in play, or no model had traffic.
 pub fn fragment(
-    state: &AdminState,
+    view: View<'_>,
     window: Window,
     model: Option<&str>,
-    slice: &TrafficSlice,
+    slice: &SliceFilter,
     now: SystemTime,
 ) -> String {
     let Some(model) = model.map(str::to_owned) else {
         return String::new();
     };
-    let seen = state.production.slicings(window, &model, now);
-    let tenants_on = state.proxy.tenants.enabled();
-    if !tenants_on && seen.priorities.is_empty() && slice.is_all() {
+    let seen = view.production.slicings(window, &model, now);
+    let tenants_on = view.proxy.tenants.enabled();
+    if !tenants_on && seen.by_dimension.is_empty() && slice.is_all() {
         return String::new();
     }
-    let link = |tenant: Option<&str>, priority: Option<PriorityBand>| {
+    let link = |filter: &SliceFilter| {
         let mut href = format!("/?window={}&model={}", window.label(), query_escape(&model));
-        if let Some(tenant) = tenant {
-            let _ = write!(href, "&tenant={}", query_escape(tenant));
-        }
-        if let Some(priority) = priority {
-            let _ = write!(href, "&priority={}", query_escape(priority.label()));
+        for (name, value) in filter.parameters() {
+            let _ = write!(href, "&{name}={}", query_escape(value));
         }
         escape(&href)
     };
@@ -53,73 +49,82 @@ pub fn fragment(
         )
     };
     let mut out = String::from("<section id=\"slices\">");
-    if tenants_on {
-        out.push_str("<p class=\"windows\" id=\"tenant-filter\">Tenant: ");
-        out.push_str(&anchor(
-            link(None, slice.priority),
-            "all",
-            slice.tenant.is_none(),
-        ));
-        let mut names: Vec<(String, u64)> = seen
-            .tenants
+    for dimension in dimensions() {
+        let mut values: Vec<(String, u64)> = seen
+            .values(dimension.name)
             .iter()
-            .map(|(name, n)| (name.to_string(), *n))
+            .map(|(value, n)| (value.to_string(), *n))
             .collect();
-        for name in state.proxy.tenants.names() {
-            if !names.iter().any(|(seen, _)| seen == name) {
-                names.push((name.to_owned(), 0));
+        if dimension.name == TENANT.name {
+            if !tenants_on {
+                continue;
+            }
+            // Every counted tenant is offered, with or without traffic in the window.
+            for name in view.proxy.tenants.names() {
+                if !values.iter().any(|(seen, _)| seen == name) {
+                    values.push((name.to_owned(), 0));
+                }
             }
         }
-        for (name, n) in &names {
-            out.push_str(&anchor(
-                link(Some(name), slice.priority),
-                &format!("{name} ({n})"),
-                slice.tenant.as_deref() == Some(name.as_str()),
-            ));
+        let asked = slice.get(dimension.name);
+        if values.is_empty() && asked.is_none() {
+            continue;
         }
-        out.push_str("</p>");
-    }
-    if !seen.priorities.is_empty() || slice.priority.is_some() {
-        out.push_str("<p class=\"windows\" id=\"priority-filter\">Priority: ");
+        let _ = write!(
+            out,
+            "<p class=\"windows\" id=\"{}-filter\">{}: ",
+            dimension.name,
+            escape(&title(dimension.name))
+        );
         out.push_str(&anchor(
-            link(slice.tenant.as_deref(), None),
+            link(&slice.with(dimension, None)),
             "all",
-            slice.priority.is_none(),
+            asked.is_none(),
         ));
-        for (band, n) in &seen.priorities {
+        for (value, n) in &values {
             out.push_str(&anchor(
-                link(slice.tenant.as_deref(), Some(*band)),
-                &format!("{band} ({n})"),
-                slice.priority == Some(*band),
+                link(&slice.with(dimension, Some(SliceValue::from(value.as_str())))),
+                &format!("{value} ({n})"),
+                asked == Some(value.as_str()),
             ));
         }
         out.push_str("</p>");
     }
-    if !seen.priorities.is_empty() {
-        let bands: Vec<(PriorityBand, MatrixDoc)> = seen
-            .priorities
-            .iter()
-            .filter_map(|(band, _)| {
-                let only = TrafficSlice {
-                    tenant: slice.tenant.clone(),
-                    priority: Some(*band),
-                };
+    let bands: Vec<PriorityBand> = seen
+        .values(PRIORITY.name)
+        .iter()
+        .filter_map(|(value, _)| PriorityBand::parse(value.as_str()))
+        .collect();
+    if !bands.is_empty() {
+        let bands: Vec<(PriorityBand, MatrixDoc)> = bands
+            .into_iter()
+            .filter_map(|band| {
+                let only = slice.with(&PRIORITY, Some(SliceValue::Named(band.label())));
                 production_matrix_sliced(
-                    state,
+                    view,
                     window,
                     Some(&model),
                     FingerprintChoice::Current,
                     &only,
                 )
-                .map(|doc| (*band, doc))
+                .map(|doc| (band, doc))
             })
             .collect();
-        let engine = routed_upstream(state, Some(&model)).engine();
+        let engine = routed_upstream(view, Some(&model)).engine();
         let how = engine.and_then(|e| e.spec().priority.map(|p| p.describe(e.name())));
         out.push_str(&priority_table(&bands, how.as_deref()));
     }
     out.push_str("</section>");
     out
+}
+
+/// A dimension's name as a heading ("tenant" → "Tenant").
+fn title(name: &str) -> String {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
 }
 
 /// Per cell, each band's TTFT (any, answer) and TBT medians with their request counts.

@@ -1,0 +1,34 @@
+//! The admin's view layer: the figures the page and the endpoints share, read from a
+//! [`View`] of the admin state — the production matrix (of a model, a configuration, a
+//! tenant's or a priority band's requests), the latest synthetic matrix, production ÷ the
+//! pinned reference, and live headroom. A view returns documents and reasons, never a
+//! response: the endpoint files render them. Nothing here sees credentials, sessions or the
+//! sweep manager.
+//!
+//! File order: `sources` ← `matrices` ← `compare`; `production_slo` (pure) ← `headroom`, which
+//! also imports `sources`; `status` (the one verdict) imports them all and computes nothing of
+//! its own. This file
+//! only declares and re-exports.
+
+mod compare;
+mod headroom;
+mod matrices;
+mod production_slo;
+mod sources;
+mod status;
+
+pub use compare::production_compare;
+pub use headroom::{all_models, CapacityAnswer, ContextBasis, ModelHeadroom, NoHeadroom, RestsOn};
+pub use matrices::{
+    production_matrix, production_matrix_of, production_matrix_sliced, synthetic_matrix,
+    FingerprintChoice, NO_SWEEP,
+};
+pub use production_slo::{
+    duration_text, production_slo, targets_text, CellAttainment, ContextSlo, ProductionSlo,
+};
+pub use sources::{
+    current_configurations, resolve_upstream, routed_upstream, CapacitySettings, View,
+};
+pub use status::{
+    status, sweep_agreement, Clause, ModelStatus, State, Status, SweepAgreement, STATUS_SCHEMA,
+};

@@ -1,0 +1,439 @@
+//! The one verdict an operator acts on (`GET /status`, `tokentap status`, the top of the page):
+//! per model with production traffic in `capacity.window`, five clauses, each built only from
+//! the view function whose figure it summarises and linking to that figure (a page anchor and
+//! an endpoint):
+//!
+//! 1. **SLO** — production against the `[slo]` objective (`production_slo`): the cells with
+//!    evidence meeting it, the worst cell and its attainment;
+//! 2. **sweep** — production beside the latest sweep (`matrix::side_by_side::compare_cell`, the
+//!    page's ratio grid): cells agreeing (within 5 %), explained by prefill overlap,
+//!    unexplained;
+//! 3. **headroom** — live headroom and what it rests on (`headroom::all_models`);
+//! 4. **drift** — production ÷ the pinned reference (`compare::production_compare`);
+//! 5. **configuration** — a change of the upstream's configuration (fingerprint) in the window.
+//!
+//! Nothing here computes a figure of its own: it counts and words what those functions return.
+
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+use crate::aggregate::Window;
+use crate::base::wallclock::format_rfc3339;
+use crate::matrix::diff::DiffColumn;
+use crate::matrix::doc::MatrixDoc;
+use crate::matrix::side_by_side::{compare_cell, ratio_band, Comparison};
+use crate::matrix::units::format_percent;
+
+use super::compare::production_compare;
+use super::headroom::{all_models, CapacityAnswer, RestsOn};
+use super::matrices::synthetic_matrix;
+use super::production_slo::production_slo;
+use super::sources::{current_configurations, routed_upstream, View};
+
+/// How a clause reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Ok,
+    /// Not known: no figure to judge by (no evidence, no sweep, no reference).
+    Unknown,
+    Warn,
+    Bad,
+}
+
+impl State {
+    /// `✓`, `?`, `!`, `✗`.
+    pub fn mark(self) -> &'static str {
+        match self {
+            State::Ok => "✓",
+            State::Unknown => "?",
+            State::Warn => "!",
+            State::Bad => "✗",
+        }
+    }
+}
+
+/// One clause of a model's verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct Clause {
+    /// `slo`, `sweep`, `headroom`, `drift`, `configuration`.
+    pub key: &'static str,
+    pub state: State,
+    pub text: String,
+    /// The page anchor of the figure it summarises (`/#headroom`).
+    pub page: String,
+    /// The endpoint that serves that figure (`/capacity`).
+    pub endpoint: String,
+}
+
+/// One model's verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelStatus {
+    pub model: String,
+    pub upstream: String,
+    /// The worst state of its clauses.
+    pub state: State,
+    /// The clause to act on first (the worst, in clause order), in a line.
+    pub summary: String,
+    pub clauses: Vec<Clause>,
+}
+
+/// The verdict of every model with production traffic in the window.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub schema: &'static str,
+    /// The window every clause is judged over (`capacity.window`).
+    pub window: String,
+    pub models: Vec<ModelStatus>,
+    /// Said when no model had production traffic in the window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The schema tag of `GET /status`.
+pub const STATUS_SCHEMA: &str = "tokentap.status/v1";
+
+/// Production beside the sweep, counted from `compare_cell` (the page's ratio grid).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct SweepAgreement {
+    /// Cells compared (Valid on both sides).
+    pub compared: usize,
+    /// Within 5 % of the sweep.
+    pub agreeing: usize,
+    /// Off by more, and production's prefill overlap explains it.
+    pub explained: usize,
+    /// Off by more, unexplained.
+    pub unexplained: usize,
+}
+
+/// Counts `compare_cell` over the cells of `production` and `sweep`.
+pub fn sweep_agreement(production: &MatrixDoc, sweep: &MatrixDoc) -> SweepAgreement {
+    let sweep_cells = sweep.cell_index();
+    let mut out = SweepAgreement::default();
+    for cell in &production.decode {
+        let theirs = sweep_cells
+            .get(&(cell.context_tokens, cell.concurrency))
+            .copied();
+        if let Comparison::Ratio {
+            ratio, explained, ..
+        } = compare_cell(Some(cell), theirs)
+        {
+            out.compared += 1;
+            if ratio_band(ratio).is_some_and(|b| (b.from - 0.95).abs() < 1e-9) {
+                out.agreeing += 1;
+            } else if explained {
+                out.explained += 1;
+            } else {
+                out.unexplained += 1;
+            }
+        }
+    }
+    out
+}
+
+fn clause(key: &'static str, state: State, text: String, page: &str, endpoint: String) -> Clause {
+    Clause {
+        key,
+        state,
+        text,
+        page: page.to_owned(),
+        endpoint,
+    }
+}
+
+/// The verdict of every model with production traffic in `capacity.window`, at `now`.
+pub async fn status(view: View<'_>, now: SystemTime) -> Status {
+    let span = view.capacity.config.window;
+    let window = Window::Last(span);
+    let capacity = all_models(view, now);
+    let synthetic = synthetic_matrix(view).await.ok().flatten();
+    let filter = current_configurations(view);
+    let mut models = Vec::new();
+    for matrix in view.production.window_of(window, now, &filter) {
+        let model = matrix.model.to_string();
+        let production = view.production.document(&matrix, &[]);
+        let upstream = routed_upstream(view, Some(&model));
+        let escaped =
+            percent_encoding::utf8_percent_encode(&model, percent_encoding::NON_ALPHANUMERIC);
+        let query = |extra: &str| format!("?model={escaped}&window={}{extra}", window.label());
+        let mut clauses = vec![slo_clause(view, &model, &production, &query(""))];
+        clauses.push(sweep_clause(&production, synthetic.as_deref(), &model));
+        clauses.push(headroom_clause(&capacity, &model));
+        clauses.push(drift_clause(
+            view,
+            window,
+            &model,
+            &query("&compare=reference"),
+        ));
+        clauses.push(configuration_clause(
+            &upstream.identity.configs(),
+            upstream.identity.current(),
+            now,
+            span,
+        ));
+        let state = clauses
+            .iter()
+            .map(|c| c.state)
+            .max()
+            .unwrap_or(State::Unknown);
+        let summary = clauses
+            .iter()
+            .find(|c| c.state == state)
+            .map_or_else(String::new, |c| c.text.clone());
+        models.push(ModelStatus {
+            model,
+            upstream: upstream.name.to_string(),
+            state,
+            summary,
+            clauses,
+        });
+    }
+    let note = models.is_empty().then(|| {
+        format!(
+            "no production request ended in the window ({}): there is nothing to judge yet",
+            window.label()
+        )
+    });
+    Status {
+        schema: STATUS_SCHEMA,
+        window: window.label(),
+        models,
+        note,
+    }
+}
+
+/// Production against the `[slo]` objective.
+fn slo_clause(view: View<'_>, model: &str, production: &MatrixDoc, query: &str) -> Clause {
+    let endpoint = format!("/matrix{query}&source=production");
+    let targets = view.capacity.slo.for_model(Some(model));
+    if !targets.is_set() {
+        return clause(
+            "slo",
+            State::Unknown,
+            "no [slo] targets for this model: production is not judged".to_owned(),
+            "/#production",
+            endpoint,
+        );
+    }
+    let slo = production_slo(production, &targets, view.capacity.objectives.of(model));
+    let objective = format_percent(slo.objective);
+    let (state, text) = match &slo.worst {
+        None => (
+            State::Unknown,
+            format!(
+                "no production cell has evidence yet ({}; objective {objective})",
+                slo.targets
+            ),
+        ),
+        Some(worst) if !worst.meets => (
+            State::Bad,
+            format!(
+                "production misses the SLO: {} of {} cells with evidence meet the {objective} objective; worst: {}",
+                slo.cells_meeting, slo.cells_with_evidence, worst.text
+            ),
+        ),
+        Some(worst) => (
+            State::Ok,
+            format!(
+                "production meets the SLO: {} of {} cells with evidence meet the {objective} objective; worst: {}",
+                slo.cells_meeting, slo.cells_with_evidence, worst.text
+            ),
+        ),
+    };
+    clause("slo", state, text, "/#production", endpoint)
+}
+
+/// Production beside the latest sweep.
+fn sweep_clause(production: &MatrixDoc, synthetic: Option<&MatrixDoc>, model: &str) -> Clause {
+    let endpoint = "/matrix?source=synthetic".to_owned();
+    let Some(sweep) = synthetic.filter(|s| s.metadata.model.served_model.as_deref() == Some(model))
+    else {
+        return clause(
+            "sweep",
+            State::Unknown,
+            "no sweep of this model to compare production with: run `tokentap sweep`".to_owned(),
+            "/#synthetic",
+            endpoint,
+        );
+    };
+    let agreement = sweep_agreement(production, sweep);
+    let text = format!(
+        "production beside the sweep: {} of {} compared cells agree within 5 %, {} explained by prefill overlap, {} unexplained",
+        agreement.agreeing, agreement.compared, agreement.explained, agreement.unexplained
+    );
+    let state = if agreement.compared == 0 {
+        State::Unknown
+    } else if agreement.unexplained > 0 {
+        State::Warn
+    } else {
+        State::Ok
+    };
+    clause("sweep", state, text, "/#comparison", endpoint)
+}
+
+/// Live headroom and what it rests on.
+fn headroom_clause(capacity: &CapacityAnswer, model: &str) -> Clause {
+    let endpoint = "/capacity".to_owned();
+    if let Some(m) = capacity.models.iter().find(|m| m.model == model) {
+        let figures = &m.headroom;
+        let at_least = if figures.capacity_is_lower_bound {
+            "≥ "
+        } else {
+            ""
+        };
+        let (state, text) = match (m.rests_on, figures.headroom) {
+            (RestsOn::ProductionMisses, _) => (State::Bad, m.rests_on_text.clone()),
+            (_, None) => (
+                State::Unknown,
+                format!("headroom unknown ({})", m.rests_on_text),
+            ),
+            (_, Some(h)) => (
+                if h < 0.0 {
+                    State::Bad
+                } else if h < 0.2 {
+                    State::Warn
+                } else {
+                    State::Ok
+                },
+                format!(
+                    "{at_least}{} headroom ({:.1} streams on average against {at_least}{} for this mix, {}); rests on {}",
+                    format_percent(h),
+                    figures.load,
+                    figures
+                        .capacity
+                        .map_or_else(|| "unknown".to_owned(), |c| format!("{c:.1}")),
+                    m.capacity_from,
+                    m.rests_on_text
+                ),
+            ),
+        };
+        return clause("headroom", state, text, "/#headroom", endpoint);
+    }
+    let reason = capacity
+        .unanswered
+        .iter()
+        .find(|u| u.model == model)
+        .map_or_else(|| "no headroom figure".to_owned(), |u| u.reason.clone());
+    clause(
+        "headroom",
+        State::Unknown,
+        format!("no headroom: {reason}"),
+        "/#headroom",
+        endpoint,
+    )
+}
+
+/// Production ÷ the pinned reference.
+fn drift_clause(view: View<'_>, window: Window, model: &str, query: &str) -> Clause {
+    let endpoint = format!("/matrix{query}");
+    let compared = match production_compare(view, window, Some(model), None) {
+        Ok(compared) => compared,
+        Err((_, message)) => {
+            return clause("drift", State::Unknown, message, "/#drift", endpoint);
+        }
+    };
+    let speed = compared
+        .column_summary(DiffColumn::PerRequestTokS)
+        .and_then(|s| s.geometric_mean.map(|g| (g, s.cells)));
+    let ttft = compared
+        .column_summary(DiffColumn::TtftMs)
+        .and_then(|s| s.geometric_mean);
+    let (state, text) = match speed {
+        None => (
+            State::Unknown,
+            "no production cell compared with the reference yet (evidence)".to_owned(),
+        ),
+        Some((g, cells)) => (
+            if g < 0.8 {
+                State::Bad
+            } else if g < 0.95 {
+                State::Warn
+            } else {
+                State::Ok
+            },
+            format!(
+                "against the reference ({}): decode speed ×{g:.2} over {cells} cells{}",
+                compared.reference.source,
+                ttft.map_or_else(String::new, |t| format!(", TTFT ×{t:.2}"))
+            ),
+        ),
+    };
+    clause("drift", state, text, "/#drift", endpoint)
+}
+
+/// A configuration change of the upstream in the window.
+fn configuration_clause(
+    configs: &[crate::meter::identity::ConfigEntry],
+    current: crate::meter::identity::FingerprintId,
+    now: SystemTime,
+    span: Duration,
+) -> Clause {
+    let since = now.checked_sub(span).unwrap_or(SystemTime::UNIX_EPOCH);
+    let change = configs
+        .iter()
+        .rev()
+        .find(|c| c.previous.is_some() && c.since >= since);
+    let endpoint = "/matrix?compare=previous".to_owned();
+    match change {
+        Some(entry) => clause(
+            "configuration",
+            State::Warn,
+            format!(
+                "the configuration changed in the window: {} → {} at {} (figures before it are of another server)",
+                entry.previous.map_or_else(String::new, |p| p.to_string()),
+                entry.id,
+                format_rfc3339(entry.since)
+            ),
+            "/#configuration",
+            endpoint,
+        ),
+        None => clause(
+            "configuration",
+            State::Ok,
+            format!("no configuration change in the window (fingerprint {current})"),
+            "/#configuration",
+            endpoint,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matrix::doc::{CellStatus, DecodeCell};
+
+    fn cell(concurrency: u32, total: f64, overlap: Option<f64>) -> DecodeCell {
+        let mut cell = DecodeCell::status_only(8192, concurrency, CellStatus::Valid);
+        cell.total_tok_s = Some(total);
+        cell.average_active_requests = Some(f64::from(concurrency));
+        cell.prefill_overlap_share = overlap;
+        cell
+    }
+
+    #[test]
+    fn agreement_counts_the_ratio_grid_classes() {
+        let mut production = MatrixDoc::new(Default::default());
+        production.decode = vec![
+            cell(1, 100.0, None),      // ×1.00: agrees
+            cell(2, 100.0, Some(0.5)), // ×0.50, overlap predicts 0.5: explained
+            cell(4, 100.0, None),      // ×0.50: unexplained
+        ];
+        let mut sweep = MatrixDoc::new(Default::default());
+        sweep.decode = vec![
+            cell(1, 100.0, None),
+            cell(2, 200.0, None),
+            cell(4, 200.0, None),
+        ];
+        let agreement = sweep_agreement(&production, &sweep);
+        assert_eq!(
+            agreement,
+            SweepAgreement {
+                compared: 3,
+                agreeing: 1,
+                explained: 1,
+                unexplained: 1
+            }
+        );
+    }
+}

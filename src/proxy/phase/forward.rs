@@ -1,0 +1,271 @@
+//! The forward phase: the request sent to its upstream (its head rebuilt for it: the upstream's
+//! URI and HTTP version, hop-by-hop headers and the client's `Host` dropped) within the
+//! upstream's response timeout, and the answer handed on — a metered request's through the
+//! metering body. Upstream response bodies are under the upstream's idle timeout; a stall ends
+//! them as `upstream_stalled`. An upstream that gives no answer is the fail phase's.
+//!
+//! A client may get its request's own timing back (`metering.server_timing`: on request, by a
+//! header, or always): a stream as a trailer where the client takes trailers (HTTP/2, or
+//! HTTP/1.1 with `TE: trailers`, announced by `Trailer: Server-Timing`), else as a final SSE
+//! comment; a non-streamed answer as a `Server-Timing` header, for which its body is read whole
+//! first (up to `metering.max_parse_bytes`; a longer one is forwarded as it is, without it).
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use http::{header, HeaderValue, Method, Request, Response, Version};
+use http_body_util::BodyExt;
+use tokio::time::Instant;
+
+use super::admit::Admitted;
+use super::fail::fail;
+use super::start::MeteredRequest;
+use crate::net::faults::Fault;
+use crate::net::streams::{SendWatch, StreamWatch};
+use crate::proxy::body::{RequestBody, ResponseBody};
+use crate::proxy::connector::at_capacity;
+use crate::proxy::error::{error_chain, ProxyError};
+use crate::proxy::headers::{announces_trailer, is_event_stream, remove_hop_by_hop};
+use crate::proxy::service::Proxy;
+use crate::proxy::timeout::{is_stall, IdleTimeout, UpstreamBody};
+use crate::proxy::upstream::Upstream;
+use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
+use crate::stream::rewrite::Injected;
+use crate::stream::timing::{TimingDelivery, SERVER_TIMING};
+
+impl Proxy {
+    /// The forward phase: the request sent to its upstream, and the upstream's answer handed
+    /// on, measured on the way when the request is metered; or tokentap's own answer when the
+    /// upstream gave none.
+    pub(crate) async fn forward(
+        &self,
+        admitted: Admitted,
+        body: RequestBody,
+        mut metered: Option<MeteredRequest>,
+    ) -> Response<ResponseBody> {
+        let Admitted {
+            mut parts,
+            upstream,
+            upstream_path,
+            ..
+        } = admitted;
+        let path_and_query = match parts.uri.query() {
+            Some(query) => format!("{upstream_path}?{query}"),
+            None => upstream_path,
+        };
+        parts.uri = match upstream.uri(&path_and_query) {
+            Ok(uri) => uri,
+            Err(error) => {
+                let error = ProxyError::BadUpstreamUri {
+                    upstream: Arc::clone(&upstream.name),
+                    cause: error.to_string(),
+                };
+                return fail(error, metered);
+            }
+        };
+        parts.version = if upstream.config.http2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        remove_hop_by_hop(&mut parts.headers);
+        // The client addressed tokentap; the upstream gets its own authority.
+        parts.headers.remove(header::HOST);
+        // The connection's send-stall watch, for the response body (not for a HEAD answer:
+        // hyper never polls that body).
+        let watch = parts
+            .extensions
+            .remove::<StreamWatch>()
+            .filter(|_| parts.method != Method::HEAD)
+            .map(|StreamWatch(watch)| watch);
+        parts.extensions = http::Extensions::new();
+        let request = Request::from_parts(parts, body);
+
+        if let Some(m) = metered.as_mut() {
+            m.meter.upstream_sent(Instant::now());
+        }
+        let call = upstream.send(request);
+        let timeout = upstream.config.response_timeout;
+        let result = if timeout.is_zero() {
+            Ok(call.await)
+        } else {
+            tokio::time::timeout(timeout, call).await
+        };
+        let response = match result {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) if is_stall(&*error) => {
+                // The client's streamed body went silent while hyper was sending it.
+                return fail(self.body_stalled(), metered);
+            }
+            Ok(Err(error)) if at_capacity(&*error).is_some() => {
+                let error = ProxyError::Busy {
+                    upstream: Arc::clone(&upstream.name),
+                    url: upstream.url(),
+                    cause: at_capacity(&*error)
+                        .map(|full| full.to_string())
+                        .unwrap_or_default(),
+                };
+                tracing::warn!(upstream = %upstream.name, %error, "upstream connection limit");
+                return fail(error, metered);
+            }
+            Ok(Err(error)) => {
+                let error = ProxyError::Upstream {
+                    upstream: Arc::clone(&upstream.name),
+                    url: upstream.url(),
+                    cause: error_chain(&*error),
+                };
+                tracing::warn!(upstream = %upstream.name, %error, "upstream request failed");
+                return fail(error, metered);
+            }
+            Err(_elapsed) => {
+                self.faults.add(Fault::UpstreamTimeout);
+                let error = ProxyError::Timeout {
+                    upstream: Arc::clone(&upstream.name),
+                    url: upstream.url(),
+                    after: timeout,
+                };
+                tracing::warn!(upstream = %upstream.name, %error, "upstream timed out");
+                return fail(error, metered);
+            }
+        };
+
+        let (mut parts, incoming) = response.into_parts();
+        let incoming = IdleTimeout::new(incoming, upstream.config.stream_idle_timeout)
+            .counted(&self.faults, Fault::UpstreamStalled)
+            .counting_breaks(Fault::UpstreamAborted);
+        remove_hop_by_hop(&mut parts.headers);
+        let (metering, delivery) = metered
+            .map(|metered| self.meter_response(metered, &mut parts, &upstream))
+            .unzip();
+        let delivery = delivery.flatten();
+        let body = MeteredBody::new(incoming, metering);
+        if delivery == Some(TimingDelivery::Header) {
+            return self.with_timing_header(parts, body, watch).await;
+        }
+        Response::from_parts(parts, ResponseBody::upstream(body, watch))
+    }
+
+    /// The metering of a metered request's response, and where its timing goes when its client
+    /// asked for it; the head made to fit (the trailer announced, a length the rewriting would
+    /// break removed).
+    fn meter_response(
+        &self,
+        metered: MeteredRequest,
+        parts: &mut http::response::Parts,
+        upstream: &Upstream,
+    ) -> (Box<Metering>, Option<TimingDelivery>) {
+        let MeteredRequest {
+            mut meter,
+            route,
+            injected,
+            timing,
+        } = metered;
+        meter.response_head(Instant::now(), parts.status.as_u16());
+        let event_stream = is_event_stream(&parts.headers);
+        // Compressed although asked not to be: passed through untouched, counts
+        // approximate, nothing stripped.
+        let encoded = parts
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+        if encoded {
+            tracing::debug!(upstream = %upstream.name, "a metered response is content-encoded: forwarded unread");
+        }
+        let delivery = timing.and_then(|ask| match (event_stream, ask.trailers) {
+            (false, _) => Some(TimingDelivery::Header),
+            (true, true) => Some(TimingDelivery::Trailer),
+            // A comment cannot be appended to compressed bytes.
+            (true, false) => (!encoded).then_some(TimingDelivery::Comment),
+        });
+        if delivery == Some(TimingDelivery::Trailer)
+            && !announces_trailer(&parts.headers, SERVER_TIMING.as_str())
+        {
+            // hyper's HTTP/1 server sends only the trailer fields the head announces;
+            // once, when the upstream announced its own already.
+            parts
+                .headers
+                .append(header::TRAILER, HeaderValue::from_static("server-timing"));
+        }
+        let metering = Metering::new(
+            meter,
+            MeteringOptions {
+                route,
+                event_stream,
+                injected: if event_stream {
+                    injected
+                } else {
+                    Injected::default()
+                },
+                max_event_bytes: self.metering.max_event_bytes,
+                max_body_bytes: self.metering.max_parse_bytes,
+                encoded,
+                timing: delivery,
+                held_budget: Some(Arc::clone(&self.held_budget)),
+                length: parts
+                    .headers
+                    .get(header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok()?.parse().ok()),
+            },
+        );
+        if metering.rewrites() {
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
+        (metering, delivery)
+    }
+
+    /// A non-streamed answer with the request's `Server-Timing` in its head: the body is read
+    /// whole first (its record is published at its end), into the one copy metering keeps
+    /// anyway, up to `metering.max_parse_bytes` and within the held-answer budget
+    /// (`metering.max_held_bytes`). A longer one, or one the budget cannot hold, is forwarded as
+    /// it is, without the header: what was held, then the rest as it comes. One that breaks off
+    /// is forwarded up to the break, then broken, without it. The upstream's idle timeout
+    /// bounds the wait.
+    async fn with_timing_header(
+        &self,
+        mut parts: http::response::Parts,
+        mut body: MeteredBody<UpstreamBody>,
+        watch: Option<Arc<SendWatch>>,
+    ) -> Response<ResponseBody> {
+        let end = loop {
+            match body.frame().await {
+                None => break None,
+                Some(Ok(frame)) => match frame.into_data() {
+                    // Its bytes are in the held copy: this frame itself is dropped.
+                    Ok(_) if body.holds_for_client() => {}
+                    Ok(data) => {
+                        tracing::debug!(
+                            limit = self.metering.max_parse_bytes,
+                            held = self.held_budget.held(),
+                            "a non-streamed answer over the parse limit or the held-answer budget: forwarded without Server-Timing"
+                        );
+                        let held = body.take_held();
+                        let read = if held.is_empty() {
+                            data
+                        } else {
+                            let mut read = BytesMut::with_capacity(held.len() + data.len());
+                            read.extend_from_slice(&held);
+                            read.extend_from_slice(&data);
+                            read.freeze()
+                        };
+                        return Response::from_parts(
+                            parts,
+                            ResponseBody::upstream_after(read, body, watch),
+                        );
+                    }
+                    Err(frame) => break frame.into_trailers().ok().map(Ok),
+                },
+                Some(Err(error)) => break Some(Err(error)),
+            }
+        };
+        if !matches!(end, Some(Err(_))) {
+            if let Some(value) = body
+                .take_server_timing()
+                .and_then(|value| HeaderValue::try_from(value).ok())
+            {
+                // Beside the upstream's own entries, never in their place.
+                parts.headers.append(SERVER_TIMING, value);
+            }
+        }
+        Response::from_parts(parts, ResponseBody::held(body.take_held(), end, watch))
+    }
+}

@@ -1,0 +1,90 @@
+//! The prepare phase: a body read whole, inspected and made ready for the upstream. A field run
+//! as code refuses it; a metered route's JSON gives the request's facts (a body that is not a
+//! JSON object is forwarded as it came, unmetered); a request no path prefix routed goes to the
+//! upstream that serves its model; its prompt is fingerprinted for the workload capture; usage
+//! options are injected (`metering.inject_usage`); and the response is asked for uncompressed.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderValue};
+
+use super::admit::Admitted;
+use crate::base::Route;
+use crate::proxy::body::RequestBody;
+use crate::proxy::service::{Proxy, Step};
+use crate::stream::request::{carries_field, injection, inspect, RequestFacts};
+use crate::stream::rewrite::Injected;
+
+/// What the prepare phase learnt of a metered request and did to it.
+pub(crate) struct Prepared {
+    pub(crate) route: Route,
+    pub(crate) facts: RequestFacts,
+    /// What was injected into the body, to be stripped from the response.
+    pub(crate) injected: Injected,
+    /// The prompt's salted prefix block ids (empty unless the workload capture is on).
+    pub(crate) prefix_blocks: Vec<u64>,
+}
+
+impl Proxy {
+    /// The prepare phase: the body to forward and what was learnt of it; or the body to
+    /// forward as it came, unmetered; or the 403 for a field run as code.
+    pub(crate) fn prepare(&self, admitted: &mut Admitted, bytes: Bytes) -> Step<(Bytes, Prepared)> {
+        if let Some(found @ (_, field)) = admitted.code_field {
+            if carries_field(&bytes, field.field) {
+                return Step::Answer(self.refuse_code_field(found));
+            }
+        }
+        let metered = admitted
+            .route
+            .and_then(|route| Some((route, inspect(route, &bytes)?)));
+        let Some((route, facts)) = metered else {
+            // Read only to be checked for a field run as code, or not a JSON object (the
+            // upstream will say what it thinks of it): forwarded as it came, unmetered.
+            return Step::Unmetered(RequestBody::Full(Some(bytes)));
+        };
+        if let Some(model) = facts.model.as_deref() {
+            if self.router.by_path(&admitted.path).is_none() {
+                if let Some(by_model) = self.router.by_model(model) {
+                    admitted.upstream = Arc::clone(by_model);
+                }
+            }
+        }
+
+        // Once per request, on the body as the client sent it (injection moves spans).
+        let prefix_blocks = match (&self.prefix_salt, facts.prompt, &admitted.synthetic) {
+            (Some(salt), Some(prompt), None) => salt.fingerprint(prompt.bytes(&bytes)),
+            _ => Vec::new(),
+        };
+        let mut bytes = bytes;
+        let mut injected = Injected::default();
+        if self.metering.inject_usage {
+            let server_usage = admitted.upstream.server_usage();
+            if let Some((edited, added)) = injection(route, &bytes, &facts, server_usage) {
+                bytes = Bytes::from(edited);
+                injected = added;
+                if let Ok(length) = HeaderValue::try_from(bytes.len().to_string()) {
+                    admitted
+                        .parts
+                        .headers
+                        .insert(header::CONTENT_LENGTH, length);
+                }
+            }
+        }
+
+        // The response is read as it passes (events, or the JSON body's usage): ask for it
+        // uncompressed. `identity` is always acceptable to the client; a compressed stream
+        // could be neither metered nor stripped of what tokentap injected.
+        admitted.parts.headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+        let prepared = Prepared {
+            route,
+            facts,
+            injected,
+            prefix_blocks,
+        };
+        Step::Next((bytes, prepared))
+    }
+}

@@ -1,0 +1,74 @@
+//! Whether the upstreams answer, as `/readyz` asks it: a `GET
+//! /v1/models` sent direct (`ask`), any HTTP answer within [`PROBE_DEADLINE`] counting as
+//! answering (a 404 is a server that is up). One probe at a time, its answer reused for
+//! [`PROBE_REUSE`], so a flood of `/readyz` costs the upstream at most a question a second.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+use super::ask;
+use super::upstream::Upstream;
+use super::Proxy;
+
+/// Longest wait for the upstream's answer: Kubernetes' default probe timeout is 1 s.
+pub const PROBE_DEADLINE: Duration = Duration::from_millis(900);
+/// How long one probe's answer is reused.
+pub const PROBE_REUSE: Duration = Duration::from_secs(1);
+
+/// The path asked: every engine tokentap knows answers it (sglang, vLLM, llama-server).
+const PROBE_PATH: &str = "/v1/models";
+
+/// One upstream's answer to the probe.
+#[derive(Debug, Clone)]
+pub struct UpstreamAnswer {
+    pub name: Arc<str>,
+    pub url: String,
+    pub answering: bool,
+}
+
+/// The probe's last answers, shared by every `/readyz`.
+#[derive(Debug, Default)]
+pub struct ReadinessProbe {
+    last: Mutex<Option<(Instant, Arc<[UpstreamAnswer]>)>>,
+}
+
+impl ReadinessProbe {
+    /// Every upstream's answer, probed now unless a probe within [`PROBE_REUSE`] answered.
+    pub async fn upstreams(&self, proxy: &Proxy) -> Arc<[UpstreamAnswer]> {
+        let mut last = self.last.lock().await;
+        if let Some((at, answers)) = &*last {
+            if at.elapsed() < PROBE_REUSE {
+                return Arc::clone(answers);
+            }
+        }
+        // Asked together: dead upstreams cost one deadline between them.
+        let mut probes = tokio::task::JoinSet::new();
+        for (index, upstream) in proxy.router.all().iter().enumerate() {
+            let upstream = Arc::clone(upstream);
+            probes.spawn(async move { (index, probe(&upstream).await) });
+        }
+        let mut answered = Vec::new();
+        while let Some(Ok(answer)) = probes.join_next().await {
+            answered.push(answer);
+        }
+        answered.sort_by_key(|(index, _)| *index);
+        let answers: Arc<[UpstreamAnswer]> =
+            answered.into_iter().map(|(_, answer)| answer).collect();
+        *last = Some((Instant::now(), Arc::clone(&answers)));
+        answers
+    }
+}
+
+/// Asks one upstream.
+pub async fn probe(upstream: &Upstream) -> UpstreamAnswer {
+    UpstreamAnswer {
+        name: Arc::clone(&upstream.name),
+        url: upstream.config.url.to_string(),
+        answering: ask::get(upstream, PROBE_PATH, PROBE_DEADLINE)
+            .await
+            .is_some(),
+    }
+}
