@@ -173,6 +173,23 @@ pub enum Command {
     ///   tokentap status --admin http://127.0.0.1:9464 --token "$TOKEN"
     #[command(verbatim_doc_comment)]
     Status(super::status::StatusArgs),
+    /// Check tokentap's overhead on this machine: the same streams direct and through a proxy.
+    ///
+    /// Starts the embedded simulator (or uses --target) and `tokentap serve` with your
+    /// configuration (--config, --set) in a child process on loopback, then runs interleaved
+    /// rounds of concurrent streams direct and through it. Reports what the proxy added to time
+    /// to first token and to the gap between frames (p50, p99), how many streams came through
+    /// intact (against the simulator: frame for frame as direct), the proxy's CPU per event and
+    /// memory per stream, and one verdict against the bars in docs/benchmarks.md (latency is
+    /// judged on 8 or more cores and quiet rounds only). Exit status 3 when a bar is missed.
+    /// Nothing is installed or written; about 15 seconds with the defaults.
+    ///
+    /// Examples:
+    ///   tokentap bench
+    ///   tokentap bench --config tokentap.toml --streams 500 --json
+    ///   tokentap bench --target http://127.0.0.1:30000 --tokens 128
+    #[command(verbatim_doc_comment)]
+    Bench(super::bench::BenchArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     ///
     /// Examples:
@@ -194,7 +211,7 @@ pub fn main() -> ExitCode {
     // RUST_LOG asks for more (set before any thread exists).
     if matches!(
         cli.command,
-        Command::Sweep(_) | Command::Demo(_) | Command::Replay(_)
+        Command::Sweep(_) | Command::Demo(_) | Command::Replay(_) | Command::Bench(_)
     ) && std::env::var_os("RUST_LOG").is_none()
     {
         std::env::set_var("RUST_LOG", "warn");
@@ -224,6 +241,7 @@ pub fn main() -> ExitCode {
             Command::Rules(args) => super::rules::run(args),
             Command::Tenants(args) => super::tenants::run(args),
             Command::Status(args) => super::status::run(args).await,
+            Command::Bench(args) => super::bench::run(args).await,
             Command::Completions(_) => Ok(ExitCode::SUCCESS),
         }
     });

@@ -20,7 +20,7 @@
 
 mod args;
 mod finish;
-mod http;
+pub(crate) mod http;
 mod machine;
 mod mixed;
 mod phase;
@@ -36,4 +36,5 @@ pub use mixed::{burst, BurstSummary};
 pub use report::{DemoReport, AGREEMENT, DEFINITIONS};
 pub use run::run;
 pub use steady::steady_cells;
+pub(crate) use steady::wait_until_server_idle;
 pub use table::TextTable;

@@ -113,7 +113,7 @@ pub fn steady_cells(synthetic: &MatrixDoc) -> Vec<(u64, u32)> {
 /// Waits (at most 10 s) until the simulator reports no running or queued request: the proxy
 /// counts a stream out when its client goes away, the server a moment later, and a request it
 /// still holds would count in the next cell's batch (as the sweep's drain barrier avoids).
-async fn wait_until_server_idle(simulator: &str) {
+pub(crate) async fn wait_until_server_idle(simulator: &str) {
     let client = http::client();
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
