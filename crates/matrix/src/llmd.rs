@@ -388,7 +388,7 @@ fn decode_report(doc: &MatrixDoc, run: &RunContext, cell: &DecodeCell, stage: u6
     args.insert("context_tokens".to_owned(), json!(cell.context_tokens));
     args.insert("concurrency".to_owned(), json!(cell.concurrency));
     let description = format!(
-        "{}decode: {}-token prompts, {} requests at once",
+        "{}decode: {}-token prompts, concurrency {}",
         if run.production { "production " } else { "" },
         cell.context_tokens,
         cell.concurrency
@@ -430,7 +430,7 @@ fn prefill_report(doc: &MatrixDoc, run: &RunContext, row: &PrefillRow, stage: u6
     args.insert("context_tokens".to_owned(), json!(row.context_tokens));
     args.insert("requests_at_once".to_owned(), json!(row.requests_at_once));
     let description = format!(
-        "{}prefill: a cold {}-token prompt, {} requests at once",
+        "{}prefill: a cold {}-token prompt, {} at once",
         if run.production { "production " } else { "" },
         row.context_tokens,
         row.requests_at_once
