@@ -872,6 +872,18 @@ fn cli_show_import_diff_and_exit_codes() {
         assert!(out.status.success(), "{format}");
         assert!(!out.stdout.is_empty());
     }
+    // llm-d benchmark reports: one per measured cell, as the library renders them (the
+    // library's tests validate them against llm-d's schema).
+    let llmd = tokentap()
+        .args(["matrix", "show"])
+        .arg(&glm)
+        .args(["--format", "llmd"])
+        .output()
+        .unwrap();
+    assert!(llmd.status.success());
+    let reports: Vec<serde_json::Value> = serde_json::from_slice(&llmd.stdout).unwrap();
+    assert_eq!(reports, tokentap::matrix::llmd::reports(&seed(GLM)));
+    assert!(reports.len() > 20 && reports.iter().all(|r| r["version"] == "0.2.1"));
 
     let same = tokentap()
         .args(["matrix", "diff"])

@@ -1,4 +1,4 @@
-//! `GET /matrix?source=production|synthetic&window=…&format=json|md|csv|html|svg&model=…`:
+//! `GET /matrix?source=production|synthetic&window=…&format=json|md|csv|html|svg|llmd&model=…`:
 //! the production matrix over a window, or the latest synthetic one, in any rendering.
 //! `compare=reference` (json, md, html; `upstream=` to choose the reference's upstream) gives
 //! the production window ÷ the pinned reference per cell instead (`matrix::compare`).
@@ -176,7 +176,7 @@ fn compare_previous(view: View<'_>, query: &MatrixQuery, format: Format) -> Resp
         Format::Json => crate::matrix::diff::render_diff_json(&diff),
         Format::Markdown => crate::matrix::diff::render_diff_markdown(&diff),
         Format::Html => crate::matrix::html::render_diff_html(&diff),
-        Format::Csv | Format::Svg | Format::Table | Format::List => {
+        Format::Csv | Format::Svg | Format::Table | Format::List | Format::Llmd => {
             return json_error(
                 StatusCode::BAD_REQUEST,
                 "compare=previous renders as json, md or html",
@@ -207,7 +207,7 @@ fn compare_reference(
         Format::Json => render_compare_json(&compared),
         Format::Markdown => render_compare_markdown(&compared),
         Format::Html => render_compare_html(&compared),
-        Format::Csv | Format::Svg | Format::Table | Format::List => {
+        Format::Csv | Format::Svg | Format::Table | Format::List | Format::Llmd => {
             return json_error(
                 StatusCode::BAD_REQUEST,
                 "compare=reference renders as json, md or html",

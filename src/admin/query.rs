@@ -47,12 +47,13 @@ pub fn query_escape(text: &str) -> String {
 }
 
 /// Renderings `/matrix` offers.
-pub const OFFERED: [Format; 5] = [
+pub const OFFERED: [Format; 6] = [
     Format::Json,
     Format::Markdown,
     Format::Csv,
     Format::Html,
     Format::Svg,
+    Format::Llmd,
 ];
 
 /// The renderings of a sweep's (or a reference's) matrix alone (`?format=`; `status`, the

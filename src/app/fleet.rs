@@ -113,7 +113,7 @@ pub enum TrafficSource {
 }
 
 /// The renderings `fleet matrix` offers.
-pub const MATRIX_FORMATS: [Format; 7] = Format::ALL;
+pub const MATRIX_FORMATS: [Format; 8] = Format::ALL;
 
 /// Output formats of `fleet compare`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -133,8 +133,8 @@ pub struct MatrixArgs {
     /// Only replicas of this configuration fingerprint (the `fingerprint` label).
     #[arg(long, value_name = "ID")]
     pub fingerprint: Option<String>,
-    /// md, json, csv, html, svg or table (as `matrix show`). Default: `table` on a terminal,
-    /// `md` in a pipe or with --output.
+    /// md, json, csv, html, svg, table, list or llmd (as `matrix show`). Default: `table` on a
+    /// terminal, `md` in a pipe or with --output.
     #[arg(long, short, value_parser = super::output::format_parser(&MATRIX_FORMATS))]
     pub format: Option<Format>,
     /// Write to this file instead of standard output.

@@ -143,7 +143,7 @@ pub struct CapacityArgs {
 }
 
 /// The renderings `matrix show` offers.
-pub const SHOW_FORMATS: [Format; 7] = Format::ALL;
+pub const SHOW_FORMATS: [Format; 8] = Format::ALL;
 
 /// Output formats of `matrix diff`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -182,7 +182,9 @@ pub struct ShowArgs {
     /// Output format.
     /// table (the seed page's grid: contexts × concurrency, total tok/s over TTFT, at most 120
     /// columns), list (every figure of every cell, one row each), md (the seed page's layout;
-    /// imports back), json, csv, html (heat map, charts, table) or svg (charts).
+    /// imports back), json, csv, html (heat map, charts, table), svg (charts) or llmd (llm-d
+    /// benchmark reports, schema 0.2.1: a JSON array of one report per measured cell, tokentap's
+    /// own figures under results.observability.tokentap; see docs/matrix.md).
     /// Default: table on a terminal, md when written to a pipe or a file.
     #[arg(long, short, value_parser = super::output::format_parser(&SHOW_FORMATS))]
     pub format: Option<Format>,

@@ -1,7 +1,7 @@
 //! What `tokentap sweep`, `replay` and `demo` print on stdout when they end: `--format
-//! table|list|md|json`. The default (`auto`) is the seed page's grid on a terminal and Markdown
-//! otherwise, so `tokentap sweep … > matrix.md` keeps writing the page format; the files written
-//! beside (`.json`, `.html`, `.md`) do not depend on it.
+//! table|list|md|json|llmd`. The default (`auto`) is the seed page's grid on a terminal and
+//! Markdown otherwise, so `tokentap sweep … > matrix.md` keeps writing the page format; the files
+//! written beside (`.json`, `.html`, `.md`) do not depend on it.
 
 use std::io::IsTerminal;
 
@@ -35,6 +35,10 @@ pub enum OutputFormat {
     Md,
     /// The matrix document (schema tokentap.matrix/v1).
     Json,
+    /// llm-d benchmark reports (llm-d-benchmark's schema 0.2.1): a JSON array of one report
+    /// per measured cell, tokentap's own figures under results.observability.tokentap. What
+    /// is not a matrix (a diff, a summary) prints as json.
+    Llmd,
 }
 
 impl OutputFormat {
@@ -53,6 +57,7 @@ impl OutputFormat {
             OutputFormat::Table => Format::Table,
             OutputFormat::List => Format::List,
             OutputFormat::Json => Format::Json,
+            OutputFormat::Llmd => Format::Llmd,
             _ => Format::Markdown,
         }
     }
@@ -66,8 +71,13 @@ impl OutputFormat {
     pub fn diff(self, diff: &MatrixDiff) -> String {
         match self.resolve() {
             OutputFormat::Table | OutputFormat::List => render_diff_table(diff),
-            OutputFormat::Json => render_diff_json(diff),
+            OutputFormat::Json | OutputFormat::Llmd => render_diff_json(diff),
             _ => render_diff_markdown(diff),
         }
+    }
+
+    /// Whether what is not a matrix (a summary, a preview) prints as JSON: `json` and `llmd`.
+    pub fn machine(self) -> bool {
+        matches!(self.resolve(), OutputFormat::Json | OutputFormat::Llmd)
     }
 }

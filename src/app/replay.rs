@@ -101,9 +101,10 @@ pub struct ReplayArgs {
     #[arg(long, short = 'c', value_name = "FILE", env = "TOKENTAP_CONFIG")]
     pub config: Option<PathBuf>,
     /// What is printed on stdout at the end (the replay's matrix, then the diff; with
-    /// --find-speed its summary): table (aligned, at most 120 columns), md or json (the matrix
-    /// tokentap.matrix/v1, the search tokentap.find-speed/v1). Default: table on a terminal, md
-    /// otherwise.
+    /// --find-speed its summary): table (aligned, at most 120 columns), list, md, json (the
+    /// matrix tokentap.matrix/v1, the search tokentap.find-speed/v1) or llmd (the matrix as
+    /// llm-d benchmark reports, one per measured cell; the diff and the search as json).
+    /// Default: table on a terminal, md otherwise.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
     pub format: OutputFormat,
     /// No progress line on stderr.
@@ -492,7 +493,7 @@ async fn find_speed(
     let markdown = summary.render_markdown();
     let json = summary.render_json();
     // The search's summary is a table already: Markdown for table and md, or its JSON.
-    if args.format.resolve() == OutputFormat::Json {
+    if args.format.machine() {
         print!("{json}");
     } else {
         print!("{markdown}");

@@ -123,8 +123,9 @@ pub struct SweepArgs {
     /// defaults matter: the proxy's own configuration applies there.
     #[arg(long = "set", value_name = "SECTION.KEY=VALUE")]
     pub set: Vec<String>,
-    /// What is printed on stdout at the end: table (aligned, at most 120 columns), md (the
-    /// seed page's layout) or json. Default: table on a terminal, md otherwise.
+    /// What is printed on stdout at the end: table (aligned, at most 120 columns), list, md
+    /// (the seed page's layout), json or llmd (llm-d benchmark reports, one per measured cell).
+    /// Default: table on a terminal, md otherwise.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
     pub format: OutputFormat,
     /// No progress line on stderr.
@@ -255,7 +256,7 @@ async fn dry_run(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCode
             })?;
         previews.push((crate::net::redact::redact_url(url), preview));
     }
-    if args.format.resolve() == OutputFormat::Json {
+    if args.format.machine() {
         let out: Vec<serde_json::Value> = previews
             .iter()
             .map(|(server, preview)| serde_json::json!({"server": server, "preview": preview}))
@@ -352,7 +353,15 @@ async fn run_fleet(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCo
         std::fs::write(&path, text).with_context(|| format!("cannot write {}", path.display()))?;
         written.push(path.display().to_string());
     }
-    if args.format.resolve() == OutputFormat::Json {
+    if args.format.resolve() == OutputFormat::Llmd {
+        // One array of every replica's reports (each replica's sweep is its own experiment).
+        let reports: Vec<serde_json::Value> = replicas
+            .iter()
+            .filter_map(|(_, status)| status.matrix.as_ref())
+            .flat_map(crate::matrix::llmd::reports)
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else if args.format.resolve() == OutputFormat::Json {
         let replicas_json: Vec<serde_json::Value> = replicas
             .iter()
             .map(|(admin, status)| {

@@ -22,11 +22,14 @@ pub enum Format {
     Table,
     /// Every figure of every cell, one aligned row per cell, at most 120 characters wide.
     List,
+    /// llm-d benchmark reports (llm-d-benchmark's schema v0.2.1), a JSON array of one report
+    /// per measured cell, tokentap's own figures under `results.observability.tokentap`.
+    Llmd,
 }
 
 impl Format {
     /// Every rendering.
-    pub const ALL: [Format; 7] = [
+    pub const ALL: [Format; 8] = [
         Format::Markdown,
         Format::Json,
         Format::Csv,
@@ -34,6 +37,7 @@ impl Format {
         Format::Svg,
         Format::Table,
         Format::List,
+        Format::Llmd,
     ];
 
     /// Its name where it is asked for by name (`--format md`, `?format=md`).
@@ -46,6 +50,7 @@ impl Format {
             Format::Svg => "svg",
             Format::Table => "table",
             Format::List => "list",
+            Format::Llmd => "llmd",
         }
     }
 
@@ -71,7 +76,7 @@ impl Format {
     pub fn content_type(self) -> &'static str {
         match self {
             Format::Markdown => "text/markdown; charset=utf-8",
-            Format::Json => "application/json",
+            Format::Json | Format::Llmd => "application/json",
             Format::Csv => "text/csv; charset=utf-8",
             Format::Html => "text/html; charset=utf-8",
             Format::Svg => "image/svg+xml",
@@ -89,6 +94,7 @@ impl Format {
             Format::Svg => "svg",
             Format::Table => "txt",
             Format::List => "list.txt",
+            Format::Llmd => "llmd.json",
         }
     }
 
@@ -116,6 +122,7 @@ impl Format {
             Format::Svg => crate::svg::render_svg(doc),
             Format::Table => crate::grid::render_grid(doc),
             Format::List => crate::table::render_table(doc),
+            Format::Llmd => crate::llmd::render_llmd(doc),
         }
     }
 }

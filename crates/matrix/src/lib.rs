@@ -1,5 +1,6 @@
 //! The speed-test matrix: one document type for production and synthetic results, its importers
-//! (seed page text, Markdown, JSON), its renderings (Markdown, JSON, CSV, HTML, SVG, an aligned terminal table), the diff of
+//! (seed page text, Markdown, JSON), its renderings (Markdown, JSON, CSV, HTML, SVG, an aligned terminal table,
+//! llm-d benchmark reports), the diff of
 //! two matrices, the drift of production against a pinned reference (`compare`) and what a simulator can infer from one.
 //!
 //! Everything here is pure (strings and structs in, strings and structs out) except `file`, which
@@ -23,6 +24,7 @@ pub mod grid;
 pub mod html;
 pub mod import;
 pub mod infer;
+pub mod llmd;
 pub mod markdown;
 pub mod notes;
 pub mod page;

@@ -52,7 +52,8 @@ pub struct DemoArgs {
     #[arg(long)]
     pub keep_running: bool,
     /// What is printed on stdout at the end (the sweep's matrix, then the steady and mixed
-    /// comparisons): table (aligned, at most 120 columns), md or json. Default: table on a
+    /// comparisons): table (aligned, at most 120 columns), list, md, json, or llmd (every
+    /// matrix of the demo as llm-d benchmark reports, one array). Default: table on a
     /// terminal, md otherwise.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = OutputFormat::Auto)]
     pub format: OutputFormat,

@@ -30,6 +30,16 @@ pub async fn finish(
             println!("{}", report.terminal());
         }
         OutputFormat::Json => println!("{}", report.json(production)),
+        OutputFormat::Llmd => {
+            // Every matrix of the demo as llm-d reports, one array (each its own experiment).
+            let reports: Vec<serde_json::Value> =
+                [Some(synthetic), production, report.steady, report.mixed]
+                    .into_iter()
+                    .flatten()
+                    .flat_map(crate::matrix::llmd::reports)
+                    .collect();
+            println!("{}", serde_json::to_string_pretty(&reports)?);
+        }
         _ => {
             println!("{}", render_markdown(synthetic));
             println!("{}", report.markdown());
