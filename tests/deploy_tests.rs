@@ -2298,6 +2298,45 @@ fn all_panels(dashboard: &Value) -> Vec<Value> {
     out
 }
 
+/// Issue 45.2, one name per quantity: Σ completion tokens ÷ Σ decode request-seconds
+/// (`cell:tokentap_request_tokens_per_second`, Total tok/s ÷ average active requests) is
+/// "Decode tok/s per stream" on every panel that shows it, defined as such, and never
+/// "per-request tok/s" — the matrix's name for 1 ÷ TBT.
+#[test]
+fn the_dashboards_name_the_speed_per_stream_apart_from_per_request_tok_s() {
+    let mut seen = 0;
+    for (name, dashboard) in dashboards() {
+        for panel in all_panels(&dashboard) {
+            let title = panel["title"].as_str().unwrap_or("");
+            let description = panel["description"].as_str().unwrap_or("");
+            let per_stream = panel["targets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t["expr"].as_str())
+                .any(|e| e.contains("cell:tokentap_request_tokens_per_second"));
+            if !per_stream {
+                continue;
+            }
+            seen += 1;
+            assert!(
+                title.starts_with("Decode tok/s per stream"),
+                "{name}: {title}: total ÷ average active is named decode tok/s per stream"
+            );
+            assert!(
+                !title.to_lowercase().contains("per-request")
+                    && !title.to_lowercase().contains("per request"),
+                "{name}: {title}"
+            );
+            assert!(
+                description.contains("Total tok/s ÷ average active requests"),
+                "{name}: {title}: the description defines it: {description}"
+            );
+        }
+    }
+    assert!(seen >= 4, "{seen} panels read the speed per stream");
+}
+
 #[test]
 fn the_dashboards_read_at_a_glance() {
     let mut ratio_grids = 0;
@@ -2356,7 +2395,7 @@ fn the_dashboards_read_at_a_glance() {
                 assert_eq!(bands, page, "{name}: {title}: not the page's ratio scale");
                 assert!(
                     !exprs.iter().any(|e| e.contains("total_tokens_per_second")),
-                    "{name}: {title}: the ratio is of per-request tok/s, as on the page"
+                    "{name}: {title}: the ratio is of a speed per stream, as on the page"
                 );
                 assert!(
                     panel["description"]
@@ -2994,7 +3033,8 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
                         }
                         // Production ÷ the latest sweep's gauges: the sweep here is the
                         // production matrix itself, so every cell is near ×1.00.
-                        if title.starts_with("Per-request tok/s: production ÷ latest sweep") {
+                        if title.starts_with("Decode tok/s per stream: production ÷ latest sweep")
+                        {
                             let window = &values["window"];
                             for (context, concurrency) in
                                 [("   8K", "1"), ("   8K", "4"), ("  16K", "4")]
@@ -3011,7 +3051,7 @@ async fn live_prometheus_evaluates_the_rules_and_every_dashboard_query() {
                             key_panels_seen.insert(format!("ratio grid {window}"));
                         }
                         // The canary grid with one configuration on both sides: ×1.00.
-                        if title.starts_with("Per-request tok/s: candidate ÷ baseline")
+                        if title.starts_with("Decode tok/s per stream: candidate ÷ baseline")
                             && values["min_requests"] == "5"
                         {
                             let window = &values["window"];

@@ -605,7 +605,7 @@ async fn fleet_matrix_and_canary_compare_from_a_real_prometheus() {
         .find(|p| {
             p["title"]
                 .as_str()
-                .is_some_and(|t| t.starts_with("Per-request tok/s: candidate ÷ baseline"))
+                .is_some_and(|t| t.starts_with("Decode tok/s per stream: candidate ÷ baseline"))
         })
         .expect("the canary grid on the matrix dashboard");
     let expr = panel["targets"][0]["expr"]

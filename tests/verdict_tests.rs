@@ -294,3 +294,94 @@ async fn no_headroom_where_production_misses_the_slo_and_the_verdict_names_the_w
     let _ = std::fs::remove_dir_all(&dir);
     server.shutdown().await;
 }
+
+/// Issue 45.4, nothing silently empty: a `serve` without `[slo]` (the README's own line)
+/// answers `GET /capacity` with the reason and the keys to set, before and after traffic, and
+/// the page, `GET /status` and `tokentap status` say the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_without_slo_targets_names_the_keys_to_set() {
+    let sim = SimServer::start(
+        Profile::builtin(STEP).unwrap(),
+        SimOptions {
+            seed: 45,
+            ..SimOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (server, records) = common::proxy(&sim.base_url(), "").await;
+    let names_the_keys = |text: &str| {
+        ["slo.ttft", "slo.tbt", "slo.e2e", "--set slo.ttft="]
+            .iter()
+            .all(|key| text.contains(key))
+    };
+
+    // No traffic yet: no model, and the reason is the missing targets, not the missing load.
+    let (code, answer) = admin(&server, "GET", "/capacity", "").await;
+    assert_eq!(code, 200, "{answer:#}");
+    assert_eq!(answer["models"], json!([]), "{answer:#}");
+    let explain = answer["explain"].as_str().unwrap_or_default();
+    assert!(
+        explain.contains("no [slo] targets") && names_the_keys(explain),
+        "{answer:#}"
+    );
+
+    // One production request: the model is unanswered, and its reason names the keys too.
+    let url = format!("http://{}/v1/completions", server.proxy_addr);
+    let body = format!(
+        r#"{{"model":"{MODEL}","prompt":"hello","max_tokens":8,"ignore_eos":true,"stream":true}}"#
+    );
+    assert_eq!(common::post(&url, &body).await.status, 200);
+    records.wait_for(1).await;
+    let (_, answer) = admin(&server, "GET", "/capacity", "").await;
+    assert_eq!(answer["models"], json!([]), "{answer:#}");
+    let reason = answer["unanswered"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(names_the_keys(reason), "{answer:#}");
+    assert!(
+        names_the_keys(answer["explain"].as_str().unwrap_or_default()),
+        "{answer:#}"
+    );
+
+    // The page's headroom section says it.
+    let page = common::get(&format!("http://{}/", server.admin_addr)).await;
+    assert_eq!(page.status, 200);
+    let html = page.text();
+    let section = html
+        .split("id=\"headroom\"")
+        .nth(1)
+        .and_then(|rest| rest.split("</section>").next())
+        .unwrap_or_default();
+    assert!(names_the_keys(section), "{section}");
+
+    // `GET /status` and `tokentap status`: the SLO clause names the keys.
+    let (_, status) = admin(&server, "GET", "/status", "").await;
+    let slo = &status["models"][0]["clauses"][0];
+    assert_eq!(slo["key"], "slo", "{status:#}");
+    assert!(
+        names_the_keys(slo["text"].as_str().unwrap_or_default()),
+        "{status:#}"
+    );
+    let admin_url = format!("http://{}", server.admin_addr);
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_tokentap"))
+                .args(["status", "--admin", &admin_url])
+                .env_remove("TOKENTAP_ADMIN__TOKEN")
+                .output()
+                .unwrap()
+        }),
+    )
+    .await
+    .expect("tokentap status answers within 60 s")
+    .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    let joined = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        joined.contains("slo.ttft") && joined.contains("slo.tbt"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

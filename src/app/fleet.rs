@@ -44,7 +44,8 @@ pub enum FleetCommand {
     ///
     /// Each side's request count is shown; a cell where either side has too few requests
     /// (the evidence rule, --min-requests) gets no ratio and is marked. Exit code 3 when
-    /// --fail-below is set and the geometric mean of the per-request tok/s ratios is below it.
+    /// --fail-below is set and the geometric mean of the decode tok/s per stream ratios (Total
+    /// tok/s ÷ average active requests) is below it.
     ///
     /// Example:
     ///   tokentap fleet compare --prometheus http://prometheus:9090 --baseline 3f2a9c01b7de --candidate 91c0d2e4aa10 --window 1h
@@ -157,8 +158,8 @@ pub struct CompareArgs {
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
-    /// Exit with code 3 when the geometric mean of per-request tok/s candidate ÷ baseline is
-    /// below R (e.g. 0.95), or when no cell has enough traffic on both sides.
+    /// Exit with code 3 when the geometric mean of decode tok/s per stream (Total tok/s ÷ average
+    /// active requests) candidate ÷ baseline is below R (e.g. 0.95), or when no cell has enough traffic on both sides.
     #[arg(long, value_name = "R")]
     pub fail_below: Option<f64>,
 }
@@ -321,10 +322,10 @@ async fn compare_command(args: &CompareArgs) -> anyhow::Result<ExitCode> {
     };
     write_output(args.output.as_deref(), &text)?;
     if let Some(threshold) = args.fail_below {
-        match result.per_request_tok_s {
+        match result.decode_tok_s_per_stream {
             Some(mean) if mean >= threshold => {}
             Some(mean) => {
-                eprintln!("gate failed: per-request tok/s candidate ÷ baseline is {mean:.3}, below {threshold}");
+                eprintln!("gate failed: decode tok/s per stream candidate ÷ baseline is {mean:.3}, below {threshold}");
                 return Ok(ExitCode::from(EXIT_GATE_FAILED));
             }
             None => {

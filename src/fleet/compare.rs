@@ -30,7 +30,12 @@ pub struct CompareCell {
     pub baseline_status: Option<CellStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candidate_status: Option<CellStatus>,
-    /// Candidate ÷ baseline.
+    /// Candidate ÷ baseline of the decode tok/s per stream: Σ completion tokens ÷ Σ decode
+    /// request-seconds, Total tok/s ÷ average active requests (what a fleet matrix's
+    /// `per_request_tok_s` holds: counters give no per-request 1 ÷ TBT; docs/fleet.md).
+    pub decode_tok_s_per_stream: Option<f64>,
+    /// Deprecated: `decode_tok_s_per_stream` under its old name, kept for one release (the
+    /// same figure; it is not 1 ÷ TBT, what "per-request tok/s" means elsewhere).
     pub per_request_tok_s: Option<f64>,
     pub total_tok_s: Option<f64>,
     pub ttft_ms: Option<f64>,
@@ -53,7 +58,10 @@ pub struct FleetComparison {
     pub candidate: String,
     pub window_s: Option<f64>,
     pub cells: Vec<CompareCell>,
-    /// Geometric means over the cells with enough evidence on both sides.
+    /// Geometric means over the cells with enough evidence on both sides; the first of the
+    /// decode tok/s per stream (see [`CompareCell::decode_tok_s_per_stream`]).
+    pub decode_tok_s_per_stream: Option<f64>,
+    /// Deprecated: `decode_tok_s_per_stream` under its old name, kept for one release.
     pub per_request_tok_s: Option<f64>,
     pub total_tok_s: Option<f64>,
     pub ttft_ms: Option<f64>,
@@ -98,6 +106,7 @@ pub fn compare(
                 enough_evidence: enough,
                 baseline_status: (!enough).then(|| cell.status_a.clone()).flatten(),
                 candidate_status: (!enough).then(|| cell.status_b.clone()).flatten(),
+                decode_tok_s_per_stream: gate(cell.ratios.per_request_tok_s),
                 per_request_tok_s: gate(cell.ratios.per_request_tok_s),
                 total_tok_s: gate(cell.ratios.total_tok_s),
                 ttft_ms: gate(cell.ratios.ttft_ms),
@@ -127,6 +136,7 @@ pub fn compare(
             .window_s
             .or(baseline.metadata.run.window_s),
         cells,
+        decode_tok_s_per_stream: mean(DiffColumn::PerRequestTokS),
         per_request_tok_s: mean(DiffColumn::PerRequestTokS),
         total_tok_s: mean(DiffColumn::TotalTokS),
         ttft_ms: mean(DiffColumn::TtftMs),
@@ -168,14 +178,14 @@ pub fn render_compare_markdown(comparison: &FleetComparison) -> String {
         .filter(|c| c.enough_evidence)
         .count();
     out.push_str(&format!(
-        "Over {with_evidence} cells with enough traffic on both sides (geometric mean): per-request tok/s {}, Total tok/s {}, TTFT {} (mean {}), TBT {}. Medians and p99 come from histogram buckets and are as coarse as they are; the mean TTFT is exact.\n\n",
-        format_ratio(comparison.per_request_tok_s),
+        "Over {with_evidence} cells with enough traffic on both sides (geometric mean): decode tok/s per stream (Total tok/s ÷ average active requests) {}, Total tok/s {}, TTFT {} (mean {}), TBT {}. Medians and p99 come from histogram buckets and are as coarse as they are; the mean TTFT is exact.\n\n",
+        format_ratio(comparison.decode_tok_s_per_stream),
         format_ratio(comparison.total_tok_s),
         format_ratio(comparison.ttft_ms),
         format_ratio(comparison.ttft_mean_ms),
         format_ratio(comparison.tbt_ms),
     ));
-    out.push_str("| Context | Concurrency | Baseline requests | Candidate requests | Per-request tok/s | Total tok/s | TTFT | TTFT mean | TBT | TTFT p99 | |\n");
+    out.push_str("| Context | Concurrency | Baseline requests | Candidate requests | Decode tok/s per stream | Total tok/s | TTFT | TTFT mean | TBT | TTFT p99 | |\n");
     out.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for cell in &comparison.cells {
         let mark = if cell.enough_evidence { "" } else { "too few" };
@@ -185,7 +195,7 @@ pub fn render_compare_markdown(comparison: &FleetComparison) -> String {
             cell.concurrency,
             side_text(cell.baseline_requests, cell.baseline_status.as_ref()),
             side_text(cell.candidate_requests, cell.candidate_status.as_ref()),
-            format_ratio(cell.per_request_tok_s),
+            format_ratio(cell.decode_tok_s_per_stream),
             format_ratio(cell.total_tok_s),
             format_ratio(cell.ttft_ms),
             format_ratio(cell.ttft_mean_ms),
@@ -260,5 +270,19 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&render_compare_json(&result)).unwrap();
         assert_eq!(json["schema"], COMPARE_SCHEMA);
         assert_eq!(json["cells"][0]["baseline_requests"], 40);
+        // Issue 45.2: the ratio of total ÷ average active is named for it, beside its
+        // definition; the old key stays for one release with the same figure.
+        assert!(
+            md.contains("decode tok/s per stream (Total tok/s ÷ average active requests) 0.660"),
+            "{md}"
+        );
+        assert!(md.contains("| Decode tok/s per stream |"), "{md}");
+        assert!(!md.to_lowercase().contains("per-request"), "{md}");
+        assert_eq!(
+            json["cells"][0]["decode_tok_s_per_stream"],
+            json["cells"][0]["per_request_tok_s"]
+        );
+        assert_eq!(json["decode_tok_s_per_stream"], json["per_request_tok_s"]);
+        assert!(json["decode_tok_s_per_stream"].is_number(), "{json:#}");
     }
 }

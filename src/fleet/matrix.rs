@@ -4,9 +4,11 @@
 //!
 //! Each figure follows the shipped recording rules (`deploy/prometheus/rules/
 //! tokentap.rules.yml`, `cell:*`), written over the base series with `increase(…[window])`
-//! so that any window works, not only the rules' 5m and 1h: per-request tok/s is completion
-//! tokens ÷ decode seconds, Total tok/s that × the mean of the requests' average active
-//! requests, medians and tails are `histogram_quantile` over buckets summed across replicas.
+//! so that any window works, not only the rules' 5m and 1h: the cell's `per_request_tok_s`
+//! is completion tokens ÷ decode seconds — the decode tok/s per stream, Total tok/s ÷ average
+//! active requests, not 1 ÷ TBT (counters hold no per-request median; steady traffic gives both
+//! the same figure, and a note on the matrix says which it is) — Total tok/s that × the mean
+//! of the requests' average active requests, medians and tails are `histogram_quantile` over buckets summed across replicas.
 //! All queries are evaluated at one instant, so every figure covers the same window.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -649,6 +651,9 @@ async fn metadata(
         window_text(query.window),
         format_rfc3339(now)
     ));
+    metadata.notes.push(
+        "Per request tok/s of a fleet matrix is the decode tok/s per stream: Σ completion tokens ÷ Σ decode request-seconds = Total tok/s ÷ Average active requests, from counters (not 1 ÷ TBT, a median the counters do not hold; steady traffic gives both the same figure).".to_owned(),
+    );
     if configs.len() > 1 && query.fingerprint.is_none() {
         metadata.notes.push(format!(
             "The window mixes {} configurations ({}): pass --fingerprint to see one.",

@@ -40,6 +40,20 @@ pub const TTFT_NOTE_SYNTHETIC: &str =
 pub const TTFT_NOTE_PRODUCTION: &str =
     "TTFT of production requests includes the prefill of their uncached prompt tokens.";
 
+/// One name per quantity (issue 45.2). Total tok/s ÷ average active requests — decode tokens
+/// per request-second of decode, a mean over the cell — is the "decode tok/s per stream"
+/// wherever it is shown; "per-request tok/s" is only ever 1 ÷ TBT of one stream (the median over
+/// the cell's requests, the "Per request tok/s" column). Steady traffic gives both the same
+/// figure; a server that stalls decoding for others' prefills does not.
+pub const PER_STREAM: &str = "decode tok/s per stream";
+/// What [`PER_STREAM`] is, in the words shown beside it.
+pub const PER_STREAM_DEFINITION: &str = "total tok/s ÷ average active requests";
+/// The name of 1 ÷ TBT (the "Per request tok/s" column), never of [`PER_STREAM`].
+pub const PER_REQUEST: &str = "per-request tok/s";
+/// What [`PER_REQUEST`] is, in the words shown beside it.
+pub const PER_REQUEST_DEFINITION: &str =
+    "1 ÷ TBT of one stream, the median over the cell's requests";
+
 pub const PHASE_PREFILL: &str = "Prefill";
 pub const PHASE_DECODE: &str = "Sustained decode";
 

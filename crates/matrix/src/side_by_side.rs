@@ -3,7 +3,7 @@
 //! [`comparison_fragment`] takes the union of both documents' contexts and concurrency levels, so the
 //! production heat map, the sweep heat map and the ratio grid have the same rows and columns,
 //! and one colour scale of total tok/s serves both heat maps. Each grid cell compares the
-//! decode speed per stream (total tok/s ÷ average active requests) of production with the
+//! decode tok/s per stream (total tok/s ÷ average active requests) of production with the
 //! sweep's, on a fixed diverging scale centred on ×1.0 (full colour at ×2 and ÷2, whatever the
 //! other cells), with the "why" beside it: production's prefill overlap and what it predicts,
 //! sweep × (1 − overlap). Only cells `Valid` on both sides get a ratio; every other pair is a
@@ -14,6 +14,7 @@ use std::fmt::Write as _;
 
 use super::doc::{CellStatus, DecodeCell, MatrixDoc};
 use super::evidence::evidence_label;
+use super::page::{PER_STREAM, PER_STREAM_DEFINITION};
 use super::svg::xml_escape as escape;
 use super::units::{context_label, format_percent};
 
@@ -104,7 +105,7 @@ impl Axes {
 pub enum Comparison {
     /// Valid on both sides.
     Ratio {
-        /// Production ÷ sweep decode speed per stream.
+        /// Production ÷ sweep decode tok/s per stream.
         ratio: f64,
         /// Production ÷ sweep total tok/s (shown on hover).
         total_ratio: Option<f64>,
@@ -122,8 +123,9 @@ pub enum Comparison {
     },
 }
 
-/// Decode speed per stream: total tok/s ÷ average active requests (per-request tok/s when
-/// either is missing).
+/// Decode tok/s per stream: total tok/s ÷ average active requests ([`PER_STREAM`]), not the
+/// cell's per-request tok/s (1 ÷ TBT, a median), which it falls back to only when either figure
+/// is missing.
 fn speed_per_stream(cell: &DecodeCell) -> Option<f64> {
     match (cell.total_tok_s, cell.average_active_requests) {
         (Some(total), Some(active)) if active > 0.0 && total.is_finite() => Some(total / active),
@@ -245,8 +247,8 @@ pub fn comparison_fragment(production: &MatrixDoc, sweep: &MatrixDoc) -> String 
     let axes = Axes::union(&[production, sweep]);
     let prod_cells = production.cell_index();
     let sweep_cells = sweep.cell_index();
-    let mut out = String::from(
-        "<section class=\"comparison\" id=\"comparison\"><h2>Production ÷ sweep</h2><p class=\"note\">Each cell: production's decode speed per stream (total tok/s ÷ average active requests) ÷ the sweep's, same context and concurrency. Below ×1 production is slower; the second line is the production cell's prefill overlap and what it predicts, sweep × (1 − overlap) — ✓ where that explains the gap within 10 % — and, where the two sides' decode steps gave tokens differing by more than 10 % (speculative decoding), production's tokens per step with the sweep's. Only cells Valid on both sides are compared.</p>",
+    let mut out = format!(
+        "<section class=\"comparison\" id=\"comparison\"><h2>Production ÷ sweep</h2><p class=\"note\">Each cell: production's {PER_STREAM} ({PER_STREAM_DEFINITION}) ÷ the sweep's, same context and concurrency. Below ×1 production is slower; the second line is the production cell's prefill overlap and what it predicts, sweep × (1 − overlap) — ✓ where that explains the gap within 10 % — and, where the two sides' decode steps gave tokens differing by more than 10 % (speculative decoding), production's tokens per step with the sweep's. Only cells Valid on both sides are compared.</p>",
     );
     out.push_str(&legend_fragment());
     out.push_str("<div class=\"scroll\"><table class=\"grid ratio-grid comparison-grid\"><thead><tr><th>Context</th>");
@@ -301,7 +303,7 @@ pub fn comparison_fragment(production: &MatrixDoc, sweep: &MatrixDoc) -> String 
                         (false, false) => format!("{why} · {steps}"),
                     };
                     let title = format!(
-                        "{label} × {concurrency}: speed per stream ×{ratio:.3}{}",
+                        "{label} × {concurrency}: {PER_STREAM} ×{ratio:.3}{}",
                         total_ratio.map_or_else(String::new, |t| format!(", total tok/s ×{t:.3}"))
                     );
                     let _ = write!(
@@ -433,6 +435,36 @@ mod tests {
             compare_cell(Some(&thin), Some(&cell(8192, 2, 41.0, 2.0))),
             Comparison::NotCompared { .. }
         ));
+    }
+
+    /// Issue 45.2, one name per quantity: the grid's ratio is of total tok/s ÷ average active
+    /// requests, named "decode tok/s per stream" beside that definition in the note and in
+    /// every cell's title, and never "per-request tok/s" (the name of 1 ÷ TBT).
+    #[test]
+    fn the_ratio_is_named_decode_tok_s_per_stream_beside_its_definition() {
+        // 1 ÷ TBT is 50 on both sides; total ÷ active is 30 against 50: the ratio is ×0.6, so
+        // the grid shows the per-stream figure, whatever per-request tok/s says.
+        let mut production = cell(8192, 4, 120.0, 4.0);
+        production.per_request_tok_s = Some(50.0);
+        let mut sweep = cell(8192, 4, 200.0, 4.0);
+        sweep.per_request_tok_s = Some(50.0);
+        let html = comparison_fragment(&doc(vec![production]), &doc(vec![sweep]));
+        assert!(
+            html.contains(
+                "production's decode tok/s per stream (total tok/s ÷ average active requests) ÷ the sweep's"
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains("title=\"8K × 4: decode tok/s per stream ×0.600"),
+            "{html}"
+        );
+        let lower = html.to_lowercase();
+        assert!(!lower.contains("per-request"), "{html}");
+        assert!(!lower.contains("per request"), "{html}");
+        assert_eq!(PER_STREAM, "decode tok/s per stream");
+        assert_eq!(super::super::page::PER_REQUEST, "per-request tok/s");
+        assert!(super::super::page::PER_REQUEST_DEFINITION.starts_with("1 ÷ TBT"));
     }
 
     #[test]

@@ -119,7 +119,9 @@ pub fn render(
     }
     body.push_str("</div></div>");
 
-    if let Some(answer) = capacity.filter(|a| !a.models.is_empty() || !a.unanswered.is_empty()) {
+    if let Some(answer) =
+        capacity.filter(|a| !a.models.is_empty() || !a.unanswered.is_empty() || a.explain.is_some())
+    {
         body.push_str(&headroom_fragment(answer));
     }
     if let Some(compared) = drift {
@@ -255,6 +257,13 @@ fn headroom_fragment(answer: &CapacityAnswer) -> String {
             "<p class=\"note\">No headroom for <code>{}</code>: {}</p>",
             escape(&missing.model),
             escape(&missing.reason)
+        );
+    }
+    if let Some(explain) = &answer.explain {
+        let _ = write!(
+            out,
+            "<p class=\"note\" id=\"headroom-explain\">No headroom figure: {}</p>",
+            escape(explain)
         );
     }
     out.push_str("</section>");

@@ -94,6 +94,24 @@ pub struct NoHeadroom {
 pub struct CapacityAnswer {
     pub models: Vec<ModelHeadroom>,
     pub unanswered: Vec<NoHeadroom>,
+    /// Why `models` is empty, in one sentence that says what to do (no `[slo]` targets: the
+    /// keys to set and the `--set` form; no production traffic in `capacity.window`); `null`
+    /// when some model is answered. Never an empty answer without a reason.
+    pub explain: Option<String>,
+}
+
+/// How to set `[slo]` targets: the keys and the `--set` form. Every answer that has no targets
+/// to judge by (`GET /capacity`, the page, `GET /status` and `tokentap status`) ends with it.
+pub const SET_SLO_TARGETS: &str = "set at least one of slo.ttft, slo.tbt, slo.e2e (the [slo] table of the config file: ttft = \"2s\", tbt = \"50ms\", e2e = \"60s\"; per model [slo.models.\"MODEL\"]), or on the command line: tokentap serve --set slo.ttft=2s --set slo.tbt=50ms";
+
+/// The sentence of an answer without `[slo]` targets anywhere.
+pub fn no_slo_targets() -> String {
+    format!("no [slo] targets are set, and capacity is judged against them: {SET_SLO_TARGETS}")
+}
+
+/// Whether any `[slo]` target is set, the default's or a model's.
+pub fn any_slo_targets(slo: &crate::meter::slo::SloPolicy) -> bool {
+    slo.default.is_set() || slo.models.values().any(|t| t.is_set())
 }
 
 /// Whether a boundary measured on configuration `measured` (what its document recorded) holds
@@ -163,7 +181,9 @@ pub fn all_models(view: View<'_>, now: SystemTime) -> CapacityAnswer {
             })
         };
         if !targets.is_set() {
-            no("no [slo] targets for this model: capacity is judged against them".to_owned());
+            no(format!(
+                "no [slo] targets for this model, and capacity is judged against them: {SET_SLO_TARGETS}"
+            ));
             continue;
         }
         let routed = view
@@ -219,6 +239,18 @@ pub fn all_models(view: View<'_>, now: SystemTime) -> CapacityAnswer {
             rests_on_text,
             contexts_rest_on,
             production: slo,
+        });
+    }
+    if answer.models.is_empty() {
+        answer.explain = Some(if !any_slo_targets(&settings.slo) {
+            no_slo_targets()
+        } else if answer.unanswered.is_empty() {
+            format!(
+                "no production request ended in the last {} (capacity.window): headroom is production's load against the capacity boundary, and there is no load to judge yet",
+                window.label()
+            )
+        } else {
+            "no model has a headroom figure: `unanswered` says why, per model".to_owned()
         });
     }
     answer

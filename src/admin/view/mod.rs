@@ -18,7 +18,10 @@ mod sources;
 mod status;
 
 pub use compare::production_compare;
-pub use headroom::{all_models, CapacityAnswer, ContextBasis, ModelHeadroom, NoHeadroom, RestsOn};
+pub use headroom::{
+    all_models, any_slo_targets, no_slo_targets, CapacityAnswer, ContextBasis, ModelHeadroom,
+    NoHeadroom, RestsOn, SET_SLO_TARGETS,
+};
 pub use matrices::{
     production_matrix, production_matrix_of, production_matrix_sliced, synthetic_matrix,
     FingerprintChoice, NO_SWEEP,

@@ -26,7 +26,9 @@ use crate::matrix::side_by_side::{compare_cell, ratio_band, Comparison};
 use crate::matrix::units::format_percent;
 
 use super::compare::production_compare;
-use super::headroom::{all_models, CapacityAnswer, RestsOn};
+use super::headroom::{
+    all_models, any_slo_targets, no_slo_targets, CapacityAnswer, RestsOn, SET_SLO_TARGETS,
+};
 use super::matrices::synthetic_matrix;
 use super::production_slo::production_slo;
 use super::sources::{current_configurations, routed_upstream, View};
@@ -190,10 +192,15 @@ pub async fn status(view: View<'_>, now: SystemTime) -> Status {
         });
     }
     let note = models.is_empty().then(|| {
-        format!(
+        let nothing = format!(
             "no production request ended in the window ({}): there is nothing to judge yet",
             window.label()
-        )
+        );
+        if any_slo_targets(&view.capacity.slo) {
+            nothing
+        } else {
+            format!("{nothing}; and {}", no_slo_targets())
+        }
     });
     Status {
         schema: STATUS_SCHEMA,
@@ -211,7 +218,7 @@ fn slo_clause(view: View<'_>, model: &str, production: &MatrixDoc, query: &str) 
         return clause(
             "slo",
             State::Unknown,
-            "no [slo] targets for this model: production is not judged".to_owned(),
+            format!("no [slo] targets for this model: production is not judged; {SET_SLO_TARGETS}"),
             "/#production",
             endpoint,
         );
@@ -353,7 +360,7 @@ fn drift_clause(view: View<'_>, window: Window, model: &str, query: &str) -> Cla
                 State::Ok
             },
             format!(
-                "against the reference ({}): decode speed ×{g:.2} over {cells} cells{}",
+                "against the reference ({}): per-request tok/s (1 ÷ TBT) ×{g:.2} over {cells} cells{}",
                 compared.reference.source,
                 ttft.map_or_else(String::new, |t| format!(", TTFT ×{t:.2}"))
             ),

@@ -24,7 +24,7 @@ pub const DEFINITIONS: [&str; 7] = [
     "TTFT: request head in → first token at the proxy, median. The sweep warms the prompt cache first; the steady clients warm theirs the same way, but their TTFT also holds the upload of their request body, which the sweep's in-process requests skip (on a busy machine it is the column that moves most); the mixed requests arrive cold, so their TTFT includes their prefill.",
     "Total tok/s (steady phase only): output tokens per second across the cell's simultaneous streams. It means the same on both sides only when every request of the cell has the same prompt length and runs through the whole window, as in the sweep and the steady phase; mixed traffic does not, so it is not compared there.",
     "Prefill overlap: the share of the cell's decode time (each request's first → last token) during which at least one other request to the same server was in prefill (head in → first token), measured by the proxy for every request.",
-    "Mean per-request tok/s: decode tokens per request-second of decode, Total tok/s ÷ Average active requests; a server that pauses decoding while it prefills (chunked prefill, as the simulator models sglang) gives sweep × (1 − overlap): the sweep's undisturbed speed slowed by the stalls alone.",
+    "Decode tok/s per stream: decode tokens per request-second of decode, Total tok/s ÷ Average active requests (a mean over the cell, where Per-request tok/s is a median of 1 ÷ TBT); a server that pauses decoding while it prefills (chunked prefill, as the simulator models sglang) gives sweep × (1 − overlap): the sweep's undisturbed speed slowed by the stalls alone.",
     "Overlapping prefills: mean number of other requests' prefills that overlapped a request's decode.",
 ];
 
@@ -109,7 +109,7 @@ impl DemoReport<'_> {
                 "Per-request tok/s sweep · production",
                 "Prefill overlap",
                 "Overlapping prefills",
-                "Mean per-request tok/s production · sweep × (1 − overlap)",
+                "Decode tok/s per stream production · sweep × (1 − overlap)",
                 "TBT",
                 "TTFT",
             ]
@@ -161,7 +161,7 @@ impl DemoReport<'_> {
         );
         out.push_str(&steady.markdown());
         out.push_str("\n## Mixed traffic · the sweep\n\n");
-        out.push_str("Cold prompts of many lengths at changing concurrency. Each request sits in the row of its prompt length and the column of its average number of active requests (prefilling ones included). Where the mean per-request speed matches sweep × (1 − overlap), the gap to the sweep is the time other requests' prefills held the decode up.\n\n");
+        out.push_str("Cold prompts of many lengths at changing concurrency. Each request sits in the row of its prompt length and the column of its average number of active requests (prefilling ones included). Where the decode tok/s per stream (Total tok/s ÷ Average active requests) matches sweep × (1 − overlap), the gap to the sweep is the time other requests' prefills held the decode up.\n\n");
         let mixed = self.mixed_table();
         if mixed.rows.is_empty() {
             out.push_str("No mixed cell shares a context and concurrency with the sweep.\n");
@@ -221,7 +221,7 @@ impl DemoReport<'_> {
                 "Req tok/s sweep · prod",
                 "Overlap",
                 "Pref.",
-                "Prod · sweep×(1−ov)",
+                "Per stream · sw×(1−ov)",
                 "TBT ms",
                 "TTFT ms",
             ]));
@@ -277,7 +277,7 @@ impl DemoReport<'_> {
             "<h1>tokentap demo</h1>{busy}<p class=\"note\">A simulated sglang server behind the tokentap proxy: a synthetic sweep, then ordinary traffic in two phases, all measured by the proxy's metering path. First: the steady traffic's cells ÷ the sweep's, on one grid.</p>{steady_versus}\
 <div class=\"panels\">{sweep_heat}{steady_heat}{mixed_heat}</div>{facts}<h2>Synthetic sweep</h2>{prefill}\
 <h2>Steady traffic · the sweep</h2><p class=\"note\">Plain clients reproduce sweep cells: same prompt length, same number of streams, warm prompt. {agreement}</p><div class=\"scroll\">{steady}</div>\
-<h2>Mixed traffic · the sweep</h2><p class=\"note\">Cold prompts of many lengths at changing concurrency. Each request sits in the row of its prompt length and the column of its average number of active requests (prefilling ones included). Where the mean per-request speed matches sweep × (1 − overlap), the gap to the sweep is the time other requests' prefills held the decode up.</p>{mixed_versus}<div class=\"scroll\">{mixed}</div>\
+<h2>Mixed traffic · the sweep</h2><p class=\"note\">Cold prompts of many lengths at changing concurrency. Each request sits in the row of its prompt length and the column of its average number of active requests (prefilling ones included). Where the decode tok/s per stream (Total tok/s ÷ Average active requests) matches sweep × (1 − overlap), the gap to the sweep is the time other requests' prefills held the decode up.</p>{mixed_versus}<div class=\"scroll\">{mixed}</div>\
 <h3>Definitions (the same for the sweep and production)</h3><ul class=\"note\">{definitions}</ul>\
 <h2>Synthetic: all measurements</h2>{synthetic_all}<h2>Steady traffic: all measurements</h2>{steady_all}<h2>Mixed traffic: all measurements</h2>{mixed_all}",
             busy = self.too_busy.as_ref().map_or_else(String::new, |w| format!(
@@ -400,5 +400,58 @@ mod tests {
         );
         let html = report.html();
         assert!(html.contains("<td class=\"num\">45.0%</td>"), "{html}");
+    }
+
+    /// Issue 45.2, one name per quantity: Total tok/s ÷ Average active requests is "Decode
+    /// tok/s per stream", 1 ÷ TBT is "Per-request tok/s", each beside its own definition, in
+    /// the definitions, the tables' headers and every rendering.
+    #[test]
+    fn the_report_names_the_two_speeds_apart() {
+        let name = |definition: &str| definition.split(':').next().unwrap_or("").to_owned();
+        let per_stream: Vec<&str> = DEFINITIONS
+            .iter()
+            .copied()
+            .filter(|d| d.contains("Total tok/s ÷ Average active requests"))
+            .collect();
+        assert_eq!(per_stream.len(), 1, "{DEFINITIONS:?}");
+        assert_eq!(name(per_stream[0]), "Decode tok/s per stream");
+        let per_request: Vec<&str> = DEFINITIONS
+            .iter()
+            .copied()
+            .filter(|d| name(d).to_lowercase().contains("per-request"))
+            .collect();
+        assert_eq!(per_request.len(), 1, "{DEFINITIONS:?}");
+        assert!(
+            per_request[0].starts_with("Per-request tok/s: 1 ÷ TBT"),
+            "{per_request:?}"
+        );
+
+        let synthetic = doc(vec![cell(8192, 4, 77.7, Some(0.0))]);
+        let mixed = doc(vec![cell(8192, 4, 40.0, Some(0.45))]);
+        let report = DemoReport {
+            synthetic: &synthetic,
+            steady: None,
+            mixed: Some(&mixed),
+            steady_cells: &[],
+            too_busy: None,
+        };
+        let header = report.mixed_table().header;
+        // The column of Total ÷ Average active is named for it; the 1 ÷ TBT column keeps its name.
+        assert_eq!(
+            header[5], "Decode tok/s per stream production · sweep × (1 − overlap)",
+            "{header:?}"
+        );
+        assert_eq!(
+            header[2], "Per-request tok/s sweep · production",
+            "{header:?}"
+        );
+        for text in [report.markdown(), report.html(), report.terminal()] {
+            let lower = text.to_lowercase();
+            assert!(!lower.contains("mean per-request"), "{text}");
+            assert!(!lower.contains("per-request speed"), "{text}");
+        }
+        let md = report.markdown();
+        assert!(md.contains("Decode tok/s per stream"), "{md}");
+        assert!(md.contains("Per-request tok/s: 1 ÷ TBT"), "{md}");
     }
 }

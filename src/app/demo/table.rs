@@ -65,7 +65,7 @@ impl Compared {
     }
 }
 
-/// A production cell's mean per-request decode speed (decode tokens per request-second: Total
+/// A production cell's decode tok/s per stream (decode tokens per request-second: Total
 /// tok/s ÷ Average active requests) beside what the sweep's speed and the cell's prefill overlap
 /// predict for a server that pauses decoding to prefill, with their ratio.
 pub fn explained(sweep: &DecodeCell, production: &DecodeCell) -> String {
