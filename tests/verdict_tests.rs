@@ -127,6 +127,14 @@ async fn no_headroom_where_production_misses_the_slo_and_the_verdict_names_the_w
         figures["capacity"]["contexts"][0]["capacity"], 8,
         "{answer:#}"
     );
+    // The engine's limits the sweep supports, beside the answer (issue 44.5).
+    let advice = &answer["engine_advice"][0];
+    assert_eq!(advice["model"], MODEL, "{answer:#}");
+    assert!(advice["why_none"].is_null(), "{answer:#}");
+    let running_cap = advice["advice"]["overall"]["max_running_requests"][0]
+        .as_u64()
+        .unwrap_or_else(|| panic!("a running cap: {answer:#}"));
+    assert!((1..=8).contains(&running_cap), "{answer:#}");
     let headroom = figures["headroom"]["headroom"].as_f64().unwrap();
     assert!(
         headroom <= 0.0,
@@ -290,6 +298,21 @@ async fn no_headroom_where_production_misses_the_slo_and_the_verdict_names_the_w
     assert!(
         !headroom_section.contains("% headroom"),
         "{headroom_section}"
+    );
+    // The engine advice on the page, the same running cap as /capacity's.
+    let advice_at = dom
+        .find("id=\"engine-advice\"")
+        .expect("the engine advice on the page");
+    let advice_section = &dom[advice_at..dom[advice_at..].find("</section>").unwrap() + advice_at];
+    assert!(
+        advice_section.contains(&format!(
+            "data-flag=\"max-running-requests\" data-value=\"{running_cap}\""
+        )),
+        "{advice_section}"
+    );
+    assert!(
+        advice_section.contains("--max-num-seqs"),
+        "{advice_section}"
     );
     let _ = std::fs::remove_dir_all(&dir);
     server.shutdown().await;

@@ -18,7 +18,7 @@
 //! - [`rules`]: `tokentap rules` (the error-budget burn-rate alerts of `[slo]`, and their
 //!   promtool unit tests).
 //! - [`tenants`]: `tokentap tenants hash-key` (the hash a `[tenants.keys]` entry takes).
-//! - [`bench`]: `tokentap bench` (the overhead self-check: direct vs through a `serve` child).
+//! - [`bench`](mod@bench): `tokentap bench` (the overhead self-check: direct vs through a `serve` child).
 //! - [`output`]: `--format table|md|json`, what sweep, replay and demo print when they end.
 //! - [`store`]: what `tokentap matrix show --store` reads from the store.
 

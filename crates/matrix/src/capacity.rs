@@ -450,7 +450,14 @@ pub fn render_capacity_markdown(report: &CapacityReport) -> String {
         let _ = writeln!(out, "Judged on requests shaped {}\n", md_escape(shape));
     }
     out.push_str("Capacity: the largest number of simultaneous requests whose cell, and every judged cell below it, meets the SLO (`≥ C`: no cell above C missed, the boundary lies beyond what was measured).\n\n");
-    out.push_str("| Context | Capacity | Judged by | Goodput tok/s | Total tok/s | Limited by | Cells (✓ meets, ✗ misses) |\n|---|---:|---|---:|---:|---|---|\n");
+    // A column with nothing to show is left out (a seed page has no per-request attainment to
+    // count goodput from), and the line under the table says so.
+    let goodput = has_goodput(report);
+    if goodput {
+        out.push_str("| Context | Capacity | Judged by | Goodput tok/s | Total tok/s | Limited by | Cells (✓ meets, ✗ misses) |\n|---|---:|---|---:|---:|---|---|\n");
+    } else {
+        out.push_str("| Context | Capacity | Judged by | Total tok/s | Limited by | Cells (✓ meets, ✗ misses) |\n|---|---:|---|---:|---|---|\n");
+    }
     for context in &report.contexts {
         let cells: Vec<String> = context
             .cells
@@ -464,9 +471,14 @@ pub fn render_capacity_markdown(report: &CapacityReport) -> String {
             )
             .collect();
         let limited = limited_text(context);
+        let goodput_cell = if goodput {
+            format!(" {} |", or_missing(context.goodput_tok_s, format_rate))
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} |{goodput_cell} {} | {} | {} |",
             context_label(context.context_tokens),
             capacity_text(context),
             if context.judged_by.is_empty() {
@@ -474,13 +486,25 @@ pub fn render_capacity_markdown(report: &CapacityReport) -> String {
             } else {
                 &context.judged_by
             },
-            or_missing(context.goodput_tok_s, format_rate),
             or_missing(context.total_tok_s, format_rate),
             md_escape(&limited),
             md_escape(&cells.join(" · "))
         );
     }
+    if !goodput {
+        out.push_str(NO_GOODPUT_NOTE);
+        out.push('\n');
+    }
     out
+}
+
+/// Under a table without the goodput column.
+const NO_GOODPUT_NOTE: &str =
+    "\nGoodput tok/s left out: no cell has per-request SLO attainment to count it from.";
+
+/// Whether any context has a goodput figure to show.
+fn has_goodput(report: &CapacityReport) -> bool {
+    report.contexts.iter().any(|c| c.goodput_tok_s.is_some())
 }
 
 /// The report as aligned text for a terminal, at most
@@ -503,29 +527,40 @@ pub fn render_capacity_table(report: &CapacityReport) -> String {
         "Capacity: the most requests at once whose cell, and every judged cell below it, meets \
          the SLO;\n`≥ C`: no cell above C missed, the boundary lies beyond what was measured.\n\n",
     );
-    let mut table = TextTable::new(&[
-        "Context",
-        "Capacity",
-        "Goodput tok/s",
-        "Total tok/s",
-        "Limited by",
-    ]);
-    table.numeric = vec![1, 2, 3];
+    let goodput = has_goodput(report);
+    let mut table = if goodput {
+        TextTable::new(&[
+            "Context",
+            "Capacity",
+            "Goodput tok/s",
+            "Total tok/s",
+            "Limited by",
+        ])
+    } else {
+        TextTable::new(&["Context", "Capacity", "Total tok/s", "Limited by"])
+    };
+    table.numeric = if goodput { vec![1, 2, 3] } else { vec![1, 2] };
     table.rows = report
         .contexts
         .iter()
         .map(|context| {
-            let limited = limited_text(context);
-            vec![
+            let mut row = vec![
                 context_label(context.context_tokens),
                 capacity_text(context),
-                or_missing(context.goodput_tok_s, format_rate),
-                or_missing(context.total_tok_s, format_rate),
-                limited,
-            ]
+            ];
+            if goodput {
+                row.push(or_missing(context.goodput_tok_s, format_rate));
+            }
+            row.push(or_missing(context.total_tok_s, format_rate));
+            row.push(limited_text(context));
+            row
         })
         .collect();
     out.push_str(&table.render(MAX_WIDTH));
+    if !goodput {
+        out.push_str(NO_GOODPUT_NOTE);
+        out.push('\n');
+    }
     out
 }
 
@@ -591,6 +626,38 @@ mod tests {
         let md = render_capacity_markdown(&report);
         assert!(md.contains("| 8K | 4 | medians |"), "{md}");
         assert!(report.beyond(8192, 8) && !report.beyond(8192, 4));
+    }
+
+    /// A column with nothing to show is left out, in Markdown and on the terminal, and the line
+    /// under the table says why; with a figure it is back.
+    #[test]
+    fn the_goodput_column_is_left_out_when_no_context_has_one() {
+        let mut report = capacity(
+            &doc(vec![cell(1, 300.0, 20.0), cell(2, 320.0, 30.0)]),
+            &query(2000.0, 50.0),
+        )
+        .unwrap();
+        assert!(report.contexts.iter().all(|c| c.goodput_tok_s.is_none()));
+        for text in [
+            render_capacity_markdown(&report),
+            render_capacity_table(&report),
+        ] {
+            assert!(
+                !text.contains("| Goodput") && !text.contains("Goodput tok/s  "),
+                "{text}"
+            );
+            assert!(text.contains(NO_GOODPUT_NOTE.trim()), "{text}");
+        }
+        assert!(render_capacity_markdown(&report)
+            .contains("| Context | Capacity | Judged by | Total tok/s |"));
+        report.contexts[0].goodput_tok_s = Some(42.0);
+        for text in [
+            render_capacity_markdown(&report),
+            render_capacity_table(&report),
+        ] {
+            assert!(text.contains("Goodput tok/s"), "{text}");
+            assert!(!text.contains(NO_GOODPUT_NOTE.trim()), "{text}");
+        }
     }
 
     #[test]

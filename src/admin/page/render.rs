@@ -5,6 +5,7 @@
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
+use crate::admin::capacity::ModelAdvice;
 use crate::admin::query::query_escape;
 use crate::admin::view::{CapacityAnswer, RestsOn, NO_SWEEP};
 use crate::aggregate::Window;
@@ -33,6 +34,7 @@ pub fn render(
     synthetic: Option<&MatrixDoc>,
     drift: Option<&MatrixCompare>,
     capacity: Option<&CapacityAnswer>,
+    advice: &[ModelAdvice],
     window: Window,
     model: Option<&str>,
     now: SystemTime,
@@ -123,6 +125,9 @@ pub fn render(
         capacity.filter(|a| !a.models.is_empty() || !a.unanswered.is_empty() || a.explain.is_some())
     {
         body.push_str(&headroom_fragment(answer));
+    }
+    if !advice.is_empty() {
+        body.push_str(&advice_fragment(advice));
     }
     if let Some(compared) = drift {
         body.push_str("<div id=\"drift\">");
@@ -265,6 +270,70 @@ fn headroom_fragment(answer: &CapacityAnswer) -> String {
             "<p class=\"note\" id=\"headroom-explain\">No headroom figure: {}</p>",
             escape(explain)
         );
+    }
+    out.push_str("</section>");
+    out
+}
+
+/// The engine's limits the sweep supports under the SLO, per model (`GET /capacity`'s
+/// `engine_advice`; `tokentap matrix capacity --advise` prints the same per context).
+fn advice_fragment(advice: &[ModelAdvice]) -> String {
+    let mut out = String::from(
+        "<section class=\"engine-advice\" id=\"engine-advice\"><h2>Engine limits advised</h2>",
+    );
+    for model in advice {
+        let Some(engine) = &model.advice else {
+            let _ = write!(
+                out,
+                "<p class=\"empty\" data-model=\"{}\">{}: {}</p>",
+                escape(&model.model),
+                escape(&model.model),
+                escape(model.why_none.as_deref().unwrap_or("no advice"))
+            );
+            continue;
+        };
+        let _ = write!(
+            out,
+            "<p>For <code>{}</code> under {}, from the latest sweep's capacity and measured prefill rate (docs/capacity.md):</p><ul data-model=\"{}\">",
+            escape(&model.model),
+            escape(&engine.targets.describe()),
+            escape(&model.model)
+        );
+        let overall = &engine.overall;
+        for (flag, names, value) in [
+            (
+                "max-running-requests",
+                "sglang <code>--max-running-requests</code>, vLLM <code>--max-num-seqs</code>",
+                overall.max_running_requests.map(|(v, c)| (u64::from(v), c)),
+            ),
+            (
+                "max-num-queued-tokens",
+                "vLLM <code>--max-num-queued-tokens</code>",
+                overall.max_num_queued_tokens,
+            ),
+            (
+                "max-queued-requests",
+                "sglang <code>--max-queued-requests</code>, vLLM <code>--max-num-queued-reqs</code>",
+                overall.max_queued_requests,
+            ),
+        ] {
+            match value {
+                Some((value, context)) => {
+                    let _ = write!(
+                        out,
+                        "<li data-flag=\"{flag}\" data-value=\"{value}\">{names}: <strong>{value}</strong> (set by {})</li>",
+                        escape(&context_label(context))
+                    );
+                }
+                None => {
+                    let _ = write!(
+                        out,
+                        "<li data-flag=\"{flag}\">{names}: — (no context gives it)</li>"
+                    );
+                }
+            }
+        }
+        out.push_str("</ul>");
     }
     out.push_str("</section>");
     out
