@@ -477,12 +477,24 @@ async fn headless_chromium_is_sent_to_the_login_form_logs_in_and_opens_the_page(
         "the page itself stays closed"
     );
     // The form posted by the browser (from a page of its own that submits it) sets the cookie;
-    // Chromium then opens the page with it, the session's controls included.
-    let submit = format!(
-        "data:text/html,<form method=post action=\"http://{admin}/login\"><input name=token value=\"{}\"></form><script>document.forms[0].submit()</script>",
-        TOKEN.replace(' ', "%20")
+    // Chromium then opens the page with it, the session's controls included. The submitting
+    // page is served from loopback: Chromium (since its Local Network Access checks) does not
+    // let an opaque origin such as a data: URL post to a loopback address.
+    let submit_page = format!(
+        "<form method=post action=\"http://{admin}/login\"><input name=token value=\"{TOKEN}\"></form><script>document.forms[0].submit()</script>"
     );
-    dump(submit, &["--virtual-time-budget=5000"]).await.unwrap();
+    let page_server = ScriptedUpstream::start(move |_| {
+        let mut script = Script::json(200, &submit_page);
+        script.headers = vec![("content-type", "text/html; charset=utf-8".into())];
+        script
+    })
+    .await;
+    dump(
+        format!("{}/submit", page_server.url()),
+        &["--virtual-time-budget=5000"],
+    )
+    .await
+    .unwrap();
     assert_eq!(server.admin.sessions.open_count(), 1, "Chromium logged in");
     let dom = dump(format!("http://{admin}/?window=15m"), &[])
         .await
