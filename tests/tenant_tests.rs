@@ -336,6 +336,11 @@ async fn the_priority_band_slices_the_cells_and_the_page_shows_each_bands_ttft()
 
     let html = get(&format!("http://{admin}/?window=all")).await.text();
     assert!(html.contains("id=\"by-priority\""), "{html}");
+    // Collapsed below the matrices, not a wall of columns above them (issue 45.5).
+    assert!(
+        html.contains("<details id=\"by-priority\"><summary>By priority: "),
+        "{html}"
+    );
     assert!(html.contains("id=\"priority-filter\""), "{html}");
     for band in ["0", "1-9", "10+", "negative"] {
         assert!(

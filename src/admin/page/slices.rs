@@ -12,7 +12,7 @@ use crate::admin::view::{production_matrix_sliced, routed_upstream, FingerprintC
 use crate::aggregate::Window;
 use crate::base::escape::xml_escape as escape;
 use crate::matrix::doc::{DecodeCell, MatrixDoc};
-use crate::matrix::units::context_label;
+use crate::matrix::units::{context_label, format_ms_tenths, format_ms_whole};
 use crate::meter::labels::{dimensions, SliceFilter, SliceValue, PRIORITY, TENANT};
 use crate::meter::priority::PriorityBand;
 
@@ -129,8 +129,10 @@ fn title(name: &str) -> String {
 
 /// Per cell, each band's TTFT (any, answer) and TBT medians with their request counts.
 fn priority_table(bands: &[(PriorityBand, MatrixDoc)], how: Option<&str>) -> String {
-    let mut out = String::from(
-        "<div id=\"by-priority\"><h2>By priority</h2><p class=\"note\">Median TTFT (first token of any kind · first answer token) and TBT per cell, for each band of the requests' <code>priority</code> field (n: completed requests).",
+    // Collapsed: the matrices lead the page; the bands are one click away (issue 45.5).
+    let mut out = format!(
+        "<details id=\"by-priority\"><summary>By priority: {} bands</summary><p class=\"note\">Median TTFT (first token of any kind · first answer token) and TBT per cell, for each band of the requests' <code>priority</code> field (n: completed requests).",
+        bands.len()
     );
     if let Some(how) = how {
         let _ = write!(out, " {}", escape(how));
@@ -148,7 +150,19 @@ fn priority_table(bands: &[(PriorityBand, MatrixDoc)], how: Option<&str>) -> Str
         .iter()
         .flat_map(|(_, doc)| doc.decode.iter().map(|c| (c.context_tokens, c.concurrency)))
         .collect();
-    let ms = |value: Option<f64>| value.map_or_else(|| "—".to_owned(), |v| format!("{v:.1} ms"));
+    // Whole milliseconds with separators from 100 ms (`1,083 ms`), tenths below (`5.6 ms`).
+    let ms = |value: Option<f64>| {
+        value.map_or_else(
+            || "—".to_owned(),
+            |v| {
+                if v >= 100.0 {
+                    format_ms_whole(v)
+                } else {
+                    format_ms_tenths(v)
+                }
+            },
+        )
+    };
     for (context, concurrency) in cells {
         let _ = write!(
             out,
@@ -176,6 +190,6 @@ fn priority_table(bands: &[(PriorityBand, MatrixDoc)], how: Option<&str>) -> Str
         }
         out.push_str("</tr>");
     }
-    out.push_str("</tbody></table></div></div>");
+    out.push_str("</tbody></table></div></details>");
     out
 }
