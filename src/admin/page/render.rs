@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
-use crate::admin::capacity::ModelAdvice;
+use crate::admin::capacity::{CapacityWithAdvice, ModelAdvice};
 use crate::admin::query::query_escape;
 use crate::admin::view::{CapacityAnswer, RestsOn, NO_SWEEP};
 use crate::aggregate::Window;
@@ -33,12 +33,13 @@ pub fn render(
     production: Option<&MatrixDoc>,
     synthetic: Option<&MatrixDoc>,
     drift: Option<&MatrixCompare>,
-    capacity: Option<&CapacityAnswer>,
-    advice: &[ModelAdvice],
+    capacity: Option<&CapacityWithAdvice>,
     window: Window,
     model: Option<&str>,
     now: SystemTime,
 ) -> String {
+    let advice = capacity.map_or(&[][..], |c| c.engine_advice.as_slice());
+    let capacity = capacity.map(|c| &c.answer);
     let mut body = String::new();
     let _ = write!(
         body,

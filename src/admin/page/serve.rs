@@ -50,14 +50,16 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
     };
     // No reference pinned (or no traffic) simply leaves the drift grid out.
     let drift = production_compare(view, query.window, query.model.as_deref(), None).ok();
-    let capacity = all_models(view, SystemTime::now());
-    let advice = crate::admin::capacity::engine_advice(state, &capacity);
+    let answer = all_models(view, SystemTime::now());
+    let capacity = crate::admin::capacity::CapacityWithAdvice {
+        engine_advice: crate::admin::capacity::engine_advice(state, &answer),
+        answer,
+    };
     let html = render(
         production.as_ref(),
         synthetic.as_deref(),
         drift.as_ref(),
         Some(&capacity),
-        &advice,
         query.window,
         query.model.as_deref(),
         SystemTime::now(),
