@@ -7,14 +7,15 @@
 use std::time::SystemTime;
 
 use http::StatusCode;
-use serde::Serialize;
 
 use crate::admin::view::RestsOn;
 use crate::proxy::body::ResponseBody;
 use crate::telemetry::capacity::{HeadroomSample, ProductionCellSample};
 
 use super::state::{json_response, AdminState};
-pub use super::view::{CapacityAnswer, CapacitySettings};
+pub use super::view::{
+    engine_advice, CapacityAnswer, CapacitySettings, CapacityWithAdvice, ModelAdvice,
+};
 
 /// Headroom of every model with production traffic in `capacity.window`, at `now`.
 pub fn all_models(state: &AdminState, now: SystemTime) -> CapacityAnswer {
@@ -84,54 +85,10 @@ pub fn gauge_samples(state: &AdminState, answer: &CapacityAnswer) -> Vec<Headroo
         .collect()
 }
 
-/// One model's advice for the engine's limits, or why there is none.
-#[derive(Debug, Clone, Serialize)]
-pub struct ModelAdvice {
-    pub upstream: String,
-    pub model: String,
-    pub advice: Option<crate::matrix::advise::EngineAdvice>,
-    pub why_none: Option<String>,
-}
-
-/// `GET /capacity`'s body: the headroom answer and the engine advice beside it.
-#[derive(Debug, Clone, Serialize)]
-pub struct CapacityWithAdvice {
-    #[serde(flatten)]
-    pub answer: CapacityAnswer,
-    pub engine_advice: Vec<ModelAdvice>,
-}
-
-/// The advice for every answered model whose capacity rests on the latest sweep (its prefill
-/// rows and cells give the figures).
-pub fn engine_advice(state: &AdminState, answer: &CapacityAnswer) -> Vec<ModelAdvice> {
-    let sweep = state.synthetic.get();
-    answer
-        .models
-        .iter()
-        .map(|m| {
-            let doc = sweep.as_ref().filter(|doc| {
-                m.capacity_from.starts_with("sweep")
-                    && doc.metadata.model.served_model.as_deref() == Some(m.model.as_str())
-            });
-            ModelAdvice {
-                upstream: m.upstream.clone(),
-                model: m.model.clone(),
-                advice: doc.map(|doc| crate::matrix::advise::advise(doc, &m.capacity)),
-                why_none: doc.is_none().then(|| {
-                    format!(
-                        "the capacity comes from {}, not the latest sweep: run a sweep of this model to get its prefill rate",
-                        m.capacity_from
-                    )
-                }),
-            }
-        })
-        .collect()
-}
-
 /// `GET /capacity`.
 pub fn handle(state: &AdminState) -> http::Response<ResponseBody> {
     let answer = all_models(state, SystemTime::now());
-    let engine_advice = engine_advice(state, &answer);
+    let engine_advice = engine_advice(state.view(), &answer);
     json_response(
         StatusCode::OK,
         &CapacityWithAdvice {

@@ -5,9 +5,8 @@
 use std::fmt::Write as _;
 use std::time::SystemTime;
 
-use crate::admin::capacity::{CapacityWithAdvice, ModelAdvice};
 use crate::admin::query::query_escape;
-use crate::admin::view::{CapacityAnswer, RestsOn, NO_SWEEP};
+use crate::admin::view::{CapacityAnswer, CapacityWithAdvice, ModelAdvice, RestsOn, NO_SWEEP};
 use crate::aggregate::Window;
 use crate::base::escape::xml_escape as escape;
 use crate::base::wallclock::format_rfc3339;

@@ -51,8 +51,8 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
     // No reference pinned (or no traffic) simply leaves the drift grid out.
     let drift = production_compare(view, query.window, query.model.as_deref(), None).ok();
     let answer = all_models(view, SystemTime::now());
-    let capacity = crate::admin::capacity::CapacityWithAdvice {
-        engine_advice: crate::admin::capacity::engine_advice(state, &answer),
+    let capacity = crate::admin::view::CapacityWithAdvice {
+        engine_advice: crate::admin::view::engine_advice(view, &answer),
         answer,
     };
     let html = render(

@@ -338,3 +338,47 @@ fn overrule(figures: &mut Headroom, slo: &ProductionSlo) -> (RestsOn, String, Ve
         )
     }
 }
+
+/// One model's advice for the engine's limits, or why there is none.
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelAdvice {
+    pub upstream: String,
+    pub model: String,
+    pub advice: Option<crate::matrix::advise::EngineAdvice>,
+    pub why_none: Option<String>,
+}
+
+/// `GET /capacity`'s body: the headroom answer and the engine advice beside it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CapacityWithAdvice {
+    #[serde(flatten)]
+    pub answer: CapacityAnswer,
+    pub engine_advice: Vec<ModelAdvice>,
+}
+
+/// The advice for every answered model whose capacity rests on the latest sweep (its prefill
+/// rows and cells give the figures).
+pub fn engine_advice(view: View<'_>, answer: &CapacityAnswer) -> Vec<ModelAdvice> {
+    let sweep = view.synthetic.get();
+    answer
+        .models
+        .iter()
+        .map(|m| {
+            let doc = sweep.as_ref().filter(|doc| {
+                m.capacity_from.starts_with("sweep")
+                    && doc.metadata.model.served_model.as_deref() == Some(m.model.as_str())
+            });
+            ModelAdvice {
+                upstream: m.upstream.clone(),
+                model: m.model.clone(),
+                advice: doc.map(|doc| crate::matrix::advise::advise(doc, &m.capacity)),
+                why_none: doc.is_none().then(|| {
+                    format!(
+                        "the capacity comes from {}, not the latest sweep: run a sweep of this model to get its prefill rate",
+                        m.capacity_from
+                    )
+                }),
+            }
+        })
+        .collect()
+}

@@ -19,8 +19,8 @@ mod status;
 
 pub use compare::production_compare;
 pub use headroom::{
-    all_models, any_slo_targets, no_slo_targets, CapacityAnswer, ContextBasis, ModelHeadroom,
-    NoHeadroom, RestsOn, SET_SLO_TARGETS,
+    all_models, any_slo_targets, engine_advice, no_slo_targets, CapacityAnswer, CapacityWithAdvice,
+    ContextBasis, ModelAdvice, ModelHeadroom, NoHeadroom, RestsOn, SET_SLO_TARGETS,
 };
 pub use matrices::{
     production_matrix, production_matrix_of, production_matrix_sliced, synthetic_matrix,
