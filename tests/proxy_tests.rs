@@ -992,6 +992,67 @@ fn sglang_slow_to_describe(request: &Received, slow: Duration, chat_delay: Durat
     }
 }
 
+/// A request that ends while the upstream's slow routes (server info, version) still have not
+/// answered: its record waits for them, then is published under the served model and the
+/// configuration they name. Nothing is published under the alias or fingerprint `unknown`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_ends_before_the_upstream_described_itself_waits_for_its_fingerprint() {
+    let slow = Duration::from_millis(1200);
+    let upstream = ScriptedUpstream::start(move |r| {
+        sglang_slow_to_describe(r, slow, Duration::from_millis(20))
+    })
+    .await;
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[store]\ndata_dir = \"\"\n[fingerprint]\ninterval = \"60s\"\n",
+        upstream.url()
+    ))
+    .await;
+    let started = Instant::now();
+    let default = std::sync::Arc::clone(server.proxy.router.default_upstream());
+    let body = r#"{"model":"my-alias","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":2}"#;
+    let through = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        body,
+    )
+    .await;
+    assert_eq!(through.status, 200);
+    // Its stream is over long before the slow routes answer: nothing is published yet.
+    let ended = started.elapsed();
+    assert!(ended < slow, "the stream took {ended:?}");
+    assert!(default.identity.current() == tokentap::meter::identity::FingerprintId::UNKNOWN);
+    assert_eq!(
+        records.len(),
+        0,
+        "published before the fingerprint was known"
+    );
+    let record = &records.wait_for(1).await[0];
+    assert!(
+        started.elapsed() >= slow,
+        "published after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(&*record.labels.model, "tiny-llama");
+    assert_eq!(record.labels.asked_model.as_deref(), Some("my-alias"));
+    assert!(
+        record.labels.fingerprint.is_config(),
+        "fingerprint {}",
+        record.labels.fingerprint.label().as_str()
+    );
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    assert!(metrics.contains("model=\"tiny-llama\""), "{metrics}");
+    for absent in ["model=\"my-alias\"", "fingerprint=\"unknown\""] {
+        assert!(
+            !metrics
+                .lines()
+                .any(|l| !l.starts_with('#') && l.contains(absent)),
+            "a series under {absent}: {metrics}"
+        );
+    }
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_sent_before_the_upstream_described_itself_is_recorded_under_the_served_model() {
     let slow = Duration::from_millis(1500);

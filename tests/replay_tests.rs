@@ -211,13 +211,14 @@ fn split_at(bytes: &[u8], points: &[usize]) -> Vec<Bytes> {
 /// decimal) for `keys`.
 fn mask(text: &str, keys: &[&str]) -> String {
     let bytes = text.as_bytes();
+    let patterns: Vec<String> = keys.iter().map(|key| format!("\"{key}\":")).collect();
     let mut out = String::with_capacity(text.len());
     let mut i = 0;
     'outer: while i < bytes.len() {
-        for key in keys {
-            let pattern = format!("\"{key}\":");
-            if text[i..].starts_with(&pattern) {
-                out.push_str(&pattern);
+        // Every pattern opens with a quote: other bytes are copied as they are.
+        for pattern in patterns.iter().filter(|_| bytes[i] == b'"') {
+            if text[i..].starts_with(pattern.as_str()) {
+                out.push_str(pattern);
                 let mut j = i + pattern.len();
                 while bytes.get(j) == Some(&b' ') {
                     j += 1;

@@ -27,6 +27,31 @@ pub trait SettleLabels: Send + Sync {
     /// Puts in `labels` what the upstream has said by now (the model it is recorded under,
     /// the configuration's fingerprint); whether nothing is left to wait for.
     fn settle(&self, labels: &mut RequestLabels) -> bool;
+
+    /// Keeps the publication of a record that ended with provisional labels until they can
+    /// settle (the upstream's first read is seconds at most); hands it back when that cannot
+    /// be waited for (they can settle now, or too many wait), to be published at once.
+    fn hold(&self, release: HeldRelease) -> Result<(), HeldRelease>;
+}
+
+/// The publication of a record held for its labels to settle ([`SettleLabels::hold`]).
+pub struct HeldRelease(Box<dyn FnOnce() + Send>);
+
+impl HeldRelease {
+    pub fn new(release: impl FnOnce() + Send + 'static) -> Self {
+        Self(Box::new(release))
+    }
+
+    /// Settles the record's labels and publishes it.
+    pub fn run(self) {
+        (self.0)();
+    }
+}
+
+impl std::fmt::Debug for HeldRelease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HeldRelease")
+    }
 }
 
 impl std::fmt::Debug for dyn SettleLabels {

@@ -19,7 +19,7 @@ use crate::base::Source;
 use super::bounds::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
 use super::buckets::Ladder;
 use super::inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
-use super::labels::{RequestLabels, SettleLabels};
+use super::labels::{HeldRelease, RequestLabels, SettleLabels};
 use super::record::{
     prefill_rate, time_between_tokens, Buckets, Interference, Outcome, Overhead, RequestRecord,
     SloResult, Timing, Tokens,
@@ -536,14 +536,13 @@ impl RequestMeter {
         self.guard.as_ref()?;
         let (usage, completion_tokens, exact) =
             self.plausible_counts(usage, completion_tokens, exact);
-        if self.settle.is_some() && !self.settle_labels() {
-            // Still provisional as it ends: recorded under what is known, the sinks told it
-            // started first (they heard nothing of it).
-            self.settle = None;
-            for sink in lock::read(&self.meter.sinks).iter() {
-                sink.started(&self.labels);
-            }
-        }
+        // Still provisional as it ends: the record is held until the upstream has said what
+        // it serves and runs (seconds at most), then published under that.
+        let unsettled = if self.settle.is_some() && !self.settle_labels() {
+            self.settle.take()
+        } else {
+            None
+        };
         let guard = self.guard.take()?;
         let now = Instant::now();
         self.timeline.end = Some(now);
@@ -581,7 +580,35 @@ impl RequestMeter {
             overhead: self.overhead(),
             request_id: self.request_id.take(),
         };
-        Some(self.meter.publish(record))
+        match unsettled {
+            None => Some(self.meter.publish(record)),
+            Some(settle) => Some(self.hold_unsettled(record, settle)),
+        }
+    }
+
+    /// Holds `record` until `settle` can settle its labels, then publishes it (the sinks
+    /// told it started first: they heard nothing of it); published at once under what is
+    /// known when it cannot be held. Returns the record as it is now, for its client.
+    fn hold_unsettled(
+        &self,
+        record: RequestRecord,
+        settle: Arc<dyn SettleLabels>,
+    ) -> Arc<RequestRecord> {
+        let as_now = Arc::new(record.clone());
+        let meter = Arc::clone(&self.meter);
+        let settler = Arc::clone(&settle);
+        let release = HeldRelease::new(move || {
+            let mut record = record;
+            settler.settle(&mut record.labels);
+            for sink in lock::read(&meter.sinks).iter() {
+                sink.started(&record.labels);
+            }
+            meter.publish(record);
+        });
+        if let Err(release) = settle.hold(release) {
+            release.run();
+        }
+        as_now
     }
 
     /// The usage counts and the completion count, each clamped to what a real server could

@@ -173,7 +173,7 @@ pub async fn read_now(
     let answers = read_with(upstream, ask::DEADLINE, with_metrics, &early).await;
     if !answers.any() {
         upstream.identity.note_answer(false);
-        upstream.set_awaiting_first_read(false);
+        upstream.first_read_over(false);
         return None;
     }
     let answers = match upstream.description() {
@@ -184,7 +184,7 @@ pub async fn read_now(
     let answers = Arc::new(answers);
     apply(proxy, upstream, &answers);
     upstream.publish_description(Arc::clone(&answers));
-    upstream.set_awaiting_first_read(false);
+    upstream.first_read_over(true);
     Some(answers)
 }
 
@@ -242,7 +242,9 @@ pub fn spawn(proxy: &Arc<Proxy>, fingerprint_interval: Duration) {
             proxy.models.serve(std::iter::once(&**model));
         }
         if wanted(upstream, fingerprint_interval) {
-            upstream.set_awaiting_first_read(true);
+            // The fingerprint follows each read when `[fingerprint] interval` is set
+            // (`upstream_identity::spawn`, the same condition).
+            upstream.await_first_read(fingerprinting);
             tokio::spawn(read_forever(
                 Arc::downgrade(proxy),
                 index,
@@ -457,5 +459,53 @@ mod tests {
             answers.model_info,
             Some(json!({"model_path": "/weights/m"}))
         );
+    }
+
+    /// Records held while the first read and its fingerprint are under way are published once
+    /// both are over, in order; past the bound, or once settled, they are handed back.
+    #[test]
+    fn held_records_wait_for_the_first_read_and_its_fingerprint() {
+        use crate::meter::labels::HeldRelease;
+        use crate::proxy::upstream::MAX_HELD_RECORDS;
+        use std::sync::Mutex;
+
+        let upstream = upstream("http://127.0.0.1:9");
+        let published = Arc::new(Mutex::new(Vec::new()));
+        let release = |n: usize| {
+            let published = Arc::clone(&published);
+            HeldRelease::new(move || published.lock().unwrap().push(n))
+        };
+        // Settled from the start (nobody reads it): handed back to be published at once.
+        assert!(upstream.hold_until_settled(release(0)).is_err());
+        upstream.await_first_read(true);
+        assert!(!upstream.labels_settled());
+        for n in 1..=3 {
+            assert!(upstream.hold_until_settled(release(n)).is_ok());
+        }
+        upstream.first_read_over(true);
+        // The fingerprint has not followed yet.
+        assert!(published.lock().unwrap().is_empty());
+        upstream.identity_observed();
+        assert_eq!(*published.lock().unwrap(), vec![1, 2, 3]);
+        assert!(upstream.hold_until_settled(release(4)).is_err());
+
+        // A first read nobody answers: no fingerprint will follow, what was held goes.
+        published.lock().unwrap().clear();
+        upstream.await_first_read(true);
+        assert!(upstream.hold_until_settled(release(5)).is_ok());
+        upstream.first_read_over(false);
+        assert_eq!(*published.lock().unwrap(), vec![5]);
+
+        // Bounded: past the bound a record is handed back; shutdown publishes the rest.
+        published.lock().unwrap().clear();
+        upstream.await_first_read(false);
+        for n in 0..MAX_HELD_RECORDS {
+            assert!(upstream.hold_until_settled(release(n)).is_ok());
+        }
+        assert!(upstream
+            .hold_until_settled(release(MAX_HELD_RECORDS))
+            .is_err());
+        upstream.release_held_now();
+        assert_eq!(published.lock().unwrap().len(), MAX_HELD_RECORDS);
     }
 }

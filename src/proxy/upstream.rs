@@ -7,7 +7,7 @@
 //! `models` match on a metered request's JSON `model`, else the default upstream.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use http::uri::{PathAndQuery, Uri};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -22,6 +22,7 @@ use super::connector::Limited;
 use super::inline_pool::{DrivenBody, InlineOptions, InlinePool};
 use crate::base::lock;
 use crate::config::{UpstreamConfig, UsageUnasked};
+use crate::meter::labels::HeldRelease;
 use crate::net::faults::FaultCounters;
 use crate::net::tls::{client_config, TlsError};
 use crate::stream::request::ServerUsage;
@@ -72,7 +73,17 @@ pub struct Upstream {
     /// upstream read in the background, the first read's end clears it): requests that start
     /// meanwhile have provisional labels, settled when they end (`phase::start`).
     first_read: AtomicBool,
+    /// Its first read is to be followed by a fingerprint (`[fingerprint] interval` set) that
+    /// the follower has not computed yet: labels are provisional until it has.
+    identity_pending: AtomicBool,
+    /// What publishes the records of requests that ended while their labels were still
+    /// provisional, run once the labels can settle (bounded by [`MAX_HELD_RECORDS`]).
+    held: Mutex<Vec<HeldRelease>>,
 }
+
+/// Records held for an upstream's first read at most: past this (a flood in its first
+/// seconds), a request's record is published under its provisional labels.
+pub const MAX_HELD_RECORDS: usize = 4096;
 
 impl Upstream {
     /// `stream_buffer` bounds what one response may have read from the upstream and not yet
@@ -155,6 +166,8 @@ impl Upstream {
             inline,
             description: tokio::sync::watch::Sender::new(None),
             first_read: AtomicBool::new(false),
+            identity_pending: AtomicBool::new(false),
+            held: Mutex::new(Vec::new()),
         })
     }
 
@@ -259,9 +272,66 @@ impl Upstream {
         self.first_read.load(Ordering::Acquire)
     }
 
-    /// Marks its first self-description read as under way (`true`) or over (`false`).
-    pub fn set_awaiting_first_read(&self, awaiting: bool) {
-        self.first_read.store(awaiting, Ordering::Release);
+    /// Whether a request's labels can settle: the first read is over and, when a fingerprint
+    /// follows it, the fingerprint is computed.
+    pub fn labels_settled(&self) -> bool {
+        !self.first_read.load(Ordering::Acquire) && !self.identity_pending.load(Ordering::Acquire)
+    }
+
+    /// Marks its first self-description read as under way, to be followed by a fingerprint
+    /// when `fingerprinted`.
+    pub fn await_first_read(&self, fingerprinted: bool) {
+        self.identity_pending
+            .store(fingerprinted, Ordering::Release);
+        self.first_read.store(true, Ordering::Release);
+    }
+
+    /// Its first read is over; `answered`: something answered it (else no fingerprint will
+    /// follow it either, and what was held is published under what is known).
+    pub fn first_read_over(&self, answered: bool) {
+        if !answered {
+            self.identity_pending.store(false, Ordering::Release);
+        }
+        self.first_read.store(false, Ordering::Release);
+        self.release_held();
+    }
+
+    /// Its fingerprint is computed (the follower observed a read).
+    pub fn identity_observed(&self) {
+        self.identity_pending.store(false, Ordering::Release);
+        self.release_held();
+    }
+
+    /// Keeps `release` (the publication of a record whose labels are provisional) until the
+    /// labels can settle; hands it back when they can now, or when [`MAX_HELD_RECORDS`] wait.
+    pub fn hold_until_settled(&self, release: HeldRelease) -> Result<(), HeldRelease> {
+        let mut held = lock::lock(&self.held);
+        // Checked under the lock that `release_held` takes after the flags are cleared: a
+        // record pushed here is either released by it or was never pushed.
+        if self.labels_settled() || held.len() >= MAX_HELD_RECORDS {
+            return Err(release);
+        }
+        held.push(release);
+        Ok(())
+    }
+
+    /// Publishes what is held under what is known now, and holds nothing more (at shutdown:
+    /// nothing is lost to a first read that has not ended).
+    pub fn release_held_now(&self) {
+        self.identity_pending.store(false, Ordering::Release);
+        self.first_read.store(false, Ordering::Release);
+        self.release_held();
+    }
+
+    /// Publishes what was held, when the labels can settle.
+    fn release_held(&self) {
+        if !self.labels_settled() {
+            return;
+        }
+        let held = std::mem::take(&mut *lock::lock(&self.held));
+        for release in held {
+            release.run();
+        }
     }
 
     /// The upstream URL for messages (no credentials are ever part of it).

@@ -54,10 +54,12 @@ async fn follow(upstream: Weak<Upstream>, operator: Operator, store: Option<Arc<
                 return;
             };
             let identity = Arc::clone(&upstream.identity);
-            drop(upstream);
             let facts = facts::facts(&answers, &operator);
             let id = facts::fingerprint(&facts);
             let observed = identity.observe(id, facts, SystemTime::now());
+            // Requests that ended while the fingerprint was unknown are published under it.
+            upstream.identity_observed();
+            drop(upstream);
             report(&identity, &observed, store.as_ref()).await;
         }
         if reads.changed().await.is_err() {

@@ -33,6 +33,9 @@ pub struct Tasks {
     admin_state: Arc<AdminState>,
     /// Flushed last, once nothing records any more.
     otel: Option<Arc<OtelSink>>,
+    /// Its upstreams' held records (requests that ended before the first read) are published
+    /// once the data listener has stopped.
+    proxy: Arc<crate::proxy::Proxy>,
 }
 
 impl Tasks {
@@ -102,6 +105,7 @@ impl Tasks {
             drift,
             admin_state: Arc::clone(admin_state),
             otel: otel.clone(),
+            proxy: Arc::clone(proxy),
         }
     }
 
@@ -118,6 +122,9 @@ impl Tasks {
         self.admin_state.draining.store(true, Ordering::Relaxed);
         self.data_trigger.trigger();
         let _ = self.data.await;
+        for upstream in self.proxy.router.all() {
+            upstream.release_held_now();
+        }
         if let Some(workload) = &self.admin_state.workload {
             workload.flush().await;
         }

@@ -13,7 +13,7 @@ use super::admit::Admitted;
 use super::prepare::Prepared;
 use crate::base::{Route, Source};
 use crate::config::ServerTiming;
-use crate::meter::labels::SettleLabels;
+use crate::meter::labels::{HeldRelease, SettleLabels};
 use crate::meter::slo::SLO_HEADER;
 use crate::meter::{RequestLabels, RequestMeter, RequestStart, PROMPT_BYTES_PER_TOKEN};
 use crate::proxy::headers::takes_trailers;
@@ -58,10 +58,10 @@ impl Proxy {
         } = prepared;
         let (headers, version) = (&admitted.parts.headers, admitted.parts.version);
         let labels = self.labels(admitted, route, &facts);
-        // The upstream's first self-description read is under way: the model and the
-        // fingerprint are provisional, settled when the request's first token comes or it
-        // ends (one check per request).
-        let settle = admitted.upstream.awaiting_first_read().then(|| {
+        // The upstream's first self-description read (or the fingerprint that follows it) is
+        // under way: the model and the fingerprint are provisional, settled when the request's
+        // first token comes or it ends, its record held until then (one check per request).
+        let settle = (!admitted.upstream.labels_settled()).then(|| {
             Arc::new(Unsettled {
                 upstream: Arc::clone(&admitted.upstream),
                 models: Arc::clone(&self.models),
@@ -202,6 +202,10 @@ impl SettleLabels for Unsettled {
         if !labels.fingerprint.is_config() {
             labels.fingerprint = self.upstream.identity.current();
         }
-        !self.upstream.awaiting_first_read()
+        self.upstream.labels_settled()
+    }
+
+    fn hold(&self, release: HeldRelease) -> Result<(), HeldRelease> {
+        self.upstream.hold_until_settled(release)
     }
 }
