@@ -248,7 +248,7 @@ async fn a_browser_logs_in_reads_the_page_and_starts_a_sweep_while_writes_need_t
     assert!(server.admin.sweeps.list().is_empty(), "nothing started yet");
     // One click previews: the cells, the largest prompt, the KV cache, the expected
     // duration, and a confirming form. Nothing starts.
-    assert!(text.contains("Preview a sweep (default plan)"), "{text}");
+    assert!(text.contains("Preview a sweep…"), "{text}");
     let preview = admin(
         &server,
         "POST",
