@@ -313,7 +313,7 @@ async fn replay_once(
         let compared = write_diff(args, baseline, &matrix, &mut written)?;
         print!("\n{}", args.format.diff(&compared));
     }
-    eprintln!("tokentap replay: {}", written.join(", "));
+    print_written(&written);
     Ok(if report.stopped && max_duration.is_none() {
         ExitCode::from(EXIT_CANCELLED)
     } else {
@@ -492,9 +492,14 @@ async fn find_speed(
     summary.stopped = cancelled;
     let markdown = summary.render_markdown();
     let json = summary.render_json();
-    // The search's summary is a table already: Markdown for table and md, or its JSON.
+    // The search's summary: its JSON, the aligned table (table, list) or Markdown.
     if args.format.machine() {
         print!("{json}");
+    } else if matches!(
+        args.format.resolve(),
+        OutputFormat::Table | OutputFormat::List
+    ) {
+        print!("{}", summary.render_table());
     } else {
         print!("{markdown}");
     }
@@ -517,7 +522,7 @@ async fn find_speed(
             "tokentap replay --find-speed: no replay met the SLO, so no replay matrix is written"
         ),
     }
-    eprintln!("tokentap replay: {}", written.join(", "));
+    print_written(&written);
     Ok(if cancelled {
         ExitCode::from(EXIT_CANCELLED)
     } else {
@@ -694,4 +699,13 @@ fn progress_text(p: &ReplayProgress) -> String {
         p.total,
         p.finished,
     )
+}
+
+/// The files written, one path a line on stderr: a long path is never wrapped in the middle
+/// of a name among others on a 120-column terminal (as `tokentap sweep` prints them).
+fn print_written(written: &[String]) {
+    eprintln!("tokentap replay: wrote");
+    for path in written {
+        eprintln!("  {path}");
+    }
 }
