@@ -17,7 +17,7 @@ use http::HeaderValue;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::output::OutputFormat;
+use super::output::{indented_wrap, OutputFormat};
 use super::proxy::build_proxy;
 use super::sweep::{write_matrix, EXIT_CANCELLED};
 use crate::config::{Config, ConfigLoader};
@@ -291,12 +291,21 @@ async fn replay_once(
         evidence,
     };
     if !args.quiet {
-        eprintln!(
-            "tokentap replay: {} request(s) of {} at {}× against {} through an in-process proxy; Ctrl-C stops",
-            planned(common.trace, &plan),
-            args.trace.display(),
-            args.speed,
-            crate::net::redact::redact_url(&url),
+        // Broken between words within 120 columns (a long trace path or URL).
+        eprint!(
+            "{}",
+            indented_wrap(
+                &format!(
+                    "tokentap replay: {} request(s) of {} at {}× against {} through an in-process proxy; Ctrl-C stops",
+                    planned(common.trace, &plan),
+                    args.trace.display(),
+                    args.speed,
+                    crate::net::redact::redact_url(&url),
+                ),
+                "",
+                "  ",
+                120
+            )
         );
     }
     let report = replay_at(common, proxy, &plan, "").await;
@@ -375,11 +384,19 @@ async fn find_speed(
         .and_then(|r| r.last())
         .map_or(0, |r| r.at_ms);
     if !args.quiet {
-        eprintln!(
-            "tokentap replay --find-speed: {} against {}, at most {} replays",
-            args.trace.display(),
-            common.deployment.label,
-            bounds.max_replays()
+        eprint!(
+            "{}",
+            indented_wrap(
+                &format!(
+                    "tokentap replay --find-speed: {} against {}, at most {} replays",
+                    args.trace.display(),
+                    common.deployment.label,
+                    bounds.max_replays()
+                ),
+                "",
+                "  ",
+                120
+            )
         );
     }
     while let Some(at) = search.next() {

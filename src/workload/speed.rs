@@ -568,5 +568,13 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&report.render_json()).unwrap();
         assert_eq!(json["fails"]["speed"], 2.0);
         assert_eq!(json["slo"]["tbt_ms"], 50.0);
+        // For a terminal: the same facts, aligned, no Markdown, within 120 columns.
+        let table = report.render_table();
+        assert!(table.lines().all(|l| l.chars().count() <= 120), "{table}");
+        assert!(!table.contains('|') && !table.contains("**"), "{table}");
+        assert!(
+            table.contains("holds at 1×") && table.contains("Missed T/B/E"),
+            "{table}"
+        );
     }
 }
