@@ -677,6 +677,17 @@ addEventListener('load', () => {
         session > matrix,
         "the sweep controls come after the first matrix"
     );
+    // What a person sees above the fold, for looking at.
+    let (target, profile, png) = (
+        format!("{}/page", served.url()),
+        dir.join("shot"),
+        screenshot_dir().join("admin-page-fold-1400x900.png"),
+    );
+    tokio::task::spawn_blocking(move || {
+        common::chromium::screenshot_sized(&target, &profile, (1400, 900), &png)
+    })
+    .await
+    .unwrap();
     server.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
