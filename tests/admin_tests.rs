@@ -248,7 +248,7 @@ async fn a_browser_logs_in_reads_the_page_and_starts_a_sweep_while_writes_need_t
     assert!(server.admin.sweeps.list().is_empty(), "nothing started yet");
     // One click previews: the cells, the largest prompt, the KV cache, the expected
     // duration, and a confirming form. Nothing starts.
-    assert!(text.contains("Preview a sweep (default plan)"), "{text}");
+    assert!(text.contains("Preview a sweep…"), "{text}");
     let preview = admin(
         &server,
         "POST",
@@ -1015,5 +1015,169 @@ async fn a_sweep_aimed_at_an_admin_listener_is_told_to_use_admin() {
             && stderr.contains(&format!("use --admin {target}")),
         "{stderr}"
     );
+    server.shutdown().await;
+}
+
+/// Issue 45.6, a preview you can change: the preview page's fields (contexts, concurrency,
+/// like production) start the plan they show; each skipped cell is named with its reason,
+/// token counts are rounded, and with production in flight the preview names the page's box
+/// and the CLI's `--beside-production`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_preview_fields_start_the_plan_they_show_and_name_each_skipped_cell() {
+    let sim = SimServer::start(
+        Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
+        SimOptions::default(),
+    )
+    .await
+    .unwrap();
+    let server = proxy_with_token(&sim.base_url(), "").await;
+    let (cookie, _) = session_cookie(&login(&server, TOKEN).await);
+    let page = admin(&server, "GET", "/", Some(&cookie), None, None)
+        .await
+        .text();
+    let csrf = hidden_csrf(&page);
+    let form = |fields: &str| {
+        let (server, cookie) = (&server, cookie.clone());
+        let body = format!("csrf={csrf}&{fields}");
+        async move {
+            admin(
+                server,
+                "POST",
+                "/page/sweep",
+                Some(&cookie),
+                None,
+                Some(body),
+            )
+            .await
+        }
+    };
+
+    // Production traffic for the model, so the sweep can be shaped like it.
+    let url = format!("http://{}/v1/completions", server.proxy_addr);
+    for _ in 0..2 {
+        let done = common::post(
+            &url,
+            r#"{"model":"step3p7","prompt":"hello","max_tokens":8,"stream":true}"#,
+        )
+        .await;
+        assert_eq!(done.status, 200);
+    }
+    let meter = &server.proxy.meter;
+    common::wait::until("production to drain", Duration::from_secs(10), || {
+        meter.inflight(tokentap::base::Source::Production) == 0
+    })
+    .await;
+
+    // 8K and 128K at 1 and 8 streams: 8 × (128K + 4K) is over the simulator's KV cache
+    // (608K tokens), so exactly 128K × 8 is skipped.
+    let fields = "contexts=8K%2C+128K&concurrency=1%2C8&like_production=on";
+    let preview = form(&format!("action=preview&{fields}")).await;
+    assert_eq!(preview.status, 200, "{}", preview.text());
+    let shown = preview.text();
+    let cells: Vec<(String, String, String)> = shown
+        .match_indices("<li data-context=\"")
+        .map(|(at, _)| {
+            let attrs: Vec<&str> = shown[at..].split('"').collect();
+            (
+                attrs[1].to_owned(),
+                attrs[3].to_owned(),
+                attrs[5].to_owned(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String, String)> = [
+        ("8K", "1", "yes"),
+        ("8K", "8", "yes"),
+        ("128K", "1", "yes"),
+        ("128K", "8", "no"),
+    ]
+    .iter()
+    .map(|(a, b, c)| ((*a).to_owned(), (*b).to_owned(), (*c).to_owned()))
+    .collect();
+    assert_eq!(cells, expected, "{shown}");
+    assert!(
+        shown.contains("Skipped 128K × 8: over the KV budget of 608K tokens"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("128K × 8: skipped, over the KV budget"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("Requests: shaped"),
+        "like production: {shown}"
+    );
+    // Rounded token counts: no raw six-digit figure.
+    assert!(shown.contains("of 608K tokens"), "{shown}");
+    assert!(!shown.contains("622592"), "{shown}");
+    // The confirmation carries exactly the fields previewed; the change form shows them.
+    let confirm = &shown[shown.find("id=\"confirm\"").unwrap()..];
+    let confirm = &confirm[..confirm.find("</form>").unwrap()];
+    for hidden in [
+        "name=\"contexts\" value=\"8K, 128K\"",
+        "name=\"concurrency\" value=\"1,8\"",
+        "name=\"like_production\" value=\"on\"",
+    ] {
+        assert!(confirm.contains(hidden), "{hidden}: {confirm}");
+    }
+    assert!(shown.contains("Preview again"), "{shown}");
+    // A concurrency that is not a list of levels is refused with the reason.
+    let bad = form("action=preview&concurrency=1%2Cmany").await;
+    assert_eq!(bad.status, 400);
+    assert!(bad.text().contains("&quot;many&quot;"), "{}", bad.text());
+
+    // Starting it starts that plan.
+    let started = form(&format!("action=start&{fields}")).await;
+    assert_eq!(started.status, 303, "{}", started.text());
+    let list = server.admin.sweeps.list();
+    assert_eq!(list.len(), 1);
+    let status = server.admin.sweeps.get(&list[0].id).unwrap();
+    assert_eq!(status.request.concurrency, Some(vec![1, 8]));
+    assert_eq!(status.request.like_production, Some(true));
+    let sweeps = &server.admin.sweeps;
+    let id = list[0].id.clone();
+    common::wait::until("the sweep's plan", Duration::from_secs(30), || {
+        sweeps.get(&id).is_some_and(|s| s.plan.is_some())
+    })
+    .await;
+    let plan = sweeps.get(&id).unwrap().plan.unwrap();
+    assert_eq!(plan.decode_contexts(), [8192, 131072]);
+    assert_eq!(plan.concurrency, [1, 8]);
+    assert!(plan.like_production.is_some());
+    assert!(plan.over_capacity(131072, 8) && !plan.over_capacity(131072, 1));
+    let _ = sweeps.cancel(&id);
+    common::wait::until("the sweep to end", Duration::from_secs(60), || {
+        !sweeps.get(&id).is_some_and(|s| s.state.is_active())
+    })
+    .await;
+
+    // Production in flight: the preview names the box to tick and the CLI flag.
+    let long = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            common::post(
+                &url,
+                r#"{"model":"step3p7","prompt":"hello","max_tokens":100000,"ignore_eos":true,"stream":true}"#,
+            )
+            .await
+        })
+    };
+    common::wait::until("a production stream", Duration::from_secs(10), || {
+        meter.inflight(tokentap::base::Source::Production) >= 1
+    })
+    .await;
+    let busy = form("action=preview&contexts=8K&concurrency=1")
+        .await
+        .text();
+    assert!(
+        busy.contains("tick &quot;Run beside production&quot; on the page"),
+        "{busy}"
+    );
+    assert!(busy.contains("--beside-production"), "{busy}");
+    assert!(
+        busy.contains("name=\"beside_production\" value=\"on\"> Run beside production"),
+        "{busy}"
+    );
+    long.abort();
     server.shutdown().await;
 }

@@ -780,3 +780,110 @@ fn capacity_and_diff_choose_the_table_on_a_terminal_and_markdown_in_a_pipe() {
         );
     }
 }
+
+/// Runs `tokentap ARGS` (one shell word list) on a terminal (`script` gives it a pty, 120
+/// columns) and returns what the terminal showed (stdout and stderr together).
+fn on_a_pty(args: &str) -> String {
+    let output = Command::new("script")
+        .args(["-qec"])
+        .arg(format!("{} {args}", env!("CARGO_BIN_EXE_tokentap")))
+        .arg("/dev/null")
+        .env("COLUMNS", "120")
+        .env_remove("TOKENTAP_CONFIG")
+        .env_remove("TOKENTAP_ADMIN__TOKEN")
+        .stdin(Stdio::null())
+        .output()
+        .expect("script (util-linux) gives the command a terminal");
+    assert!(output.status.success(), "{args}: {output:?}");
+    stdout(&output).replace('\r', "")
+}
+
+/// Issue 45.3: `fleet compare` and `replay` print the terminal table on a terminal, every line
+/// within 120 columns and the files written one path a line (never wrapped mid-name), and
+/// Markdown in a pipe, as `matrix show` and `matrix capacity` do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_compare_and_replay_choose_the_table_on_a_terminal_and_markdown_in_a_pipe() {
+    use crate::common::{Script, ScriptedUpstream};
+    // A stand-in Prometheus: every query answers one sample, model m in the 8K × 1 cell.
+    let prometheus = ScriptedUpstream::start(|_| {
+        Script::json(
+            200,
+            r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"model":"m","context_bucket":"8K","concurrency_bucket":"1","outcome":"ok","slo":"met"},"value":[1700000000,"12"]}]}}"#,
+        )
+    })
+    .await;
+    let compare = format!(
+        "fleet compare --prometheus {} --baseline 3f2a9c01b7de --candidate 77aa01bc02de --window 10m",
+        prometheus.url()
+    );
+    let dir = temp_dir("pty-45");
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 2, 3]}\n\
+         {\"timestamp\": 100, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 5, 6]}\n",
+    )
+    .unwrap();
+    // A long output folder: the written paths would pass 120 columns side by side.
+    let out = dir.join("an-output-folder-with-a-long-name-for-the-replay-of-this-trace");
+    let replay = format!(
+        "replay {} --simulate step-3.7-flash-fp8-4x-rtx-pro-6000 --quiet --max-duration 10s --out {}",
+        trace.display(),
+        out.display()
+    );
+    let (compare_pty, compare_pipe, replay_pipe, replay_pty) = {
+        let (compare, replay, baseline) = (
+            compare.clone(),
+            replay.clone(),
+            out.join("replay.json").display().to_string(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let words = |args: &str| args.split(' ').map(str::to_owned).collect::<Vec<_>>();
+            let piped = |args: &str| {
+                let words = words(args);
+                let words: Vec<&str> = words.iter().map(String::as_str).collect();
+                let output = tokentap(&words);
+                assert!(output.status.success(), "{args}: {output:?}");
+                stdout(&output)
+            };
+            let compare_pty = on_a_pty(&compare);
+            let compare_pipe = piped(&compare);
+            let replay_pipe = piped(&replay);
+            let replay_pty = on_a_pty(&format!("{replay} --baseline {baseline}"));
+            (compare_pty, compare_pipe, replay_pipe, replay_pty)
+        })
+        .await
+        .unwrap()
+    };
+    for (what, shown) in [("fleet compare", &compare_pty), ("replay", &replay_pty)] {
+        assert!(widest_line(shown) <= 120, "{what}:\n{shown}");
+        assert!(
+            !shown.contains("| "),
+            "{what}: Markdown on a terminal:\n{shown}"
+        );
+    }
+    assert!(
+        compare_pty.contains("Canary comparison: 77aa01bc02de ÷ 3f2a9c01b7de")
+            && compare_pty.contains("Tok/s/stream"),
+        "{compare_pty}"
+    );
+    assert!(compare_pipe.contains("| Context |"), "{compare_pipe}");
+    assert!(
+        replay_pipe.contains("| "),
+        "not Markdown in a pipe:\n{replay_pipe}"
+    );
+    // The matrix, the diff, then each file on its own line.
+    assert!(replay_pty.contains("Each figure is B ÷ A"), "{replay_pty}");
+    assert!(
+        replay_pty.contains("tokentap replay: wrote\n"),
+        "{replay_pty}"
+    );
+    for name in ["replay.json", "replay.md", "diff.json"] {
+        let path = out.join(name).display().to_string();
+        assert!(
+            replay_pty.lines().any(|l| l.trim() == path),
+            "{name} on a line of its own:\n{replay_pty}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

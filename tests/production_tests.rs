@@ -528,6 +528,170 @@ async fn the_admin_page_shows_production_beside_the_sweep_on_one_grid_in_headles
     server.shutdown().await;
 }
 
+/// Issue 45.5, a page that leads with the answer: for a logged-in browser at 1400 × 900 the
+/// first matrix is above the fold (the verdict first, then the grids; the sweep's buttons with
+/// the synthetic matrix, none above the title), and a sweep cell whose TTFT and TBT tails are
+/// withheld shows its ITL p99 and no line of dashes. Chromium measures the page: the page
+/// (read with the session cookie) is served again from loopback with a probe script that
+/// writes where things are into the DOM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_page_shows_its_first_matrix_above_the_fold_at_1400_by_900() {
+    let _cores = common::cores::busy().await;
+    let upstream = ScriptedUpstream::start(timed_stream).await;
+    let (server, records) = start_proxy(&format!(
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[admin]\ntoken = \"fold-token\"\n[evidence]\nmin_requests = 10\nmin_measured_for = \"1s\"\nmin_output_tokens = 100\n",
+        upstream.url()
+    ))
+    .await;
+    for _ in 0..12 {
+        burst(&server, 1, 5_000, 12).await;
+    }
+    records.wait_for(12).await;
+    let bearer = |path: &str| {
+        http::Request::get(format!("http://{}{path}", server.admin_addr))
+            .header("authorization", "Bearer fold-token")
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let production = parse_json(
+        &send(bearer("/matrix?source=production&window=15m&format=json"))
+            .await
+            .text(),
+    )
+    .unwrap();
+    // The sweep: production's cell, with the tails a sweep of C streams has (ITL only).
+    let mut synthetic = production.clone();
+    synthetic.decode.retain(|c| c.status.is_valid());
+    assert!(!synthetic.decode.is_empty(), "{production:?}");
+    for cell in &mut synthetic.decode {
+        cell.tails = Some(tokentap::matrix::doc::Tails {
+            itl_p90_ms: Some(25.0),
+            itl_p99_ms: Some(31.26),
+            ..Default::default()
+        });
+    }
+    synthetic.metadata.run.source = Some(tokentap::matrix::doc::Source::Synthetic);
+    synthetic.metadata.run.sweep_id = Some("sweep-45".into());
+    server.admin.synthetic.set_completed(synthetic);
+
+    // A logged-in browser's page.
+    let login = send(
+        http::Request::post(format!("http://{}/login", server.admin_addr))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(http_body_util::Full::new(Bytes::from("token=fold-token")))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(login.status, 303);
+    let cookie = login.headers["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let page = send(
+        http::Request::get(format!("http://{}/?window=15m", server.admin_addr))
+            .header("cookie", &cookie)
+            .body(http_body_util::Full::new(Bytes::new()))
+            .unwrap(),
+    )
+    .await
+    .text();
+    assert!(page.contains("id=\"session\""), "{page}");
+    // The buttons: none above the title; the sweep's in the synthetic panel.
+    let title_at = page.find("<h1").unwrap();
+    assert!(
+        page.find("<button").unwrap() > title_at,
+        "a button above the title"
+    );
+    let synthetic_at = page.find("id=\"synthetic\"").unwrap();
+    let session_at = page.find("id=\"session\"").unwrap();
+    assert!(
+        session_at > synthetic_at,
+        "the sweep controls sit with the sweep"
+    );
+    // The sweep cell: ITL p99 first, no line of dashes.
+    let panel = &page[synthetic_at..session_at];
+    assert!(
+        panel.contains("<span class=\"tails\">p99 ITL 31.3 ms</span>"),
+        "{panel}"
+    );
+    assert!(
+        !page.contains("p99 — · —") && !panel.contains("p99 —"),
+        "{panel}"
+    );
+
+    let probe = r#"<script>
+addEventListener('load', () => {
+  const top = (selector) => { const e = document.querySelector(selector); return e ? Math.round(e.getBoundingClientRect().top) : -1; };
+  const out = document.createElement('pre');
+  out.id = 'fold-probe';
+  out.textContent = [innerHeight, top('table.grid'), top('#verdict'), top('#session'), top('h1')].join(' ');
+  document.body.appendChild(out);
+});
+</script>"#;
+    let probed = page.replace("</body>", &format!("{probe}</body>"));
+    let served = ScriptedUpstream::start(move |_| {
+        let mut script = Script::json(200, &probed);
+        script.headers = vec![("content-type", "text/html; charset=utf-8".into())];
+        script
+    })
+    .await;
+    let dir = temp_dir("fold");
+    let target = format!("{}/page", served.url());
+    let profile = dir.join("profile");
+    let dom = tokio::task::spawn_blocking(move || {
+        common::chromium::dump_dom_with(
+            &target,
+            &profile,
+            &["--window-size=1400,900", "--hide-scrollbars"],
+        )
+    })
+    .await
+    .unwrap();
+    let at = dom.find("id=\"fold-probe\">").expect("the probe ran") + 16;
+    let figures: Vec<i64> = dom[at..at + dom[at..].find('<').unwrap()]
+        .split(' ')
+        .map(|v| v.parse().unwrap())
+        .collect();
+    let [height, matrix, verdict, session, title] = figures[..] else {
+        panic!("{figures:?}");
+    };
+    eprintln!("1400 × 900: viewport {height}, title {title}, verdict {verdict}, first matrix {matrix}, sweep controls {session}");
+    // A 1400 × 900 window: the viewport is its height less the browser's own bars.
+    assert!(
+        (700..=900).contains(&height),
+        "the viewport of a 900 px window: {height}"
+    );
+    assert!(
+        title >= 0 && title < verdict && verdict < matrix,
+        "{figures:?}"
+    );
+    // Its header row and first row in view, not only its top edge.
+    assert!(
+        matrix + 100 <= height,
+        "the first matrix starts at {matrix} px, below the fold"
+    );
+    assert!(
+        session > matrix,
+        "the sweep controls come after the first matrix"
+    );
+    // What a person sees above the fold, for looking at.
+    let (target, profile, png) = (
+        format!("{}/page", served.url()),
+        dir.join("shot"),
+        screenshot_dir().join("admin-page-fold-1400x900.png"),
+    );
+    tokio::task::spawn_blocking(move || {
+        common::chromium::screenshot_sized(&target, &profile, (1400, 900), &png)
+    })
+    .await
+    .unwrap();
+    server.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_are_written_periodically_and_at_shutdown_and_survive_a_restart() {
     let upstream = ScriptedUpstream::start(timed_stream).await;

@@ -1110,6 +1110,8 @@ async fn the_cli_sweeps_a_target_and_follows_a_remote_proxy() {
     ] {
         assert!(stdout.contains(part), "{part}: {stdout}");
     }
+    // Within 120 columns: the long note is broken between words (issue 45.3).
+    assert!(stdout.lines().all(|l| l.chars().count() <= 120), "{stdout}");
 
     let server = proxy_with_token(&sim.base_url(), "").await;
     let admin_url = format!("http://{}", server.admin_addr);

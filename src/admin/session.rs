@@ -9,7 +9,7 @@
 //! | `GET /login` | the login form (no token configured: a redirect to `/`) |
 //! | `POST /login` | form field `token`: right → a session cookie and a redirect to `/`; wrong → 401, counted and slowed |
 //! | `POST /logout` | ends the session, clears the cookie, redirects to `/login` |
-//! | `POST /page/sweep` | form field `csrf` (the session's own): starts a sweep with the default plan, as `POST /sweeps` with an empty body would |
+//! | `POST /page/sweep` | form field `csrf` (the session's own) and `action`: `preview` shows the plan of the fields `contexts`, `concurrency` and `like_production` (empty: the default plan's), `start` starts that plan (as `POST /sweeps` would), `cancel` cancels the running sweep |
 //!
 //! The cookie (`tokentap_session`) is `HttpOnly; SameSite=Strict; Path=/`, host-only (no
 //! `Domain`), and carries a 256-bit random id from ring's `SystemRandom`; the token itself is
@@ -173,9 +173,10 @@ where
 }
 
 /// The page's sweep forms (`POST /page/sweep`, CSRF-checked): `action=preview` shows what the
-/// default plan would do and asks for a confirmation; `action=start` (that confirmation)
-/// starts it, beside production only when its box was ticked; `action=cancel` cancels the
-/// running sweep. A form without an action previews: nothing starts from one click.
+/// plan of the form's fields would do and asks for a confirmation; `action=start` (that
+/// confirmation, carrying the same fields) starts it, beside production only when its box was
+/// ticked; `action=cancel` cancels the running sweep. A form without an action previews:
+/// nothing starts from one click.
 pub async fn sweep_form<B>(state: &AdminState, request: Request<B>) -> Response<ResponseBody>
 where
     B: Body<Data = Bytes> + Send + 'static,
@@ -199,34 +200,138 @@ where
         );
     }
     let action = form_field(&body, "action").unwrap_or_default();
-    match action.as_str() {
-        "start" => {
-            let request = crate::sweep::SweepRequest {
-                beside_production: form_field(&body, "beside_production")
-                    .map(|v| v == "on" || v == "true"),
-                ..crate::sweep::SweepRequest::default()
-            };
-            match state.sweeps.start(request).await {
-                Ok(_) => see_other("/"),
-                Err(error) => start_refused(error),
-            }
-        }
-        "cancel" => {
-            let id = form_field(&body, "id").unwrap_or_default();
-            match state.sweeps.cancel(&id) {
-                Ok(()) => see_other("/"),
-                Err(error) => message_page(StatusCode::CONFLICT, &error.to_string()),
-            }
-        }
-        _ => match state
-            .sweeps
-            .preview(&crate::sweep::SweepRequest::default())
-            .await
-        {
-            Ok(preview) => preview_page(&preview, &session),
-            Err(error) => start_refused(error),
-        },
+    if action == "cancel" {
+        let id = form_field(&body, "id").unwrap_or_default();
+        return match state.sweeps.cancel(&id) {
+            Ok(()) => see_other("/"),
+            Err(error) => message_page(StatusCode::CONFLICT, &error.to_string()),
+        };
     }
+    let fields = match PlanFields::read(&body) {
+        Ok(fields) => fields,
+        Err(message) => return message_page(StatusCode::BAD_REQUEST, &message),
+    };
+    if action == "start" {
+        let request = crate::sweep::SweepRequest {
+            beside_production: form_field(&body, "beside_production")
+                .map(|v| v == "on" || v == "true"),
+            ..fields.request()
+        };
+        return match state.sweeps.start(request).await {
+            Ok(_) => see_other("/"),
+            Err(error) => start_refused(error),
+        };
+    }
+    match state.sweeps.preview(&fields.request()).await {
+        Ok(preview) => preview_page(&preview, &fields, &session),
+        Err(error) => start_refused(error),
+    }
+}
+
+/// The plan fields of the page's sweep forms, as typed: contexts (`8K, 32K`), concurrency
+/// levels (`1, 4, 16`) and whether the cells are shaped like production. Empty fields keep
+/// the default plan's; the same fields go from the preview to the start, so what starts is
+/// what was shown.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PlanFields {
+    pub contexts: String,
+    pub concurrency: String,
+    pub like_production: bool,
+}
+
+impl PlanFields {
+    /// The fields of a form body; a concurrency that is not a list of positive integers is
+    /// refused with the reason (contexts are checked when the plan is resolved).
+    pub fn read(body: &[u8]) -> Result<PlanFields, String> {
+        let fields = PlanFields {
+            contexts: form_field(body, "contexts")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            concurrency: form_field(body, "concurrency")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            like_production: form_field(body, "like_production")
+                .is_some_and(|v| v == "on" || v == "true"),
+        };
+        fields.levels()?;
+        Ok(fields)
+    }
+
+    fn levels(&self) -> Result<Option<Vec<u32>>, String> {
+        let items = list_items(&self.concurrency);
+        if items.is_empty() {
+            return Ok(None);
+        }
+        items
+            .iter()
+            .map(|item| match item.parse::<u32>() {
+                Ok(level) if level > 0 => Ok(level),
+                _ => Err(format!(
+                    "concurrency: {item:?} is not a positive whole number (write levels like 1, 4, 16)"
+                )),
+            })
+            .collect::<Result<Vec<u32>, String>>()
+            .map(Some)
+    }
+
+    /// The sweep these fields ask for: the default plan with the fields that were filled in.
+    pub fn request(&self) -> crate::sweep::SweepRequest {
+        let contexts = list_items(&self.contexts);
+        crate::sweep::SweepRequest {
+            contexts: (!contexts.is_empty()).then(|| {
+                contexts
+                    .into_iter()
+                    .map(|c| crate::sweep::request::TokensValue::Label(c.to_owned()))
+                    .collect()
+            }),
+            concurrency: self.levels().ok().flatten(),
+            // Unticked keeps the default (the seed method; a capacity search decides itself).
+            like_production: self.like_production.then_some(true),
+            ..crate::sweep::SweepRequest::default()
+        }
+    }
+
+    /// The fields as inputs of a form: `editable` text boxes and a checkbox, or hidden inputs
+    /// carrying exactly what was previewed.
+    fn inputs(&self, editable: bool) -> String {
+        if !editable {
+            let mut out = format!(
+                "<input type=\"hidden\" name=\"contexts\" value=\"{}\"><input type=\"hidden\" name=\"concurrency\" value=\"{}\">",
+                escape(&self.contexts),
+                escape(&self.concurrency)
+            );
+            if self.like_production {
+                out.push_str("<input type=\"hidden\" name=\"like_production\" value=\"on\">");
+            }
+            return out;
+        }
+        format!(
+            "<label>Contexts <input type=\"text\" name=\"contexts\" value=\"{}\" placeholder=\"default ladder, e.g. 8K, 32K\"></label> <label>Concurrency <input type=\"text\" name=\"concurrency\" value=\"{}\" placeholder=\"default 1, 2, 4 … 128\"></label> <label><input type=\"checkbox\" name=\"like_production\" value=\"on\"{}> Like production</label>",
+            escape(&self.contexts),
+            escape(&self.concurrency),
+            if self.like_production { " checked" } else { "" }
+        )
+    }
+}
+
+/// The plan fields and a button that previews them (nothing starts from it): the preview
+/// page's "change the plan" form. (The admin page itself has only the button: it reloads
+/// every few seconds, which would wipe what was typed.)
+fn preview_form(csrf: &str, fields: &PlanFields) -> String {
+    format!(
+        "<form id=\"preview-sweep\" class=\"sweep-form\" method=\"post\" action=\"/page/sweep\"><input type=\"hidden\" name=\"csrf\" value=\"{}\"><input type=\"hidden\" name=\"action\" value=\"preview\">{}<button type=\"submit\">Preview a sweep…</button></form>",
+        escape(csrf),
+        fields.inputs(true)
+    )
+}
+
+/// `8K, 32K` or `1 4 16` as items.
+fn list_items(text: &str) -> Vec<&str> {
+    text.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|item| !item.is_empty())
+        .collect()
 }
 
 /// A sweep that did not start (or could not be previewed), as a page.
@@ -246,31 +351,64 @@ fn start_refused(error: crate::sweep::StartError) -> Response<ResponseBody> {
     }
 }
 
-/// What the default plan would do, and the form that starts it.
+/// What the plan of `fields` would do, each skipped cell named; the form that starts exactly
+/// that plan; and the fields again, to change and preview anew.
 fn preview_page(
     preview: &crate::sweep::PlanPreview,
+    fields: &PlanFields,
     session: &SessionView,
 ) -> Response<ResponseBody> {
     let csrf = escape(&session.csrf);
+    let what = if *fields == PlanFields::default() {
+        "The default plan"
+    } else {
+        "The plan of these fields"
+    };
     let mut body = format!(
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>tokentap · sweep preview</title>{FORM_STYLE}</head><body><h1>Sweep preview</h1><p>The default plan against the server now. Nothing has started.</p><ul id=\"preview\">"
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>tokentap · sweep preview</title>{FORM_STYLE}</head><body><h1>Sweep preview</h1><p>{what} against the server now. Nothing has started.</p><ul id=\"preview\">"
     );
     for line in preview.lines() {
         let _ = write!(body, "<li>{}</li>", escape(&line));
     }
+    body.push_str("</ul><ul id=\"preview-cells\" class=\"cells\">");
+    for cell in &preview.cells {
+        let label = crate::matrix::units::context_label(cell.context_tokens);
+        let _ = write!(
+            body,
+            "<li data-context=\"{}\" data-concurrency=\"{}\" data-runs=\"{}\">{} × {}{}</li>",
+            escape(&label),
+            cell.concurrency,
+            if cell.runs { "yes" } else { "no" },
+            escape(&label),
+            cell.concurrency,
+            if cell.runs {
+                ""
+            } else {
+                ": skipped, over the KV budget"
+            }
+        );
+    }
     body.push_str("</ul>");
     let _ = write!(
         body,
-        "<form id=\"confirm\" method=\"post\" action=\"/page/sweep\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"start\">"
+        "<form id=\"confirm\" method=\"post\" action=\"/page/sweep\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"start\">{}",
+        fields.inputs(false)
     );
     if preview.production_in_flight > 0 {
         let _ = write!(
             body,
-            "<p class=\"error\">{} production requests are in flight: drain this replica first, or tick the box to run beside them (they slow down; its cells show the production they ran beside).</p><label><input type=\"checkbox\" name=\"beside_production\" value=\"on\"> Run beside production</label><br>",
-            preview.production_in_flight
+            "<p class=\"error\">{} production requests are in flight: drain this replica first, or tick the box to run beside them (they slow down; its cells show the production they ran beside). The command line's flag is <code>--beside-production</code>.</p><label><input type=\"checkbox\" name=\"beside_production\" value=\"on\"> {}</label><br>",
+            preview.production_in_flight,
+            escape(crate::sweep::BESIDE_PRODUCTION_BOX)
         );
     }
-    body.push_str("<button type=\"submit\">Start this sweep</button> <a href=\"/\">Back to the page</a></form></body></html>\n");
+    body.push_str("<button type=\"submit\">Start this sweep</button> <a href=\"/\">Back to the page</a></form>");
+    let _ = write!(
+        body,
+        "<h2>Change the plan</h2>{}",
+        preview_form(&session.csrf, fields).replace("Preview a sweep…", "Preview again")
+    );
+    body.push_str("</body></html>\n");
     no_store(respond(StatusCode::OK, "text/html; charset=utf-8", body))
 }
 
@@ -283,7 +421,7 @@ fn form_field(body: &[u8], name: &str) -> Option<String> {
     })
 }
 
-const FORM_STYLE: &str = "<style>body{font:15px system-ui,sans-serif;margin:40px auto;max-width:420px;padding:0 16px;color:#1f2328}input[type=password]{width:100%;padding:6px;font:inherit;box-sizing:border-box}button{margin-top:12px;padding:6px 16px;font:inherit}.error{color:#cf222e}</style>";
+const FORM_STYLE: &str = "<style>body{font:15px system-ui,sans-serif;margin:40px auto;max-width:640px;padding:0 16px;color:#1f2328}input[type=password]{width:100%;padding:6px;font:inherit;box-sizing:border-box}input[type=text]{width:12em;padding:4px;font:inherit}label{margin-right:12px;white-space:nowrap}button{margin-top:12px;padding:6px 16px;font:inherit}.error{color:#cf222e}ul.cells{columns:3;font-size:13px}li[data-runs=no]{color:#8a4b00}h2{font-size:17px;margin-top:28px}</style>";
 
 /// The login form, with an optional message above it.
 fn login_page(status: StatusCode, message: Option<&str>) -> Response<ResponseBody> {

@@ -12,7 +12,9 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use super::matrix::{write_output, EXIT_GATE_FAILED};
 use crate::base::Source;
-use crate::fleet::compare::{compare, render_compare_json, render_compare_markdown};
+use crate::fleet::compare::{
+    compare, render_compare_json, render_compare_markdown, render_compare_table,
+};
 use crate::fleet::matrix::{fleet_matrix, mean_ttft_ms, FleetQuery};
 use crate::fleet::promql::{quote, PromClient};
 use crate::matrix::EvidenceRule;
@@ -121,6 +123,8 @@ pub const MATRIX_FORMATS: [Format; 8] = Format::ALL;
 pub enum CompareFormat {
     /// One row per cell: each side's requests and the ratios.
     Md,
+    /// The same rows aligned for a terminal, at most 120 columns.
+    Table,
     /// JSON (schema tokentap.fleet-compare/v1).
     Json,
     /// The matrix diff's HTML page (ratio grid as a heat map; baseline = A, candidate = B).
@@ -153,8 +157,9 @@ pub struct CompareArgs {
     /// The fingerprint being rolled out (the canary).
     #[arg(long, value_name = "ID")]
     pub candidate: String,
-    #[arg(long, short, value_enum, default_value_t = CompareFormat::Md)]
-    pub format: CompareFormat,
+    /// Output format. Default: `table` on a terminal, `md` in a pipe or with --output.
+    #[arg(long, short, value_enum)]
+    pub format: Option<CompareFormat>,
     /// Write to this file instead of standard output.
     #[arg(long, short)]
     pub output: Option<PathBuf>,
@@ -315,8 +320,16 @@ async fn compare_command(args: &CompareArgs) -> anyhow::Result<ExitCode> {
         &args.candidate,
         Some((&baseline_means, &candidate_means)),
     );
-    let text = match args.format {
+    let format = args
+        .format
+        .unwrap_or(if super::matrix::to_terminal(args.output.as_deref()) {
+            CompareFormat::Table
+        } else {
+            CompareFormat::Md
+        });
+    let text = match format {
         CompareFormat::Md => render_compare_markdown(&result),
+        CompareFormat::Table => render_compare_table(&result),
         CompareFormat::Json => render_compare_json(&result),
         CompareFormat::Html => crate::matrix::html::render_diff_html(&result.diff),
     };

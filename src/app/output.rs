@@ -1,7 +1,8 @@
 //! What `tokentap sweep`, `replay` and `demo` print on stdout when they end: `--format
 //! table|list|md|json|llmd`. The default (`auto`) is the seed page's grid on a terminal and
 //! Markdown otherwise, so `tokentap sweep … > matrix.md` keeps writing the page format; the files
-//! written beside (`.json`, `.html`, `.md`) do not depend on it.
+//! written beside (`.json`, `.html`, `.md`) do not depend on it. Also the word wrap
+//! ([`indented_wrap`]) that keeps the commands' text lines within 120 columns.
 
 use std::io::IsTerminal;
 
@@ -79,5 +80,48 @@ impl OutputFormat {
     /// Whether what is not a matrix (a summary, a preview) prints as JSON: `json` and `llmd`.
     pub fn machine(self) -> bool {
         matches!(self.resolve(), OutputFormat::Json | OutputFormat::Llmd)
+    }
+}
+
+/// `text` broken between words into lines of at most `width` characters, the first starting
+/// with `first`, the others with `rest` (a word longer than a line stays whole).
+pub fn indented_wrap(text: &str, first: &str, rest: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = first.to_owned();
+    let mut empty = true;
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        if !empty && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(&line);
+            out.push('\n');
+            line = rest.to_owned();
+            empty = true;
+        }
+        if !empty {
+            line.push(' ');
+        }
+        line.push_str(word);
+        empty = false;
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::indented_wrap;
+
+    #[test]
+    fn lines_break_between_words_and_a_long_word_stays_whole() {
+        let text = format!("a note that runs on {} and on", "x".repeat(30));
+        let wrapped = indented_wrap(&text, "  ", "    ", 24);
+        assert_eq!(
+            wrapped,
+            format!(
+                "  a note that runs on\n    {}\n    and on\n",
+                "x".repeat(30)
+            )
+        );
+        assert_eq!(indented_wrap("short", "", "  ", 120), "short\n");
     }
 }

@@ -17,7 +17,7 @@ use http::HeaderValue;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::output::OutputFormat;
+use super::output::{indented_wrap, OutputFormat};
 use super::proxy::build_proxy;
 use super::sweep::{write_matrix, EXIT_CANCELLED};
 use crate::config::{Config, ConfigLoader};
@@ -291,12 +291,21 @@ async fn replay_once(
         evidence,
     };
     if !args.quiet {
-        eprintln!(
-            "tokentap replay: {} request(s) of {} at {}× against {} through an in-process proxy; Ctrl-C stops",
-            planned(common.trace, &plan),
-            args.trace.display(),
-            args.speed,
-            crate::net::redact::redact_url(&url),
+        // Broken between words within 120 columns (a long trace path or URL).
+        eprint!(
+            "{}",
+            indented_wrap(
+                &format!(
+                    "tokentap replay: {} request(s) of {} at {}× against {} through an in-process proxy; Ctrl-C stops",
+                    planned(common.trace, &plan),
+                    args.trace.display(),
+                    args.speed,
+                    crate::net::redact::redact_url(&url),
+                ),
+                "",
+                "  ",
+                120
+            )
         );
     }
     let report = replay_at(common, proxy, &plan, "").await;
@@ -313,7 +322,7 @@ async fn replay_once(
         let compared = write_diff(args, baseline, &matrix, &mut written)?;
         print!("\n{}", args.format.diff(&compared));
     }
-    eprintln!("tokentap replay: {}", written.join(", "));
+    print_written(&written);
     Ok(if report.stopped && max_duration.is_none() {
         ExitCode::from(EXIT_CANCELLED)
     } else {
@@ -375,11 +384,19 @@ async fn find_speed(
         .and_then(|r| r.last())
         .map_or(0, |r| r.at_ms);
     if !args.quiet {
-        eprintln!(
-            "tokentap replay --find-speed: {} against {}, at most {} replays",
-            args.trace.display(),
-            common.deployment.label,
-            bounds.max_replays()
+        eprint!(
+            "{}",
+            indented_wrap(
+                &format!(
+                    "tokentap replay --find-speed: {} against {}, at most {} replays",
+                    args.trace.display(),
+                    common.deployment.label,
+                    bounds.max_replays()
+                ),
+                "",
+                "  ",
+                120
+            )
         );
     }
     while let Some(at) = search.next() {
@@ -492,9 +509,14 @@ async fn find_speed(
     summary.stopped = cancelled;
     let markdown = summary.render_markdown();
     let json = summary.render_json();
-    // The search's summary is a table already: Markdown for table and md, or its JSON.
+    // The search's summary: its JSON, the aligned table (table, list) or Markdown.
     if args.format.machine() {
         print!("{json}");
+    } else if matches!(
+        args.format.resolve(),
+        OutputFormat::Table | OutputFormat::List
+    ) {
+        print!("{}", summary.render_table());
     } else {
         print!("{markdown}");
     }
@@ -517,7 +539,7 @@ async fn find_speed(
             "tokentap replay --find-speed: no replay met the SLO, so no replay matrix is written"
         ),
     }
-    eprintln!("tokentap replay: {}", written.join(", "));
+    print_written(&written);
     Ok(if cancelled {
         ExitCode::from(EXIT_CANCELLED)
     } else {
@@ -694,4 +716,13 @@ fn progress_text(p: &ReplayProgress) -> String {
         p.total,
         p.finished,
     )
+}
+
+/// The files written, one path a line on stderr: a long path is never wrapped in the middle
+/// of a name among others on a 120-column terminal (as `tokentap sweep` prints them).
+fn print_written(written: &[String]) {
+    eprintln!("tokentap replay: wrote");
+    for path in written {
+        eprintln!("  {path}");
+    }
 }

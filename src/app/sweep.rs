@@ -19,7 +19,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::output::OutputFormat;
+use super::output::{indented_wrap, OutputFormat};
 use crate::config::{Config, ConfigLoader};
 use crate::matrix::{html::render_html, render_json, render_markdown, MatrixDoc};
 use crate::sweep::manager::SweepManager;
@@ -265,8 +265,10 @@ async fn dry_run(args: &SweepArgs, admins: &[String]) -> anyhow::Result<ExitCode
     } else {
         for (server, preview) in &previews {
             println!("Dry run against {server}: nothing was started.");
+            // Within 120 columns: a long line (a note, production in flight) is broken
+            // between words, its continuation indented under it.
             for line in preview.lines() {
-                println!("  {line}");
+                print!("{}", indented_wrap(&line, "  ", "    ", 120));
             }
         }
     }

@@ -2,7 +2,8 @@
 //! and a candidate configuration), per cell candidate ÷ baseline with each side's request
 //! count, and a mark where either side has too little traffic to say (the evidence rule:
 //! only cells `Valid` on both sides get ratios, as in `matrix::diff`, which does the
-//! arithmetic). Pure: documents in, a comparison and its text out.
+//! arithmetic). Pure: documents in, a comparison and its text out (Markdown, JSON, or an
+//! aligned table within 120 columns for a terminal).
 
 use std::collections::BTreeMap;
 
@@ -10,6 +11,7 @@ use serde::Serialize;
 
 use crate::matrix::diff::{self, format_ratio, DiffColumn, MatrixDiff};
 use crate::matrix::doc::{CellStatus, MatrixDoc};
+use crate::matrix::table::{TextTable, MAX_WIDTH};
 use crate::matrix::units::context_label;
 
 /// The schema tag of a comparison's JSON.
@@ -206,6 +208,98 @@ pub fn render_compare_markdown(comparison: &FleetComparison) -> String {
     out
 }
 
+/// The comparison as aligned text for a terminal, every line at most
+/// [`MAX_WIDTH`] columns: the sides, the geometric means (wrapped at word boundaries),
+/// then one row per cell.
+pub fn render_compare_table(comparison: &FleetComparison) -> String {
+    let mut out = wrap_words(
+        &format!(
+            "Canary comparison: {} ÷ {}",
+            comparison.candidate, comparison.baseline
+        ),
+        MAX_WIDTH,
+    );
+    let with_evidence = comparison
+        .cells
+        .iter()
+        .filter(|c| c.enough_evidence)
+        .count();
+    let window = comparison.window_s.map_or_else(String::new, |w| {
+        format!("Both sides over the same {w:.0} s of live traffic. ")
+    });
+    out.push_str(&wrap_words(
+        &format!(
+            "{window}Ratios are candidate ÷ baseline; only cells with enough requests on both sides get them (\"too few\": the others). Over {with_evidence} such cells (geometric mean): decode tok/s per stream {}, Total tok/s {}, TTFT {} (mean {}), TBT {}.",
+            format_ratio(comparison.decode_tok_s_per_stream),
+            format_ratio(comparison.total_tok_s),
+            format_ratio(comparison.ttft_ms),
+            format_ratio(comparison.ttft_mean_ms),
+            format_ratio(comparison.tbt_ms),
+        ),
+        MAX_WIDTH,
+    ));
+    let mut table = TextTable::new(&[
+        "Context",
+        "Conc",
+        "Baseline n",
+        "Candidate n",
+        "Tok/s/stream",
+        "Total tok/s",
+        "TTFT",
+        "TTFT mean",
+        "TBT",
+        "TTFT p99",
+        "",
+    ]);
+    table.numeric = vec![1, 4, 5, 6, 7, 8, 9];
+    table.rows = comparison
+        .cells
+        .iter()
+        .map(|cell| {
+            vec![
+                context_label(cell.context_tokens),
+                cell.concurrency.to_string(),
+                side_text(cell.baseline_requests, cell.baseline_status.as_ref()),
+                side_text(cell.candidate_requests, cell.candidate_status.as_ref()),
+                format_ratio(cell.decode_tok_s_per_stream),
+                format_ratio(cell.total_tok_s),
+                format_ratio(cell.ttft_ms),
+                format_ratio(cell.ttft_mean_ms),
+                format_ratio(cell.tbt_ms),
+                format_ratio(cell.ttft_p99_ms),
+                if cell.enough_evidence { "" } else { "too few" }.to_owned(),
+            ]
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&table.render(MAX_WIDTH));
+    out
+}
+
+/// `text` as lines of at most `width` characters, broken between words (a word longer than
+/// the line stays whole on its own line), each ending in a newline.
+fn wrap_words(text: &str, width: usize) -> String {
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let needed = line.chars().count() + usize::from(!line.is_empty()) + word.chars().count();
+        if !line.is_empty() && needed > width {
+            out.push_str(&line);
+            out.push('\n');
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,5 +378,28 @@ mod tests {
         );
         assert_eq!(json["decode_tok_s_per_stream"], json["per_request_tok_s"]);
         assert!(json["decode_tok_s_per_stream"].is_number(), "{json:#}");
+    }
+
+    #[test]
+    fn the_terminal_table_fits_120_columns() {
+        let baseline = doc(&[
+            (8192, 1, 100.0, 40, CellStatus::Valid),
+            (8192, 4, 80.0, 3, CellStatus::LowEvidence),
+        ]);
+        let candidate = doc(&[
+            (8192, 1, 66.0, 30, CellStatus::Valid),
+            (8192, 4, 50.0, 30, CellStatus::Valid),
+        ]);
+        let result = compare(&baseline, &candidate, "3f2a9c01b7de", "77aa01bc02de", None);
+        let text = render_compare_table(&result);
+        assert!(
+            text.lines().all(|l| l.chars().count() <= MAX_WIDTH),
+            "{text}"
+        );
+        assert!(!text.contains('|'), "{text}");
+        assert!(
+            text.contains("too few") && text.contains("Tok/s/stream"),
+            "{text}"
+        );
     }
 }

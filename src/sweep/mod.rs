@@ -42,6 +42,6 @@ pub mod store;
 pub use latest::LatestMatrix;
 pub use manager::{CancelError, StartError, SweepManager};
 pub use plan::{Plan, PlanError, PromptMode, ServerFacts, SweepRequest};
-pub use preview::PlanPreview;
+pub use preview::{PlanPreview, BESIDE_PRODUCTION_BOX};
 pub use status::{Progress, SweepState, SweepStatus, SweepSummary};
 pub use store::{MemoryStore, SweepStore};

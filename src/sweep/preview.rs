@@ -59,6 +59,10 @@ pub struct PlanPreview {
     pub plan: Plan,
 }
 
+/// The label of the page's box that lets a sweep start beside production traffic (the
+/// preview's in-flight line names it, beside the CLI's `--beside-production`).
+pub const BESIDE_PRODUCTION_BOX: &str = "Run beside production";
+
 impl PlanPreview {
     pub fn new(plan: Plan, production_in_flight: u64) -> Self {
         let cells = plan
@@ -102,8 +106,9 @@ impl PlanPreview {
         }
     }
 
-    /// The preview as lines for a terminal or a page (each under 120 columns but the notes,
-    /// which wrap where they are shown).
+    /// The preview as lines for a terminal or a page (each under 120 columns but the notes
+    /// and the production-in-flight line, which wrap where they are shown): token counts
+    /// rounded (`16K`, `1.5 M of 1.9 M tokens`), each skipped cell named with its reason.
     pub fn lines(&self) -> Vec<String> {
         let contexts: Vec<String> = self
             .plan
@@ -136,20 +141,21 @@ impl PlanPreview {
             format!(
                 "Prefill scouts: {} (largest prompt {} tokens, max output {} tokens)",
                 self.prefill.len(),
-                self.largest_prompt_tokens,
-                self.max_output_tokens
+                token_count(self.largest_prompt_tokens),
+                token_count(self.max_output_tokens)
             ),
             match (self.kv_budget_tokens, self.peak_kv_share) {
                 (Some(budget), Some(share)) => format!(
                     "KV cache: the largest cell asks for {} of {} tokens ({:.0} %; {})",
-                    self.peak_kv_tokens,
-                    budget,
+                    token_count(self.peak_kv_tokens),
+                    token_count(budget),
                     share * 100.0,
                     self.kv_source
                 ),
                 _ => format!(
                     "KV cache: the largest cell asks for {} tokens; budget {}",
-                    self.peak_kv_tokens, self.kv_source
+                    token_count(self.peak_kv_tokens),
+                    self.kv_source
                 ),
             },
             format!(
@@ -159,6 +165,7 @@ impl PlanPreview {
                 human_duration(self.cell_duration_s)
             ),
         ];
+        lines.extend(self.skipped_lines());
         lines.push(match &self.like_production {
             Some(shape) => format!(
                 "Requests: shaped {shape} (cells labelled like-production, never compared with seed-method sweeps)"
@@ -167,11 +174,82 @@ impl PlanPreview {
         });
         if self.production_in_flight > 0 {
             lines.push(format!(
-                "Production in flight now: {} requests (a start is refused unless it runs beside production)",
+                "Production in flight now: {} requests. A start is refused unless it runs beside them: tick \"{BESIDE_PRODUCTION_BOX}\" on the page, or pass --beside-production on the command line",
                 self.production_in_flight
             ));
         }
         lines.extend(self.notes.iter().cloned());
         lines
+    }
+}
+
+impl PlanPreview {
+    /// One line per context with cells that will not run, each named with why: over the KV
+    /// budget, C × (context + max output) tokens against it.
+    pub fn skipped_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for context in self.plan.decode_contexts() {
+            let skipped: Vec<&PreviewCell> = self
+                .cells
+                .iter()
+                .filter(|c| c.context_tokens == context && !c.runs)
+                .collect();
+            if skipped.is_empty() {
+                continue;
+            }
+            let budget = self
+                .kv_budget_tokens
+                .map_or_else(|| "unknown".to_owned(), token_count);
+            let levels: Vec<String> = skipped.iter().map(|c| c.concurrency.to_string()).collect();
+            // The smallest skipped cell's demand: every larger one asks for more.
+            let least = skipped.iter().map(|c| c.concurrency).min().unwrap_or(0);
+            let demand =
+                u64::from(least).saturating_mul(context.saturating_add(self.max_output_tokens));
+            lines.push(format!(
+                "Skipped {} × {}: over the KV budget of {budget} tokens (C × (context + max output) is {}{} tokens)",
+                context_label(context),
+                levels.join(", "),
+                if skipped.len() > 1 { "from " } else { "" },
+                token_count(demand)
+            ));
+        }
+        lines
+    }
+}
+
+/// A token count for a person: `512`, `16K`, `1.5K`, `1.5 M` (K and M of 1,024, as context
+/// labels are).
+pub fn token_count(tokens: u64) -> String {
+    const K: u64 = 1024;
+    const M: u64 = 1024 * 1024;
+    let tenths = |value: f64| {
+        let text = format!("{value:.1}");
+        text.strip_suffix(".0").map_or(text.clone(), str::to_owned)
+    };
+    if tokens < K {
+        tokens.to_string()
+    } else if tokens < M {
+        if tokens % K == 0 {
+            format!("{}K", tokens / K)
+        } else {
+            format!("{}K", tenths(tokens as f64 / K as f64))
+        }
+    } else {
+        format!("{} M", tenths(tokens as f64 / M as f64))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_count;
+
+    #[test]
+    fn token_counts_are_rounded_and_named() {
+        assert_eq!(token_count(512), "512");
+        assert_eq!(token_count(16_384), "16K");
+        assert_eq!(token_count(1_536), "1.5K");
+        assert_eq!(token_count(1_572_864), "1.5 M");
+        assert_eq!(token_count(1_966_080), "1.9 M");
+        assert_eq!(token_count(2_097_152), "2 M");
     }
 }

@@ -384,6 +384,85 @@ impl SpeedReport {
         out
     }
 
+    /// The summary for a terminal: the same facts as [`Self::render_markdown`], the replays
+    /// as an aligned table, every line at most 120 columns (long lines broken between words).
+    pub fn render_table(&self) -> String {
+        use crate::matrix::table::{TextTable, MAX_WIDTH};
+        let markdown = self.render_markdown();
+        let mut out = String::new();
+        // The heading and the list, as plain lines wrapped between words.
+        for line in markdown.lines().take_while(|l| !l.starts_with('|')) {
+            let line = line
+                .trim_start_matches("# ")
+                .trim_start_matches("- ")
+                .replace("**", "");
+            if line.is_empty() {
+                continue;
+            }
+            let mut current = String::new();
+            for word in line.split(' ') {
+                if !current.is_empty()
+                    && current.chars().count() + 1 + word.chars().count() > MAX_WIDTH
+                {
+                    out.push_str(&current);
+                    out.push('\n');
+                    current.clear();
+                }
+                if !current.is_empty() {
+                    current.push(' ');
+                }
+                current.push_str(word);
+            }
+            out.push_str(&current);
+            out.push('\n');
+        }
+        let mut table = TextTable::new(&[
+            "Speed",
+            "Requests",
+            "Met",
+            "Attain",
+            "TTFT p50",
+            "p95",
+            "p99",
+            "Missed T/B/E",
+            "Failed",
+            "Seconds",
+            "SLO",
+        ]);
+        table.numeric = vec![1, 2, 3, 4, 5, 6, 8, 9];
+        let opt = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.0} ms"));
+        table.rows = self
+            .replays
+            .iter()
+            .map(|t| {
+                vec![
+                    format!("{}×", speed(t.speed)),
+                    if t.sent < t.requests {
+                        format!("{} ({} sent)", t.requests, t.sent)
+                    } else {
+                        t.requests.to_string()
+                    },
+                    t.met.to_string(),
+                    format!("{:.1} %", t.attainment * 100.0),
+                    opt(t.ttft_p50_ms),
+                    opt(t.ttft_p95_ms),
+                    opt(t.ttft_p99_ms),
+                    format!("{} / {} / {}", t.missed_ttft, t.missed_tbt, t.missed_e2e),
+                    t.failed.to_string(),
+                    format!(
+                        "{:.0}{}",
+                        t.seconds,
+                        if t.stopped { " (bound)" } else { "" }
+                    ),
+                    if t.held { "holds" } else { "fails" }.to_owned(),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table.render(MAX_WIDTH));
+        out
+    }
+
     pub fn render_json(&self) -> String {
         crate::base::json::pretty_json_line(self)
     }
@@ -489,5 +568,13 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&report.render_json()).unwrap();
         assert_eq!(json["fails"]["speed"], 2.0);
         assert_eq!(json["slo"]["tbt_ms"], 50.0);
+        // For a terminal: the same facts, aligned, no Markdown, within 120 columns.
+        let table = report.render_table();
+        assert!(table.lines().all(|l| l.chars().count() <= 120), "{table}");
+        assert!(!table.contains('|') && !table.contains("**"), "{table}");
+        assert!(
+            table.contains("holds at 1×") && table.contains("Missed T/B/E"),
+            "{table}"
+        );
     }
 }

@@ -19,11 +19,17 @@ pub fn dump_dom(target: &str, profile: &Path) -> String {
 
 /// Renders `target` at `width` × 1000 CSS pixels and writes a PNG screenshot to `png`.
 pub fn screenshot(target: &str, profile: &Path, width: u32, png: &Path) {
+    screenshot_sized(target, profile, (width, 1000), png);
+}
+
+/// [`screenshot`] in a window of `(width, height)` CSS pixels (what a person sees above the
+/// fold).
+pub fn screenshot_sized(target: &str, profile: &Path, (width, height): (u32, u32), png: &Path) {
     run(
         target,
         profile,
         &[
-            format!("--window-size={width},1000"),
+            format!("--window-size={width},{height}"),
             "--hide-scrollbars".to_owned(),
             format!("--screenshot={}", png.display()),
         ],

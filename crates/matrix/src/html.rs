@@ -196,10 +196,9 @@ pub fn grid_fragment_marked(
                         escape(&tails),
                         escape(&total_tok_s),
                         escape(&ttft),
-                        if tails.is_empty() {
-                            String::new()
-                        } else {
-                            format!("<span class=\"tails\">{}</span>", escape(&tails_short(cell)))
+                        match tails_short(cell) {
+                            short if short.is_empty() => String::new(),
+                            short => format!("<span class=\"tails\">{}</span>", escape(&short)),
                         }
                     );
                 }
@@ -234,7 +233,9 @@ pub fn grid_fragment_marked(
     out
 }
 
-/// A cell's tails as one line: `TTFT p90 412 ms, p99 530 ms · TBT p90 21.0 ms, p99 25.3 ms · ITL …`.
+/// A cell's tails as one line, ITL first (it has a sample per token, thousands per cell, where
+/// TTFT and TBT have one per request): `ITL p90 21.0 ms, p99 25.3 ms · TBT … · TTFT …`. A
+/// figure without its p90 or p99 names only the tail it has; one with neither is left out.
 pub fn tails_line(cell: &DecodeCell) -> String {
     let Some(tails) = cell.tails else {
         return String::new();
@@ -243,21 +244,19 @@ pub fn tails_line(cell: &DecodeCell) -> String {
         p90, p99,
     ) {
         (None, None) => None,
-        (p90, p99) => Some(format!(
-            "{name} p90 {}, p99 {}",
-            or_missing(p90, format),
-            or_missing(p99, format)
-        )),
+        (Some(p90), None) => Some(format!("{name} p90 {}", format(p90))),
+        (None, Some(p99)) => Some(format!("{name} p99 {}", format(p99))),
+        (Some(p90), Some(p99)) => Some(format!("{name} p90 {}, p99 {}", format(p90), format(p99))),
     };
     [
+        pair("ITL", tails.itl_p90_ms, tails.itl_p99_ms, format_ms_tenths),
+        pair("TBT", tails.tbt_p90_ms, tails.tbt_p99_ms, format_ms_tenths),
         pair(
             "TTFT",
             tails.ttft_p90_ms,
             tails.ttft_p99_ms,
             format_ms_whole,
         ),
-        pair("TBT", tails.tbt_p90_ms, tails.tbt_p99_ms, format_ms_tenths),
-        pair("ITL", tails.itl_p90_ms, tails.itl_p99_ms, format_ms_tenths),
     ]
     .into_iter()
     .flatten()
@@ -265,16 +264,25 @@ pub fn tails_line(cell: &DecodeCell) -> String {
     .join(" · ")
 }
 
-/// The p99s a grid cell shows under its figures: `p99 530 ms · 25.3 ms`.
+/// The p99s a grid cell shows under its figures, only those the cell has evidence for, ITL
+/// first: `p99 ITL 25.3 ms · TBT 30.1 ms · TTFT 1,083 ms`. Empty when it has none (a sweep
+/// cell of C streams withholds its TTFT and TBT tails: a line of dashes said nothing).
 fn tails_short(cell: Option<&DecodeCell>) -> String {
     let Some(tails) = cell.and_then(|c| c.tails) else {
         return String::new();
     };
-    format!(
-        "p99 {} · {}",
-        or_missing(tails.ttft_p99_ms, format_ms_whole),
-        or_missing(tails.tbt_p99_ms, format_ms_tenths)
-    )
+    let parts: Vec<String> = [
+        ("ITL", tails.itl_p99_ms.map(format_ms_tenths)),
+        ("TBT", tails.tbt_p99_ms.map(format_ms_tenths)),
+        ("TTFT", tails.ttft_p99_ms.map(format_ms_whole)),
+    ]
+    .into_iter()
+    .filter_map(|(name, value)| value.map(|v| format!("{name} {v}")))
+    .collect();
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("p99 {}", parts.join(" · "))
 }
 
 /// The decode chart (inline SVG).
@@ -532,4 +540,58 @@ pub fn render_diff_html(diff: &MatrixDiff) -> String {
     }
     body.push_str("</section>");
     page("Matrix diff", &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doc::{Metadata, Tails};
+
+    fn sweep_cell(tails: Tails) -> MatrixDoc {
+        let mut doc = MatrixDoc::new(Metadata::default());
+        let mut cell = DecodeCell::status_only(8192, 4, CellStatus::Valid);
+        cell.total_tok_s = Some(400.0);
+        cell.ttft_ms = Some(1083.4);
+        cell.tails = Some(tails);
+        doc.decode.push(cell);
+        doc
+    }
+
+    /// A sweep cell of C streams withholds its TTFT and TBT tails (one sample per request) but
+    /// has thousands of ITL samples: the grid shows ITL p99 first and no line of dashes.
+    #[test]
+    fn a_grid_cell_shows_the_tails_it_has_itl_p99_first() {
+        let withheld = sweep_cell(Tails {
+            itl_p90_ms: Some(21.04),
+            itl_p99_ms: Some(25.31),
+            ..Tails::default()
+        });
+        let grid = grid_fragment(&withheld);
+        assert!(
+            grid.contains("<span class=\"tails\">p99 ITL 25.3 ms</span>"),
+            "{grid}"
+        );
+        assert!(!grid.contains("p99 —"), "{grid}");
+        assert!(
+            grid.contains("title=\"ITL p90 21.0 ms, p99 25.3 ms\""),
+            "{grid}"
+        );
+
+        let all = sweep_cell(Tails {
+            ttft_p90_ms: Some(900.0),
+            ttft_p99_ms: Some(1083.4),
+            tbt_p99_ms: Some(30.06),
+            itl_p99_ms: Some(25.31),
+            ..Tails::default()
+        });
+        let grid = grid_fragment(&all);
+        assert!(
+            grid.contains("p99 ITL 25.3 ms · TBT 30.1 ms · TTFT 1,083 ms"),
+            "{grid}"
+        );
+
+        // No tail at all: no tails line.
+        let none = sweep_cell(Tails::default());
+        assert!(!grid_fragment(&none).contains("class=\"tails\""));
+    }
 }

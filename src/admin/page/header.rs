@@ -1,6 +1,6 @@
-//! What the page shows around its header: each upstream's configuration and its changes
-//! (under the header), and a logged-in browser's controls — the running sweep, the sweep
-//! preview form, log out — at the top of the body.
+//! What the page shows around its matrices: each upstream's configuration and its changes
+//! (below the matrices), and a logged-in browser's controls — log out in the header; the
+//! running sweep or the sweep preview button with the synthetic matrix.
 
 use std::fmt::Write as _;
 
@@ -70,13 +70,21 @@ pub fn config_fragment(state: &AdminState) -> String {
     out
 }
 
-/// The bar at the top of the page for a logged-in browser: the sweep running now (if any),
-/// with how far it is, how long it has waited for production and a Cancel button; else a form
-/// that previews a sweep (starting it takes a second, confirming click); and one that logs out.
-/// Each form carries the session's CSRF token.
-pub fn page_controls(state: &AdminState, session: &SessionView) -> String {
+/// A logged-in browser's log-out button, at the top right of the page's header.
+pub fn logout_form(session: &SessionView) -> String {
+    format!(
+        "<form id=\"logout\" class=\"logout\" method=\"post\" action=\"/logout\"><input type=\"hidden\" name=\"csrf\" value=\"{}\"><button type=\"submit\" class=\"secondary\">Log out</button></form>",
+        escape(&session.csrf)
+    )
+}
+
+/// A logged-in browser's sweep controls, under the synthetic matrix: the sweep running now
+/// (if any), with how far it is, how long it has waited for production and a Cancel button;
+/// else the button that previews a sweep (`POST /page/sweep`: the preview page has the plan's
+/// fields and the start). Each form carries the session's CSRF token.
+pub fn sweep_controls(state: &AdminState, session: &SessionView) -> String {
     let csrf = escape(&session.csrf);
-    let mut out = String::from("<section id=\"session\" class=\"session\">");
+    let mut out = String::from("<section id=\"session\" class=\"session sweep-controls\">");
     let running = state
         .sweeps
         .list()
@@ -87,21 +95,21 @@ pub fn page_controls(state: &AdminState, session: &SessionView) -> String {
         Some(running) => {
             let _ = write!(
                 out,
-                "<p class=\"note\" id=\"sweep-running\">Sweep <a href=\"/sweeps/{id}\">{id}</a>: {line}.</p><form id=\"cancel-sweep\" method=\"post\" action=\"/page/sweep\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"cancel\"><input type=\"hidden\" name=\"id\" value=\"{id}\"><button type=\"submit\">Cancel the sweep</button></form> ",
+                "<p class=\"note\" id=\"sweep-running\">Sweep <a href=\"/sweeps/{id}\">{id}</a>: {line}.</p><form id=\"cancel-sweep\" method=\"post\" action=\"/page/sweep\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"cancel\"><input type=\"hidden\" name=\"id\" value=\"{id}\"><button type=\"submit\">Cancel the sweep</button></form>",
                 id = escape(&running.id),
                 line = escape(&running.progress_line()),
             );
         }
         None => {
+            // The fields (contexts, concurrency, like production) are on the preview page,
+            // which does not reload itself: this page does every few seconds, and would wipe
+            // what was being typed.
             let _ = write!(
                 out,
-                "<form id=\"preview-sweep\" method=\"post\" action=\"/page/sweep\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"preview\"><button type=\"submit\">Preview a sweep (default plan)…</button></form> "
+                "<form id=\"preview-sweep\" class=\"sweep-form\" method=\"post\" action=\"/page/sweep\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"preview\"><button type=\"submit\">Preview a sweep…</button> <span class=\"note\">the default plan first; change its contexts, concurrency and shape on the preview, then start it there</span></form>"
             );
         }
     }
-    let _ = write!(
-        out,
-        "<form method=\"post\" action=\"/logout\" style=\"display:inline\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><button type=\"submit\">Log out</button></form></section>"
-    );
+    out.push_str("</section>");
     out
 }

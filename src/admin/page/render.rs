@@ -1,6 +1,7 @@
-//! The page's grids and tables for given documents (pure): the ratio grid, the two heat maps
-//! on shared axes and one colour scale, live headroom, the drift grid and the production
-//! "All measurements" table.
+//! The page's grids and tables for given documents (pure): the header, then what leads (the
+//! verdict, the filters), the ratio grid, the two heat maps on shared axes and one colour
+//! scale (the sweep controls under the synthetic one), live headroom, the drift grid, the
+//! details (per-priority table, configuration) and the production "All measurements" table.
 
 use std::fmt::Write as _;
 use std::time::SystemTime;
@@ -25,24 +26,52 @@ pub const REFRESH_SECONDS: u32 = 10;
 const WINDOW_LINKS: [&str; 6] = ["5m", "15m", "1h", "6h", "24h", "all"];
 
 /// Extra layout for the two panels side by side (the matrix stylesheet does the rest).
-const PAGE_STYLE: &str = "<style>.panel>h2{margin-top:8px}.windows a{margin-right:8px}.windows a.current{font-weight:700;text-decoration:none;color:inherit}.empty{color:#57606a;font-style:italic}</style>";
+const PAGE_STYLE: &str = "<style>.panel>h2{margin-top:8px}.windows a{margin-right:8px}.windows a.current{font-weight:700;text-decoration:none;color:inherit}.empty{color:#57606a;font-style:italic}.header{position:relative}.header .summary{margin-bottom:4px}.logout{position:absolute;top:0;right:0;margin:0}button{font:inherit;font-size:13px;padding:5px 14px;border-radius:6px;border:1px solid #1f6feb;background:#1f6feb;color:#fff;cursor:pointer}button.secondary{background:#f6f8fa;color:#1b1f24;border-color:#d0d7de}.sweep-controls{margin-top:12px;padding:8px 10px;border:1px solid #d0d7de;border-radius:6px;background:#f6f8fa}.sweep-controls form{margin:0}.sweep-form label{margin-right:10px;font-size:12px;white-space:nowrap}.sweep-form input[type=text]{width:11em;font:inherit;font-size:12px;padding:3px}.verdict h2{margin-top:12px}.verdict ul{margin:2px 0 4px}#slices .windows{margin:2px 0}details{margin:12px 0}details>summary{cursor:pointer;font-weight:600}</style>";
 
-/// The page for these documents (pure; `now` is printed as the refresh time).
+/// The documents the page shows.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PageDocs<'a> {
+    pub production: Option<&'a MatrixDoc>,
+    pub synthetic: Option<&'a MatrixDoc>,
+    pub drift: Option<&'a MatrixCompare>,
+    pub capacity: Option<&'a CapacityWithAdvice>,
+}
+
+/// The markup the page places around its matrices (an empty string leaves its place empty).
+/// The matrices lead: what a person reads before them is the verdict and the filters, no more.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PageFragments<'a> {
+    /// In the header, top right: a logged-in browser's log-out button.
+    pub logout: &'a str,
+    /// Between the header and the matrices: the verdict and the slice filters.
+    pub lead: &'a str,
+    /// Under the synthetic matrix: a logged-in browser's sweep controls.
+    pub sweep_controls: &'a str,
+    /// Below the matrices, headroom and drift: the per-priority table, the configuration.
+    pub details: &'a str,
+}
+
+/// The page for these documents and fragments (pure; `now` is printed as the refresh time).
 pub fn render(
-    production: Option<&MatrixDoc>,
-    synthetic: Option<&MatrixDoc>,
-    drift: Option<&MatrixCompare>,
-    capacity: Option<&CapacityWithAdvice>,
+    docs: &PageDocs<'_>,
+    fragments: &PageFragments<'_>,
     window: Window,
     model: Option<&str>,
     now: SystemTime,
 ) -> String {
+    let PageDocs {
+        production,
+        synthetic,
+        drift,
+        capacity,
+    } = *docs;
     let advice = capacity.map_or(&[][..], |c| c.engine_advice.as_slice());
     let capacity = capacity.map(|c| &c.answer);
     let mut body = String::new();
     let _ = write!(
         body,
-        "<meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">{PAGE_STYLE}<section class=\"header\"><h1>tokentap · live speed-test matrix</h1><p class=\"summary\">Production traffic over the last <strong>{}</strong>{} beside the latest synthetic sweep. Updated {} and every {REFRESH_SECONDS} s.</p><p class=\"windows\">Window: ",
+        "<meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">{PAGE_STYLE}<section class=\"header\"><h1>tokentap · live speed-test matrix</h1>{}<p class=\"summary\">Production traffic over the last <strong>{}</strong>{} beside the latest synthetic sweep. Updated {} and every {REFRESH_SECONDS} s.</p><p class=\"windows\">Window: ",
+        fragments.logout,
         escape(&window_text(window)),
         model.map_or_else(String::new, |m| format!(" (model <code>{}</code>)", escape(m))),
         escape(&format_rfc3339(now)),
@@ -58,6 +87,7 @@ pub fn render(
         );
     }
     body.push_str("</p></section>");
+    body.push_str(fragments.lead);
 
     let production_cells = production.filter(|d| !d.decode.is_empty());
     // Production beside the sweep leads: one grid on shared axes, a fixed scale around ×1.
@@ -119,6 +149,7 @@ pub fn render(
             let _ = write!(body, "<p class=\"empty\">{}</p>", escape(NO_SWEEP));
         }
     }
+    body.push_str(fragments.sweep_controls);
     body.push_str("</div></div>");
 
     if let Some(answer) =
@@ -134,6 +165,7 @@ pub fn render(
         body.push_str(&drift_grid_fragment(compared));
         body.push_str("</div>");
     }
+    body.push_str(fragments.details);
     if let Some(doc) = production.filter(|d| !d.decode.is_empty()) {
         body.push_str("<div id=\"production-table\">");
         body.push_str(&measurements_fragment(doc));

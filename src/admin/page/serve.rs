@@ -1,7 +1,8 @@
 //! Answers `GET /`: reads the query, gathers the page's documents from the view layer (the
 //! production matrix, the latest sweep, the drift comparison, live headroom) and puts the page
-//! together: the verdict (`verdict.rs`), the grids (`render.rs`), the filters (`slices.rs`) and
-//! the configuration under the header, a logged-in browser's controls at the top (`header.rs`).
+//! together: the verdict (`verdict.rs`) and the filters (`slices.rs`) lead, then the grids
+//! (`render.rs`) with a logged-in browser's sweep controls under the synthetic one
+//! (`header.rs`); the per-priority table and the configuration come below them.
 
 use std::time::SystemTime;
 
@@ -15,8 +16,8 @@ use crate::admin::view::{
 };
 use crate::proxy::body::ResponseBody;
 
-use super::header::{config_fragment, page_controls};
-use super::render::render;
+use super::header::{config_fragment, logout_form, sweep_controls};
+use super::render::{render, PageDocs, PageFragments};
 
 /// `GET /`.
 pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
@@ -55,15 +56,6 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         engine_advice: crate::admin::view::engine_advice(view, &answer),
         answer,
     };
-    let html = render(
-        production.as_ref(),
-        synthetic.as_deref(),
-        drift.as_ref(),
-        Some(&capacity),
-        query.window,
-        query.model.as_deref(),
-        SystemTime::now(),
-    );
     // The model the production side shows (the busiest one when none is named).
     // A slice with no traffic in the window names no model: then the window's busiest.
     let shown_model = query
@@ -85,47 +77,32 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
         &query.slice,
         SystemTime::now(),
     );
-    // The one verdict first: every clause links to the figure below it.
+    // The one verdict first: every clause links to the figure below it. Then the filters,
+    // then the matrices; the tables with little to say in a glance come after them.
     let verdict = super::verdict::fragment(&status(view, SystemTime::now()).await);
-    let html = with_after_header(
-        html,
-        &format!("{verdict}{slices}{}", config_fragment(state)),
-    );
-    let html = match state.session_of(request) {
-        Some(session) => with_controls(html, &page_controls(state, &session)),
-        None => html,
+    let lead = format!("{verdict}{}", slices.filters);
+    let details = format!("{}{}", slices.by_priority, config_fragment(state));
+    let session = state.session_of(request);
+    let (logout, sweep_controls) = match &session {
+        Some(session) => (logout_form(session), sweep_controls(state, session)),
+        None => (String::new(), String::new()),
     };
+    let html = render(
+        &PageDocs {
+            production: production.as_ref(),
+            synthetic: synthetic.as_deref(),
+            drift: drift.as_ref(),
+            capacity: Some(&capacity),
+        },
+        &PageFragments {
+            logout: &logout,
+            lead: &lead,
+            sweep_controls: &sweep_controls,
+            details: &details,
+        },
+        query.window,
+        query.model.as_deref(),
+        SystemTime::now(),
+    );
     respond(StatusCode::OK, "text/html; charset=utf-8", html)
-}
-
-/// `fragment` right after the page's header section.
-fn with_after_header(html: String, fragment: &str) -> String {
-    const HEADER_END: &str = "</p></section>";
-    match html.find(HEADER_END) {
-        Some(at) => {
-            let at = at + HEADER_END.len();
-            let mut out = String::with_capacity(html.len() + fragment.len());
-            out.push_str(&html[..at]);
-            out.push_str(fragment);
-            out.push_str(&html[at..]);
-            out
-        }
-        None => html,
-    }
-}
-
-/// The page with a logged-in browser's controls (`header::page_controls`) at the top of its
-/// body.
-fn with_controls(html: String, controls: &str) -> String {
-    match html.find("<body>\n") {
-        Some(at) => {
-            let at = at + "<body>\n".len();
-            let mut out = String::with_capacity(html.len() + controls.len());
-            out.push_str(&html[..at]);
-            out.push_str(controls);
-            out.push_str(&html[at..]);
-            out
-        }
-        None => html,
-    }
 }

@@ -1,4 +1,5 @@
-//! The page's slice filters (tenant, priority band, any registered dimension), and the per-priority table: for each cell, TTFT
+//! The page's slice filters (tenant, priority band, any registered dimension; above the
+//! matrices), and the per-priority table (collapsed, below them): for each cell, TTFT
 //! (any token and first answer token) and TBT of each priority band the window's requests
 //! sent — whether priority scheduling helps, read off one table. Figures come from the
 //! production matrix of each band (`admin::view`); nothing here computes them.
@@ -16,23 +17,34 @@ use crate::matrix::units::{context_label, format_ms_tenths, format_ms_whole};
 use crate::meter::labels::{dimensions, SliceFilter, SliceValue, PRIORITY, TENANT};
 use crate::meter::priority::PriorityBand;
 
+/// The page's slice markup: the filters go above the matrices, the per-priority table (collapsed)
+/// below them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SliceFragments {
+    /// The filter links of each slice dimension in play (`<section id="slices">`).
+    pub filters: String,
+    /// The per-priority table, collapsed under `<details id="by-priority">`; empty when the
+    /// window's requests sent no `priority`.
+    pub by_priority: String,
+}
+
 /// The filter links of each slice dimension in play and, when the window's requests sent a
 /// `priority`, the per-priority table, for `model` (the one the page's production side
-/// shows); empty when no dimension is in play, or no model had traffic.
+/// shows); both empty when no dimension is in play, or no model had traffic.
 pub fn fragment(
     view: View<'_>,
     window: Window,
     model: Option<&str>,
     slice: &SliceFilter,
     now: SystemTime,
-) -> String {
+) -> SliceFragments {
     let Some(model) = model.map(str::to_owned) else {
-        return String::new();
+        return SliceFragments::default();
     };
     let seen = view.production.slicings(window, &model, now);
     let tenants_on = view.proxy.tenants.enabled();
     if !tenants_on && seen.by_dimension.is_empty() && slice.is_all() {
-        return String::new();
+        return SliceFragments::default();
     }
     let link = |filter: &SliceFilter| {
         let mut href = format!("/?window={}&model={}", window.label(), query_escape(&model));
@@ -90,12 +102,15 @@ pub fn fragment(
         }
         out.push_str("</p>");
     }
+    out.push_str("</section>");
     let bands: Vec<PriorityBand> = seen
         .values(PRIORITY.name)
         .iter()
         .filter_map(|(value, _)| PriorityBand::parse(value.as_str()))
         .collect();
-    if !bands.is_empty() {
+    let by_priority = if bands.is_empty() {
+        String::new()
+    } else {
         let bands: Vec<(PriorityBand, MatrixDoc)> = bands
             .into_iter()
             .filter_map(|band| {
@@ -112,10 +127,12 @@ pub fn fragment(
             .collect();
         let engine = routed_upstream(view, Some(&model)).engine();
         let how = engine.and_then(|e| e.spec().priority.map(|p| p.describe(e.name())));
-        out.push_str(&priority_table(&bands, how.as_deref()));
+        priority_table(&bands, how.as_deref())
+    };
+    SliceFragments {
+        filters: out,
+        by_priority,
     }
-    out.push_str("</section>");
-    out
 }
 
 /// A dimension's name as a heading ("tenant" → "Tenant").
