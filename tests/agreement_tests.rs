@@ -82,7 +82,7 @@ async fn production_cells_agree_with_the_synthetic_sweep() {
     let plan: SweepRequest = serde_json::from_value(json!({
         "contexts": [8192, 16384],
         "concurrency": [1, 2, 4],
-        "cell_duration": "3s",
+        "cell_duration": "2s",
     }))
     .unwrap();
     let status = common::run_sweep(&server, plan, Duration::from_secs(180)).await;

@@ -842,7 +842,24 @@ async fn drive_cell(base: &str, context: usize, concurrency: usize, window: Dura
     )
     .await;
     assert_eq!(scout.status, 200);
-    let prefill_tok_s = context as f64 / scout.ttft().as_secs_f64();
+    // The prefill rate from the quickest of three cold prompts (this cell's, which it warms,
+    // and two of their own): one TTFT also carries whatever else the cores did meanwhile (a
+    // run of the suite saw 18 ms more on a 546 ms prefill, 3.2 % under the seed).
+    let mut quickest = scout.ttft();
+    for salt in 1..=2 {
+        let cold = ids(context, 77_777 + 13 * salt + concurrency as u64);
+        let other = record(
+            &client,
+            base,
+            "/v1/completions",
+            &stream_body(&cold, 1),
+            None,
+        )
+        .await;
+        assert_eq!(other.status, 200);
+        quickest = quickest.min(other.ttft());
+    }
+    let prefill_tok_s = context as f64 / quickest.as_secs_f64();
     // Cached TTFT is under a second in both seeds: 1.5 s of slack before the window.
     let until = Instant::now() + Duration::from_millis(1500) + window;
     let mut tasks = Vec::new();

@@ -224,11 +224,14 @@ impl WorkloadReader {
         let mut statement = self
             .connection
             // Prepared per page (the `cache` feature is off): microseconds against a page's
-            // milliseconds.
+            // milliseconds. The index is entered at the later of the window's start and the
+            // last row read: with `started_ms >= ?1` alone SQLite seeks to the window's start
+            // and walks every row read before, so a page cost the pages before it (a 1,000,000
+            // row export was quadratic: 8 ms a page at row 150,000 against 0.6 ms).
             .prepare(
                 "SELECT id, started_ms, route, model, stream, prompt_tokens, cached_tokens,
                    max_tokens, output_tokens, outcome, prefix_blocks
-                 FROM workload WHERE started_ms >= ?1 AND (started_ms, id) > (?2, ?3)
+                 FROM workload WHERE started_ms >= max(?1, ?2) AND (started_ms, id) > (?2, ?3)
                  ORDER BY started_ms, id LIMIT ?4",
             )
             .map_err(query("select a workload export page"))?;

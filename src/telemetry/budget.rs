@@ -397,12 +397,17 @@ struct Case {
 /// `rule_file` (a path relative to the tests file, or absolute). Per scope, SLI and speed:
 /// one case where the alert fires (a steady burn over the threshold), one just under it, and
 /// one where the long window is still over it but the short one has recovered.
+/// How often the unit tests evaluate the rules. Every case's times are whole multiples of it
+/// (the windows are 5 m to 6 h); at 1 m promtool took 49 s over three scopes' 72 cases, at 5 m
+/// a fifth of that, for the same verdicts.
+const TEST_EVALUATION_MINUTES: u32 = 5;
+
 pub fn unit_tests(scopes: &[Scope], rule_file: &str) -> String {
     let mut out = String::new();
     out.push_str(TESTS_HEADER);
     let _ = write!(
         out,
-        "rule_files:\n  - {}\nevaluation_interval: 1m\ntests:\n",
+        "rule_files:\n  - {}\nevaluation_interval: {TEST_EVALUATION_MINUTES}m\ntests:\n",
         yaml_quoted(rule_file)
     );
     for scope in scopes {
@@ -436,7 +441,9 @@ pub fn unit_tests(scopes: &[Scope], rule_file: &str) -> String {
                             pair.short.0, pair.long.0
                         ),
                         burn: fire,
-                        stop: Some(eval - pair.short.1 - 2),
+                        // The alerts read the burn rates recorded one evaluation earlier:
+                        // the errors stop two evaluations before the short window opens.
+                        stop: Some(eval - pair.short.1 - 2 * TEST_EVALUATION_MINUTES),
                         eval,
                         fires: false,
                     },
