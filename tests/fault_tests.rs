@@ -2388,6 +2388,7 @@ async fn export_head(admin: SocketAddr) -> http::Response<hyper::body::Incoming>
 async fn read_export(
     response: http::Response<hyper::body::Incoming>,
     keep: usize,
+    progress: tokio::sync::watch::Sender<usize>,
 ) -> (usize, Vec<String>) {
     let mut body = response.into_body();
     let mut lines = 0;
@@ -2401,6 +2402,7 @@ async fn read_export(
             continue;
         };
         lines += data.iter().filter(|b| **b == b'\n').count();
+        progress.send_replace(lines);
         if first.len() < keep {
             partial.extend_from_slice(&data);
             while let Some(end) = partial.iter().position(|b| *b == b'\n') {
@@ -2492,16 +2494,22 @@ async fn a_million_row_workload_export_streams_in_bounded_memory_beside_the_page
     // client: back-pressure, no store lock held)...
     let paused = page_answers(served.admin, Duration::from_secs(5)).await;
     // ...and while they stream.
+    let (progress, mut lines_read) = tokio::sync::watch::channel(0);
     let readers = [
-        tokio::spawn(read_export(a, FIRST + 1)),
-        tokio::spawn(read_export(b, 1)),
+        tokio::spawn(read_export(a, FIRST + 1, progress)),
+        tokio::spawn(read_export(b, 1, tokio::sync::watch::Sender::new(0))),
     ];
+    // A look at the page each time the first export has streamed another 50,000 lines.
     let mut streaming = Duration::ZERO;
     let mut looks = 0;
-    while !readers.iter().all(|r| r.is_finished()) && looks < 200 {
+    let mut next_look = 0;
+    while lines_read.changed().await.is_ok() && looks < 200 {
+        if *lines_read.borrow_and_update() < next_look {
+            continue;
+        }
         streaming = streaming.max(page_answers(served.admin, Duration::from_secs(5)).await);
         looks += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        next_look = *lines_read.borrow() + 50_000;
     }
     let [a, b] = readers;
     let (lines_a, head_a) = a.await.unwrap();

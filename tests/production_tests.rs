@@ -231,6 +231,40 @@ async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pai
     server.shutdown().await;
 }
 
+/// Streams a chat from `url`, saying so on `reached` once `after` tokens came; the tokens it
+/// received in all.
+async fn stream_counting(
+    url: &str,
+    body: &str,
+    after: u64,
+    reached: tokio::sync::oneshot::Sender<()>,
+) -> u64 {
+    use http_body_util::BodyExt as _;
+    let request = http::Request::post(url)
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let (mut text, mut tokens, mut reached) = (String::new(), 0, Some(reached));
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(30), body.frame())
+        .await
+        .expect("a frame within 30 s")
+    {
+        if let Ok(data) = frame.unwrap().into_data() {
+            text.push_str(std::str::from_utf8(&data).unwrap());
+            tokens = text.matches(r#""content":"t"#).count() as u64;
+        }
+        if tokens >= after {
+            if let Some(reached) = reached.take() {
+                let _ = reached.send(());
+            }
+        }
+    }
+    tokens
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_traffic_lands_in_the_right_cells_and_conserves_tokens() {
     let upstream = ScriptedUpstream::start(timed_stream).await;
@@ -260,18 +294,14 @@ async fn mixed_traffic_lands_in_the_right_cells_and_conserves_tokens() {
     records.wait_for(4).await;
     // A long 64K stream alone, joined half-way by a short 8K one: the long one lives at two
     // concurrency levels and its tokens split between them.
+    let (half_way, joined) = tokio::sync::oneshot::channel();
     let long = {
         let url = url.clone();
-        tokio::spawn(async move { post(&url, &chat(50_000, 80)).await })
+        tokio::spawn(async move { stream_counting(&url, &chat(50_000, 80), 30, half_way).await })
     };
-    tokio::time::sleep(TTFT + GAP * 30).await;
+    joined.await.unwrap();
     forwarded += burst(&server, 1, 3_000, 20).await;
-    forwarded += long
-        .await
-        .unwrap()
-        .text()
-        .matches(r#""content":"t"#)
-        .count() as u64;
+    forwarded += long.await.unwrap();
     let all = records.wait_for(6).await;
 
     let doc = production_doc(&server).await;
