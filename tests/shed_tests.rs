@@ -71,6 +71,7 @@ async fn the_engines_queue_cap_sheds_the_excess_and_the_admitted_keep_their_slo(
         queue_caps: QueueCaps {
             requests: Some(1),
             tokens: None,
+            ..QueueCaps::default()
         },
         ..SimOptions::default()
     };
@@ -163,4 +164,87 @@ async fn the_engines_queue_cap_sheds_the_excess_and_the_admitted_keep_their_slo(
         }
     }
     server.shutdown().await;
+}
+
+/// `completion` with a `priority` field (sglang's request field).
+fn completion_with_priority(url: &str, priority: i64) -> http::Request<Full<Bytes>> {
+    let prompt: Vec<u64> = (0..CONTEXT).map(|i| 1000 + (i * 7919) % 50_000).collect();
+    let body = json!({
+        "model": "step3p7",
+        "prompt": prompt,
+        "max_tokens": TOKENS,
+        "ignore_eos": true,
+        "stream": true,
+        "priority": priority,
+    });
+    http::Request::post(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// sglang under `--enable-priority-scheduling` with `--max-queued-requests`: a preferred
+/// request arriving at the full queue aborts the least-preferred waiting one ("The request is
+/// aborted by a higher priority request.", a 503 before its status line), which the proxy
+/// records as shed; the preferred one is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_request_aborted_for_a_preferred_one_is_recorded_as_shed() {
+    let mut profile = Profile::builtin(STEP).unwrap();
+    profile.capacity.max_running_requests = 1;
+    let options = SimOptions {
+        priority_scheduling: true,
+        queue_caps: QueueCaps {
+            requests: Some(1),
+            ..QueueCaps::default()
+        },
+        ..SimOptions::default()
+    };
+    let sim = SimServer::start(profile, options).await.unwrap();
+    let base = sim.base_url();
+    let (server, records) = proxy(&base, "").await;
+    let url = format!("http://{}/v1/completions", server.proxy_addr);
+    let stream = |request: http::Request<Full<Bytes>>| {
+        tokio::spawn(async move {
+            let response = client().request(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        })
+    };
+    let running = stream(completion_with_priority(&url, 0));
+    common::wait::until_async("one request running", LIMIT, async || {
+        sim_gauge(&base, "sglang:num_running_reqs").await >= 1.0
+    })
+    .await;
+    let low = stream(completion_with_priority(&url, 1));
+    common::wait::until_async("one request queued", LIMIT, async || {
+        sim_gauge(&base, "sglang:num_queue_reqs").await >= 1.0
+    })
+    .await;
+    let high = stream(completion_with_priority(&url, 10));
+    let (status, body) = low.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("The request is aborted by a higher priority request."),
+        "{body}"
+    );
+    for task in [running, high] {
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    }
+    let all = records.wait_for(3).await;
+    let outcomes: Vec<Outcome> = all.iter().map(|r| r.outcome).collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == Outcome::Shed).count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == Outcome::Ok).count(),
+        2,
+        "{outcomes:?}"
+    );
+    server.shutdown().await;
+    sim.shutdown().await;
 }

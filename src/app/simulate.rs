@@ -100,7 +100,10 @@ pub struct SimulateArgs {
     pub max_running_requests: Option<u32>,
     /// Like sglang's --max-queued-requests (sglang dialect) and vLLM's --max-num-queued-reqs
     /// (vLLM dialect): at most N requests wait; one arriving at a full queue is refused with
-    /// the engine's 503 ("The request queue is full." / QueueOverflowError). Default: no cap.
+    /// the engine's 503 ("The request queue is full." / QueueOverflowError); in the sglang
+    /// dialect with --enable-priority-scheduling, one preferred to the least-preferred waiting
+    /// request aborts that one instead ("The request is aborted by a higher priority
+    /// request."), as sglang does. Default: no cap.
     #[arg(long, value_name = "N", visible_alias = "max-num-queued-reqs")]
     pub max_queued_requests: Option<u64>,
     /// Like vLLM's --max-num-queued-tokens: at most N prompt tokens wait for prefill, the
@@ -205,6 +208,7 @@ pub async fn run(args: SimulateArgs) -> anyhow::Result<ExitCode> {
         queue_caps: QueueCaps {
             requests: args.max_queued_requests,
             tokens: args.max_num_queued_tokens,
+            ..QueueCaps::default()
         },
     };
     if let Some(streams) = args.measure_lag {

@@ -170,6 +170,9 @@ pub fn sglang_generate_stream_error(message: &str) -> Reply {
 
 /// sglang's message for a request aborted at a full waiting queue (`_abort_on_queued_limit`).
 pub const SGLANG_QUEUE_FULL: &str = "The request queue is full.";
+/// sglang's message for the least-preferred waiting request, aborted at a full queue for a
+/// preferred arrival under priority scheduling (`_abort_on_queued_limit`).
+pub const SGLANG_PREFERRED_ARRIVAL: &str = "The request is aborted by a higher priority request.";
 /// vLLM 0.32's `QueueOverflowError` (`--max-num-queued-reqs`).
 pub const VLLM_QUEUE_OVERFLOW: &str = "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.";
 /// vLLM 0.32's `MaxQueuedTokensError` (`--max-num-queued-tokens`); the reference quotes its
@@ -182,18 +185,25 @@ pub const VLLM_MAX_QUEUED_TOKENS: &str = "The engine has reached its prefill tok
 /// err_type=str(status))`), vLLM its `ErrorResponse` with the exception's name as `type`.
 pub fn shed_reply(dialect: Dialect, api: Api, cause: ShedCause) -> Reply {
     let mut body = String::new();
+    let sglang_message = match cause {
+        ShedCause::PreferredArrival => SGLANG_PREFERRED_ARRIVAL,
+        ShedCause::QueuedRequests | ShedCause::QueuedTokens => SGLANG_QUEUE_FULL,
+    };
     match (dialect, api) {
         (Dialect::Sglang, Api::Generate) => {
-            write_error(&mut body, ErrorShape::SglangNative, SGLANG_QUEUE_FULL)
+            write_error(&mut body, ErrorShape::SglangNative, sglang_message)
         }
         (Dialect::Sglang, _) => {
             body.push_str("{\"object\":\"error\",\"message\":");
-            push_json_str(&mut body, SGLANG_QUEUE_FULL);
+            push_json_str(&mut body, sglang_message);
             body.push_str(",\"type\":\"503\",\"param\":null,\"code\":503}");
         }
         (Dialect::Vllm, _) => {
             let (kind, message) = match cause {
-                ShedCause::QueuedRequests => ("QueueOverflowError", VLLM_QUEUE_OVERFLOW),
+                // vLLM aborts no waiting request for another: only its queue cap is reached.
+                ShedCause::QueuedRequests | ShedCause::PreferredArrival => {
+                    ("QueueOverflowError", VLLM_QUEUE_OVERFLOW)
+                }
                 ShedCause::QueuedTokens => ("MaxQueuedTokensError", VLLM_MAX_QUEUED_TOKENS),
             };
             body.push_str("{\"error\":{\"message\":");

@@ -264,6 +264,11 @@ async fn stream_response(
                 guard.disarm();
                 return ApiError::value(message).reply(dialect, api).into();
             }
+            // Aborted while it waited, before its status line: the engine's 503.
+            Some(Event::Shed(cause)) => {
+                guard.disarm();
+                return shed_reply(dialect, api, cause).into();
+            }
             Some(event) => pending = Some(event),
             None => {
                 guard.disarm();
@@ -287,6 +292,10 @@ async fn collect_response(
             Some(Event::Rejected { message }) => {
                 guard.disarm();
                 return ApiError::value(message).reply(dialect, api);
+            }
+            Some(Event::Shed(cause)) => {
+                guard.disarm();
+                return shed_reply(dialect, api, cause);
             }
             Some(event) => {
                 let progress = renderer.on_event(event, &mut scratch);

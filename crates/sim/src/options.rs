@@ -68,6 +68,11 @@ pub struct QueueCaps {
     /// At most this many prompt tokens wait for prefill, the arriving request's included (vLLM
     /// `--max-num-queued-tokens`: `MaxQueuedTokensError`).
     pub tokens: Option<u64>,
+    /// sglang under `--enable-priority-scheduling` (`_abort_on_queued_limit`): a request
+    /// arriving at a full queue that is preferred to the least-preferred waiting one aborts
+    /// that one instead ("The request is aborted by a higher priority request.") and is queued.
+    /// Set by the server from the dialect and the scheduling flags.
+    pub abort_least_preferred: bool,
 }
 
 /// Which cap refused a request.
@@ -77,6 +82,8 @@ pub enum ShedCause {
     QueuedRequests,
     /// [`QueueCaps::tokens`].
     QueuedTokens,
+    /// [`QueueCaps::abort_least_preferred`]: a waiting request aborted for a preferred one.
+    PreferredArrival,
 }
 
 impl QueueCaps {
@@ -159,6 +166,7 @@ mod tests {
         let caps = QueueCaps {
             requests: Some(2),
             tokens: Some(10_000),
+            ..QueueCaps::default()
         };
         assert_eq!(caps.shed(1, 4_000, 6_000), None);
         assert_eq!(caps.shed(2, 0, 1), Some(ShedCause::QueuedRequests));

@@ -69,6 +69,25 @@ impl Renderer {
                 }
                 return Progress::Done;
             }
+            Event::Shed(cause) => {
+                // Aborted while it waited, on an API whose headers are already out: the
+                // abort's message and its 503 in an error event, then the end.
+                let message = shed_message(cause);
+                if self.output.spec.stream {
+                    match &mut self.stream {
+                        ApiStream::Messages(_) => {
+                            messages::write_error_events(self.output.spec.dialect, message, out)
+                        }
+                        ApiStream::Responses(stream) => stream.write_error(message, out),
+                        ApiStream::Stateless => {
+                            out.push_str("data: {\"error\":{\"message\":");
+                            crate::json_out::push_json_str(out, message);
+                            out.push_str(",\"code\":503}}\n\ndata: [DONE]\n\n");
+                        }
+                    }
+                }
+                return Progress::Done;
+            }
         };
         let step = self.output.advance(new_tokens, cached_tokens, finish);
         if self.output.spec.stream {
@@ -105,6 +124,16 @@ impl Renderer {
             Api::Chat | Api::Completion => openai::write_body(o, &finish, &mut out),
         }
         out
+    }
+}
+
+/// What an engine tells a request it shed while the request waited.
+fn shed_message(cause: crate::options::ShedCause) -> &'static str {
+    match cause {
+        crate::options::ShedCause::PreferredArrival => crate::error_body::SGLANG_PREFERRED_ARRIVAL,
+        crate::options::ShedCause::QueuedRequests | crate::options::ShedCause::QueuedTokens => {
+            crate::error_body::SGLANG_QUEUE_FULL
+        }
     }
 }
 

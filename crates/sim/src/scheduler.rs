@@ -67,6 +67,9 @@ pub enum Event {
     },
     /// The request was refused before it ran (for example a duplicate `rid`).
     Rejected { message: String },
+    /// The request was shed while it waited, before any token (sglang's abort of the
+    /// least-preferred waiting request: [`QueueCaps::abort_least_preferred`]).
+    Shed(ShedCause),
 }
 
 /// A request handed to the scheduler.
@@ -407,12 +410,18 @@ impl Scheduler {
 
     fn submit(&mut self, s: Submission) {
         let waiting_tokens: u64 = self.waiting.iter().map(|r| r.prompt_tokens).sum();
-        if let Some(cause) =
-            self.caps
-                .shed(self.waiting.len() as u64, waiting_tokens, s.prompt_tokens)
-        {
+        let shed = self
+            .caps
+            .shed(self.waiting.len() as u64, waiting_tokens, s.prompt_tokens);
+        let shed = match shed {
+            Some(ShedCause::QueuedRequests) if self.abort_least_preferred_for(s.priority) => None,
+            other => other,
+        };
+        if let Some(cause) = shed {
             match cause {
-                ShedCause::QueuedRequests => self.stats.shed_by_requests += 1,
+                ShedCause::QueuedRequests | ShedCause::PreferredArrival => {
+                    self.stats.shed_by_requests += 1
+                }
                 ShedCause::QueuedTokens => self.stats.shed_by_tokens += 1,
             }
             let _ = s.admission.send(Err(cause));
@@ -458,6 +467,33 @@ impl Scheduler {
             accept: self.model.accept_lengths(s.request_seed ^ self.seed),
             events: s.events,
         });
+    }
+
+    /// At a full queue under sglang's priority scheduling: whether an arrival of `priority` is
+    /// preferred to the least-preferred waiting request (the queue's last: ties go by arrival),
+    /// which is then aborted, its client told why, to make room.
+    fn abort_least_preferred_for(&mut self, priority: i64) -> bool {
+        if !self.caps.abort_least_preferred {
+            return false;
+        }
+        let Some(last) = self.waiting.back() else {
+            return false;
+        };
+        let preferred = match self.order {
+            QueueOrder::Arrival => false,
+            QueueOrder::LargerFirst => priority > last.priority,
+            QueueOrder::SmallerFirst => priority < last.priority,
+        };
+        if !preferred {
+            return false;
+        }
+        let id = last.id;
+        if let Some(req) = self.remove(id) {
+            self.stats.shed_by_requests += 1;
+            let _ = req.events.send(Event::Shed(ShedCause::PreferredArrival));
+            self.release(&req);
+        }
+        true
     }
 
     /// Put a new request in the waiting queue at its place. Arrival order: at the back, as
@@ -873,6 +909,7 @@ mod tests {
         let caps = QueueCaps {
             requests: Some(2),
             tokens: Some(250),
+            ..QueueCaps::default()
         };
         let (handle, task) = spawn(&one_at_a_time(), 7, QueueOrder::Arrival, caps);
         let (blocker_tx, mut blocker) = mpsc::unbounded_channel();
@@ -914,6 +951,70 @@ mod tests {
             .unwrap();
         assert_eq!((stats.shed_by_requests, stats.shed_by_tokens), (1, 0));
         assert_eq!(stats.requests_total, 3, "the shed request was never queued");
+        task.abort();
+    }
+
+    /// sglang under priority scheduling, at a full queue: an arrival preferred to the
+    /// least-preferred waiting request aborts that one (its client hears why) and is queued; one
+    /// that is not preferred is shed itself.
+    #[tokio::test(start_paused = true)]
+    async fn a_preferred_arrival_at_a_full_queue_aborts_the_least_preferred_waiting_request() {
+        let caps = QueueCaps {
+            requests: Some(1),
+            abort_least_preferred: true,
+            ..QueueCaps::default()
+        };
+        let (handle, task) = spawn(&one_at_a_time(), 7, QueueOrder::LargerFirst, caps);
+        let (blocker_tx, mut blocker) = mpsc::unbounded_channel();
+        handle
+            .commands
+            .send(Command::Submit(submission(0, 64, 0, blocker_tx)))
+            .unwrap();
+        let first = tokio::time::timeout(PATIENCE, blocker.recv())
+            .await
+            .unwrap();
+        assert!(matches!(first, Some(Event::Output { finish: None, .. })));
+        // (id, priority): 1 waits; 2 is preferred (5 > 1) and takes its place; 3 ties with 2
+        // and is not preferred, so it is shed at the door.
+        let mut answers = Vec::new();
+        let mut events = Vec::new();
+        for (id, priority) in [(1, 1), (2, 5), (3, 5)] {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let (admission, answer) = oneshot::channel();
+            handle
+                .commands
+                .send(Command::Submit(Submission {
+                    admission,
+                    ..submission(id, 2, priority, tx)
+                }))
+                .unwrap();
+            events.push(rx);
+            answers.push(
+                tokio::time::timeout(PATIENCE, answer)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        assert_eq!(answers, [Ok(()), Ok(()), Err(ShedCause::QueuedRequests)]);
+        let aborted = tokio::time::timeout(PATIENCE, events[0].recv())
+            .await
+            .unwrap();
+        assert!(
+            matches!(aborted, Some(Event::Shed(ShedCause::PreferredArrival))),
+            "{aborted:?}"
+        );
+        // The preferred one runs once the first is done.
+        let next = tokio::time::timeout(PATIENCE, events[1].recv())
+            .await
+            .unwrap();
+        assert!(matches!(next, Some(Event::Output { .. })), "{next:?}");
+        let mut watch = handle.stats.clone();
+        let stats = *tokio::time::timeout(PATIENCE, watch.wait_for(|s| s.shed_by_requests >= 2))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stats.shed_by_requests, 2);
         task.abort();
     }
 

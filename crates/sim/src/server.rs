@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
 use super::json_out;
-use super::options::SimOptions;
+use super::options::{Dialect, QueueCaps, SimOptions};
 use super::profile::Profile;
 use super::router;
 use super::scheduler;
@@ -26,7 +26,11 @@ pub fn build_state(
         &profile,
         options.seed,
         options.queue_order(),
-        options.queue_caps,
+        QueueCaps {
+            abort_least_preferred: options.priority_scheduling
+                && options.dialect == Dialect::Sglang,
+            ..options.queue_caps
+        },
     );
     let fingerprint = format!("vllm-0.32.0-{:08x}", options.seed as u32);
     let state = Arc::new(AppState {
