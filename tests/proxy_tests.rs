@@ -992,6 +992,34 @@ fn sglang_slow_to_describe(request: &Received, slow: Duration, chat_delay: Durat
     }
 }
 
+/// `record` and the proxy's series are under the served model `tiny-llama` and a configuration
+/// fingerprint, the client's alias `my-alias` only an attribute: no series under the alias or
+/// fingerprint `unknown`.
+async fn labelled_under_the_served_model(
+    server: &tokentap::app::serve::ProxyServer,
+    record: &tokentap::meter::record::RequestRecord,
+) {
+    assert_eq!(&*record.labels.model, "tiny-llama");
+    assert_eq!(record.labels.asked_model.as_deref(), Some("my-alias"));
+    assert!(
+        record.labels.fingerprint.is_config(),
+        "fingerprint {}",
+        record.labels.fingerprint.label().as_str()
+    );
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    assert!(metrics.contains("model=\"tiny-llama\""), "{metrics}");
+    for absent in ["model=\"my-alias\"", "fingerprint=\"unknown\""] {
+        assert!(
+            !metrics
+                .lines()
+                .any(|l| !l.starts_with('#') && l.contains(absent)),
+            "a series under {absent}: {metrics}"
+        );
+    }
+}
+
 /// A request that ends while the upstream's slow routes (server info, version) still have not
 /// answered: its record waits for them, then is published under the served model and the
 /// configuration they name. Nothing is published under the alias or fingerprint `unknown`.
@@ -1031,25 +1059,7 @@ async fn a_request_that_ends_before_the_upstream_described_itself_waits_for_its_
         "published after {:?}",
         started.elapsed()
     );
-    assert_eq!(&*record.labels.model, "tiny-llama");
-    assert_eq!(record.labels.asked_model.as_deref(), Some("my-alias"));
-    assert!(
-        record.labels.fingerprint.is_config(),
-        "fingerprint {}",
-        record.labels.fingerprint.label().as_str()
-    );
-    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
-        .await
-        .text();
-    assert!(metrics.contains("model=\"tiny-llama\""), "{metrics}");
-    for absent in ["model=\"my-alias\"", "fingerprint=\"unknown\""] {
-        assert!(
-            !metrics
-                .lines()
-                .any(|l| !l.starts_with('#') && l.contains(absent)),
-            "a series under {absent}: {metrics}"
-        );
-    }
+    labelled_under_the_served_model(&server, record).await;
     server.shutdown().await;
 }
 
@@ -1086,24 +1096,6 @@ async fn a_request_sent_before_the_upstream_described_itself_is_recorded_under_t
     assert_eq!(through.status, 200);
     let record = &records.wait_for(1).await[0];
     // Labelled under the served model and the configuration read meanwhile, not the alias.
-    assert_eq!(&*record.labels.model, "tiny-llama");
-    assert_eq!(record.labels.asked_model.as_deref(), Some("my-alias"));
-    assert!(
-        record.labels.fingerprint.is_config(),
-        "fingerprint {}",
-        record.labels.fingerprint.label().as_str()
-    );
-    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
-        .await
-        .text();
-    assert!(metrics.contains("model=\"tiny-llama\""), "{metrics}");
-    for absent in ["model=\"my-alias\"", "fingerprint=\"unknown\""] {
-        assert!(
-            !metrics
-                .lines()
-                .any(|l| !l.starts_with('#') && l.contains(absent)),
-            "a series under {absent}: {metrics}"
-        );
-    }
+    labelled_under_the_served_model(&server, record).await;
     server.shutdown().await;
 }

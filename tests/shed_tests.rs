@@ -31,18 +31,7 @@ const TOKENS: u64 = 150;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn completion(url: &str) -> http::Request<Full<Bytes>> {
-    let prompt: Vec<u64> = (0..CONTEXT).map(|i| 1000 + (i * 7919) % 50_000).collect();
-    let body = json!({
-        "model": "step3p7",
-        "prompt": prompt,
-        "max_tokens": TOKENS,
-        "ignore_eos": true,
-        "stream": true,
-    });
-    http::Request::post(url)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap()
+    completion_with_priority(url, None)
 }
 
 /// The simulator's own gauge `name` (sglang's `/metrics`).
@@ -166,17 +155,19 @@ async fn the_engines_queue_cap_sheds_the_excess_and_the_admitted_keep_their_slo(
     server.shutdown().await;
 }
 
-/// `completion` with a `priority` field (sglang's request field).
-fn completion_with_priority(url: &str, priority: i64) -> http::Request<Full<Bytes>> {
+/// A streamed completion of `CONTEXT` token ids, with sglang's `priority` field when given.
+fn completion_with_priority(url: &str, priority: Option<i64>) -> http::Request<Full<Bytes>> {
     let prompt: Vec<u64> = (0..CONTEXT).map(|i| 1000 + (i * 7919) % 50_000).collect();
-    let body = json!({
+    let mut body = json!({
         "model": "step3p7",
         "prompt": prompt,
         "max_tokens": TOKENS,
         "ignore_eos": true,
         "stream": true,
-        "priority": priority,
     });
+    if let Some(priority) = priority {
+        body["priority"] = json!(priority);
+    }
     http::Request::post(url)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
@@ -211,17 +202,17 @@ async fn a_waiting_request_aborted_for_a_preferred_one_is_recorded_as_shed() {
             (status, String::from_utf8_lossy(&body).into_owned())
         })
     };
-    let running = stream(completion_with_priority(&url, 0));
+    let running = stream(completion_with_priority(&url, Some(0)));
     common::wait::until_async("one request running", LIMIT, async || {
         sim_gauge(&base, "sglang:num_running_reqs").await >= 1.0
     })
     .await;
-    let low = stream(completion_with_priority(&url, 1));
+    let low = stream(completion_with_priority(&url, Some(1)));
     common::wait::until_async("one request queued", LIMIT, async || {
         sim_gauge(&base, "sglang:num_queue_reqs").await >= 1.0
     })
     .await;
-    let high = stream(completion_with_priority(&url, 10));
+    let high = stream(completion_with_priority(&url, Some(10)));
     let (status, body) = low.await.unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(
