@@ -784,6 +784,12 @@ fn capacity_and_diff_choose_the_table_on_a_terminal_and_markdown_in_a_pipe() {
 /// Runs `tokentap ARGS` (one shell word list) on a terminal (`script` gives it a pty, 120
 /// columns) and returns what the terminal showed (stdout and stderr together).
 fn on_a_pty(args: &str) -> String {
+    on_a_pty_raw(args).replace('\r', "")
+}
+
+/// What a command printed on a terminal (stdout and stderr both), as the terminal got it:
+/// live progress lines redraw with `\r` and escape sequences.
+fn on_a_pty_raw(args: &str) -> String {
     let output = Command::new("script")
         .args(["-qec"])
         .arg(format!("{} {args}", env!("CARGO_BIN_EXE_tokentap")))
@@ -795,7 +801,34 @@ fn on_a_pty(args: &str) -> String {
         .output()
         .expect("script (util-linux) gives the command a terminal");
     assert!(output.status.success(), "{args}: {output:?}");
-    stdout(&output).replace('\r', "")
+    stdout(&output)
+}
+
+/// Each line a terminal shows of `raw`: split at line feeds and carriage returns (a redrawn
+/// progress line), escape sequences (colour, cursor moves, line clears) taken out.
+fn screen_lines(raw: &str) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\n' | '\r' => lines.push(String::new()),
+            '\u{1b}' => {
+                // CSI: ESC [ parameters… final byte in @..~; other escapes are two characters.
+                if chars.next_if_eq(&'[').is_some() {
+                    for c in chars.by_ref() {
+                        if ('@'..='~').contains(&c) {
+                            break;
+                        }
+                    }
+                } else {
+                    chars.next();
+                }
+            }
+            c if c.is_control() => {}
+            c => lines.last_mut().unwrap().push(c),
+        }
+    }
+    lines
 }
 
 /// Issue 45.3: `fleet compare` and `replay` print the terminal table on a terminal, every line
@@ -883,6 +916,61 @@ async fn fleet_compare_and_replay_choose_the_table_on_a_terminal_and_markdown_in
         assert!(
             replay_pty.lines().any(|l| l.trim() == path),
             "{name} on a line of its own:\n{replay_pty}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 45.3: on a 120-column terminal no line passes 120 columns, progress and log lines on
+/// stderr included: a sweep's live line and its "wrote" lines, a replay's opening lines, its
+/// progress and summary (the table tests above run `--quiet`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_line_a_sweep_and_a_replay_show_on_a_terminal_fits_120_columns() {
+    let sim = SimServer::start(
+        Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
+        SimOptions::default(),
+    )
+    .await
+    .unwrap();
+    let dir = temp_dir("pty-stderr");
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 2, 3]}\n\
+         {\"timestamp\": 100, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 5, 6]}\n",
+    )
+    .unwrap();
+    // Long folder names: the written paths are the longest lines either command prints.
+    let sweep_out =
+        dir.join("a-sweep-output-folder-with-a-long-name-to-show-where-paths-would-wrap");
+    let replay_out =
+        dir.join("a-replay-output-folder-with-a-long-name-to-show-where-paths-would-wrap");
+    let sweep = format!(
+        "sweep --target {} --contexts 8K --concurrency 1,2 --cell-duration 500ms --max-output 64 --out {}",
+        sim.base_url(),
+        sweep_out.display()
+    );
+    let replay = format!(
+        "replay {} --simulate step-3.7-flash-fp8-4x-rtx-pro-6000 --max-duration 10s --out {}",
+        trace.display(),
+        replay_out.display()
+    );
+    let shown = tokio::task::spawn_blocking(move || {
+        [sweep, replay].map(|args| (args.clone(), on_a_pty_raw(&args)))
+    })
+    .await
+    .unwrap();
+    for (args, raw) in &shown {
+        let lines = screen_lines(raw);
+        let widest = lines.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+        assert!(
+            widest <= 120,
+            "{args}: a line of {widest} columns:\n{}",
+            lines.join("\n")
+        );
+        assert!(
+            lines.iter().any(|l| l.contains("tokentap ")),
+            "{args}: its log lines were not on the terminal:\n{raw}"
         );
     }
     let _ = std::fs::remove_dir_all(&dir);

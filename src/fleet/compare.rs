@@ -32,12 +32,12 @@ pub struct CompareCell {
     pub baseline_status: Option<CellStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candidate_status: Option<CellStatus>,
-    /// Candidate ÷ baseline of the decode tok/s per stream: Σ completion tokens ÷ Σ decode
-    /// request-seconds, Total tok/s ÷ average active requests (what a fleet matrix's
-    /// `per_request_tok_s` holds: counters give no per-request 1 ÷ TBT; docs/fleet.md).
+    /// Candidate ÷ baseline of the decode tok/s per stream: Total tok/s ÷ average active
+    /// requests of each side (in a fleet matrix Σ completion tokens ÷ Σ decode request-seconds,
+    /// exact from counters, where 1 ÷ TBT is as coarse as the TBT buckets; docs/fleet.md).
     pub decode_tok_s_per_stream: Option<f64>,
     /// Deprecated: `decode_tok_s_per_stream` under its old name, kept for one release (the
-    /// same figure; it is not 1 ÷ TBT, what "per-request tok/s" means elsewhere).
+    /// same figure; it is not the ratio of 1 ÷ TBT, what "per-request tok/s" means elsewhere).
     pub per_request_tok_s: Option<f64>,
     pub total_tok_s: Option<f64>,
     pub ttft_ms: Option<f64>,
@@ -100,6 +100,10 @@ pub fn compare(
                 c.and_then(|c| c.tails).and_then(|t| t.ttft_p99_ms)
             };
             let gate = |r: Option<f64>| r.filter(|_| enough);
+            let per_stream = gate(diff::ratio(
+                a.and_then(decode_tok_s_per_stream),
+                b.and_then(decode_tok_s_per_stream),
+            ));
             CompareCell {
                 context_tokens: cell.context_tokens,
                 concurrency: cell.concurrency,
@@ -108,8 +112,8 @@ pub fn compare(
                 enough_evidence: enough,
                 baseline_status: (!enough).then(|| cell.status_a.clone()).flatten(),
                 candidate_status: (!enough).then(|| cell.status_b.clone()).flatten(),
-                decode_tok_s_per_stream: gate(cell.ratios.per_request_tok_s),
-                per_request_tok_s: gate(cell.ratios.per_request_tok_s),
+                decode_tok_s_per_stream: per_stream,
+                per_request_tok_s: per_stream,
                 total_tok_s: gate(cell.ratios.total_tok_s),
                 ttft_ms: gate(cell.ratios.ttft_ms),
                 tbt_ms: gate(cell.ratios.tbt_ms),
@@ -127,6 +131,13 @@ pub fn compare(
         .filter(|r| r.is_finite() && *r > 0.0)
         .collect();
     let ttft_mean_ms = diff::summarise(DiffColumn::TtftMs, &mean_ttft).geometric_mean;
+    let per_stream: Vec<f64> = cells
+        .iter()
+        .filter_map(|c| c.decode_tok_s_per_stream)
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .collect();
+    let decode_tok_s_per_stream =
+        diff::summarise(DiffColumn::PerRequestTokS, &per_stream).geometric_mean;
     let mean = |column: DiffColumn| result.column_summary(column).and_then(|s| s.geometric_mean);
     FleetComparison {
         schema: COMPARE_SCHEMA.to_owned(),
@@ -138,14 +149,20 @@ pub fn compare(
             .window_s
             .or(baseline.metadata.run.window_s),
         cells,
-        decode_tok_s_per_stream: mean(DiffColumn::PerRequestTokS),
-        per_request_tok_s: mean(DiffColumn::PerRequestTokS),
+        decode_tok_s_per_stream,
+        per_request_tok_s: decode_tok_s_per_stream,
         total_tok_s: mean(DiffColumn::TotalTokS),
         ttft_ms: mean(DiffColumn::TtftMs),
         tbt_ms: mean(DiffColumn::TbtMs),
         ttft_mean_ms,
         diff: result,
     }
+}
+
+/// A cell's decode tok/s per stream: Total tok/s ÷ average active requests.
+fn decode_tok_s_per_stream(cell: &crate::matrix::doc::DecodeCell) -> Option<f64> {
+    let active = cell.average_active_requests.filter(|a| *a > 0.0)?;
+    Some(cell.total_tok_s? / active).filter(|v| v.is_finite())
 }
 
 /// The comparison as JSON (pretty, trailing newline).
@@ -309,7 +326,10 @@ mod tests {
         let mut doc = MatrixDoc::new(Metadata::default());
         for (context, concurrency, tok_s, requests, status) in cells {
             let mut cell = DecodeCell::status_only(*context, *concurrency, status.clone());
-            cell.per_request_tok_s = Some(*tok_s);
+            // 1 ÷ TBT twice the decode tok/s per stream: the comparison reads the latter.
+            cell.per_request_tok_s = Some(2.0 * tok_s);
+            cell.total_tok_s = Some(tok_s * 3.0);
+            cell.average_active_requests = Some(3.0);
             cell.ttft_ms = Some(1000.0 / tok_s);
             cell.completed_requests = Some(*requests);
             doc.decode.push(cell);

@@ -4,11 +4,12 @@
 //!
 //! Each figure follows the shipped recording rules (`deploy/prometheus/rules/
 //! tokentap.rules.yml`, `cell:*`), written over the base series with `increase(…[window])`
-//! so that any window works, not only the rules' 5m and 1h: the cell's `per_request_tok_s`
-//! is completion tokens ÷ decode seconds — the decode tok/s per stream, Total tok/s ÷ average
-//! active requests, not 1 ÷ TBT (counters hold no per-request median; steady traffic gives both
-//! the same figure, and a note on the matrix says which it is) — Total tok/s that × the mean
-//! of the requests' average active requests, medians and tails are `histogram_quantile` over buckets summed across replicas.
+//! so that any window works, not only the rules' 5m and 1h. Total tok/s is the decode tok/s per
+//! stream (completion tokens ÷ decode request-seconds, from counters, exact) × the mean of the
+//! requests' average active requests; medians and tails are `histogram_quantile` over buckets
+//! summed across replicas; the cell's `per_request_tok_s` is 1 ÷ the TBT median, as it is in
+//! every other matrix (as coarse as the TBT buckets; the exact decode tok/s per stream is Total
+//! tok/s ÷ Average active requests, both in the cell).
 //! All queries are evaluated at one instant, so every figure covers the same window.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -179,9 +180,9 @@ fn count(value: f64) -> u64 {
 
 impl CellFigures {
     fn to_cell(&self, context_tokens: u64, concurrency: u32) -> DecodeCell {
-        let per_request = ratio(self.completion_tokens, self.decode_seconds);
+        let decode_per_stream = ratio(self.completion_tokens, self.decode_seconds);
         let average_active = ratio(self.active_sum, self.active_count);
-        let total = per_request.zip(average_active).map(|(p, a)| p * a);
+        let total = decode_per_stream.zip(average_active).map(|(p, a)| p * a);
         let failures: f64 = self.failed.values().sum();
         let finished = self.ok_requests + failures;
         let status = if failures >= 0.5 && failures > ERROR_SHARE * finished {
@@ -215,7 +216,9 @@ impl CellFigures {
             concurrency,
             status,
             total_tok_s: total,
-            per_request_tok_s: per_request,
+            // 1 ÷ TBT, what "per-request tok/s" means on the seed pages and in every other
+            // matrix (issue 45.2); the counters' decode tok/s per stream is Total ÷ Average active.
+            per_request_tok_s: ms(3).filter(|t| *t > 0.0).map(|t| 1000.0 / t),
             ttft_ms: ms(0),
             tbt_ms: ms(3),
             average_active_requests: average_active,
@@ -652,7 +655,7 @@ async fn metadata(
         format_rfc3339(now)
     ));
     metadata.notes.push(
-        "Per request tok/s of a fleet matrix is the decode tok/s per stream: Σ completion tokens ÷ Σ decode request-seconds = Total tok/s ÷ Average active requests, from counters (not 1 ÷ TBT, a median the counters do not hold; steady traffic gives both the same figure).".to_owned(),
+        "Per request tok/s is 1 ÷ the TBT median, read from histogram buckets summed over the replicas (as coarse as the buckets); the decode tok/s per stream, exact from counters, is Total tok/s ÷ Average active requests (Σ completion tokens ÷ Σ decode request-seconds).".to_owned(),
     );
     if configs.len() > 1 && query.fingerprint.is_none() {
         metadata.notes.push(format!(
@@ -721,9 +724,20 @@ mod tests {
         };
         let cell = figures.to_cell(8192, 4);
         assert_eq!(cell.status, CellStatus::Valid);
+        // 1 ÷ the TBT median (20 ms); the decode tok/s per stream (1000 ÷ 20 s) is Total ÷
+        // Average active.
         assert_eq!(cell.per_request_tok_s, Some(50.0));
         assert_eq!(cell.average_active_requests, Some(4.0));
         assert_eq!(cell.total_tok_s, Some(200.0));
+
+        // Two quantities, two figures: a TBT median of 25 ms with the same counters.
+        let slower_median = CellFigures {
+            quantiles: [Some(0.1), None, None, Some(0.025), None, None, None, None],
+            ..figures.clone()
+        }
+        .to_cell(8192, 4);
+        assert_eq!(slower_median.per_request_tok_s, Some(40.0));
+        assert_eq!(slower_median.total_tok_s, Some(200.0));
         assert_eq!(cell.measured_for_s, Some(5.0));
         assert_eq!(cell.prefill_overlap_share, Some(0.1));
         assert_eq!(cell.slo_attainment, Some(0.9));
