@@ -1,7 +1,8 @@
 //! The per-request timeline: timestamps and fixed-size accumulators updated per event.
 //!
 //! Everything here is plain data updated in place: recording an event touches a few fields
-//! and two fixed arrays, with no allocation, lock or await. Histograms are accumulated per
+//! and two bucket arrays, with no lock or await, and no allocation after each array's first
+//! value. Histograms are accumulated per
 //! request into fixed buckets (count and sum per bucket) and flushed to the exporter once,
 //! when the request ends.
 
@@ -21,11 +22,17 @@ pub const MAX_HISTOGRAM_BUCKETS: usize = 32;
 /// A bucket's count and sum sit side by side: recording touches one cache line of the
 /// request's state, not two (the line is cold by the next event of a stream, so each one
 /// touched costs a memory read per event).
+///
+/// The buckets are allocated at the first value recorded, sized to the bounds: a request that
+/// waits for its answer (queued at the engine, 10,000 of them held open) carries none — two
+/// inline arrays of 32 buckets were 1 KiB of every such request (docs/benchmarks.md, "Memory
+/// per held stream"). One allocation per histogram per request, never per event.
 #[derive(Debug, Clone)]
 pub struct LocalHistogram {
     bounds: &'static [f64],
-    /// (count, sum) per bucket.
-    buckets: [(u64, f64); MAX_HISTOGRAM_BUCKETS],
+    /// (count, sum) per bucket, one more than `bounds` (the overflow); `None` until a value is
+    /// recorded.
+    buckets: Option<Box<[(u64, f64)]>>,
 }
 
 impl LocalHistogram {
@@ -33,22 +40,30 @@ impl LocalHistogram {
     pub fn new(bounds: &'static [f64]) -> Self {
         Self {
             bounds: bounds.get(..MAX_HISTOGRAM_BUCKETS - 1).unwrap_or(bounds),
-            buckets: [(0, 0.0); MAX_HISTOGRAM_BUCKETS],
+            buckets: None,
         }
     }
 
     /// Records `value` with weight `count`.
     pub fn record(&mut self, value: f64, count: u64) {
         let index = self.bounds.partition_point(|&bound| bound < value);
-        if let Some((c, s)) = self.buckets.get_mut(index) {
+        let buckets = self
+            .buckets
+            .get_or_insert_with(|| vec![(0, 0.0); self.bounds.len() + 1].into_boxed_slice());
+        if let Some((c, s)) = buckets.get_mut(index) {
             *c += count;
             *s += value * count as f64;
         }
     }
 
+    /// The buckets recorded so far (none before the first value).
+    fn recorded(&self) -> &[(u64, f64)] {
+        self.buckets.as_deref().unwrap_or(&[])
+    }
+
     /// Non-empty buckets as (mean value, count).
     pub fn buckets(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
-        self.buckets
+        self.recorded()
             .iter()
             .filter(|(c, _)| *c > 0)
             .map(|(c, s)| (s / *c as f64, *c))
@@ -56,7 +71,7 @@ impl LocalHistogram {
 
     /// Total weight recorded.
     pub fn count(&self) -> u64 {
-        self.buckets.iter().map(|(c, _)| c).sum()
+        self.recorded().iter().map(|(c, _)| c).sum()
     }
 
     /// Largest bucket mean (an upper estimate of the maximum within bucket resolution).
@@ -267,6 +282,22 @@ mod tests {
     use super::*;
 
     static BOUNDS: [f64; 3] = [0.001, 0.01, 0.1];
+
+    #[test]
+    fn a_histogram_holds_no_buckets_until_its_first_value() {
+        static BOUNDS: [f64; 3] = [1.0, 2.0, 3.0];
+        let mut histogram = LocalHistogram::new(&BOUNDS);
+        assert_eq!(histogram.count(), 0);
+        assert_eq!(histogram.buckets().count(), 0);
+        assert_eq!(histogram.max_mean(), None);
+        // A pointer and the bounds, not 32 inline buckets: what a waiting request carries.
+        assert!(std::mem::size_of::<LocalHistogram>() <= 32);
+        assert!(histogram.buckets.is_none());
+        histogram.record(9.0, 2);
+        // Sized to the bounds and the overflow bucket.
+        assert_eq!(histogram.buckets.as_deref().map(<[_]>::len), Some(4));
+        assert_eq!(histogram.buckets().collect::<Vec<_>>(), vec![(9.0, 2)]);
+    }
 
     #[test]
     fn local_histogram_keeps_exact_bucket_counts_and_sums() {
