@@ -36,6 +36,28 @@ fn widest_line(text: &str) -> usize {
     text.lines().map(|l| l.chars().count()).max().unwrap_or(0)
 }
 
+/// The embedded simulator with the Step-3.7 seed page's profile, on a loopback port.
+async fn step_simulator() -> tokentap::sim::SimHandle {
+    SimServer::start(
+        Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
+        SimOptions::default(),
+    )
+    .await
+    .unwrap()
+}
+
+/// A two-request Mooncake trace in `dir` (the second shares the first's prefix blocks 0 and 1).
+fn two_request_trace(dir: &std::path::Path) -> std::path::PathBuf {
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 2, 3]}\n\
+         {\"timestamp\": 100, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 5, 6]}\n",
+    )
+    .unwrap();
+    trace
+}
+
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("tokentap-cli-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -268,12 +290,7 @@ fn matrix_show_prints_the_seed_grid_within_120_columns_and_by_default_on_a_termi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_ends_with_an_aligned_table_and_logs_one_line_per_cell_off_a_terminal() {
-    let sim = SimServer::start(
-        Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
-        SimOptions::default(),
-    )
-    .await
-    .unwrap();
+    let sim = step_simulator().await;
     let dir = temp_dir("sweep");
     let url = sim.base_url();
     let out = dir.join("out");
@@ -516,12 +533,7 @@ async fn a_sweep_given_an_inference_server_as_admin_says_what_admin_takes() {
         crate::common::Script::json(404, r#"{"detail":"Not Found"}"#)
     })
     .await;
-    let sim = SimServer::start(
-        Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
-        SimOptions::default(),
-    )
-    .await
-    .unwrap();
+    let sim = step_simulator().await;
     let cases = [
         (upstream.url(), vec![], "POST /sweeps"),
         (
@@ -850,13 +862,7 @@ async fn fleet_compare_and_replay_choose_the_table_on_a_terminal_and_markdown_in
         prometheus.url()
     );
     let dir = temp_dir("pty-45");
-    let trace = dir.join("trace.jsonl");
-    std::fs::write(
-        &trace,
-        "{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 2, 3]}\n\
-         {\"timestamp\": 100, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 5, 6]}\n",
-    )
-    .unwrap();
+    let trace = two_request_trace(&dir);
     // A long output folder: the written paths would pass 120 columns side by side.
     let out = dir.join("an-output-folder-with-a-long-name-for-the-replay-of-this-trace");
     let replay = format!(
@@ -926,20 +932,9 @@ async fn fleet_compare_and_replay_choose_the_table_on_a_terminal_and_markdown_in
 /// progress and summary (the table tests above run `--quiet`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_line_a_sweep_and_a_replay_show_on_a_terminal_fits_120_columns() {
-    let sim = SimServer::start(
-        Profile::builtin("step-3.7-flash-fp8-4x-rtx-pro-6000").unwrap(),
-        SimOptions::default(),
-    )
-    .await
-    .unwrap();
+    let sim = step_simulator().await;
     let dir = temp_dir("pty-stderr");
-    let trace = dir.join("trace.jsonl");
-    std::fs::write(
-        &trace,
-        "{\"timestamp\": 0, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 2, 3]}\n\
-         {\"timestamp\": 100, \"input_length\": 2000, \"output_length\": 20, \"hash_ids\": [0, 1, 5, 6]}\n",
-    )
-    .unwrap();
+    let trace = two_request_trace(&dir);
     // Long folder names: the written paths are the longest lines either command prints.
     let sweep_out =
         dir.join("a-sweep-output-folder-with-a-long-name-to-show-where-paths-would-wrap");

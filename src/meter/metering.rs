@@ -716,8 +716,9 @@ impl RequestMeter {
     }
 
     /// The timeline read at `now`, the request's end, as durations from head in.
-    fn timing(&self, now: Instant, completion: u64) -> Timing {
-        let timeline = &self.timeline;
+    /// Called once, at the end: the histograms move into the record.
+    fn timing(&mut self, now: Instant, completion: u64) -> Timing {
+        let timeline = &mut self.timeline;
         let decode = timeline.decode_time();
         Timing {
             started_at: self.started_at,
@@ -730,7 +731,7 @@ impl RequestMeter {
             duration: now.saturating_duration_since(timeline.head_in),
             decode,
             tbt: time_between_tokens(decode, completion),
-            itl: timeline.itl.clone(),
+            itl: timeline.itl.take(),
         }
     }
 
@@ -757,14 +758,15 @@ impl RequestMeter {
     }
 
     /// Time spent inside tokentap: before the upstream send and per forwarded frame.
-    fn overhead(&self) -> Overhead {
-        let timeline = &self.timeline;
+    /// Called once, at the end: the per-frame histogram moves into the record.
+    fn overhead(&mut self) -> Overhead {
+        let timeline = &mut self.timeline;
         Overhead {
             request: timeline.upstream_sent.map(|sent| {
                 let from = timeline.body_read.unwrap_or(timeline.head_in);
                 sent.saturating_duration_since(from)
             }),
-            per_frame: timeline.frame_overhead.clone(),
+            per_frame: timeline.frame_overhead.take(),
             frames: timeline.frames,
         }
     }

@@ -2,9 +2,8 @@
 //!
 //! Everything here is plain data updated in place: recording an event touches a few fields
 //! and two bucket arrays, with no lock or await, and no allocation after each array's first
-//! value. Histograms are accumulated per
-//! request into fixed buckets (count and sum per bucket) and flushed to the exporter once,
-//! when the request ends.
+//! value. Histograms are accumulated per request into fixed buckets (count and sum per
+//! bucket) and flushed to the exporter once, when the request ends.
 
 use std::time::Duration;
 
@@ -53,6 +52,15 @@ impl LocalHistogram {
         if let Some((c, s)) = buckets.get_mut(index) {
             *c += count;
             *s += value * count as f64;
+        }
+    }
+
+    /// Moves what was recorded out, leaving this histogram empty: a request's end hands its
+    /// histograms to its record without copying or allocating.
+    pub fn take(&mut self) -> Self {
+        Self {
+            bounds: self.bounds,
+            buckets: self.buckets.take(),
         }
     }
 
