@@ -134,6 +134,15 @@ fn bench(c: &mut Criterion) {
             criterion::BatchSize::SmallInput,
         )
     });
+    // The same frames as the strip case below, asked for by the client: what a benchmark client
+    // (or the overhead bench) costs, usage read on every event and nothing rewritten.
+    group.bench_function(BenchmarkId::new("metered, usage asked", bytes), |b| {
+        b.iter_batched(
+            || metered(&continuous, &meter, Injected::default()),
+            |mut body| drain(&mut body),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     let both = Injected {
         include_usage: true,
         continuous_usage: true,

@@ -12,7 +12,7 @@
 //! events never count. Each output event also says whether it carried answer text or a
 //! tool call (reasoning alone is neither), for the first answer and tool-call times.
 
-use super::json::{self, Span};
+use super::json::{self, Member, Span};
 use crate::base::Route;
 use crate::meter::Usage;
 
@@ -40,6 +40,52 @@ pub struct EventFacts {
     /// its status code is 429 or 503 (sglang's queue-full and priority-preemption aborts,
     /// vLLM's queue caps), or a Messages error is `overloaded_error`/`rate_limit_error`.
     pub shed: bool,
+}
+
+/// The counts an OpenAI `usage` object carries, read in one walk over its members (it is read
+/// on every event of a stream with continuous usage: one lookup per field walked it six times).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct OpenAiUsage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    /// vLLM and OpenAI: `completion_tokens_details.reasoning_tokens`; sglang: a top-level
+    /// `reasoning_tokens` in its usage (read only where the first is absent).
+    reasoning_tokens: Option<u64>,
+    /// `prompt_tokens_details.cached_tokens`.
+    cached_tokens: Option<u64>,
+}
+
+impl OpenAiUsage {
+    fn read(data: &[u8], usage: Span) -> Self {
+        let [prompt, completion, completion_details, reasoning, prompt_details] =
+            json::last_members(
+                data,
+                usage.start,
+                [
+                    b"prompt_tokens",
+                    b"completion_tokens",
+                    b"completion_tokens_details",
+                    b"reasoning_tokens",
+                    b"prompt_tokens_details",
+                ],
+            );
+        let count = |member: Option<Member>| member.and_then(|m| json::as_u64(data, m.value));
+        let nested = |member: Option<Member>, key: &[u8]| {
+            member.and_then(|m| json::get(data, m.value.start, key))
+        };
+        // The nested figure wins when its member is there at all (even when not a count), as
+        // a path lookup falling back to the top-level one did.
+        let reasoning = nested(completion_details, b"reasoning_tokens")
+            .or(reasoning.map(|m| m.value))
+            .and_then(|s| json::as_u64(data, s));
+        Self {
+            prompt_tokens: count(prompt),
+            completion_tokens: count(completion),
+            reasoning_tokens: reasoning,
+            cached_tokens: nested(prompt_details, b"cached_tokens")
+                .and_then(|s| json::as_u64(data, s)),
+        }
+    }
 }
 
 /// The most choices (`n`) tracked separately; further indices share the last slot, which
@@ -175,7 +221,7 @@ impl EventClassifier {
         match self.route {
             Route::ChatCompletions | Route::Completions => {
                 if let Some(usage) = json::top(body, b"usage") {
-                    self.read_openai_usage(body, usage);
+                    self.apply_openai_usage(OpenAiUsage::read(body, usage));
                     self.final_usage_seen = true;
                 }
             }
@@ -233,18 +279,22 @@ impl EventClassifier {
         if let Some(choices) = choices {
             for choice in json::elements(data, choices.start) {
                 has_choices = true;
-                if let Some(i) = json::get(data, choice.start, b"index") {
-                    index = json::as_u64(data, i).map_or(0, |i| i as usize);
+                // One walk over the choice's members for everything read from it (each
+                // lookup on its own walked them again, skipping the delta each time).
+                let [index_member, delta, text] =
+                    json::last_members(data, choice.start, [b"index", b"delta", b"text"]);
+                if let Some(i) = index_member {
+                    index = json::as_u64(data, i.value).map_or(0, |i| i as usize);
                 }
-                let kinds = self.choice_output(data, choice);
+                let kinds = self.choice_output(data, delta, text);
                 facts.output |= kinds.output;
                 facts.answer |= kinds.answer;
                 facts.tool_call |= kinds.tool_call;
             }
         }
         if let Some(usage) = usage {
-            let completion = json::get(data, usage.start, b"completion_tokens")
-                .and_then(|s| json::as_u64(data, s));
+            let usage = OpenAiUsage::read(data, usage);
+            let completion = usage.completion_tokens;
             if has_choices {
                 // Per-chunk (continuous) usage: cumulative for this choice index.
                 if let Some(cumulative) = completion {
@@ -256,32 +306,36 @@ impl EventClassifier {
                     }
                 }
                 if !self.final_usage_seen {
-                    self.read_openai_usage(data, usage);
+                    self.apply_openai_usage(usage);
                     let sum = saturating_sum(&self.cumulative);
                     self.usage.completion_tokens = Some(sum);
                 }
             } else {
                 // The final usage chunk (`choices: []`): authoritative totals.
-                self.read_openai_usage(data, usage);
+                self.apply_openai_usage(usage);
                 self.final_usage_seen = true;
             }
         }
         facts
     }
 
-    /// What output one choice of an OpenAI chunk carried.
-    fn choice_output(&self, data: &[u8], choice: Span) -> EventFacts {
+    /// What output one choice of an OpenAI chunk carried, from its `delta` and `text` members.
+    fn choice_output(
+        &self,
+        data: &[u8],
+        delta: Option<Member>,
+        text: Option<Member>,
+    ) -> EventFacts {
         let mut kinds = EventFacts::default();
         match self.route {
             Route::Completions => {
-                kinds.answer = json::get(data, choice.start, b"text")
-                    .is_some_and(|s| json::is_nonempty_string(data, s));
+                kinds.answer = text.is_some_and(|s| json::is_nonempty_string(data, s.value));
             }
             _ => {
-                let Some(delta) = json::get(data, choice.start, b"delta") else {
+                let Some(delta) = delta else {
                     return kinds;
                 };
-                for m in json::members(data, delta.start) {
+                for m in json::members(data, delta.value.start) {
                     match m.key.bytes(data) {
                         b"\"content\"" => kinds.answer |= json::is_nonempty_string(data, m.value),
                         b"\"reasoning_content\"" | b"\"reasoning\"" => {
@@ -299,33 +353,24 @@ impl EventClassifier {
         kinds
     }
 
-    fn read_openai_usage(&mut self, data: &[u8], usage: Span) {
-        let field =
-            |key: &[u8]| json::get(data, usage.start, key).and_then(|s| json::as_u64(data, s));
-        if let Some(p) = field(b"prompt_tokens") {
-            self.usage.prompt_tokens = Some(p);
+    fn apply_openai_usage(&mut self, usage: OpenAiUsage) {
+        let OpenAiUsage {
+            prompt_tokens,
+            completion_tokens,
+            reasoning_tokens,
+            cached_tokens,
+        } = usage;
+        if prompt_tokens.is_some() {
+            self.usage.prompt_tokens = prompt_tokens;
         }
-        if let Some(c) = field(b"completion_tokens") {
-            self.usage.completion_tokens = Some(c);
+        if completion_tokens.is_some() {
+            self.usage.completion_tokens = completion_tokens;
         }
-        // vLLM and OpenAI: `completion_tokens_details.reasoning_tokens`; sglang: a top-level
-        // `reasoning_tokens` in its usage.
-        if let Some(reasoning) = json::path(
-            data,
-            usage.start,
-            &[b"completion_tokens_details", b"reasoning_tokens"],
-        )
-        .or_else(|| json::get(data, usage.start, b"reasoning_tokens"))
-        .and_then(|s| json::as_u64(data, s))
-        {
-            self.usage.reasoning_tokens = Some(reasoning);
+        if reasoning_tokens.is_some() {
+            self.usage.reasoning_tokens = reasoning_tokens;
         }
-        if let Some(details) = json::get(data, usage.start, b"prompt_tokens_details") {
-            if let Some(cached) =
-                json::get(data, details.start, b"cached_tokens").and_then(|s| json::as_u64(data, s))
-            {
-                self.usage.cached_tokens = Some(cached);
-            }
+        if cached_tokens.is_some() {
+            self.usage.cached_tokens = cached_tokens;
         }
     }
 

@@ -55,11 +55,23 @@ fn string_end(json: &[u8], pos: usize) -> Option<usize> {
     let mut i = pos + 1;
     loop {
         let rest = json.get(i..)?;
-        i += rest.iter().position(|&b| b == b'"' || b == b'\\')?;
+        i += quote_or_backslash(rest)?;
         match json.get(i)? {
             b'"' => return Some(i + 1),
             _ => i += 2, // a backslash escapes the next byte
         }
+    }
+}
+
+/// Index of the first `"` or `\\` in `bytes`. Most strings of an event are short (member
+/// names, `"id"`), where a plain loop beats the SIMD search's setup; its text, ids and model
+/// names are longer, where the SIMD search wins.
+fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
+    const SHORT: usize = 16;
+    let (head, tail) = bytes.split_at(bytes.len().min(SHORT));
+    match head.iter().position(|&b| b == b'"' || b == b'\\') {
+        Some(at) => Some(at),
+        None => memchr::memchr2(b'"', b'\\', tail).map(|at| at + head.len()),
     }
 }
 
@@ -235,8 +247,13 @@ pub fn last_members<const N: usize>(
 ) -> [Option<Member>; N] {
     let mut found = [None; N];
     for member in members(json, start) {
+        let Some(raw) = key_raw(json, &member) else {
+            continue;
+        };
+        // Looked at once per member, not once per key: names almost never carry escapes.
+        let escaped = raw.contains(&b'\\');
         for (slot, key) in found.iter_mut().zip(keys) {
-            if key_is(json, &member, key) {
+            if (!escaped && raw == key) || (escaped && decodes_to(raw, key)) {
                 *slot = Some(member);
             }
         }
@@ -252,8 +269,12 @@ pub fn member_count(json: &[u8], start: usize, key: &[u8]) -> usize {
 }
 
 fn key_is(json: &[u8], member: &Member, key: &[u8]) -> bool {
-    json.get(member.key.start + 1..member.key.end - 1)
-        .is_some_and(|raw| decodes_to(raw, key))
+    key_raw(json, member).is_some_and(|raw| decodes_to(raw, key))
+}
+
+/// A member's name as written, between its quotes.
+fn key_raw<'a>(json: &'a [u8], member: &Member) -> Option<&'a [u8]> {
+    json.get(member.key.start + 1..member.key.end.checked_sub(1)?)
 }
 
 /// Whether the contents of a JSON string as written (`raw`, between the quotes) decode to
@@ -592,6 +613,39 @@ mod tests {
                 proptest::prop_assert!(decodes_to(&raw, decoded.as_bytes()));
             }
         }
+    }
+
+    #[test]
+    fn a_string_ends_at_its_quote_on_either_side_of_the_short_scan() {
+        // The first 16 bytes are searched by a loop, the rest by memchr: a quote or an escape
+        // at every position up to well past that seam.
+        for len in 0..48 {
+            let mut plain = vec![b'"'];
+            plain.extend(std::iter::repeat_n(b'a', len));
+            plain.extend_from_slice(br#"","#);
+            assert_eq!(string_end(&plain, 0), Some(len + 2), "{len} plain bytes");
+            let mut escaped = vec![b'"'];
+            escaped.extend(std::iter::repeat_n(b'a', len));
+            escaped.extend_from_slice(b"\\\"b\",");
+            assert_eq!(
+                string_end(&escaped, 0),
+                Some(len + 5),
+                "an escape after {len} bytes"
+            );
+            let unterminated = &plain[..len + 1];
+            assert_eq!(string_end(unterminated, 0), None);
+        }
+    }
+
+    #[test]
+    fn several_keys_found_in_one_walk_decode_escaped_names_and_take_the_last() {
+        let json = br#"{"a":1,"b\u0061":2,"\u0061":3,"c":4,"ba":5}"#;
+        let [a, ba, c, missing] = last_members(json, 0, [b"a", b"ba", b"c", b"d"]);
+        let value = |m: Option<Member>| m.and_then(|m| as_u64(json, m.value));
+        assert_eq!(value(a), Some(3), "the escaped name is the later `a`");
+        assert_eq!(value(ba), Some(5));
+        assert_eq!(value(c), Some(4));
+        assert_eq!(missing, None);
     }
 
     #[test]

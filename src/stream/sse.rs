@@ -116,10 +116,7 @@ impl SseScanner {
                 self.at_line_start = false;
                 // Skip the rest of the line in one search instead of byte by byte.
                 let rest = chunk.get(i..).unwrap_or_default();
-                i += rest
-                    .iter()
-                    .position(|&b| b == b'\n' || b == b'\r')
-                    .unwrap_or(rest.len());
+                i += memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
                 continue;
             }
             if byte == b'\r' {
@@ -211,10 +208,7 @@ fn lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
         if rest.is_empty() {
             return None;
         }
-        let cut = rest
-            .iter()
-            .position(|&b| b == b'\n' || b == b'\r')
-            .unwrap_or(rest.len());
+        let cut = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
         let line = rest.get(..cut).unwrap_or_default();
         let mut next = cut;
         if rest.get(next) == Some(&b'\r') {
