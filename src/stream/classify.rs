@@ -44,47 +44,34 @@ pub struct EventFacts {
 
 /// The counts an OpenAI `usage` object carries, read in one walk over its members (it is read
 /// on every event of a stream with continuous usage: one lookup per field walked it six times).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct OpenAiUsage {
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    /// vLLM and OpenAI: `completion_tokens_details.reasoning_tokens`; sglang: a top-level
-    /// `reasoning_tokens` in its usage (read only where the first is absent).
-    reasoning_tokens: Option<u64>,
-    /// `prompt_tokens_details.cached_tokens`.
-    cached_tokens: Option<u64>,
-}
-
-impl OpenAiUsage {
-    fn read(data: &[u8], usage: Span) -> Self {
-        let [prompt, completion, completion_details, reasoning, prompt_details] =
-            json::last_members(
-                data,
-                usage.start,
-                [
-                    b"prompt_tokens",
-                    b"completion_tokens",
-                    b"completion_tokens_details",
-                    b"reasoning_tokens",
-                    b"prompt_tokens_details",
-                ],
-            );
-        let count = |member: Option<Member>| member.and_then(|m| json::as_u64(data, m.value));
-        let nested = |member: Option<Member>, key: &[u8]| {
-            member.and_then(|m| json::get(data, m.value.start, key))
-        };
-        // The nested figure wins when its member is there at all (even when not a count), as
-        // a path lookup falling back to the top-level one did.
-        let reasoning = nested(completion_details, b"reasoning_tokens")
-            .or(reasoning.map(|m| m.value))
-            .and_then(|s| json::as_u64(data, s));
-        Self {
-            prompt_tokens: count(prompt),
-            completion_tokens: count(completion),
-            reasoning_tokens: reasoning,
-            cached_tokens: nested(prompt_details, b"cached_tokens")
-                .and_then(|s| json::as_u64(data, s)),
-        }
+/// Reasoning tokens: vLLM and OpenAI nest them in `completion_tokens_details`, sglang puts a
+/// top-level `reasoning_tokens` in its usage (read only where the first is absent).
+fn openai_usage(data: &[u8], usage: Span) -> Usage {
+    let [prompt, completion, completion_details, reasoning, prompt_details] = json::last_members(
+        data,
+        usage.start,
+        [
+            b"prompt_tokens",
+            b"completion_tokens",
+            b"completion_tokens_details",
+            b"reasoning_tokens",
+            b"prompt_tokens_details",
+        ],
+    );
+    let count = |member: Option<Member>| member.and_then(|m| json::as_u64(data, m.value));
+    let nested = |member: Option<Member>, key: &[u8]| {
+        member.and_then(|m| json::get(data, m.value.start, key))
+    };
+    // The nested figure wins when its member is there at all (even when not a count), as a
+    // path lookup falling back to the top-level one did.
+    let reasoning = nested(completion_details, b"reasoning_tokens")
+        .or(reasoning.map(|m| m.value))
+        .and_then(|s| json::as_u64(data, s));
+    Usage {
+        prompt_tokens: count(prompt),
+        completion_tokens: count(completion),
+        reasoning_tokens: reasoning,
+        cached_tokens: nested(prompt_details, b"cached_tokens").and_then(|s| json::as_u64(data, s)),
     }
 }
 
@@ -221,7 +208,7 @@ impl EventClassifier {
         match self.route {
             Route::ChatCompletions | Route::Completions => {
                 if let Some(usage) = json::top(body, b"usage") {
-                    self.apply_openai_usage(OpenAiUsage::read(body, usage));
+                    self.apply_openai_usage(openai_usage(body, usage));
                     self.final_usage_seen = true;
                 }
             }
@@ -293,7 +280,7 @@ impl EventClassifier {
             }
         }
         if let Some(usage) = usage {
-            let usage = OpenAiUsage::read(data, usage);
+            let usage = openai_usage(data, usage);
             let completion = usage.completion_tokens;
             if has_choices {
                 // Per-chunk (continuous) usage: cumulative for this choice index.
@@ -353,25 +340,13 @@ impl EventClassifier {
         kinds
     }
 
-    fn apply_openai_usage(&mut self, usage: OpenAiUsage) {
-        let OpenAiUsage {
-            prompt_tokens,
-            completion_tokens,
-            reasoning_tokens,
-            cached_tokens,
-        } = usage;
-        if prompt_tokens.is_some() {
-            self.usage.prompt_tokens = prompt_tokens;
-        }
-        if completion_tokens.is_some() {
-            self.usage.completion_tokens = completion_tokens;
-        }
-        if reasoning_tokens.is_some() {
-            self.usage.reasoning_tokens = reasoning_tokens;
-        }
-        if cached_tokens.is_some() {
-            self.usage.cached_tokens = cached_tokens;
-        }
+    /// What a usage object said replaces what was known; what it left out stays.
+    fn apply_openai_usage(&mut self, usage: Usage) {
+        let known = &mut self.usage;
+        known.prompt_tokens = usage.prompt_tokens.or(known.prompt_tokens);
+        known.completion_tokens = usage.completion_tokens.or(known.completion_tokens);
+        known.reasoning_tokens = usage.reasoning_tokens.or(known.reasoning_tokens);
+        known.cached_tokens = usage.cached_tokens.or(known.cached_tokens);
     }
 
     fn generate(&mut self, data: &[u8]) -> EventFacts {

@@ -234,7 +234,8 @@ impl Iterator for Elements<'_> {
 /// The member `key` (given without quotes and escapes) of the object at `start`: the last one
 /// whose decoded name is `key`, as the server's parser reads it.
 pub fn member(json: &[u8], start: usize, key: &[u8]) -> Option<Member> {
-    members(json, start).filter(|m| key_is(json, m, key)).last()
+    let [found] = last_members(json, start, [key]);
+    found
 }
 
 /// The last member named by each of `keys` (decoded) in the object at `start`, found in one
