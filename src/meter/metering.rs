@@ -490,9 +490,7 @@ impl RequestMeter {
             .meter
             .concurrency
             .concurrency_bucket_of_count(guard.tracker().current());
-        if let Some(t) = self.timeline.split.tokens.get_mut(bucket) {
-            *t = t.saturating_add(tokens);
-        }
+        self.timeline.split.add_tokens(bucket, tokens);
         self.timeline.silent_tokens(now, tokens);
         if let Some(c) = self.meter.live_tokens.get(self.labels.source.index()) {
             c.add(tokens);

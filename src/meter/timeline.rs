@@ -93,7 +93,10 @@ impl LocalHistogram {
 /// conditions changed mid-request (docs/metrics.md).
 #[derive(Debug, Clone, Copy)]
 pub struct ConcurrencySplit {
-    pub tokens: [u64; MAX_LADDER],
+    /// Tokens per bucket, as `u32` (more than any one request streams): every in-flight stream
+    /// carries this array, and the narrower counts keep its metering box in jemalloc's
+    /// 1,536-byte class (docs/benchmarks.md, "Memory per idle stream").
+    pub tokens: [u32; MAX_LADDER],
     /// Request-seconds of decode time per bucket (the gap before each token event).
     pub seconds: [f64; MAX_LADDER],
 }
@@ -111,7 +114,7 @@ impl ConcurrencySplit {
     /// Rescales token counts so they sum to `total` exactly (used when per-event counts were
     /// estimates and the upstream's final usage is known), keeping each bucket's share.
     pub fn rescale_tokens(&mut self, total: u64) {
-        let sum: u64 = self.tokens.iter().sum();
+        let sum = self.total_tokens();
         if sum == total || sum == 0 {
             return;
         }
@@ -121,16 +124,22 @@ impl ConcurrencySplit {
             .unwrap_or(0);
         let mut assigned = 0u64;
         for tokens in self.tokens.iter_mut() {
-            *tokens = (u128::from(*tokens) * u128::from(total) / u128::from(sum)) as u64;
-            assigned += *tokens;
+            let share = u128::from(*tokens) * u128::from(total) / u128::from(sum);
+            *tokens = u32::try_from(share).unwrap_or(u32::MAX);
+            assigned += u64::from(*tokens);
         }
-        if let Some(t) = self.tokens.get_mut(largest) {
-            *t += total.saturating_sub(assigned);
+        self.add_tokens(largest, total.saturating_sub(assigned));
+    }
+
+    /// Adds `tokens` to `bucket`'s count (saturating; a bucket past the ladder is ignored).
+    pub fn add_tokens(&mut self, bucket: usize, tokens: u64) {
+        if let Some(t) = self.tokens.get_mut(bucket) {
+            *t = t.saturating_add(u32::try_from(tokens).unwrap_or(u32::MAX));
         }
     }
 
     pub fn total_tokens(&self) -> u64 {
-        self.tokens.iter().sum()
+        self.tokens.iter().map(|&t| u64::from(t)).sum()
     }
 }
 
@@ -240,9 +249,7 @@ impl Timeline {
                 }
             }
         }
-        if let Some(t) = self.split.tokens.get_mut(bucket) {
-            *t += tokens;
-        }
+        self.split.add_tokens(bucket, tokens);
         self.area_at_last_token = area;
         self.last_token = Some(now);
         self.token_events += 1;

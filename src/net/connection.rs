@@ -320,6 +320,13 @@ impl Bounds {
         // A second receiver of the drain signal, read only with `has_changed` (an atomic
         // load), so the connection's wake-ups poll the drain future only once it has fired.
         let mut drain_probe = self.drain.clone();
+        // One timer for whichever deadline applies (the first request head's; then, on an
+        // HTTP/2 connection, the idle close and its grace: never two at once), made when one
+        // applies and moved when it changes. A timer made in the `select!` below would be made
+        // anew at every wake-up of this task, which is every frame of an HTTP/1 response, and
+        // each of the three it had took room in this task's allocation, which every open
+        // stream holds (docs/benchmarks.md, "Memory per idle stream").
+        let mut timer = std::pin::pin!(Some(tokio::time::sleep_until(self.deadline)));
         let result = loop {
             let drain = *self.drain.borrow_and_update();
             drain_probe.mark_unchanged();
@@ -340,7 +347,21 @@ impl Bounds {
             } else {
                 idle = None;
             }
-            let idle_deadline = idle.map(|(_, at)| at);
+            let deadline = if !first_seen {
+                Some((self.deadline, Deadline::FirstHead))
+            } else if let (Some((_, at)), false) = (idle, closing) {
+                Some((at, Deadline::Idle))
+            } else {
+                idle_close_by.map(|at| (at, Deadline::CloseGrace))
+            };
+            // Without a deadline the timer is dropped, not left in the runtime's timer wheel to
+            // wake this task for nothing when it runs out.
+            match (deadline, timer.as_mut().as_pin_mut()) {
+                (Some((at, _)), Some(set)) if set.deadline() != at => set.reset(at),
+                (Some(_), Some(_)) | (None, None) => {}
+                (Some((at, _)), None) => timer.set(Some(tokio::time::sleep_until(at))),
+                (None, Some(_)) => timer.set(None),
+            }
             // Every frame of an HTTP/1 response wakes this task. Polling a registered `Notify`
             // takes the lock of its waiter list (the drain signal's is shared by all
             // connections), so each of the two waits below is polled once to register and then
@@ -358,11 +379,6 @@ impl Bounds {
                     return;
                 }
                 _ = self.seen.notified(), if !first_seen => first_seen = true,
-                _ = tokio::time::sleep_until(self.deadline), if !first_seen => {
-                    self.faults.add(Fault::HeaderTimeout);
-                    tracing::debug!(listener = self.name, peer = %self.peer, "no request head within the header read timeout; closed");
-                    return;
-                }
                 _ = std::future::poll_fn(|cx| poll_once_fired(
                     &mut streams_armed,
                     streams.activity().1 != changes,
@@ -375,17 +391,27 @@ impl Bounds {
                     drain_changed.as_mut(),
                     cx,
                 )) => {}
-                _ = sleep_until_some(idle_deadline), if !closing => {
-                    self.faults.add(Fault::IdleClosed);
-                    tracing::debug!(listener = self.name, peer = %self.peer, "HTTP/2 connection idle; closed");
-                    closing = true;
-                    idle_close_by = Some(Instant::now() + IDLE_CLOSE_GRACE);
-                    shut_down(conn.as_mut());
-                }
-                _ = sleep_until_some(idle_close_by) => {
-                    tracing::debug!(listener = self.name, peer = %self.peer, "idle HTTP/2 connection did not finish its GOAWAY; dropped");
-                    return;
-                }
+                () = std::future::poll_fn(|cx| match timer.as_mut().as_pin_mut() {
+                    Some(set) => set.poll(cx),
+                    None => std::task::Poll::Pending,
+                }), if deadline.is_some() => match deadline.map(|(_, which)| which) {
+                    Some(Deadline::FirstHead) => {
+                        self.faults.add(Fault::HeaderTimeout);
+                        tracing::debug!(listener = self.name, peer = %self.peer, "no request head within the header read timeout; closed");
+                        return;
+                    }
+                    Some(Deadline::Idle) => {
+                        self.faults.add(Fault::IdleClosed);
+                        tracing::debug!(listener = self.name, peer = %self.peer, "HTTP/2 connection idle; closed");
+                        closing = true;
+                        idle_close_by = Some(Instant::now() + IDLE_CLOSE_GRACE);
+                        shut_down(conn.as_mut());
+                    }
+                    Some(Deadline::CloseGrace) | None => {
+                        tracing::debug!(listener = self.name, peer = %self.peer, "idle HTTP/2 connection did not finish its GOAWAY; dropped");
+                        return;
+                    }
+                },
             }
         };
         if let Err(error) = result {
@@ -421,12 +447,15 @@ fn poll_once_fired<F: Future>(
     wait.poll(cx)
 }
 
-/// Sleeps until `deadline`, or forever without one.
-async fn sleep_until_some(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
+/// Which of a connection's deadlines its timer is set for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deadline {
+    /// No request head yet: the header read timeout.
+    FirstHead,
+    /// An HTTP/2 connection without streams: the idle close.
+    Idle,
+    /// An idle HTTP/2 connection's graceful close: dropped when it takes longer.
+    CloseGrace,
 }
 
 #[cfg(test)]

@@ -593,12 +593,13 @@ mod tests {
         );
     }
 
-    /// Every stream carries this box, held ones included: it stays inside jemalloc's 1,792-byte
-    /// class (it was 2,960 bytes, then 1,968 in the 2 KiB class; docs/benchmarks.md).
+    /// Every stream carries this box, held ones included: it stays inside jemalloc's 1,536-byte
+    /// class (it was 2,960 bytes, then 1,968 in the 2 KiB class, then 1,624 in the 1,792-byte
+    /// one; docs/benchmarks.md).
     #[test]
-    fn the_metering_box_fits_a_1792_byte_allocation() {
+    fn the_metering_box_fits_a_1536_byte_allocation() {
         let size = std::mem::size_of::<Metering>();
-        assert!(size <= 1792, "Metering is {size} bytes");
+        assert!(size <= 1536, "Metering is {size} bytes");
     }
 
     #[derive(Default)]

@@ -62,7 +62,7 @@ pub fn fragments(record: &RequestRecord, concurrency: &Ladder) -> Vec<(usize, Fr
         out.push((
             bucket,
             Fragment {
-                output_tokens: tokens,
+                output_tokens: u64::from(tokens),
                 decode_tokens: tokens as f64 * decode_share,
                 decode_seconds: seconds.max(0.0),
                 average_active: average_active_at(record, bucket, concurrency),

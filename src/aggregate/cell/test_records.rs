@@ -24,7 +24,7 @@ pub fn record(
     let completion: u64 = per_bucket.iter().map(|(_, t)| t).sum();
     let mut first = true;
     for &(bucket, tokens) in per_bucket {
-        split.tokens[bucket] += tokens;
+        split.add_tokens(bucket, tokens);
         // Every token but the very first closes a gap of `tbt`.
         let gaps = if first {
             tokens.saturating_sub(1)

@@ -83,7 +83,7 @@ impl Tasks {
         let data = tokio::spawn(net::serve_until(
             data_listener,
             data_options,
-            move |_peer| hyper_util::service::TowerToHyperService::new(service.clone()),
+            move |_peer| service.clone(),
             data_shutdown,
             Some(cut_short),
         ));

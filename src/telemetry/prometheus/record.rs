@@ -38,7 +38,9 @@ impl PrometheusMetrics {
         }
         for (bucket, &tokens) in r.interference.split.tokens.iter().enumerate() {
             if tokens > 0 {
-                self.slo_cell(key(bucket)).goodput_tokens.increment(tokens);
+                self.slo_cell(key(bucket))
+                    .goodput_tokens
+                    .increment(u64::from(tokens));
             }
         }
     }
@@ -153,7 +155,7 @@ impl RecordSink for PrometheusMetrics {
             } else {
                 self.cell(CellKey::of_record(r, bucket))
             };
-            split.completion_tokens.increment(tokens);
+            split.completion_tokens.increment(u64::from(tokens));
             split.decode_seconds.record(seconds);
             if r.interference.prefill_overlap_share.is_some() {
                 let busy = r
