@@ -213,6 +213,11 @@ impl ProxyService {
     }
 }
 
+/// What `ProxyService` answers with, under either service trait: the proxy never fails a
+/// request (its failures are answers).
+pub type ProxyFuture =
+    Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Infallible>> + Send>>;
+
 impl<B> tower::Service<Request<B>> for ProxyService
 where
     B: Body<Data = Bytes> + Send + 'static,
@@ -220,7 +225,7 @@ where
 {
     type Response = Response<ResponseBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Infallible>> + Send>>;
+    type Future = ProxyFuture;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -244,7 +249,7 @@ where
 {
     type Response = Response<ResponseBody>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, Infallible>> + Send>>;
+    type Future = ProxyFuture;
 
     fn call(&self, request: Request<B>) -> Self::Future {
         let proxy = Arc::clone(&self.proxy);
