@@ -11,7 +11,9 @@
 #                                          A B A B (OVERHEAD_ROUNDS, default 5)
 # Every overhead run prints each proxy's median and spread over its interleaved rounds and a noise
 # verdict: when nginx or the floor relay moves more than 15 % between rounds (the bar's own
-# margin) the CPU ratio is reported NOT JUDGED instead of PASS or FAIL.
+# margin) the CPU ratio is reported NOT JUDGED instead of PASS or FAIL. Rounds are clean ones: a
+# round in which the hypervisor took more than 5 % of the machine (steal, OVERHEAD_MAX_STEAL) in
+# any measured window is run again, up to twice the rounds in all (OVERHEAD_MAX_ROUNDS).
 # --dedicated needs only built binaries: with cargo it builds them; without, it runs
 # $OVERHEAD_BENCH_BIN (target/release/deps/overhead-*) against $OVERHEAD_TOKENTAP
 # (target/release/tokentap), so both can be copied to another machine with this script.
