@@ -19,8 +19,8 @@
 //! in one burst), `OVERHEAD_MAX_STEAL` (5: a measured window in which the hypervisor took more
 //! than this percent of the machine makes its round disturbed; the bench runs rounds until
 //! `OVERHEAD_ROUNDS` are clean or `OVERHEAD_MAX_ROUNDS`, twice as many, have run, and takes
-//! its medians of the clean ones). `OVERHEAD_SOAK_SECS=600` runs only the soak: 1,000 clients streaming back to back
-//! through the proxy for that long, its RSS sampled every 30 s.
+//! its medians of the clean ones). `OVERHEAD_SOAK_SECS=600` runs only the soak: 1,000 clients
+//! streaming back to back through the proxy for that long, its RSS sampled every 30 s.
 //! `OVERHEAD_AB="A=/path/old,B=/path/new;TOKENTAP_X__Y=v"` runs several tokentaps interleaved;
 //! `OVERHEAD_PATH=/v1/unmetered` in an entry sends that subject's streams down a route tokentap
 //! forwards without metering (the cost of its HTTP alone).
@@ -461,7 +461,6 @@ async fn start_floor(upstream: SocketAddr) -> Option<Baseline> {
     Some(floor)
 }
 
-/// CPU seconds (user + system) used so far by `pid` and its children processes (nginx workers).
 /// The machine's CPU ticks so far from `/proc/stat`'s first line: (stolen by the hypervisor,
 /// all). A window whose share of steal is high ran on a disturbed machine: its CPU per event
 /// reads high for any forwarder (cold caches after each preemption), so the rows print it.
@@ -493,6 +492,7 @@ fn steal_percent(before: (u64, u64)) -> f64 {
     steal.saturating_sub(before.0) as f64 * 100.0 / all as f64
 }
 
+/// CPU seconds (user + system) used so far by `pid` and its children processes (nginx workers).
 fn cpu_seconds(pid: u32) -> f64 {
     let ticks = |pid: u32| -> u64 {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -662,9 +662,10 @@ fn quantile(values: &mut [u64], q: f64) -> f64 {
 /// that keep them open and how many got their role chunk.
 ///
 /// At most `OVERHEAD_OPENING` (default 64; 0: no bound, all at once as before 2026-12-04) are
-/// being opened at once, as streams arrive at a real proxy: opened all in one burst, the figure held whatever that burst's setup had in
-/// flight at its peak (request bodies, heads, upstream connects), a different amount each
-/// time, and the allocator kept it for the next burst to reuse — one half's marginal RSS read
+/// being opened at once, as streams arrive at a real proxy: opened all in one burst, the
+/// figure held whatever that burst's setup had in flight at its peak (request bodies, heads,
+/// upstream connects), a different amount each time, and the allocator kept it for the next
+/// burst to reuse — one half's marginal RSS read
 /// 11.1 KiB per stream in one round and 15.4 in the next for the same binary, the total for
 /// both halves within 1 % (docs/benchmarks.md, "Memory per idle stream: the burst taken out
 /// of the ruler").
@@ -861,6 +862,13 @@ impl Row {
     fn disturbed(&self, max_steal: f64) -> bool {
         self.steal_percent > max_steal
     }
+}
+
+/// No window of `round` was disturbed.
+fn is_clean(rows: &[Row], round: u64, max_steal: f64) -> bool {
+    rows.iter()
+        .filter(|r| r.round == round)
+        .all(|r| !r.disturbed(max_steal))
 }
 
 /// What one row measures: a forwarder's name, where it listens, its process (CPU is read
@@ -1084,7 +1092,7 @@ fn main() {
                     rows.push(measure(Target { subject: "floor", addr: relay.addr, pid: relay.child.id(), path: METERED_PATH }, round, upstream, shape, epoch).await);
                 }
             }
-            if rows.iter().filter(|r| r.round == round).all(|r| !r.disturbed(max_steal)) {
+            if is_clean(&rows, round, max_steal) {
                 clean += 1;
             }
         }
@@ -1111,9 +1119,7 @@ fn main() {
         }
         // Medians, spreads and verdicts are of the clean rounds when there are enough of them to
         // take a median of; otherwise of every round, and the CPU ratio is not judged.
-        let clean_rounds: Vec<u64> = (1..=round)
-            .filter(|n| rows.iter().filter(|r| r.round == *n).all(|r| !r.disturbed(max_steal)))
-            .collect();
+        let clean_rounds: Vec<u64> = (1..=round).filter(|n| is_clean(&rows, *n, max_steal)).collect();
         let enough = clean_rounds.len() as u64 >= rounds.min(MIN_CLEAN_ROUNDS);
         let disturbed = (!enough).then(|| {
             let highest = rows.iter().map(|r| r.steal_percent).filter(|s| s.is_finite()).fold(0.0, f64::max);
