@@ -22,8 +22,11 @@ use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use http_body::Body;
 use tokentap::base::Route;
+use tokentap::config::RoutePolicyConfig;
 use tokentap::meter::buckets::{Ladder, DEFAULT_CONCURRENCY, DEFAULT_CONTEXTS};
 use tokentap::meter::Meter;
+use tokentap::proxy::answers::Answers;
+use tokentap::proxy::routes::RoutePolicy;
 use tokentap::stream::body::MeteredBody;
 use tokentap::stream::classify::EventClassifier;
 use tokentap::stream::fingerprint::PrefixSalt;
@@ -202,6 +205,23 @@ fn bench_request(c: &mut Criterion) {
             Some(salt.fingerprint(prompt.bytes(&body)))
         })
     });
+    // The default route policy's check, which every request passes (`proxy.routes = "safe"`:
+    // the path against every engine's route table).
+    let safe = RoutePolicy::from_config(&RoutePolicyConfig::Safe);
+    group.bench_function("route check, /v1/chat/completions", |b| {
+        b.iter(|| safe.check("POST", std::hint::black_box("/v1/chat/completions")))
+    });
+    // Which engine a read's answers name, from vLLM 0.32's own metrics page: every POST asked
+    // it until 2026-12-04 (the guard on fields run as code); now once per read.
+    let page = include_str!("../tests/fixtures/engines/vllm-0.32.0/describe/metrics.txt");
+    let answers = Answers {
+        metrics: Some(page.to_owned()),
+        ..Answers::default()
+    };
+    group.bench_function(
+        BenchmarkId::new("engine of a read, vLLM metrics page", page.len()),
+        |b| b.iter(|| answers.engine()),
+    );
     group.finish();
 }
 

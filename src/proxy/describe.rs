@@ -461,6 +461,30 @@ mod tests {
         );
     }
 
+    /// The engine a request asks of its upstream (the code-field guard, every POST) is the one
+    /// the last published read names: worked out once per read, not per request, and a newer
+    /// read replaces it.
+    #[test]
+    fn the_engine_follows_the_published_reads() {
+        let upstream = upstream("http://127.0.0.1:9");
+        assert!(upstream.engine().is_none(), "nothing read yet");
+        let vllm = Answers {
+            models: Some(json!({"data":[{"id":"m","owned_by":"me"}]})),
+            metrics: Some("vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 0\n".into()),
+            ..Answers::default()
+        };
+        upstream.publish_description(Arc::new(vllm));
+        assert_eq!(upstream.engine().map(|e| e.name()), Some("vllm"));
+        let sglang = Answers {
+            models: Some(json!({"data":[{"id":"m","owned_by":"sglang"}]})),
+            ..Answers::default()
+        };
+        upstream.publish_description(Arc::new(sglang));
+        assert_eq!(upstream.engine().map(|e| e.name()), Some("sglang"));
+        upstream.publish_description(Arc::new(Answers::default()));
+        assert!(upstream.engine().is_none(), "a read that names no engine");
+    }
+
     /// Records held while the first read and its fingerprint are under way are published once
     /// both are over, in order; past the bound, or once settled, they are handed back.
     #[test]

@@ -69,6 +69,10 @@ pub struct Upstream {
     /// What the server last said of itself (`describe`, the one reader): `None` until a read
     /// answered. Subscribers (the fingerprint) are woken by each new read.
     description: tokio::sync::watch::Sender<Option<Arc<Answers>>>,
+    /// The engine that description names, worked out once per read: every POST asks it (the
+    /// guard on fields run as code, `phase::admit`), and working it out reads every line of
+    /// the metrics page the read kept, hundreds of KB on a vLLM server.
+    engine: RwLock<Option<crate::base::engine::Engine>>,
     /// Its first self-description read is under way (`describe::spawn` sets it for an
     /// upstream read in the background, the first read's end clears it): requests that start
     /// meanwhile have provisional labels, settled when they end (`phase::start`).
@@ -165,6 +169,7 @@ impl Upstream {
             client,
             inline,
             description: tokio::sync::watch::Sender::new(None),
+            engine: RwLock::new(None),
             first_read: AtomicBool::new(false),
             identity_pending: AtomicBool::new(false),
             held: Mutex::new(Vec::new()),
@@ -215,6 +220,7 @@ impl Upstream {
 
     /// Publishes a read (`describe::read_now`), waking subscribers.
     pub fn publish_description(&self, answers: Arc<Answers>) {
+        *lock::write(&self.engine) = answers.engine();
         self.description.send_replace(Some(answers));
     }
 
@@ -235,9 +241,9 @@ impl Upstream {
         }
     }
 
-    /// The engine the server's answers name, once a read answered.
+    /// The engine the server's answers name, once a read answered (one brief read lock).
     pub fn engine(&self) -> Option<crate::base::engine::Engine> {
-        self.description().and_then(|answers| answers.engine())
+        *lock::read(&self.engine)
     }
 
     /// The model the server last said it serves first, if it has said.

@@ -252,6 +252,23 @@ impl EngineRoute {
         if self.mount {
             return path.starts_with(self.path);
         }
+        // Every request's path is matched against every engine's routes (`classify_route`):
+        // the template's literal part up to its first parameter must begin the path, which
+        // turns most routes away without splitting either string, and a template with no
+        // parameter matches only itself.
+        let literal = self.path.find('{').map_or(self.path, |at| &self.path[..at]);
+        if !path.starts_with(literal) {
+            return false;
+        }
+        if literal.len() == self.path.len() {
+            return path.len() == literal.len();
+        }
+        self.matches_segments(path)
+    }
+
+    /// The segment-by-segment match `matches_path` falls back on for a template with
+    /// parameters.
+    fn matches_segments(&self, path: &str) -> bool {
         let mut template = self.path.split('/');
         let mut segments = path.split('/');
         loop {
@@ -381,6 +398,8 @@ pub struct Evidence<'a> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     #[test]
@@ -396,5 +415,65 @@ mod tests {
         assert!(mount.matches_path("/metrics") && mount.matches_path("/metrics/x"));
         assert!(mount.takes("DELETE"));
         assert!(one.takes("HEAD") && !one.takes("POST"));
+    }
+
+    /// Segments of the built-in routes' paths and a few others.
+    const PIECES: &[&str] = &[
+        "v1",
+        "chat",
+        "completions",
+        "models",
+        "generate",
+        "slots",
+        "adapters",
+        "metrics",
+        "{id}",
+        "x",
+        "0",
+        "v2",
+        "tokenize",
+    ];
+
+    proptest! {
+        /// The literal-prefix shortcut answers as the segment walk does, for every built-in
+        /// route and paths made of route pieces, empty segments and arbitrary ones.
+        #[test]
+        fn the_shortcut_agrees_with_the_segment_walk(
+            route in 0usize..1_000,
+            segments in proptest::collection::vec(
+                prop_oneof![
+                    Just(String::new()),
+                    "[a-z0-9_{}:.-]{1,12}",
+                    proptest::sample::select(PIECES).prop_map(String::from),
+                ],
+                0..6,
+            ),
+        ) {
+            let routes: Vec<&EngineRoute> = crate::engine::Engine::all()
+                .into_iter()
+                .flat_map(|engine| engine.spec().routes.routes.iter())
+                .filter(|route| !route.mount)
+                .collect();
+            let route = routes[route % routes.len()];
+            let path = format!("/{}", segments.join("/"));
+            prop_assert_eq!(
+                route.matches_path(&path),
+                route.matches_segments(&path),
+                "{} against {}",
+                path,
+                route.path
+            );
+            prop_assert!(route.matches_path(route.path));
+            // The route's own path with its parameters filled in, and with a segment more.
+            let filled: Vec<&str> = route
+                .path
+                .split('/')
+                .map(|part| if part.starts_with('{') { "p" } else { part })
+                .collect();
+            let own = filled.join("/");
+            prop_assert!(route.matches_path(&own), "{} against {}", own, route.path);
+            let longer = format!("{own}/{}", segments.first().map_or("q", String::as_str));
+            prop_assert_eq!(route.matches_path(&longer), route.matches_segments(&longer));
+        }
     }
 }
