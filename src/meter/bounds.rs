@@ -37,6 +37,11 @@ pub static OVERHEAD_BUCKETS: [f64; 16] = [
     0.002, 0.005, 0.01, 0.025, 0.05, 0.1,
 ];
 
+/// The bounds of a request's own histograms (`meter::timeline::LocalHistogram`), reached
+/// through one thin pointer each: every open stream carries two such histograms.
+pub static TOKEN_GAP_BOUNDS: &[f64] = &TOKEN_GAP_BUCKETS;
+pub static OVERHEAD_BOUNDS: &[f64] = &OVERHEAD_BUCKETS;
+
 /// Average active requests: the concurrency ladder and the points between.
 pub static ACTIVE_BUCKETS: [f64; 19] = [
     1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0, 192.0,

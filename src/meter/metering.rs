@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::base::lock;
 use crate::base::Source;
 
-use super::bounds::{OVERHEAD_BUCKETS, TOKEN_GAP_BUCKETS};
+use super::bounds::{OVERHEAD_BOUNDS, TOKEN_GAP_BOUNDS};
 use super::buckets::Ladder;
 use super::inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
 use super::labels::{HeldRelease, RequestLabels, SettleLabels};
@@ -214,7 +214,7 @@ impl Meter {
                 sink.started(&labels);
             }
         }
-        let mut timeline = Timeline::new(head_in, &TOKEN_GAP_BUCKETS, &OVERHEAD_BUCKETS);
+        let mut timeline = Timeline::new(head_in, &TOKEN_GAP_BOUNDS, &OVERHEAD_BOUNDS);
         timeline.body_read = body_read;
         let mut meter = RequestMeter {
             meter: Arc::clone(self),
@@ -660,7 +660,7 @@ impl RequestMeter {
             reasoning: usage.reasoning_tokens,
             completion,
             completion_exact: exact,
-            events: self.timeline.token_events,
+            events: u64::from(self.timeline.token_events),
             max: self.max_tokens,
             per_second: timing.tbt.map(|t| 1.0 / t.as_secs_f64()),
             prefill_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, timing.ttft),
@@ -765,7 +765,7 @@ impl RequestMeter {
                 sent.saturating_duration_since(from)
             }),
             per_frame: timeline.frame_overhead.take(),
-            frames: timeline.frames,
+            frames: u64::from(timeline.frames),
         }
     }
 }
@@ -775,7 +775,7 @@ impl Drop for RequestMeter {
         // Dropped before an explicit finish: the client (or the server shutting down) went
         // away mid-request.
         let usage = Usage::default();
-        let tokens = self.timeline.streamed_tokens;
+        let tokens = u64::from(self.timeline.streamed_tokens);
         self.finish(Outcome::ClientAborted, usage, tokens, false);
     }
 }
@@ -806,5 +806,11 @@ mod tests {
         assert!(offset_of!(RequestMeter, interference) <= 128);
         assert!(offset_of!(RequestMeter, timeline) <= 512);
         assert!(offset_of!(Timeline, area_at_last_token) < 128);
+        // The two histograms recorded per event, whose staged buckets spare the cold array.
+        assert!(
+            offset_of!(Timeline, frame_overhead)
+                + std::mem::size_of::<super::super::timeline::LocalHistogram>()
+                <= 192
+        );
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use super::buckets::MAX_LADDER;
 use super::server_state::ServerStateMeans;
-use super::timeline::{ConcurrencySplit, LocalHistogram};
+use super::timeline::{ConcurrencySplit, LocalHistogram, NO_BOUNDS};
 
 /// How a finished request fared against its targets.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -183,7 +183,7 @@ impl Default for Timing {
             duration: Duration::ZERO,
             decode: None,
             tbt: None,
-            itl: LocalHistogram::new(&[]),
+            itl: LocalHistogram::new(&NO_BOUNDS),
         }
     }
 }
@@ -280,7 +280,7 @@ impl Default for Overhead {
     fn default() -> Self {
         Self {
             request: None,
-            per_frame: LocalHistogram::new(&[]),
+            per_frame: LocalHistogram::new(&NO_BOUNDS),
             frames: 0,
         }
     }

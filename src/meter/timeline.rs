@@ -14,78 +14,149 @@ use super::buckets::MAX_LADDER;
 /// Most buckets a local histogram may have.
 pub const MAX_HISTOGRAM_BUCKETS: usize = 32;
 
+/// No bounds: a histogram with only the overflow bucket (a record's empty default).
+pub static NO_BOUNDS: &[f64] = &[];
+
 /// A per-request histogram over fixed upper bounds: count and sum per bucket, so the flushed
 /// exporter histogram gets exact bucket counts and an exact sum (each bucket is flushed as its
 /// mean value, which lies inside the bucket, times its count).
 ///
-/// A bucket's count and sum sit side by side: recording touches one cache line of the
-/// request's state, not two (the line is cold by the next event of a stream, so each one
-/// touched costs a memory read per event).
+/// The values of consecutive records mostly fall in one bucket (a stream's decode steps, the
+/// proxy's own time per frame): they are staged in the histogram itself, which sits in the
+/// request's hot cache lines, and added to the bucket array only when a value lands in another
+/// bucket. The array is on the heap, cold by a stream's next event: touching it on every
+/// record was a memory read per histogram per event (2.0–2.7 % of the proxy's samples under
+/// the overhead bench; docs/benchmarks.md, "The histograms' staged bucket").
 ///
-/// The buckets are allocated at the first value recorded, sized to the bounds: a request that
-/// waits for its answer (queued at the engine, 10,000 of them held open) carries none — two
-/// inline arrays of 32 buckets were 1 KiB of every such request (docs/benchmarks.md, "Memory
-/// per held stream"). One allocation per histogram per request, never per event.
+/// The array is allocated when a second bucket is first needed, sized to the bounds: a request
+/// that waits for its answer (queued at the engine, 10,000 of them held open) or has seen one
+/// bucket's values carries none — two inline arrays of 32 buckets were 1 KiB of every such
+/// request (docs/benchmarks.md, "Memory per held stream"). One allocation per histogram per
+/// request at most, never per event.
 #[derive(Debug, Clone)]
 pub struct LocalHistogram {
-    bounds: &'static [f64],
-    /// (count, sum) per bucket, one more than `bounds` (the overflow); `None` until a value is
-    /// recorded.
+    /// A thin pointer to the bounds (a static slice of them): every open stream carries two
+    /// histograms, and the staged bucket's fields take the room a slice's length took.
+    bounds: &'static &'static [f64],
+    /// (count, sum) per bucket, one more than `bounds` (the overflow); `None` until values
+    /// fell in two buckets.
     buckets: Option<Box<[(u64, f64)]>>,
+    /// Sum of the staged values (each times its weight), not yet in `buckets`.
+    staged_sum: f64,
+    /// Weight staged (0: nothing staged, whatever `staged_index` says).
+    staged_count: u32,
+    /// The bucket the staged values belong to (bounds are capped at
+    /// [`MAX_HISTOGRAM_BUCKETS`], so it fits).
+    staged_index: u8,
 }
 
 impl LocalHistogram {
     /// `bounds` are increasing upper bounds; values above the last go to an overflow bucket.
-    pub fn new(bounds: &'static [f64]) -> Self {
+    pub fn new(bounds: &'static &'static [f64]) -> Self {
         Self {
-            bounds: bounds.get(..MAX_HISTOGRAM_BUCKETS - 1).unwrap_or(bounds),
+            bounds,
             buckets: None,
+            staged_sum: 0.0,
+            staged_count: 0,
+            staged_index: 0,
         }
     }
 
+    /// The bounds, at most [`MAX_HISTOGRAM_BUCKETS`] − 1 of them.
+    fn bounds(&self) -> &'static [f64] {
+        let bounds: &'static [f64] = self.bounds;
+        bounds.get(..MAX_HISTOGRAM_BUCKETS - 1).unwrap_or(bounds)
+    }
+
     /// Records `value` with weight `count`.
+    #[inline]
     pub fn record(&mut self, value: f64, count: u64) {
-        let index = self.bounds.partition_point(|&bound| bound < value);
+        let index = self.bounds().partition_point(|&bound| bound < value);
+        let weighted = value * count as f64;
+        let weight = u32::try_from(count).ok();
+        if self.staged_count == 0 || usize::from(self.staged_index) == index {
+            if let Some(staged) = weight.and_then(|w| self.staged_count.checked_add(w)) {
+                // `index` ≤ bounds.len() < MAX_HISTOGRAM_BUCKETS.
+                self.staged_index = u8::try_from(index).unwrap_or(u8::MAX);
+                self.staged_count = staged;
+                self.staged_sum += weighted;
+                return;
+            }
+        }
+        self.unstage();
+        match weight {
+            Some(weight) => {
+                self.staged_index = u8::try_from(index).unwrap_or(u8::MAX);
+                self.staged_count = weight;
+                self.staged_sum = weighted;
+            }
+            None => self.add(index, count, weighted),
+        }
+    }
+
+    /// Moves the staged values into their bucket.
+    fn unstage(&mut self) {
+        let count = std::mem::take(&mut self.staged_count);
+        let sum = std::mem::take(&mut self.staged_sum);
+        if count > 0 {
+            self.add(usize::from(self.staged_index), u64::from(count), sum);
+        }
+    }
+
+    /// Adds to bucket `index` of the array, allocating it at its first use.
+    fn add(&mut self, index: usize, count: u64, sum: f64) {
+        let size = self.bounds().len() + 1;
         let buckets = self
             .buckets
-            .get_or_insert_with(|| vec![(0, 0.0); self.bounds.len() + 1].into_boxed_slice());
+            .get_or_insert_with(|| vec![(0, 0.0); size].into_boxed_slice());
         if let Some((c, s)) = buckets.get_mut(index) {
-            *c += count;
-            *s += value * count as f64;
+            *c = c.saturating_add(count);
+            *s += sum;
         }
     }
 
     /// Moves what was recorded out, leaving this histogram empty: a request's end hands its
     /// histograms to its record without copying or allocating.
     pub fn take(&mut self) -> Self {
-        Self {
-            bounds: self.bounds,
-            buckets: self.buckets.take(),
-        }
+        std::mem::replace(self, Self::new(self.bounds))
     }
 
-    /// The buckets recorded so far (none before the first value).
-    fn recorded(&self) -> &[(u64, f64)] {
-        self.buckets.as_deref().unwrap_or(&[])
+    /// Bucket `index`: what the array holds, with the staged values when they belong there.
+    fn bucket(&self, index: usize) -> (u64, f64) {
+        let (mut count, mut sum) = self
+            .buckets
+            .as_deref()
+            .and_then(|buckets| buckets.get(index).copied())
+            .unwrap_or((0, 0.0));
+        if self.staged_count > 0 && usize::from(self.staged_index) == index {
+            count = count.saturating_add(u64::from(self.staged_count));
+            sum += self.staged_sum;
+        }
+        (count, sum)
     }
 
     /// Non-empty buckets as (mean value, count).
     pub fn buckets(&self) -> impl Iterator<Item = (f64, u64)> + '_ {
-        self.recorded()
-            .iter()
+        (0..=self.bounds().len())
+            .map(|index| self.bucket(index))
             .filter(|(c, _)| *c > 0)
-            .map(|(c, s)| (s / *c as f64, *c))
+            .map(|(c, s)| (s / c as f64, c))
     }
 
     /// Total weight recorded.
     pub fn count(&self) -> u64 {
-        self.recorded().iter().map(|(c, _)| c).sum()
+        self.buckets().map(|(_, c)| c).sum()
     }
 
     /// Largest bucket mean (an upper estimate of the maximum within bucket resolution).
     pub fn max_mean(&self) -> Option<f64> {
         self.buckets().map(|(mean, _)| mean).reduce(f64::max)
     }
+}
+
+/// A count for a per-request `u32` counter (saturating: no request streams that many).
+fn narrow(count: u64) -> u32 {
+    u32::try_from(count).unwrap_or(u32::MAX)
 }
 
 /// Tokens and decode time of one request split by the concurrency bucket in force when each
@@ -156,23 +227,27 @@ pub struct Timeline {
     /// prefill ended. Never later than `first_token`.
     pub first_delivery: Option<Instant>,
     pub first_byte: Option<Instant>,
-    /// Events that carried output.
-    pub token_events: u64,
+    /// Events that carried output. This count and the three below are `u32` (added
+    /// saturating; no request streams four billion tokens): every open stream carries them,
+    /// and the narrower counts keep the metering box in jemalloc's 1,536-byte class with the
+    /// histograms' staged buckets (docs/benchmarks.md, "The histograms' staged bucket").
+    pub token_events: u32,
     /// Tokens carried by those events (exact with per-chunk usage).
-    pub streamed_tokens: u64,
+    pub streamed_tokens: u32,
     /// Tokens delivered without visible output since the last output event: the next output
     /// event's gap is shared among them too.
-    pub pending_silent: u64,
-    pub frames: u64,
+    pub pending_silent: u32,
+    pub frames: u32,
     /// ∫inflight·dt at the latest token event (and, below, at the first).
     pub area_at_last_token: f64,
-    pub split: ConcurrencySplit,
     /// Inter-token latency, per token: the gap between two output events divided over every
     /// token delivered since the earlier one (silent tokens included), each token one sample
-    /// (docs/metrics.md "ITL").
+    /// (docs/metrics.md "ITL"). Both histograms are recorded on every event or frame, and
+    /// what they record is staged in them: they sit with the other per-event fields.
     pub itl: LocalHistogram,
     /// Time spent inside tokentap per forwarded frame.
     pub frame_overhead: LocalHistogram,
+    pub split: ConcurrencySplit,
     pub head_in: Instant,
     /// When the request body was fully read (metered routes read it before forwarding).
     pub body_read: Option<Instant>,
@@ -192,8 +267,8 @@ pub struct Timeline {
 impl Timeline {
     pub fn new(
         head_in: Instant,
-        itl_bounds: &'static [f64],
-        overhead_bounds: &'static [f64],
+        itl_bounds: &'static &'static [f64],
+        overhead_bounds: &'static &'static [f64],
     ) -> Self {
         Self {
             head_in,
@@ -242,7 +317,7 @@ impl Timeline {
             }
             Some(last) => {
                 let gap = now.saturating_duration_since(last).as_secs_f64();
-                let delivered = tokens + silent;
+                let delivered = tokens.saturating_add(u64::from(silent));
                 self.itl.record(gap / delivered as f64, delivered);
                 if let Some(seconds) = self.split.seconds.get_mut(bucket) {
                     *seconds += gap;
@@ -252,8 +327,8 @@ impl Timeline {
         self.split.add_tokens(bucket, tokens);
         self.area_at_last_token = area;
         self.last_token = Some(now);
-        self.token_events += 1;
-        self.streamed_tokens += tokens;
+        self.token_events = self.token_events.saturating_add(1);
+        self.streamed_tokens = self.streamed_tokens.saturating_add(narrow(tokens));
     }
 
     /// Records tokens delivered at `now` without visible output (held-back partial UTF-8, a
@@ -262,8 +337,8 @@ impl Timeline {
         if tokens > 0 {
             self.first_delivery.get_or_insert(now);
         }
-        self.pending_silent = self.pending_silent.saturating_add(tokens);
-        self.streamed_tokens = self.streamed_tokens.saturating_add(tokens);
+        self.pending_silent = self.pending_silent.saturating_add(narrow(tokens));
+        self.streamed_tokens = self.streamed_tokens.saturating_add(narrow(tokens));
     }
 
     /// Records that a frame arrived at `arrived` and was handed on at `forwarded`.
@@ -271,7 +346,7 @@ impl Timeline {
         if self.first_byte.is_none() {
             self.first_byte = Some(arrived);
         }
-        self.frames += 1;
+        self.frames = self.frames.saturating_add(1);
         self.frame_overhead.record(
             forwarded.saturating_duration_since(arrived).as_secs_f64(),
             1,
@@ -296,22 +371,82 @@ impl Timeline {
 mod tests {
     use super::*;
 
-    static BOUNDS: [f64; 3] = [0.001, 0.01, 0.1];
+    static BOUNDS: &[f64] = &[0.001, 0.01, 0.1];
 
     #[test]
-    fn a_histogram_holds_no_buckets_until_its_first_value() {
-        static BOUNDS: [f64; 3] = [1.0, 2.0, 3.0];
+    fn a_histogram_holds_no_buckets_until_a_second_bucket_is_needed() {
+        static BOUNDS: &[f64] = &[1.0, 2.0, 3.0];
         let mut histogram = LocalHistogram::new(&BOUNDS);
         assert_eq!(histogram.count(), 0);
         assert_eq!(histogram.buckets().count(), 0);
         assert_eq!(histogram.max_mean(), None);
-        // A pointer and the bounds, not 32 inline buckets: what a waiting request carries.
-        assert!(std::mem::size_of::<LocalHistogram>() <= 32);
-        assert!(histogram.buckets.is_none());
+        // Two pointers and the staged bucket, not 32 inline buckets: what a waiting request
+        // carries.
+        assert!(std::mem::size_of::<LocalHistogram>() <= 40);
+        // Values in one bucket are staged in the histogram itself: no array yet.
         histogram.record(9.0, 2);
-        // Sized to the bounds and the overflow bucket.
+        histogram.record(7.0, 1);
+        assert!(histogram.buckets.is_none());
+        assert_eq!(
+            histogram.buckets().collect::<Vec<_>>(),
+            vec![(25.0 / 3.0, 3)]
+        );
+        // A second bucket: the array, sized to the bounds and the overflow bucket.
+        histogram.record(0.5, 1);
         assert_eq!(histogram.buckets.as_deref().map(<[_]>::len), Some(4));
-        assert_eq!(histogram.buckets().collect::<Vec<_>>(), vec![(9.0, 2)]);
+        assert_eq!(
+            histogram.buckets().collect::<Vec<_>>(),
+            vec![(0.5, 1), (25.0 / 3.0, 3)]
+        );
+        // Taken, it leaves an empty histogram over the same bounds.
+        let taken = histogram.take();
+        assert_eq!(taken.count(), 4);
+        assert_eq!(histogram.count(), 0);
+        assert!(histogram.buckets.is_none());
+        assert!(std::ptr::eq(histogram.bounds(), BOUNDS));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Staging changes where a value waits, never what is counted: every bucket's count
+        /// and sum equal those of a plain array filled value by value, whatever the order,
+        /// the weights (past `u32` too) and the buckets they fall in.
+        #[test]
+        fn staging_agrees_with_filling_the_array_directly(
+            records in proptest::collection::vec(
+                (0usize..6, 0.0f64..1.0, proptest::prop_oneof![
+                    0u64..4,
+                    proptest::prelude::Just(u64::from(u32::MAX)),
+                    proptest::prelude::Just(u64::from(u32::MAX) + 7),
+                ]),
+                0..64,
+            ),
+        ) {
+            static BOUNDS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0];
+            let mut histogram = LocalHistogram::new(&BOUNDS);
+            let mut plain = [(0u64, 0.0f64); 6];
+            for &(bucket, fraction, count) in &records {
+                // A value strictly inside bucket `bucket` (the last is the overflow).
+                let value = bucket as f64 + 0.01 + fraction * 0.98;
+                histogram.record(value, count);
+                plain[bucket].0 += count;
+                plain[bucket].1 += value * count as f64;
+            }
+            let mut expected = Vec::new();
+            for &(count, sum) in &plain {
+                if count > 0 {
+                    expected.push((sum / count as f64, count));
+                }
+            }
+            let got: Vec<_> = histogram.buckets().collect();
+            proptest::prop_assert_eq!(got.len(), expected.len());
+            for ((mean, count), (want_mean, want_count)) in got.into_iter().zip(expected) {
+                proptest::prop_assert_eq!(count, want_count);
+                proptest::prop_assert!((mean - want_mean).abs() <= 1e-9 * want_mean.abs().max(1.0));
+            }
+            proptest::prop_assert_eq!(histogram.count(), plain.iter().map(|(c, _)| c).sum::<u64>());
+        }
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::meter::record::{
 };
 use crate::meter::timeline::{ConcurrencySplit, LocalHistogram};
 
-static BOUNDS: [f64; 1] = [1.0];
+static BOUNDS: &[f64] = &[1.0];
 
 /// A streamed request of `prompt` tokens whose token events (one token each) arrived
 /// `tbt` apart after `ttft`, spending `(bucket, tokens)` at each concurrency bucket.

@@ -67,9 +67,9 @@ mod tests {
 
     #[test]
     fn a_local_histogram_lands_as_its_bucket_means_and_counts() {
-        static BOUNDS: [f64; 2] = [1.0, 10.0];
+        static BOUNDS: &[f64] = &[1.0, 10.0];
         let recorder = PrometheusBuilder::new()
-            .set_buckets(&BOUNDS)
+            .set_buckets(BOUNDS)
             .unwrap()
             .build_recorder();
         let metadata = metrics::Metadata::new(module_path!(), metrics::Level::INFO, None);
