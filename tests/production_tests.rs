@@ -167,15 +167,17 @@ async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pai
             &what("total tok/s"),
         );
         within(cell.tbt_ms, GAP.as_secs_f64() * 1e3, 0.05, &what("TBT"));
-        // TTFT against what the clients saw (the scripted TTFT plus connection set-up, which
-        // a loaded machine can stretch), and never below the scripted one.
-        within(
-            cell.ttft_ms,
-            client_ttft.as_secs_f64() * 1e3,
-            0.05,
-            &what("TTFT"),
+        // TTFT between the scripted one and what the clients saw: a client's time also holds
+        // its connection set-up and request write, which a loaded machine stretches (the suite
+        // runs sixteen tests at a time: 219 ms seen by the client against 204 ms from the head's
+        // arrival, with 200 scripted), and the proxy times from the request head's arrival.
+        let ttft_ms = cell.ttft_ms.unwrap();
+        let (scripted_ms, client_ms) = (TTFT.as_secs_f64() * 1e3, client_ttft.as_secs_f64() * 1e3);
+        assert!(
+            ttft_ms >= scripted_ms * 0.99 && ttft_ms <= client_ms * 1.05,
+            "{}: {ttft_ms} ms is outside [{scripted_ms} scripted, {client_ms} seen by the clients]",
+            what("TTFT")
         );
-        assert!(cell.ttft_ms.unwrap() >= TTFT.as_secs_f64() * 1e3 * 0.99);
         within(
             cell.average_active_requests,
             c,
@@ -216,11 +218,14 @@ async fn steady_streams_give_the_known_cell_at_three_context_and_concurrency_pai
 
         // Prefill: cold requests (the upstream reported 0 cached tokens).
         let row = doc.prefill_row(context).unwrap();
-        within(
-            row.prompt_tok_s,
-            prompt as f64 / client_ttft.as_secs_f64(),
-            0.05,
-            "prefill tok/s",
+        let prompt_tok_s = row.prompt_tok_s.unwrap();
+        let (slowest, fastest) = (
+            prompt as f64 / (client_ms * 1.05 / 1e3),
+            prompt as f64 / (scripted_ms * 0.99 / 1e3),
+        );
+        assert!(
+            (slowest..=fastest).contains(&prompt_tok_s),
+            "prefill tok/s of {context}: {prompt_tok_s} is outside [{slowest}, {fastest}] (the prompt over the clients' and the scripted TTFT)"
         );
     }
     // Tokens are conserved: every token the clients received is in exactly one cell.
