@@ -1,5 +1,6 @@
 //! The hot path allocates nothing per event. A counting allocator counts heap allocations
-//! while a stream is forwarded, and the count must not grow with the number of events: per
+//! while a stream is forwarded, and the count must not grow with the number of events (beyond
+//! what a request makes once, whenever it comes: its histograms' bucket arrays): per
 //! thread, while a metered body forwards a long stream (the metering alone); process-wide,
 //! while a whole `tokentap serve` proxy forwards a stream from a raw TCP upstream to a raw
 //! TCP client over loopback, event by event (hyper's two connections, the runtime and the
@@ -80,6 +81,9 @@ fn forward(meter: &Arc<Meter>, events: usize, injected: Injected, continuous: bo
     during
 }
 
+/// Allocations a request's metering may make late, once each: its two histograms' arrays.
+const HISTOGRAM_ARRAYS: u64 = 2;
+
 #[test]
 fn forwarding_allocates_nothing_per_event() {
     let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -97,10 +101,13 @@ fn forwarding_allocates_nothing_per_event() {
     ] {
         let short = forward(&meter, 10, injected, continuous);
         let long = forward(&meter, 5_000, injected, continuous);
-        assert_eq!(
-            long,
-            short,
-            "{name}: 4,990 more events cost {} more allocations",
+        // A request's two histograms (inter-token gap, time per frame) each allocate their
+        // bucket array once, when a value first falls outside the bucket their values were
+        // staged in (`meter::timeline::LocalHistogram`): the times here are real, so a longer
+        // stream may need one the short one never did. Once per request, never per event.
+        assert!(
+            long <= short + HISTOGRAM_ARRAYS,
+            "{name}: 4,990 more events cost {} more allocations ({short} for 10 events, {long} for 5,000)",
             long as i64 - short as i64
         );
     }
