@@ -40,6 +40,7 @@ pub static OVERHEAD_BUCKETS: [f64; 16] = [
 /// The bounds of a request's own histograms (`meter::timeline::LocalHistogram`), reached
 /// through one thin pointer each: every open stream carries two such histograms.
 pub static TOKEN_GAP_BOUNDS: &[f64] = &TOKEN_GAP_BUCKETS;
+/// [`OVERHEAD_BUCKETS`] for a request's own per-frame histogram, as [`TOKEN_GAP_BOUNDS`].
 pub static OVERHEAD_BOUNDS: &[f64] = &OVERHEAD_BUCKETS;
 
 /// Average active requests: the concurrency ladder and the points between.
