@@ -73,23 +73,21 @@ impl LocalHistogram {
     pub fn record(&mut self, value: f64, count: u64) {
         let index = self.bounds().partition_point(|&bound| bound < value);
         let weighted = value * count as f64;
-        let weight = u32::try_from(count).ok();
-        if self.staged_count == 0 || usize::from(self.staged_index) == index {
-            if let Some(staged) = weight.and_then(|w| self.staged_count.checked_add(w)) {
+        if self.staged_count > 0 && usize::from(self.staged_index) != index {
+            self.unstage();
+        }
+        match u32::try_from(count)
+            .ok()
+            .and_then(|weight| self.staged_count.checked_add(weight))
+        {
+            Some(staged) => {
                 // `index` ≤ bounds.len() < MAX_HISTOGRAM_BUCKETS.
                 self.staged_index = u8::try_from(index).unwrap_or(u8::MAX);
                 self.staged_count = staged;
                 self.staged_sum += weighted;
-                return;
             }
-        }
-        self.unstage();
-        match weight {
-            Some(weight) => {
-                self.staged_index = u8::try_from(index).unwrap_or(u8::MAX);
-                self.staged_count = weight;
-                self.staged_sum = weighted;
-            }
+            // More weight than the staged count holds: straight into the array (the staged
+            // values of the same bucket stay staged; readers add the two).
             None => self.add(index, count, weighted),
         }
     }
