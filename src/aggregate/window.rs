@@ -397,7 +397,13 @@ impl ProductionMatrix {
                 self.started_at
             }
             Window::Last(length) => {
-                let from_s = now_s.saturating_sub(length.as_secs());
+                // The second the window starts in, from its exact start: `now` and `length`
+                // each cut to whole seconds could start it up to a second late, and a
+                // snapshot taken late after one taken just before a minute ended (its window
+                // 1.9 s, cut to 1) then missed that minute's last records.
+                let from_s = now
+                    .checked_sub(length)
+                    .map_or(0, |from| unix_seconds(from).max(0.0) as u64);
                 if length.as_secs() <= HOUR {
                     for slice in &slices.minutes.slices {
                         if slice.start + MINUTE > from_s && slice.start <= now_s {
@@ -688,6 +694,26 @@ mod tests {
         r.timing.started_at = end - r.timing.duration;
         r.labels.model = Arc::from(model);
         r
+    }
+
+    /// A window starts where its length says, to the second it falls in: a late snapshot's
+    /// window of 1.9 s reaches back into the minute that ended 1.1 s before it.
+    #[test]
+    fn a_window_with_a_fraction_of_a_second_reaches_back_as_far_as_it_says() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_750_000_020);
+        let production = aggregator(start);
+        // 1_750_000_020 is a whole minute.
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        production.add(&ending_at(at(59_600), 7, "m"));
+        let doc = production.matrix(
+            Window::Last(Duration::from_millis(1_900)),
+            Some("m"),
+            at(61_100),
+        );
+        let tokens: u64 = doc.map_or(0, |doc| {
+            doc.decode.iter().filter_map(|c| c.output_tokens).sum()
+        });
+        assert_eq!(tokens, 7);
     }
 
     #[test]
