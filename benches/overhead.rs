@@ -276,6 +276,19 @@ fn tokentap_subjects() -> Vec<Subject> {
     }]
 }
 
+/// Threads (nginx workers, HAProxy threads) each baseline gets: one per core the proxies run on
+/// (`OVERHEAD_PROXY_CPUS`, else every core), as tokentap's runtime sizes itself and as nginx's
+/// `worker_processes auto` would; a baseline with more threads than cores pays for switching
+/// between them, one with fewer leaves cores idle that tokentap uses.
+fn proxy_threads() -> usize {
+    std::env::var("OVERHEAD_PROXY_CPUS")
+        .ok()
+        .and_then(|v| cpu_list(&v))
+        .map(|cpus| cpus.len())
+        .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+        .unwrap_or(2)
+}
+
 /// A command that runs `program` pinned to the cores of `OVERHEAD_PROXY_CPUS` (taskset), or
 /// unpinned when it is not set; every proxy under test gets the same cores.
 fn proxy_command(program: &str) -> Command {
@@ -349,8 +362,9 @@ async fn start_nginx(upstream: SocketAddr) -> Option<Baseline> {
     let dir = std::env::temp_dir().join(format!("tokentap-nginx-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("logs")).unwrap();
     let config = format!(
-        "worker_processes 2;\nworker_rlimit_nofile 100000;\ndaemon off;\nmaster_process on;\npid {dir}/nginx.pid;\nerror_log {dir}/logs/error.log warn;\nevents {{ worker_connections 40000; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {dir}/body;\n  proxy_temp_path {dir}/proxy;\n  upstream up {{ server {upstream}; keepalive 1024; }}\n  server {{\n    listen {addr};\n    location / {{\n      proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_request_buffering off;\n      proxy_read_timeout 3600s;\n    }}\n  }}\n}}\n",
-        dir = dir.display()
+        "worker_processes {workers};\nworker_rlimit_nofile 100000;\ndaemon off;\nmaster_process on;\npid {dir}/nginx.pid;\nerror_log {dir}/logs/error.log warn;\nevents {{ worker_connections 40000; }}\nhttp {{\n  access_log off;\n  client_body_temp_path {dir}/body;\n  proxy_temp_path {dir}/proxy;\n  upstream up {{ server {upstream}; keepalive 1024; }}\n  server {{\n    listen {addr};\n    location / {{\n      proxy_pass http://up;\n      proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n      proxy_request_buffering off;\n      proxy_read_timeout 3600s;\n    }}\n  }}\n}}\n",
+        dir = dir.display(),
+        workers = proxy_threads()
     );
     std::fs::write(dir.join("nginx.conf"), config).unwrap();
     let child = proxy_command(binary)
@@ -368,8 +382,8 @@ async fn start_nginx(upstream: SocketAddr) -> Option<Baseline> {
     Some(Baseline { child, addr, dir })
 }
 
-/// HAProxy in front of `upstream` (`option http-no-delay`, no request buffering, two threads as
-/// nginx has two workers); `None` when HAProxy is not installed.
+/// HAProxy in front of `upstream` (`option http-no-delay`, no request buffering, a thread per
+/// proxy core as nginx has a worker per core); `None` when HAProxy is not installed.
 async fn start_haproxy(upstream: SocketAddr) -> Option<Baseline> {
     let binary = ["/usr/sbin/haproxy", "/usr/bin/haproxy"]
         .into_iter()
@@ -382,8 +396,9 @@ async fn start_haproxy(upstream: SocketAddr) -> Option<Baseline> {
         .maximum
         .unwrap_or(1_048_576);
     let maxconn = descriptors.saturating_sub(200) / 2;
+    let threads = proxy_threads();
     let config = format!(
-        "global\n  maxconn {maxconn}\n  nbthread 2\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n  option http-no-delay\n  http-reuse always\nfrontend bench\n  bind {addr}\n  default_backend up\nbackend up\n  server up {upstream} maxconn {maxconn}\n"
+        "global\n  maxconn {maxconn}\n  nbthread {threads}\ndefaults\n  mode http\n  timeout connect 5s\n  timeout client 1h\n  timeout server 1h\n  option http-no-delay\n  http-reuse always\nfrontend bench\n  bind {addr}\n  default_backend up\nbackend up\n  server up {upstream} maxconn {maxconn}\n"
     );
     std::fs::write(dir.join("haproxy.cfg"), config).unwrap();
     let child = proxy_command(binary)
