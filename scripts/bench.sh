@@ -80,9 +80,10 @@ pin_cores() {
     export OVERHEAD_UPSTREAM_CPUS="$proxy-$(( proxy + upstream - 1 ))"
     export OVERHEAD_CLIENT_CPUS="$(( proxy + upstream ))-$(( cores - 1 ))"
   elif [ "$cores" -ge 2 ]; then
+    local rest="0-$(( cores - 2 ))"; [ "$cores" -gt 2 ] || rest=0
     export OVERHEAD_PROXY_CPUS="$(( cores - 1 ))"
-    export OVERHEAD_UPSTREAM_CPUS="0-$(( cores - 2 ))"
-    export OVERHEAD_CLIENT_CPUS="0-$(( cores - 2 ))"
+    export OVERHEAD_UPSTREAM_CPUS="$rest"
+    export OVERHEAD_CLIENT_CPUS="$rest"
     echo "note: $cores cores: the proxy gets core $OVERHEAD_PROXY_CPUS alone (one thread per proxy: tokentap's runtime, nginx's workers and HAProxy's threads follow its cores), upstream and client share the rest; 8 or more give each its own; the 10,000-stream run is paced to the 1,000-stream run's 20K events/s"
   else
     echo "warning: 1 core: cannot pin proxy, upstream and client apart; running shared — latency figures include their contention, and the 10,000-stream run is paced to the 1,000-stream run's 20K events/s"
