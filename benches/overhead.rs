@@ -998,6 +998,15 @@ fn noise_verdict(rows: &[Row]) -> Option<String> {
     })
 }
 
+/// `value` as `show` writes it, or a dash where there is none (NaN, infinite).
+fn finite_or_dash(value: f64, show: impl FnOnce(f64) -> String) -> String {
+    if value.is_finite() {
+        show(value)
+    } else {
+        "—".to_string()
+    }
+}
+
 fn median(mut values: Vec<f64>) -> f64 {
     values.retain(|v| v.is_finite());
     if values.is_empty() {
@@ -1165,13 +1174,15 @@ fn main() {
                 median(rows.iter().filter(|r| r.subject == *subject).filter_map(f).collect())
             };
             println!(
-                "median {subject}: added TTFT p99 {:+.3} ms; per frame p50 {:+.3} ms, p99 {:+.3} ms; CPU {:.1} µs/event; ÷ nginx {:.2}; idle stream {:.1} KiB",
+                "median {subject}: added TTFT p99 {:+.3} ms; per frame p50 {:+.3} ms, p99 {:+.3} ms; CPU {:.1} µs/event; ÷ nginx {}; idle stream {}",
                 of(&|r| Some(r.ttft_p99)),
                 of(&|r| Some(r.frame_p50)),
                 of(&|r| Some(r.frame_p99)),
                 of(&|r| Some(r.cpu_us_per_event)),
-                of(&|r| nginx_ratio(r, &rows)),
-                of(&|r| r.idle_kib_per_stream),
+                // No ratio without nginx's CPU (not installed, or a run too short to read
+                // it), and only tokentap's memory is measured: a dash then, not NaN.
+                finite_or_dash(of(&|r| nginx_ratio(r, &rows)), |ratio| format!("{ratio:.2}")),
+                finite_or_dash(of(&|r| r.idle_kib_per_stream), |kib| format!("{kib:.1} KiB")),
             );
             let cpu = rows.iter().filter(|r| r.subject == *subject).map(|r| r.cpu_us_per_event).collect();
             let ratio = rows.iter().filter(|r| r.subject == *subject).filter_map(|r| nginx_ratio(r, &rows)).collect();
