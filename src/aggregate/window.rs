@@ -10,7 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::base::duration::parse_duration;
 use crate::base::lock;
@@ -26,7 +26,7 @@ use crate::meter::record::RequestRecord;
 use crate::meter::RecordSink;
 
 use super::cell::MatrixAccumulator;
-use crate::base::wallclock::{format_rfc3339, unix_seconds};
+use crate::base::wallclock::format_rfc3339;
 
 /// Shortest window a production matrix can be asked for (the slice width).
 pub const MIN_WINDOW: Duration = Duration::from_secs(60);
@@ -318,7 +318,7 @@ impl ProductionMatrix {
         // (splitting, sketch keys) is done once.
         let mut single = MatrixAccumulator::default();
         single.add_record(record, &self.concurrency);
-        let at = unix_seconds(ended).max(0.0) as u64;
+        let at = epoch_second(ended);
         let key = SliceKey {
             model: Arc::clone(&record.labels.model),
             fingerprint: record.labels.fingerprint,
@@ -390,7 +390,7 @@ impl ProductionMatrix {
         mut each: impl FnMut(&ByModel),
     ) -> SystemTime {
         let slices = lock::lock(&self.slices);
-        let now_s = unix_seconds(now).max(0.0) as u64;
+        let now_s = epoch_second(now);
         match window {
             Window::All => {
                 each(&slices.all);
@@ -401,9 +401,7 @@ impl ProductionMatrix {
                 // each cut to whole seconds could start it up to a second late, and a
                 // snapshot taken late after one taken just before a minute ended (its window
                 // 1.9 s, cut to 1) then missed that minute's last records.
-                let from_s = now
-                    .checked_sub(length)
-                    .map_or(0, |from| unix_seconds(from).max(0.0) as u64);
+                let from_s = now.checked_sub(length).map_or(0, epoch_second);
                 if length.as_secs() <= HOUR {
                     for slice in &slices.minutes.slices {
                         if slice.start + MINUTE > from_s && slice.start <= now_s {
@@ -653,6 +651,12 @@ impl RecordSink for ProductionMatrix {
             self.add(record);
         }
     }
+}
+
+/// The whole second since the Unix epoch that `time` falls in (0 before it): the slices' clock.
+fn epoch_second(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
 }
 
 fn capitalised(text: &str) -> String {
