@@ -18,6 +18,7 @@ mod fault_tests;
 mod fidelity_tests;
 mod fingerprint_tests;
 mod fleet_tests;
+mod hardening_tests;
 mod interference_tests;
 mod labels_tests;
 mod layers_tests;

@@ -10,16 +10,61 @@
 //! it with its escapes decoded, and the moment a key named like the field appears, at any
 //! depth, the body fails. The upstream then has an incomplete JSON document, which its parser
 //! rejects: the field is never read, so no code runs, and the client gets the failure.
+//!
+//! sglang decompresses a body sent with `x-body-compressed: zstd` before any route reads it
+//! (`SGLANG_ENABLE_REQUEST_DECOMPRESSION=1`, `entrypoints/http_request_decompression.py`), so
+//! such a body is checked as it will be read: decompressed ([`decompressed`]), at most the parse
+//! limit of it. One that cannot be (too long to be read whole, corrupt, or longer than the limit
+//! once decompressed) is refused: a field hidden in it could not be ruled out.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 
 use super::box_error::BoxError;
 use super::request_body::DynBody;
 use crate::base::engine::CodeField;
+
+/// The header that asks sglang to decompress the body, and the one value it decompresses
+/// (`_DECOMPRESSORS`; starlette's `Headers.get` reads the first such header; another value is
+/// answered 400 by sglang itself, before any route reads the body).
+pub const BODY_COMPRESSED: &str = "x-body-compressed";
+const ZSTD: &[u8] = b"zstd";
+
+/// Whether the engine will read this request's body decompressed.
+pub fn decompressed_by_engine(headers: &HeaderMap) -> bool {
+    headers
+        .get(BODY_COMPRESSED)
+        .is_some_and(|value| value.as_bytes() == ZSTD)
+}
+
+/// The smallest zstd window accepted whatever the parse limit (a frame's window is often larger
+/// than its content: 2 MiB at zstd's default level).
+const MIN_WINDOW: u64 = 8 << 20;
+
+/// A zstd body as the engine reads it (its first frame, as python-zstandard's `stream_reader`
+/// does), at most `limit` bytes of it; else why it cannot be checked.
+pub fn decompressed(body: &[u8], limit: usize) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let limit_u64 = u64::try_from(limit).unwrap_or(u64::MAX);
+    let window = limit_u64.max(MIN_WINDOW);
+    let decoder = ruzstd::decoding::StreamingDecoder::new_with_max_window_size(body, window)
+        .map_err(|error| format!("not a zstd frame tokentap can read: {error}"))?;
+    let mut out = Vec::new();
+    decoder
+        .take(limit_u64.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(|error| format!("a corrupt zstd frame: {error}"))?;
+    if out.len() > limit {
+        return Err(format!(
+            "longer than metering.max_parse_bytes ({limit} bytes) once decompressed"
+        ));
+    }
+    Ok(out)
+}
 
 /// A body tokentap could not read whole, forwarded while a [`FieldScanner`] looks for a field
 /// run as code: found, the body fails (the upstream never gets a whole document).

@@ -63,6 +63,13 @@ pub enum ProxyError {
         engine: &'static str,
         opened_by: &'static str,
     },
+    #[error("the request body is sent `x-body-compressed: zstd`, which {engine} decompresses before reading it, and tokentap cannot check it for `{field}` (run as code with {opened_by}): {why}; it is not forwarded from the data port unless proxy.code_fields = \"forward\"")]
+    CompressedUnchecked {
+        field: &'static str,
+        engine: &'static str,
+        opened_by: &'static str,
+        why: String,
+    },
 }
 
 /// The reason a path is not forwarded, as the 403 says it.
@@ -96,7 +103,9 @@ impl ProxyError {
             ProxyError::ClientBody { .. } => StatusCode::BAD_REQUEST,
             ProxyError::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ProxyError::RouteRefused { .. } | ProxyError::CodeField { .. } => StatusCode::FORBIDDEN,
+            ProxyError::RouteRefused { .. }
+            | ProxyError::CodeField { .. }
+            | ProxyError::CompressedUnchecked { .. } => StatusCode::FORBIDDEN,
             ProxyError::BadPath { .. } => StatusCode::BAD_REQUEST,
         }
     }
@@ -110,7 +119,8 @@ impl ProxyError {
             | ProxyError::Method { .. }
             | ProxyError::RouteRefused { .. }
             | ProxyError::BadPath { .. }
-            | ProxyError::CodeField { .. } => Outcome::ClientAborted,
+            | ProxyError::CodeField { .. }
+            | ProxyError::CompressedUnchecked { .. } => Outcome::ClientAborted,
             _ => Outcome::UpstreamError,
         }
     }
@@ -126,7 +136,9 @@ impl ProxyError {
             ProxyError::Method { .. } => "method_not_allowed",
             ProxyError::RouteRefused { .. } => "route_refused",
             ProxyError::BadPath { .. } => "bad_request_target",
-            ProxyError::CodeField { .. } => "code_field_refused",
+            ProxyError::CodeField { .. } | ProxyError::CompressedUnchecked { .. } => {
+                "code_field_refused"
+            }
         }
     }
 
@@ -141,7 +153,8 @@ impl ProxyError {
             | ProxyError::Method { .. }
             | ProxyError::RouteRefused { .. }
             | ProxyError::BadPath { .. }
-            | ProxyError::CodeField { .. } => None,
+            | ProxyError::CodeField { .. }
+            | ProxyError::CompressedUnchecked { .. } => None,
         }
     }
 

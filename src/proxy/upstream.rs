@@ -381,6 +381,15 @@ impl Router {
         })
     }
 
+    /// Whether any upstream besides the default claims models (a request may then go by its
+    /// `model`, read from its body).
+    pub fn routes_by_model(&self) -> bool {
+        self.upstreams
+            .iter()
+            .skip(1)
+            .any(|u| !u.config.models.is_empty())
+    }
+
     /// The upstream claiming `model`.
     pub fn by_model(&self, model: &str) -> Option<&Arc<Upstream>> {
         self.upstreams

@@ -357,8 +357,18 @@ impl Metering {
 
 impl Drop for Metering {
     fn drop(&mut self) {
-        // Dropped before the end: the client hung up (hyper drops the body).
-        self.finish(Outcome::ClientAborted);
+        // Dropped before the end: the client hung up (hyper drops the body). A stream whose
+        // own end marker (`[DONE]`, `message_stop`, `response.completed`) was seen is complete
+        // whatever the client did after it: the OpenAI SDK and GuideLLM close the connection
+        // once they read `[DONE]`, before the chunked body's terminator arrives.
+        if !self.is_finished()
+            && matches!(self.mode, Mode::Sse(_))
+            && self.classifier.terminal_seen()
+        {
+            self.on_end();
+        } else {
+            self.finish(Outcome::ClientAborted);
+        }
     }
 }
 

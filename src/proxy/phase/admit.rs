@@ -12,6 +12,7 @@ use crate::base::engine::CodeField;
 use crate::base::Route;
 use crate::config::CodeFields;
 use crate::net::faults::Fault;
+use crate::proxy::code_fields::decompressed_by_engine;
 use crate::proxy::error::ProxyError;
 use crate::proxy::routes::{self, Internal, Refused};
 use crate::proxy::service::{Proxy, Synthetic};
@@ -35,6 +36,9 @@ pub(crate) struct Admitted {
     pub(crate) route: Option<Route>,
     /// The field run as code its body is checked for, and the engine that declares it.
     pub(crate) code_field: Option<(&'static str, CodeField)>,
+    /// Its body is sent compressed for the engine to decompress (`x-body-compressed: zstd`):
+    /// checked decompressed, and not metered.
+    pub(crate) compressed: bool,
 }
 
 impl Proxy {
@@ -50,7 +54,8 @@ impl Proxy {
         let synthetic = parts.extensions.remove::<Synthetic>();
         let internal = parts.extensions.remove::<Internal>().is_some() || synthetic.is_some();
         let path = parts.uri.path().to_string();
-        let (upstream, upstream_path) = match self.router.by_path(&path) {
+        let by_path = self.router.by_path(&path);
+        let (upstream, upstream_path) = match by_path {
             Some((upstream, rest)) => (Arc::clone(upstream), rest.to_string()),
             None => (Arc::clone(self.router.default_upstream()), path.clone()),
         };
@@ -60,14 +65,25 @@ impl Proxy {
                 return Err(self.route_refused(refused));
             }
         }
-        let route = (parts.method == Method::POST)
+        // sglang registers its generation routes for PUT as well as POST (`/generate`,
+        // `/encode`, `/classify`, `/v1/rerank`): a PUT is metered and checked as a POST is.
+        let carries_body = matches!(parts.method, Method::POST | Method::PUT);
+        let route = carries_body
             .then(|| Route::from_path(&upstream_path))
             .flatten();
         // A field its engine runs as code is looked for where that engine reads it: the body
-        // of such a route is read even when it is not metered.
-        let code_field = (!internal && parts.method == Method::POST)
-            .then(|| self.code_field(&upstream, &upstream_path))
+        // of such a route is read even when it is not metered. A request no path prefix
+        // routed may still go to another upstream by its `model` (the prepare phase): until
+        // then any engine's field is looked for, and the prepare phase judges by the engine
+        // of the upstream it goes to.
+        let by_model_later = by_path.is_none() && self.router.routes_by_model();
+        let code_field = (!internal && carries_body)
+            .then(|| {
+                let engine_of = (!by_model_later).then_some(&*upstream);
+                self.code_field(engine_of, &upstream_path)
+            })
             .flatten();
+        let compressed = code_field.is_some() && decompressed_by_engine(&parts.headers);
         let admitted = Admitted {
             parts,
             upstream,
@@ -77,6 +93,7 @@ impl Proxy {
             internal,
             route,
             code_field,
+            compressed,
         };
         Ok((admitted, body))
     }
@@ -97,18 +114,42 @@ impl Proxy {
         error
     }
 
-    /// The field run as code that a request to `path` may carry, when its upstream's engine
-    /// reads it there (any engine's, while the upstream has not said what it is), unless
-    /// `proxy.code_fields = "forward"`.
-    fn code_field(&self, upstream: &Upstream, path: &str) -> Option<(&'static str, CodeField)> {
+    /// The field run as code that a request to `path` may carry, when the engine of `upstream`
+    /// reads it there (any engine's, while the upstream has not said what it is or is not
+    /// known yet), unless `proxy.code_fields = "forward"`.
+    pub(crate) fn code_field(
+        &self,
+        upstream: Option<&Upstream>,
+        path: &str,
+    ) -> Option<(&'static str, CodeField)> {
         if self.code_fields == CodeFields::Forward {
             return None;
         }
         let path = routes::normalise(path).ok()?;
-        let engine = upstream.engine().map(|engine| engine.spec().name);
+        let engine = upstream
+            .and_then(Upstream::engine)
+            .map(|engine| engine.spec().name);
         let found = crate::base::engine::code_fields(&path)
             .find(|(declared_by, _)| engine.is_none_or(|engine| engine == *declared_by));
         found
+    }
+
+    /// The 403 for a compressed body that cannot be checked for a field run as code (counted
+    /// as one refused).
+    pub(crate) fn refuse_unchecked(
+        &self,
+        (engine, field): (&'static str, CodeField),
+        why: String,
+    ) -> ProxyError {
+        self.faults.add(Fault::CodeFieldRefused);
+        let error = ProxyError::CompressedUnchecked {
+            field: field.field,
+            engine,
+            opened_by: field.opened_by,
+            why,
+        };
+        tracing::debug!(%error, "a compressed body refused");
+        error
     }
 
     /// The 403 for a body carrying a field run as code (counted).

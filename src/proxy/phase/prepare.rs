@@ -12,6 +12,7 @@ use http::{header, HeaderValue};
 use super::admit::Admitted;
 use crate::base::Route;
 use crate::proxy::body::RequestBody;
+use crate::proxy::code_fields::decompressed;
 use crate::proxy::service::{Proxy, Step};
 use crate::stream::request::{carries_field, injection, inspect, RequestFacts};
 use crate::stream::rewrite::Injected;
@@ -30,26 +31,45 @@ impl Proxy {
     /// The prepare phase: the body to forward and what was learnt of it; or the body to
     /// forward as it came, unmetered; or the 403 for a field run as code.
     pub(crate) fn prepare(&self, admitted: &mut Admitted, bytes: Bytes) -> Step<(Bytes, Prepared)> {
-        if let Some(found @ (_, field)) = admitted.code_field {
-            if carries_field(&bytes, field.field) {
-                return Step::Answer(self.refuse_code_field(found));
-            }
-        }
+        // A compressed body is forwarded as it came, unmetered: only the engine reads it
+        // decompressed.
         let metered = admitted
             .route
+            .filter(|_| !admitted.compressed)
             .and_then(|route| Some((route, inspect(route, &bytes)?)));
-        let Some((route, facts)) = metered else {
-            // Read only to be checked for a field run as code, or not a JSON object (the
-            // upstream will say what it thinks of it): forwarded as it came, unmetered.
-            return Step::Unmetered(RequestBody::Full(Some(bytes)));
-        };
-        if let Some(model) = facts.model.as_deref() {
+        // The upstream it goes to first (by its model, where no path prefix routed it), then
+        // the check for a field run as code by that upstream's engine.
+        if let Some(model) = metered
+            .as_ref()
+            .and_then(|(_, facts)| facts.model.as_deref())
+        {
             if self.router.by_path(&admitted.path).is_none() {
                 if let Some(by_model) = self.router.by_model(model) {
                     admitted.upstream = Arc::clone(by_model);
                 }
             }
         }
+        if admitted.code_field.is_some() {
+            let found = self.code_field(Some(&admitted.upstream), &admitted.upstream_path);
+            if let Some(found @ (_, field)) = found {
+                let carries = if admitted.compressed {
+                    match decompressed(&bytes, self.metering.max_parse_bytes) {
+                        Ok(body) => carries_field(&body, field.field),
+                        Err(why) => return Step::Answer(self.refuse_unchecked(found, why)),
+                    }
+                } else {
+                    carries_field(&bytes, field.field)
+                };
+                if carries {
+                    return Step::Answer(self.refuse_code_field(found));
+                }
+            }
+        }
+        let Some((route, facts)) = metered else {
+            // Read only to be checked for a field run as code, or not a JSON object (the
+            // upstream will say what it thinks of it): forwarded as it came, unmetered.
+            return Step::Unmetered(RequestBody::Full(Some(bytes)));
+        };
 
         // Once per request, on the body as the client sent it (injection moves spans).
         let prefix_blocks = match (&self.prefix_salt, facts.prompt, &admitted.synthetic) {

@@ -103,6 +103,13 @@ impl Proxy {
                 // streams (a field found there cuts the body off before its end).
                 let rest = match admitted.code_field {
                     None => rest,
+                    Some(found) if admitted.compressed => {
+                        let why = format!(
+                            "longer than metering.max_parse_bytes ({} bytes) or the buffer budget, so it cannot be read whole first",
+                            self.metering.max_parse_bytes
+                        );
+                        return Step::Answer(self.refuse_unchecked(found, why));
+                    }
                     Some(found @ (engine, field)) => {
                         let mut scanner = FieldScanner::new(&field);
                         if scanner.feed(&prefix) {

@@ -1,0 +1,232 @@
+//! Round 6's hostile findings and what real clients showed, each produced for real on loopback
+//! against the real proxy: a field run as code reaching sglang by `PUT`, inside a zstd body, or
+//! through a second upstream routed by `model`; a client that reads a stream to its end marker
+//! and hangs up before the chunked terminator.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "a test fails loudly on what it asserts"
+)]
+
+use crate::common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use tokentap::meter::record::Outcome;
+
+const FIELD_BODY: &str = r#"{"text":"hi","custom_logit_processor":"8004"}"#;
+
+fn proxy_config(upstream: &str, extra: &str) -> String {
+    format!(
+        "[upstream]\nurl = \"{upstream}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n{extra}\n"
+    )
+}
+
+async fn send_with(method: &str, url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Received2 {
+    let mut request = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    send(request.body(Full::new(Bytes::from(body))).unwrap()).await
+}
+
+/// sglang registers `/generate` (and `/encode`, `/classify`, `/v1/rerank`) for `PUT` as well as
+/// `POST`: a `PUT` carrying the field is refused as the `POST` is, and a clean `PUT` is metered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_to_a_generation_route_is_checked_and_metered() {
+    let upstream = ScriptedUpstream::start(|_| {
+        Script::json(
+            200,
+            r#"{"text":"ok","meta_info":{"prompt_tokens":3,"completion_tokens":1}}"#,
+        )
+    })
+    .await;
+    let (server, records) = proxy_from_config(&proxy_config(&upstream.url(), "")).await;
+    let url = format!("http://{}/generate", server.proxy_addr);
+    let refused = send_with("PUT", &url, &[], FIELD_BODY.into()).await;
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert!(refused.text().contains("custom_logit_processor"));
+    assert!(upstream.requests().is_empty(), "the field reached sglang");
+    let clean = send_with("PUT", &url, &[], br#"{"text":"hi"}"#.to_vec()).await;
+    assert_eq!(clean.status, 200);
+    let records = records.wait_for(1).await;
+    assert_eq!(records[0].outcome, Outcome::Ok);
+    server.shutdown().await;
+}
+
+/// A body sent `x-body-compressed: zstd` is what sglang reads decompressed: the field inside is
+/// refused; a clean compressed body is forwarded byte for byte; a corrupt one, or one past the
+/// parse limit once decompressed, cannot be checked and is refused naming why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zstd_body_is_checked_as_sglang_decompresses_it() {
+    use ruzstd::encoding::{compress_to_vec, CompressionLevel};
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, r#"{"text":"ok"}"#)).await;
+    let (server, _records) = proxy_from_config(&proxy_config(
+        &upstream.url(),
+        "[metering]\nmax_parse_bytes = 4096\n",
+    ))
+    .await;
+    let url = format!("http://{}/generate", server.proxy_addr);
+    let zstd = [("x-body-compressed", "zstd")];
+    // Made by the zstd tool (`zstd -19`): its literals are Huffman-coded, so the field's name
+    // is nowhere in the bytes on the wire, as in any real compressed body.
+    let hidden = include_bytes!("fixtures/compressed/custom-logit-processor.json.zst").to_vec();
+    let hides = |needle: &[u8]| hidden.windows(needle.len()).any(|w| w == needle);
+    assert!(
+        !hides(b"custom_logit_processor") && !hides(b"\\u"),
+        "the test's body shows the field on the wire"
+    );
+    let refused = send_with("POST", &url, &zstd, hidden).await;
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert!(
+        refused.text().contains("custom_logit_processor"),
+        "{}",
+        refused.text()
+    );
+
+    let corrupt = send_with("POST", &url, &zstd, b"\x28\xb5\x2f\xfd garbage".to_vec()).await;
+    assert_eq!(corrupt.status, 403, "{}", corrupt.text());
+    assert!(
+        corrupt.text().contains("x-body-compressed"),
+        "{}",
+        corrupt.text()
+    );
+
+    let bomb = format!(r#"{{"text":"{}"}}"#, "a".repeat(64 * 1024));
+    let bomb = compress_to_vec(bomb.as_bytes(), CompressionLevel::Fastest);
+    assert!(bomb.len() < 4096, "compressed below the parse limit");
+    let long = send_with("POST", &url, &zstd, bomb).await;
+    assert_eq!(long.status, 403, "{}", long.text());
+    assert!(long.text().contains("max_parse_bytes"), "{}", long.text());
+    assert!(
+        upstream.requests().is_empty(),
+        "an unchecked body reached sglang"
+    );
+
+    let clean = compress_to_vec(&br#"{"text":"hi"}"#[..], CompressionLevel::Fastest);
+    let forwarded = send_with("POST", &url, &zstd, clean.clone()).await;
+    assert_eq!(forwarded.status, 200, "{}", forwarded.text());
+    let received = upstream.requests();
+    assert_eq!(received.len(), 1);
+    assert_eq!(
+        received[0].body.as_ref(),
+        clean.as_slice(),
+        "forwarded as it came"
+    );
+    server.shutdown().await;
+}
+
+/// vLLM is the default upstream and sglang serves model `s` as a second one: a request for `s`
+/// is checked by sglang's fields (it goes there), one for vLLM's model is not held to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_field_check_follows_the_upstream_the_model_routes_to() {
+    let vllm = ScriptedUpstream::start(|r| match r.path.as_str() {
+        "/v1/models" => Script::json(
+            200,
+            r#"{"object":"list","data":[{"id":"v","object":"model","owned_by":"vllm"}]}"#,
+        ),
+        _ => Script::json(200, r#"{"choices":[{"text":"ok"}]}"#),
+    })
+    .await;
+    let sglang = ScriptedUpstream::start(|r| match r.path.as_str() {
+        "/v1/models" => Script::json(
+            200,
+            r#"{"object":"list","data":[{"id":"s","object":"model","owned_by":"sglang"}]}"#,
+        ),
+        _ => Script::json(200, r#"{"choices":[{"text":"ok"}]}"#),
+    })
+    .await;
+    let (server, _records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[[upstreams]]\nname = \"s\"\nurl = \"{}\"\nmodels = [\"s\"]\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n",
+        vllm.url(),
+        sglang.url()
+    ))
+    .await;
+    let engines = || {
+        let all = server.proxy.router.all();
+        (
+            all[0].engine().map(|e| e.spec().name),
+            all[1].engine().map(|e| e.spec().name),
+        )
+    };
+    wait::until("both engines known", Duration::from_secs(10), || {
+        engines() == (Some("vllm"), Some("sglang"))
+    })
+    .await;
+    let url = format!("http://{}/v1/completions", server.proxy_addr);
+    let to_sglang = r#"{"model":"s","prompt":"hi","custom_logit_processor":"8004"}"#;
+    for _ in 0..2 {
+        let refused = post(&url, to_sglang).await;
+        assert_eq!(refused.status, 403, "{}", refused.text());
+    }
+    let completions = |u: &ScriptedUpstream| {
+        u.requests()
+            .into_iter()
+            .filter(|r| r.path == "/v1/completions")
+            .count()
+    };
+    assert_eq!(completions(&sglang), 0, "the field reached sglang");
+    // vLLM runs no field as code: its own model's request is forwarded to it.
+    let to_vllm = r#"{"model":"v","prompt":"hi","custom_logit_processor":"8004"}"#;
+    assert_eq!(post(&url, to_vllm).await.status, 200);
+    assert_eq!(completions(&vllm), 1);
+    server.shutdown().await;
+}
+
+/// The OpenAI SDK, GuideLLM and httpx clients read a stream to `data: [DONE]` and close before
+/// the chunked body's terminator: the request is complete, recorded `ok`, not `client_aborted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_closes_after_the_end_marker_completed_its_request() {
+    let upstream = ScriptedUpstream::start(|_| {
+        let mut steps = vec![data(
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#,
+        )];
+        for word in ["Hello", " there", "!"] {
+            steps.push(data(&format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"content":"{word}"}}}}]}}"#
+            )));
+        }
+        steps.push(data(
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+        ));
+        steps.push(data("[DONE]"));
+        // The terminator comes late (uvicorn's last write after its handler returns).
+        steps.push(wait_ms(3_000));
+        Script::sse(steps)
+    })
+    .await;
+    let (server, records) = proxy_from_config(&proxy_config(&upstream.url(), "")).await;
+    for _ in 0..3 {
+        let request = Request::post(format!("http://{}/v1/chat/completions", server.proxy_addr))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(
+                br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+            )))
+            .unwrap();
+        let response = client().request(request).await.unwrap();
+        let mut body = response.into_body();
+        let mut seen = Vec::new();
+        while !seen.windows(6).any(|w| w == b"[DONE]") {
+            let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+                .await
+                .expect("a frame within 10 s")
+                .expect("the stream goes on to [DONE]")
+                .unwrap();
+            if let Ok(data) = frame.into_data() {
+                seen.extend_from_slice(&data);
+            }
+        }
+        drop(body); // hangs up before the terminator
+    }
+    let records = records.wait_for(3).await;
+    for record in &records {
+        assert_eq!(record.outcome, Outcome::Ok, "{record:?}");
+        assert_eq!(record.tokens.completion, 3);
+    }
+    server.shutdown().await;
+}
