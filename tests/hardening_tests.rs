@@ -230,3 +230,121 @@ async fn a_client_that_closes_after_the_end_marker_completed_its_request() {
     }
     server.shutdown().await;
 }
+
+/// sglang's `bench_serving` asks `GET /server_info` (and `/get_server_info`): forwarded, with
+/// every credential of the resolved server arguments masked — the members sglang 0.5.23 declares
+/// (`arg_groups/fields/serving.py`: `api_key`, `admin_api_key`, `ssl_keyfile_password`; the
+/// watermark's keys) and the flags in `launch_command` — and everything else as it came. vLLM's
+/// development-mode `/server_info` likewise (`hf_token` in its JSON and its text form). An
+/// answer that is not JSON is not forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_info_is_forwarded_with_its_credentials_masked() {
+    const SGLANG: &str = r#"{"model_path":"/models/llama","api_key":"sk-user-1","admin_api_key":"sk-admin-2","ssl_keyfile":"/etc/key.pem","ssl_keyfile_password":"pem-pass-3","watermark_key":null,"max_total_num_tokens":65536,"launch_command":"python -m sglang.launch_server --model-path /models/llama --api-key sk-user-1 --admin-api-key=sk-admin-2 --port 30000","internal_states":[{"avg_spec_accept_length":2.5}],"version":"0.5.23","frontend":"python"}"#;
+    const VLLM_JSON: &str = r#"{"vllm_config":{"model_config":{"model":"m","hf_token":"hf_secret_4"},"kv_transfer_config":{"kv_connector_extra_config":{"aws_secret_access_key":"aws-5"}}}}"#;
+    const VLLM_TEXT: &str = r#"{"vllm_config":"model='m', hf_token='hf_secret_6', seed=0"}"#;
+    let upstream = ScriptedUpstream::start(|r| match (r.path.as_str(), r.headers.get("x-form")) {
+        ("/server_info", Some(form)) if form == "vllm-json" => Script::json(200, VLLM_JSON),
+        ("/server_info", Some(form)) if form == "vllm-text" => Script::json(200, VLLM_TEXT),
+        ("/server_info", Some(form)) if form == "html" => {
+            Script::json(200, "<html>api_key=sk-7</html>")
+        }
+        _ => Script::json(200, SGLANG),
+    })
+    .await;
+    let (server, _records) = proxy_from_config(&proxy_config(&upstream.url(), "")).await;
+    let base = format!("http://{}", server.proxy_addr);
+    for path in ["/server_info", "/get_server_info"] {
+        let answer = get(&format!("{base}{path}")).await;
+        assert_eq!(answer.status, 200, "{path}: {}", answer.text());
+        let text = answer.text();
+        for secret in ["sk-user-1", "sk-admin-2", "pem-pass-3"] {
+            assert!(
+                !text.contains(secret),
+                "{secret} leaked from {path}: {text}"
+            );
+        }
+        let document: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(document["max_total_num_tokens"], 65536);
+        assert_eq!(
+            document["internal_states"][0]["avg_spec_accept_length"],
+            2.5
+        );
+        assert_eq!(
+            document["ssl_keyfile"], "/etc/key.pem",
+            "a path is not a secret"
+        );
+        assert_eq!(document["watermark_key"], serde_json::Value::Null);
+        assert!(document["launch_command"]
+            .as_str()
+            .unwrap()
+            .contains("--model-path /models/llama --api-key *** --admin-api-key=*** --port 30000"));
+    }
+    for (form, secret) in [("vllm-json", "hf_secret_4"), ("vllm-text", "hf_secret_6")] {
+        let answer = send_with(
+            "GET",
+            &format!("{base}/server_info"),
+            &[("x-form", form)],
+            Vec::new(),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert!(!answer.text().contains(secret), "{}", answer.text());
+        assert!(!answer.text().contains("aws-5"), "{}", answer.text());
+    }
+    let html = send_with(
+        "GET",
+        &format!("{base}/server_info"),
+        &[("x-form", "html")],
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(html.status, 502, "{}", html.text());
+    assert!(!html.text().contains("sk-7"));
+    server.shutdown().await;
+}
+
+/// 300 logins from 60 addresses whose bodies come a byte every few seconds (the admin listener
+/// allows 32 connections here): at most a few are read at once, each within its deadline, the
+/// rest answered at once and closed — `/healthz`, `/readyz` and `/metrics` keep answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_login_bodies_cannot_take_the_admin_listener() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
+    let (server, _records) = proxy_from_config(&proxy_config(
+        &upstream.url(),
+        "[admin]\ntoken = \"a-long-enough-admin-token-for-tests\"\nmax_connections = 32\n",
+    ))
+    .await;
+    let mut slow = Vec::new();
+    for n in 0..300u32 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(std::net::SocketAddr::from((
+                [127, 0, 9, (n % 60) as u8 + 1],
+                0,
+            )))
+            .unwrap();
+        let Ok(mut stream) = socket.connect(server.admin_addr).await else {
+            continue;
+        };
+        let head = "POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 200\r\n\r\nt";
+        if stream.write_all(head.as_bytes()).await.is_ok() {
+            slow.push(stream);
+        }
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let answered = tokio::time::timeout(
+            Duration::from_secs(5),
+            get(&format!("http://{}{path}", server.admin_addr)),
+        )
+        .await;
+        let answered = answered.unwrap_or_else(|_| panic!("{path} did not answer in 5 s"));
+        assert!(
+            answered.status < 500 || path == "/readyz",
+            "{path}: {}",
+            answered.status
+        );
+    }
+    drop(slow);
+    server.shutdown().await;
+}

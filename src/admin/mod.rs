@@ -40,4 +40,6 @@ pub mod view;
 pub mod workload;
 
 pub use routes::{Access, AdminRoute, ROUTES};
-pub use state::{json_error, json_response, read_body, respond, service, unauthorized, AdminState};
+pub use state::{
+    json_error, json_response, read_body, respond, service, unauthorized, AdminState, LoginBodies,
+};

@@ -42,7 +42,7 @@ use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
 
 /// Largest login or form body read.
-const MAX_FORM_BYTES: usize = 4 << 10;
+pub(super) const MAX_FORM_BYTES: usize = 4 << 10;
 
 /// The live session this request's cookie names, when a token is configured.
 pub fn session_of<B>(state: &AdminState, request: &Request<B>) -> Option<SessionView> {
@@ -115,45 +115,48 @@ where
     B::Error: Into<BoxError>,
 {
     let client = request.extensions().get::<ClientAddr>().map(|c| c.0);
-    // Counted before the body is awaited: logins whose bodies come late cannot all be checked
-    // as first attempts. A right token is forgiven below, whatever this said.
-    let attempt = state.sessions.attempt(client);
-    let body = match read_body(request, MAX_FORM_BYTES, "the login form").await {
+    // Counted as a failure before the body is awaited: logins whose bodies come late cannot all
+    // be checked as first attempts. While the address waits, the token is not even read (a
+    // guesser learns nothing by sending more); a right one takes back its own failure below.
+    let wait = match state.sessions.attempt(client) {
+        Attempt::Throttled(left) => {
+            state
+                .metrics
+                .count_login_failure(LoginFailure::Throttled.label());
+            let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+            let mut response = login_page(
+                StatusCode::TOO_MANY_REQUESTS,
+                Some(&format!(
+                    "Too many failed logins: try again in {seconds} s."
+                )),
+            );
+            if let Ok(value) = HeaderValue::try_from(seconds.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            // Its body is never read: the connection goes with the answer.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
+        }
+        Attempt::Counted(wait) => wait,
+    };
+    let body = match state.read_form(request, "the login form").await {
         Ok(body) => body,
         Err(response) => return response,
     };
     let given = form_field(&body, "token").unwrap_or_default();
     if !constant_time_eq(given.as_bytes(), token.as_bytes()) {
-        return match attempt {
-            Attempt::Throttled(left) => {
-                state
-                    .metrics
-                    .count_login_failure(LoginFailure::Throttled.label());
-                let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
-                let mut response = login_page(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    Some(&format!(
-                        "Too many failed logins: try again in {seconds} s."
-                    )),
-                );
-                if let Ok(value) = HeaderValue::try_from(seconds.to_string()) {
-                    response.headers_mut().insert(header::RETRY_AFTER, value);
-                }
-                response
-            }
-            Attempt::Counted(wait) => {
-                state
-                    .metrics
-                    .count_login_failure(LoginFailure::BadToken.label());
-                tracing::warn!(client = ?client, wait_s = wait.as_secs(), "failed admin login");
-                login_page(
-                    StatusCode::UNAUTHORIZED,
-                    Some("That is not the admin token."),
-                )
-            }
-        };
+        state
+            .metrics
+            .count_login_failure(LoginFailure::BadToken.label());
+        tracing::warn!(client = ?client, wait_s = wait.as_secs(), "failed admin login");
+        return login_page(
+            StatusCode::UNAUTHORIZED,
+            Some("That is not the admin token."),
+        );
     }
-    state.sessions.succeeded(client);
+    state.sessions.forgive_login(client);
     let Some(session) = state.sessions.open() else {
         return json_error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -1,10 +1,13 @@
 //! The browser sessions and the failed-credential record of the admin listener, as data: the
 //! session table (`admin.max_sessions` sessions of `admin.session_ttl`, each with its CSRF
-//! token), per client address (an IPv6 client by its /64) the failures that make its next
-//! wrong credential wait, and one budget of failed checks per second for the whole listener
-//! (`admin.max_failed_credentials_per_second`). A right credential is never held back by
-//! either: the callers check it first (`Sessions::attempt` is consulted only for wrong ones, or
-//! counted before a login's body arrives and forgiven when it was right). No HTTP here:
+//! token), per client address (an IPv6 client by its /64) the failures that make it wait, and
+//! one budget of failed checks per second for the whole listener
+//! (`admin.max_failed_credentials_per_second`). While an address waits, or once the budget is
+//! spent, a credential from it is **not compared at all**, right or wrong (a guesser learns
+//! nothing by sending more): [`Sessions::judge`] for bearer tokens, [`Sessions::attempt`] for a
+//! login counted before its body arrives. A right credential never clears its address's record
+//! (a right token sent from the same host as a guesser would reset the guesser's wait); only time
+//! does, and a right login takes back just the failure it was counted as. No HTTP here:
 //! `session.rs` serves the login routes and the page's forms with it, and `state.rs` checks
 //! credentials against it.
 
@@ -60,6 +63,19 @@ pub enum Attempt {
     Throttled(Duration),
 }
 
+/// What judging a bearer credential says ([`Sessions::judge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Judged {
+    /// The right credential.
+    Right,
+    /// Wrong, and recorded: the address now waits this long before its next credential is
+    /// compared.
+    Wrong(Duration),
+    /// Not compared: the address is still waiting, or the listener has spent its budget of
+    /// failed checks; answered 429 with this `Retry-After`.
+    Throttled(Duration),
+}
+
 impl LoginFailure {
     pub const ALL: [LoginFailure; 2] = [LoginFailure::BadToken, LoginFailure::Throttled];
 
@@ -81,6 +97,9 @@ struct Session {
 struct Failures {
     count: u32,
     retry_at: Instant,
+    /// `retry_at` before the latest failure (what a right login, counted as a failure before
+    /// its body came, puts back).
+    retry_before: Instant,
     /// Which failure of the table's this address's latest was (older ones make room first).
     serial: u64,
 }
@@ -113,6 +132,18 @@ impl Bucket {
             tokens: per_second,
             filled_at: now,
         }
+    }
+
+    /// Whether one failure's worth is there, taking nothing; else how long until one is.
+    fn available(&mut self, now: Instant) -> Result<(), Duration> {
+        self.take(now)?;
+        self.tokens += 1.0;
+        Ok(())
+    }
+
+    /// Puts back one failure's worth taken for what turned out not to be one.
+    fn give_back(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.per_second);
     }
 
     /// Takes one failure's worth; else how long until one is there.
@@ -259,9 +290,40 @@ impl Sessions {
         (!left.is_zero()).then_some(left)
     }
 
-    /// Counts a credential attempt from this address that was wrong, or whose credential is
-    /// not read yet (a login counted before its body arrives; [`Sessions::succeeded`] forgives
-    /// it when it was right). While the address still waits after earlier failures, or once
+    /// A bearer credential judged under the throttle: while its address waits, or once the
+    /// listener's budget of failed checks for this second is spent, not compared
+    /// ([`Judged::Throttled`]); else compared by `is_right`, and a wrong one recorded (the
+    /// address waits 1 s, 2 s, … up to [`MAX_DELAY`]). The check, the comparison and the record
+    /// are one step: concurrent guesses from one address are compared one at a time.
+    pub fn judge(&self, client: Option<IpAddr>, is_right: impl FnOnce() -> bool) -> Judged {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let key = client_key(client);
+        let mut inner = lock(&self.inner);
+        if let Some(failures) = inner.failures.get(&key) {
+            let left = failures.retry_at.saturating_duration_since(now);
+            if !left.is_zero() {
+                return Judged::Throttled(left);
+            }
+        }
+        let per_second = self.failures_per_second;
+        let budget = inner
+            .budget
+            .get_or_insert_with(|| Bucket::new(per_second, now));
+        if let Err(left) = budget.available(now) {
+            return Judged::Throttled(left);
+        }
+        if is_right() {
+            return Judged::Right;
+        }
+        if let Err(left) = budget.take(now) {
+            return Judged::Throttled(left);
+        }
+        Judged::Wrong(Self::record_failure(&mut inner, key, now))
+    }
+
+    /// Counts a credential attempt whose credential is not read yet (a login counted before
+    /// its body arrives; [`Sessions::forgive_login`] takes it back when it was right). While the address still waits after earlier failures, or once
     /// the listener's budget of failed checks for this second is spent, the attempt is
     /// [`Attempt::Throttled`] (not recorded again); else it is recorded and the address waits
     /// 1 s, 2 s, … up to [`MAX_DELAY`].
@@ -309,23 +371,31 @@ impl Sessions {
         let entry = inner.failures.entry(key).or_insert(Failures {
             count: 0,
             retry_at: now,
+            retry_before: now,
             serial,
         });
         if entry.retry_at + FORGET_AFTER <= now {
             entry.count = 0;
         }
         entry.serial = serial;
+        entry.retry_before = entry.retry_at;
         entry.count = entry.count.saturating_add(1);
         let delay = Duration::from_secs(u64::from(entry.count)).min(MAX_DELAY);
         entry.retry_at = now + delay;
         delay
     }
 
-    /// A good login (or bearer token) from this address forgets its failures.
-    pub fn succeeded(&self, client: Option<IpAddr>) {
+    /// A login counted by [`Sessions::attempt`] before its body came turned out right: that one
+    /// failure is taken back (the address's count and wait as before it), nothing else of the
+    /// address's record.
+    pub fn forgive_login(&self, client: Option<IpAddr>) {
         let mut inner = lock(&self.inner);
-        if !inner.failures.is_empty() {
-            inner.failures.remove(&client_key(client));
+        if let Some(failures) = inner.failures.get_mut(&client_key(client)) {
+            failures.count = failures.count.saturating_sub(1);
+            failures.retry_at = failures.retry_before;
+        }
+        if let Some(budget) = inner.budget.as_mut() {
+            budget.give_back();
         }
     }
 }
@@ -404,8 +474,14 @@ mod tests {
             sessions.attempt(a);
         }
         assert_eq!(sessions.wait_left(a), Some(MAX_DELAY));
-        sessions.succeeded(a);
-        assert!(sessions.wait_left(a).is_none());
+        // A right login takes back the one failure it was counted as, not the record.
+        sessions.forgive_login(a);
+        tokio::time::advance(MAX_DELAY).await;
+        assert_eq!(
+            sessions.attempt(a),
+            Attempt::Counted(MAX_DELAY),
+            "the address's record outlives a right login"
+        );
         for n in 0..(MAX_CLIENTS as u32 + 10) {
             sessions.attempt(Some(IpAddr::from(n.to_be_bytes())));
         }
@@ -464,7 +540,49 @@ mod tests {
         let mapped: IpAddr = "::ffff:127.0.0.5".parse().unwrap();
         sessions.attempt(Some(v4));
         assert!(sessions.wait_left(Some(mapped)).is_some());
-        sessions.succeeded(Some(same_64));
-        assert!(sessions.wait_left(Some(one)).is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_address_is_not_compared_and_a_right_token_clears_nothing() {
+        let sessions = Sessions::new(Duration::from_secs(60), 2, 1_000);
+        let guesser = Some(IpAddr::from([127, 0, 0, 9]));
+        let mut compared = 0;
+        assert_eq!(
+            sessions.judge(guesser, || {
+                compared += 1;
+                false
+            }),
+            Judged::Wrong(Duration::from_secs(1))
+        );
+        // 10,000 more guesses within the wait: none compared, the right one neither.
+        for _ in 0..10_000 {
+            assert!(matches!(
+                sessions.judge(guesser, || {
+                    compared += 1;
+                    false
+                }),
+                Judged::Throttled(_)
+            ));
+        }
+        assert!(matches!(
+            sessions.judge(guesser, || {
+                compared += 1;
+                true
+            }),
+            Judged::Throttled(_)
+        ));
+        assert_eq!(compared, 1);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(sessions.judge(guesser, || true), Judged::Right);
+        // The right token forgot nothing: the next wrong one waits longer.
+        assert_eq!(
+            sessions.judge(guesser, || false),
+            Judged::Wrong(Duration::from_secs(2))
+        );
+        // Another address is compared as usual.
+        assert_eq!(
+            sessions.judge(Some(IpAddr::from([127, 0, 0, 10])), || true),
+            Judged::Right
+        );
     }
 }

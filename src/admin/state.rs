@@ -8,6 +8,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, Response, StatusCode};
@@ -15,8 +16,8 @@ use http_body::Body;
 
 use super::sessions;
 pub use super::sessions::{
-    cookie_id, Attempt, ClientAddr, LoginFailure, SessionView, Sessions, COOKIE, MAX_CLIENTS,
-    MAX_DELAY,
+    cookie_id, Attempt, ClientAddr, Judged, LoginFailure, SessionView, Sessions, COOKIE,
+    MAX_CLIENTS, MAX_DELAY,
 };
 use super::view::{CapacitySettings, View};
 use crate::aggregate::ProductionMatrix;
@@ -56,6 +57,30 @@ pub struct AdminState {
     pub allowed_hosts: Vec<String>,
     /// Whether the upstreams answer (`/readyz`), probed at most once a second.
     pub readiness: crate::proxy::readiness::ReadinessProbe,
+    /// The login bodies being read now, from clients not yet known to be anyone.
+    pub login_bodies: LoginBodies,
+}
+
+/// Login forms read at once, at most: past it a login is answered `503` at once and its
+/// connection closed, so slow bodies cannot hold the listener's connections
+/// (`admin.max_connections`) that `/healthz`, `/readyz` and `/metrics` need.
+pub const MAX_LOGIN_BODIES: usize = 8;
+
+/// How long a login form may take to arrive (a few hundred bytes).
+pub const LOGIN_BODY_DEADLINE: Duration = Duration::from_secs(5);
+
+/// How long any other request body of the admin listener may take to arrive (a sweep plan, a
+/// reference matrix: callers that passed the credential check).
+pub const BODY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The bounded slots for login bodies being read ([`MAX_LOGIN_BODIES`]).
+#[derive(Debug)]
+pub struct LoginBodies(tokio::sync::Semaphore);
+
+impl Default for LoginBodies {
+    fn default() -> Self {
+        Self(tokio::sync::Semaphore::new(MAX_LOGIN_BODIES))
+    }
 }
 
 /// What a refused request sent: no credential at all, or a wrong one (told apart in the 401).
@@ -99,7 +124,8 @@ pub fn json_error(status: StatusCode, message: &str) -> Response<ResponseBody> {
     respond(status, "application/json", body.to_string())
 }
 
-/// The request body, read up to `limit` bytes; a 400 naming `what` and the limit otherwise.
+/// The request body, read up to `limit` bytes within [`BODY_DEADLINE`]; a 400 naming `what`
+/// and the limit otherwise (a 408 when it came too slowly).
 pub async fn read_body<B>(
     request: Request<B>,
     limit: usize,
@@ -109,14 +135,40 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    read_body_within(request, limit, what, BODY_DEADLINE).await
+}
+
+async fn read_body_within<B>(
+    request: Request<B>,
+    limit: usize,
+    what: &str,
+    deadline: Duration,
+) -> Result<Bytes, Response<ResponseBody>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
     use http_body_util::{BodyExt, Limited};
-    match Limited::new(request.into_body(), limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) => Err(json_error(
+    let read = Limited::new(request.into_body(), limit).collect();
+    match tokio::time::timeout(deadline, read).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(error)) => Err(json_error(
             StatusCode::BAD_REQUEST,
             &format!("cannot read {what} (at most {limit} bytes): {error}"),
         )),
+        Err(_elapsed) => Err(closing(json_error(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!("{what} did not arrive within {} s", deadline.as_secs()),
+        ))),
     }
+}
+
+/// `response` with its connection closed after it (a request whose body is left unread).
+fn closing(mut response: Response<ResponseBody>) -> Response<ResponseBody> {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 /// `value` as pretty JSON with a trailing newline (a 500 naming the problem if it cannot be
@@ -143,6 +195,38 @@ pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 impl AdminState {
+    /// A login form, read in one of [`MAX_LOGIN_BODIES`] slots within [`LOGIN_BODY_DEADLINE`]:
+    /// with every slot taken, `503` at once (the connection closed).
+    pub async fn read_form<B>(
+        &self,
+        request: Request<B>,
+        what: &str,
+    ) -> Result<Bytes, Response<ResponseBody>>
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        let Ok(_slot) = self.login_bodies.0.try_acquire() else {
+            let mut response = closing(json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "too many logins are being read ({MAX_LOGIN_BODIES}): try again in a second"
+                ),
+            ));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Err(response);
+        };
+        read_body_within(
+            request,
+            super::session::MAX_FORM_BYTES,
+            what,
+            LOGIN_BODY_DEADLINE,
+        )
+        .await
+    }
+
     /// The part of the state the view layer reads: figures, no credentials.
     pub fn view(&self) -> View<'_> {
         View {
@@ -176,33 +260,32 @@ impl AdminState {
         self.bearer_ok(request)
     }
 
-    /// A bearer token is judged once per request, before routing, and checked first: the
-    /// right one goes on whatever its address's failures or the listener's budget (it forgets
-    /// the address's failures); a wrong one is a failure (`401`, and the address waits 1 s,
-    /// 2 s, … up to 30 s, as after failed logins), or `429` while its address still waits or
-    /// once the listener's budget of failed checks for this second is spent. `None`: go on (no
-    /// token configured, no bearer sent, or the right one).
+    /// A bearer token is judged once per request, before routing, under the throttle
+    /// (`Sessions::judge`): while its address waits after failures (1 s, 2 s, … up to 30 s), or
+    /// once the listener's budget of failed checks for this second is spent, it is not compared
+    /// at all, right or wrong (`429` with `Retry-After`); else a wrong one is a failure (`401`,
+    /// and the address waits). `None`: go on (no token configured, no bearer sent, or the right
+    /// one).
     pub(super) fn check_bearer<B>(&self, request: &Request<B>) -> Option<Response<ResponseBody>> {
         let token = self.token.as_deref()?;
         let given = bearer(request)?;
         let client = request.extensions().get::<ClientAddr>().map(|c| c.0);
-        if constant_time_eq(given.as_bytes(), token.as_bytes()) {
-            self.sessions.succeeded(client);
-            return None;
-        }
-        Some(match self.sessions.attempt(client) {
-            Attempt::Throttled(left) => {
+        match self.sessions.judge(client, || {
+            constant_time_eq(given.as_bytes(), token.as_bytes())
+        }) {
+            Judged::Right => None,
+            Judged::Throttled(left) => {
                 self.metrics
                     .count_login_failure(LoginFailure::Throttled.label());
-                too_many(left)
+                Some(too_many(left))
             }
-            Attempt::Counted(wait) => {
+            Judged::Wrong(wait) => {
                 self.metrics
                     .count_login_failure(LoginFailure::BadToken.label());
                 tracing::warn!(client = ?client, wait_s = wait.as_secs(), "wrong admin bearer token");
-                unauthorized(Credential::Wrong)
+                Some(unauthorized(Credential::Wrong))
             }
-        })
+        }
     }
 
     /// Whether the request's `Host` (or HTTP/2 authority) is a loopback name or address, or

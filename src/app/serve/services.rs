@@ -184,6 +184,7 @@ async fn admin_state(
         ),
         allowed_hosts: config.admin.allowed_hosts.clone(),
         readiness: Default::default(),
+        login_bodies: admin::LoginBodies::default(),
     }))
 }
 

@@ -36,10 +36,35 @@ pub(crate) struct Admitted {
     pub(crate) route: Option<Route>,
     /// The field run as code its body is checked for, and the engine that declares it.
     pub(crate) code_field: Option<(&'static str, CodeField)>,
+    /// A GET of an engine's server-info document (its resolved server arguments): the answer
+    /// is forwarded with every credential in it masked (`net::redact::redact_secrets`).
+    pub(crate) redact: bool,
     /// Its body is sent compressed for the engine to decompress (`x-body-compressed: zstd`):
     /// checked decompressed, and not metered.
     pub(crate) compressed: bool,
 }
+
+/// Whether `path` (as the engine will route it) is any engine's server-info document: sglang's
+/// `/server_info` (`/get_server_info`), which hands out its resolved server arguments, API keys
+/// included; vLLM's `/server_info` under `VLLM_SERVER_DEV_MODE=1`, its configuration.
+fn answers_server_args(path: &str) -> bool {
+    // Every such route ends so (`/server_info`, `/get_server_info`): other GETs (health
+    // probes, the model list) pass without the lookup.
+    if !path.contains("server_info") {
+        return false;
+    }
+    let Ok(path) = routes::normalise(path) else {
+        return false;
+    };
+    crate::base::engine::Engine::all()
+        .into_iter()
+        .any(|engine| engine.spec().describe.server_info.contains(&&*path))
+        || &*path == VLLM_DEV_SERVER_INFO
+}
+
+/// vLLM's server info, which exists only in its development mode (not one of its
+/// self-description routes: tokentap does not ask it).
+const VLLM_DEV_SERVER_INFO: &str = "/server_info";
 
 impl Proxy {
     /// The admit phase: the request let in, with its body still unread, or the answer that
@@ -84,6 +109,7 @@ impl Proxy {
             })
             .flatten();
         let compressed = code_field.is_some() && decompressed_by_engine(&parts.headers);
+        let redact = parts.method == Method::GET && answers_server_args(&upstream_path);
         let admitted = Admitted {
             parts,
             upstream,
@@ -94,6 +120,7 @@ impl Proxy {
             route,
             code_field,
             compressed,
+            redact,
         };
         Ok((admitted, body))
     }

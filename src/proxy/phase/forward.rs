@@ -21,6 +21,7 @@ use super::admit::Admitted;
 use super::fail::fail;
 use super::start::MeteredRequest;
 use crate::net::faults::Fault;
+use crate::net::redact::redact_secrets;
 use crate::net::streams::{SendWatch, StreamWatch};
 use crate::proxy::body::{RequestBody, ResponseBody};
 use crate::proxy::connector::at_capacity;
@@ -47,6 +48,7 @@ impl Proxy {
             mut parts,
             upstream,
             upstream_path,
+            redact,
             ..
         } = admitted;
         let path_and_query = match parts.uri.query() {
@@ -134,6 +136,9 @@ impl Proxy {
             .counted(&self.faults, Fault::UpstreamStalled)
             .counting_breaks(Fault::UpstreamAborted);
         remove_hop_by_hop(&mut parts.headers);
+        if redact {
+            return self.redacted(parts, incoming, &upstream).await;
+        }
         let (metering, delivery) = metered
             .map(|metered| self.meter_response(metered, &mut parts, &upstream))
             .unzip();
@@ -143,6 +148,55 @@ impl Proxy {
             return self.with_timing_header(parts, body, watch).await;
         }
         Response::from_parts(parts, ResponseBody::upstream(body, watch))
+    }
+
+    /// An engine's server-info answer with every credential in it masked: read whole (up to
+    /// `metering.max_parse_bytes`, under the upstream's idle timeout), then forwarded as JSON.
+    /// One that cannot be read as a JSON document, or is longer, is not forwarded at all (a
+    /// 502 naming why): what it holds could not be checked.
+    async fn redacted(
+        &self,
+        mut parts: http::response::Parts,
+        incoming: UpstreamBody,
+        upstream: &Upstream,
+    ) -> Response<ResponseBody> {
+        let limit = self.metering.max_parse_bytes;
+        let read = http_body_util::Limited::new(incoming, limit)
+            .collect()
+            .await;
+        let document = match read {
+            Ok(collected) => serde_json::from_slice::<serde_json::Value>(&collected.to_bytes())
+                .map_err(|error| format!("not a JSON document ({error})")),
+            Err(error) => Err(format!(
+                "not read whole within metering.max_parse_bytes ({limit} bytes): {}",
+                error_chain(error.as_ref())
+            )),
+        };
+        let mut document = match document {
+            Ok(document) => document,
+            Err(why) => {
+                let error = ProxyError::Upstream {
+                    upstream: Arc::clone(&upstream.name),
+                    url: upstream.url(),
+                    cause: format!(
+                        "its server-info answer is forwarded only with its credentials masked, and this one was {why}"
+                    ),
+                };
+                tracing::warn!(upstream = %upstream.name, %error, "server info not forwarded");
+                return error.into_response();
+            }
+        };
+        redact_secrets(&mut document);
+        let body = document.to_string();
+        parts.headers.remove(header::CONTENT_ENCODING);
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Ok(length) = HeaderValue::try_from(body.len().to_string()) {
+            parts.headers.insert(header::CONTENT_LENGTH, length);
+        }
+        Response::from_parts(parts, ResponseBody::local(body))
     }
 
     /// The metering of a metered request's response, and where its timing goes when its client

@@ -136,8 +136,9 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
 /// routers it includes; the list as data, with each route's source line and condition:
 /// `tests/fixtures/engines/routes/sglang-0.5.23.tsv`). Control: caches, weights, memory,
 /// profiling, logging, scheduling, LoRA adapters, other clients' requests, scale-out, the
-/// dumper, expert records; and `/server_info` (`/get_server_info`), which hands out the
-/// resolved server arguments, API keys included (tokentap reads it itself, directly). Sessions
+/// dumper, expert records. `/server_info` (`/get_server_info`) hands out the resolved server
+/// arguments, API keys included: a read that clients use (sglang's own `bench_serving`), so it
+/// is forwarded with every credential masked (`proxy::phase::admit`, `net::redact`). Sessions
 /// (`/open_session`, `/close_session`) are an inference feature. Paths some environment
 /// variables move (the Ollama routes, `/vertex_generate`) are listed at their defaults.
 const ROUTES: &[EngineRoute] = &[
@@ -183,7 +184,7 @@ const ROUTES: &[EngineRoute] = &[
         &["GET"],
         "/get_remote_instance_transfer_engine_info",
     ),
-    EngineRoute::new(RouteClass::Control, &["GET"], "/get_server_info"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/get_server_info"), // forwarded with its credentials masked
     EngineRoute::new(
         RouteClass::Control,
         &["GET", "POST"],
@@ -249,7 +250,7 @@ const ROUTES: &[EngineRoute] = &[
         "/send_weights_to_remote_instance",
     ),
     EngineRoute::new(RouteClass::Inference, &["POST"], "/separate_reasoning"),
-    EngineRoute::new(RouteClass::Control, &["GET"], "/server_info"),
+    EngineRoute::new(RouteClass::Read, &["GET"], "/server_info"), // forwarded with its credentials masked
     EngineRoute::new(RouteClass::Control, &["POST", "PUT"], "/set_internal_state"),
     EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/set_trace_level"),
     EngineRoute::new(RouteClass::Control, &["GET", "POST"], "/slow_down"),

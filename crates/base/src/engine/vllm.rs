@@ -135,7 +135,7 @@ const ROUTES: &[EngineRoute] = &[
     EngineRoute::new(RouteClass::Control, &["POST"], "/resume"), // env VLLM_SERVER_DEV_MODE=1
     EngineRoute::new(RouteClass::Control, &["POST"], "/scale_elastic_ep"), // task generate
     EngineRoute::new(RouteClass::Inference, &["POST"], "/score"), // pooling model whose scoring API is enabled
-    EngineRoute::new(RouteClass::Control, &["GET"], "/server_info"), // env VLLM_SERVER_DEV_MODE=1
+    EngineRoute::new(RouteClass::Read, &["GET"], "/server_info"), // env VLLM_SERVER_DEV_MODE=1; forwarded with its credentials masked
     EngineRoute::new(
         RouteClass::Control,
         &["POST"],
