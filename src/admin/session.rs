@@ -32,7 +32,7 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
 
-use super::state::{constant_time_eq, json_error, read_body, respond, AdminState};
+use super::state::{constant_time_eq, json_error, read_body, respond, AdminState, MAX_FORM_BYTES};
 pub use super::state::{
     cookie_id, too_many, Attempt, ClientAddr, LoginFailure, SessionView, Sessions, COOKIE,
     MAX_CLIENTS, MAX_DELAY,
@@ -40,9 +40,6 @@ pub use super::state::{
 use crate::base::escape::xml_escape as escape;
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
-
-/// Largest login or form body read.
-pub(super) const MAX_FORM_BYTES: usize = 4 << 10;
 
 /// The live session this request's cookie names, when a token is configured.
 pub fn session_of<B>(state: &AdminState, request: &Request<B>) -> Option<SessionView> {

@@ -66,6 +66,9 @@ pub struct AdminState {
 /// (`admin.max_connections`) that `/healthz`, `/readyz` and `/metrics` need.
 pub const MAX_LOGIN_BODIES: usize = 8;
 
+/// Largest login or form body read.
+pub const MAX_FORM_BYTES: usize = 4 << 10;
+
 /// How long a login form may take to arrive (a few hundred bytes).
 pub const LOGIN_BODY_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -218,13 +221,7 @@ impl AdminState {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             return Err(response);
         };
-        read_body_within(
-            request,
-            super::session::MAX_FORM_BYTES,
-            what,
-            LOGIN_BODY_DEADLINE,
-        )
-        .await
+        read_body_within(request, MAX_FORM_BYTES, what, LOGIN_BODY_DEADLINE).await
     }
 
     /// The part of the state the view layer reads: figures, no credentials.
