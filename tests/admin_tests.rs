@@ -20,7 +20,7 @@ use http_body_util::Full;
 use tokentap::app::serve::ProxyServer;
 use tokentap::sim::{Profile, SimOptions, SimServer};
 
-const TOKEN: &str = "s3cret token+/=";
+const TOKEN: &str = "s3cret token+/= of the tests";
 
 fn temp_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("tokentap-admin-{name}-{}", std::process::id()));

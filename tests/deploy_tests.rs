@@ -445,9 +445,12 @@ fn the_compose_stack_holds_together() {
         }
         Ok(env)
     };
-    let with_token = BTreeMap::from([("TOKENTAP_ADMIN_TOKEN", "s3cret")]);
+    let with_token = BTreeMap::from([("TOKENTAP_ADMIN_TOKEN", "s3cret-of-the-compose-file")]);
     let config = load_config("", &env_of(&with_token).unwrap()).unwrap();
-    assert_eq!(config.admin.token.as_deref(), Some("s3cret"));
+    assert_eq!(
+        config.admin.token.as_deref(),
+        Some("s3cret-of-the-compose-file")
+    );
     let upstream = &config.upstreams[0].url;
     assert_eq!(
         (upstream.host(), upstream.port_u16()),
@@ -766,7 +769,10 @@ fn the_dockerfile_builds_from_what_the_repository_has() {
     let mut env = dockerfile_env();
     let without = load_config("", &env).unwrap_err();
     assert!(without.contains("admin.token"), "{without}");
-    env.push(("TOKENTAP_ADMIN__TOKEN".into(), "t".into()));
+    env.push((
+        "TOKENTAP_ADMIN__TOKEN".into(),
+        "deploy-test-admin-token".into(),
+    ));
     let config = load_config("", &env).unwrap();
     assert_eq!(config.proxy.listen.port(), 8000);
     assert_eq!(config.admin.listen.port(), 9464);
@@ -838,7 +844,10 @@ fn sidecar_config(kinds: &BTreeMap<String, Yaml>) -> Config {
         .unwrap();
     load_config(
         toml,
-        &[("TOKENTAP_ADMIN__TOKEN".to_string(), "t".to_string())],
+        &[(
+            "TOKENTAP_ADMIN__TOKEN".to_string(),
+            "deploy-test-admin-token".to_string(),
+        )],
     )
     .unwrap()
 }
@@ -975,7 +984,10 @@ fn the_kubernetes_sidecar_holds_together() {
         .get(file)
         .and_then(Yaml::as_str)
         .unwrap();
-    let token = vec![("TOKENTAP_ADMIN__TOKEN".to_string(), "t".to_string())];
+    let token = vec![(
+        "TOKENTAP_ADMIN__TOKEN".to_string(),
+        "deploy-test-admin-token".to_string(),
+    )];
     let config = load_config(toml, &token).unwrap();
     let upstream = &config.upstreams[0].url;
     assert_eq!(

@@ -851,6 +851,16 @@ fn address_after(line: &str, key: &str) -> Option<SocketAddr> {
 
 impl Served {
     fn start(upstream: &str, config: &str, descriptor_limit: Option<u32>) -> Self {
+        Self::start_logging(upstream, config, descriptor_limit, "info")
+    }
+
+    /// As [`Served::start`], with `RUST_LOG` set to `rust_log`.
+    fn start_logging(
+        upstream: &str,
+        config: &str,
+        descriptor_limit: Option<u32>,
+        rust_log: &str,
+    ) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "tokentap-fault-{}-{}",
             std::process::id(),
@@ -876,7 +886,7 @@ impl Served {
             .arg(binary)
             .arg(upstream)
             .arg(&file)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -3843,6 +3853,61 @@ async fn fields_an_engine_runs_as_code_are_refused_unless_opened() {
     );
     assert!(whole.iter().any(|body| body.as_ref() == clean.as_bytes()));
     server.shutdown().await;
+}
+
+/// Every refused path is logged once, with why and how to open it, and a client-sent path is
+/// one printable line there (a percent-encoded newline cannot forge a log line); `RUST_LOG`
+/// raises the level past `info` (it was capped there: `debug` printed nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_logged_once_per_path_and_rust_log_raises_the_level() {
+    let upstream = upstream_with(|_| Script::json(200, r#"{"choices":[]}"#)).await;
+    let served = Served::start_logging(
+        &upstream.url(),
+        "[metering]\nmax_parse_bytes = 64\n",
+        None,
+        "debug",
+    );
+    let base = format!("http://{}", served.proxy);
+    for _ in 0..3 {
+        assert_eq!(post(&format!("{base}/flush_cache"), "{}").await.status, 403);
+    }
+    assert_eq!(
+        post(&format!("{base}/x%0Aforged:%20line"), "{}")
+            .await
+            .status,
+        403
+    );
+    let long = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
+        "x".repeat(200)
+    );
+    assert_eq!(
+        post(&format!("{base}/v1/chat/completions"), &long)
+            .await
+            .status,
+        200
+    );
+    wait::until(
+        "the refusals and the debug line logged",
+        Duration::from_secs(10),
+        || {
+            let log = served.log();
+            log.iter()
+                .any(|l| l.contains("forwarded unmetered") && l.contains("DEBUG"))
+                && log
+                    .iter()
+                    .any(|l| l.contains("refused on the data port") && l.contains("/x\\u{a}forged"))
+        },
+    )
+    .await;
+    let log = served.log();
+    let flush: Vec<_> = log
+        .iter()
+        .filter(|l| l.contains("refused on the data port") && l.contains("/flush_cache"))
+        .collect();
+    assert_eq!(flush.len(), 1, "{log:#?}");
+    assert!(flush[0].contains("proxy.routes"), "{}", flush[0]);
+    assert!(!log.iter().any(|l| l.starts_with("forged")), "{log:#?}");
 }
 
 /// `serve` in front of a port where nothing listens yet (an engine still loading): it says

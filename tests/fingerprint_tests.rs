@@ -599,7 +599,7 @@ async fn capacity_takes_no_boundary_from_another_configuration() {
     let (server, _records) = proxy(
         &sim.url(),
         dir.to_str().unwrap(),
-        "[slo]\ntbt = \"1s\"\n[capacity]\nwindow = \"1h\"\n[admin]\ntoken = \"t0ken\"\n",
+        "[slo]\ntbt = \"1s\"\n[capacity]\nwindow = \"1h\"\n[admin]\ntoken = \"t0ken-of-the-fingerprint-test\"\n",
     )
     .await;
     until("the first fingerprint", || current(&server).is_config()).await;
@@ -611,7 +611,7 @@ async fn capacity_takes_no_boundary_from_another_configuration() {
         let request = http::Request::builder()
             .method(method)
             .uri(format!("http://{}{path}", server.admin_addr))
-            .header("authorization", "Bearer t0ken")
+            .header("authorization", "Bearer t0ken-of-the-fingerprint-test")
             .body(http_body_util::Full::new(bytes::Bytes::from(body)))
             .unwrap();
         common::send(request)

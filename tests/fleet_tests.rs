@@ -729,7 +729,7 @@ async fn a_fleet_sweep_sweeps_each_sidecar_and_names_the_slow_one() {
     .await
     .unwrap();
     // Sweeps through the admin API need admin.token; one token for the fleet here.
-    let admin = "[admin]\ntoken = \"fleet-token\"\n";
+    let admin = "[admin]\ntoken = \"fleet-token-of-the-tests\"\n";
     let (fast_server, _) = common::proxy(&fast.base_url(), admin).await;
     let (slow_server, _) = common::proxy(&slow.base_url(), admin).await;
     let dir = TempDir::new("sweep");
@@ -751,7 +751,7 @@ async fn a_fleet_sweep_sweeps_each_sidecar_and_names_the_slow_one() {
             "--max-output",
             "64",
             "--token",
-            "fleet-token",
+            "fleet-token-of-the-tests",
             "--quiet",
             "--format",
             "json",
@@ -775,7 +775,7 @@ async fn a_fleet_sweep_sweeps_each_sidecar_and_names_the_slow_one() {
     for server in [&fast_server, &slow_server] {
         let listing = common::send(
             Request::get(format!("http://{}/sweeps", server.admin_addr))
-                .header("authorization", "Bearer fleet-token")
+                .header("authorization", "Bearer fleet-token-of-the-tests")
                 .body(Full::new(Bytes::new()))
                 .unwrap(),
         )

@@ -574,7 +574,7 @@ async fn the_admin_page_shows_its_first_matrix_above_the_fold_at_1400_by_900() {
     let _cores = common::cores::busy().await;
     let upstream = ScriptedUpstream::start(timed_stream).await;
     let (server, records) = start_proxy(&format!(
-        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[admin]\ntoken = \"fold-token\"\n[evidence]\nmin_requests = 10\nmin_measured_for = \"1s\"\nmin_output_tokens = 100\n",
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[admin]\ntoken = \"fold-token-of-the-test\"\n[evidence]\nmin_requests = 10\nmin_measured_for = \"1s\"\nmin_output_tokens = 100\n",
         upstream.url()
     ))
     .await;
@@ -584,7 +584,7 @@ async fn the_admin_page_shows_its_first_matrix_above_the_fold_at_1400_by_900() {
     records.wait_for(12).await;
     let bearer = |path: &str| {
         http::Request::get(format!("http://{}{path}", server.admin_addr))
-            .header("authorization", "Bearer fold-token")
+            .header("authorization", "Bearer fold-token-of-the-test")
             .body(http_body_util::Full::new(Bytes::new()))
             .unwrap()
     };
@@ -613,7 +613,9 @@ async fn the_admin_page_shows_its_first_matrix_above_the_fold_at_1400_by_900() {
     let login = send(
         http::Request::post(format!("http://{}/login", server.admin_addr))
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(http_body_util::Full::new(Bytes::from("token=fold-token")))
+            .body(http_body_util::Full::new(Bytes::from(
+                "token=fold-token-of-the-test",
+            )))
             .unwrap(),
     )
     .await;
@@ -852,7 +854,7 @@ async fn snapshots_are_written_periodically_and_at_shutdown_and_survive_a_restar
 async fn the_matrix_and_the_page_need_the_admin_token_when_one_is_set() {
     let upstream = ScriptedUpstream::start(timed_stream).await;
     let (server, _) = start_proxy(&format!(
-        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[admin]\ntoken = \"s3cret\"\n",
+        "[upstream]\nurl = \"{}\"\n[store]\ndata_dir = \"\"\n[admin]\ntoken = \"s3cret-of-the-production-test\"\n",
         upstream.url()
     ))
     .await;
@@ -861,7 +863,7 @@ async fn the_matrix_and_the_page_need_the_admin_token_when_one_is_set() {
         assert_eq!(get(&url).await.status, 401, "{path}");
         let authorized = send(
             http::Request::get(&url)
-                .header("authorization", "Bearer s3cret")
+                .header("authorization", "Bearer s3cret-of-the-production-test")
                 .body(http_body_util::Full::new(Bytes::new()))
                 .unwrap(),
         )

@@ -277,14 +277,8 @@ async fn admin_api_starts_refuses_cancels_and_persists_sweeps() {
     let server = start_proxy(&config).await;
     let plan = r#"{"contexts": ["8K"], "concurrency": [1, 2, 4, 8, 16], "cell_duration": "3s"}"#;
     assert_eq!(admin(&server, "POST", "/sweeps", None, plan).await.0, 401);
-    assert_eq!(
-        admin(&server, "POST", "/sweeps", Some("wrong"), plan)
-            .await
-            .0,
-        401
-    );
-    // A wrong token makes this address wait a second before its next wrong one is looked at;
-    // the right one is checked first and never waits (`admin::sessions`).
+    // (A wrong token would make this address wait a second, the right one too: the admin
+    // tests and `admin::sessions` cover that.)
     let (code, body) = admin(
         &server,
         "POST",

@@ -306,6 +306,15 @@ pub(super) fn write_output(output: Option<&Path>, text: &str) -> anyhow::Result<
             std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
         }
         None => {
+            // Names in a rendering came from upstreams and clients (served model ids, facts,
+            // tenants): on standard output, their control characters are shown, never obeyed.
+            // JSON escapes them itself.
+            let machine = text.trim_start().starts_with(['{', '[']);
+            let text = if machine {
+                std::borrow::Cow::Borrowed(text)
+            } else {
+                crate::base::escape::terminal_safe(text, true)
+            };
             let mut stdout = std::io::stdout().lock();
             stdout
                 .write_all(text.as_bytes())

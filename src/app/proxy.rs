@@ -84,6 +84,7 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         routes: RoutePolicy::from_config(&config.proxy.routes),
         code_fields: config.proxy.code_fields,
         tenants: crate::proxy::tenants::Tenants::new(config.tenants.clone()),
+        refusals: Default::default(),
     }))
 }
 

@@ -54,7 +54,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         StatusFormat::Text => {
             let value: Value = serde_json::from_slice(&answer)
                 .map_err(|e| anyhow::anyhow!("{}/status answered no JSON: {e}", admin.base))?;
-            print!("{}", render(&value, &admin.base));
+            // Served model ids and facts came from the upstream: shown, never obeyed.
+            let text = render(&value, &admin.base);
+            print!("{}", crate::base::escape::terminal_safe(&text, true));
         }
     }
     Ok(ExitCode::SUCCESS)

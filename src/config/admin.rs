@@ -26,6 +26,11 @@ pub struct AdminConfig {
     pub max_failed_credentials_per_second: u32,
 }
 
+/// The shortest admin token accepted: with guesses throttled to about one a second per address
+/// and `admin.max_failed_credentials_per_second` in all, 16 characters of any alphabet are out of
+/// reach; `change-me`, `pin1234` or a word are not.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
 impl AdminConfig {
     pub(super) fn from_raw(raw: RawAdmin, origins: &Origins) -> Result<Self, ConfigError> {
         let admin = AdminConfig {
@@ -54,6 +59,17 @@ impl AdminConfig {
                 "admin.allowed_hosts",
                 format!("`{bad}` is not a host name or address (write names without a scheme or path, e.g. \"tokentap.internal\")"),
             ));
+        }
+        if let Some(token) = &admin.token {
+            if token.chars().count() < MIN_TOKEN_CHARS {
+                return Err(origins.error(
+                    "admin.token",
+                    format!(
+                        "a token of {} characters is guessable: it needs at least {MIN_TOKEN_CHARS} (make one with `openssl rand -hex 24`)",
+                        token.chars().count()
+                    ),
+                ));
+            }
         }
         origins.positive("admin.session_ttl", admin.session_ttl)?;
         if !admin.listen.ip().is_loopback() && admin.token.is_none() {

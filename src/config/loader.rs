@@ -90,7 +90,8 @@ impl ConfigLoader {
             let section = section.to_ascii_lowercase();
             let key = key.to_ascii_lowercase();
             let origin = format!("environment variable {var}");
-            self.set(&section, &key, parse_scalar(&value), origin);
+            let value = scalar_for(&section, &key, &value);
+            self.set(&section, &key, value, origin);
         }
         Ok(self)
     }
@@ -142,12 +143,9 @@ impl ConfigLoader {
                 .ok_or_else(|| {
                     malformed("expected one section and one key before `=`, e.g. proxy.listen")
                 })?;
-            self.set(
-                &section.to_ascii_lowercase(),
-                &key.to_ascii_lowercase(),
-                parse_scalar(value.trim()),
-                format!("flag --set {path}"),
-            );
+            let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
+            let value = scalar_for(&section, &key, value.trim());
+            self.set(&section, &key, value, format!("flag --set {path}"));
         }
         Ok(self)
     }
@@ -209,6 +207,20 @@ fn list_form(key: &str) -> String {
         "; write a list as TOML, quoted for the shell: --set {key}='[\"a\", \"b\"]', or TOKENTAP_{env}='[\"a\", \"b\"]', or `{}` in the file",
         key.rsplit('.').next().unwrap_or(key).to_owned() + " = [\"a\", \"b\"]"
     )
+}
+
+/// Keys whose value is text whatever it looks like: a secret made of digits (`123…`, `0x…`,
+/// `1e9`) read as a TOML number would be refused as "not a string", or lose its leading zeros.
+const VERBATIM: [(&str, &str); 1] = [("admin", "token")];
+
+/// A `--set` or environment value for `section.key`: [`parse_scalar`]'s reading, or the text
+/// as it came for a [`VERBATIM`] key.
+fn scalar_for(section: &str, key: &str, value: &str) -> toml::Value {
+    if VERBATIM.contains(&(section, key)) {
+        toml::Value::String(value.to_string())
+    } else {
+        parse_scalar(value)
+    }
 }
 
 fn parse_scalar(value: &str) -> toml::Value {
@@ -494,12 +506,46 @@ mod tests {
                 foreign
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .into_iter()
-                    .chain([("TOKENTAP_ADMIN__TOKEN".to_string(), "t".to_string())]),
+                    .chain([(
+                        "TOKENTAP_ADMIN__TOKEN".to_string(),
+                        "a-long-enough-admin-token".to_string(),
+                    )]),
             )
             .unwrap()
             .load()
             .unwrap();
         assert!(config.admin.token.is_some());
+    }
+
+    #[test]
+    fn an_admin_token_of_digits_stays_text_and_a_short_one_is_refused() {
+        for (via_env, value) in [
+            (true, "0123456789012345678901"),
+            (false, "1e40000000000000"),
+        ] {
+            let loader = ConfigLoader::new();
+            let loader = if via_env {
+                loader.env([("TOKENTAP_ADMIN__TOKEN".to_string(), value.to_string())])
+            } else {
+                loader.set_args(&[format!("admin.token={value}")])
+            };
+            let config = loader.unwrap().load().unwrap();
+            assert_eq!(
+                config.admin.token.as_deref(),
+                Some(value),
+                "leading zeros and all"
+            );
+        }
+        let short = ConfigLoader::new()
+            .env([("TOKENTAP_ADMIN__TOKEN".to_string(), "change-me".to_string())])
+            .unwrap()
+            .load()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            short.contains("admin.token") && short.contains("at least 16"),
+            "{short}"
+        );
     }
 
     #[test]

@@ -207,7 +207,7 @@ fn serve_models(proxy: &Proxy, upstream: &Upstream, models: &[&str]) {
     if !models.is_empty() && upstream.set_served_models(models) {
         tracing::info!(
             upstream = %upstream.name,
-            models = %models.join(", "),
+            models = %crate::base::escape::terminal_safe(&models.join(", "), false),
             "requests are recorded under the model the server serves (/v1/models), whatever name the client sends"
         );
     }

@@ -14,6 +14,7 @@ pub mod headers;
 pub mod inline_pool;
 mod phase;
 pub mod readiness;
+pub mod refusals;
 pub mod relay;
 pub mod request_body;
 pub mod request_id;

@@ -143,6 +143,8 @@ pub struct Proxy {
     /// The memory non-streamed answers are held in, over all requests
     /// (`metering.max_held_bytes`).
     pub held_budget: Arc<HeldBudget>,
+    /// What the data port refused and has logged (once per path).
+    pub refusals: super::refusals::Refusals,
 }
 
 /// The memory metered request bodies may hold while being read, over all requests, in KiB

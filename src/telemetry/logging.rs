@@ -30,7 +30,12 @@ fn filter() -> Targets {
 
 /// Install the global log subscriber once; later calls are no-ops.
 pub fn init(format: LogFormat) {
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr);
+    // The fmt builder stops at INFO unless told otherwise, whatever the filter layered on it
+    // says: `RUST_LOG=debug` printed nothing. The filter below decides; the builder lets all
+    // through to it.
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(LevelFilter::TRACE);
     let _ = match format {
         LogFormat::Text => builder
             .with_ansi(std::io::stderr().is_terminal())

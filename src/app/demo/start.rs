@@ -123,7 +123,11 @@ mod tests {
     /// errors still name the demo's own keys `config file tokentap demo`.
     #[test]
     fn the_demo_config_is_the_text_it_replaced() {
-        let (url, token, hold) = ("http://127.0.0.1:4321", "demo-0123", Duration::from_secs(4));
+        let (url, token, hold) = (
+            "http://127.0.0.1:4321",
+            "demo-0123456789abcdef",
+            Duration::from_secs(4),
+        );
         let text = format!(
             "[proxy]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{token}\"\n[upstream]\nurl = \"{url}\"\n[store]\ndata_dir = \"\"\n[workload]\ncapture = true\n[evidence]\nmin_requests = 0\nmin_measured_for = \"{}ms\"\nmin_output_tokens = 100\n",
             (hold / 2).as_millis()

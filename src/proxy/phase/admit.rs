@@ -137,7 +137,12 @@ impl Proxy {
                 ProxyError::BadPath { target, why }
             }
         };
-        tracing::debug!(%error, "route refused");
+        let path = match &error {
+            ProxyError::RouteRefused { path, .. } => path.as_str(),
+            ProxyError::BadPath { target, .. } => target.as_str(),
+            _ => "",
+        };
+        self.refusals.note("route_refused", path, &error);
         error
     }
 
@@ -175,7 +180,8 @@ impl Proxy {
             opened_by: field.opened_by,
             why,
         };
-        tracing::debug!(%error, "a compressed body refused");
+        self.refusals
+            .note("code_field_refused", "x-body-compressed", &error);
         error
     }
 
@@ -190,7 +196,8 @@ impl Proxy {
             engine,
             opened_by: field.opened_by,
         };
-        tracing::debug!(%error, "a field run as code refused");
+        self.refusals
+            .note("code_field_refused", field.field, &error);
         error
     }
 }
