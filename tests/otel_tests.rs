@@ -130,7 +130,11 @@ fn log_records(received: &[Received]) -> Vec<LogRecord> {
                 .resource_logs
         })
         .flat_map(|resource| resource.scope_logs)
-        .flat_map(|scope| scope.log_records)
+        .flat_map(|scope| {
+            // docs/deploy.md's collector keeps tokentap's events by this scope.
+            assert_eq!(scope.scope.map(|s| s.name).as_deref(), Some("tokentap"));
+            scope.log_records
+        })
         .collect()
 }
 
@@ -322,4 +326,84 @@ async fn one_inference_details_event_per_request_with_the_tenant_hashed_and_no_t
         }
     }
     assert_nothing_leaked(&received);
+}
+
+/// The part of a Markdown page from `heading` to the next heading of the same level.
+fn section<'a>(page: &'a str, heading: &str) -> &'a str {
+    let start = page
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("no `{heading}`"));
+    let rest = &page[start + heading.len() + 2..];
+    &rest[..rest.find("\n## ").unwrap_or(rest.len())]
+}
+
+/// The first fenced block of `language` in `text`.
+fn fenced<'a>(text: &'a str, language: &str) -> &'a str {
+    let open = format!("```{language}\n");
+    let start = text
+        .find(&open)
+        .unwrap_or_else(|| panic!("no {language} block"))
+        + open.len();
+    &text[start..start + text[start..].find("```").unwrap()]
+}
+
+#[test]
+fn the_docs_list_the_pushed_names_and_a_collector_pipeline_that_holds_together() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let metrics = std::fs::read_to_string(root.join("docs/metrics.md")).unwrap();
+    let otel = section(&metrics, "## OpenTelemetry");
+    // The table of metrics is exactly what a default export pushes.
+    let listed: Vec<&str> = otel
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|line| line.split('`').next())
+        .filter(|name| name.starts_with("gen_ai."))
+        .collect();
+    assert_eq!(
+        listed, CURRENT_METRICS,
+        "docs/metrics.md's OpenTelemetry table"
+    );
+    for name in LEGACY_METRICS.iter().chain(&[
+        "gen_ai.client.inference.operation.details",
+        "tokentap.tenant.hash",
+    ]) {
+        assert!(
+            otel.contains(&format!("`{name}`")),
+            "docs/metrics.md does not name {name}"
+        );
+    }
+
+    let deploy = std::fs::read_to_string(root.join("docs/deploy.md")).unwrap();
+    let events = section(&deploy, "## Per-request events to a store");
+    // tokentap's side loads as written (the salt's placeholder is a salt like any other).
+    let settings = fenced(events, "toml");
+    let config = tokentap::config::ConfigLoader::new()
+        .text(settings, "docs/deploy.md")
+        .and_then(tokentap::config::ConfigLoader::load)
+        .unwrap_or_else(|e| panic!("docs/deploy.md's settings: {e}"));
+    assert!(config.telemetry.otlp_request_events);
+    // The collector's: every component a pipeline names is defined, the logs pipeline takes
+    // OTLP/HTTP and keeps tokentap's scope.
+    let collector = crate::deploy_tests::yaml::parse(fenced(events, "yaml"), "docs/deploy.md")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(collector
+        .str_at("receivers.otlp.protocols.http.endpoint")
+        .ends_with(":4318"));
+    let pipelines = collector.at("service.pipelines").unwrap().entries();
+    assert!(pipelines.iter().any(|(name, _)| name.starts_with("logs")));
+    for (name, pipeline) in pipelines {
+        for kind in ["receivers", "processors", "exporters"] {
+            for component in pipeline.get(kind).map(|c| c.strings()).unwrap_or_default() {
+                assert!(
+                    collector.get(kind).and_then(|d| d.get(component)).is_some(),
+                    "pipeline {name} names {kind} {component}, which is not defined"
+                );
+            }
+        }
+    }
+    let filter = collector
+        .at("processors.filter/tokentap-requests.logs.log_record")
+        .unwrap()
+        .strings();
+    assert_eq!(filter, ["instrumentation_scope.name != \"tokentap\""]);
 }
