@@ -2,7 +2,8 @@
 //! sent with the OTLP protobuf messages: one span per metered request with GenAI attributes and
 //! a first-token event; the current GenAI metric names, and the superseded ones only when
 //! `telemetry.otlp_legacy_genai_names` asks; the opt-in per-request log event
-//! `gen_ai.client.inference.operation.details` with the tenant hashed and no text; no secrets.
+//! `gen_ai.client.inference.operation.details` with the tenant hashed and no text; a failed request
+//! counted with its `error.type` and zero tokens; no secrets; the docs' names and collector config.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -71,7 +72,17 @@ async fn streaming_upstream() -> ScriptedUpstream {
 /// `[telemetry]` keys) and `extra` (more sections), shuts it down (which flushes the
 /// exporters) and hands back everything the collector received.
 async fn exported(telemetry: &str, extra: &str, requests: usize) -> Vec<Received> {
-    let upstream = streaming_upstream().await;
+    exported_from(streaming_upstream().await, telemetry, extra, requests, 200).await
+}
+
+/// [`exported`] against `upstream`, whose answers have `status`.
+async fn exported_from(
+    upstream: ScriptedUpstream,
+    telemetry: &str,
+    extra: &str,
+    requests: usize,
+    status: u16,
+) -> Vec<Received> {
     // The collector: accepts anything, the test decodes what it received.
     let collector = ScriptedUpstream::start(|_| Script::json(200, "")).await;
     let (server, records) = proxy(
@@ -92,7 +103,7 @@ async fn exported(telemetry: &str, extra: &str, requests: usize) -> Vec<Received
                 ))))
                 .unwrap();
         let response = send(request).await;
-        assert_eq!(response.status, 200);
+        assert_eq!(response.status, status);
     }
     records.wait_for(requests).await;
     server.shutdown().await; // flushes the exporters
@@ -115,6 +126,43 @@ fn metric_names(received: &[Received]) -> Vec<String> {
         .flat_map(|resource| resource.scope_metrics)
         .flat_map(|scope| scope.metrics)
         .map(|metric| metric.name)
+        .collect()
+}
+
+/// Every data point of metric `name`: its attributes and its value (a histogram's sum).
+fn points(received: &[Received], name: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value;
+    on_path(received, "/v1/metrics")
+        .iter()
+        .flat_map(|export| {
+            ExportMetricsServiceRequest::decode(export.body.clone())
+                .unwrap()
+                .resource_metrics
+        })
+        .flat_map(|resource| resource.scope_metrics)
+        .flat_map(|scope| scope.metrics)
+        .filter(|metric| metric.name == name)
+        .flat_map(|metric| match metric.data {
+            Some(Data::Histogram(h)) => h
+                .data_points
+                .into_iter()
+                .map(|p| (attributes(&p.attributes), p.sum.unwrap_or_default()))
+                .collect::<Vec<_>>(),
+            Some(Data::Sum(sum)) => sum
+                .data_points
+                .into_iter()
+                .map(|p| {
+                    let value = match p.value {
+                        Some(Value::AsInt(i)) => i as f64,
+                        Some(Value::AsDouble(d)) => d,
+                        None => f64::NAN,
+                    };
+                    (attributes(&p.attributes), value)
+                })
+                .collect(),
+            other => panic!("{name} is {other:?}"),
+        })
         .collect()
 }
 
@@ -406,4 +454,55 @@ fn the_docs_list_the_pushed_names_and_a_collector_pipeline_that_holds_together()
         .unwrap()
         .strings();
     assert_eq!(filter, ["instrumentation_scope.name != \"tokentap\""]);
+}
+
+#[tokio::test]
+async fn a_failed_request_is_counted_with_its_error_and_zero_tokens_in_unknown() {
+    let upstream =
+        ScriptedUpstream::start(|_| Script::json(500, r#"{"error":"engine fell over"}"#)).await;
+    let received = exported_from(upstream, "otlp_request_events = true", "", 1, 500).await;
+    let records = log_records(&received);
+    assert_eq!(records.len(), 1, "{records:#?}");
+    let a = attributes(&records[0].attributes);
+    assert_eq!(
+        a.get("error.type").map(String::as_str),
+        Some("upstream_error")
+    );
+    assert_eq!(
+        a.get("http.response.status_code").map(String::as_str),
+        Some("500")
+    );
+    assert!(!a.contains_key("gen_ai.usage.input_tokens"), "{a:#?}");
+    // The conventions: the token histograms and counters are recorded for failed requests too,
+    // `0` where no usage came, the counters' modality then `unknown`.
+    // Points are cumulative: a periodic export and the one at shutdown may both carry the same
+    // point; each is checked.
+    let input = points(&received, "gen_ai.client.inference.operation.input_tokens");
+    assert!(!input.is_empty());
+    for (attributes, sum) in &input {
+        assert_eq!(*sum, 0.0, "{input:?}");
+        assert_eq!(
+            attributes.get("error.type").map(String::as_str),
+            Some("upstream_error")
+        );
+    }
+    let usage = points(&received, "gen_ai.client.inference.usage.input_tokens");
+    assert!(!usage.is_empty());
+    for (attributes, value) in &usage {
+        assert_eq!(*value, 0.0, "{usage:?}");
+        assert_eq!(
+            attributes.get("gen_ai.token.modality").map(String::as_str),
+            Some("unknown")
+        );
+    }
+    let duration = points(&received, "gen_ai.client.inference.duration");
+    assert!(!duration.is_empty());
+    for (attributes, _) in &duration {
+        assert_eq!(
+            attributes.get("error.type").map(String::as_str),
+            Some("upstream_error")
+        );
+    }
+    // A non-streamed answer has no first chunk.
+    assert!(points(&received, "gen_ai.client.inference.time_to_first_chunk").is_empty());
 }
