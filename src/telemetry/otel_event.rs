@@ -8,7 +8,7 @@
 //! (operation, provider, model, stream, usage with cached and reasoning tokens, time to first
 //! chunk, `error.type`) and `tokentap.*` figures, and never a body's text: the conventions'
 //! opt-in `gen_ai.input.messages` / `gen_ai.output.messages` / `gen_ai.system_instructions`
-//! are not set, and no header but the bounded request id is read. Identities are hashed:
+//! are not set, and no header's value is sent but the bounded request id. Identities are hashed:
 //! the tenant is sent as `tokentap.tenant.hash`, an HMAC-SHA-256 under
 //! `telemetry.otlp_event_salt` (the workload capture's keyed hash, `stream::fingerprint`),
 //! never as its name.
