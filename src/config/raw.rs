@@ -244,6 +244,10 @@ pub struct RawTelemetry {
     #[serde(deserialize_with = "value::duration")]
     pub metric_interval: Duration,
     pub max_series: u64,
+    pub otlp_legacy_genai_names: bool,
+    pub otlp_request_events: bool,
+    pub otlp_event_salt: String,
+    pub otlp_provider_name: String,
 }
 
 impl Default for RawTelemetry {
@@ -253,6 +257,10 @@ impl Default for RawTelemetry {
             service_name: "tokentap".into(),
             metric_interval: Duration::from_secs(60),
             max_series: 50_000,
+            otlp_legacy_genai_names: false,
+            otlp_request_events: false,
+            otlp_event_salt: String::new(),
+            otlp_provider_name: "self_hosted".into(),
         }
     }
 }

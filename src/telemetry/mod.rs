@@ -7,5 +7,6 @@ pub mod drift;
 pub mod logging;
 pub mod names;
 pub mod otel;
+pub mod otel_event;
 pub mod prometheus;
 pub mod sweep;
