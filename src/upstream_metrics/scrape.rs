@@ -28,6 +28,9 @@ pub const MAX_PAGE_BYTES: usize = 8 << 20;
 /// Longest wait between two tries while the page fails (or the interval, if longer).
 pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
 
+/// Failed scrapes in a row before a warning is logged.
+pub const WARN_AFTER: u32 = 2;
+
 /// The longest wait for one whole page: the interval, within 1–10 s, so a slow page never
 /// piles up scrapes and a fast interval still gives a loaded server a second.
 pub fn timeout_for(interval: Duration) -> Duration {
@@ -106,6 +109,12 @@ pub(super) async fn scrape_with(
     };
     let mut previous: Option<Page> = None;
     let mut failing: Option<ScrapeOutcome> = None;
+    // Failed scrapes in a row: one alone is not worth a warning (uvicorn's 5 s keep-alive
+    // closes a pooled connection just as the next scrape takes it), [`WARN_AFTER`] are.
+    let mut failed_in_a_row = 0u32;
+    // Nothing answered yet: no connection on the first scrape is said at once (an engine
+    // still loading, or a wrong URL), later ones after `WARN_AFTER` in a row.
+    let mut answered_once = false;
     let mut backoff = Duration::ZERO;
     loop {
         let wait = {
@@ -128,7 +137,10 @@ pub(super) async fn scrape_with(
             let name = &upstream.name;
             match page {
                 Ok(page) => {
-                    if let Some(was) = failing.take() {
+                    let warned = failed_in_a_row >= WARN_AFTER;
+                    failed_in_a_row = 0;
+                    answered_once = true;
+                    if let Some(was) = failing.take().filter(|_| warned) {
                         tracing::info!(
                             upstream = %name,
                             after = was.label(),
@@ -152,20 +164,33 @@ pub(super) async fn scrape_with(
                     interval
                 }
                 Err(outcome) => {
-                    if failing.is_none() && outcome == ScrapeOutcome::Unreachable {
-                        // No connection at all: the server is not there (or not yet), which
-                        // matters more than its metrics page.
+                    failed_in_a_row = failed_in_a_row.saturating_add(1);
+                    if !answered_once
+                        && failed_in_a_row == 1
+                        && outcome == ScrapeOutcome::Unreachable
+                    {
+                        // No connection at all, from the start: the server is not there (or not
+                        // yet), which matters more than its metrics page.
                         tracing::warn!(
                             upstream = %name,
                             url = %upstream.config.url,
-                            "upstream not answering (no connection): requests to it fail with 502, and /readyz is 503 while no upstream answers"
+                            "upstream not answering (no connection) since start: requests to it get 502 while it does not answer, and /readyz is 503 while no upstream answers"
                         );
-                    } else if failing.is_none() {
+                        // Said once: the next failures in a row need no second line.
+                        failed_in_a_row = WARN_AFTER;
+                    } else if failed_in_a_row == WARN_AFTER && outcome == ScrapeOutcome::Unreachable
+                    {
+                        tracing::warn!(
+                            upstream = %name,
+                            url = %upstream.config.url,
+                            "no connection to the upstream on {WARN_AFTER} metrics scrapes in a row: it may be down (requests to it would get 502, and /readyz is 503 while no upstream answers)"
+                        );
+                    } else if failed_in_a_row == WARN_AFTER {
                         tracing::warn!(
                             upstream = %name,
                             path = %upstream.config.metrics_path,
                             reason = outcome.label(),
-                            "cannot read the upstream's metrics page; its state is unknown until it answers (counted in tokentap_upstream_scrapes_total, retried less often)"
+                            "the upstream's metrics page failed {WARN_AFTER} scrapes in a row; its state is unknown until it answers (counted in tokentap_upstream_scrapes_total, retried less often)"
                         );
                     }
                     failing = Some(outcome);
