@@ -475,9 +475,46 @@ async fn vllm_0_33_and_0_34_upstreams_are_held_to_their_own_route_tables() {
             ],
         ),
     ];
+    // The subscriber is this thread's, and the test's runtime runs every task on it.
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
     for (version, requests) in cases {
+        logged.clear();
         let upstream = scripted_vllm(version, None).await;
         let (server, _records) = described_proxy(&upstream).await;
+        // The table it is held to, on /status; a version past the newest table says so there
+        // and in a warning at start.
+        let status = get(&format!("http://{}/status", server.admin_addr)).await;
+        let status: serde_json::Value = serde_json::from_slice(&status.bytes()).unwrap();
+        let routes = &status["routes"][0];
+        let newer = version.contains("0.35");
+        let (table, frontend) = match version {
+            v if v.contains("rust_frontend_version") => ("0.34", "rust"),
+            v if v.contains("0.32") => ("0.32", "python"),
+            v if v.contains("0.33") => ("0.33", "python"),
+            _ => ("0.34", "python"),
+        };
+        assert_eq!(routes["table"], table, "{version}: {routes}");
+        assert_eq!(routes["frontend"], frontend, "{version}: {routes}");
+        assert_eq!(
+            routes["fit"],
+            if newer { "newer_than_newest" } else { "exact" },
+            "{version}: {routes}"
+        );
+        assert_eq!(
+            routes["state"],
+            if newer { "warn" } else { "ok" },
+            "{routes}"
+        );
+        let warned = logged.text().lines().any(|line| {
+            line.contains("WARN") && line.contains("newer than the newest route table")
+        });
+        assert_eq!(warned, newer, "{version}: {}", logged.text());
         let base = format!("http://{}", server.proxy_addr);
         for (method, path, status, reason) in requests {
             let response = send(
@@ -524,6 +561,10 @@ impl std::io::Write for Logged {
 }
 
 impl Logged {
+    fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
