@@ -207,9 +207,17 @@ fn bench_request(c: &mut Criterion) {
     });
     // The default route policy's check, which every request passes (`proxy.routes = "safe"`:
     // the path against every engine's route table).
+    // An upstream that has not said what it is: every table of every engine.
     let safe = RoutePolicy::from_config(&RoutePolicyConfig::Safe);
+    let unknown = tokentap::proxy::answers::RouteFacts::default();
     group.bench_function("route check, /v1/chat/completions", |b| {
-        b.iter(|| safe.check("POST", std::hint::black_box("/v1/chat/completions")))
+        b.iter(|| {
+            safe.check(
+                "POST",
+                std::hint::black_box("/v1/chat/completions"),
+                &unknown,
+            )
+        })
     });
     // Which engine a read's answers name, from vLLM 0.32's own metrics page: every POST asked
     // it until 2026-12-04 (the guard on fields run as code); now once per read.

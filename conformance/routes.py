@@ -5,6 +5,9 @@ Run it with the python of a venv that has the engine installed (install.sh's ven
   routes.py sglang [--env K=V]... [--args --enable-metrics]
   routes.py vllm   [--env K=V]... [--tasks generate] [--model-config] [--args SERVE_ARGS...]
   ... --check tests/fixtures/engines/routes/vllm-0.32.tsv
+Or, for a version whose engine is not installed, against its unpacked sources (any python):
+  routes.py static --src DIR --check tests/fixtures/engines/routes/vllm-0.34.tsv
+  (DIR: e.g. `unzip vllm-0.34.0-*.whl 'vllm/entrypoints/*' -d DIR`; no torch needed)
 
 sglang: imports sglang.srt.entrypoints.http_server and reads its module-level `app` (routes are
 added at import; --env is applied first, e.g. DUMPER_SERVER_PORT=reuse). `--enable-metrics` among
@@ -16,6 +19,15 @@ Prints `method<TAB>path` sorted by path then method: APIRoute/Route methods (HEA
 app reports it), WS for a WebSocket route, MOUNT for a Mount (a prefix). --check FILE exits 1
 naming every route the app registers that FILE (same TSV shape, `#` comments, header) lacks, and
 warns about FILE's routes the app does not register. Engine logs go to stderr.
+
+static reads every route decorator and registration call with a literal path in DIR's Python
+files (`@router.post("/x")`, `app.add_api_route("/x", ...)`, `.websocket`, `.mount`) without
+importing anything: it sees no route added without a literal path (FastAPI's docs pages, the
+SageMaker aliases), which the app check above does, and lists a route whatever condition adds
+it. Files under a `launchers/dp_supervisor.py` (the data-parallel supervisor's own app) are
+left out, as the fixtures leave them. With --check it fails on any route it finds that FILE
+does not list, and, for every mode, on any FILE row whose class is not inference, read or
+control (a route the tables leave unclassified).
 """
 import argparse
 import contextlib
@@ -63,6 +75,64 @@ def build_vllm(passthrough, tasks, with_model_config):
     return build_app(args, tasks, model_config)
 
 
+STATIC_METHODS = {
+    "get": "GET", "post": "POST", "put": "PUT", "delete": "DELETE", "patch": "PATCH",
+    "head": "HEAD", "websocket": "WS", "mount": "MOUNT",
+}
+CLASSES = ("inference", "read", "control")
+
+
+def static_routes(src):
+    """(method, path) for every literal route registration in SRC's Python files."""
+    import ast
+
+    rows = set()
+    for folder, _, files in os.walk(src):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            if path.replace(os.sep, "/").endswith("launchers/dp_supervisor.py"):
+                continue
+            try:
+                with open(path, encoding="utf-8") as f:
+                    tree = ast.parse(f.read())
+            except (SyntaxError, UnicodeDecodeError) as e:
+                print(f"routes.py: skipped {path}: {e}", file=sys.stderr)
+                continue
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                first = node.args[0] if node.args else None
+                if not (isinstance(first, ast.Constant) and isinstance(first.value, str)
+                        and first.value.startswith("/")):
+                    continue
+                attr = node.func.attr
+                if attr in STATIC_METHODS:
+                    rows.add((STATIC_METHODS[attr], first.value))
+                elif attr in ("add_api_route", "api_route"):
+                    methods = next((k.value for k in node.keywords if k.arg == "methods"), None)
+                    listed = [e.value for e in getattr(methods, "elts", [])
+                              if isinstance(e, ast.Constant)]
+                    rows.update((m.upper(), first.value) for m in (listed or ["GET"]))
+                elif attr == "add_api_websocket_route":
+                    rows.add(("WS", first.value))
+    return sorted(rows, key=lambda r: (r[1], r[0]))
+
+
+def unclassified_rows(fn):
+    """FILE's rows whose class column is not one of CLASSES."""
+    bad = []
+    with open(fn, encoding="utf-8") as f:
+        for line in f:
+            cols = line.rstrip("\n").split("\t")
+            if not line.strip() or line.startswith("#") or cols[:2] == ["method", "path"]:
+                continue
+            if len(cols) < 3 or cols[2] not in CLASSES:
+                bad.append(tuple(cols[:2]))
+    return bad
+
+
 def enumerate_routes(app):
     from starlette.routing import Mount, WebSocketRoute
 
@@ -96,7 +166,8 @@ def read_fixture(fn):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("engine", choices=["sglang", "vllm"])
+    ap.add_argument("engine", choices=["sglang", "vllm", "static"])
+    ap.add_argument("--src", metavar="DIR", help="static: the unpacked sources to read")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="set before the engine is imported (repeatable)")
     ap.add_argument("--tasks", default="generate",
@@ -116,12 +187,17 @@ def main():
 
     # Engines log to stdout (vLLM's default handler): keep stdout for the TSV.
     with contextlib.redirect_stdout(sys.stderr):
-        if opts.engine == "sglang":
+        if opts.engine == "static":
+            if not opts.src:
+                ap.error("static wants --src DIR")
+            rows = static_routes(opts.src)
+        elif opts.engine == "sglang":
             app = build_sglang(opts.args)
         else:
             tasks = tuple(t for t in opts.tasks.split(",") if t)
             app = build_vllm(opts.args, tasks, opts.model_config)
-        rows = enumerate_routes(app)
+        if opts.engine != "static":
+            rows = enumerate_routes(app)
 
     if not opts.check:
         print("method\tpath")
@@ -130,6 +206,9 @@ def main():
         return 0
 
     listed = read_fixture(opts.check)
+    unclassified = unclassified_rows(opts.check)
+    for method, path in unclassified:
+        print(f"UNCLASSIFIED\t{method}\t{path}")
     registered = set(rows)
     unlisted = [r for r in rows if r not in listed]
     gone = sorted((r for r in listed if r not in registered), key=lambda r: (r[1], r[0]))
@@ -141,7 +220,7 @@ def main():
         print(f"UNLISTED\t{method}\t{path}")
     print(f"routes.py: {len(rows)} registered, {len(unlisted)} unlisted, {len(gone)} listed but "
           f"not registered", file=sys.stderr)
-    return 1 if unlisted else 0
+    return 1 if unlisted or unclassified else 0
 
 
 if __name__ == "__main__":

@@ -1808,7 +1808,11 @@ fn the_kubernetes_prometheus_config_scrapes_tokentap_and_the_engine() {
     // tokentap forwards that GET to sglang, which serves its metrics there.
     assert!(
         tokentap::proxy::routes::RoutePolicy::from_config(&tokentap_config.proxy.routes)
-            .check("GET", &upstream.metrics_path)
+            .check(
+                "GET",
+                &upstream.metrics_path,
+                &tokentap::proxy::answers::RouteFacts::default()
+            )
             .is_ok(),
         "proxy.routes forwards GET {}",
         upstream.metrics_path

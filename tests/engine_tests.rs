@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use common::*;
 use tokentap::base::engine::{
-    classify_route, register, Abort, CodeField, Detection, Engine, EngineRoute, EngineSpec,
-    FingerprintKeys, KvBudget, Metrics, RouteClass, RouteTable, RouteVerdict, SelfDescription,
-    UsageReport,
+    classify_route, classify_route_served, register, Abort, CodeField, Detection, Engine,
+    EngineRoute, EngineSpec, FingerprintKeys, Frontend, KvBudget, Metrics, RouteClass, RouteTable,
+    RouteVerdict, SelfDescription, ServedRoutes, TableFit, UsageReport,
 };
 use tokentap::proxy::answers::Answers;
 
@@ -71,13 +71,14 @@ static FAKESERVE: EngineSpec = EngineSpec {
         id_field: "request_id",
     }),
     tokenize: &[],
-    routes: RouteTable {
+    routes: &[RouteTable {
         version: "1",
-        routes: &[
+        frontend: Frontend::MAIN,
+        parts: &[&[
             EngineRoute::new(RouteClass::Control, &["POST"], "/fake_purge"),
             EngineRoute::new(RouteClass::Inference, &["POST"], "/fake_generate"),
-        ],
-    },
+        ]],
+    }],
     code_fields: &[CodeField {
         field: "fake_code",
         routes: &["/fake_generate"],
@@ -290,25 +291,48 @@ fn concrete(template: &str) -> String {
         .join("/")
 }
 
-/// Every route sglang 0.5.23 and vLLM 0.32 register (with every flag that adds routes), as read
-/// from their sources into `tests/fixtures/engines/routes/` (and checked against the engines'
-/// own applications by `conformance/routes.py`), is classified by the engine home exactly as
-/// the fixture says, and the data port's policy follows: control refused, the rest forwarded.
-/// The engine home declares no route of those versions the fixture does not list.
+/// Every route each listed version of sglang and vLLM registers (with every flag that adds
+/// routes), as read from their sources into `tests/fixtures/engines/routes/` (the wheels' and
+/// the source tree's; the Python ones checked against the engines' own applications by
+/// `conformance/routes.py`), is classified by that version's table in the engine home exactly
+/// as the fixture says, and the data port's policy for an upstream held to that table follows:
+/// control refused, the rest forwarded. No table declares a route its fixture does not list,
+/// and every table of vLLM and sglang has its fixture.
 #[test]
-fn every_route_of_sglang_and_vllm_is_classified_as_their_sources_say() {
-    for (engine, fixture) in [
-        (Engine::SGLANG, "sglang-0.5.23.tsv"),
-        (Engine::VLLM, "vllm-0.32.tsv"),
-    ] {
+fn every_route_of_each_version_of_sglang_and_vllm_is_classified_as_their_sources_say() {
+    let fixtures = [
+        (Engine::SGLANG, "0.5.23", "main", "sglang-0.5.23.tsv"),
+        (Engine::VLLM, "0.32", "python", "vllm-0.32.tsv"),
+        (Engine::VLLM, "0.33", "python", "vllm-0.33.tsv"),
+        (Engine::VLLM, "0.34", "python", "vllm-0.34.tsv"),
+        (Engine::VLLM, "0.34", "rust", "vllm-rust-0.34.tsv"),
+    ];
+    for engine in [Engine::SGLANG, Engine::VLLM] {
+        for table in engine.spec().routes {
+            assert!(
+                fixtures.iter().any(|(e, version, frontend, _)| *e == engine
+                    && *version == table.version
+                    && *frontend == table.frontend.name),
+                "{engine} {} ({}) has no fixture",
+                table.version,
+                table.frontend.name
+            );
+        }
+    }
+    for (engine, version, frontend, fixture) in fixtures {
         let routes = fixture_routes(fixture);
-        assert!(routes.len() > 80, "{fixture}: {} routes", routes.len());
-        let table = engine.spec().routes;
-        assert!(
-            fixture.contains(table.version),
-            "{fixture} vs {}",
-            table.version
-        );
+        assert!(routes.len() > 50, "{fixture}: {} routes", routes.len());
+        let table = engine
+            .spec()
+            .routes
+            .iter()
+            .find(|t| t.version == version && t.frontend.name == frontend)
+            .unwrap_or_else(|| panic!("{engine} declares no {version} ({frontend}) table"));
+        let served = Some(ServedRoutes {
+            engine,
+            table,
+            fit: TableFit::Exact,
+        });
         for (method, template, class) in &routes {
             let (method, path) = match method.as_str() {
                 "MOUNT" => ("GET", format!("{template}/x")),
@@ -316,24 +340,27 @@ fn every_route_of_sglang_and_vllm_is_classified_as_their_sources_say() {
                 other => (other, concrete(template)),
             };
             let own = table
-                .routes
-                .iter()
+                .routes()
                 .find(|r| r.matches_path(&path) && r.takes(method))
                 .unwrap_or_else(|| panic!("{fixture}: {method} {path} is not declared"));
             assert_eq!(own.class.as_str(), class, "{fixture}: {method} {path}");
-            let verdict = classify_route(method, &path);
-            match class.as_str() {
-                "control" => assert!(
-                    matches!(verdict, RouteVerdict::Control { .. }),
-                    "{fixture}: {method} {path} is {verdict:?}"
-                ),
-                _ => assert!(
-                    matches!(verdict, RouteVerdict::Forward(_)),
-                    "{fixture}: {method} {path} is {verdict:?}"
-                ),
+            for verdict in [
+                classify_route_served(method, &path, served),
+                classify_route(method, &path),
+            ] {
+                match class.as_str() {
+                    "control" => assert!(
+                        matches!(verdict, RouteVerdict::Control { .. }),
+                        "{fixture}: {method} {path} is {verdict:?}"
+                    ),
+                    _ => assert!(
+                        matches!(verdict, RouteVerdict::Forward(_)),
+                        "{fixture}: {method} {path} is {verdict:?}"
+                    ),
+                }
             }
         }
-        for route in table.routes {
+        for route in table.routes() {
             let listed = routes.iter().any(|(method, template, _)| {
                 template == route.path
                     && (route.mount == (method == "MOUNT"))
@@ -345,4 +372,293 @@ fn every_route_of_sglang_and_vllm_is_classified_as_their_sources_say() {
             assert!(listed, "{fixture} does not list {route:?}");
         }
     }
+}
+
+/// A scripted vLLM server: `/version` answers `version_doc`, `/v1/models` lists a model vLLM
+/// owns, `/openapi.json` answers `openapi` (404 without one, as with `--disable-fastapi-docs`),
+/// and anything else 200 `{}` (its request log says what reached it).
+async fn scripted_vllm(
+    version_doc: &'static str,
+    openapi: Option<&'static str>,
+) -> ScriptedUpstream {
+    ScriptedUpstream::start(move |r| match r.path.as_str() {
+        "/version" => Script::json(200, version_doc),
+        "/v1/models" => Script::json(
+            200,
+            r#"{"object":"list","data":[{"id":"m","object":"model","owned_by":"vllm"}]}"#,
+        ),
+        "/openapi.json" => match openapi {
+            Some(document) => Script::json(200, document),
+            None => Script::json(404, r#"{"detail":"Not Found"}"#),
+        },
+        _ => Script::json(200, "{}"),
+    })
+    .await
+}
+
+/// A proxy in front of `upstream` that reads its self-description (no `default_model`),
+/// handed back once the first read is published.
+async fn described_proxy(
+    upstream: &ScriptedUpstream,
+) -> (tokentap::app::serve::ProxyServer, Arc<Records>) {
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n",
+        upstream.url()
+    ))
+    .await;
+    let mut reads = server
+        .proxy
+        .router
+        .default_upstream()
+        .subscribe_description();
+    reads.wait_for(Option::is_some).await.unwrap();
+    (server, records)
+}
+
+/// A request's method and path, and the status and refusal reason the data port answers with.
+type Expected = (&'static str, &'static str, u16, &'static str);
+
+#[tokio::test]
+async fn vllm_0_33_and_0_34_upstreams_are_held_to_their_own_route_tables() {
+    const CONTROL: &str = "a control route of vllm";
+    const UNKNOWN: &str = "not a route of any engine";
+    // (its /version, what the data port answers each request with: the status and the
+    // refusal's reason). 0.32 keeps today's table; `/v1/decisions` is forwarded behind every
+    // version (sglang 0.5.23 serves the same path, and the engines share the path space).
+    let cases: [(&str, &[Expected]); 5] = [
+        (
+            r#"{"version":"0.32.0"}"#,
+            &[
+                ("POST", "/v1/decisions", 200, ""),
+                ("POST", "/fault_tolerance/apply", 403, CONTROL),
+                ("GET", "/fault_tolerance/status", 403, CONTROL),
+                ("POST", "/checkpoint/prepare", 403, UNKNOWN),
+                ("POST", "/v1/fault_tolerance/apply", 403, UNKNOWN),
+            ],
+        ),
+        (
+            r#"{"version":"0.33.0"}"#,
+            &[
+                ("POST", "/v1/decisions", 200, ""),
+                ("POST", "/fault_tolerance/apply", 403, CONTROL),
+                ("POST", "/checkpoint/prepare", 403, UNKNOWN),
+            ],
+        ),
+        (
+            r#"{"version":"0.34.0"}"#,
+            &[
+                ("POST", "/v1/decisions", 200, ""),
+                ("POST", "/checkpoint/prepare", 403, CONTROL),
+                ("POST", "/checkpoint/restore", 403, CONTROL),
+                ("GET", "/checkpoint/status", 403, CONTROL),
+                ("POST", "/v1/fault_tolerance/apply", 403, CONTROL),
+                ("GET", "/v1/fault_tolerance/status", 403, CONTROL),
+                // Moved away in 0.34: a path 0.34 does not serve.
+                ("POST", "/fault_tolerance/apply", 403, UNKNOWN),
+            ],
+        ),
+        // Newer than the newest table: held to 0.34's.
+        (
+            r#"{"version":"0.35.0"}"#,
+            &[
+                ("POST", "/v1/decisions", 200, ""),
+                ("POST", "/checkpoint/prepare", 403, CONTROL),
+            ],
+        ),
+        // The Rust frontend of 0.34: its own table, which has no pooling routes.
+        (
+            r#"{"version":"0.34.0","rust_frontend_version":"0.34.0"}"#,
+            &[
+                ("POST", "/v1/chat/completions", 200, ""),
+                ("POST", "/checkpoint/prepare", 403, CONTROL),
+                ("POST", "/pooling", 403, UNKNOWN),
+            ],
+        ),
+    ];
+    // The subscriber is this thread's, and the test's runtime runs every task on it.
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    for (version, requests) in cases {
+        logged.clear();
+        let upstream = scripted_vllm(version, None).await;
+        let (server, _records) = described_proxy(&upstream).await;
+        // The table it is held to, on /status; a version past the newest table says so there
+        // and in a warning at start.
+        let status = get(&format!("http://{}/status", server.admin_addr)).await;
+        let status: serde_json::Value = serde_json::from_slice(&status.bytes()).unwrap();
+        let routes = &status["routes"][0];
+        let newer = version.contains("0.35");
+        let (table, frontend) = match version {
+            v if v.contains("rust_frontend_version") => ("0.34", "rust"),
+            v if v.contains("0.32") => ("0.32", "python"),
+            v if v.contains("0.33") => ("0.33", "python"),
+            _ => ("0.34", "python"),
+        };
+        assert_eq!(routes["table"], table, "{version}: {routes}");
+        assert_eq!(routes["frontend"], frontend, "{version}: {routes}");
+        assert_eq!(
+            routes["fit"],
+            if newer { "newer_than_newest" } else { "exact" },
+            "{version}: {routes}"
+        );
+        assert_eq!(
+            routes["state"],
+            if newer { "warn" } else { "ok" },
+            "{routes}"
+        );
+        let warned = logged.text().lines().any(|line| {
+            line.contains("WARN") && line.contains("newer than the newest route table")
+        });
+        assert_eq!(warned, newer, "{version}: {}", logged.text());
+        let base = format!("http://{}", server.proxy_addr);
+        for (method, path, status, reason) in requests {
+            let response = send(
+                http::Request::builder()
+                    .method(*method)
+                    .uri(format!("{base}{path}"))
+                    .header("content-type", "application/json")
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(b"{}")))
+                    .unwrap(),
+            )
+            .await;
+            assert_eq!(response.status, *status, "{version}: {method} {path}");
+            assert!(
+                response.text().contains(reason),
+                "{version}: {method} {path}: {}",
+                response.text()
+            );
+        }
+        let reached: Vec<String> = upstream.requests().iter().map(|r| r.path.clone()).collect();
+        for (_, path, status, _) in requests {
+            assert_eq!(
+                reached.contains(&path.to_string()),
+                *status == 200,
+                "{version}: {path} and the upstream's log {reached:?}"
+            );
+        }
+        server.shutdown().await;
+    }
+}
+
+/// A log sink for one test: what the subscriber writes, kept.
+#[derive(Clone, Default)]
+struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logged {
+    fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn routes_an_upstream_publishes_and_no_table_classifies_are_named_at_start_on_status_by_the_gauge_and_in_the_403(
+) {
+    // The subscriber is this thread's, and the test's runtime runs every task on it.
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let upstream = scripted_vllm(
+        r#"{"version":"0.34.0"}"#,
+        Some(
+            r#"{"openapi":"3.1.0","paths":{
+                "/v1/chat/completions":{"post":{}},
+                "/v1/decisions":{"post":{}},
+                "/v1/secret_sauce":{"post":{}},
+                "/v1/secret_sauce/{sauce_id}":{"get":{}},
+                "/reset_prefix_cache":{"post":{}}}}"#,
+        ),
+    )
+    .await;
+    let (server, _records) = described_proxy(&upstream).await;
+    // At start: a warning naming the two routes no table classifies, and their count.
+    let log = logged.text();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("no route table of tokentap classifies"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("count=2"), "{warning}");
+    assert!(
+        warning.contains("GET /v1/secret_sauce/{sauce_id}, POST /v1/secret_sauce"),
+        "{warning}"
+    );
+    // On /status.
+    let status = get(&format!("http://{}/status", server.admin_addr)).await;
+    let status: serde_json::Value = serde_json::from_slice(&status.bytes()).unwrap();
+    let routes = &status["routes"][0];
+    assert_eq!(routes["state"], "warn", "{routes}");
+    assert_eq!(routes["table"], "0.34");
+    assert_eq!(routes["frontend"], "python");
+    assert_eq!(routes["fit"], "exact");
+    assert_eq!(routes["unclassified_count"], 2);
+    assert_eq!(
+        routes["unclassified"],
+        serde_json::json!(["GET /v1/secret_sauce/{sauce_id}", "POST /v1/secret_sauce"])
+    );
+    assert!(routes["text"]
+        .as_str()
+        .unwrap()
+        .contains("POST /v1/secret_sauce"));
+    // By the gauge: the count, no path in a label.
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    let gauge: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("tokentap_upstream_unclassified_routes{"))
+        .collect();
+    assert_eq!(
+        gauge,
+        ["tokentap_upstream_unclassified_routes{upstream=\"default\"} 2"],
+        "{metrics}"
+    );
+    assert!(!metrics.contains("secret_sauce"));
+    // A client's 403 says the engine serves it and how to open it; nothing reached the engine.
+    let refused = post(
+        &format!("http://{}/v1/secret_sauce", server.proxy_addr),
+        "{}",
+    )
+    .await;
+    assert_eq!(refused.status, 403);
+    let text = refused.text();
+    assert!(
+        text.contains("a route the engine serves (its /openapi.json lists it)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"routes = [\"safe\", \"/v1/secret_sauce\"]"#),
+        "{text}"
+    );
+    let refused = get(&format!("http://{}/v1/secret_sauce/7", server.proxy_addr)).await;
+    assert_eq!(refused.status, 403);
+    assert!(refused.text().contains("its /openapi.json lists it"));
+    assert!(!upstream
+        .requests()
+        .iter()
+        .any(|r| r.path.contains("secret_sauce")));
+    server.shutdown().await;
 }

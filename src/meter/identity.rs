@@ -201,6 +201,9 @@ pub struct UpstreamIdentity {
     down: AtomicBool,
     /// Wakes the reader when the upstream answers again after failing.
     back: tokio::sync::Notify,
+    /// How many routes the server publishes that no route table classifies (`proxy::describe`
+    /// sets it from each read; [`UNKNOWN`] while it has published none).
+    unclassified_routes: AtomicU64,
 }
 
 impl UpstreamIdentity {
@@ -212,7 +215,20 @@ impl UpstreamIdentity {
             history: Mutex::new(History::default()),
             down: AtomicBool::new(false),
             back: tokio::sync::Notify::new(),
+            unclassified_routes: AtomicU64::new(UNKNOWN),
         }
+    }
+
+    /// Records how many published routes no table classifies (`None`: it publishes none).
+    pub fn set_unclassified_routes(&self, count: Option<usize>) {
+        let count = count.map_or(UNKNOWN, |n| u64::try_from(n).unwrap_or(UNKNOWN - 1));
+        self.unclassified_routes.store(count, Ordering::Relaxed);
+    }
+
+    /// How many published routes no table classifies, once the server published its routes.
+    pub fn unclassified_routes(&self) -> Option<u64> {
+        let count = self.unclassified_routes.load(Ordering::Relaxed);
+        (count != UNKNOWN).then_some(count)
     }
 
     /// Notes whether the upstream answered a request (or a read): the first answer after a

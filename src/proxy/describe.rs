@@ -1,8 +1,9 @@
 //! The one reader of an upstream's self-description: every engine's own routes as the engine
 //! home declares them (`base::engine`: each engine's server info, with its older names asked
-//! only when the newer is missing, its model info and its version), `/v1/models` and the metrics
-//! page, asked at once and direct (`ask`: each bounded by its deadline and size), so a question
-//! that never answers costs its deadline and no more.
+//! only when the newer is missing, its model info and its version), `/v1/models`, the routes it
+//! publishes (`/openapi.json`, kept as its (method, path) list only) and the metrics page, asked
+//! at once and direct (`ask`: each bounded by its deadline and size), so a question that never
+//! answers costs its deadline and no more, and one that fails is only not known.
 //!
 //! One task per upstream reads it at start, every interval (`[fingerprint] interval`, else a
 //! minute), and at once when the upstream answers again after failing; each read is
@@ -20,11 +21,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::answers::{model_ids, Answers};
+use super::answers::{model_ids, published_routes, Answers, RouteFacts};
 use super::ask;
 use super::service::Proxy;
 use super::upstream::Upstream;
-use crate::base::engine;
+use crate::base::engine::{self, TableFit};
 use crate::base::json::field_text;
 use crate::config::UsageUnasked;
 
@@ -49,7 +50,7 @@ async fn read_with(
     let version_routes = engine::version_routes();
     // `/v1/models` answered with a model: the model info's name is not used then.
     let listed = AtomicBool::new(false);
-    let (server_info, model_info, models, version, metrics) = tokio::join!(
+    let (server_info, model_info, models, version, openapi, metrics) = tokio::join!(
         server_info(upstream, deadline),
         async {
             let info = first_json(upstream, &model_info_routes, deadline).await;
@@ -71,6 +72,14 @@ async fn read_with(
             models
         },
         first_json(upstream, &version_routes, deadline),
+        // FastAPI engines publish their routes here unless started without docs; a document
+        // past `ask::MAX_BODY` is cut and not read, as any other answer would be.
+        async {
+            json(upstream, OPENAPI_ROUTE, deadline)
+                .await
+                .as_ref()
+                .and_then(published_routes)
+        },
         async {
             if with_metrics {
                 text(upstream, &metrics_path, deadline).await
@@ -85,8 +94,12 @@ async fn read_with(
         models,
         version,
         metrics,
+        published_routes: openapi,
     }
 }
+
+/// Where FastAPI servers (sglang's, vLLM's Python frontend) publish their routes.
+const OPENAPI_ROUTE: &str = "/openapi.json";
 
 /// The key of an engine's model info that names the model it serves (sglang's
 /// `served_model_name`; its `model_path` is the weights, not what `/v1/models` lists).
@@ -183,7 +196,12 @@ pub async fn read_now(
     upstream.identity.clear_down();
     let answers = Arc::new(answers);
     apply(proxy, upstream, &answers);
+    let routes_before = upstream.route_facts();
     upstream.publish_description(Arc::clone(&answers));
+    let routes = upstream.route_facts();
+    if routes != routes_before {
+        say_routes(&upstream.name, &routes);
+    }
     upstream.first_read_over(true);
     Some(answers)
 }
@@ -198,6 +216,75 @@ fn apply(proxy: &Proxy, upstream: &Upstream, answers: &Answers) {
         if let Some(flag) = super::usage_unasked::from_answers(answers) {
             upstream.set_usage_unasked(flag);
         }
+    }
+}
+
+/// How many of the routes no table classifies a log line names (the count says the rest).
+pub const NAMED_IN_LOG: usize = 10;
+
+/// Says, when a read finds it changed (the first read at start included), which route table
+/// the upstream is held to — a warning when its version is outside every table's range — and
+/// which routes it publishes that no table classifies (a warning naming the first
+/// [`NAMED_IN_LOG`] and the count).
+fn say_routes(upstream: &str, facts: &RouteFacts) {
+    if let Some(served) = facts.served {
+        let engine = served.engine.name();
+        let version = facts.version.as_deref().unwrap_or("unknown");
+        let table = served.table.version;
+        let frontend = served.table.frontend.name;
+        match served.fit {
+            TableFit::Exact => tracing::info!(
+                upstream,
+                engine,
+                version,
+                table,
+                frontend,
+                "the upstream's routes are classified by its engine's route table for its version"
+            ),
+            TableFit::NewerThanNewest => tracing::warn!(
+                upstream,
+                engine,
+                version,
+                table,
+                frontend,
+                fit = served.fit.as_str(),
+                "the upstream's engine is newer than the newest route table tokentap has: its routes are classified by that table, and a route the newer release added is refused (403) unless proxy.routes opens it"
+            ),
+            TableFit::OlderThanOldest => tracing::warn!(
+                upstream,
+                engine,
+                version,
+                table,
+                frontend,
+                fit = served.fit.as_str(),
+                "the upstream's engine is older than the oldest route table tokentap has: its routes are classified by that table"
+            ),
+            TableFit::VersionUnknown => tracing::info!(
+                upstream,
+                engine,
+                table,
+                frontend,
+                fit = served.fit.as_str(),
+                "the upstream did not say its version: its routes are classified by its engine's newest route table"
+            ),
+        }
+    }
+    if let Some(unclassified) = facts.unclassified.as_ref().filter(|u| !u.is_empty()) {
+        let mut routes: Vec<String> = unclassified
+            .iter()
+            .take(NAMED_IN_LOG)
+            .map(ToString::to_string)
+            .collect();
+        let more = unclassified.len().saturating_sub(NAMED_IN_LOG);
+        if more > 0 {
+            routes.push(format!("and {more} more"));
+        }
+        tracing::warn!(
+            upstream,
+            count = unclassified.len(),
+            routes = %routes.join(", "),
+            "the upstream serves routes (its /openapi.json) that no route table of tokentap classifies: the data port refuses them (403) unless proxy.routes opens them (docs/operations.md, \"Routes\")"
+        );
     }
 }
 
@@ -297,8 +384,8 @@ mod tests {
 
     use super::*;
     use crate::base::engine::{
-        register, Detection, Engine, EngineSpec, FingerprintKeys, KvBudget, Metrics, RouteTable,
-        SelfDescription, UsageReport,
+        register, Detection, Engine, EngineSpec, FingerprintKeys, Frontend, KvBudget, Metrics,
+        RouteTable, SelfDescription, UsageReport,
     };
     use crate::config::ConfigLoader;
     use crate::net::faults::FaultCounters;
@@ -345,10 +432,11 @@ mod tests {
         },
         abort: None,
         tokenize: &[],
-        routes: RouteTable {
+        routes: &[RouteTable {
             version: "",
-            routes: &[],
-        },
+            frontend: Frontend::MAIN,
+            parts: &[],
+        }],
         code_fields: &[],
         priority: None,
     };

@@ -80,6 +80,17 @@ fn refused_because(why: NotForwarded) -> String {
             "not a route of any engine tokentap knows (sglang, vLLM, llama.cpp, the OpenAI API)"
                 .to_string()
         }
+        NotForwarded::Unclassified(served) => {
+            let table = served.map_or_else(String::new, |served| {
+                format!(
+                    " (the upstream is held to {}'s table for {}, {} frontend)",
+                    served.engine, served.table.version, served.table.frontend.name
+                )
+            });
+            format!(
+                "a route the engine serves (its /openapi.json lists it) that no route table of tokentap classifies{table}, so it cannot tell whether it is a client's"
+            )
+        }
         NotForwarded::NotListed => "not in proxy.routes".to_string(),
     }
 }

@@ -1,6 +1,7 @@
 //! Which paths the data port forwards (`proxy.routes`). It fails closed: every route of
 //! every engine tokentap knows is declared in the engine home (`base::engine`: sglang 0.5.23's
-//! and vLLM 0.32's whole route lists, llama.cpp's server, the OpenAI API), each as inference,
+//! and vLLM 0.32's, 0.33's and 0.34's whole route lists, vLLM's Rust frontend's, llama.cpp's
+//! server, the OpenAI API), each as inference,
 //! read or control. Inference and read routes are forwarded; control routes (cache flushes,
 //! weight updates, LoRA loading, profiling, sleep, other clients' aborts) are not a client's
 //! to call through a sidecar every client can reach, and a path no engine declares is not
@@ -12,11 +13,18 @@
 //! target that cannot be read that way (no leading `/`, a `%` that does not start two hex
 //! digits) is a 400. Requests tokentap makes itself (the sweep's targeted aborts, its
 //! discovery reads) carry [`Internal`] and are not subject to the policy.
+//!
+//! Each upstream is held to the route table of its engine's version and frontend, as its
+//! self-description names them (`proxy::answers::RouteFacts`; every table while it has not
+//! said), and a path it publishes (`/openapi.json`) that no table classifies is refused with a
+//! 403 that says the engine serves it.
 
 use std::borrow::Cow;
 
-use crate::base::engine::{classify_route, RouteVerdict};
+use crate::base::engine::{classify_route_served, RouteVerdict, ServedRoutes};
 use crate::config::RoutePolicyConfig;
+
+use super::answers::RouteFacts;
 
 /// Marks a request tokentap itself sends through the data path (set in-process only: no
 /// client can set it).
@@ -82,6 +90,9 @@ pub enum NotForwarded {
     Control(&'static str),
     /// No engine tokentap knows declares it.
     Unknown,
+    /// The upstream publishes it (its `/openapi.json`), but no route table classifies it: the
+    /// table the upstream is held to, if it has said what it is.
+    Unclassified(Option<ServedRoutes>),
     /// `proxy.routes` is a list without `"safe"`, and this path is not in it.
     NotListed,
 }
@@ -102,8 +113,9 @@ impl RoutePolicy {
         }
     }
 
-    /// `Ok` when a request of `method` to `path` is forwarded, else why not.
-    pub fn check(&self, method: &str, path: &str) -> Result<(), Refused> {
+    /// `Ok` when a request of `method` to `path` is forwarded to an upstream of which the
+    /// latest read says `upstream`, else why not.
+    pub fn check(&self, method: &str, path: &str, upstream: &RouteFacts) -> Result<(), Refused> {
         if matches!(self, RoutePolicy::All) {
             return Ok(());
         }
@@ -117,9 +129,12 @@ impl RoutePolicy {
                 if opened.iter().any(|p| p.matches(&path)) {
                     return Ok(());
                 }
-                match classify_route(method, &path) {
+                match classify_route_served(method, &path, upstream.served) {
                     RouteVerdict::Forward(_) => return Ok(()),
                     RouteVerdict::Control { engine } => NotForwarded::Control(engine),
+                    RouteVerdict::Unknown if upstream.publishes_unclassified(method, &path) => {
+                        NotForwarded::Unclassified(upstream.served)
+                    }
                     RouteVerdict::Unknown => NotForwarded::Unknown,
                 }
             }
@@ -187,7 +202,7 @@ mod tests {
     }
 
     fn why(policy: &RoutePolicy, method: &str, path: &str) -> Option<NotForwarded> {
-        match policy.check(method, path) {
+        match policy.check(method, path, &RouteFacts::default()) {
             Ok(()) => None,
             Err(Refused::Route { why, .. }) => Some(why),
             Err(Refused::Unreadable { target, why }) => panic!("{target}: {why}"),
@@ -206,14 +221,20 @@ mod tests {
             "/flush%5Fcache",
             "/%66lush_cache",
         ] {
-            let Err(Refused::Route { path: seen, why }) = policy.check("POST", path) else {
+            let Err(Refused::Route { path: seen, why }) =
+                policy.check("POST", path, &RouteFacts::default())
+            else {
                 panic!("{path} forwarded");
             };
             assert_eq!(seen, "/flush_cache", "{path}");
             assert_eq!(why, NotForwarded::Control("sglang"));
         }
-        assert!(policy.check("POST", "/reset_prefix_cache").is_err());
-        assert!(policy.check("POST", "/sleep").is_err());
+        assert!(policy
+            .check("POST", "/reset_prefix_cache", &RouteFacts::default())
+            .is_err());
+        assert!(policy
+            .check("POST", "/sleep", &RouteFacts::default())
+            .is_err());
         // uvicorn reads `%FF` as U+FFFD: still sglang's dumper.
         assert_eq!(
             why(&policy, "POST", "/%64umper/x%FF"),
@@ -226,10 +247,18 @@ mod tests {
             "/v1/models",
             "/metrics",
         ] {
-            assert!(policy.check("POST", path).is_ok(), "{path}");
-            assert!(policy.check("GET", path).is_ok(), "{path}");
+            assert!(
+                policy.check("POST", path, &RouteFacts::default()).is_ok(),
+                "{path}"
+            );
+            assert!(
+                policy.check("GET", path, &RouteFacts::default()).is_ok(),
+                "{path}"
+            );
         }
-        assert!(policy.check("GET", "/health").is_ok());
+        assert!(policy
+            .check("GET", "/health", &RouteFacts::default())
+            .is_ok());
     }
 
     #[test]
@@ -249,18 +278,103 @@ mod tests {
         }
     }
 
+    /// An upstream's facts as a read of a vLLM server saying `version` (and publishing
+    /// `published`) would give them.
+    fn vllm(version: &str, published: &[(&str, &str)]) -> RouteFacts {
+        use crate::proxy::answers::{Answers, PublishedRoute};
+        Answers {
+            models: Some(serde_json::json!({"data": [{"id": "m", "owned_by": "vllm"}]})),
+            version: Some(serde_json::json!({ "version": version })),
+            published_routes: Some(
+                published
+                    .iter()
+                    .map(|(method, path)| PublishedRoute {
+                        method: (*method).into(),
+                        path: (*path).into(),
+                    })
+                    .collect(),
+            ),
+            ..Answers::default()
+        }
+        .route_facts()
+    }
+
+    #[test]
+    fn each_upstream_is_held_to_its_version_s_table() {
+        let policy = safe();
+        let refused = |facts: &RouteFacts, method, path| match policy.check(method, path, facts) {
+            Ok(()) => None,
+            Err(Refused::Route { why, .. }) => Some(why),
+            Err(Refused::Unreadable { target, why }) => panic!("{target}: {why}"),
+        };
+        let v032 = vllm("0.32.0", &[]);
+        let v034 = vllm("0.34.0", &[]);
+        let control = Some(NotForwarded::Control("vllm"));
+        assert_eq!(refused(&v034, "POST", "/checkpoint/prepare"), control);
+        assert_eq!(refused(&v034, "POST", "/v1/fault_tolerance/apply"), control);
+        assert_eq!(refused(&v032, "POST", "/fault_tolerance/apply"), control);
+        // 0.34's control routes are paths 0.32's table does not have: refused as unknown.
+        assert_eq!(
+            refused(&v032, "POST", "/checkpoint/prepare"),
+            Some(NotForwarded::Unknown)
+        );
+        assert_eq!(refused(&v034, "POST", "/v1/decisions"), None);
+    }
+
+    #[test]
+    fn a_route_the_upstream_publishes_and_no_table_classifies_is_named_as_served() {
+        let policy = safe();
+        let facts = vllm(
+            "0.34.0",
+            &[
+                ("POST", "/v1/secret_sauce/{id}"),
+                ("POST", "/v1/chat/completions"),
+            ],
+        );
+        assert_eq!(
+            facts.unclassified.as_deref().map(<[_]>::len),
+            Some(1),
+            "{facts:?}"
+        );
+        let Err(Refused::Route { why, .. }) = policy.check("POST", "/v1/secret_sauce/7", &facts)
+        else {
+            panic!("forwarded");
+        };
+        assert_eq!(why, NotForwarded::Unclassified(facts.served));
+        // Another method of the same path is not what it publishes.
+        assert_eq!(
+            why_with(&policy, "GET", "/v1/secret_sauce/7", &facts),
+            Some(NotForwarded::Unknown)
+        );
+    }
+
+    fn why_with(
+        policy: &RoutePolicy,
+        method: &str,
+        path: &str,
+        facts: &RouteFacts,
+    ) -> Option<NotForwarded> {
+        match policy.check(method, path, facts) {
+            Ok(()) => None,
+            Err(Refused::Route { why, .. }) => Some(why),
+            Err(Refused::Unreadable { target, why }) => panic!("{target}: {why}"),
+        }
+    }
+
     #[test]
     fn an_unreadable_target_is_refused_as_such() {
         for target in ["*", "v1/chat/completions", "", "/a%zz", "/a%4"] {
             assert!(
                 matches!(
-                    safe().check("POST", target),
+                    safe().check("POST", target, &RouteFacts::default()),
                     Err(Refused::Unreadable { .. })
                 ),
                 "{target}"
             );
         }
-        assert!(RoutePolicy::All.check("POST", "*").is_ok());
+        assert!(RoutePolicy::All
+            .check("POST", "*", &RouteFacts::default())
+            .is_ok());
     }
 
     #[test]
@@ -269,18 +383,32 @@ mod tests {
             safe: true,
             paths: vec!["/flush_cache".into(), "/custom/*".into()],
         });
-        assert!(opened.check("POST", "/flush_cache").is_ok());
-        assert!(opened.check("POST", "/custom/route").is_ok());
-        assert!(opened.check("POST", "/abort_request").is_err());
+        assert!(opened
+            .check("POST", "/flush_cache", &RouteFacts::default())
+            .is_ok());
+        assert!(opened
+            .check("POST", "/custom/route", &RouteFacts::default())
+            .is_ok());
+        assert!(opened
+            .check("POST", "/abort_request", &RouteFacts::default())
+            .is_err());
         let only = RoutePolicy::from_config(&RoutePolicyConfig::List {
             safe: false,
             paths: vec!["/v1/*".into(), "/health".into()],
         });
-        assert!(only.check("POST", "/v1/chat/completions").is_ok());
-        assert!(only.check("GET", "/health").is_ok());
+        assert!(only
+            .check("POST", "/v1/chat/completions", &RouteFacts::default())
+            .is_ok());
+        assert!(only.check("GET", "/health", &RouteFacts::default()).is_ok());
         assert_eq!(why(&only, "GET", "/metrics"), Some(NotForwarded::NotListed));
-        assert!(only.check("POST", "/generate").is_err());
-        assert!(RoutePolicy::All.check("POST", "/flush_cache").is_ok());
-        assert!(RoutePolicy::All.check("POST", "/anything").is_ok());
+        assert!(only
+            .check("POST", "/generate", &RouteFacts::default())
+            .is_err());
+        assert!(RoutePolicy::All
+            .check("POST", "/flush_cache", &RouteFacts::default())
+            .is_ok());
+        assert!(RoutePolicy::All
+            .check("POST", "/anything", &RouteFacts::default())
+            .is_ok());
     }
 }

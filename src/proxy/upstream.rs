@@ -15,7 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::answers::Answers;
+use super::answers::{Answers, RouteFacts};
 use super::body::RequestBody;
 use super::box_error::BoxError;
 use super::connector::Limited;
@@ -73,6 +73,10 @@ pub struct Upstream {
     /// guard on fields run as code, `phase::admit`), and working it out reads every line of
     /// the metrics page the read kept, hundreds of KB on a vLLM server.
     engine: RwLock<Option<crate::base::engine::Engine>>,
+    /// The route table that description holds it to and the routes it publishes that no table
+    /// classifies, worked out once per read: every request's route check reads it (one brief
+    /// read lock and a reference count).
+    route_facts: RwLock<Arc<RouteFacts>>,
     /// Its first self-description read is under way (`describe::spawn` sets it for an
     /// upstream read in the background, the first read's end clears it): requests that start
     /// meanwhile have provisional labels, settled when they end (`phase::start`).
@@ -170,6 +174,7 @@ impl Upstream {
             inline,
             description: tokio::sync::watch::Sender::new(None),
             engine: RwLock::new(None),
+            route_facts: RwLock::new(Arc::new(RouteFacts::default())),
             first_read: AtomicBool::new(false),
             identity_pending: AtomicBool::new(false),
             held: Mutex::new(Vec::new()),
@@ -221,6 +226,11 @@ impl Upstream {
     /// Publishes a read (`describe::read_now`), waking subscribers.
     pub fn publish_description(&self, answers: Arc<Answers>) {
         *lock::write(&self.engine) = answers.engine();
+        let facts = answers.route_facts();
+        // Before the read is published: whoever waits on it finds the gauge's count set.
+        self.identity
+            .set_unclassified_routes(facts.unclassified.as_ref().map(Vec::len));
+        *lock::write(&self.route_facts) = Arc::new(facts);
         self.description.send_replace(Some(answers));
     }
 
@@ -244,6 +254,11 @@ impl Upstream {
     /// The engine the server's answers name, once a read answered (one brief read lock).
     pub fn engine(&self) -> Option<crate::base::engine::Engine> {
         *lock::read(&self.engine)
+    }
+
+    /// What the latest read says of the server's routes (empty until a read answered).
+    pub fn route_facts(&self) -> Arc<RouteFacts> {
+        Arc::clone(&lock::read(&self.route_facts))
     }
 
     /// The model the server last said it serves first, if it has said.

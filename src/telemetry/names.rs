@@ -66,6 +66,8 @@ pub const UPSTREAM_CONFIG_CHANGES_TOTAL: &str = "tokentap_upstream_config_change
 pub const UPSTREAM_CONFIG_CHANGES_HELP: &str = "Times the upstream's configuration fingerprint changed since start (the first read is not a change).";
 pub const UPSTREAM_CONFIG_FLAPPING: &str = "tokentap_upstream_config_flapping";
 pub const UPSTREAM_CONFIG_FLAPPING_HELP: &str = "1 while the upstream's fingerprint changes more than 6 times an hour: its requests are labelled fingerprint=\"flapping\" and no new configuration is kept until an hour passes with at most 6 changes.";
+pub const UPSTREAM_UNCLASSIFIED_ROUTES: &str = "tokentap_upstream_unclassified_routes";
+pub const UPSTREAM_UNCLASSIFIED_ROUTES_HELP: &str = "Routes the upstream publishes (its /openapi.json) that no route table of tokentap classifies, at its latest read: the data port refuses them unless proxy.routes opens them; the start-up log and /status name them. No sample while the upstream publishes no route list.";
 pub const UPSTREAM_SCRAPES_HELP: &str = "Reads of an upstream's /metrics page by result: ok, unreachable, status (not 200), timeout, too_large, unreadable (not text, or no metric tokentap knows).";
 
 /// Written by `telemetry::drift` itself rather than the exporter (a cell's series must vanish

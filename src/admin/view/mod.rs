@@ -33,5 +33,6 @@ pub use sources::{
     current_configurations, resolve_upstream, routed_upstream, CapacitySettings, View,
 };
 pub use status::{
-    status, sweep_agreement, Clause, ModelStatus, State, Status, SweepAgreement, STATUS_SCHEMA,
+    routes_clause, status, sweep_agreement, Clause, ModelStatus, RoutesClause, State, Status,
+    SweepAgreement, NAMED_IN_STATUS, STATUS_SCHEMA,
 };

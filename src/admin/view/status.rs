@@ -12,6 +12,10 @@
 //! 4. **drift** — production ÷ the pinned reference (`compare::production_compare`);
 //! 5. **configuration** — a change of the upstream's configuration (fingerprint) in the window.
 //!
+//! Beside them, one **routes** clause per upstream (not per model: a route is the upstream's):
+//! the route table its self-description holds it to (`proxy::answers::RouteFacts`) and the
+//! routes it publishes that no table classifies, which the data port refuses.
+//!
 //! Nothing here computes a figure of its own: it counts and words what those functions return.
 
 use std::time::{Duration, SystemTime};
@@ -19,11 +23,13 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use crate::aggregate::Window;
+use crate::base::engine::TableFit;
 use crate::base::wallclock::format_rfc3339;
 use crate::matrix::diff::DiffColumn;
 use crate::matrix::doc::MatrixDoc;
 use crate::matrix::side_by_side::{compare_cell, ratio_band, Comparison};
 use crate::matrix::units::format_percent;
+use crate::proxy::answers::RouteFacts;
 
 use super::compare::production_compare;
 use super::headroom::{
@@ -91,6 +97,110 @@ pub struct Status {
     /// Said when no model had production traffic in the window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// Each upstream's routes, in configured order.
+    pub routes: Vec<RoutesClause>,
+}
+
+/// What one upstream's routes are held to, and what it serves that no table classifies.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoutesClause {
+    pub upstream: String,
+    /// `ok` (its version's own table, nothing unclassified), `warn` (a version outside every
+    /// table's range, or routes no table classifies), `unknown` (not described yet).
+    pub state: State,
+    pub text: String,
+    /// The engine, the version it said, and the table it is held to (version, frontend, how
+    /// the version fits it), once a read named the engine.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub table: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frontend: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fit: Option<TableFit>,
+    /// How many routes it publishes that no table classifies (absent: it publishes none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unclassified_count: Option<usize>,
+    /// The first [`NAMED_IN_STATUS`] of them (`POST /v1/x`).
+    pub unclassified: Vec<String>,
+}
+
+/// How many unclassified routes a routes clause names (its count says the rest).
+pub const NAMED_IN_STATUS: usize = 10;
+
+/// The routes clause of one upstream, from what its latest read says of its routes.
+pub fn routes_clause(upstream: &str, facts: &RouteFacts) -> RoutesClause {
+    let served = facts.served;
+    let count = facts.unclassified.as_ref().map(Vec::len);
+    let unclassified: Vec<String> = facts
+        .unclassified
+        .iter()
+        .flatten()
+        .take(NAMED_IN_STATUS)
+        .map(ToString::to_string)
+        .collect();
+    let (state, mut text) = match served {
+        None => (
+            State::Unknown,
+            "the upstream has not said what it is: its routes are classified by every engine's tables".to_string(),
+        ),
+        Some(served) => {
+            let held = format!(
+                "held to {}'s route table for {} ({} frontend)",
+                served.engine,
+                served.table.version,
+                served.table.frontend.name
+            );
+            let said = facts.version.as_deref().unwrap_or("an unknown version");
+            match served.fit {
+                TableFit::Exact => (State::Ok, format!("{said}: {held}")),
+                TableFit::VersionUnknown => (
+                    State::Ok,
+                    format!("no version said: {held}, the newest"),
+                ),
+                TableFit::NewerThanNewest => (
+                    State::Warn,
+                    format!("{said} is newer than the newest table: {held}; a route the newer release added is refused unless proxy.routes opens it"),
+                ),
+                TableFit::OlderThanOldest => (
+                    State::Warn,
+                    format!("{said} is older than the oldest table: {held}"),
+                ),
+            }
+        }
+    };
+    let state = match count {
+        Some(n) if n > 0 => {
+            let more = n.saturating_sub(unclassified.len());
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            text.push_str(&format!(
+                "; it serves {n} route{} no table classifies, refused unless proxy.routes opens them: {}{more}",
+                if n == 1 { "" } else { "s" },
+                unclassified.join(", ")
+            ));
+            state.max(State::Warn)
+        }
+        _ => state,
+    };
+    RoutesClause {
+        upstream: upstream.to_string(),
+        state,
+        text,
+        engine: served.map(|s| s.engine.name()),
+        version: facts.version.clone(),
+        table: served.map(|s| s.table.version),
+        frontend: served.map(|s| s.table.frontend.name),
+        fit: served.map(|s| s.fit),
+        unclassified_count: count,
+        unclassified,
+    }
 }
 
 /// The schema tag of `GET /status`.
@@ -202,11 +312,19 @@ pub async fn status(view: View<'_>, now: SystemTime) -> Status {
             format!("{nothing}; and {}", no_slo_targets())
         }
     });
+    let routes = view
+        .proxy
+        .router
+        .all()
+        .iter()
+        .map(|upstream| routes_clause(&upstream.name, &upstream.route_facts()))
+        .collect();
     Status {
         schema: STATUS_SCHEMA,
         window: window.label(),
         models,
         note,
+        routes,
     }
 }
 

@@ -86,7 +86,12 @@ impl Proxy {
         };
         if !internal {
             // The path the engine will route, as it will route it.
-            if let Err(refused) = self.routes.check(parts.method.as_str(), &upstream_path) {
+            // Held to the route table of the upstream's engine version and frontend.
+            let facts = upstream.route_facts();
+            if let Err(refused) = self
+                .routes
+                .check(parts.method.as_str(), &upstream_path, &facts)
+            {
                 return Err(self.route_refused(refused));
             }
         }

@@ -110,6 +110,24 @@ pub(super) fn render_identities(registry: &IdentityRegistry, out: &mut String) {
             u8::from(upstream.is_flapping())
         );
     }
+    // The count only: the routes themselves are never a label (the log and /status name them).
+    let unclassified: Vec<(&str, u64)> = upstreams
+        .iter()
+        .filter_map(|u| Some((&*u.upstream, u.unclassified_routes()?)))
+        .collect();
+    if !unclassified.is_empty() {
+        let _ = write!(
+            out,
+            "# HELP {UPSTREAM_UNCLASSIFIED_ROUTES} {UPSTREAM_UNCLASSIFIED_ROUTES_HELP}\n# TYPE {UPSTREAM_UNCLASSIFIED_ROUTES} gauge\n"
+        );
+        for (upstream, count) in unclassified {
+            let _ = writeln!(
+                out,
+                "{UPSTREAM_UNCLASSIFIED_ROUTES}{{upstream=\"{}\"}} {count}",
+                escape_label(upstream)
+            );
+        }
+    }
 }
 
 #[cfg(test)]

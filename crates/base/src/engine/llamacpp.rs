@@ -2,8 +2,8 @@
 //! (`tools/server/server.cpp`).
 
 use super::spec::{
-    Detection, EngineRoute, EngineSpec, FingerprintKeys, KvBudget, Metrics, RouteClass, RouteTable,
-    SelfDescription, Tokenize, UsageReport,
+    Detection, EngineRoute, EngineSpec, FingerprintKeys, Frontend, KvBudget, Metrics, RouteClass,
+    RouteTable, SelfDescription, Tokenize, UsageReport,
 };
 
 pub(super) const SPEC: EngineSpec = EngineSpec {
@@ -49,10 +49,11 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         text_field: "content",
         special_tokens_field: Some("add_special"),
     }],
-    routes: RouteTable {
+    routes: &[RouteTable {
         version: "",
-        routes: ROUTES,
-    },
+        frontend: Frontend::MAIN,
+        parts: &[ROUTES],
+    }],
     code_fields: &[],
     priority: None,
 };

@@ -1,8 +1,8 @@
 //! Any other OpenAI-compatible server: what tokentap assumes of a server it cannot name.
 
 use super::spec::{
-    Detection, EngineRoute, EngineSpec, FingerprintKeys, KvBudget, Metrics, RouteClass, RouteTable,
-    SelfDescription, Tokenize, UsageReport,
+    Detection, EngineRoute, EngineSpec, FingerprintKeys, Frontend, KvBudget, Metrics, RouteClass,
+    RouteTable, SelfDescription, Tokenize, UsageReport,
 };
 
 pub(super) const SPEC: EngineSpec = EngineSpec {
@@ -59,10 +59,11 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         },
     ],
     // The OpenAI API has no route that acts on the server.
-    routes: RouteTable {
+    routes: &[RouteTable {
         version: "",
-        routes: ROUTES,
-    },
+        frontend: Frontend::MAIN,
+        parts: &[ROUTES],
+    }],
     code_fields: &[],
     priority: None,
 };

@@ -1,14 +1,16 @@
 //! The list of engines and the lookups over it: the built-in engines (one file each beside
 //! this one, in the order detection asks them), the ones registered at run time ([`register`]),
 //! and what every engine's facts answer together: which engine a server is ([`detect`]), what
-//! a route is ([`classify_route`]), the fields run as code ([`code_fields`]), the load metrics
-//! ([`load_metric_names`]) and the self-description routes ([`server_info_routes`],
-//! [`model_info_routes`], [`version_routes`]).
+//! a route is ([`classify_route`], or [`classify_route_served`] for an upstream held to one
+//! table of its engine, which [`Engine::route_table`] picks from its version and frontend), the
+//! fields run as code ([`code_fields`]), the load metrics ([`load_metric_names`]) and the
+//! self-description routes ([`server_info_routes`], [`model_info_routes`], [`version_routes`]).
 
 use std::sync::RwLock;
 
 use super::spec::{
-    CodeField, Engine, EngineSpec, Evidence, RouteClass, RouteVerdict, SelfDescription,
+    CodeField, Engine, EngineSpec, Evidence, RouteClass, RouteTable, RouteVerdict, SelfDescription,
+    ServedRoutes, TableFit,
 };
 use super::{llamacpp, openai, sglang, vllm};
 
@@ -42,6 +44,80 @@ impl Engine {
     pub fn named(name: &str) -> Option<Engine> {
         Engine::all().into_iter().find(|e| e.name() == name)
     }
+
+    /// The route table a server of this engine is held to: its frontend's (the one whose
+    /// version key its version document writes, as `writes_key` says, else the main
+    /// server's), for the `version` it says. A table holds from its version to the next
+    /// table's; a version newer than the newest table gets the newest, one older than the
+    /// oldest the oldest, and a server that says none the newest, each fit told in the
+    /// answer. `None` only for an engine that declares no table.
+    pub fn route_table(
+        self,
+        version: Option<&str>,
+        writes_key: impl Fn(&str) -> bool,
+    ) -> Option<ServedRoutes> {
+        let tables = self.spec().routes;
+        let frontend = tables
+            .iter()
+            .map(|t| t.frontend)
+            .find(|f| f.version_key.is_some_and(&writes_key))
+            .or_else(|| {
+                tables
+                    .iter()
+                    .map(|t| t.frontend)
+                    .find(|f| f.version_key.is_none())
+            })
+            .or_else(|| tables.first().map(|t| t.frontend))?;
+        let mut own: Vec<&'static RouteTable> =
+            tables.iter().filter(|t| t.frontend == frontend).collect();
+        own.sort_by_key(|t| release(t.version));
+        let (&oldest, &newest) = (own.first()?, own.last()?);
+        let served = |table, fit| {
+            Some(ServedRoutes {
+                engine: self,
+                table,
+                fit,
+            })
+        };
+        if newest.version.is_empty() {
+            // A protocol's table, for whatever server speaks it.
+            return served(newest, TableFit::Exact);
+        }
+        let said = version.map(release).unwrap_or_default();
+        if said.is_empty() {
+            return served(newest, TableFit::VersionUnknown);
+        }
+        let Some(&table) = own.iter().rev().find(|t| release(t.version) <= said) else {
+            return served(oldest, TableFit::OlderThanOldest);
+        };
+        let own_release = release(table.version);
+        let fit = if std::ptr::eq(table, newest) && !said.starts_with(&own_release) {
+            TableFit::NewerThanNewest
+        } else {
+            TableFit::Exact
+        };
+        served(table, fit)
+    }
+}
+
+/// A version's release numbers (`v0.34.1rc2` → 0, 34, 1), read up to the first part that does
+/// not start with a digit, for ordering tables and versions (`0.34` ≤ `0.34.1` < `0.35`).
+fn release(version: &str) -> Vec<u64> {
+    let mut numbers = Vec::new();
+    let version = version.trim();
+    let version = version.strip_prefix('v').unwrap_or(version);
+    for part in version.split('.') {
+        let digits = part.len() - part.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let Ok(number) = part[..digits].parse::<u64>() else {
+            break;
+        };
+        numbers.push(number);
+        if digits < part.len() {
+            // `0rc1`: what follows the number is not a release part.
+            break;
+        }
+    }
+    numbers
 }
 
 /// Serde for an `Option<Engine>` field, by name: a name tokentap does not know (a document from
@@ -117,17 +193,33 @@ pub fn detect(evidence: &Evidence<'_>) -> Option<Engine> {
     evidence.lists_models.then_some(Engine::OPENAI)
 }
 
-/// What a request of `method` to the normalised `path` is, by every engine's route table: a
-/// control route of any engine wins; then an inference or read route that takes the method;
-/// then a path some engine declares under other methods (refused when one of them is control);
-/// else unknown.
+/// What a request of `method` to the normalised `path` is, by every route table of every
+/// engine (an upstream that has not said what it is): see [`classify_route_served`].
 pub fn classify_route(method: &str, path: &str) -> RouteVerdict {
+    classify_route_served(method, path, None)
+}
+
+/// What a request of `method` to the normalised `path` is, for an upstream held to `served`
+/// (its engine's one table; `None`: not known yet, every table): its own engine by that table,
+/// every other engine by all of its tables (they share the data port's path space). A control
+/// route wins; then an inference or read route that takes the method; then a path declared
+/// under other methods (refused when one of them is control); else unknown.
+pub fn classify_route_served(
+    method: &str,
+    path: &str,
+    served: Option<ServedRoutes>,
+) -> RouteVerdict {
     let mut taking = None;
     let mut other_method = None;
     let mut control_on_path = None;
     for engine in Engine::all() {
         let spec = engine.spec();
-        for route in spec.routes.routes.iter().filter(|r| r.matches_path(path)) {
+        let tables = match served {
+            Some(served) if served.engine == engine => std::slice::from_ref(served.table),
+            _ => spec.routes,
+        };
+        let routes = tables.iter().flat_map(RouteTable::routes);
+        for route in routes.filter(|r| r.matches_path(path)) {
             match (route.class, route.takes(method)) {
                 (RouteClass::Control, true) => return RouteVerdict::Control { engine: spec.name },
                 (RouteClass::Control, false) => {
@@ -287,6 +379,116 @@ mod tests {
     }
 
     #[test]
+    fn a_server_s_version_and_frontend_pick_its_route_table() {
+        let python = |version: Option<&str>| {
+            Engine::VLLM
+                .route_table(version, |_| false)
+                .map(|served| (served.table.version, served.table.frontend.name, served.fit))
+        };
+        use TableFit::{Exact, NewerThanNewest, OlderThanOldest, VersionUnknown};
+        assert_eq!(python(Some("0.32.0")), Some(("0.32", "python", Exact)));
+        assert_eq!(python(Some("0.32.4")), Some(("0.32", "python", Exact)));
+        assert_eq!(python(Some("0.33.0")), Some(("0.33", "python", Exact)));
+        assert_eq!(python(Some("v0.34.1rc2")), Some(("0.34", "python", Exact)));
+        assert_eq!(
+            python(Some("0.35.0")),
+            Some(("0.34", "python", NewerThanNewest))
+        );
+        assert_eq!(
+            python(Some("1.0.0")),
+            Some(("0.34", "python", NewerThanNewest))
+        );
+        assert_eq!(
+            python(Some("0.31.9")),
+            Some(("0.32", "python", OlderThanOldest))
+        );
+        assert_eq!(python(None), Some(("0.34", "python", VersionUnknown)));
+        assert_eq!(
+            python(Some("dev")),
+            Some(("0.34", "python", VersionUnknown))
+        );
+        // The Rust frontend's own key in its version document picks its table.
+        let rust = Engine::VLLM
+            .route_table(Some("0.34.0"), |key| key == "rust_frontend_version")
+            .map(|served| (served.table.frontend.name, served.fit));
+        assert_eq!(rust, Some(("rust", Exact)));
+        // A protocol's table holds for any version.
+        let llamacpp = Engine::LLAMACPP.route_table(Some("b4000"), |_| false);
+        assert_eq!(llamacpp.map(|s| s.fit), Some(Exact));
+        // sglang's one table: a later release uses it and says so.
+        let sglang = Engine::SGLANG.route_table(Some("0.5.24"), |_| false);
+        assert_eq!(sglang.map(|s| s.fit), Some(NewerThanNewest));
+        let post = Engine::SGLANG.route_table(Some("0.5.23.post1"), |_| false);
+        assert_eq!(post.map(|s| s.fit), Some(Exact));
+    }
+
+    #[test]
+    fn an_upstream_is_held_to_its_own_table_and_every_other_engine_s() {
+        use RouteVerdict::{Control, Forward, Unknown};
+        let vllm = |version| Engine::VLLM.route_table(Some(version), |_| false);
+        let inference = Forward(RouteClass::Inference);
+        // 0.33 added `/v1/decisions`: not in 0.32's table, in 0.33's and 0.34's. sglang
+        // serves the same path, so it is forwarded behind 0.32 as well (the engines share the
+        // data port's path space; vLLM 0.32 answers it 404).
+        let declares = |version, path: &str| {
+            vllm(version).is_some_and(|served| {
+                served
+                    .table
+                    .routes()
+                    .any(|r| r.matches_path(path) && r.takes("POST"))
+            })
+        };
+        assert!(!declares("0.32.0", "/v1/decisions"));
+        assert!(declares("0.33.0", "/v1/decisions") && declares("0.34.0", "/v1/decisions"));
+        assert_eq!(
+            classify_route_served("POST", "/v1/decisions", vllm("0.32.0")),
+            inference
+        );
+        for version in ["0.33.0", "0.34.0"] {
+            assert_eq!(
+                classify_route_served("POST", "/v1/decisions", vllm(version)),
+                inference,
+                "{version}"
+            );
+        }
+        // 0.34's checkpoint routes and the fault-tolerance routes, wherever they live.
+        for (path, versions) in [
+            ("/checkpoint/prepare", ["0.34.0"].as_slice()),
+            ("/v1/fault_tolerance/apply", &["0.34.0"]),
+            ("/fault_tolerance/apply", &["0.32.0", "0.33.0"]),
+        ] {
+            for version in versions {
+                assert_eq!(
+                    classify_route_served("POST", path, vllm(version)),
+                    Control { engine: "vllm" },
+                    "{path} behind {version}"
+                );
+            }
+        }
+        // A path another version uses for control is unknown to this one's table: refused
+        // either way.
+        assert_eq!(
+            classify_route_served("POST", "/checkpoint/prepare", vllm("0.32.0")),
+            Unknown
+        );
+        // Another engine's control routes stay refused behind vLLM, its inference forwarded.
+        assert_eq!(
+            classify_route_served("POST", "/flush_cache", vllm("0.32.0")),
+            Control { engine: "sglang" }
+        );
+        assert_eq!(
+            classify_route_served("POST", "/generate", vllm("0.32.0")),
+            inference
+        );
+        // Not known yet: every table of every engine.
+        assert_eq!(classify_route("POST", "/v1/decisions"), inference);
+        assert_eq!(
+            classify_route("POST", "/checkpoint/restore"),
+            Control { engine: "vllm" }
+        );
+    }
+
+    #[test]
     fn each_self_description_route_is_listed_once_in_engine_order() {
         // The built-in engines: sglang's model info, vLLM's version document.
         assert_eq!(model_info_routes(), ["/model_info"]);
@@ -301,8 +503,10 @@ mod tests {
     #[test]
     fn every_engine_s_routes_are_absolute_paths() {
         for engine in Engine::all() {
-            for route in engine.spec().routes.routes {
-                assert!(route.path.starts_with('/'), "{engine}: {route:?}");
+            for table in engine.spec().routes {
+                for route in table.routes() {
+                    assert!(route.path.starts_with('/'), "{engine}: {route:?}");
+                }
             }
         }
     }

@@ -2,8 +2,8 @@
 //! own sources (`entrypoints/http_server.py`, `observability/metrics_collector.py`).
 
 use super::spec::{
-    Abort, CodeField, Detection, EngineRoute, EngineSpec, FingerprintKeys, KvBudget, Metrics,
-    PriorityScheduling, RouteClass, RouteTable, SelfDescription, Tokenize, UsageReport,
+    Abort, CodeField, Detection, EngineRoute, EngineSpec, FingerprintKeys, Frontend, KvBudget,
+    Metrics, PriorityScheduling, RouteClass, RouteTable, SelfDescription, Tokenize, UsageReport,
 };
 
 pub(super) const SPEC: EngineSpec = EngineSpec {
@@ -104,10 +104,11 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         text_field: "prompt",
         special_tokens_field: Some("add_special_tokens"),
     }],
-    routes: RouteTable {
+    routes: &[RouteTable {
         version: "0.5.23",
-        routes: ROUTES,
-    },
+        frontend: Frontend::MAIN,
+        parts: &[ROUTES],
+    }],
     // `--enable-custom-logit-processor`: the field is a hex-encoded dill pickle the scheduler
     // unpickles (`sampling/custom_logit_processor.py`), read by `GenerateReqInput`,
     // `CompletionRequest` and `ChatCompletionRequest` (`/invocations` is chat;

@@ -31,12 +31,14 @@ pub struct EngineSpec {
     /// Where it counts a prompt's tokens, tried in order (the next when one answers 404 or
     /// 405); the answer's `count`, else the length of its `tokens`.
     pub tokenize: &'static [Tokenize],
-    /// Every route its server registers, each classified: inference and read routes are
-    /// forwarded; control routes (caches, weights, LoRA load/unload, profiling, logging,
-    /// memory, other clients' aborts, scale-out) are refused on the data port, and so is any
-    /// path no engine declares, unless `proxy.routes` opens them (docs/operations.md,
-    /// "Routes").
-    pub routes: RouteTable,
+    /// Every route its server registers, each classified, one table per version range and
+    /// frontend (each table holds from its version until the next table of the same frontend):
+    /// inference and read routes are forwarded; control routes (caches, weights, LoRA
+    /// load/unload, profiling, logging, memory, other clients' aborts, scale-out) are refused
+    /// on the data port, and so is any path the tables do not declare, unless `proxy.routes`
+    /// opens them (docs/operations.md, "Routes"). The server's self-description picks the
+    /// table ([`Engine::route_table`]).
+    pub routes: &'static [RouteTable],
     /// Request fields it runs as code when a launch flag allows: refused on the data port
     /// unless `proxy.code_fields` opens them.
     pub code_fields: &'static [CodeField],
@@ -269,23 +271,7 @@ impl EngineRoute {
     /// The segment-by-segment match `matches_path` falls back on for a template with
     /// parameters.
     fn matches_segments(&self, path: &str) -> bool {
-        let mut template = self.path.split('/');
-        let mut segments = path.split('/');
-        loop {
-            match (template.next(), segments.next()) {
-                (None, None) => return true,
-                (Some(part), Some(segment)) => {
-                    if part.starts_with('{') && part.ends_with(":path}") {
-                        return !segment.is_empty();
-                    }
-                    let parameter = part.starts_with('{') && part.ends_with('}');
-                    if (parameter && segment.is_empty()) || (!parameter && part != segment) {
-                        return false;
-                    }
-                }
-                _ => return false,
-            }
-        }
+        template_matches(self.path, path)
     }
 
     /// Whether the route takes `method` (a mount takes every one).
@@ -295,15 +281,107 @@ impl EngineRoute {
     }
 }
 
+/// Whether the normalised `path` is one `template` (a router's path: `{name}` one segment,
+/// `{name:path}` the rest) stands for, segment by segment. A template matches itself, so a
+/// route list a server publishes (`/v1/responses/{response_id}`) is matched as it is written.
+pub fn template_matches(template: &str, path: &str) -> bool {
+    let mut template = template.split('/');
+    let mut segments = path.split('/');
+    loop {
+        match (template.next(), segments.next()) {
+            (None, None) => return true,
+            (Some(part), Some(segment)) => {
+                if part.starts_with('{') && part.ends_with(":path}") {
+                    return !segment.is_empty();
+                }
+                let parameter = part.starts_with('{') && part.ends_with('}');
+                if (parameter && segment.is_empty()) || (!parameter && part != segment) {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+}
+
 /// Every route one version of an engine's server registers (with every flag that adds
 /// routes), as read from its source: `tests/fixtures/engines/routes/` holds the same list as
 /// data, which `conformance/routes.py` checks against the engine's own application and
 /// `engine_tests` against this table.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouteTable {
-    /// The server version the table was read from (`""`: a protocol, no one server).
+    /// The server version the table was read from (`""`: a protocol, no one server). It holds
+    /// for every release that starts with it (`0.34` for `0.34.1`) and every later one until
+    /// the next table of the same frontend.
     pub version: &'static str,
-    pub routes: &'static [EngineRoute],
+    /// Which of the engine's servers registers these routes.
+    pub frontend: Frontend,
+    /// Its routes, in parts that tables of neighbouring versions share (a route a release
+    /// added or moved is a part of its own).
+    pub parts: &'static [&'static [EngineRoute]],
+}
+
+impl RouteTable {
+    /// Every route of the table.
+    pub fn routes(&self) -> impl Iterator<Item = &'static EngineRoute> {
+        let parts = self.parts;
+        parts.iter().flat_map(|part| part.iter())
+    }
+}
+
+/// One of an engine's HTTP servers: its main one, or another frontend the same release ships
+/// with a route set of its own (vLLM's Rust frontend, `VLLM_USE_RUST_FRONTEND=1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frontend {
+    /// How messages and `/status` name it (`python`, `rust`).
+    pub name: &'static str,
+    /// The key of the engine's version document that only this frontend writes (vLLM's Rust
+    /// frontend answers `/version` with `rust_frontend_version` beside `version`); `None` for
+    /// the main server, which is what answers without any such key.
+    pub version_key: Option<&'static str>,
+}
+
+impl Frontend {
+    /// An engine's one server (the engines that ship a single frontend).
+    pub const MAIN: Frontend = Frontend {
+        name: "main",
+        version_key: None,
+    };
+}
+
+/// How a server's version falls among its engine's tables for its frontend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TableFit {
+    /// The version is in the table's range (or the table is a protocol's, for any version).
+    Exact,
+    /// Newer than the newest table: the newest is used, and the routes the release added are
+    /// refused until a table for it is declared.
+    NewerThanNewest,
+    /// Older than the oldest table: the oldest is used.
+    OlderThanOldest,
+    /// The server did not say its version: the newest table is used.
+    VersionUnknown,
+}
+
+impl TableFit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TableFit::Exact => "exact",
+            TableFit::NewerThanNewest => "newer_than_newest",
+            TableFit::OlderThanOldest => "older_than_oldest",
+            TableFit::VersionUnknown => "version_unknown",
+        }
+    }
+}
+
+/// The route table one upstream is held to: its engine's table for the version and frontend
+/// its self-description names, and how the version fits it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServedRoutes {
+    pub engine: Engine,
+    pub table: &'static RouteTable,
+    pub fit: TableFit,
 }
 
 /// A request field an engine runs as code (sglang's `custom_logit_processor`: a pickled
@@ -451,7 +529,8 @@ mod tests {
         ) {
             let routes: Vec<&EngineRoute> = crate::engine::Engine::all()
                 .into_iter()
-                .flat_map(|engine| engine.spec().routes.routes.iter())
+                .flat_map(|engine| engine.spec().routes.iter())
+                .flat_map(RouteTable::routes)
                 .filter(|route| !route.mount)
                 .collect();
             let route = routes[route % routes.len()];
