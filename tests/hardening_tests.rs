@@ -277,7 +277,7 @@ async fn server_info_is_forwarded_with_its_credentials_masked() {
         assert!(document["launch_command"]
             .as_str()
             .unwrap()
-            .contains("--model-path /models/llama --api-key *** --admin-api-key=*** --port 30000"));
+            .contains("--model-path /models/llama --api-key <redacted> --admin-api-key=<redacted> --port 30000"));
     }
     for (form, secret) in [("vllm-json", "hf_secret_4"), ("vllm-text", "hf_secret_6")] {
         let answer = send_with(

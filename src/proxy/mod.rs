@@ -19,6 +19,7 @@ pub mod relay;
 pub mod request_body;
 pub mod request_id;
 pub mod routes;
+pub mod server_info;
 pub mod service;
 pub mod slice;
 pub mod tenants;

@@ -84,7 +84,9 @@ impl Engine {
             return served(newest, TableFit::Exact);
         }
         let said = version.map(release).unwrap_or_default();
-        if said.is_empty() {
+        // `0.0.0.dev1+g…`: a build from a source tree without release tags (setuptools-scm's
+        // fallback) says no release at all.
+        if said.is_empty() || said.iter().all(|n| *n == 0) {
             return served(newest, TableFit::VersionUnknown);
         }
         let Some(&table) = own.iter().rev().find(|t| release(t.version) <= said) else {
@@ -405,6 +407,11 @@ mod tests {
         assert_eq!(python(None), Some(("0.34", "python", VersionUnknown)));
         assert_eq!(
             python(Some("dev")),
+            Some(("0.34", "python", VersionUnknown))
+        );
+        // A source build without release tags (the embedded simulator says so too).
+        assert_eq!(
+            python(Some("0.0.0.dev1+gf92199b56")),
             Some(("0.34", "python", VersionUnknown))
         );
         // The Rust frontend's own key in its version document picks its table.
