@@ -323,29 +323,17 @@ impl Sessions {
     }
 
     /// Counts a credential attempt whose credential is not read yet (a login counted before
-    /// its body arrives; [`Sessions::forgive_login`] takes it back when it was right). While the address still waits after earlier failures, or once
-    /// the listener's budget of failed checks for this second is spent, the attempt is
-    /// [`Attempt::Throttled`] (not recorded again); else it is recorded and the address waits
+    /// its body arrives; [`Sessions::forgive_login`] takes it back when it was right): judged as
+    /// a wrong one, so while the address still waits, or once the listener's budget is spent, it
+    /// is [`Attempt::Throttled`] (not recorded again); else it is recorded and the address waits
     /// 1 s, 2 s, … up to [`MAX_DELAY`].
     pub fn attempt(&self, client: Option<IpAddr>) -> Attempt {
-        self.attempts.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
-        let key = client_key(client);
-        let mut inner = lock(&self.inner);
-        if let Some(failures) = inner.failures.get(&key) {
-            let left = failures.retry_at.saturating_duration_since(now);
-            if !left.is_zero() {
-                return Attempt::Throttled(left);
-            }
+        match self.judge(client, || false) {
+            Judged::Wrong(wait) => Attempt::Counted(wait),
+            Judged::Throttled(left) => Attempt::Throttled(left),
+            // `|| false` is never right.
+            Judged::Right => Attempt::Counted(Duration::ZERO),
         }
-        let per_second = self.failures_per_second;
-        let budget = inner
-            .budget
-            .get_or_insert_with(|| Bucket::new(per_second, now));
-        if let Err(left) = budget.take(now) {
-            return Attempt::Throttled(left);
-        }
-        Attempt::Counted(Self::record_failure(&mut inner, key, now))
     }
 
     /// Records a failure against `key`: how long it must now wait. A full table first
