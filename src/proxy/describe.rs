@@ -241,24 +241,22 @@ fn say_routes(upstream: &str, facts: &RouteFacts) {
                 frontend,
                 "the upstream's routes are classified by its engine's route table for its version"
             ),
-            TableFit::NewerThanNewest => tracing::warn!(
-                upstream,
-                engine,
-                version,
-                table,
-                frontend,
-                fit = served.fit.as_str(),
-                "the upstream's engine is newer than the newest route table tokentap has: its routes are classified by that table, and a route the newer release added is refused (403) unless proxy.routes opens it"
-            ),
-            TableFit::OlderThanOldest => tracing::warn!(
-                upstream,
-                engine,
-                version,
-                table,
-                frontend,
-                fit = served.fit.as_str(),
-                "the upstream's engine is older than the oldest route table tokentap has: its routes are classified by that table"
-            ),
+            TableFit::NewerThanNewest | TableFit::OlderThanOldest => {
+                let why = if served.fit == TableFit::NewerThanNewest {
+                    "newer than the newest route table tokentap has: its routes are classified by that table, and a route the newer release added is refused (403) unless proxy.routes opens it"
+                } else {
+                    "older than the oldest route table tokentap has: its routes are classified by that table"
+                };
+                tracing::warn!(
+                    upstream,
+                    engine,
+                    version,
+                    table,
+                    frontend,
+                    fit = served.fit.as_str(),
+                    "the upstream's engine is {why}"
+                );
+            }
             TableFit::VersionUnknown => tracing::info!(
                 upstream,
                 engine,
