@@ -348,3 +348,178 @@ async fn slow_login_bodies_cannot_take_the_admin_listener() {
     drop(slow);
     server.shutdown().await;
 }
+
+/// The stream of one chat answer of `tokens` tokens with its usage, as SSE blocks.
+fn chat_stream_blocks(tokens: usize) -> Vec<String> {
+    let mut blocks = vec![r#"{"choices":[{"index":0,"delta":{"role":"assistant"}}]}"#.to_owned()];
+    for i in 0..tokens {
+        blocks.push(format!(
+            r#"{{"choices":[{{"index":0,"delta":{{"content":"t{i} "}}}}]}}"#
+        ));
+    }
+    blocks.push(format!(
+        r#"{{"choices":[{{"index":0,"delta":{{}},"finish_reason":"length"}}],"usage":{{"prompt_tokens":40,"completion_tokens":{tokens},"total_tokens":{}}}}}"#,
+        40 + tokens
+    ));
+    blocks.push("[DONE]".to_owned());
+    blocks
+}
+
+/// vLLM often hands a finished stream over at once: every event in one write. Its gaps are
+/// microseconds, and read as decode figures they said 484.3K tok/s per request. A cell of such
+/// streams is `Delivered in bursts`, greyed and never judged, and the verdict says how many
+/// requests sit in cells it did not judge; the same streams paced as an engine decodes them
+/// (a few milliseconds a token) make a `Valid` cell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_handed_over_at_once_makes_no_decode_figures() {
+    let upstream = ScriptedUpstream::start(|request| {
+        let body = String::from_utf8_lossy(&request.body).into_owned();
+        let blocks = chat_stream_blocks(12);
+        if body.contains(r#""model":"burst""#) {
+            // One write: the whole answer.
+            let whole: String = blocks.iter().map(|b| format!("data: {b}\n\n")).collect();
+            Script::sse(vec![Step::Send(Bytes::from(whole))])
+        } else {
+            let mut steps = Vec::new();
+            for block in &blocks {
+                steps.push(data(block));
+                steps.push(wait_ms(4));
+            }
+            Script::sse(steps)
+        }
+    })
+    .await;
+    let (server, records) = proxy_from_config(&proxy_config(
+        &upstream.url(),
+        "[slo]\nttft = \"10s\"\n[evidence]\nmin_requests = 1\nmin_measured_for = \"0s\"\nmin_output_tokens = 0\n",
+    ))
+    .await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    for model in ["burst", "paced"] {
+        for _ in 0..6 {
+            let body = format!(
+                r#"{{"model":"{model}","stream":true,"messages":[{{"role":"user","content":"hi"}}]}}"#
+            );
+            let response = send_with(
+                "POST",
+                &url,
+                &[("content-type", "application/json")],
+                body.into_bytes(),
+            )
+            .await;
+            assert_eq!(response.status, 200);
+            assert!(response.text().contains("[DONE]"));
+        }
+    }
+    let records = records.wait_for(12).await;
+    for record in &records {
+        assert_eq!(record.outcome, Outcome::Ok, "{record:?}");
+        let burst = record.labels.model.as_ref() == "burst";
+        assert_eq!(
+            record.tokens.delivered_in_bursts(),
+            burst,
+            "{:?}",
+            record.tokens
+        );
+    }
+    let matrix = |model: &'static str| {
+        let admin = server.admin_addr;
+        async move {
+            let response = get(&format!(
+                "http://{admin}/matrix?source=production&window=15m&format=json&model={model}"
+            ))
+            .await;
+            assert_eq!(response.status, 200, "{}", response.text());
+            let doc: serde_json::Value = serde_json::from_str(&response.text()).unwrap();
+            doc["decode"][0]["status"].as_str().unwrap().to_owned()
+        }
+    };
+    assert_eq!(
+        matrix("burst").await,
+        "Delivered in bursts: 6 of 6 streams delivered in bursts"
+    );
+    assert_eq!(matrix("paced").await, "Valid");
+    // The verdict names what it did not judge.
+    let status = get(&format!("http://{}/status", server.admin_addr)).await;
+    let status: serde_json::Value = serde_json::from_str(&status.text()).unwrap();
+    let burst = status["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["model"] == "burst")
+        .expect("the burst model has a verdict");
+    let slo = burst["clauses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["key"] == "slo")
+        .unwrap();
+    assert!(
+        slo["text"].as_str().unwrap().contains(
+            "6 completed requests sit in cells not judged (6 of them in cells delivered in bursts)"
+        ),
+        "{slo}"
+    );
+    server.shutdown().await;
+}
+
+/// `/v1/responses` deltas carry no token count; vLLM's often carry several tokens each. With
+/// the final usage the ITL samples are one per token (the gaps divided over the tokens the
+/// usage says the deltas carried), as on chat with per-chunk usage, not one per delta.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn itl_on_responses_is_one_sample_per_token_when_the_usage_says_how_many() {
+    const DELTAS: u64 = 8;
+    const TOKENS_PER_DELTA: u64 = 3;
+    let upstream = ScriptedUpstream::start(|_| {
+        let event = |name: &str, json: &str| {
+            Step::Send(Bytes::from(format!("event: {name}\ndata: {json}\n\n")))
+        };
+        let mut steps = vec![event(
+            "response.created",
+            r#"{"type":"response.created","response":{"id":"r"}}"#,
+        )];
+        for i in 0..DELTAS {
+            steps.push(event(
+                "response.output_text.delta",
+                &format!(r#"{{"type":"response.output_text.delta","delta":"a{i} b c "}}"#),
+            ));
+            steps.push(wait_ms(3));
+        }
+        steps.push(event(
+            "response.completed",
+            &format!(
+                r#"{{"type":"response.completed","response":{{"usage":{{"input_tokens":5,"output_tokens":{}}}}}}}"#,
+                DELTAS * TOKENS_PER_DELTA
+            ),
+        ));
+        Script::sse(steps)
+    })
+    .await;
+    let (server, records) = proxy_from_config(&proxy_config(&upstream.url(), "")).await;
+    let response = send_with(
+        "POST",
+        &format!("http://{}/v1/responses", server.proxy_addr),
+        &[("content-type", "application/json")],
+        br#"{"model":"m","stream":true,"input":"hi"}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let records = records.wait_for(1).await;
+    let record = &records[0];
+    assert_eq!(record.outcome, Outcome::Ok);
+    assert_eq!(record.tokens.completion, DELTAS * TOKENS_PER_DELTA);
+    assert!(record.tokens.completion_exact);
+    assert_eq!(record.tokens.events, DELTAS);
+    // One sample per token after the first delta's: 21, not the 7 gaps between deltas.
+    assert_eq!(
+        record.timing.itl.count(),
+        (DELTAS - 1) * TOKENS_PER_DELTA,
+        "{:?}",
+        record.timing.itl
+    );
+    // The samples still add up to the decode time.
+    let sum: f64 = record.timing.itl.buckets().map(|(m, c)| m * c as f64).sum();
+    let decode = record.timing.decode.unwrap().as_secs_f64();
+    assert!((sum - decode).abs() < 1e-6, "{sum} vs {decode}");
+    server.shutdown().await;
+}

@@ -82,6 +82,7 @@ pub fn headroom(production: &MatrixDoc, capacity: &CapacityReport) -> Option<Hea
                         | CellStatus::LowEvidence
                         | CellStatus::Error(_)
                         | CellStatus::Shed(_)
+                        | CellStatus::Bursts(_)
                 )
             })
             .map(|c| request_seconds(c.average_active_requests, c.measured_for_s))

@@ -661,6 +661,7 @@ impl RequestMeter {
             completion,
             completion_exact: exact,
             events: u64::from(self.timeline.token_events),
+            coalesced_events: u64::from(self.timeline.coalesced_events),
             max: self.max_tokens,
             per_second: timing.tbt.map(|t| 1.0 / t.as_secs_f64()),
             prefill_per_second: prefill_rate(usage.prompt_tokens, usage.cached_tokens, timing.ttft),
@@ -713,11 +714,25 @@ impl RequestMeter {
         }
     }
 
+    /// The stream's events were counted one token each (no per-chunk usage: Responses and
+    /// Messages deltas, chat without `continuous_usage_stats`) and the upstream's final usage
+    /// says they carried `completion` tokens: the ITL samples are spread over those tokens, so
+    /// ITL stays one sample per token (docs/metrics.md "ITL"). Once, before the end.
+    pub fn spread_counted_itl(&mut self, completion: u64) {
+        let counted = u64::from(self.timeline.streamed_tokens);
+        // No delta carries more than an event can: an implausible count spreads nothing.
+        let plausible = completion <= counted.saturating_mul(MAX_TOKENS_PER_EVENT);
+        if counted > 0 && completion > 0 && completion != counted && plausible {
+            self.timeline.itl.spread(completion as f64 / counted as f64);
+        }
+    }
+
     /// The timeline read at `now`, the request's end, as durations from head in.
     /// Called once, at the end: the histograms move into the record.
     fn timing(&mut self, now: Instant, completion: u64) -> Timing {
         let timeline = &mut self.timeline;
         let decode = timeline.decode_time();
+        let itl = timeline.itl.take();
         Timing {
             started_at: self.started_at,
             to_headers: timeline.since_head(timeline.response_head),
@@ -729,7 +744,7 @@ impl RequestMeter {
             duration: now.saturating_duration_since(timeline.head_in),
             decode,
             tbt: time_between_tokens(decode, completion),
-            itl: timeline.itl.take(),
+            itl,
         }
     }
 

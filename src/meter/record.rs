@@ -200,6 +200,9 @@ pub struct Tokens {
     pub completion_exact: bool,
     /// Events that carried output.
     pub events: u64,
+    /// Of those, the events that came less than `meter::timeline::BURST_GAP` after the
+    /// previous one: delivered together rather than as decoded.
+    pub coalesced_events: u64,
     /// The request's `max_tokens`.
     pub max: Option<u64>,
     /// Per-request tok/s = 1 / TBT.
@@ -212,6 +215,14 @@ impl Tokens {
     /// Completion tokens per event (speculative decoding shows several).
     pub fn per_event(&self) -> Option<f64> {
         (self.events > 0).then(|| self.completion as f64 / self.events as f64)
+    }
+
+    /// Whether the stream came in bursts: more than half the gaps between its output events
+    /// (at least two of them) were too short to be decode steps. Its gaps measure the
+    /// delivery, not the engine: a cell of such streams has no decode figures to trust.
+    pub fn delivered_in_bursts(&self) -> bool {
+        let gaps = self.events.saturating_sub(1);
+        gaps >= 2 && self.coalesced_events.saturating_mul(2) > gaps
     }
 }
 

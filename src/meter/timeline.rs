@@ -14,6 +14,12 @@ use super::buckets::MAX_LADDER;
 /// Most buckets a local histogram may have.
 pub const MAX_HISTOGRAM_BUCKETS: usize = 32;
 
+/// Two output events of one stream closer than this were delivered together, not decoded
+/// apart: no engine decodes a step and streams it in 200 µs (a decode step is milliseconds;
+/// several tokens of one step come as one event), but a stream that an engine (or a gateway)
+/// buffers and hands over at once arrives in one read, its events microseconds apart.
+pub const BURST_GAP: f64 = 0.000_2;
+
 /// No bounds: a histogram with only the overflow bucket (a record's empty default).
 pub static NO_BOUNDS: &[f64] = &[];
 
@@ -141,6 +147,27 @@ impl LocalHistogram {
             .map(|(c, s)| (s / c as f64, c))
     }
 
+    /// Spreads what was recorded over `factor` times as many samples, each `factor` times
+    /// smaller: the sum is kept, each bucket's count becomes its count × `factor` (rounded, at
+    /// least 1). For a stream whose events were counted as one token each and whose final
+    /// usage says how many tokens they carried (Responses and Messages deltas, chat without
+    /// per-chunk usage): the events' gaps are divided over the tokens, as they are when the
+    /// per-event counts are exact. Called once, at a request's end (it may allocate); a factor
+    /// that is not finite and positive changes nothing.
+    pub fn spread(&mut self, factor: f64) {
+        if !factor.is_finite() || factor <= 0.0 || (factor - 1.0).abs() < 1e-9 {
+            return;
+        }
+        let was: Vec<(f64, u64)> = self.buckets().collect();
+        *self = Self::new(self.bounds);
+        for (mean, count) in was {
+            let spread = ((count as f64) * factor).round().max(1.0);
+            // Saturating float-to-int: a count past u64 is not a real stream's.
+            let samples = spread as u64;
+            self.record(mean * count as f64 / spread, samples);
+        }
+    }
+
     /// Total weight recorded.
     pub fn count(&self) -> u64 {
         self.buckets().map(|(_, c)| c).sum()
@@ -236,6 +263,9 @@ pub struct Timeline {
     /// event's gap is shared among them too.
     pub pending_silent: u32,
     pub frames: u32,
+    /// Output events that came less than [`BURST_GAP`] after the previous one (the same read,
+    /// or as good as): an upstream that hands a stream over at once, not as it decodes.
+    pub coalesced_events: u32,
     /// ∫inflight·dt at the latest token event (and, below, at the first).
     pub area_at_last_token: f64,
     /// Inter-token latency, per token: the gap between two output events divided over every
@@ -286,6 +316,7 @@ impl Timeline {
             pending_silent: 0,
             frame_overhead: LocalHistogram::new(overhead_bounds),
             frames: 0,
+            coalesced_events: 0,
             split: ConcurrencySplit::default(),
             area_at_first_token: 0.0,
             area_at_last_token: 0.0,
@@ -315,6 +346,9 @@ impl Timeline {
             }
             Some(last) => {
                 let gap = now.saturating_duration_since(last).as_secs_f64();
+                if gap < BURST_GAP {
+                    self.coalesced_events = self.coalesced_events.saturating_add(1);
+                }
                 let delivered = tokens.saturating_add(u64::from(silent));
                 self.itl.record(gap / delivered as f64, delivered);
                 if let Some(seconds) = self.split.seconds.get_mut(bucket) {
@@ -402,6 +436,31 @@ mod tests {
         assert_eq!(histogram.count(), 0);
         assert!(histogram.buckets.is_none());
         assert!(std::ptr::eq(histogram.bounds(), BOUNDS));
+    }
+
+    /// Ten deltas 20 ms apart that the final usage says carried 25 tokens: 25 samples of 8 ms
+    /// (the sum, the decode time, kept); a factor of one or nonsense changes nothing.
+    #[test]
+    fn spreading_divides_each_gap_over_the_tokens_it_carried() {
+        static BOUNDS: &[f64] = &[0.005, 0.01, 0.05];
+        let mut histogram = LocalHistogram::new(&BOUNDS);
+        histogram.record(0.020, 10);
+        histogram.spread(2.5);
+        let buckets: Vec<(f64, u64)> = histogram.buckets().collect();
+        assert_eq!(buckets.len(), 1);
+        let (mean, count) = buckets[0];
+        assert_eq!(count, 25);
+        assert!((mean - 0.008).abs() < 1e-12, "{mean}");
+        for nonsense in [1.0, 0.0, -2.0, f64::NAN, f64::INFINITY] {
+            let before: Vec<(f64, u64)> = histogram.buckets().collect();
+            histogram.spread(nonsense);
+            assert_eq!(histogram.buckets().collect::<Vec<_>>(), before);
+        }
+        // Fewer tokens than counted events: fewer, longer samples, none lost to rounding.
+        let mut histogram = LocalHistogram::new(&BOUNDS);
+        histogram.record(0.004, 1);
+        histogram.spread(0.25);
+        assert_eq!(histogram.count(), 1);
     }
 
     proptest::proptest! {

@@ -308,6 +308,13 @@ impl Metering {
     fn finish(&mut self, outcome: Outcome) {
         let classifier = &self.classifier;
         let exact = classifier.completion_exact() && !matches!(self.mode, Mode::Opaque);
+        if let Some(reported) = classifier.usage().completion_tokens {
+            // The events were counted one token each; the final usage says how many they
+            // carried (a stream with per-chunk usage timed each token already).
+            if outcome == Outcome::Ok && !classifier.per_event_exact() {
+                self.meter.spread_counted_itl(reported);
+            }
+        }
         let record = self.meter.finish(
             outcome,
             classifier.usage(),

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::aggregate::cell::{
-    tail_ms, FirstTokenSum, InterferenceSum, PromptCacheSum, ServerStateSum, SloSum, StepSum,
+    tail_ms, BurstSum, FirstTokenSum, InterferenceSum, PromptCacheSum, ServerStateSum, SloSum,
+    StepSum,
 };
 use crate::aggregate::sketch::QuantileSketch;
 use crate::matrix::{CellStatus, DecodeCell, PrefillRow, Tails};
@@ -131,8 +132,10 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
     let mut first_tokens = FirstTokenSum::default();
     let mut prompt_cache = PromptCacheSum::default();
     let mut steps = StepSum::default();
+    let mut bursts = BurstSum::default();
     for record in &with_tokens {
         steps.add(record);
+        bursts.add(record);
         first_tokens.add(record);
         prompt_cache.add(record);
         interference.add(record);
@@ -151,7 +154,8 @@ pub fn decode_cell(m: &CellMeasurement) -> DecodeCell {
         first_tokens: first_tokens.to_first_tokens(),
         context_tokens: m.context,
         concurrency: m.concurrency,
-        status: CellStatus::Valid,
+        // A sweep stream handed over at once measured the delivery, not the engine.
+        status: bursts.status().unwrap_or(CellStatus::Valid),
         total_tok_s,
         per_request_tok_s: per_request,
         ttft_ms: ttft,
@@ -340,6 +344,7 @@ mod tests {
                 completion: 300,
                 completion_exact: true,
                 events: 300,
+                coalesced_events: 0,
                 max: Some(4096),
                 per_second: Some(1.0 / tbt.as_secs_f64()),
                 prefill_per_second: None,

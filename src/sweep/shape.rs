@@ -100,12 +100,16 @@ pub struct ProductionShape {
 }
 
 impl ProductionShape {
-    /// The shape of production's matrix `doc` (its `Valid` and `Low evidence` cells with
-    /// completed requests); `None` when no cell has any (no evidence).
+    /// The shape of production's matrix `doc` (its `Valid`, `Low evidence` and `Delivered in
+    /// bursts` cells with completed requests: traffic whatever its figures); `None` when no
+    /// cell has any (no evidence).
     pub fn from_matrix(doc: &MatrixDoc) -> Option<Self> {
         let mut contexts: Vec<ContextShape> = Vec::new();
         for cell in &doc.decode {
-            if !matches!(cell.status, CellStatus::Valid | CellStatus::LowEvidence) {
+            if !matches!(
+                cell.status,
+                CellStatus::Valid | CellStatus::LowEvidence | CellStatus::Bursts(_)
+            ) {
                 continue;
             }
             let Some(requests) = cell.completed_requests.filter(|&n| n > 0) else {

@@ -530,6 +530,12 @@ pub enum CellStatus {
     /// requests; the reason is one line (`12 of 40 requests shed`). Capacity counts the cell as
     /// a miss.
     Shed(String),
+    /// A production or sweep cell whose streams came in bursts: more than one in twenty of its
+    /// streams had most of their token events arrive together (an engine or a gateway that
+    /// hands a finished stream over at once), so its gaps measure the delivery, not the decode
+    /// steps. Its figures are shown greyed, never judged; the reason is one line (`9 of 20
+    /// streams delivered in bursts`).
+    Bursts(String),
 }
 
 impl CellStatus {
@@ -553,6 +559,14 @@ impl CellStatus {
         }
     }
 
+    /// A `Bursts` status, its reason made safe as [`CellStatus::error`] makes an error's.
+    pub fn bursts(reason: &str) -> CellStatus {
+        match CellStatus::error(reason) {
+            CellStatus::Error(reason) => CellStatus::Bursts(reason),
+            other => other,
+        }
+    }
+
     pub fn is_valid(&self) -> bool {
         matches!(self, CellStatus::Valid)
     }
@@ -566,6 +580,10 @@ impl CellStatus {
             "Over capacity" => Some(CellStatus::OverCapacity),
             "Not run" => Some(CellStatus::NotRun),
             _ => {
+                if let Some(reason) = text.strip_prefix("Delivered in bursts: ") {
+                    let reason = reason.trim();
+                    return (!reason.is_empty()).then(|| CellStatus::Bursts(reason.to_owned()));
+                }
                 if let Some(reason) = text.strip_prefix("Shed: ") {
                     let reason = reason.trim();
                     return (!reason.is_empty()).then(|| CellStatus::Shed(reason.to_owned()));
@@ -581,13 +599,16 @@ impl CellStatus {
     }
 
     /// Whether the cell holds measured figures that are shown but not trusted (greyed, kept
-    /// out of ratios and scales): `Low evidence` and `Off target`.
+    /// out of ratios and scales): `Low evidence`, `Off target` and `Delivered in bursts`.
     pub fn is_caveated(&self) -> bool {
-        matches!(self, CellStatus::LowEvidence | CellStatus::OffTarget)
+        matches!(
+            self,
+            CellStatus::LowEvidence | CellStatus::OffTarget | CellStatus::Bursts(_)
+        )
     }
 
     /// A short machine name: `valid`, `low-evidence`, `off-target`, `over-capacity`, `not-run`,
-    /// `error`, `shed` (CSS classes, data attributes).
+    /// `error`, `shed`, `bursts` (CSS classes, data attributes).
     pub fn slug(&self) -> &'static str {
         match self {
             CellStatus::Valid => "valid",
@@ -597,6 +618,7 @@ impl CellStatus {
             CellStatus::NotRun => "not-run",
             CellStatus::Error(_) => "error",
             CellStatus::Shed(_) => "shed",
+            CellStatus::Bursts(_) => "bursts",
         }
     }
 }
@@ -611,6 +633,7 @@ impl fmt::Display for CellStatus {
             CellStatus::NotRun => f.write_str("Not run"),
             CellStatus::Error(reason) => write!(f, "Error: {reason}"),
             CellStatus::Shed(reason) => write!(f, "Shed: {reason}"),
+            CellStatus::Bursts(reason) => write!(f, "Delivered in bursts: {reason}"),
         }
     }
 }
@@ -626,7 +649,7 @@ impl<'de> Deserialize<'de> for CellStatus {
         let text = String::deserialize(deserializer)?;
         CellStatus::parse(&text).ok_or_else(|| {
             serde::de::Error::custom(format!(
-                "unknown status {text:?}, expected \"Valid\", \"Low evidence\", \"Off target\", \"Over capacity\", \"Not run\", \"Error: <reason>\" or \"Shed: <reason>\""
+                "unknown status {text:?}, expected \"Valid\", \"Low evidence\", \"Off target\", \"Over capacity\", \"Not run\", \"Error: <reason>\", \"Shed: <reason>\" or \"Delivered in bursts: <reason>\""
             ))
         })
     }

@@ -44,6 +44,10 @@ fn status_word(status: &CellStatus) -> (&'static str, &'static str) {
             "shed",
             "shed: the engine refused requests for load (429/503, a queue cap)",
         ),
+        CellStatus::Bursts(_) => (
+            "‡",
+            "‡ delivered in bursts (the streams came all at once: gaps are not decode steps)",
+        ),
     }
 }
 

@@ -69,7 +69,8 @@ pub fn kv_budget(doc: &MatrixDoc) -> Result<KvBudget, InferError> {
             | CellStatus::LowEvidence
             | CellStatus::OffTarget
             | CellStatus::Error(_)
-            | CellStatus::Shed(_) => {
+            | CellStatus::Shed(_)
+            | CellStatus::Bursts(_) => {
                 if ran.as_ref().is_none_or(|(tokens, _)| need > *tokens) {
                     ran = Some((need, describe(cell.context_tokens, cell.concurrency)));
                 }

@@ -35,6 +35,7 @@ pub const LEGEND_ERROR: &str =
 pub const LEGEND_SHED: &str = "Shed: the engine refused more than 5 % of the cell's requests for load (HTTP 429/503, a queue cap such as vLLM's --max-num-queued-reqs or sglang's --max-queued-requests); its figures are the admitted requests', and capacity counts it as an SLO miss.";
 pub const LEGEND_LOW_EVIDENCE: &str = "Low evidence: too few seconds or output tokens to trust its decode figures (n = completed requests, what its TTFT rests on); shown greyed, never in a ratio or a colour scale.";
 pub const LEGEND_OFF_TARGET: &str = "Off target: the sweep cell did not run at its concurrency (the server's average active requests were off it, or production prefills overlapped its decode); its figures measured another cell.";
+pub const LEGEND_BURSTS: &str = "Delivered in bursts: more than 1 in 20 of the cell's streams had most of their token events arrive together (the engine or a gateway handed the stream over at once), so its gaps measure the delivery, not the decode steps; shown greyed, never in a ratio, a colour scale or a capacity answer.";
 pub const TTFT_NOTE_SYNTHETIC: &str =
     "TTFT is measured after the benchmark warms the server's prompt cache, so it mostly excludes prefill.";
 pub const TTFT_NOTE_PRODUCTION: &str =
@@ -339,6 +340,10 @@ pub fn grid_cell_parts(cell: Option<&DecodeCell>) -> Option<GridCellText> {
                 or_missing(cell.average_active_requests, |v| format_decimal(v, 1))
             ),
         },
+        CellStatus::Bursts(reason) => GridCellText::Caveat {
+            status: "Delivered in bursts".to_owned(),
+            detail: reason.clone(),
+        },
         other => GridCellText::Status(other.to_string()),
     })
 }
@@ -402,6 +407,13 @@ pub fn status_legends(doc: &MatrixDoc) -> Vec<&'static str> {
     }
     if doc.decode.iter().any(|c| c.status == CellStatus::OffTarget) {
         legends.push(LEGEND_OFF_TARGET);
+    }
+    if doc
+        .decode
+        .iter()
+        .any(|c| matches!(c.status, CellStatus::Bursts(_)))
+    {
+        legends.push(LEGEND_BURSTS);
     }
     legends
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::matrix::doc::{DecodeCell, MatrixDoc};
+use crate::matrix::doc::{CellStatus, DecodeCell, MatrixDoc};
 use crate::matrix::units::{context_label, format_percent};
 use crate::meter::slo::SloTargets;
 
@@ -67,9 +67,34 @@ pub struct ProductionSlo {
     pub worst: Option<CellAttainment>,
     /// Per context with production cells, ascending.
     pub contexts: Vec<ContextSlo>,
+    /// Completed requests whose own cell was not judged (no evidence, delivered in bursts,
+    /// failed, no attainment): what the verdict does not rest on.
+    pub unjudged_requests: u64,
+    /// Of those, the requests of cells delivered in bursts (their gaps were not decode steps).
+    pub requests_in_bursts: u64,
 }
 
 impl ProductionSlo {
+    /// `; 340 completed requests sit in cells not judged (120 of them in cells delivered in
+    /// bursts)`, or nothing when every request's cell was judged.
+    pub fn unjudged_text(&self) -> String {
+        if self.unjudged_requests == 0 {
+            return String::new();
+        }
+        let bursts = if self.requests_in_bursts > 0 {
+            format!(
+                " ({} of them in cells delivered in bursts)",
+                self.requests_in_bursts
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "; {} completed requests sit in cells not judged{bursts}",
+            self.unjudged_requests
+        )
+    }
+
     /// Some cell with evidence misses the objective.
     pub fn misses(&self) -> bool {
         self.worst.as_ref().is_some_and(|w| !w.meets)
@@ -190,6 +215,7 @@ fn worse(a: Option<CellAttainment>, b: &CellAttainment) -> Option<CellAttainment
 /// `objective` (pure).
 pub fn production_slo(doc: &MatrixDoc, targets: &SloTargets, objective: f64) -> ProductionSlo {
     let mut contexts = Vec::new();
+    let (mut unjudged_requests, mut requests_in_bursts) = (0u64, 0u64);
     for context in doc.contexts() {
         let mut slo = ContextSlo {
             context_tokens: context,
@@ -199,6 +225,11 @@ pub fn production_slo(doc: &MatrixDoc, targets: &SloTargets, objective: f64) -> 
         };
         for cell in doc.decode.iter().filter(|c| c.context_tokens == context) {
             let Some(judged) = judge_cell(cell, targets, objective) else {
+                let requests = cell.completed_requests.unwrap_or(0);
+                unjudged_requests = unjudged_requests.saturating_add(requests);
+                if matches!(cell.status, CellStatus::Bursts(_)) {
+                    requests_in_bursts = requests_in_bursts.saturating_add(requests);
+                }
                 continue;
             };
             slo.cells_with_evidence += 1;
@@ -220,13 +251,15 @@ pub fn production_slo(doc: &MatrixDoc, targets: &SloTargets, objective: f64) -> 
         cells_meeting: contexts.iter().map(|c| c.cells_meeting).sum(),
         worst,
         contexts,
+        unjudged_requests,
+        requests_in_bursts,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matrix::doc::{CellStatus, Tails};
+    use crate::matrix::doc::Tails;
 
     fn cell(context: u64, concurrency: u32, status: CellStatus, attainment: f64) -> DecodeCell {
         let mut cell = DecodeCell::status_only(context, concurrency, status);
@@ -248,7 +281,11 @@ mod tests {
             cell(32768, 4, CellStatus::Valid, 0.848),
             // No evidence: says nothing, however low.
             cell(65536, 4, CellStatus::LowEvidence, 0.1),
+            // Delivered in bursts: its gaps are not decode steps, so it says nothing either.
+            cell(65536, 8, CellStatus::Bursts("9 of 9 streams".into()), 0.1),
         ];
+        doc.decode[2].completed_requests = Some(3);
+        doc.decode[3].completed_requests = Some(9);
         let targets = SloTargets {
             ttft: Some(Duration::from_secs(2)),
             tbt: Some(Duration::from_millis(50)),
@@ -264,6 +301,12 @@ mod tests {
         assert!(slo.context(32768).unwrap().misses());
         assert!(!slo.context(65536).unwrap().misses());
         assert_eq!(slo.context(65536).unwrap().cells_with_evidence, 0);
+        // The verdict says what it does not rest on.
+        assert_eq!((slo.unjudged_requests, slo.requests_in_bursts), (12, 9));
+        assert_eq!(
+            slo.unjudged_text(),
+            "; 12 completed requests sit in cells not judged (9 of them in cells delivered in bursts)"
+        );
         // At a 95 % objective 8K meets, naming every target.
         let slo = production_slo(&doc, &targets, 0.95);
         let eight = slo.context(8192).unwrap().worst.clone().unwrap();

@@ -343,25 +343,26 @@ fn slo_clause(view: View<'_>, model: &str, production: &MatrixDoc, query: &str) 
     }
     let slo = production_slo(production, &targets, view.capacity.objectives.of(model));
     let objective = format_percent(slo.objective);
+    let unjudged = slo.unjudged_text();
     let (state, text) = match &slo.worst {
         None => (
             State::Unknown,
             format!(
-                "no production cell has evidence yet ({}; objective {objective})",
+                "no production cell has evidence yet ({}; objective {objective}){unjudged}",
                 slo.targets
             ),
         ),
         Some(worst) if !worst.meets => (
             State::Bad,
             format!(
-                "production misses the SLO: {} of {} cells with evidence meet the {objective} objective; worst: {}",
+                "production misses the SLO: {} of {} cells with evidence meet the {objective} objective; worst: {}{unjudged}",
                 slo.cells_meeting, slo.cells_with_evidence, worst.text
             ),
         ),
         Some(worst) => (
             State::Ok,
             format!(
-                "production meets the SLO: {} of {} cells with evidence meet the {objective} objective; worst: {}",
+                "production meets the SLO: {} of {} cells with evidence meet the {objective} objective; worst: {}{unjudged}",
                 slo.cells_meeting, slo.cells_with_evidence, worst.text
             ),
         ),

@@ -6,6 +6,7 @@ use crate::aggregate::sketch::QuantileSketch;
 use crate::matrix::doc::{CellStatus, DecodeCell, Tails};
 use crate::meter::record::{Outcome, RequestRecord, SloVerdict};
 
+use super::bursts::BurstSum;
 use super::first_tokens::FirstTokenSum;
 use super::fragment::Fragment;
 use super::interference::InterferenceSum;
@@ -59,6 +60,8 @@ pub struct CellAccumulator {
     /// Σ completion tokens and Σ token events of own-cell streamed requests: tokens per
     /// decode step.
     pub steps: StepSum,
+    /// Own-cell streams, and those delivered in bursts: whether the gaps are decode steps.
+    pub bursts: BurstSum,
 }
 
 impl CellAccumulator {
@@ -111,6 +114,7 @@ impl CellAccumulator {
         self.first_tokens.add(record);
         self.prompt_cache.add(record);
         self.steps.add(record);
+        self.bursts.add(record);
     }
 
     /// Adds a whole request to this cell regardless of the levels it lived through: for a
@@ -157,6 +161,7 @@ impl CellAccumulator {
         self.first_tokens.merge(&other.first_tokens);
         self.prompt_cache.merge(&other.prompt_cache);
         self.steps.merge(&other.steps);
+        self.bursts.merge(&other.bursts);
     }
 
     fn failures(&self) -> u64 {
@@ -215,6 +220,9 @@ impl CellAccumulator {
                     worst.label()
                 ))
             }
+        } else if let Some(bursts) = self.bursts.status() {
+            // The gaps measure how the stream was handed over, not the engine's steps.
+            bursts
         } else {
             CellStatus::Valid
         };

@@ -3,7 +3,7 @@
 //! prefill row, `prefill`) and [`MatrixAccumulator`] (every cell and row of one model,
 //! `matrix`), the split of a request over the concurrency levels it lived through
 //! (`fragment`), the tail rule (`tails`), and one `*Sum` per measure a cell carries: its
-//! decode steps ([`StepSum`]), prompt cache ([`PromptCacheSum`]), first tokens
+//! decode steps ([`StepSum`]), streams delivered in bursts ([`BurstSum`]), prompt cache ([`PromptCacheSum`]), first tokens
 //! ([`FirstTokenSum`]), the server's state ([`ServerStateSum`]), SLO verdicts ([`SloSum`]) and
 //! prefill interference ([`InterferenceSum`]). The definitions are in docs/metrics.md; every
 //! figure is a sum or a [`QuantileSketch`](crate::aggregate::sketch::QuantileSketch), so an
@@ -15,6 +15,7 @@
 //! goes through [`MatrixAccumulator::add_record`], which splits each request over the
 //! concurrency levels it lived through. No I/O, no clock, no locks here.
 
+mod bursts;
 mod decode;
 mod first_tokens;
 mod fragment;
@@ -29,6 +30,7 @@ mod tails;
 #[cfg(test)]
 pub(crate) mod test_records;
 
+pub use bursts::{BurstSum, BURST_SHARE};
 pub use decode::{CellAccumulator, ERROR_SHARE};
 pub use first_tokens::FirstTokenSum;
 pub use fragment::{bucket_range, fragments, Fragment};

@@ -58,6 +58,7 @@ pub fn record(
             completion,
             completion_exact: true,
             events: completion,
+            coalesced_events: 0,
             ..Tokens::default()
         },
         interference: Interference {

@@ -131,6 +131,7 @@ pub(super) fn scout_record(tag: Arc<str>, prompt_tokens: u64) -> Arc<RequestReco
             completion: 1,
             completion_exact: true,
             events: 1,
+            coalesced_events: 0,
             max: Some(1),
             ..Tokens::default()
         },
