@@ -3961,3 +3961,66 @@ async fn readiness_waits_for_an_upstream_that_answers() {
     })
     .await;
 }
+
+/// A streamed event that straddles frames is copied while it is open (by the scanner, and by
+/// the edit queue when tokentap asked for the usage): those copies are inside
+/// `metering.max_held_bytes` past a small free part each. An event the budget cannot cover
+/// passes through untouched, its figures unread, and `fault="event_unheld"` counts it; the
+/// stream goes on, and the next request is held as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_event_past_the_held_budget_passes_untouched() {
+    let big = format!(
+        r#"data: {{"choices":[{{"index":0,"delta":{{"content":"{}"}}}}]}}"#,
+        "x".repeat(300_000)
+    );
+    let big_for_upstream = big.clone();
+    let upstream = upstream_with(move |_| {
+        let mut steps = vec![data(r#"{"choices":[{"index":0,"delta":{"content":"a"}}]}"#)];
+        // The large event in ten writes: it straddles frames, so it is copied while open.
+        let bytes = big_for_upstream.as_bytes();
+        for piece in bytes.chunks(bytes.len() / 10 + 1) {
+            steps.push(Step::Send(Bytes::copy_from_slice(piece)));
+            steps.push(wait_ms(5));
+        }
+        steps.push(Step::Send(Bytes::from_static(b"\n\n")));
+        steps.push(data(
+            r#"{"choices":[{"index":0,"delta":{"content":"b"},"finish_reason":"stop"}]}"#,
+        ));
+        steps.push(done());
+        Script::sse(steps)
+    })
+    .await;
+    let (server, records) = proxy_from_config(&format!(
+        "[upstream]\nurl = \"{}\"\nsends_usage_unasked = \"no\"\nmetrics_interval = \"0\"\ndefault_model = \"default\"\n[fingerprint]\ninterval = \"0s\"\n[store]\ndata_dir = \"\"\n[metering]\nmax_held_bytes = 65536\nmax_event_bytes = 1048576\n",
+        upstream.url()
+    ))
+    .await;
+    let response = post(
+        &format!("http://{}/v1/chat/completions", server.proxy_addr),
+        r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .await;
+    assert_eq!(response.status, 200);
+    let text = response.text();
+    assert!(
+        text.contains(&big),
+        "the large event reached the client whole"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"));
+    let records = records.wait_for(1).await;
+    assert_eq!(records[0].outcome, Outcome::Ok);
+    // The two small events were read; the large one was not kept.
+    assert_eq!(records[0].tokens.events, 2);
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    let unheld = sample(
+        &metrics,
+        "tokentap_faults_total",
+        &["listener=\"proxy\"", "fault=\"event_unheld\""],
+    )
+    .unwrap_or(0.0);
+    assert!(unheld >= 1.0, "counted: {unheld}");
+    still_serves(&server).await;
+    server.shutdown().await;
+}

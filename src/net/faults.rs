@@ -54,10 +54,14 @@ pub enum Fault {
     /// A request carried a field an engine runs as code (sglang's
     /// `custom_logit_processor`): answered 403 naming the setting that opens it.
     CodeFieldRefused,
+    /// A streamed event that straddled frames grew past what `metering.max_held_bytes` (shared
+    /// with held answers) could cover: it passed through untouched, its figures unread
+    /// (`stream::held::EventBytes`).
+    EventUnheld,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 16] = [
+    pub const ALL: [Fault; 17] = [
         Fault::HeaderTimeout,
         Fault::BodyIdleTimeout,
         Fault::BodyReadTimeout,
@@ -74,6 +78,7 @@ impl Fault {
         Fault::AnswerUnheld,
         Fault::PathUnreadable,
         Fault::CodeFieldRefused,
+        Fault::EventUnheld,
     ];
 
     pub fn label(self) -> &'static str {
@@ -94,6 +99,7 @@ impl Fault {
             Fault::AnswerUnheld => "answer_unheld",
             Fault::PathUnreadable => "path_unreadable",
             Fault::CodeFieldRefused => "code_field_refused",
+            Fault::EventUnheld => "event_unheld",
         }
     }
 
@@ -115,6 +121,7 @@ impl Fault {
             Fault::AnswerUnheld => 13,
             Fault::PathUnreadable => 14,
             Fault::CodeFieldRefused => 15,
+            Fault::EventUnheld => 16,
         }
     }
 }

@@ -126,7 +126,10 @@ impl Metering {
         let mode = if options.encoded && !header {
             Mode::Opaque
         } else if options.event_stream && !options.encoded {
-            Mode::Sse(SseScanner::new(options.max_event_bytes))
+            Mode::Sse(SseScanner::within(
+                options.max_event_bytes,
+                options.held_budget.clone(),
+            ))
         } else {
             // A known length is reserved whole up front (or the answer is not held at all):
             // an answer held for its client never stops half-way, which would leave what was
@@ -150,8 +153,14 @@ impl Metering {
                 parse: !options.encoded,
             }
         };
-        let edits = (options.event_stream && !options.encoded && options.injected.any())
-            .then(|| Box::new(EditQueue::new(options.injected, options.max_event_bytes)));
+        let edits =
+            (options.event_stream && !options.encoded && options.injected.any()).then(|| {
+                Box::new(EditQueue::new(
+                    options.injected,
+                    options.max_event_bytes,
+                    options.held_budget.clone(),
+                ))
+            });
         let mut meter = meter;
         meter.set_streaming(options.event_stream);
         Box::new(Self {

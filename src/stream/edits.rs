@@ -16,8 +16,11 @@
 
 use std::collections::VecDeque;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 
+use super::held::{EventBytes, HeldBudget};
 use super::rewrite::{decide, restorable_members, Edit, Injected, KeySet};
 use super::sse::{Block, SseScanner};
 
@@ -29,8 +32,9 @@ const MAX_FINISH_PIECES: usize = 16;
 #[derive(Debug)]
 pub struct EditQueue {
     injected: Injected,
-    /// Bytes of an unfinished event, not yet forwarded.
-    held: Vec<u8>,
+    /// Bytes of an unfinished event, not yet forwarded (within the held budget past a free
+    /// part: an event it cannot cover passes through untouched, as one past the limit does).
+    held: EventBytes,
     /// The current event outgrew the limit: forward the rest of it untouched.
     passthrough: bool,
     /// The previous block was dropped (its CRLF's stray LF must go too).
@@ -84,11 +88,12 @@ impl Place<'_> {
 }
 
 impl EditQueue {
-    /// A queue that undoes `injected`, holding at most `limit` bytes of an unfinished event.
-    pub fn new(injected: Injected, limit: usize) -> Self {
+    /// A queue that undoes `injected`, holding at most `limit` bytes of an unfinished event,
+    /// its copy charged to `budget` past the free part.
+    pub fn new(injected: Injected, limit: usize, budget: Option<Arc<HeldBudget>>) -> Self {
         Self {
             injected,
-            held: Vec::new(),
+            held: EventBytes::new(budget),
             passthrough: false,
             previous_dropped: false,
             limit,
@@ -135,7 +140,7 @@ impl EditQueue {
     /// as the complete event would have been (the usage chunk tokentap asked for is dropped,
     /// injected per-chunk usage removed); then whatever else is held. Once per stream.
     pub fn end(&mut self) {
-        let held = Bytes::from(std::mem::take(&mut self.held));
+        let held = self.held.take_bytes();
         if held.is_empty() {
             self.release();
             return;
@@ -307,11 +312,18 @@ impl FrameEdits<'_> {
             }
             None => {
                 // The rare event that straddled frames: edit a copy.
-                queue
-                    .held
-                    .extend_from_slice(data.get(..end).unwrap_or_default());
-                let copy = Bytes::copy_from_slice(&queue.held);
-                queue.held.clear();
+                if !queue.held.extend(data.get(..end).unwrap_or_default()) {
+                    // The budget cannot cover the whole event: it goes as it came.
+                    queue.release();
+                    let held = queue.held.take_bytes();
+                    if !held.is_empty() {
+                        queue.out.push_back(held);
+                    }
+                    push_slice(&mut queue.out, data, *cursor, end);
+                    *cursor = end;
+                    return;
+                }
+                let copy = queue.held.take_bytes();
                 let block = RawBlock {
                     src: &copy,
                     start: 0,
@@ -344,17 +356,16 @@ impl FrameEdits<'_> {
             let tail = data.get(complete_end..).unwrap_or_default();
             if queue.passthrough {
                 push_slice(&mut queue.out, data, complete_end, data.len());
-            } else if queue.held.len() + tail.len() > queue.limit {
-                // Too big to hold: forward what we held and the rest of this event as is.
+            } else if queue.held.len() + tail.len() > queue.limit || !queue.held.extend(tail) {
+                // Too big to hold (past the limit, or past what the budget covers): forward
+                // what we held and the rest of this event as is.
                 queue.release();
-                let held = std::mem::take(&mut queue.held);
+                let held = queue.held.take_bytes();
                 if !held.is_empty() {
-                    queue.out.push_back(Bytes::from(held));
+                    queue.out.push_back(held);
                 }
                 push_slice(&mut queue.out, data, complete_end, data.len());
                 queue.passthrough = true;
-            } else {
-                queue.held.extend_from_slice(tail);
             }
         }
         false
@@ -424,7 +435,7 @@ mod tests {
     /// `Bytes`). No body: a scanner finds the blocks, the queue edits them.
     fn client(frames: &[Bytes], injected: Injected, limit: usize) -> (Vec<u8>, Vec<bool>) {
         let mut scanner = SseScanner::new(limit);
-        let mut queue = EditQueue::new(injected, limit);
+        let mut queue = EditQueue::new(injected, limit, None);
         let (mut out, mut whole) = (Vec::new(), Vec::new());
         for frame in frames {
             let mut edits = queue.frame(frame);
@@ -525,7 +536,7 @@ mod tests {
         assert_eq!(whole, [true, true, true]);
         assert_eq!(out, events.concat().as_bytes());
         // The same `Bytes`, not a copy: nothing is queued to take its place.
-        let mut queue = EditQueue::new(BOTH, LIMIT);
+        let mut queue = EditQueue::new(BOTH, LIMIT, None);
         let mut scanner = SseScanner::new(LIMIT);
         let mut edits = queue.frame(&frames[0]);
         scanner.feed(&frames[0], |block| edits.block(&block));

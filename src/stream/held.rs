@@ -10,7 +10,11 @@
 //! budget cannot cover the next frame, the answer passes through unheld (counted as
 //! `tokentap_faults_total{fault="answer_unheld"}`) and its buffer is released at once. Per
 //! frame of a held answer: one atomic update when the buffer grows (capacity doubles), none
-//! otherwise; SSE streams never hold anything here.
+//! otherwise.
+//!
+//! The same budget covers the one thing an SSE stream holds: the copy of an event that
+//! straddles frames ([`EventBytes`], the scanner's and the edit queue's), past a small free
+//! part per copy, freed when the event ends (`fault="event_unheld"` when it cannot be covered).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -190,6 +194,130 @@ impl Drop for HeldBuffer {
     }
 }
 
+/// Capacity an open event's copy may keep without drawing on the budget: engines' events are
+/// a few hundred bytes (a usage chunk, a delta with its logprobs), so a stream's ordinary
+/// events never touch the shared counter; only one that grows past this does.
+pub const FREE_EVENT_BYTES: usize = 8 * 1024;
+
+/// The copy of one SSE event that straddles frames (the scanner's, and the edit queue's when
+/// it rewrites the stream): its capacity past [`FREE_EVENT_BYTES`] is reserved from the
+/// [`HeldBudget`], and freed, reservation and all, as soon as the event ends. 50 streams with
+/// one open 1 MB event each held 109 MiB outside the budget before (capacity kept after every
+/// event); now they hold what the budget allows, and an event it cannot cover is not kept
+/// (the caller reads it as too large: it passes through untouched, its figures unread).
+#[derive(Debug, Default)]
+pub struct EventBytes {
+    bytes: Vec<u8>,
+    /// Bytes of capacity reserved from the budget (at most the event limit, which is a `u32`
+    /// in every configuration: `metering.max_event_bytes`).
+    reserved: u32,
+    budget: Option<Arc<HeldBudget>>,
+}
+
+impl EventBytes {
+    /// A copy whose growth past [`FREE_EVENT_BYTES`] is charged to `budget` (`None`: never
+    /// charged, for benches and pure tests).
+    pub fn new(budget: Option<Arc<HeldBudget>>) -> Self {
+        Self {
+            bytes: Vec::new(),
+            reserved: 0,
+            budget,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Appends `data` if the budget covers the capacity it needs past the free part (and
+    /// counts `fault="event_unheld"` when it does not); `false` leaves the copy as it was.
+    pub fn extend(&mut self, data: &[u8]) -> bool {
+        let Some(needed) = self.bytes.len().checked_add(data.len()) else {
+            return false;
+        };
+        if needed > self.bytes.capacity() && !self.grow(needed) {
+            return false;
+        }
+        self.bytes.extend_from_slice(data);
+        true
+    }
+
+    /// Makes room for `needed` bytes: doubled as `Vec` would, else exactly, whichever the
+    /// budget covers.
+    fn grow(&mut self, needed: usize) -> bool {
+        let doubled = self.bytes.capacity().saturating_mul(2).max(needed);
+        for capacity in [doubled, needed] {
+            let charged = capacity.saturating_sub(FREE_EVENT_BYTES);
+            let Ok(charged_u32) = u32::try_from(charged) else {
+                continue;
+            };
+            let more = charged.saturating_sub(self.reserved as usize);
+            let covered = more == 0
+                || self
+                    .budget
+                    .as_ref()
+                    .is_none_or(|budget| budget.reserve(more));
+            if covered {
+                self.bytes.reserve_exact(capacity - self.bytes.len());
+                self.reserved = self.reserved.max(charged_u32);
+                return true;
+            }
+        }
+        if let Some(budget) = &self.budget {
+            budget.faults.add(Fault::EventUnheld);
+        }
+        false
+    }
+
+    /// Empties the copy. Capacity past the free part is freed and its reservation handed back
+    /// at once: an event that was large does not keep its room for the rest of the stream.
+    pub fn clear(&mut self) {
+        if self.bytes.capacity() > FREE_EVENT_BYTES {
+            self.bytes = Vec::new();
+            self.release();
+        } else {
+            self.bytes.clear();
+        }
+    }
+
+    fn release(&mut self) {
+        let reserved = std::mem::take(&mut self.reserved) as usize;
+        if let (Some(budget), true) = (&self.budget, reserved > 0) {
+            budget.release(reserved);
+        }
+    }
+
+    /// The copy as `Bytes` for the client, leaving an empty copy on the same budget; the
+    /// reservation is handed back when the last of them is dropped.
+    pub fn take_bytes(&mut self) -> Bytes {
+        let taken = std::mem::replace(self, Self::new(self.budget.clone()));
+        if taken.bytes.is_empty() {
+            return Bytes::new();
+        }
+        Bytes::from_owner(taken)
+    }
+}
+
+impl AsRef<[u8]> for EventBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for EventBytes {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,5 +387,40 @@ mod tests {
         assert_eq!(budget.faults.get(Fault::AnswerUnheld), 0);
         let mut unbounded = HeldBuffer::new(None);
         assert_eq!(unbounded.push(&[1; 5000], 1 << 20), Push::Held);
+    }
+
+    #[test]
+    fn an_open_event_is_free_to_a_point_then_charged_and_freed_when_it_ends() {
+        let budget = budget(64 * 1024);
+        let mut a = EventBytes::new(Some(Arc::clone(&budget)));
+        // An ordinary event: the free part, no reservation.
+        assert!(a.extend(&[1; 4000]));
+        assert_eq!(budget.held(), 0);
+        a.clear();
+        assert!(a.bytes.capacity() <= FREE_EVENT_BYTES, "small room is kept");
+        // A large one: charged past the free part.
+        assert!(a.extend(&[2; 40_000]));
+        assert!(budget.held() >= 40_000 - FREE_EVENT_BYTES);
+        assert!(a.bytes.capacity() <= FREE_EVENT_BYTES + budget.held());
+        // A second stream's large event finds the budget short: not kept, counted.
+        let mut b = EventBytes::new(Some(Arc::clone(&budget)));
+        assert!(!b.extend(&[3; 70_000]));
+        assert!(b.is_empty());
+        assert_eq!(budget.faults.get(Fault::EventUnheld), 1);
+        // The first event ends: its room and its reservation go at once.
+        a.clear();
+        assert_eq!(budget.held(), 0);
+        assert_eq!(a.bytes.capacity(), 0);
+        assert!(b.extend(&[3; 50_000]));
+        // Handed to the client as `Bytes`: held until the last of them is dropped.
+        let bytes = b.take_bytes();
+        assert_eq!(bytes.len(), 50_000);
+        assert!(budget.held() > 0);
+        assert!(b.is_empty());
+        drop(bytes);
+        assert_eq!(budget.held(), 0);
+        drop(a);
+        drop(b);
+        assert_eq!(budget.held(), 0);
     }
 }

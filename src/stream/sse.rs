@@ -8,7 +8,13 @@
 //!
 //! Events entirely inside one chunk are parsed in place (no copy). Only the bytes of an event
 //! that straddles chunks are copied, into a buffer that is reused, so the steady state
-//! allocates nothing.
+//! allocates nothing. That copy is within the proxy's one memory budget past a small free part
+//! ([`EventBytes`]), and a large one is freed when its event ends: an event the budget cannot
+//! cover is read as too large (`oversized`), as one past `max_event_bytes` is.
+
+use std::sync::Arc;
+
+use super::held::{EventBytes, HeldBudget, FREE_EVENT_BYTES};
 
 /// The fields of one dispatched event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +47,7 @@ pub struct Block<'a> {
 #[derive(Debug)]
 pub struct SseScanner {
     /// Bytes of the current block when it began in an earlier chunk.
-    carry: Vec<u8>,
+    carry: EventBytes,
     /// The current block began in an earlier chunk (its bytes so far are in `carry`).
     carrying: bool,
     /// The current block passed `max_event_bytes`; its bytes are being skipped.
@@ -53,24 +59,36 @@ pub struct SseScanner {
     /// The last block ended on a CR that was the chunk's last byte; an LF starting the next
     /// chunk completes that terminator.
     terminator_cr_pending: bool,
-    /// Scratch space for joining multi-line `data:` fields.
-    joined: Vec<u8>,
-    max_event_bytes: usize,
+    /// Scratch space for joining multi-line `data:` fields (engines send one `data:` line per
+    /// event, so most streams never make it; a large one is freed after its event).
+    joined: Option<Box<Vec<u8>>>,
+    /// `u32`: the scanner sits in every stream's metering box, and no event limit is 4 GiB.
+    max_event_bytes: u32,
 }
 
 impl SseScanner {
-    /// A scanner that keeps at most `max_event_bytes` of a single event.
+    /// A scanner that keeps at most `max_event_bytes` of a single event, its copies uncharged
+    /// (benches, tests, the sweep's own client).
     pub fn new(max_event_bytes: usize) -> Self {
+        Self::within(max_event_bytes, None)
+    }
+
+    /// A scanner whose copy of a straddling event is charged to `budget` past its free part.
+    pub fn within(max_event_bytes: usize, budget: Option<Arc<HeldBudget>>) -> Self {
         Self {
-            carry: Vec::new(),
+            carry: EventBytes::new(budget),
             carrying: false,
             oversized: false,
             at_line_start: true,
             after_cr: false,
             terminator_cr_pending: false,
-            joined: Vec::new(),
-            max_event_bytes,
+            joined: None,
+            max_event_bytes: u32::try_from(max_event_bytes).unwrap_or(u32::MAX),
         }
+    }
+
+    fn limit(&self) -> usize {
+        self.max_event_bytes as usize
     }
 
     /// True if a block is in progress (bytes seen since the last blank line).
@@ -145,13 +163,12 @@ impl SseScanner {
                 self.carrying = true;
                 self.carry.clear();
             }
-            if !self.oversized {
-                if self.carry.len() + tail.len() > self.max_event_bytes {
-                    self.oversized = true;
-                    self.carry.clear();
-                } else {
-                    self.carry.extend_from_slice(tail);
-                }
+            if !self.oversized
+                && (self.carry.len() + tail.len() > self.limit() || !self.carry.extend(tail))
+            {
+                // Past the limit, or past what the budget covers: skipped to its end.
+                self.oversized = true;
+                self.carry.clear();
             }
         }
     }
@@ -165,9 +182,11 @@ impl SseScanner {
     ) {
         let piece = chunk.get(start..end).unwrap_or_default();
         let began_here = !self.carrying && !self.oversized;
+        let limit = self.limit();
         let oversized = self.oversized
-            || (self.carrying && self.carry.len() + piece.len() > self.max_event_bytes)
-            || (began_here && piece.len() > self.max_event_bytes);
+            || (self.carrying && self.carry.len() + piece.len() > limit)
+            || (began_here && piece.len() > limit)
+            || (self.carrying && !self.carry.extend(piece));
         let start_in_chunk = began_here.then_some(start);
         if oversized {
             on_block(Block {
@@ -182,8 +201,7 @@ impl SseScanner {
             });
         } else {
             let event = if self.carrying {
-                self.carry.extend_from_slice(piece);
-                parse_fields(&self.carry, &mut self.joined)
+                parse_fields(self.carry.as_slice(), &mut self.joined)
             } else {
                 parse_fields(piece, &mut self.joined)
             };
@@ -198,6 +216,13 @@ impl SseScanner {
         self.carrying = false;
         self.oversized = false;
         self.carry.clear();
+        if self
+            .joined
+            .as_ref()
+            .is_some_and(|joined| joined.capacity() > FREE_EVENT_BYTES)
+        {
+            self.joined = None;
+        }
     }
 }
 
@@ -223,8 +248,8 @@ fn lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// Parses the fields of one complete block. A single `data:` line is returned in place; several
-/// are joined into `joined` (reused across events).
-fn parse_fields<'a>(block: &'a [u8], joined: &'a mut Vec<u8>) -> SseEvent<'a> {
+/// are joined into `joined` (made at the first such event, reused across events).
+fn parse_fields<'a>(block: &'a [u8], joined: &'a mut Option<Box<Vec<u8>>>) -> SseEvent<'a> {
     let mut name: &[u8] = b"";
     let mut first_data: Option<&[u8]> = None;
     let mut data_lines = 0usize;
@@ -236,6 +261,7 @@ fn parse_fields<'a>(block: &'a [u8], joined: &'a mut Vec<u8>) -> SseEvent<'a> {
                 if data_lines == 1 {
                     first_data = Some(value);
                 } else {
+                    let joined = joined.get_or_insert_with(Box::default);
                     if data_lines == 2 {
                         joined.clear();
                         joined.extend_from_slice(first_data.unwrap_or_default());
@@ -249,7 +275,7 @@ fn parse_fields<'a>(block: &'a [u8], joined: &'a mut Vec<u8>) -> SseEvent<'a> {
         }
     }
     let data = if data_lines > 1 {
-        Some(joined.as_slice())
+        joined.as_deref().map(Vec::as_slice)
     } else {
         first_data
     };
@@ -354,6 +380,57 @@ mod tests {
         spans.clear();
         scanner.feed(b"\n\n", |b| spans.push((b.start_in_chunk, b.end_in_chunk)));
         assert_eq!(spans, vec![(None, 2)]);
+    }
+
+    /// 50 streams with one open 1 MB event each held 109 MiB outside the 64 MiB budget:
+    /// the copies are charged past their free part, the one the budget cannot cover is read
+    /// as oversized (its stream resynchronises), and an ended event frees its room at once.
+    #[test]
+    fn open_events_are_held_within_the_budget() {
+        use crate::net::faults::{Fault, FaultCounters};
+        let faults = Arc::new(FaultCounters::default());
+        let budget = HeldBudget::new(3 << 20, Arc::clone(&faults));
+        let open = format!("data: {}", "x".repeat(1 << 20));
+        let mut scanners: Vec<SseScanner> = (0..50)
+            .map(|_| SseScanner::within(4 << 20, Some(Arc::clone(&budget))))
+            .collect();
+        let mut oversized = 0;
+        for scanner in &mut scanners {
+            scanner.feed(open.as_bytes(), |_| {});
+            assert!(budget.held() <= 3 << 20);
+            scanner.feed(b"\n\ndata: ok\n\n", |block| {
+                oversized += usize::from(block.oversized);
+            });
+        }
+        // Each event ended before the next stream's began: every one was held.
+        assert_eq!((oversized, budget.held()), (0, 0));
+        // Now all open at once: only what the budget covers is kept.
+        for scanner in &mut scanners {
+            scanner.feed(open.as_bytes(), |_| {});
+        }
+        assert!(budget.held() <= 3 << 20);
+        assert!(
+            faults.get(Fault::EventUnheld) >= 47,
+            "{}",
+            faults.get(Fault::EventUnheld)
+        );
+        let mut after = Vec::new();
+        for scanner in &mut scanners {
+            scanner.feed(b"\n\ndata: ok\n\n", |block| {
+                after.push((block.oversized, block.event.data.map(<[u8]>::to_vec)));
+            });
+        }
+        assert_eq!(budget.held(), 0, "every ended event handed its room back");
+        let skipped = after.iter().filter(|(o, _)| *o).count();
+        assert!(skipped >= 47, "{skipped}");
+        // Every stream goes on with its next event.
+        assert_eq!(
+            after
+                .iter()
+                .filter(|(_, d)| d.as_deref() == Some(b"ok".as_slice()))
+                .count(),
+            50
+        );
     }
 
     #[test]
