@@ -85,6 +85,7 @@ static FAKESERVE: EngineSpec = EngineSpec {
         opened_by: "--allow-fake-code",
     }],
     priority: None,
+    sessions: None,
 };
 
 const FAKE_METRICS: &str = "# TYPE fakeserve:running gauge\n\

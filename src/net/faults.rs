@@ -54,10 +54,18 @@ pub enum Fault {
     /// A request carried a field an engine runs as code (sglang's
     /// `custom_logit_processor`): answered 403 naming the setting that opens it.
     CodeFieldRefused,
+    /// A request closed or continued an engine session another caller opened (sglang's
+    /// `/close_session`, `session_params.id` on `/generate`): answered 403
+    /// (`proxy::sessions`).
+    SessionRefused,
+    /// An engine session was opened while the table of who opened each one was full
+    /// (`proxy::sessions::MAX_SESSIONS`): forwarded, its owner not remembered, so any caller
+    /// may close it.
+    SessionUntracked,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 16] = [
+    pub const ALL: [Fault; 18] = [
         Fault::HeaderTimeout,
         Fault::BodyIdleTimeout,
         Fault::BodyReadTimeout,
@@ -74,6 +82,8 @@ impl Fault {
         Fault::AnswerUnheld,
         Fault::PathUnreadable,
         Fault::CodeFieldRefused,
+        Fault::SessionRefused,
+        Fault::SessionUntracked,
     ];
 
     pub fn label(self) -> &'static str {
@@ -94,6 +104,8 @@ impl Fault {
             Fault::AnswerUnheld => "answer_unheld",
             Fault::PathUnreadable => "path_unreadable",
             Fault::CodeFieldRefused => "code_field_refused",
+            Fault::SessionRefused => "session_refused",
+            Fault::SessionUntracked => "session_untracked",
         }
     }
 
@@ -115,6 +127,8 @@ impl Fault {
             Fault::AnswerUnheld => 13,
             Fault::PathUnreadable => 14,
             Fault::CodeFieldRefused => 15,
+            Fault::SessionRefused => 16,
+            Fault::SessionUntracked => 17,
         }
     }
 }
