@@ -2,7 +2,7 @@
 //! against the real proxy: a field run as code reaching sglang by `PUT`, inside a zstd body, or
 //! through a second upstream routed by `model`; a client that reads a stream to its end marker
 //! and hangs up before the chunked terminator; another caller's sglang session closed or
-//! continued.
+//! continued; the conformance harness reading a real tokentap's refusals.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -540,3 +540,82 @@ async fn a_tenants_keys_share_its_sessions() {
     server.shutdown().await;
 }
 
+/// A log sink for one test: what the subscriber writes, kept.
+#[derive(Clone, Default)]
+struct Logged(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `conformance/run` fails a run whose real clients tokentap refused: the harness's reading of
+/// the refusals (`conformance/harness.py`: `refusal_counts`, `refused_paths`) holds against a real
+/// tokentap's `/metrics` page and refusal log lines, not only the samples of its own unit test
+/// (`conformance/test_harness.py`, run here too).
+#[tokio::test]
+async fn the_conformance_harness_reads_a_real_tokentaps_refusals() {
+    // The subscriber is this thread's, and the test's runtime runs every task on it.
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let upstream = sglang_sessions().await;
+    let (server, _records) = proxy_from_config(&proxy_config(&upstream.url(), "")).await;
+    let base = format!("http://{}", server.proxy_addr);
+    for path in ["/flush_cache", "/flush_cache", "/x%2Fy"] {
+        assert_eq!(post(&format!("{base}{path}"), "{}").await.status, 403);
+    }
+    let page = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    server.shutdown().await;
+    let log = String::from_utf8_lossy(&logged.0.lock().unwrap()).into_owned();
+    let dir = TempDir::new("harness-refusals");
+    std::fs::write(dir.0.join("metrics.txt"), &page).unwrap();
+    std::fs::write(dir.0.join("tokentap.log"), &log).unwrap();
+    let conformance = concat!(env!("CARGO_MANIFEST_DIR"), "/conformance");
+    let script = "import harness, json, sys\n\
+                  page = open(sys.argv[1]).read()\n\
+                  log = open(sys.argv[2]).read()\n\
+                  print(json.dumps([harness.refusal_counts(page), harness.refused_paths(log)]))\n";
+    let read = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(dir.0.join("metrics.txt"))
+        .arg(dir.0.join("tokentap.log"))
+        .env("PYTHONPATH", conformance)
+        .output()
+        .expect("python3 runs (the harness's interpreter)");
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let said: serde_json::Value = serde_json::from_slice(&read.stdout).unwrap();
+    assert_eq!(said[0]["route_refused"], 3.0, "{said}\n{page}");
+    assert_eq!(said[0]["session_refused"], 0.0, "{said}");
+    assert_eq!(
+        said[1],
+        serde_json::json!(["/flush_cache", "/x/y"]),
+        "{said}\n{log}"
+    );
+    let unit = std::process::Command::new("python3")
+        .args(["-m", "unittest", "-q", "test_harness"])
+        .current_dir(conformance)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        unit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unit.stderr)
+    );
+}
