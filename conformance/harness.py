@@ -456,6 +456,97 @@ class Tokentap:
 
 
 # ---------------------------------------------------------------------------------------------
+# tokentap's own refusals: real clients through the default policy must meet none
+
+# The faults for which tokentap itself answers 403 (tokentap_faults_total{listener="proxy"}): a
+# route proxy.routes does not forward, a field run as code, another caller's engine session.
+REFUSAL_FAULTS = ("route_refused", "code_field_refused", "session_refused")
+# src/proxy/refusals.rs logs each refused path once, at warn, with these words; past its bound
+# (256 paths) one summary line a minute counts the rest.
+REFUSAL_LOG = "refused on the data port"
+# `path=/x` in the text format, `"path":"/x"` in the JSON one.
+LOGGED_PATH = re.compile(r'(?:\bpath=(\S+)|"path":"((?:[^"\\]|\\.)*)")')
+
+
+def refusal_counts(metrics_text):
+    """{fault: count} of tokentap's own 403s on one of its /metrics pages (a fault not on the
+    page counts 0)."""
+    return {
+        fault: metric_sum(metrics_text, "tokentap_faults_total", ['listener="proxy"', f'fault="{fault}"']) or 0.0
+        for fault in REFUSAL_FAULTS
+    }
+
+
+def refused_paths(log_text):
+    """The paths tokentap's refusal log lines name, in order, each once; a summary line (paths
+    past the log's bound) adds `(more paths, see tokentap_faults_total)`."""
+    paths = []
+    for line in log_text.splitlines():
+        if REFUSAL_LOG not in line:
+            continue
+        found = LOGGED_PATH.search(line)
+        path = (found.group(1) or found.group(2)) if found else "(more paths, see tokentap_faults_total)"
+        if path not in paths:
+            paths.append(path)
+    return paths
+
+
+class RefusalWatch:
+    """Reads, after each client step through a tokentap, whether that tokentap refused anything
+    since the step before: its refusal counters (the authority: every refusal counts) and the
+    log lines written since (which name each path the first time it is refused). A refusal is
+    recorded under the engine's `refused` with the step, the counts and the paths; `fail()`
+    raises naming them all."""
+
+    def __init__(self, tap):
+        self.tap = tap
+        self.counts = refusal_counts(tap.metrics())
+        self.log_at = self._log_size()
+
+    def _log_size(self):
+        try:
+            return os.path.getsize(self.tap.proc.log_path)
+        except OSError:
+            return 0
+
+    def _log_since(self, offset):
+        try:
+            with open(self.tap.proc.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def check(self, step, eng):
+        """After `step`: the refusals since the last check, recorded in `eng`; None if none."""
+        counts = refusal_counts(self.tap.metrics())
+        size = self._log_size()
+        new_log = self._log_since(self.log_at)
+        delta = {f: counts[f] - self.counts.get(f, 0.0) for f in REFUSAL_FAULTS if counts[f] > self.counts.get(f, 0.0)}
+        self.counts, self.log_at = counts, size
+        if not delta:
+            return None
+        # A path refused in an earlier step is not logged again: then only the whole log names it.
+        paths = refused_paths(new_log) or refused_paths(self._log_since(0)) or ["(not logged: see the tokentap log)"]
+        refusal = {"step": step, "counts": {f: int(n) for f, n in delta.items()}, "paths": paths}
+        eng.setdefault("refused", []).append(refusal)
+        print(f"[refused] tokentap refused {sum(delta.values()):.0f} request(s) during {step}: {', '.join(paths)}",
+              file=sys.stderr, flush=True)
+        return refusal
+
+    @staticmethod
+    def fail(eng):
+        """Raises if any step met a refusal, naming each step, its counts and its paths."""
+        refused = eng.get("refused") or []
+        if refused:
+            said = "; ".join(
+                f"{r['step']}: {', '.join(f'{n} {f}' for f, n in r['counts'].items())} ({', '.join(r['paths'])})"
+                for r in refused
+            )
+            raise RuntimeError(f"tokentap refused real clients' requests through the default policy: {said}")
+
+
+# ---------------------------------------------------------------------------------------------
 # 1. Plain requests on every metered route: bytes direct vs through
 
 
@@ -1444,16 +1535,20 @@ def main():
             tap = Tokentap(
                 args.binary, engine.url, port + 1, port + 2, logs, f"tokentap-{key}", engine.tokentap_env
             )
+            # After every step whose clients go through the tap: did tokentap refuse any of them?
+            watch = RefusalWatch(tap)
             if "cases" in parts:
                 print(f"[{key}] plain requests on every metered route", flush=True)
                 root = os.path.join(args.out, "fixtures") if args.no_fixtures else fixture_root
                 eng["cases"] = run_cases(engine, tap, root, today)
+                watch.check("cases", eng)
                 save()
             if "bench" in parts:
                 print(f"[{key}] TTFT probe: one request at a time, direct and through alternating", flush=True)
                 eng["ttft_probe"] = ttft_probe(engine, tap, 100, 1)
                 save()
                 eng["ttft_probe_c4"] = ttft_probe(engine, tap, 30, 4)
+                watch.check("TTFT probe", eng)
                 save()
                 eng["bench"] = {}
                 load = dict(
@@ -1466,6 +1561,7 @@ def main():
                 eng["bench"][name] = bench_pair(
                     engine, tap, lambda **kw: run_vllm_bench(args.home, **kw), args.out, **load
                 )
+                watch.check("vllm bench serve", eng)
                 save()
                 for backend in engine.sglang_backends:
                     print(f"[{key}] sglang serving benchmark ({backend}) direct and through", flush=True)
@@ -1475,6 +1571,7 @@ def main():
                         lambda backend=backend, **kw: run_sglang_bench(args.home, backend=backend, **kw),
                         args.out, **load,
                     )
+                    watch.check(f"sglang.benchmark.serving ({backend})", eng)
                     save()
             if "ttft" in parts:
                 eng["client_ttft"] = []
@@ -1483,6 +1580,7 @@ def main():
                     eng["client_ttft"].append(client_ttft_abba(
                         engine, tap, args.home, args.out, eargs.ttft_prompts, c, engine.bench_extra_body(4)
                     ))
+                    watch.check(f"vllm bench serve, TTFT at concurrency {c}", eng)
                     save()
             if "sweep" in parts:
                 print(f"[{key}] tokentap sweep --target", flush=True)
@@ -1558,6 +1656,8 @@ def main():
                         row["ratio_shared"] = ratio(row["pair_tps"], row["bench_shared_tps"])
                         row["within_10pct"] = row["ratio_shared"] is not None and abs(row["ratio_shared"] - 1) <= 0.10
                         save()
+            # Every part measured, then the run fails for this engine if tokentap refused a client.
+            RefusalWatch.fail(eng)
         except Exception as e:  # the run goes on with the next engine; the report says what failed
             eng["error"] = f"{type(e).__name__}: {e}"
             print(f"[{key}] failed: {eng['error']}", file=sys.stderr, flush=True)
@@ -1569,6 +1669,8 @@ def main():
             save()
     save()
     print(open(os.path.join(args.out, "results.md")).read())
+    if any(eng.get("refused") for eng in results["engines"].values()):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

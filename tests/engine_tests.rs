@@ -85,6 +85,7 @@ static FAKESERVE: EngineSpec = EngineSpec {
         opened_by: "--allow-fake-code",
     }],
     priority: None,
+    sessions: None,
 };
 
 const FAKE_METRICS: &str = "# TYPE fakeserve:running gauge\n\
@@ -623,6 +624,47 @@ async fn routes_an_upstream_publishes_and_no_table_classifies_are_named_at_start
         .as_str()
         .unwrap()
         .contains("POST /v1/secret_sauce"));
+    // `tokentap status` prints it: the table the upstream is held to, the routes it names.
+    let admin_url = format!("http://{}", server.admin_addr);
+    let printed = tokio::task::spawn_blocking(move || {
+        use std::io::Read as _;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tokentap"))
+            .args(["status", "--admin", &admin_url])
+            .env_remove("TOKENTAP_ADMIN__TOKEN")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let Some(exit) = common::wait::child_exit(&mut child, Duration::from_secs(60)) else {
+            let _ = child.kill();
+            panic!("tokentap status did not answer within 60 s");
+        };
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        assert!(exit.success(), "{out}");
+        out
+    })
+    .await
+    .unwrap();
+    let line = printed
+        .lines()
+        .skip_while(|line| !line.starts_with("routes"))
+        .find(|line| line.contains("default:"))
+        .unwrap_or_else(|| panic!("{printed}"));
+    assert!(
+        line.starts_with("  ! default: vllm 0.34.0: route table 0.34 (python frontend); 2 routes"),
+        "{printed}"
+    );
+    let words = printed.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("no table classifies, refused unless proxy.routes opens them: GET /v1/secret_sauce/{sauce_id}, POST /v1/secret_sauce"),
+        "{printed}"
+    );
     // By the gauge: the count, no path in a label.
     let metrics = get(&format!("http://{}/metrics", server.admin_addr))
         .await

@@ -1,7 +1,8 @@
 //! Round 6's hostile findings and what real clients showed, each produced for real on loopback
 //! against the real proxy: a field run as code reaching sglang by `PUT`, inside a zstd body, or
 //! through a second upstream routed by `model`; a client that reads a stream to its end marker
-//! and hangs up before the chunked terminator.
+//! and hangs up before the chunked terminator; another caller's sglang session closed or
+//! continued; the conformance harness reading a real tokentap's refusals.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -522,4 +523,274 @@ async fn itl_on_responses_is_one_sample_per_token_when_the_usage_says_how_many()
     let decode = record.timing.decode.unwrap().as_secs_f64();
     assert!((sum - decode).abs() < 1e-6, "{sum} vs {decode}");
     server.shutdown().await;
+}
+
+/// A scripted sglang session server: `/open_session` answers a new id (or the one the client
+/// chose) as a JSON string, as sglang's `http_server.py` does; `/close_session` answers 200
+/// whatever it names (sglang only logs an unknown one); `/generate` answers a short JSON.
+async fn sglang_sessions() -> ScriptedUpstream {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    ScriptedUpstream::start(move |r| match r.path.as_str() {
+        "/open_session" => {
+            let chosen = serde_json::from_slice::<serde_json::Value>(&r.body)
+                .ok()
+                .and_then(|body| body["session_id"].as_str().map(str::to_owned));
+            let id = chosen.unwrap_or_else(|| {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                format!("5e551{n:027x}")
+            });
+            Script::json(200, &serde_json::Value::String(id).to_string())
+        }
+        "/close_session" => Script::json(200, ""),
+        _ => Script::json(200, r#"{"text":"ok","meta_info":{}}"#),
+    })
+    .await
+}
+
+/// sglang closes a session for whoever names its id, and `/generate` with `session_params.id`
+/// is built on that session's prompts and answers: tokentap remembers who opened each session
+/// through it and refuses another caller's close or continuation (403), while the owner's close
+/// and continuation, and a close of a session it never saw opened, are forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_closed_or_continued_only_by_the_caller_that_opened_it() {
+    use tokentap::net::faults::Fault;
+    let upstream = sglang_sessions().await;
+    let (server, _records) = proxy_from_config(&proxy_config(&upstream.url(), "")).await;
+    let base = format!("http://{}", server.proxy_addr);
+    let call =
+        |headers: &'static [(&'static str, &'static str)], path: &'static str, body: String| {
+            let url = format!("{base}{path}");
+            async move { send_with("POST", &url, headers, body.into_bytes()).await }
+        };
+    let closes_reaching = |id: &str| {
+        upstream
+            .requests()
+            .iter()
+            .filter(|r| r.path == "/close_session" && String::from_utf8_lossy(&r.body).contains(id))
+            .count()
+    };
+    const ALICE: &[(&str, &str)] = &[("authorization", "Bearer sk-alice")];
+    const BOB: &[(&str, &str)] = &[("authorization", "Bearer sk-bob")];
+    const NOBODY: &[(&str, &str)] = &[];
+
+    // Alice opens a session: the answer reaches her as sglang sent it.
+    let opened = call(
+        ALICE,
+        "/open_session",
+        r#"{"capacity_of_str_len":1000}"#.into(),
+    )
+    .await;
+    assert_eq!(opened.status, 200, "{}", opened.text());
+    let id: String = serde_json::from_slice(&opened.bytes()).unwrap();
+    assert_eq!(opened.text(), format!("\"{id}\""));
+    let close = format!(r#"{{"session_id":"{id}"}}"#);
+
+    // Bob, and a caller with no credential, may neither close it nor continue it.
+    for headers in [BOB, NOBODY] {
+        let refused = call(headers, "/close_session", close.clone()).await;
+        assert_eq!(refused.status, 403, "{}", refused.text());
+        let text = refused.text();
+        assert!(text.contains("session_refused"), "{text}");
+        assert!(
+            text.contains("opened through tokentap by another caller"),
+            "{text}"
+        );
+        assert!(!text.contains("sk-alice"), "{text}");
+    }
+    // The key as sglang's parser reads it: escapes decoded, the last of a repeated one.
+    let escaped = format!(r#"{{"session_id":"other","session\u005fid":"{id}"}}"#);
+    assert_eq!(call(BOB, "/close_session", escaped).await.status, 403);
+    for body in [
+        format!(r#"{{"text":"what did she say?","session_params":{{"id":"{id}"}}}}"#),
+        format!(r#"{{"text":"x","session\u005fparams":{{"id":"{id}","offset":0}}}}"#),
+    ] {
+        let refused = call(BOB, "/generate", body).await;
+        assert_eq!(refused.status, 403, "{}", refused.text());
+    }
+    let vertex = format!(
+        r#"{{"instances":[{{"text":"x"}}],"parameters":{{"session_params":{{"id":"{id}"}}}}}}"#
+    );
+    assert_eq!(call(BOB, "/vertex_generate", vertex).await.status, 403);
+    assert_eq!(closes_reaching(&id), 0, "no refused close reached sglang");
+    assert_eq!(server.proxy.faults.get(Fault::SessionRefused), 6);
+
+    // Alice continues her own session; Bob's requests naming no session are forwarded.
+    let own = call(
+        ALICE,
+        "/generate",
+        format!(r#"{{"text":"go on","session_params":{{"id":"{id}"}}}}"#),
+    )
+    .await;
+    assert_eq!(own.status, 200, "{}", own.text());
+    assert_eq!(
+        call(BOB, "/generate", r#"{"text":"session_params"}"#.into())
+            .await
+            .status,
+        200
+    );
+    // A session tokentap never saw opened (before it started, or directly at the engine) is
+    // closed for whoever names it, as sglang would.
+    let unseen = call(
+        BOB,
+        "/close_session",
+        r#"{"session_id":"opened-before"}"#.into(),
+    )
+    .await;
+    assert_eq!(unseen.status, 200, "{}", unseen.text());
+    assert_eq!(closes_reaching("opened-before"), 1);
+
+    // Alice closes hers; once closed, it is forgotten (sglang may hand the id out again).
+    let closed = call(ALICE, "/close_session", close.clone()).await;
+    assert_eq!(closed.status, 200, "{}", closed.text());
+    assert_eq!(closes_reaching(&id), 1);
+    assert!(server.proxy.sessions.is_empty());
+    assert_eq!(call(BOB, "/close_session", close).await.status, 200);
+
+    // A session id the client chose is remembered the same way.
+    let chosen = call(
+        BOB,
+        "/open_session",
+        r#"{"capacity_of_str_len":10,"session_id":"bobs"}"#.into(),
+    )
+    .await;
+    assert_eq!(chosen.text(), "\"bobs\"");
+    let refused = call(ALICE, "/close_session", r#"{"session_id":"bobs"}"#.into()).await;
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    // The refusal is logged once per path, and its counter is on /metrics.
+    let metrics = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    assert!(
+        metrics.contains(r#"fault="session_refused"} 7"#),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("session_"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    server.shutdown().await;
+}
+
+/// With `[tenants]`, the caller is the tenant: two keys of one tenant share its sessions, and
+/// another tenant's close is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_keys_share_its_sessions() {
+    let upstream = sglang_sessions().await;
+    let (one, two, three) = (
+        tokentap::proxy::tenants::key_hash(b"sk-1"),
+        tokentap::proxy::tenants::key_hash(b"sk-2"),
+        tokentap::proxy::tenants::key_hash(b"sk-3"),
+    );
+    let tenants = format!(
+        "[tenants]\n[tenants.keys]\n\"{one}\" = \"search\"\n\"{two}\" = \"search\"\n\"{three}\" = \"chat\"\n"
+    );
+    let (server, _records) = proxy_from_config(&proxy_config(&upstream.url(), &tenants)).await;
+    let url = |path: &str| format!("http://{}{path}", server.proxy_addr);
+    let opened = send_with(
+        "POST",
+        &url("/open_session"),
+        &[("authorization", "Bearer sk-1")],
+        br#"{"capacity_of_str_len":1}"#.to_vec(),
+    )
+    .await;
+    let id: String = serde_json::from_slice(&opened.bytes()).unwrap();
+    let close = format!(r#"{{"session_id":"{id}"}}"#).into_bytes();
+    let chat = send_with(
+        "POST",
+        &url("/close_session"),
+        &[("authorization", "Bearer sk-3")],
+        close.clone(),
+    )
+    .await;
+    assert_eq!(chat.status, 403, "{}", chat.text());
+    let search = send_with(
+        "POST",
+        &url("/close_session"),
+        &[("x-api-key", "sk-2")],
+        close,
+    )
+    .await;
+    assert_eq!(search.status, 200, "{}", search.text());
+    server.shutdown().await;
+}
+
+/// A log sink for one test: what the subscriber writes, kept.
+#[derive(Clone, Default)]
+struct Logged(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `conformance/run` fails a run whose real clients tokentap refused: the harness's reading of
+/// the refusals (`conformance/harness.py`: `refusal_counts`, `refused_paths`) holds against a real
+/// tokentap's `/metrics` page and refusal log lines, not only the samples of its own unit test
+/// (`conformance/test_harness.py`, run here too).
+#[tokio::test]
+async fn the_conformance_harness_reads_a_real_tokentaps_refusals() {
+    // The subscriber is this thread's, and the test's runtime runs every task on it.
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let upstream = sglang_sessions().await;
+    let (server, _records) = proxy_from_config(&proxy_config(&upstream.url(), "")).await;
+    let base = format!("http://{}", server.proxy_addr);
+    for path in ["/flush_cache", "/flush_cache", "/x%2Fy"] {
+        assert_eq!(post(&format!("{base}{path}"), "{}").await.status, 403);
+    }
+    let page = get(&format!("http://{}/metrics", server.admin_addr))
+        .await
+        .text();
+    server.shutdown().await;
+    let log = String::from_utf8_lossy(&logged.0.lock().unwrap()).into_owned();
+    let dir = TempDir::new("harness-refusals");
+    std::fs::write(dir.0.join("metrics.txt"), &page).unwrap();
+    std::fs::write(dir.0.join("tokentap.log"), &log).unwrap();
+    let conformance = concat!(env!("CARGO_MANIFEST_DIR"), "/conformance");
+    let script = "import harness, json, sys\n\
+                  page = open(sys.argv[1]).read()\n\
+                  log = open(sys.argv[2]).read()\n\
+                  print(json.dumps([harness.refusal_counts(page), harness.refused_paths(log)]))\n";
+    let read = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(dir.0.join("metrics.txt"))
+        .arg(dir.0.join("tokentap.log"))
+        .env("PYTHONPATH", conformance)
+        .output()
+        .expect("python3 runs (the harness's interpreter)");
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let said: serde_json::Value = serde_json::from_slice(&read.stdout).unwrap();
+    assert_eq!(said[0]["route_refused"], 3.0, "{said}\n{page}");
+    assert_eq!(said[0]["session_refused"], 0.0, "{said}");
+    assert_eq!(
+        said[1],
+        serde_json::json!(["/flush_cache", "/x/y"]),
+        "{said}\n{log}"
+    );
+    let unit = std::process::Command::new("python3")
+        .args(["-m", "unittest", "-q", "test_harness"])
+        .current_dir(conformance)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        unit.status.success(),
+        "{}",
+        String::from_utf8_lossy(&unit.stderr)
+    );
 }

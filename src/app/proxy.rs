@@ -85,6 +85,7 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         code_fields: config.proxy.code_fields,
         tenants: crate::proxy::tenants::Tenants::new(config.tenants.clone()),
         refusals: Default::default(),
+        sessions: Default::default(),
     }))
 }
 

@@ -1,7 +1,8 @@
 //! `tokentap status`: the one verdict of a running proxy (`GET /status` on its admin listener,
 //! through the same client as `tokentap reference` and `sweep --admin`), printed for a
 //! terminal — per model, its state and the clause to act on first, then every clause (SLO,
-//! sweep, headroom, drift, configuration) with the figure it cites — every line within
+//! sweep, headroom, drift, configuration) with the figure it cites; then, per upstream, the route
+//! table it is held to and the routes it serves that no table classifies — every line within
 //! [`WIDTH`] columns. `--format json` prints the answer as it came.
 
 use std::fmt::Write as _;
@@ -12,6 +13,8 @@ use http::Method;
 use serde_json::Value;
 
 use super::sweep::Admin;
+use crate::admin::view::NAMED_IN_STATUS;
+use crate::base::escape::terminal_safe;
 
 /// The widest line printed.
 pub const WIDTH: usize = 120;
@@ -142,7 +145,87 @@ pub fn render(status: &Value, base: &str) -> String {
             wrap(&mut out, &first, &rest, &text);
         }
     }
+    render_routes(&mut out, status);
     out
+}
+
+/// The longest route name printed (a path the engine publishes: a hostile one may be long).
+const MAX_ROUTE_CHARS: usize = 100;
+
+/// One printable line of at most `max` characters: the upstream's names and paths reach the
+/// terminal escaped (`terminal_safe`), never a line of their own.
+fn one_line(text: &str, max: usize) -> String {
+    let safe = terminal_safe(text, false);
+    if safe.chars().count() <= max {
+        return safe.into_owned();
+    }
+    let mut cut: String = safe.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// The routes section: per upstream, the route table its self-description picked (the
+/// version it said and how that fits the table) and the routes it publishes that no table
+/// classifies, at most [`NAMED_IN_STATUS`] named (the count says the rest).
+fn render_routes(out: &mut String, status: &Value) {
+    let Some(routes) = status["routes"].as_array().filter(|r| !r.is_empty()) else {
+        return;
+    };
+    out.push('\n');
+    out.push_str("routes (the table each upstream is held to on the data port):\n");
+    for clause in routes {
+        let upstream = one_line(clause["upstream"].as_str().unwrap_or("?"), 40);
+        let first = format!("  {} {upstream}: ", mark(&clause["state"]));
+        let mut text = match (clause["engine"].as_str(), clause["table"].as_str()) {
+            (Some(engine), Some(table)) => {
+                let said = clause["version"]
+                    .as_str()
+                    .map_or_else(|| "no version said".to_string(), |v| one_line(v, 40));
+                let frontend = one_line(clause["frontend"].as_str().unwrap_or("?"), 40);
+                let fit = match clause["fit"].as_str() {
+                    Some("newer_than_newest") => ", newer than the newest table",
+                    Some("older_than_oldest") => ", older than the oldest table",
+                    Some("version_unknown") => ", the newest table",
+                    _ => "",
+                };
+                format!(
+                    "{} {said}: route table {} ({frontend} frontend){fit}",
+                    one_line(engine, 40),
+                    one_line(table, 40)
+                )
+            }
+            // Not described yet: the server's own words.
+            _ => one_line(clause["text"].as_str().unwrap_or(""), 400),
+        };
+        let named: Vec<String> = clause["unclassified"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .take(NAMED_IN_STATUS)
+            .map(|route| one_line(route, MAX_ROUTE_CHARS))
+            .collect();
+        let count = clause["unclassified_count"]
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(named.len())
+            .max(named.len());
+        if count > 0 {
+            let more = count - named.len();
+            let _ = write!(
+                text,
+                "; {count} route{} it serves that no table classifies, refused unless proxy.routes opens them: {}{}",
+                if count == 1 { "" } else { "s" },
+                named.join(", "),
+                if more > 0 { format!(" and {more} more") } else { String::new() }
+            );
+        } else if clause["unclassified_count"].is_null() && clause["table"].is_string() {
+            text.push_str("; it publishes no route list");
+        } else if clause["table"].is_string() {
+            text.push_str("; every route it publishes is classified");
+        }
+        wrap(out, &first, "      ", &text);
+    }
 }
 
 #[cfg(test)]
@@ -169,6 +252,77 @@ mod tests {
         });
         let text = render(&status, "http://127.0.0.1:9464");
         assert!(text.contains("32K×4 meets TTFT ≤ 2 s on 84.8%"), "{text}");
+        for line in text.lines() {
+            assert!(line.chars().count() <= WIDTH, "{line}");
+        }
+    }
+
+    #[test]
+    fn the_routes_section_names_the_table_and_a_bounded_escaped_list() {
+        let hostile = "POST /x\u{1b}]52;c;aGk=\u{7}\n✗ forged line";
+        let mut unclassified: Vec<String> = vec![hostile.to_string(), "GET /y".repeat(100)];
+        unclassified.extend((0..20).map(|n| format!("POST /r{n}")));
+        let status = serde_json::json!({
+            "window": "5m",
+            "models": [],
+            "routes": [
+                {
+                    "upstream": "default",
+                    "state": "warn",
+                    "text": "…",
+                    "engine": "vllm",
+                    "version": "0.34.0",
+                    "table": "0.34",
+                    "frontend": "python",
+                    "fit": "exact",
+                    "unclassified_count": 25,
+                    "unclassified": unclassified,
+                },
+                {
+                    "upstream": "b",
+                    "state": "ok",
+                    "text": "0.5.23: held to sglang's route table for 0.5.23 (main frontend)",
+                    "engine": "sglang",
+                    "version": "0.5.23",
+                    "table": "0.5.23",
+                    "frontend": "main",
+                    "fit": "exact",
+                    "unclassified_count": 0,
+                    "unclassified": [],
+                },
+                {
+                    "upstream": "c",
+                    "state": "unknown",
+                    "text": "the upstream has not said what it is",
+                    "unclassified": [],
+                }
+            ]
+        });
+        let text = render(&status, "http://127.0.0.1:9464");
+        assert!(
+            text.contains(
+                "! default: vllm 0.34.0: route table 0.34 (python frontend); 25 routes it serves"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("POST /r7"), "{text}");
+        assert!(!text.contains("POST /r8,"), "ten named: {text}");
+        assert!(text.contains("and 15 more"), "{text}");
+        assert!(
+            text.contains("✓ b: sglang 0.5.23: route table 0.5.23 (main frontend); every route"),
+            "{text}"
+        );
+        assert!(
+            text.contains("? c: the upstream has not said what it is"),
+            "{text}"
+        );
+        // The hostile name is one escaped word: no escape byte, no line of its own.
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "{text}"
+        );
+        assert!(!text.lines().any(|l| l.starts_with("✗ forged")), "{text}");
+        assert!(text.contains("\\u{1b}]52"), "{text}");
         for line in text.lines() {
             assert!(line.chars().count() <= WIDTH, "{line}");
         }

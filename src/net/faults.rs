@@ -58,10 +58,18 @@ pub enum Fault {
     /// with held answers) could cover: it passed through untouched, its figures unread
     /// (`stream::held::EventBytes`).
     EventUnheld,
+    /// A request closed or continued an engine session another caller opened (sglang's
+    /// `/close_session`, `session_params.id` on `/generate`): answered 403
+    /// (`proxy::sessions`).
+    SessionRefused,
+    /// An engine session was opened while the table of who opened each one was full
+    /// (`proxy::sessions::MAX_SESSIONS`): forwarded, its owner not remembered, so any caller
+    /// may close it.
+    SessionUntracked,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 17] = [
+    pub const ALL: [Fault; 19] = [
         Fault::HeaderTimeout,
         Fault::BodyIdleTimeout,
         Fault::BodyReadTimeout,
@@ -79,6 +87,8 @@ impl Fault {
         Fault::PathUnreadable,
         Fault::CodeFieldRefused,
         Fault::EventUnheld,
+        Fault::SessionRefused,
+        Fault::SessionUntracked,
     ];
 
     pub fn label(self) -> &'static str {
@@ -100,6 +110,8 @@ impl Fault {
             Fault::PathUnreadable => "path_unreadable",
             Fault::CodeFieldRefused => "code_field_refused",
             Fault::EventUnheld => "event_unheld",
+            Fault::SessionRefused => "session_refused",
+            Fault::SessionUntracked => "session_untracked",
         }
     }
 
@@ -122,6 +134,8 @@ impl Fault {
             Fault::PathUnreadable => 14,
             Fault::CodeFieldRefused => 15,
             Fault::EventUnheld => 16,
+            Fault::SessionRefused => 17,
+            Fault::SessionUntracked => 18,
         }
     }
 }

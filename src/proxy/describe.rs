@@ -437,6 +437,7 @@ mod tests {
         }],
         code_fields: &[],
         priority: None,
+        sessions: None,
     };
 
     /// A server that answers each `GET` by its path (`answer`: status and JSON body), one

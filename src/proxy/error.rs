@@ -4,7 +4,8 @@
 //! or broke before answering, 504 when it did not answer in time, 400 when the client's body
 //! could not be read or its target cannot be read as the engine would, 408 when it did not
 //! arrive in time, 405 for `CONNECT` (a tunnel, never proxied), 403 for a route or a field
-//! `proxy.routes` / `proxy.code_fields` do not forward. The JSON body names the upstream and the cause so an operator can act
+//! `proxy.routes` / `proxy.code_fields` do not forward, or for another caller's engine session
+//! (`proxy::sessions`). The JSON body names the upstream and the cause so an operator can act
 //! on it; it never echoes request headers (API keys stay out of responses and logs).
 
 use std::sync::Arc;
@@ -70,6 +71,12 @@ pub enum ProxyError {
         opened_by: &'static str,
         why: String,
     },
+    #[error("{why}; {engine} lets any caller that names a session close or continue it, so tokentap forwards a close of a session (`{route}`) or a request continuing one only from the caller that opened it through tokentap (the same tenant, else the same credential)")]
+    SessionRefused {
+        route: String,
+        engine: &'static str,
+        why: String,
+    },
 }
 
 /// The reason a path is not forwarded, as the 403 says it.
@@ -116,7 +123,8 @@ impl ProxyError {
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::RouteRefused { .. }
             | ProxyError::CodeField { .. }
-            | ProxyError::CompressedUnchecked { .. } => StatusCode::FORBIDDEN,
+            | ProxyError::CompressedUnchecked { .. }
+            | ProxyError::SessionRefused { .. } => StatusCode::FORBIDDEN,
             ProxyError::BadPath { .. } => StatusCode::BAD_REQUEST,
         }
     }
@@ -131,7 +139,8 @@ impl ProxyError {
             | ProxyError::RouteRefused { .. }
             | ProxyError::BadPath { .. }
             | ProxyError::CodeField { .. }
-            | ProxyError::CompressedUnchecked { .. } => Outcome::ClientAborted,
+            | ProxyError::CompressedUnchecked { .. }
+            | ProxyError::SessionRefused { .. } => Outcome::ClientAborted,
             _ => Outcome::UpstreamError,
         }
     }
@@ -150,6 +159,7 @@ impl ProxyError {
             ProxyError::CodeField { .. } | ProxyError::CompressedUnchecked { .. } => {
                 "code_field_refused"
             }
+            ProxyError::SessionRefused { .. } => "session_refused",
         }
     }
 
@@ -165,7 +175,8 @@ impl ProxyError {
             | ProxyError::RouteRefused { .. }
             | ProxyError::BadPath { .. }
             | ProxyError::CodeField { .. }
-            | ProxyError::CompressedUnchecked { .. } => None,
+            | ProxyError::CompressedUnchecked { .. }
+            | ProxyError::SessionRefused { .. } => None,
         }
     }
 

@@ -21,6 +21,7 @@ pub mod request_id;
 pub mod routes;
 pub mod server_info;
 pub mod service;
+pub mod sessions;
 pub mod slice;
 pub mod tenants;
 pub mod timeout;

@@ -145,6 +145,8 @@ pub struct Proxy {
     pub held_budget: Arc<HeldBudget>,
     /// What the data port refused and has logged (once per path).
     pub refusals: super::refusals::Refusals,
+    /// The engine sessions opened through this proxy and who opened each.
+    pub sessions: super::sessions::SessionOwners,
 }
 
 /// The memory metered request bodies may hold while being read, over all requests, in KiB

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{Method, Request};
 
-use crate::base::engine::CodeField;
+use crate::base::engine::{CodeField, Sessions};
 use crate::base::Route;
 use crate::config::CodeFields;
 use crate::net::faults::Fault;
@@ -16,6 +16,7 @@ use crate::proxy::code_fields::decompressed_by_engine;
 use crate::proxy::error::ProxyError;
 use crate::proxy::routes::{self, Internal, Refused};
 use crate::proxy::service::{Proxy, Synthetic};
+use crate::proxy::sessions::Caller;
 use crate::proxy::upstream::Upstream;
 
 /// A request let in: its head, where it goes, and what it is.
@@ -42,6 +43,36 @@ pub(crate) struct Admitted {
     /// Its body is sent compressed for the engine to decompress (`x-body-compressed: zstd`):
     /// checked decompressed, and not metered.
     pub(crate) compressed: bool,
+    /// It opens, closes or continues an engine session: who sent it, and what is checked.
+    pub(crate) session: Option<SessionCall>,
+}
+
+/// A request on one of an engine's session routes (`proxy::sessions`).
+pub(crate) struct SessionCall {
+    pub(crate) kind: SessionKind,
+    pub(crate) engine: &'static str,
+    pub(crate) sessions: Sessions,
+    pub(crate) caller: Option<Caller>,
+    /// The session a close names, once its body was read: forgotten when the engine closed it.
+    pub(crate) closing: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SessionKind {
+    /// Its answer names the session opened, remembered with its caller.
+    Open,
+    /// Its body names the session to close: refused when another caller opened it.
+    Close,
+    /// A generation request whose body may continue a session: refused when another caller
+    /// opened it.
+    Continue,
+}
+
+impl SessionCall {
+    /// Its body is read whole first, to find the session it names.
+    pub(crate) fn reads_body(&self) -> bool {
+        self.kind != SessionKind::Open
+    }
 }
 
 /// Whether `path` (as the engine will route it) is any engine's server-info document: sglang's
@@ -114,6 +145,12 @@ impl Proxy {
             })
             .flatten();
         let compressed = code_field.is_some() && decompressed_by_engine(&parts.headers);
+        let session = (!internal)
+            .then(|| {
+                let engine_of = (!by_model_later).then_some(&*upstream);
+                self.session_call(engine_of, &parts, &upstream_path)
+            })
+            .flatten();
         let redact = parts.method == Method::GET && answers_server_args(&upstream_path);
         let admitted = Admitted {
             parts,
@@ -126,6 +163,7 @@ impl Proxy {
             code_field,
             compressed,
             redact,
+            session,
         };
         Ok((admitted, body))
     }
@@ -169,6 +207,64 @@ impl Proxy {
         let found = crate::base::engine::code_fields(&path)
             .find(|(declared_by, _)| engine.is_none_or(|engine| engine == *declared_by));
         found
+    }
+
+    /// What a request to `path` is to the sessions of the engine of `upstream` (any engine's,
+    /// while it has not said what it is): an open, a close, a generation request that may
+    /// continue one (looked at only while some session is remembered), or none.
+    fn session_call(
+        &self,
+        upstream: Option<&Upstream>,
+        parts: &Parts,
+        path: &str,
+    ) -> Option<SessionCall> {
+        let path = routes::normalise(path).ok()?;
+        let engine = upstream
+            .and_then(Upstream::engine)
+            .map(|engine| engine.spec().name);
+        let carries_body = matches!(parts.method, Method::POST | Method::PUT);
+        let (engine, sessions, kind) = crate::base::engine::sessions()
+            .filter(|(declared_by, _)| engine.is_none_or(|engine| engine == *declared_by))
+            .find_map(|(engine, sessions)| {
+                let kind = if *path == *sessions.open {
+                    SessionKind::Open
+                } else if *path == *sessions.close {
+                    SessionKind::Close
+                } else if carries_body
+                    && sessions.params_routes.contains(&&*path)
+                    && !self.sessions.is_empty()
+                {
+                    SessionKind::Continue
+                } else {
+                    return None;
+                };
+                Some((engine, sessions, kind))
+            })?;
+        let caller = Caller::of(&parts.headers, &self.tenants);
+        // A session opened by no caller cannot be told from anyone's: nothing to remember.
+        if kind == SessionKind::Open && caller.is_none() {
+            return None;
+        }
+        Some(SessionCall {
+            kind,
+            engine,
+            sessions,
+            caller,
+            closing: None,
+        })
+    }
+
+    /// The 403 for a close or a continuation of another caller's session, or of a session
+    /// tokentap cannot read from the body (counted).
+    pub(crate) fn refuse_session(&self, call: &SessionCall, path: &str, why: String) -> ProxyError {
+        self.faults.add(Fault::SessionRefused);
+        let error = ProxyError::SessionRefused {
+            route: path.to_string(),
+            engine: call.engine,
+            why,
+        };
+        self.refusals.note("session_refused", path, &error);
+        error
     }
 
     /// The 403 for a compressed body that cannot be checked for a field run as code (counted

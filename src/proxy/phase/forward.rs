@@ -17,7 +17,7 @@ use http::{header, HeaderValue, Method, Request, Response, Version};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
 
-use super::admit::Admitted;
+use super::admit::{Admitted, SessionCall, SessionKind};
 use super::fail::fail;
 use super::start::MeteredRequest;
 use crate::net::faults::Fault;
@@ -28,6 +28,7 @@ use crate::proxy::error::{error_chain, ProxyError};
 use crate::proxy::headers::{announces_trailer, is_event_stream, remove_hop_by_hop};
 use crate::proxy::server_info::redact_secrets;
 use crate::proxy::service::Proxy;
+use crate::proxy::sessions::{opened_id, Remembered, MAX_OPEN_ANSWER, MAX_SESSIONS};
 use crate::proxy::timeout::{is_stall, IdleTimeout, UpstreamBody};
 use crate::proxy::upstream::Upstream;
 use crate::stream::body::{MeteredBody, Metering, MeteringOptions};
@@ -49,6 +50,7 @@ impl Proxy {
             upstream,
             upstream_path,
             redact,
+            session,
             ..
         } = admitted;
         let path_and_query = match parts.uri.query() {
@@ -139,6 +141,21 @@ impl Proxy {
         if redact {
             return self.redacted(parts, incoming, &upstream).await;
         }
+        if let Some(call) = session.filter(|_| parts.status.is_success()) {
+            match call.kind {
+                SessionKind::Open => {
+                    return self
+                        .session_opened(parts, incoming, &upstream, call, watch)
+                        .await;
+                }
+                SessionKind::Close => {
+                    if let Some(id) = &call.closing {
+                        self.sessions.closed(&upstream.name, id);
+                    }
+                }
+                SessionKind::Continue => {}
+            }
+        }
         let (metering, delivery) = metered
             .map(|metered| self.meter_response(metered, &mut parts, &upstream))
             .unzip();
@@ -197,6 +214,56 @@ impl Proxy {
             parts.headers.insert(header::CONTENT_LENGTH, length);
         }
         Response::from_parts(parts, ResponseBody::local(body))
+    }
+
+    /// An engine's answer to a session open, handed on as it came once read (at most
+    /// [`MAX_OPEN_ANSWER`] bytes, under the upstream's idle timeout): the session it names is
+    /// remembered with the caller that opened it. A longer answer, or one that names no session,
+    /// is handed on unread past what was read.
+    async fn session_opened(
+        &self,
+        parts: http::response::Parts,
+        incoming: UpstreamBody,
+        upstream: &Upstream,
+        call: SessionCall,
+        watch: Option<Arc<SendWatch>>,
+    ) -> Response<ResponseBody> {
+        let mut body = MeteredBody::new(incoming, None);
+        let mut read = BytesMut::new();
+        let end = loop {
+            match body.frame().await {
+                None => break None,
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) if read.len() + data.len() <= MAX_OPEN_ANSWER => {
+                        read.extend_from_slice(&data);
+                    }
+                    Ok(data) => {
+                        read.extend_from_slice(&data);
+                        return Response::from_parts(
+                            parts,
+                            ResponseBody::upstream_after(read.freeze(), body, watch),
+                        );
+                    }
+                    Err(frame) => break frame.into_trailers().ok().map(Ok),
+                },
+                Some(Err(error)) => break Some(Err(error)),
+            }
+        };
+        let read = read.freeze();
+        if let (None, Some(id), Some(caller)) = (&end, opened_id(&read), call.caller) {
+            let remembered = self
+                .sessions
+                .opened(&upstream.name, &id, caller, Instant::now());
+            if remembered == Remembered::Full {
+                self.faults.add(Fault::SessionUntracked);
+                tracing::debug!(
+                    upstream = %upstream.name,
+                    max = MAX_SESSIONS,
+                    "a session was opened while the table of their owners was full: any caller may close it"
+                );
+            }
+        }
+        Response::from_parts(parts, ResponseBody::held(read, end, watch))
     }
 
     /// The metering of a metered request's response, and where its timing goes when its client

@@ -3,17 +3,22 @@
 //! JSON object is forwarded as it came, unmetered); a request no path prefix routed goes to the
 //! upstream that serves its model; its prompt is fingerprinted for the workload capture; usage
 //! options are injected (`metering.inject_usage`); and the response is asked for uncompressed.
+//! A close or a continuation of an engine session another caller opened is refused
+//! (`proxy::sessions`).
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderValue};
+use http::{header, HeaderMap, HeaderValue};
+use tokio::time::Instant;
 
-use super::admit::Admitted;
+use super::admit::{Admitted, SessionCall, SessionKind};
 use crate::base::Route;
 use crate::proxy::body::RequestBody;
-use crate::proxy::code_fields::decompressed;
+use crate::proxy::code_fields::{decompressed, decompressed_by_engine};
+use crate::proxy::error::ProxyError;
 use crate::proxy::service::{Proxy, Step};
+use crate::proxy::sessions::{close_id, continued_id, Naming};
 use crate::stream::request::{carries_field, injection, inspect, RequestFacts};
 use crate::stream::rewrite::Injected;
 
@@ -65,9 +70,22 @@ impl Proxy {
                 }
             }
         }
+        if let Some(call) = admitted.session.as_mut().filter(|call| call.reads_body()) {
+            let check = self.check_session(
+                call,
+                &admitted.upstream.name,
+                &admitted.path,
+                &admitted.parts.headers,
+                &bytes,
+            );
+            if let Err(refused) = check {
+                return Step::Answer(refused);
+            }
+        }
         let Some((route, facts)) = metered else {
-            // Read only to be checked for a field run as code, or not a JSON object (the
-            // upstream will say what it thinks of it): forwarded as it came, unmetered.
+            // Read only to be checked for a field run as code or a session, or not a JSON
+            // object (the upstream will say what it thinks of it): forwarded as it came,
+            // unmetered.
             return Step::Unmetered(RequestBody::Full(Some(bytes)));
         };
 
@@ -106,5 +124,73 @@ impl Proxy {
             prefix_blocks,
         };
         Step::Next((bytes, prepared))
+    }
+
+    /// A close or a continuation of a session checked against who opened it: refused when
+    /// another caller did, or when its body cannot be read for the session it names; a close
+    /// of the caller's own session remembers which, to forget it once the engine closed it.
+    fn check_session(
+        &self,
+        call: &mut SessionCall,
+        upstream: &str,
+        path: &str,
+        headers: &HeaderMap,
+        bytes: &[u8],
+    ) -> Result<(), ProxyError> {
+        // sglang decompresses a body sent so before any route reads it.
+        let inflated;
+        let body: &[u8] = if decompressed_by_engine(headers) {
+            match decompressed(bytes, self.metering.max_parse_bytes) {
+                Ok(body) => {
+                    inflated = body;
+                    &inflated
+                }
+                Err(why) => {
+                    let why = format!(
+                        "its body is sent `x-body-compressed: zstd` and cannot be read: {why}"
+                    );
+                    return Err(self.refuse_session(call, path, why));
+                }
+            }
+        } else {
+            bytes
+        };
+        let named = match call.kind {
+            SessionKind::Open => return Ok(()),
+            SessionKind::Close => close_id(body, call.sessions.close_id_field),
+            // A generation body this reader cannot take whole is refused only where its bytes
+            // could hide a session (the engine's parser, Python's, takes `NaN` too), as a field
+            // run as code is.
+            SessionKind::Continue => continued_id(body, &call.sessions).or_else(|why| {
+                let hides = |needle: &[u8]| body.windows(needle.len()).any(|w| w == needle);
+                if hides(call.sessions.params_field.as_bytes()) || hides(b"\\u") {
+                    Err(why)
+                } else {
+                    Ok(None)
+                }
+            }),
+        };
+        let id = match named {
+            Ok(Some(id)) => id,
+            Ok(None) => return Ok(()),
+            Err(why) => return Err(self.refuse_session(call, path, why.to_string())),
+        };
+        match self
+            .sessions
+            .naming(upstream, &id, call.caller, Instant::now())
+        {
+            Naming::Unseen => Ok(()),
+            Naming::Own => {
+                if call.kind == SessionKind::Close {
+                    call.closing = Some(id);
+                }
+                Ok(())
+            }
+            Naming::Other => {
+                let why = "the session it names was opened through tokentap by another caller"
+                    .to_string();
+                Err(self.refuse_session(call, path, why))
+            }
+        }
     }
 }

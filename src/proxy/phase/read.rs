@@ -1,6 +1,6 @@
 //! The read phase: the client's body within the body limits. Every body is under the idle
-//! timeout (`proxy.body_idle_timeout`); one the admit phase wants read (a metered route's, or
-//! one checked for a field run as code) is read whole first, up to `metering.max_parse_bytes`,
+//! timeout (`proxy.body_idle_timeout`); one the admit phase wants read (a metered route's, one
+//! checked for a field run as code, or one that may name an engine session) is read whole first, up to `metering.max_parse_bytes`,
 //! within the buffer budget (`BodyBudget`, `metering.max_buffered_bytes`) and in all within
 //! `proxy.body_read_timeout`. A longer one is forwarded as it streams, unmetered, and guarded
 //! for the field as it streams.
@@ -10,7 +10,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::sync::SemaphorePermit;
 
-use super::admit::Admitted;
+use super::admit::{Admitted, SessionKind};
 use crate::net::faults::Fault;
 use crate::proxy::body::{DynBody, RequestBody};
 use crate::proxy::box_error::BoxError;
@@ -77,7 +77,8 @@ impl Proxy {
         B::Error: Into<BoxError>,
     {
         let body = self.client_body(body);
-        if admitted.route.is_none() && admitted.code_field.is_none() {
+        let session = admitted.session.as_ref().filter(|call| call.reads_body());
+        if admitted.route.is_none() && admitted.code_field.is_none() && session.is_none() {
             return Step::Unmetered(RequestBody::Stream {
                 prefix: None,
                 rest: body,
@@ -99,6 +100,16 @@ impl Proxy {
         match read {
             Ok(ReadBody::Complete(bytes, held)) => Step::Next((bytes, held)),
             Ok(ReadBody::TooLong(prefix, rest)) => {
+                // A close names its session in a few bytes: one too long to read is no
+                // client's. (A generation request too long to read is forwarded unchecked for a
+                // session it continues: docs/operations.md, "Sessions".)
+                if let Some(call) = session.filter(|call| call.kind == SessionKind::Close) {
+                    let why = format!(
+                        "its body is longer than metering.max_parse_bytes ({} bytes) or the buffer budget, so tokentap cannot tell which session it names",
+                        self.metering.max_parse_bytes
+                    );
+                    return Step::Answer(self.refuse_session(call, &admitted.path, why));
+                }
                 // Too long to be read whole first: what was read is scanned now, the rest as it
                 // streams (a field found there cuts the body off before its end).
                 let rest = match admitted.code_field {

@@ -56,6 +56,7 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
     }],
     code_fields: &[],
     priority: None,
+    sessions: None,
 };
 
 /// `llama-server`'s routes (`tools/server/server.cpp`). Control: a slot's KV cache saved,

@@ -18,11 +18,11 @@ mod vllm;
 
 pub use registry::{
     by_name, classify_route, classify_route_served, code_fields, detect, load_metric_names,
-    model_info_routes, register, server_info_routes, version_routes,
+    model_info_routes, register, server_info_routes, sessions, version_routes,
 };
 pub use spec::template_matches;
 pub use spec::{
     Abort, CodeField, Detection, Engine, EngineRoute, EngineSpec, Evidence, FingerprintKeys,
     Frontend, KvBudget, Metrics, PriorityScheduling, RouteClass, RouteTable, RouteVerdict,
-    SelfDescription, ServedRoutes, TableFit, Tokenize, UsageReport,
+    SelfDescription, ServedRoutes, Sessions, TableFit, Tokenize, UsageReport,
 };

@@ -66,6 +66,7 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
     }],
     code_fields: &[],
     priority: None,
+    sessions: None,
 };
 
 /// The OpenAI API's own routes that an OpenAI-compatible server may serve (the inference ones,

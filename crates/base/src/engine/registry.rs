@@ -3,14 +3,14 @@
 //! and what every engine's facts answer together: which engine a server is ([`detect`]), what
 //! a route is ([`classify_route`], or [`classify_route_served`] for an upstream held to one
 //! table of its engine, which [`Engine::route_table`] picks from its version and frontend), the
-//! fields run as code ([`code_fields`]), the load metrics ([`load_metric_names`]) and the
+//! fields run as code ([`code_fields`]), the sessions ([`sessions`]), the load metrics ([`load_metric_names`]) and the
 //! self-description routes ([`server_info_routes`], [`model_info_routes`], [`version_routes`]).
 
 use std::sync::RwLock;
 
 use super::spec::{
     CodeField, Engine, EngineSpec, Evidence, RouteClass, RouteTable, RouteVerdict, SelfDescription,
-    ServedRoutes, TableFit,
+    ServedRoutes, Sessions, TableFit,
 };
 use super::{llamacpp, openai, sglang, vllm};
 
@@ -242,6 +242,13 @@ pub fn classify_route_served(
         (None, None, Some(class)) => RouteVerdict::Forward(class),
         (None, None, None) => RouteVerdict::Unknown,
     }
+}
+
+/// Every engine's sessions, with the engine.
+pub fn sessions() -> impl Iterator<Item = (&'static str, Sessions)> {
+    Engine::all()
+        .into_iter()
+        .filter_map(|engine| Some((engine.spec().name, engine.spec().sessions?)))
 }
 
 /// The fields an engine runs as code that a request body to `path` may carry, with the engine.

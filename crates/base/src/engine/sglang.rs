@@ -3,7 +3,8 @@
 
 use super::spec::{
     Abort, CodeField, Detection, EngineRoute, EngineSpec, FingerprintKeys, Frontend, KvBudget,
-    Metrics, PriorityScheduling, RouteClass, RouteTable, SelfDescription, Tokenize, UsageReport,
+    Metrics, PriorityScheduling, RouteClass, RouteTable, SelfDescription, Sessions, Tokenize,
+    UsageReport,
 };
 
 pub(super) const SPEC: EngineSpec = EngineSpec {
@@ -130,6 +131,21 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         flag: "--enable-priority-scheduling",
         larger_first: true,
         reverse_flag: Some("--schedule-low-priority-values-first"),
+    }),
+    // `POST /open_session` answers the id (`http_server.py`; the client may choose it in the
+    // body's `session_id`), `/close_session` takes `{"session_id": …}` and closes it for
+    // whoever asks. `session_params.id` continues a session on the generate path
+    // (`GenerateReqInput`; `/vertex_generate` spreads its `parameters` into one): the
+    // scheduler builds the request on the session's prompts and answers
+    // (`session_controller.py`). The OpenAI routes take only the top-level `session_id` of the
+    // session radix cache, which groups cache entries and reads no context.
+    sessions: Some(Sessions {
+        open: "/open_session",
+        close: "/close_session",
+        close_id_field: "session_id",
+        params_field: "session_params",
+        params_id_field: "id",
+        params_routes: &["/generate", "/vertex_generate"],
     }),
 };
 

@@ -45,6 +45,25 @@ pub struct EngineSpec {
     /// How it schedules by the request's `priority` field, if it can (docs/operations.md,
     /// "Priority scheduling").
     pub priority: Option<PriorityScheduling>,
+    /// Its sessions (a context kept across requests), if it has them: which caller opened
+    /// each one is remembered, and another caller's close or use of it refused
+    /// (docs/operations.md, "Sessions").
+    pub sessions: Option<Sessions>,
+}
+
+/// An engine's sessions: a request to `open` answers a new session's id (a JSON string); a
+/// request to `close` names one in its body's `close_id_field`; a generation request on one of
+/// `params_routes` continues one, named by the `params_id_field` of its `params_field` object
+/// (at the top of the body, or in its `parameters`, as sglang's `/vertex_generate` hands them
+/// on), and so reads that session's context: the prompts and answers before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sessions {
+    pub open: &'static str,
+    pub close: &'static str,
+    pub close_id_field: &'static str,
+    pub params_field: &'static str,
+    pub params_id_field: &'static str,
+    pub params_routes: &'static [&'static str],
 }
 
 /// An engine's priority scheduling: off unless started with `flag`; then the waiting requests

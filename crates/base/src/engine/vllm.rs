@@ -101,6 +101,7 @@ pub(super) const SPEC: EngineSpec = EngineSpec {
         larger_first: false,
         reverse_flag: None,
     }),
+    sessions: None,
 };
 
 /// vLLM's FastAPI server (`vllm serve`), what answers `/version` with `version` alone.
