@@ -3772,6 +3772,91 @@ async fn held_answers_stay_within_one_memory_budget_over_http1_and_http2() {
     assert!(unheld > 0.0, "answers past the budget are counted");
 }
 
+/// A non-streamed answer whose head declares nearly the whole held-answer budget and then
+/// stalls reserves only what arrives (and a first piece), not the whole of it until the
+/// upstream's timeouts: other answers are still held, and their usage read, meanwhile (before:
+/// every one of them passed unheld, `answer_unheld`, its usage unread).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_content_length_does_not_take_the_held_budget_from_other_answers() {
+    const BUDGET: usize = 1 << 20;
+    const HONEST: usize = 8;
+    let upstream = upstream_with(|request| {
+        if request.body.windows(4).any(|w| w == b"liar") {
+            // A head for BUDGET - 1,000 bytes, ten of them, then nothing for longer than the
+            // test runs.
+            let mut script = Script::json(200, "");
+            script.steps = vec![
+                Step::Send(Bytes::from_static(b"{\"id\":\"li")),
+                Step::Wait(Duration::from_secs(60)),
+            ];
+            script
+                .headers
+                .push(("content-length", (BUDGET - 1000).to_string()));
+            return script;
+        }
+        let filler = "x".repeat(2000);
+        let body = format!(
+            r#"{{"id":"c","object":"chat.completion","choices":[{{"index":0,"message":{{"content":"{filler}"}}}}],"usage":{{"prompt_tokens":5,"completion_tokens":7}}}}"#
+        );
+        let mut script = Script::json(200, &body);
+        script.headers.push(("content-length", body.len().to_string()));
+        script
+    })
+    .await;
+    let (server, records) = proxy_with(
+        &upstream.url(),
+        &format!("[metering]\nmax_held_bytes = {BUDGET}"),
+        "",
+    )
+    .await;
+    let url = format!("http://{}/v1/chat/completions", server.proxy_addr);
+    let liar = tokio::spawn({
+        let url = url.clone();
+        async move {
+            post(
+                &url,
+                r#"{"model":"m","user":"liar","messages":[{"role":"user","content":"hi"}]}"#,
+            )
+            .await
+        }
+    });
+    // The liar's head has reached the proxy and its copy begun.
+    let held = wait::eventually(Duration::from_secs(10), async || {
+        match server.proxy.held_budget.held() {
+            0 => Err(0),
+            held => Ok(held),
+        }
+    })
+    .await;
+    eprintln!(
+        "figure: a head declaring {} bytes holds {held:?} of the {BUDGET}-byte budget",
+        BUDGET - 1000
+    );
+    for _ in 0..HONEST {
+        let response = post(
+            &url,
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        )
+        .await;
+        assert_eq!(response.status, 200);
+        assert!(response.text().ends_with("\"completion_tokens\":7}}"));
+    }
+    let records = records.wait_for(HONEST).await;
+    let read: Vec<u64> = records.iter().map(|r| r.tokens.completion).collect();
+    assert_eq!(
+        server.proxy.faults.get(Fault::AnswerUnheld),
+        0,
+        "answers passed unheld beside the liar (usage read: {read:?})"
+    );
+    assert!(read.iter().all(|&c| c == 7), "usage unread: {read:?}");
+    assert!(
+        held.is_ok_and(|held| held <= 64 << 10),
+        "the liar holds {held:?}"
+    );
+    liar.abort();
+    server.shutdown().await;
+}
+
 /// sglang runs `custom_logit_processor` as code (a pickle it loads, with
 /// `--enable-custom-logit-processor`): a request carrying it, however its key is written, is
 /// refused on every route sglang reads it from, naming the flag and `proxy.code_fields`; one
