@@ -25,6 +25,10 @@ pub struct ResponseBody {
     source: Source,
     /// What is left of a frame larger than [`PIECE_BYTES`], handed next.
     rest: Option<Bytes>,
+    /// The upstream's frame that came after a held copy (`upstream_after`), handed once
+    /// `rest` is out: the copy goes out as it is, still counted in the held budget until
+    /// written, instead of being copied again beside it.
+    then: Option<Bytes>,
     /// Bytes handed since the body last answered `Pending`.
     unflushed: usize,
     /// The error that broke the source off, held for one `Pending` (see `poll_frame`).
@@ -82,6 +86,7 @@ impl ResponseBody {
         Self {
             source,
             rest: None,
+            then: None,
             unflushed: 0,
             broken: None,
         }
@@ -119,21 +124,23 @@ impl ResponseBody {
         body
     }
 
-    /// The upstream's body of which `read` was already read: those bytes first, then the
-    /// rest as it streams. `watch` as for [`ResponseBody::upstream`].
+    /// The upstream's body of which `read` and then `then` were already read: those bytes
+    /// first, then the rest as it streams. `watch` as for [`ResponseBody::upstream`].
     pub fn upstream_after(
         read: Bytes,
+        then: Bytes,
         body: MeteredBody<UpstreamBody>,
         watch: Option<Arc<SendWatch>>,
     ) -> Self {
         let watch = watch
-            .filter(|_| !read.is_empty() || !body.is_end_stream())
+            .filter(|_| !read.is_empty() || !then.is_empty() || !body.is_end_stream())
             .map(|watch| {
                 watch.handed_over();
                 Watched(watch)
             });
         let mut response = Self::from_source(Source::Upstream(body, watch));
         response.rest = Some(read).filter(|b| !b.is_empty());
+        response.then = Some(then).filter(|b| !b.is_empty());
         response
     }
 
@@ -188,7 +195,7 @@ impl Body for ResponseBody {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
-        let frame = match this.rest.take() {
+        let frame = match this.rest.take().or_else(|| this.then.take()) {
             Some(rest) => {
                 this.source.polling();
                 Frame::data(this.piece(rest))
@@ -222,11 +229,18 @@ impl Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.rest.is_none() && self.broken.is_none() && self.source.is_end_stream()
+        self.rest.is_none()
+            && self.then.is_none()
+            && self.broken.is_none()
+            && self.source.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        let rest = self.rest.as_ref().map_or(0, |rest| rest.len() as u64);
+        let rest = [&self.rest, &self.then]
+            .into_iter()
+            .flatten()
+            .map(|bytes| bytes.len() as u64)
+            .sum::<u64>();
         let source = self.source.size_hint();
         let mut hint = SizeHint::new();
         hint.set_lower(source.lower().saturating_add(rest));

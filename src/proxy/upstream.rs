@@ -2,7 +2,7 @@
 //!
 //! HTTP/1 upstreams, plain or TLS, go through tokentap's inline pool (`inline_pool`); HTTP/2
 //! upstreams, and any upstream with `inline_connections = false`, through a hyper-util client
-//! (pooled HTTP/1.1 keep-alive, or HTTP/2). Both use the same rustls configuration for
+//! (HTTP/2 pooled; HTTP/1.1 a connection per request, see `hyper_pool_max_idle`). Both use the same rustls configuration for
 //! https:// upstreams. Routing: a matching `path_prefix` wins (the prefix is stripped), then a
 //! `models` match on a metered request's JSON `model`, else the default upstream.
 
@@ -42,6 +42,26 @@ pub type UpstreamClient = Client<Limited<HttpsConnector<HttpConnector>>, Request
 /// may have sent and tokentap not yet forwarded (each stream's own window is
 /// `proxy.max_stream_buffer`).
 pub const UPSTREAM_CONNECTION_WINDOW: u32 = 4 << 20;
+
+/// How many idle connections hyper-util's client keeps for an upstream: none on HTTP/1.
+///
+/// hyper's HTTP/1 connection task closes a connection with bytes after its answer only when it
+/// reads them before the next request is written (`proto/h1/conn.rs`, `require_empty_read`),
+/// and hyper-util hands a connection back to its pool the moment the answer ends: bytes an
+/// upstream sends past its framing a few milliseconds late became the next client's answer
+/// (17–26 of 90 in round 6, and the answers behind them 502s). Nothing outside hyper can hold
+/// a connection back until it has settled, so this client never reuses an HTTP/1 connection:
+/// each carries one request (a connect per request, and its `TIME_WAIT`; the inline pool,
+/// the default, is the HTTP/1 client that keeps connections). HTTP/2 streams cannot cross (a
+/// frame names its stream; a body past its `content-length` resets that stream alone), so an
+/// HTTP/2 upstream's connection is shared as configured.
+fn hyper_pool_max_idle(config: &UpstreamConfig) -> usize {
+    if config.http2 {
+        config.pool_max_idle
+    } else {
+        0
+    }
+}
 
 /// One upstream inference server.
 #[derive(Debug)]
@@ -114,12 +134,17 @@ impl Upstream {
                 .as_deref()
                 .zip(config.tls_client_key.as_deref()),
         )?;
-        let connector = HttpsConnectorBuilder::new()
+        let builder = HttpsConnectorBuilder::new()
             .with_tls_config(tls.clone())
             .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(http);
+            .enable_http1();
+        // Without `http2`, HTTP/1.1 only (as the inline pool offers): a server picking h2 over
+        // ALPN would get a connection per request below.
+        let connector = if config.http2 {
+            builder.enable_http2().wrap_connector(http)
+        } else {
+            builder.wrap_connector(http)
+        };
         let inline = if config.http2 || !config.inline_connections {
             None
         } else {
@@ -151,7 +176,7 @@ impl Upstream {
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(config.pool_idle_timeout)
-            .pool_max_idle_per_host(config.pool_max_idle)
+            .pool_max_idle_per_host(hyper_pool_max_idle(&config))
             .http2_only(config.http2)
             // What tokentap reads from the upstream ahead of what it forwards: one buffer per
             // HTTP/1 connection, one window per HTTP/2 stream, not the 400 KiB / 2 MiB defaults.

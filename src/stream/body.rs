@@ -131,9 +131,10 @@ impl Metering {
                 options.held_budget.clone(),
             ))
         } else {
-            // A known length is reserved whole up front (or the answer is not held at all):
-            // an answer held for its client never stops half-way, which would leave what was
-            // held and the rest to be sent apart.
+            // A declared length is reserved as its bytes arrive, never past it (a head that
+            // declares the whole budget and stalls would keep every other answer unheld); an
+            // answer held for its client that finds the budget spent half-way is forwarded as
+            // what was held, then the rest (`MeteredBody::take_held`).
             let (buffer, overflowed) = match options.length {
                 None => (HeldBuffer::new(options.held_budget.clone()), false),
                 Some(length) => match HeldBuffer::for_length(

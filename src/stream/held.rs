@@ -81,7 +81,15 @@ pub struct HeldBuffer {
     bytes: Vec<u8>,
     reserved: usize,
     budget: Option<Arc<HeldBudget>>,
+    /// The answer's declared length: growth stops there (an honest answer reserves exactly
+    /// its length), but it is reserved only as its bytes arrive.
+    declared: Option<usize>,
 }
+
+/// What a [`HeldBuffer::for_length`] reserves before a byte of the answer has arrived: a
+/// declared length is the upstream's word, and one that declares the whole budget and then
+/// stalls must not keep every other answer from being held (issue 62).
+pub const FIRST_RESERVE: usize = 64 << 10;
 
 impl HeldBuffer {
     pub fn new(budget: Option<Arc<HeldBudget>>) -> Self {
@@ -89,12 +97,16 @@ impl HeldBuffer {
             bytes: Vec::new(),
             reserved: 0,
             budget,
+            declared: None,
         }
     }
 
-    /// A buffer for an answer whose length is known (its `Content-Length`): the whole of it
-    /// reserved now, so a held answer never stops half-way; else why not (the copy is never
-    /// begun, and nothing is held for it).
+    /// A buffer for an answer whose length its head declares (its `Content-Length`), at most
+    /// [`FIRST_RESERVE`] of it reserved now and the rest as it arrives (doubling, never past
+    /// the declared length); else why not (over the limit, or not even the first reservation:
+    /// the copy is never begun, and nothing is held for it). An answer whose bytes then find
+    /// the budget spent stops being held half-way, as one without a length does: the proxy
+    /// forwards what was held, then the rest.
     pub fn for_length(
         budget: Option<Arc<HeldBudget>>,
         length: usize,
@@ -104,14 +116,16 @@ impl HeldBuffer {
             return Err(Push::OverLimit);
         }
         let mut buffer = Self::new(budget);
-        if !buffer.take(length) {
+        let first = length.min(FIRST_RESERVE);
+        if !buffer.take(first) {
             if let Some(budget) = &buffer.budget {
                 budget.faults.add(Fault::AnswerUnheld);
             }
             return Err(Push::OverBudget);
         }
-        buffer.bytes.reserve_exact(length);
-        buffer.reserved = length;
+        buffer.bytes.reserve_exact(first);
+        buffer.reserved = first;
+        buffer.declared = Some(length);
         Ok(buffer)
     }
 
@@ -137,10 +151,11 @@ impl HeldBuffer {
         if needed > self.reserved {
             // Double as `Vec` would, within the limit; the exact size when the budget cannot
             // cover the doubling.
+            let most = self.declared.map_or(limit, |declared| declared.min(limit));
             let doubled = self
                 .reserved
                 .saturating_mul(2)
-                .clamp(needed, limit.max(needed));
+                .clamp(needed, most.max(needed));
             let grown = [doubled, needed]
                 .into_iter()
                 .find(|capacity| self.take(capacity - self.reserved));
@@ -354,6 +369,28 @@ mod tests {
         assert_eq!(budget.held(), 0);
         drop(a);
         assert_eq!(budget.held(), 0);
+    }
+
+    #[test]
+    fn a_declared_length_is_reserved_as_its_bytes_arrive() {
+        // A head that declares nearly the whole budget and sends nothing reserves one first
+        // piece: the other answers are still held.
+        let budget = budget(1 << 20);
+        let liar = HeldBuffer::for_length(Some(Arc::clone(&budget)), 1_000_000, 8 << 20).unwrap();
+        assert_eq!(budget.held(), FIRST_RESERVE);
+        let mut honest =
+            HeldBuffer::for_length(Some(Arc::clone(&budget)), 300_000, 8 << 20).unwrap();
+        for _ in 0..3 {
+            assert_eq!(honest.push(&[1; 100_000], 8 << 20), Push::Held);
+        }
+        assert_eq!(
+            budget.held(),
+            FIRST_RESERVE + 300_000,
+            "grown by doubling, never past the declared length"
+        );
+        drop((liar, honest));
+        assert_eq!(budget.held(), 0);
+        assert_eq!(budget.faults.get(Fault::AnswerUnheld), 0);
     }
 
     #[test]

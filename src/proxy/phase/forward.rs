@@ -12,7 +12,6 @@
 
 use std::sync::Arc;
 
-use bytes::BytesMut;
 use http::{header, HeaderValue, Method, Request, Response, Version};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
@@ -359,18 +358,12 @@ impl Proxy {
                             held = self.held_budget.held(),
                             "a non-streamed answer over the parse limit or the held-answer budget: forwarded without Server-Timing"
                         );
+                        // What was held goes out as it is (its share of the budget kept
+                        // until written), never copied again beside this frame.
                         let held = body.take_held();
-                        let read = if held.is_empty() {
-                            data
-                        } else {
-                            let mut read = BytesMut::with_capacity(held.len() + data.len());
-                            read.extend_from_slice(&held);
-                            read.extend_from_slice(&data);
-                            read.freeze()
-                        };
                         return Response::from_parts(
                             parts,
-                            ResponseBody::upstream_after(read, body, watch),
+                            ResponseBody::upstream_after(held, data, body, watch),
                         );
                     }
                     Err(frame) => break frame.into_trailers().ok().map(Ok),
