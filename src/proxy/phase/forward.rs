@@ -12,6 +12,7 @@
 
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use http::{header, HeaderValue, Method, Request, Response, Version};
 use http_body_util::BodyExt;
 use tokio::time::Instant;
@@ -237,10 +238,9 @@ impl Proxy {
                         read.extend_from_slice(&data);
                     }
                     Ok(data) => {
-                        read.extend_from_slice(&data);
                         return Response::from_parts(
                             parts,
-                            ResponseBody::upstream_after(read.freeze(), body, watch),
+                            ResponseBody::upstream_after(read.freeze(), data, body, watch),
                         );
                     }
                     Err(frame) => break frame.into_trailers().ok().map(Ok),
