@@ -31,7 +31,7 @@
 //!   answer: a non-blocking peek of the socket itself at release and again at checkout (not
 //!   tokio's cached readiness, which nobody updates while a connection sits idle; over TLS,
 //!   what arrived is read into rustls and judged by what it decrypts to, so a session ticket
-//!   is no stray byte). A connection is checked out once it has sat idle
+//!   is no stray byte). A connection is checked out only once it has sat idle
 //!   `upstream.pool_reuse_after` (50 ms by default), so bytes a server sends that late show up
 //!   in the peek from the first reuse on. Bytes found there are stray (the server sent more
 //!   than its answer's framing said): the connection is dropped,
@@ -40,19 +40,6 @@
 //!   [`CAREFUL_SETTLE`] with nothing arriving, so later stray bytes too show up in the peek
 //!   rather than in front of the next request. Bytes that arrive after the next request was
 //!   written cannot be told apart from its answer in HTTP/1 (docs/operations.md).
-//! - **Earned reuse before settling.** Waiting to settle alone cost a connection per request
-//!   to a client whose requests come closer than `pool_reuse_after` (over TLS, a handshake
-//!   each: five connections for one client sending every 10 ms, again after every idle close
-//!   of the server). So once [`TRUST_AFTER`] connections in a row have settled and shown
-//!   nothing at checkout (and the pool is not careful), a request that finds none settled
-//!   takes the one idle longest (it had the most time to show late bytes), after the same
-//!   peek. The trade-off: an upstream that answered cleanly on settled connections and then
-//!   starts sending bytes late can hand them to a request on an unsettled connection before
-//!   the pool sees them (the real answer after them then shows as stray, and the pool turns
-//!   careful and waits again); an upstream that does it from the start never earns the trust.
-//!   Stray bytes, a close within [`CAREFUL_SETTLE`] of an answer (at release or checkout) and
-//!   a reused connection that closes before answering take it back until [`TRUST_AFTER`] more
-//!   have settled clean.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -104,11 +91,6 @@ pub const CAREFUL_FOR: Duration = Duration::from_secs(600);
 /// cases we reproduced; a second covers those with a wide margin).
 pub const CAREFUL_SETTLE: Duration = Duration::from_secs(1);
 
-/// How many connections in a row must have sat idle `upstream.pool_reuse_after` and shown
-/// nothing at checkout before the pool reuses connections that have not (see the module's
-/// doc: what the upstream did on those is what it is trusted to do on the next).
-pub const TRUST_AFTER: u32 = 2;
-
 /// The idle connections, and whether the upstream has been seen sending stray bytes.
 #[derive(Default)]
 struct IdleSet {
@@ -116,16 +98,6 @@ struct IdleSet {
     connections: VecDeque<Idle>,
     /// Until when reuse waits for [`CAREFUL_SETTLE`] (the last stray bytes + [`CAREFUL_FOR`]).
     careful_until: Option<Instant>,
-    /// Connections in a row that settled and were clean at checkout, since the upstream last
-    /// sent stray bytes or closed a connection soon after an answer (saturating). From
-    /// [`TRUST_AFTER`] on, a request that finds none settled reuses an unsettled one.
-    clean_settled: u32,
-}
-
-impl IdleSet {
-    fn trusted(&self, now: Instant) -> bool {
-        self.clean_settled >= TRUST_AFTER && self.careful_until.is_none_or(|until| until <= now)
-    }
 }
 
 /// What the pool needs to open connections to one upstream.
@@ -326,10 +298,6 @@ impl InlinePool {
                     // an answer before: most likely the tail of that answer, sent late.
                     if reused && matches!(error, RelayError::MalformedHead(_)) {
                         self.saw_stray_bytes();
-                    } else if reused && error.closed_unanswered() {
-                        // A reused connection that failed before its answer (most often closed
-                        // as the request went out): what waiting to settle would have shown.
-                        self.distrust();
                     }
                     match again {
                         Some(body_again)
@@ -355,7 +323,6 @@ impl InlinePool {
             let mut idle = lock::lock(&self.idle);
             let was = idle.careful_until.is_some_and(|until| until > now);
             idle.careful_until = Some(now + CAREFUL_FOR);
-            idle.clean_settled = 0;
             was
         };
         if !was_careful {
@@ -371,14 +338,12 @@ impl InlinePool {
     /// worker's own when one is among the latest: its socket is registered with the reactor
     /// of the worker that used it last, and one of another worker's would make every event of
     /// this stream wake that worker's thread before this one's. While the pool is careful,
-    /// only connections idle [`CAREFUL_SETTLE`] or longer are candidates. When none has
-    /// settled and the pool trusts the upstream (`IdleSet::trusted`), the one idle longest
-    /// (of this worker's, among the oldest): it had the most time to show late bytes.
+    /// only connections idle [`CAREFUL_SETTLE`] or longer are candidates.
     fn checkout(&self) -> Result<Connection, Option<Instant>> {
         let now = Instant::now();
         let worker = crate::net::workers::current();
         loop {
-            let (connection, settled, since) = {
+            let mut connection = {
                 let mut idle = lock::lock(&self.idle);
                 // The oldest are at the front: those idle past the timeout go first.
                 while idle.connections.front().is_some_and(|i| {
@@ -403,48 +368,21 @@ impl InlinePool {
                     .take(SAME_WORKER_SCAN)
                     .position(|i| i.worker == worker)
                     .unwrap_or(0);
-                let at = match settled.checked_sub(from_back + 1) {
-                    Some(at) => at,
-                    None if settled < idle.connections.len() && idle.trusted(now) => idle
-                        .connections
-                        .range(settled..)
-                        .take(SAME_WORKER_SCAN)
-                        .position(|i| i.worker == worker)
-                        .map_or(settled, |from_front| settled + from_front),
+                let Some(at) = settled.checked_sub(from_back + 1) else {
                     // None settled: when the first of the others will.
-                    None => return Err(idle.connections.get(settled).map(|i| i.since + settle)),
+                    return Err(idle.connections.get(settled).map(|i| i.since + settle));
                 };
-                let is_settled = at < settled;
                 let Some(idle) = idle.connections.remove(at) else {
                     return Err(None);
                 };
-                (idle.connection, is_settled, idle.since)
+                idle.connection
             };
-            let mut connection = connection;
             match connection.idle_state() {
-                IdleState::Clean => {
-                    if settled {
-                        let mut idle = lock::lock(&self.idle);
-                        idle.clean_settled = idle.clean_settled.saturating_add(1);
-                    }
-                    return Ok(connection);
-                }
-                // A keep-alive timeout (uvicorn's 5 s) says nothing; a close soon after an
-                // answer is what the settle wait is there to see, so trust waits for it again.
-                IdleState::Closed if now.saturating_duration_since(since) < CAREFUL_SETTLE => {
-                    self.distrust();
-                }
+                IdleState::Clean => return Ok(connection),
                 IdleState::Closed => {}
                 IdleState::Stray => self.saw_stray_bytes(),
             }
         }
-    }
-
-    /// The upstream did what the settle wait guards against (a close soon after an answer, a
-    /// reused connection that failed before answering): connections settle again before reuse
-    /// until [`TRUST_AFTER`] more have shown nothing.
-    fn distrust(&self) {
-        lock::lock(&self.idle).clean_settled = 0;
     }
 
     /// A connection for the next request: a settled idle one (`true`: reused), else a new one.
@@ -496,8 +434,7 @@ impl InlinePool {
     fn release(self: &Arc<Self>, mut connection: Connection) {
         match connection.idle_state() {
             IdleState::Clean => {}
-            // Closed right after an answer that did not say `close`.
-            IdleState::Closed => return self.distrust(),
+            IdleState::Closed => return,
             IdleState::Stray => return self.saw_stray_bytes(),
         }
         if self.options.max_idle == 0 {
@@ -1026,46 +963,6 @@ mod tests {
         let error = pool.send(get(&url, "/")).await.unwrap_err();
         assert!(error.to_string().contains("before answering"), "{error}");
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
-    }
-
-    #[tokio::test]
-    async fn requests_closer_than_the_settle_time_share_a_few_connections() {
-        // One client, 50 requests one after the other, 10 ms apart: five times closer than
-        // `pool_reuse_after` (50 ms). Once the upstream has shown on settled connections that
-        // it sends nothing late, one connection carries them all, peeked before each.
-        let (url, accepted) = upstream(1, false).await;
-        let pool = InlinePool::new(
-            &url,
-            InlineOptions {
-                connect_timeout: Duration::from_secs(5),
-                idle_timeout: Duration::from_secs(60),
-                max_idle: 1024,
-                reuse_after: Duration::from_millis(50),
-                max_connections: 64,
-                max_buf_size: 8192,
-            },
-            None,
-            Arc::new(FaultCounters::default()),
-        )
-        .unwrap();
-        // First the upstream shows, on connections that settled, that it sends nothing late.
-        for _ in 0..=TRUST_AFTER {
-            text(pool.send(get(&url, "/")).await.unwrap()).await;
-            tokio::time::sleep(Duration::from_millis(80)).await;
-        }
-        assert_eq!(accepted.load(Ordering::SeqCst), 1);
-        for _ in 0..50 {
-            text(pool.send(get(&url, "/")).await.unwrap()).await;
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let opened = accepted.load(Ordering::SeqCst);
-        eprintln!("figure: 50 requests 10 ms apart opened {opened} upstream connections");
-        // Before (every checkout waiting to settle): 5, one per request until the first had
-        // sat 50 ms.
-        assert_eq!(opened, 1, "{opened} connections for 50 requests");
-        // Stray bytes make the pool wait again (and careful): trust is earned anew.
-        pool.saw_stray_bytes();
-        assert!(!lock::lock(&pool.idle).trusted(Instant::now()));
     }
 
     #[tokio::test]
