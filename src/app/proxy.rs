@@ -62,6 +62,17 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         config.metering.contexts.clone(),
         config.metering.concurrency.clone(),
     );
+    let turns = if config.sessions.enabled {
+        let salt = match &prefix_salt {
+            Some(salt) => salt.clone(),
+            None => PrefixSalt::random().context("no randomness for the sessions' salt")?,
+        };
+        let turns = crate::proxy::turns::TurnTaker::new(&config.sessions, salt);
+        meter.add_sink(turns.end_sink());
+        Some(turns)
+    } else {
+        None
+    };
     for upstream in router.all() {
         meter.identities().add(Arc::clone(&upstream.identity));
     }
@@ -86,6 +97,7 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         tenants: crate::proxy::tenants::Tenants::new(config.tenants.clone()),
         refusals: Default::default(),
         sessions: Default::default(),
+        turns,
     }))
 }
 

@@ -11,6 +11,7 @@ use super::fingerprint::FingerprintConfig;
 use super::metering::MeteringConfig;
 use super::proxy::{ListenerTls, ProxyConfig};
 use super::raw::RawConfig;
+use super::sessions::SessionsConfig;
 use super::store::StoreConfig;
 use super::sweep::SweepConfig;
 use super::telemetry::TelemetryConfig;
@@ -246,6 +247,8 @@ pub struct Config {
     /// `[capacity]`: live headroom (`aggregate::headroom`).
     pub capacity: CapacityConfig,
     pub workload: WorkloadConfig,
+    /// `[sessions]`: which requests are turns of one conversation (`meter::conversation`).
+    pub sessions: SessionsConfig,
     /// `[fingerprint]`: each upstream's configuration, read in the background.
     pub fingerprint: FingerprintConfig,
     /// `[tenants]`: who a request is counted under (`proxy::tenants`).
@@ -273,6 +276,7 @@ impl Config {
         let capacity = CapacityConfig::from_raw(raw.capacity, origins)?;
         let drift = DriftConfig::from_raw(raw.drift, evidence, origins)?;
         let workload = WorkloadConfig::from_raw(raw.workload, origins)?;
+        let sessions = SessionsConfig::from_raw(raw.sessions, origins)?;
         let fingerprint = FingerprintConfig::from_raw(raw.fingerprint, origins)?;
         let tenants = TenantsConfig::from_raw(raw.tenants, origins)?;
         Ok(Config {
@@ -287,6 +291,7 @@ impl Config {
             evidence,
             capacity,
             workload,
+            sessions,
             fingerprint,
             tenants,
         })
@@ -791,6 +796,8 @@ mod tests {
             (file("[drift]\nrefresh_interval = 0\n"), "config file x.toml: key `drift.refresh_interval`: must be greater than zero"),
             (file("[workload]\nmax_age = \"1y\"\n"), "config file x.toml: key `workload.max_age`: unknown unit `y` in `1y`: use ms, s, m, h or d"),
             (file("[workload]\nmax_requests = 0\n"), "config file x.toml: key `workload.max_requests`: must be greater than zero"),
+            (file("[sessions]\nkeys = [\"cookie\"]\n"), "config file x.toml: key `sessions.keys`: `cookie` is not a session key: use `header:<name>` or `body:<field>` with a field among prompt_cache_key, session_id, user"),
+            (file("[sessions]\nmax_sessions = 2\n"), "config file x.toml: key `sessions.max_sessions`: must be at least 4"),
             (file("[workload]\nmax_exports = 0\n"), "config file x.toml: key `workload.max_exports`: must be greater than zero"),
             (file("[fingerprint]\ninterval = \"500ms\"\n"), "config file x.toml: key `fingerprint.interval`: must be 0 (off) or at least 1s"),
             (file("[fingerprint]\ninterval = \"soon\"\n"), "config file x.toml: key `fingerprint.interval`: `soon` is not a duration: write e.g. 500ms, 30s, 5m, 1h or 7d"),

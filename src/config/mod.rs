@@ -6,7 +6,7 @@
 //! URLs and enums typed as they are read (`value.rs`), so a bad value fails naming its key path
 //! (`serde_path_to_error`); then each section's `from_raw`, beside its type (`proxy.rs`,
 //! `upstream.rs`, `admin.rs`, `metering.rs` with `[slo]`, `telemetry.rs`, `store.rs`, `sweep.rs`,
-//! `drift.rs` with `[evidence]`, `capacity.rs`, `workload.rs`, `fingerprint.rs`, `tenants.rs`), checks ranges
+//! `drift.rs` with `[evidence]`, `capacity.rs`, `workload.rs`, `sessions.rs`, `fingerprint.rs`, `tenants.rs`), checks ranges
 //! and the rules between its keys. Every error names the key, where it came from, and what was
 //! wrong. `error.rs` is the error and the origins of values, `loader.rs` the loader and `Config`;
 //! file order: `error` ← `value` ← `raw` ← each section ← `loader`. This file only declares
@@ -21,6 +21,7 @@ mod loader;
 mod metering;
 mod proxy;
 mod raw;
+mod sessions;
 mod store;
 mod sweep;
 mod telemetry;
@@ -40,6 +41,7 @@ pub use metering::{
 };
 pub use proxy::{ListenerTls, ProxyConfig, RoutePolicyConfig};
 pub use raw::RawConfig;
+pub use sessions::{SessionKey, SessionsConfig, BODY_KEYS};
 pub use store::StoreConfig;
 pub use sweep::SweepConfig;
 pub use telemetry::TelemetryConfig;

@@ -33,6 +33,7 @@ pub struct RawConfig {
     pub evidence: RawEvidence,
     pub capacity: RawCapacity,
     pub workload: RawWorkload,
+    pub sessions: RawSessions,
     pub fingerprint: RawFingerprint,
     pub tenants: RawTenants,
 }
@@ -281,6 +282,41 @@ impl Default for RawStore {
             data_dir: Some("tokentap-data".into()),
             snapshot_interval: Duration::from_secs(3600),
             retention: Duration::from_secs(720 * 3600),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawSessions {
+    pub enabled: bool,
+    pub keys: Vec<String>,
+    pub infer: bool,
+    pub max_sessions: u64,
+    #[serde(deserialize_with = "value::duration")]
+    pub idle: Duration,
+}
+
+impl Default for RawSessions {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            keys: [
+                "header:x-session-id",
+                "header:x-smg-routing-key",
+                "header:x-dynamo-session-id",
+                "header:x-claude-code-session-id",
+                "header:x-correlation-id",
+                "header:x-litellm-session-id",
+                "body:prompt_cache_key",
+                "body:session_id",
+                "body:user",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+            infer: true,
+            max_sessions: 65_536,
+            idle: Duration::from_secs(2 * 3600),
         }
     }
 }

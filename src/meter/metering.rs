@@ -18,6 +18,7 @@ use crate::base::Source;
 
 use super::bounds::{OVERHEAD_BOUNDS, TOKEN_GAP_BOUNDS};
 use super::buckets::Ladder;
+use super::conversation::Turn;
 use super::inflight::{InflightGuard, InflightRegistry, InterferenceSpan};
 use super::labels::{HeldRelease, RequestLabels, SettleLabels};
 use super::record::{
@@ -189,6 +190,7 @@ impl Meter {
             max_tokens,
             with_tools,
             prefix_blocks,
+            turn,
             slo,
             request_id,
             body_read,
@@ -223,7 +225,12 @@ impl Meter {
             labels,
             guard: Some(guard),
             max_tokens,
-            prefix_blocks,
+            extras: (!prefix_blocks.is_empty() || turn.is_some()).then(|| {
+                Box::new(StartExtras {
+                    prefix_blocks,
+                    turn,
+                })
+            }),
             status: 0,
             streaming: false,
             with_tools,
@@ -264,6 +271,8 @@ pub struct RequestStart {
     pub with_tools: bool,
     /// The prompt's salted prefix block ids (empty unless the workload capture is on).
     pub prefix_blocks: Vec<u64>,
+    /// The request as a turn of its session (`meter::conversation`), when it has one.
+    pub turn: Option<Turn>,
     /// The request's SLO targets (none unless the proxy resolved some).
     pub slo: ResolvedSlo,
     /// The request's id, carried into its record (see `RequestRecord::request_id`).
@@ -286,6 +295,7 @@ impl From<RequestLabels> for RequestStart {
             max_tokens: None,
             with_tools: false,
             prefix_blocks: Vec::new(),
+            turn: None,
             slo: ResolvedSlo::default(),
             request_id: None,
             body_read: None,
@@ -293,6 +303,13 @@ impl From<RequestLabels> for RequestStart {
             settle: None,
         }
     }
+}
+
+/// What a request started with that only its record reads.
+#[derive(Debug)]
+struct StartExtras {
+    prefix_blocks: Vec<u64>,
+    turn: Option<Turn>,
 }
 
 /// The measurement of one request in progress.
@@ -316,8 +333,9 @@ pub struct RequestMeter {
     timeline: Timeline,
     started_at: SystemTime,
     max_tokens: Option<u64>,
-    /// The prompt's salted prefix block ids (empty unless the workload capture is on).
-    prefix_blocks: Vec<u64>,
+    /// The prompt's prefix block ids and the request's turn, when either is there: read at
+    /// the end only, so boxed out of the metering box every event touches.
+    extras: Option<Box<StartExtras>>,
     /// Upstream status (or tokentap's own answer, e.g. 502).
     status: u16,
     inflight_at_head: u32,
@@ -562,13 +580,18 @@ impl RequestMeter {
         let tokens = self.tokens(usage, completion_tokens, exact, &timing);
         let buckets = self.buckets(&tokens, &interference);
         let slo = self.slo_result(outcome, &timing, completion_tokens);
+        let mut extras = self.extras.take();
         let record = RequestRecord {
             labels: self.labels.clone(),
             outcome,
             status: self.status,
             streaming: self.streaming,
             with_tools: self.with_tools,
-            prefix_blocks: std::mem::take(&mut self.prefix_blocks),
+            prefix_blocks: extras
+                .as_mut()
+                .map(|e| std::mem::take(&mut e.prefix_blocks))
+                .unwrap_or_default(),
+            turn: extras.and_then(|e| e.turn),
             timing,
             tokens,
             interference,

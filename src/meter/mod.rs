@@ -4,6 +4,7 @@
 
 pub mod bounds;
 pub mod buckets;
+pub mod conversation;
 pub mod identity;
 pub mod inflight;
 pub mod labels;

@@ -127,6 +127,8 @@ pub struct RequestRecord {
     /// Salted block ids of the prompt's prefix (`stream::fingerprint`), for the workload
     /// capture; empty when capture is off.
     pub prefix_blocks: Vec<u64>,
+    /// The request as a turn of its session (`meter::conversation`), when it has one.
+    pub turn: Option<super::conversation::Turn>,
     pub timing: Timing,
     pub tokens: Tokens,
     pub interference: Interference,
@@ -310,6 +312,7 @@ impl RequestRecord {
             streaming: true,
             with_tools: false,
             prefix_blocks: Vec::new(),
+            turn: None,
             timing: Timing::default(),
             tokens: Tokens::default(),
             interference: Interference::default(),

@@ -25,6 +25,7 @@ pub mod sessions;
 pub mod slice;
 pub mod tenants;
 pub mod timeout;
+pub mod turns;
 pub mod upstream;
 pub mod usage_unasked;
 

@@ -147,6 +147,9 @@ pub struct Proxy {
     pub refusals: super::refusals::Refusals,
     /// The engine sessions opened through this proxy and who opened each.
     pub sessions: super::sessions::SessionOwners,
+    /// Which turn of which conversation each production request is (`[sessions]`; `None`
+    /// when off).
+    pub turns: Option<super::turns::TurnTaker>,
 }
 
 /// The memory metered request bodies may hold while being read, over all requests, in KiB

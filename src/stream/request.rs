@@ -58,6 +58,9 @@ pub struct RequestFacts {
     pub with_tools: bool,
     /// The top-level integer `priority` (sglang and vLLM, every route that takes one).
     pub priority: Option<i64>,
+    /// The top-level string members a session key can be read from, in
+    /// `config::BODY_KEYS` order (`prompt_cache_key`, `session_id`, `user`): raw spans.
+    pub session_fields: [Option<Span>; 3],
 }
 
 /// Reads the facts from a JSON request body; `None` if the body is not a JSON object.
@@ -67,7 +70,7 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
         return None;
     }
     // One walk over the top-level object for every field (the prompt may be megabytes).
-    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid, messages, prompt, text, input_ids, input, tools, priority] =
+    let [model, stream, max_completion_tokens, max_tokens, max_output_tokens, stream_options, sampling_params, rid, messages, prompt, text, input_ids, input, tools, priority, prompt_cache_key, session_id, user] =
         json::last_members(
             body,
             start,
@@ -87,6 +90,9 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
                 b"input",
                 b"tools",
                 b"priority",
+                b"prompt_cache_key",
+                b"session_id",
+                b"user",
             ],
         )
         .map(|member| member.map(|m| m.value));
@@ -117,6 +123,8 @@ pub fn inspect(route: Route, body: &[u8]) -> Option<RequestFacts> {
         },
         with_tools: tools.is_some_and(|s| json::is_nonempty_array(body, s)),
         priority: priority.and_then(|s| json::as_i64(body, s)),
+        session_fields: [prompt_cache_key, session_id, user]
+            .map(|span| span.filter(|s| json::is_nonempty_string(body, *s))),
     })
 }
 

@@ -30,6 +30,8 @@ pub(crate) struct Prepared {
     pub(crate) injected: Injected,
     /// The prompt's salted prefix block ids (empty unless the workload capture is on).
     pub(crate) prefix_blocks: Vec<u64>,
+    /// The request as a turn of its session (production requests, `[sessions]` on).
+    pub(crate) turn: Option<crate::meter::conversation::Turn>,
 }
 
 impl Proxy {
@@ -94,6 +96,12 @@ impl Proxy {
             (Some(salt), Some(prompt), None) => salt.fingerprint(prompt.bytes(&bytes)),
             _ => Vec::new(),
         };
+        let turn = match (&self.turns, &admitted.synthetic, admitted.internal) {
+            (Some(turns), None, false) => {
+                turns.turn(&admitted.parts.headers, &bytes, &facts, Instant::now())
+            }
+            _ => None,
+        };
         let mut bytes = bytes;
         let mut injected = Injected::default();
         if self.metering.inject_usage {
@@ -122,6 +130,7 @@ impl Proxy {
             facts,
             injected,
             prefix_blocks,
+            turn,
         };
         Step::Next((bytes, prepared))
     }

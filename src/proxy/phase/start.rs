@@ -55,6 +55,7 @@ impl Proxy {
             facts,
             injected,
             prefix_blocks,
+            turn,
         } = prepared;
         let (headers, version) = (&admitted.parts.headers, admitted.parts.version);
         let labels = self.labels(admitted, route, &facts);
@@ -99,6 +100,7 @@ impl Proxy {
             max_tokens: facts.max_tokens,
             with_tools: facts.with_tools,
             prefix_blocks,
+            turn,
             slo,
             request_id,
             body_read: Some(body_read),
