@@ -28,6 +28,7 @@ mod production_tests;
 mod proxy_tests;
 mod replay_tests;
 mod server_state_tests;
+mod session_tests;
 mod shed_tests;
 mod sim_conformance_tests;
 mod sim_layers_tests;

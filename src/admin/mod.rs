@@ -26,6 +26,7 @@
 //! This file only declares and re-exports.
 
 pub mod capacity;
+pub mod conversations;
 pub mod matrix;
 pub mod page;
 pub mod query;

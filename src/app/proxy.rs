@@ -68,7 +68,9 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
             None => PrefixSalt::random().context("no randomness for the sessions' salt")?,
         };
         let turns = crate::proxy::turns::TurnTaker::new(&config.sessions, salt);
-        meter.add_sink(turns.end_sink());
+        for sink in turns.sinks() {
+            meter.add_sink(sink);
+        }
         Some(turns)
     } else {
         None

@@ -48,7 +48,7 @@ impl SessionsConfig {
             let Some(parsed) = parsed else {
                 return Err(origins.error(
                     "sessions.keys",
-                    &format!(
+                    format!(
                         "`{key}` is not a session key: use `header:<name>` or `body:<field>` \
                          with a field among {}",
                         BODY_KEYS.join(", ")

@@ -15,6 +15,7 @@ pub mod server_state;
 pub mod slo;
 pub mod striped;
 pub mod timeline;
+pub mod turn_stats;
 
 pub use labels::RequestLabels;
 pub use metering::{

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::config::{SessionKey, SessionsConfig};
 use crate::meter::conversation::{Conversations, Turn, TurnQuery};
 use crate::meter::record::RequestRecord;
+use crate::meter::turn_stats::TurnStats;
 use crate::meter::RecordSink;
 use crate::stream::fingerprint::PrefixSalt;
 use crate::stream::request::RequestFacts;
@@ -21,6 +22,7 @@ use crate::stream::request::RequestFacts;
 #[derive(Debug)]
 pub struct TurnTaker {
     table: Arc<Conversations>,
+    stats: Arc<TurnStats>,
     salt: PrefixSalt,
     keys: Vec<SessionKey>,
 }
@@ -31,6 +33,7 @@ impl TurnTaker {
     pub fn new(config: &SessionsConfig, salt: PrefixSalt) -> Self {
         Self {
             table: Arc::new(Conversations::new(config.limits)),
+            stats: Arc::default(),
             salt,
             keys: config.keys.clone(),
         }
@@ -40,9 +43,18 @@ impl TurnTaker {
         &self.table
     }
 
-    /// The sink that tells the table when each turn ended.
-    pub fn end_sink(&self) -> Arc<dyn RecordSink> {
-        Arc::new(TurnEndSink(Arc::clone(&self.table)))
+    /// The session figures per model (`meter::turn_stats`).
+    pub fn stats(&self) -> &Arc<TurnStats> {
+        &self.stats
+    }
+
+    /// The sinks the meter hands records to: the one that tells the table when each turn
+    /// ended, and the session figures.
+    pub fn sinks(&self) -> [Arc<dyn RecordSink>; 2] {
+        [
+            Arc::new(TurnEndSink(Arc::clone(&self.table))),
+            Arc::clone(&self.stats) as Arc<dyn RecordSink>,
+        ]
     }
 
     /// The turn `body` (with `facts` read from it) is, starting `now`.

@@ -60,6 +60,16 @@ pub const UPSTREAM_STATE_GAUGES: [(&str, &str); 4] = [
 ];
 /// Written as text from `meter::identity` (kept configurations come and go), so not in
 /// [`DESCRIPTIONS`].
+pub const SESSIONS: &str = "tokentap_sessions";
+pub const SESSIONS_HELP: &str = "Sessions the session table keeps now ([sessions] max_sessions bounds it; docs/metrics.md, \"Sessions and turns\").";
+pub const SESSION_TURNS_TOTAL: &str = "tokentap_session_turns_total";
+pub const SESSION_TURNS_HELP: &str = "Production turns by what came before them (after: first, user, tool, overlap) and, for user and tool turns, the gap from the previous turn's end to this turn's start (gap: the bin's upper bound; none for first and overlap turns).";
+pub const SESSION_PROMPT_TOKENS_TOTAL: &str = "tokentap_session_prompt_tokens_total";
+pub const SESSION_PROMPT_TOKENS_HELP: &str = "Prompt tokens of user and tool turns whose usage counted them, by end-to-start gap bin: the denominator of the KV-retention curve.";
+pub const SESSION_CACHED_TOKENS_TOTAL: &str = "tokentap_session_cached_tokens_total";
+pub const SESSION_CACHED_TOKENS_HELP: &str = "Of those prompt tokens, what the engine reported cached (usage), by gap bin: the realized share is this over tokentap_session_prompt_tokens_total.";
+pub const SESSION_SHARED_TOKENS_TOTAL: &str = "tokentap_session_shared_tokens_total";
+pub const SESSION_SHARED_TOKENS_HELP: &str = "Of those prompt tokens, the ones the session's previous turn had already sent (the most a prefix cache could have kept), by gap bin: the theoretical share is this over tokentap_session_prompt_tokens_total.";
 pub const UPSTREAM_CONFIG_INFO: &str = "tokentap_upstream_config_info";
 pub const UPSTREAM_CONFIG_INFO_HELP: &str = "A configuration (fingerprint) the upstream ran, always 1: the current one and at most three before it per upstream (docs/fleet.md lists the fields the fingerprint covers). The per-cell series carry the same fingerprint label.";
 pub const UPSTREAM_CONFIG_CHANGES_TOTAL: &str = "tokentap_upstream_config_changes_total";

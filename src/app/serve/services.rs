@@ -112,6 +112,9 @@ impl Services {
         }
         metrics.watch_server_state(&self.proxy.meter);
         metrics.watch_identities(&self.proxy.meter);
+        if let Some(turns) = &self.proxy.turns {
+            metrics.watch_sessions(turns.table(), turns.stats());
+        }
     }
 }
 

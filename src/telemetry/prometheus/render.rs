@@ -3,8 +3,10 @@
 
 use std::fmt::Write as _;
 
+use crate::meter::conversation::{After, Conversations};
 use crate::meter::identity::IdentityRegistry;
 use crate::meter::server_state::{ScrapeOutcome, ServerStateRegistry};
+use crate::meter::turn_stats::{gap_label, TurnStats, GAP_BINS};
 use crate::telemetry::names::*;
 
 /// A label value as the text format wants it: backslash, double quote and newline escaped.
@@ -126,6 +128,78 @@ pub(super) fn render_identities(registry: &IdentityRegistry, out: &mut String) {
                 "{UPSTREAM_UNCLASSIFIED_ROUTES}{{upstream=\"{}\"}} {count}",
                 escape_label(upstream)
             );
+        }
+    }
+}
+
+/// The session series (`tokentap_sessions`, `tokentap_session_*`), written as text: counts the
+/// session sink keeps since start, one series per model, kind and gap bin (bounded by the
+/// model labels, 4 kinds and [`GAP_BINS`] bins).
+pub(super) fn render_sessions(table: &Conversations, stats: &TurnStats, out: &mut String) {
+    let _ = write!(
+        out,
+        "# HELP {SESSIONS} {SESSIONS_HELP}\n# TYPE {SESSIONS} gauge\n{SESSIONS} {}\n",
+        table.len()
+    );
+    let models = stats.snapshot();
+    if models.is_empty() {
+        return;
+    }
+    let _ = write!(
+        out,
+        "# HELP {SESSION_TURNS_TOTAL} {SESSION_TURNS_HELP}\n# TYPE {SESSION_TURNS_TOTAL} counter\n"
+    );
+    for (model, figures) in &models {
+        let model = escape_label(model);
+        for (after, count) in After::ALL.iter().zip(figures.turns) {
+            if matches!(after, After::First | After::Overlap) {
+                let _ = writeln!(
+                    out,
+                    "{SESSION_TURNS_TOTAL}{{model=\"{model}\",after=\"{}\",gap=\"none\"}} {count}",
+                    after.label()
+                );
+            }
+        }
+        for (bin, figures) in figures.bins.iter().enumerate() {
+            for (kind, count) in ["user", "tool"].iter().zip(figures.turns) {
+                let _ = writeln!(
+                    out,
+                    "{SESSION_TURNS_TOTAL}{{model=\"{model}\",after=\"{kind}\",gap=\"{}\"}} {count}",
+                    gap_label(bin)
+                );
+            }
+        }
+    }
+    type Field = fn(&crate::meter::turn_stats::GapBin) -> f64;
+    let curves: [(&str, &str, Field); 3] = [
+        (
+            SESSION_PROMPT_TOKENS_TOTAL,
+            SESSION_PROMPT_TOKENS_HELP,
+            |b| b.prompt_tokens as f64,
+        ),
+        (
+            SESSION_CACHED_TOKENS_TOTAL,
+            SESSION_CACHED_TOKENS_HELP,
+            |b| b.cached_tokens as f64,
+        ),
+        (
+            SESSION_SHARED_TOKENS_TOTAL,
+            SESSION_SHARED_TOKENS_HELP,
+            |b| b.shared_tokens.round(),
+        ),
+    ];
+    for (name, help, field) in curves {
+        let _ = write!(out, "# HELP {name} {help}\n# TYPE {name} counter\n");
+        for (model, figures) in &models {
+            let model = escape_label(model);
+            for bin in 0..GAP_BINS {
+                let value = figures.bins.get(bin).map_or(0.0, field);
+                let _ = writeln!(
+                    out,
+                    "{name}{{model=\"{model}\",gap=\"{}\"}} {value}",
+                    gap_label(bin)
+                );
+            }
         }
     }
 }

@@ -181,6 +181,18 @@ impl PrometheusMetrics {
         });
     }
 
+    /// Shows the session table's size and the session figures (`tokentap_session*`).
+    pub fn watch_sessions(
+        &self,
+        table: &Arc<crate::meter::conversation::Conversations>,
+        stats: &Arc<crate::meter::turn_stats::TurnStats>,
+    ) {
+        self.watch(Watched::Sessions {
+            table: Arc::downgrade(table),
+            stats: Arc::downgrade(stats),
+        });
+    }
+
     fn watch(&self, watched: Watched) {
         lock::lock(&self.watched).push(watched);
     }

@@ -6,10 +6,12 @@ use std::sync::{Arc, Weak};
 
 use metrics::Counter;
 
+use crate::meter::conversation::Conversations;
+use crate::meter::turn_stats::TurnStats;
 use crate::meter::Meter;
 use crate::net::faults::{Fault, FaultCounters};
 
-use super::render::{render_identities, render_server_state};
+use super::render::{render_identities, render_server_state, render_sessions};
 
 /// An outside count and the exporter counter showing it.
 pub(super) enum Watched {
@@ -34,6 +36,11 @@ pub(super) enum Watched {
     ServerState { meter: Weak<Meter> },
     /// The upstreams' configurations (`tokentap_upstream_config_*`), written as text.
     Identities { meter: Weak<Meter> },
+    /// The session table's size and the session figures (`tokentap_session*`), as text.
+    Sessions {
+        table: Weak<Conversations>,
+        stats: Weak<TurnStats>,
+    },
 }
 
 impl Watched {
@@ -59,6 +66,11 @@ impl Watched {
             Watched::Identities { meter } => {
                 if let Some(meter) = meter.upgrade() {
                     render_identities(meter.identities(), text);
+                }
+            }
+            Watched::Sessions { table, stats } => {
+                if let (Some(table), Some(stats)) = (table.upgrade(), stats.upgrade()) {
+                    render_sessions(&table, &stats, text);
                 }
             }
             Watched::Count { value, handle } => {
