@@ -30,9 +30,6 @@ use super::view::{
 
 /// `GET /matrix`.
 pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<ResponseBody> {
-    if super::conversations::asks_for_sessions(request.uri().query()) {
-        return super::conversations::handle(state, request);
-    }
     let view = state.view();
     let query = match MatrixQuery::parse(
         request.uri().query(),

@@ -16,7 +16,7 @@
 //!    names), the response helpers, the hyper service; `query.rs`: the query strings, decoded
 //!    one way, and the query `/matrix` and `/` share.
 //! 3. The endpoint files, one per family, importing only `state`, `query` and `view`:
-//!    `matrix.rs` (`/matrix`), `page/` (`/`), `capacity.rs` (`/capacity`, the capacity gauges),
+//!    `matrix.rs` (`/matrix`), `conversations.rs` (`/matrix?view=sessions`), `page/` (`/`), `capacity.rs` (`/capacity`, the capacity gauges),
 //!    `status.rs` (`/status`, the one verdict),
 //!    `sweeps.rs` (the sweep API), `reference.rs` (the reference API), `workload.rs`
 //!    (`/workload`, streamed), `session.rs` (`/login`, `/logout`, the page's CSRF-checked forms).

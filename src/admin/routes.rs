@@ -14,7 +14,7 @@ use http_body::Body;
 use super::state::{
     bearer, json_error, misdirected_host, respond, unauthorized, AdminState, Credential,
 };
-use super::{capacity, matrix, page, reference, session, status, sweeps, workload};
+use super::{capacity, conversations, matrix, page, reference, session, status, sweeps, workload};
 use crate::proxy::body::ResponseBody;
 use crate::proxy::BoxError;
 
@@ -278,6 +278,9 @@ impl AdminState {
                     "text/plain; version=0.0.4; charset=utf-8",
                     text,
                 )
+            }
+            Handler::Matrix if conversations::asks_for_sessions(request.uri().query()) => {
+                conversations::handle(&self, &request)
             }
             Handler::Matrix => matrix::handle(&self, &request).await,
             Handler::Workload => workload::handle(&self, &request).await,

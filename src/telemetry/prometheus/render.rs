@@ -141,7 +141,13 @@ pub(super) fn render_sessions(table: &Conversations, stats: &TurnStats, out: &mu
         "# HELP {SESSIONS} {SESSIONS_HELP}\n# TYPE {SESSIONS} gauge\n{SESSIONS} {}\n",
         table.len()
     );
-    let models = stats.snapshot();
+    // A model's series appear with its first turn after a first one: requests that are each a
+    // session of their own (most traffic without keys or conversations) add nothing here.
+    let models: Vec<_> = stats
+        .snapshot()
+        .into_iter()
+        .filter(|(_, figures)| figures.turns.iter().skip(1).any(|&count| count > 0))
+        .collect();
     if models.is_empty() {
         return;
     }
