@@ -1640,7 +1640,9 @@ async fn the_proxy_measures_messages_and_responses_streams() {
         ),
         (
             "/v1/responses",
-            responses_body(&format!("{text}."), 100, true),
+            // One byte more, in front: nothing in common with the first prompt's blocks, so
+            // the prefix cache has nothing of it and it is cold too.
+            responses_body(&format!(".{text}"), 100, true),
             MeterRoute::Responses,
         ),
     ]
@@ -1677,4 +1679,87 @@ async fn the_proxy_measures_messages_and_responses_streams() {
         assert!(within(rate, 118.5, 0.05), "{path}: {rate} tok/s");
     }
     server.shutdown().await;
+}
+
+/// A conversation's second turn (its first turn's messages, the answer, a new question) finds
+/// the first turn's prompt in the prefix cache: `cached_tokens` is the first prompt's full
+/// blocks (16 tokens each), more than nothing and less than the whole prompt — in the usage
+/// (sglang's `--enable-cache-report`; the simulated vLLM's non-streamed body has no
+/// `prompt_tokens_details`) and in the engine's counters, on both dialects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_turn_hits_the_prefix_cache_for_the_first_turns_prompt() {
+    for dialect in [Dialect::Sglang, Dialect::Vllm] {
+        let server = SimServer::start(
+            Profile::builtin(STEP).unwrap(),
+            SimOptions {
+                seed: 7,
+                dialect,
+                enable_cache_report: true,
+                ..SimOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+        let url = format!("{}/v1/chat/completions", server.base_url());
+        let chat = |messages: &Value| {
+            json!({"model": "m", "messages": messages, "max_tokens": 8, "ignore_eos": true})
+                .to_string()
+        };
+        let usage = |body: &Value| {
+            let usage = &body["usage"];
+            let prompt = usage["prompt_tokens"].as_u64().unwrap();
+            let cached = usage["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+            (prompt, cached)
+        };
+        let mut messages = json!([
+            {"role": "system", "content": "You are a careful assistant who answers in short, plain sentences."},
+            {"role": "user", "content": "What limits the decode speed of a large model served on one card?"}
+        ]);
+        let first = common::post(&url, &chat(&messages)).await;
+        assert_eq!(first.status, 200, "{dialect:?}: {}", first.text());
+        let first: Value = serde_json::from_slice(&first.bytes()).unwrap();
+        let (first_prompt, first_cached) = usage(&first);
+        assert_eq!(first_cached, 0, "{dialect:?}: a cold first turn");
+        let answer = first["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let turns = messages.as_array_mut().unwrap();
+        turns.push(json!({"role": "assistant", "content": answer}));
+        turns.push(json!({"role": "user", "content": "And what limits prefill?"}));
+        let second = common::post(&url, &chat(&messages)).await;
+        assert_eq!(second.status, 200, "{dialect:?}: {}", second.text());
+        let second: Value = serde_json::from_slice(&second.bytes()).unwrap();
+        let (second_prompt, reported) = usage(&second);
+        let metrics = common::get(&format!("{}/metrics", server.base_url()))
+            .await
+            .text();
+        let cached = match dialect {
+            Dialect::Sglang => {
+                assert_eq!(
+                    metric(&metrics, "sglang:cached_tokens_total"),
+                    reported as f64
+                );
+                let rate = metric(&metrics, "sglang:cache_hit_rate");
+                let want = reported as f64 / (first_prompt + second_prompt) as f64;
+                assert!((rate - want).abs() < 1e-9, "{rate} vs {want}");
+                reported
+            }
+            Dialect::Vllm => {
+                assert_eq!(
+                    metric(&metrics, "vllm:prefix_cache_queries_total"),
+                    (first_prompt + second_prompt) as f64
+                );
+                metric(&metrics, "vllm:prefix_cache_hits_total") as u64
+            }
+        };
+        assert!(
+            cached > 0 && cached < second_prompt,
+            "{dialect:?}: {cached} of {second_prompt}"
+        );
+        assert_eq!(cached, first_prompt / 16 * 16, "{dialect:?}");
+        server.shutdown().await;
+    }
 }

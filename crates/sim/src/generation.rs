@@ -50,11 +50,12 @@ where
         let stream = body.get("stream") == Some(&Value::Bool(true));
         return out_of_vocabulary_reply(dialect, api, id, stream).into();
     }
+    let block_tokens = u64::from(state.profile.capacity.kv_block_size);
     let parsed = match api {
-        Api::Generate => generate::parse(&body),
-        Api::Messages => messages::parse(&body),
-        Api::Responses => responses::parse(&body),
-        Api::Chat | Api::Completion => openai::parse(&body, api, dialect),
+        Api::Generate => generate::parse(&body, block_tokens),
+        Api::Messages => messages::parse(&body, block_tokens),
+        Api::Responses => responses::parse(&body, block_tokens),
+        Api::Chat | Api::Completion => openai::parse(&body, api, dialect, block_tokens),
     };
     let mut parsed = match parsed {
         Ok(parsed) => parsed,
@@ -95,7 +96,7 @@ where
         id: counter,
         rid,
         prompt_tokens: parsed.prompt_tokens,
-        cache_key: parsed.cache_key,
+        prefix: std::mem::take(&mut parsed.prefix),
         max_new_tokens,
         min_new_tokens: parsed.min_new_tokens,
         ignore_eos: parsed.ignore_eos,

@@ -1,14 +1,14 @@
 //! The simulated sglang-compatible server (`tokentap simulate`), the embedded default
 //! upstream: a performance model driven by a [`Profile`] (prefill curve, decode grid,
-//! speculative tokens per step, KV capacity with queueing, prompt cache, chunked prefill
-//! stalling decode) behind sglang's HTTP API, byte for byte, or vLLM's with
+//! speculative tokens per step, KV capacity with queueing, a block-granular prefix cache with
+//! LRU eviction, chunked prefill stalling decode) behind sglang's HTTP API, byte for byte, or vLLM's with
 //! [`Dialect::Vllm`].
 //!
 //! Code map, lowest first (a file uses only files above it):
 //! * `options` (dialect, run options), `profile` (data + validation), `model` (pure timing
-//!   functions and seeded draws), `text` (token rules, prompt-cache keys, filler words),
-//!   `json_out` (hand-written JSON), `scheduler` (the one task that owns every request's
-//!   progress), `from_matrix` (a profile inferred from a speed-test matrix);
+//!   functions and seeded draws), `text` (token rules, prompt-cache keys and block chains,
+//!   filler words), `json_out` (hand-written JSON), `scheduler` (the one task that owns every
+//!   request's progress; `scheduler/prefix_cache` its prefix cache), `from_matrix` (a profile inferred from a speed-test matrix);
 //! * `request` (the parsed request, field readers, the error value), `error_body` (every
 //!   error body), `output` (the words of each step), `state` (what connections share);
 //! * `api/` — one module per API, its parsing and its bytes: `openai` (chat completions,

@@ -22,6 +22,15 @@ struct Inputs<'a> {
 }
 
 impl Inputs<'_> {
+    /// Share of the prompt tokens found in the prefix cache, since the start.
+    fn cache_hit_rate(&self) -> f64 {
+        if self.stats.prompt_tokens_total == 0 {
+            0.0
+        } else {
+            self.stats.cached_tokens_total as f64 / self.stats.prompt_tokens_total as f64
+        }
+    }
+
     /// Share of the KV pool in use.
     fn kv_usage(&self) -> f64 {
         self.stats.used_tokens as f64 / self.stats.kv_tokens.max(1) as f64
@@ -98,11 +107,7 @@ const SGLANG: &[Metric] = &[
         |i| i.stats.gen_throughput,
     ),
     gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", |i| {
-        if i.stats.cache_queries == 0 {
-            0.0
-        } else {
-            i.stats.cache_hits as f64 / i.stats.cache_queries as f64
-        }
+        i.cache_hit_rate()
     }),
     gauge(
         "sglang:spec_accept_length",
@@ -152,6 +157,16 @@ const VLLM: &[Metric] = &[
         "vllm:kv_cache_usage_perc",
         "KV-cache usage. 1 means 100 percent usage.",
         |i| i.kv_usage(),
+    ),
+    counter(
+        "vllm:prefix_cache_queries_total",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        |i| i.stats.prompt_tokens_total as f64,
+    ),
+    counter(
+        "vllm:prefix_cache_hits_total",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        |i| i.stats.cached_tokens_total as f64,
     ),
     counter(
         "vllm:prompt_tokens_total",

@@ -33,6 +33,8 @@ pub enum Api {
 pub struct GenRequest {
     pub prompt_tokens: u64,
     pub cache_key: u64,
+    /// The prompt's block chain for the prefix cache.
+    pub prefix: text::PrefixKeys,
     pub max_new_tokens: Option<i64>,
     pub min_new_tokens: u64,
     pub ignore_eos: bool,

@@ -16,14 +16,19 @@
 //!    `Σ (prompt + min(max_new_tokens, 4096))` stays within `kv_tokens` (4096 is sglang's
 //!    clip of the output estimate; the seed pages' "over capacity" rule is the same sum);
 //!    a request that does not fit waits, and everything behind it waits too;
-//! 2. a prompt-cache hit "joins": its first token comes `cached_ttft(context, batch)`
-//!    after admission, where batch counts every admitted request (the largest seen while it
-//!    joins), and it stalls nobody;
-//! 3. a cold prompt is prefilled in chunks of at most `chunked_prefill_size` tokens
-//!    (several requests may share a chunk), each chunk taking `tokens / prefill_rate(prompt)`;
-//!    while chunks are pending no decode step runs, which is what makes TTFT and TBT rise
-//!    when prompts arrive during decoding;
-//! 4. otherwise one decode step of the whole running batch, lasting
+//! 2. each admitted prompt is looked up in the prefix cache ([`prefix_cache`]: blocks of
+//!    `kv_block_size` tokens, `kv_tokens` of them at most, least recently used evicted
+//!    first); it reports `cached_tokens` = its longest cached run of leading blocks, at most
+//!    `prompt − 1` (sglang always recomputes the last prompt token);
+//! 3. a prompt found whole (an identical prompt was cached) "joins": its first token comes
+//!    `cached_ttft(context, batch)` after admission, where batch counts every admitted
+//!    request (the largest seen while it joins), and it stalls nobody;
+//! 4. any other prompt prefills its uncached tokens (`prompt − cached_tokens`: all of them
+//!    when nothing was found) in chunks of at most `chunked_prefill_size` tokens (several
+//!    requests may share a chunk), each chunk taking `tokens / prefill_rate(prompt)`, and
+//!    its blocks enter the cache when its prefill ends; while chunks are pending no decode
+//!    step runs, which is what makes TTFT and TBT rise when prompts arrive during decoding;
+//! 5. otherwise one decode step of the whole running batch, lasting
 //!    `step_time(mean prompt of the batch, batch size)`, gives each request its next accept
 //!    length of tokens.
 use std::collections::{HashMap, VecDeque};
@@ -36,6 +41,11 @@ use tokio::time::Instant;
 use super::model::{natural_output_tokens, AcceptLengths, PerformanceModel};
 use super::options::{QueueCaps, QueueOrder, ShedCause};
 use super::profile::Profile;
+use super::text::PrefixKeys;
+
+pub mod prefix_cache;
+
+use prefix_cache::PrefixCache;
 
 /// sglang clips the output estimate used for admission at this many tokens
 /// (`SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`).
@@ -78,7 +88,8 @@ pub struct Submission {
     pub id: u64,
     pub rid: String,
     pub prompt_tokens: u64,
-    pub cache_key: u64,
+    /// The prompt's block chain, looked up in and added to the prefix cache.
+    pub prefix: PrefixKeys,
     pub max_new_tokens: u64,
     pub min_new_tokens: u64,
     pub ignore_eos: bool,
@@ -117,15 +128,18 @@ pub struct SchedulerStats {
     pub gen_throughput: f64,
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
+    /// Prompt tokens found in the prefix cache (`sglang:cached_tokens_total`,
+    /// `vllm:prefix_cache_hits_total`); against `prompt_tokens_total`, the cache's hit rate in
+    /// tokens, as both engines count it.
     pub cached_tokens_total: u64,
+    /// Tokens the prefix cache holds now (at most `kv_tokens`).
+    pub prefix_cache_tokens: u64,
     pub requests_total: u64,
     pub aborted_total: u64,
     /// Requests refused by [`QueueCaps::requests`] and by [`QueueCaps::tokens`]
     /// (`vllm:admission_rejections_total{reason}`).
     pub shed_by_requests: u64,
     pub shed_by_tokens: u64,
-    pub cache_queries: u64,
-    pub cache_hits: u64,
     /// Time admitted requests waited in the queue (`sglang:queue_time_seconds`,
     /// `vllm:request_queue_time_seconds`).
     pub queue_time: QueueTimes,
@@ -212,7 +226,9 @@ struct Req {
     id: u64,
     rid: String,
     prompt_tokens: u64,
-    cache_key: u64,
+    /// Emptied once it is no longer needed (after the lookup of a whole hit, after the insert
+    /// of a prefilled prompt).
+    prefix: PrefixKeys,
     target: u64,
     finish_at_target: Finish,
     priority: i64,
@@ -246,36 +262,6 @@ impl Activity {
     }
 }
 
-struct PromptCache {
-    entries: HashMap<u64, u64>,
-    order: VecDeque<u64>,
-    tokens: u64,
-    budget: u64,
-}
-
-impl PromptCache {
-    fn contains(&self, key: u64) -> bool {
-        self.entries.contains_key(&key)
-    }
-
-    fn insert(&mut self, key: u64, tokens: u64) {
-        if self.entries.contains_key(&key) || tokens > self.budget {
-            return;
-        }
-        self.entries.insert(key, tokens);
-        self.order.push_back(key);
-        self.tokens += tokens;
-        while self.tokens > self.budget {
-            let Some(old) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(t) = self.entries.remove(&old) {
-                self.tokens -= t;
-            }
-        }
-    }
-}
-
 struct Scheduler {
     model: Arc<PerformanceModel>,
     kv_tokens: u64,
@@ -297,7 +283,7 @@ struct Scheduler {
     rids: HashMap<String, u64>,
     reserved: u64,
     activity: Option<Activity>,
-    cache: PromptCache,
+    cache: PrefixCache,
     lag_us: Vec<u32>,
     window_start: Instant,
     window_tokens: u64,
@@ -336,12 +322,7 @@ impl Scheduler {
             rids: HashMap::new(),
             reserved: 0,
             activity: None,
-            cache: PromptCache {
-                entries: HashMap::new(),
-                order: VecDeque::new(),
-                tokens: 0,
-                budget: profile.capacity.kv_tokens,
-            },
+            cache: PrefixCache::new(profile.capacity.kv_tokens),
             lag_us: Vec::new(),
             window_start: Instant::now(),
             window_tokens: 0,
@@ -453,7 +434,7 @@ impl Scheduler {
             id: s.id,
             rid: s.rid,
             prompt_tokens: s.prompt_tokens,
-            cache_key: s.cache_key,
+            prefix: s.prefix,
             target,
             finish_at_target,
             priority: s.priority,
@@ -626,16 +607,17 @@ impl Scheduler {
                 .add(now.saturating_duration_since(req.queued_at).as_secs_f64());
             self.stats.used_tokens += req.prompt_tokens;
             self.stats.prompt_tokens_total += req.prompt_tokens;
-            self.stats.cache_queries += 1;
-            if self.cache.contains(req.cache_key) {
-                // sglang's radix cache always recomputes the last prompt token.
-                req.cached_tokens = req.prompt_tokens.saturating_sub(1);
-                self.stats.cache_hits += 1;
-                self.stats.cached_tokens_total += req.cached_tokens;
+            let found = self.cache.lookup(&req.prefix);
+            // sglang's radix cache always recomputes the last prompt token.
+            req.cached_tokens = found.tokens.min(req.prompt_tokens.saturating_sub(1));
+            self.stats.cached_tokens_total += req.cached_tokens;
+            if found.whole {
+                req.prefix = PrefixKeys::default();
                 req.join_started = now;
                 req.join_batch = self.admitted() + 1;
                 self.joining.push(req);
             } else {
+                req.prefill_remaining = req.prompt_tokens.saturating_sub(req.cached_tokens).max(1);
                 self.prefilling.push_back(req);
             }
         }
@@ -710,8 +692,8 @@ impl Scheduler {
                     .front()
                     .is_some_and(|r| r.prefill_remaining == 0)
                 {
-                    if let Some(req) = self.prefilling.pop_front() {
-                        self.cache.insert(req.cache_key, req.prompt_tokens);
+                    if let Some(mut req) = self.prefilling.pop_front() {
+                        self.cache.insert(&std::mem::take(&mut req.prefix));
                         self.first_token(req);
                     }
                 }
@@ -787,6 +769,7 @@ impl Scheduler {
         }
         self.stats.running = self.admitted();
         self.stats.queued = self.waiting.len();
+        self.stats.prefix_cache_tokens = self.cache.tokens();
         let stats = self.stats;
         self.stats_tx.send_if_modified(|current| {
             if *current == stats {
@@ -823,6 +806,16 @@ mod tests {
         profile
     }
 
+    /// The block chain of a token-id prompt of `len` ids; equal seeds, equal prompts.
+    fn prompt(seed: u64, len: u64) -> PrefixKeys {
+        let ids: Vec<u64> = (0..len)
+            .map(|i| 1000 + (seed * 7919 + i * 31) % 9000)
+            .collect();
+        crate::text::token_ids_key(&serde_json::json!(ids), 16)
+            .unwrap()
+            .prefix
+    }
+
     fn submission(
         id: u64,
         max_new_tokens: u64,
@@ -834,7 +827,7 @@ mod tests {
             rid: format!("r{id}"),
             prompt_tokens: 100,
             // Distinct prompts: no cache hit joins out of turn.
-            cache_key: id,
+            prefix: prompt(id, 100),
             max_new_tokens,
             min_new_tokens: 0,
             ignore_eos: true,
@@ -1062,5 +1055,162 @@ mod tests {
             let order = first_token_order(&off, &[Some(1), Some(10), None, Some(-5)]).await;
             assert_eq!(order, [0, 1, 2, 3], "{dialect:?}");
         }
+    }
+
+    /// A built-in profile whose prefix cache holds `kv_tokens`.
+    fn with_kv(kv_tokens: u64) -> Profile {
+        let mut profile = Profile::builtin(BUILTIN_PROFILES[0].0).unwrap();
+        profile.capacity.kv_tokens = kv_tokens;
+        profile
+    }
+
+    /// What one request saw: its `cached_tokens` and its time to first token.
+    #[derive(Debug)]
+    struct Turn {
+        cached_tokens: u64,
+        ttft: Duration,
+    }
+
+    /// Send one request of `prompt` (two output tokens) and wait for its end.
+    async fn turn(handle: &SchedulerHandle, id: u64, prompt: PrefixKeys) -> Turn {
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let sent = Instant::now();
+        handle
+            .commands
+            .send(Command::Submit(Submission {
+                prompt_tokens: prompt.prompt_tokens(),
+                prefix: prompt,
+                ..submission(id, 2, 0, tx)
+            }))
+            .unwrap();
+        let first = tokio::time::timeout(PATIENCE, events.recv()).await.unwrap();
+        let Some(Event::Output { cached_tokens, .. }) = first else {
+            panic!("{first:?}");
+        };
+        let ttft = sent.elapsed();
+        while tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .unwrap()
+            .is_some()
+        {}
+        Turn {
+            cached_tokens,
+            ttft,
+        }
+    }
+
+    /// `ids` as a token-id prompt's chain (block 16, the built-in profiles' block size).
+    fn chain(ids: &[u64]) -> PrefixKeys {
+        crate::text::token_ids_key(&serde_json::json!(ids), 16)
+            .unwrap()
+            .prefix
+    }
+
+    fn ids(seed: u64, len: u64) -> Vec<u64> {
+        (0..len)
+            .map(|i| 1000 + (seed * 7919 + i * 31) % 9000)
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_turn_that_extends_the_previous_prompt_prefills_only_what_is_new() {
+        let (handle, task) = spawn(
+            &with_kv(1 << 20),
+            7,
+            QueueOrder::Arrival,
+            QueueCaps::default(),
+        );
+        let first = ids(1, 4000);
+        let cold = turn(&handle, 1, chain(&first)).await;
+        assert_eq!(cold.cached_tokens, 0);
+        // Turn 2: turn 1's prompt and 1,000 more tokens. Its shared full blocks are cached
+        // (4,000 = 250 blocks of 16), and only the rest is prefilled.
+        let mut second = first.clone();
+        second.extend(ids(2, 1000));
+        let warm = turn(&handle, 2, chain(&second)).await;
+        assert_eq!(warm.cached_tokens, 4000);
+        let unrelated = turn(&handle, 3, chain(&ids(3, 5000))).await;
+        assert_eq!(unrelated.cached_tokens, 0, "an unrelated prompt misses");
+        assert!(
+            warm.ttft * 3 < unrelated.ttft,
+            "{warm:?} against the cold {unrelated:?}"
+        );
+        // The identical prompt again: all but its last token, and it joins.
+        let again = turn(&handle, 4, chain(&second)).await;
+        assert_eq!(again.cached_tokens, 4999);
+        let stats = *handle.stats.borrow();
+        assert_eq!(stats.cached_tokens_total, 4000 + 4999);
+        assert_eq!(stats.prompt_tokens_total, 4000 + 5000 + 5000 + 5000);
+        assert_eq!(stats.prefix_cache_tokens, 4000 + 1000 + 5000);
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_conversation_loses_its_prefix_once_other_traffic_fills_the_cache() {
+        // Room for four 1,000-token prompts.
+        let kv_tokens = 4096;
+        let (handle, task) = spawn(
+            &with_kv(kv_tokens),
+            7,
+            QueueOrder::Arrival,
+            QueueCaps::default(),
+        );
+        let mut conversation = ids(1, 1000);
+        assert_eq!(
+            turn(&handle, 1, chain(&conversation)).await.cached_tokens,
+            0
+        );
+        let mut id = 10;
+        let mut other_traffic = |handle: &SchedulerHandle, prompts: u64| {
+            let handle = handle.clone();
+            let first = id;
+            id += prompts;
+            async move {
+                for seed in first..first + prompts {
+                    turn(&handle, seed, chain(&ids(seed, 1000))).await;
+                    let held = handle.stats.borrow().prefix_cache_tokens;
+                    assert!(held <= kv_tokens, "{held} > {kv_tokens}");
+                }
+            }
+        };
+        // Two other prompts: the cache still holds the conversation, and its next turn hits
+        // for the first turn's full blocks (62 of 16 tokens).
+        other_traffic(&handle, 2).await;
+        conversation.extend(ids(2, 200));
+        assert_eq!(
+            turn(&handle, 2, chain(&conversation)).await.cached_tokens,
+            992
+        );
+        // Two more: the oldest entries go first, and the conversation was used last.
+        other_traffic(&handle, 2).await;
+        conversation.extend(ids(3, 200));
+        assert_eq!(
+            turn(&handle, 3, chain(&conversation)).await.cached_tokens,
+            1200
+        );
+        // Five more (5,000 tokens through a 4,096-token cache): its prefix is evicted, and
+        // the next turn misses.
+        other_traffic(&handle, 5).await;
+        conversation.extend(ids(4, 200));
+        assert_eq!(
+            turn(&handle, 4, chain(&conversation)).await.cached_tokens,
+            0
+        );
+        assert!(handle.stats.borrow().prefix_cache_tokens <= kv_tokens);
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn empty_and_oversized_prompts_are_served() {
+        let (handle, task) = spawn(&with_kv(4096), 7, QueueOrder::Arrival, QueueCaps::default());
+        for id in 1..=2 {
+            assert_eq!(turn(&handle, id, chain(&[])).await.cached_tokens, 0);
+        }
+        // Larger than the whole cache: its leading 4,096 tokens are kept.
+        let huge = ids(1, 10_000);
+        assert_eq!(turn(&handle, 3, chain(&huge)).await.cached_tokens, 0);
+        assert_eq!(handle.stats.borrow().prefix_cache_tokens, 4096);
+        assert_eq!(turn(&handle, 4, chain(&huge)).await.cached_tokens, 4096);
+        task.abort();
     }
 }

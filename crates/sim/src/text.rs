@@ -1,6 +1,7 @@
 //! Text in and out of the simulator: the documented prompt-token rule for text prompts
 //! (shared by the generation routes and `/tokenize`, so they always agree), prompt
-//! fingerprints for the prompt cache, and the deterministic filler words of the output.
+//! fingerprints for the prompt cache (a whole-prompt key and a chain of block keys,
+//! [`PrefixKeys`]), and the deterministic filler words of the output.
 //!
 //! Rules (docs/simulator.md):
 //! * A text prompt of `b` UTF-8 bytes is `ceil(b / 4)` tokens.
@@ -122,38 +123,191 @@ impl Fingerprint {
     }
 }
 
-/// Prompt tokens and prompt-cache key of a text prompt. The key is tagged `text` so a text
-/// prompt never shares a cache entry with a token-id or chat prompt of the same bytes.
-pub fn text_prompt_key(text: &str) -> (u64, u64) {
-    let key = Fingerprint::default()
+/// A prompt as the prompt cache sees it: its token count, the whole-prompt key (which also
+/// seeds the output, so identical requests answer identically) and its chain of block keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptKey {
+    pub tokens: u64,
+    pub cache_key: u64,
+    pub prefix: PrefixKeys,
+}
+
+/// The block chain of a prompt: the prompt's tokens cut into blocks of `block_tokens` (the last
+/// one may be shorter), each keyed by a hash of every token from the prompt's start to the
+/// block's end — its parent's key extended by the block's tokens. Two prompts share block `i`'s
+/// key exactly when their first `i + 1` blocks hold the same tokens (up to a 64-bit hash
+/// collision), so a prompt that extends another shares its leading full blocks, and an
+/// identical prompt shares every block, its short last one included.
+///
+/// Blocks never mix prompt kinds: text, chat and token-id prompts start their chains from
+/// different roots, as their whole-prompt keys do.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefixKeys {
+    keys: Vec<u64>,
+    block_tokens: u64,
+    prompt_tokens: u64,
+}
+
+impl PrefixKeys {
+    /// Every block's key, the prompt's first block first.
+    pub fn keys(&self) -> &[u64] {
+        &self.keys
+    }
+
+    /// Prompt tokens the chain covers (all of them).
+    pub fn prompt_tokens(&self) -> u64 {
+        self.prompt_tokens
+    }
+
+    /// Tokens of block `index` (the block size, or what is left for the last block; 0 past
+    /// the end).
+    pub fn block_len(&self, index: usize) -> u64 {
+        let start = (index as u64).saturating_mul(self.block_tokens);
+        self.prompt_tokens
+            .saturating_sub(start)
+            .min(self.block_tokens)
+    }
+
+    /// Tokens of the first `blocks` blocks.
+    pub fn tokens_in(&self, blocks: usize) -> u64 {
+        (blocks as u64)
+            .saturating_mul(self.block_tokens)
+            .min(self.prompt_tokens)
+    }
+
+    /// Blocks in the chain.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+/// Builds a [`PrefixKeys`] one token at a time: O(1) per token, one key per block.
+struct BlockHasher {
+    running: Fingerprint,
+    block_tokens: u64,
+    in_block: u64,
+    tokens: u64,
+    keys: Vec<u64>,
+}
+
+impl BlockHasher {
+    /// `root` keeps the prompt kinds apart; `block_tokens` of 0 counts as 1.
+    fn new(root: &[u8], block_tokens: u64) -> BlockHasher {
+        BlockHasher {
+            running: Fingerprint::default().bytes(b"blocks").bytes(root),
+            block_tokens: block_tokens.max(1),
+            in_block: 0,
+            tokens: 0,
+            keys: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, token: u64) {
+        self.running = self.running.number(token);
+        self.tokens += 1;
+        self.in_block += 1;
+        if self.in_block == self.block_tokens {
+            self.keys.push(self.running.finish());
+            self.in_block = 0;
+        }
+    }
+
+    /// The text rule's tokens of `text`: one per 4-byte group, each group's bytes and length
+    /// in one word (below 2^35, so never a role marker's word).
+    fn push_text(&mut self, text: &str) {
+        for group in text.as_bytes().chunks(4) {
+            let mut word = [0u8; 4];
+            word[..group.len()].copy_from_slice(group);
+            self.push(u64::from(u32::from_le_bytes(word)) | (group.len() as u64) << 32);
+        }
+    }
+
+    fn finish(mut self) -> PrefixKeys {
+        if self.in_block > 0 {
+            self.keys.push(self.running.finish());
+        }
+        PrefixKeys {
+            keys: self.keys,
+            block_tokens: self.block_tokens,
+            prompt_tokens: self.tokens,
+        }
+    }
+}
+
+/// A role marker's token for the block chain: the role's own hash with the top bit set, so
+/// two roles the id rule folds together (every unknown role) still differ, as in the
+/// whole-prompt key, and no text token is ever one.
+fn role_token(role: &str) -> u64 {
+    Fingerprint::default().bytes(role.as_bytes()).finish() | 1 << 63
+}
+
+/// Prompt tokens and prompt-cache keys of a text prompt, in blocks of `block_tokens`. The keys
+/// are tagged `text` so a text prompt never shares a cache entry with a token-id or chat prompt
+/// of the same bytes.
+pub fn text_prompt_key(text: &str, block_tokens: u64) -> PromptKey {
+    let cache_key = Fingerprint::default()
         .bytes(b"text")
         .bytes(text.as_bytes())
         .finish();
-    (text_tokens(text), key)
+    let mut blocks = BlockHasher::new(b"text", block_tokens);
+    blocks.push_text(text);
+    PromptKey {
+        tokens: text_tokens(text),
+        cache_key,
+        prefix: blocks.finish(),
+    }
 }
 
-/// Prompt tokens (the documented chat rule) and prompt-cache key of a conversation; the same
-/// conversation has the same key on every chat-shaped route.
-pub fn chat_prompt_key(messages: &[(String, String)]) -> (u64, u64) {
+/// Prompt tokens (the documented chat rule) and prompt-cache keys of a conversation; the same
+/// conversation has the same keys on every chat-shaped route. Its blocks follow the template's
+/// tokens (four role markers per message, its text, three assistant markers to finish), so
+/// the next turn — these messages, the answer, a new message — starts with this prompt's
+/// tokens and shares its full blocks.
+pub fn chat_prompt_key(messages: &[(String, String)], block_tokens: u64) -> PromptKey {
     let mut fingerprint = Fingerprint::default().bytes(b"chat");
+    let mut blocks = BlockHasher::new(b"chat", block_tokens);
     for (role, content) in messages {
         fingerprint = fingerprint
             .bytes(role.as_bytes())
             .number(content.len() as u64)
             .bytes(content.as_bytes());
+        let marker = role_token(role);
+        for _ in 0..CHAT_TOKENS_PER_MESSAGE {
+            blocks.push(marker);
+        }
+        blocks.push_text(content);
     }
-    (chat_prompt_tokens(messages), fingerprint.finish())
+    let assistant = role_token("assistant");
+    for _ in 0..CHAT_GENERATION_PROMPT_TOKENS {
+        blocks.push(assistant);
+    }
+    PromptKey {
+        tokens: chat_prompt_tokens(messages),
+        cache_key: fingerprint.finish(),
+        prefix: blocks.finish(),
+    }
 }
 
-/// Prompt tokens (exactly the length) and prompt-cache key of a token-id prompt; `None` when
+/// Prompt tokens (exactly the length) and prompt-cache keys of a token-id prompt; `None` when
 /// the value is not a list of non-negative integers.
-pub fn token_ids_key(value: &Value) -> Option<(u64, u64)> {
+pub fn token_ids_key(value: &Value, block_tokens: u64) -> Option<PromptKey> {
     let items = value.as_array()?;
     let mut fingerprint = Fingerprint::default().bytes(b"ids");
+    let mut blocks = BlockHasher::new(b"ids", block_tokens);
     for item in items {
-        fingerprint = fingerprint.number(item.as_u64()?);
+        let id = item.as_u64()?;
+        fingerprint = fingerprint.number(id);
+        blocks.push(id);
     }
-    Some((items.len() as u64, fingerprint.finish()))
+    Some(PromptKey {
+        tokens: items.len() as u64,
+        cache_key: fingerprint.finish(),
+        prefix: blocks.finish(),
+    })
 }
 
 /// Filler vocabulary: readable, all ASCII, no word is a prefix-trap for JSON escaping.
@@ -223,6 +377,35 @@ mod tests {
         assert_eq!(chat_prompt_tokens(&messages), 15);
         assert_eq!(chat_prompt(&messages).0, 15);
         assert_eq!(chat_prompt(&messages).1.len(), 15);
+    }
+
+    #[test]
+    fn block_chains_share_exactly_the_common_leading_blocks() {
+        let base = "0123456789abcdef".repeat(8); // 128 bytes: 32 tokens, 2 blocks of 16
+        let short = text_prompt_key(&base, 16);
+        assert_eq!((short.tokens, short.prefix.len()), (32, 2));
+        let longer = text_prompt_key(&format!("{base}and a few more words"), 16);
+        assert_eq!(longer.prefix.prompt_tokens(), longer.tokens);
+        assert_eq!(longer.prefix.keys()[..2], short.prefix.keys()[..]);
+        assert_ne!(longer.cache_key, short.cache_key);
+        // The last block may be short; its length is what is left.
+        assert_eq!(longer.prefix.block_len(2), longer.tokens - 32);
+        assert_eq!(longer.prefix.tokens_in(99), longer.tokens);
+        // One byte changed in the first block: nothing shared.
+        let changed = text_prompt_key(&format!("X{}", &base[1..]), 16);
+        assert_ne!(changed.prefix.keys()[0], short.prefix.keys()[0]);
+        assert_ne!(changed.prefix.keys()[1], short.prefix.keys()[1]);
+        // The same tokens as a chat, or as ids, start other chains.
+        let ids: Vec<u64> = (0..32).collect();
+        let as_ids = token_ids_key(&serde_json::json!(ids), 16).unwrap();
+        let as_chat = chat_prompt_key(&[("user".to_owned(), base.clone())], 16);
+        assert_eq!(as_chat.tokens, as_chat.prefix.prompt_tokens());
+        for other in [&as_ids.prefix, &as_chat.prefix] {
+            assert!(!other.keys().iter().any(|k| short.prefix.keys().contains(k)));
+        }
+        // Empty prompts have no blocks.
+        assert!(text_prompt_key("", 16).prefix.is_empty());
+        assert_eq!(chat_prompt_key(&[], 16).prefix.len(), 1);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::text;
 const DEFAULT_MAX_NEW_TOKENS: i64 = 128;
 
 /// Parse a `/generate` request. sglang reports its problems as ValueErrors, not schema errors.
-pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
+pub fn parse(body: &Value, block_tokens: u64) -> Result<GenRequest, ApiError> {
     if !body.is_object() {
         return Err(ApiError::value(
             "the request body must be a JSON object".to_owned(),
@@ -23,9 +23,9 @@ pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
     }
     let text = body.get("text").filter(|v| !v.is_null());
     let ids = body.get("input_ids").filter(|v| !v.is_null());
-    let (prompt_tokens, cache_key) = match (text, ids) {
-        (Some(Value::String(s)), None) => text::text_prompt_key(s),
-        (None, Some(ids)) => text::token_ids_key(ids).ok_or_else(|| {
+    let key = match (text, ids) {
+        (Some(Value::String(s)), None) => text::text_prompt_key(s, block_tokens),
+        (None, Some(ids)) => text::token_ids_key(ids, block_tokens).ok_or_else(|| {
             ApiError::value("input_ids must be a list of non-negative integers".to_owned())
         })?,
         (None, None) => {
@@ -46,8 +46,9 @@ pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
     let empty = Value::Object(serde_json::Map::new());
     let params = body.get("sampling_params").unwrap_or(&empty);
     Ok(GenRequest {
-        prompt_tokens,
-        cache_key,
+        prompt_tokens: key.tokens,
+        cache_key: key.cache_key,
+        prefix: key.prefix,
         max_new_tokens: Some(opt_int(params, "max_new_tokens")?.unwrap_or(DEFAULT_MAX_NEW_TOKENS)),
         min_new_tokens: opt_int(params, "min_new_tokens")?.unwrap_or(0).max(0) as u64,
         ignore_eos: opt_bool(params, "ignore_eos")?.unwrap_or(false),
@@ -176,8 +177,8 @@ mod tests {
     fn priority_is_a_top_level_field_of_generate() {
         let body =
             serde_json::json!({"text": "hi", "priority": 4, "sampling_params": {"priority": 9}});
-        assert_eq!(parse(&body).unwrap().priority, Some(4));
+        assert_eq!(parse(&body, 16).unwrap().priority, Some(4));
         let bad = serde_json::json!({"text": "hi", "priority": [1]});
-        assert!(parse(&bad).is_err());
+        assert!(parse(&bad, 16).is_err());
     }
 }

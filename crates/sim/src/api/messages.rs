@@ -26,7 +26,7 @@ use crate::text;
 /// `max_tokens` are required; `system` becomes a system message; `stop_sequences` are stop
 /// strings; `thinking: {"type": "disabled"}` turns reasoning off. `ignore_eos` is honoured as
 /// an extension so benchmarks can fix the output length.
-pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
+pub fn parse(body: &Value, block_tokens: u64) -> Result<GenRequest, ApiError> {
     require_object(body)?;
     match body.get("model") {
         None | Some(Value::Null) => return Err(schema_error("model", "missing", "Field required")),
@@ -73,15 +73,16 @@ pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
         },
     }
     messages.extend(chat_messages(body)?);
-    let (prompt_tokens, cache_key) = text::chat_prompt_key(&messages);
+    let key = text::chat_prompt_key(&messages, block_tokens);
     let thinking_disabled = body
         .get("thinking")
         .and_then(|t| t.get("type"))
         .and_then(Value::as_str)
         == Some("disabled");
     Ok(GenRequest {
-        prompt_tokens,
-        cache_key,
+        prompt_tokens: key.tokens,
+        cache_key: key.cache_key,
+        prefix: key.prefix,
         max_new_tokens: Some(max_tokens),
         min_new_tokens: 0,
         ignore_eos: opt_bool(body, "ignore_eos")?.unwrap_or(false),

@@ -22,12 +22,18 @@ const ONE_PROMPT_ONLY: &str =
     "tokentap simulate serves one prompt per request; batched prompts are not supported";
 
 /// Parse a chat (`api` = [`Api::Chat`]) or completions request.
-pub fn parse(body: &Value, api: Api, dialect: Dialect) -> Result<GenRequest, ApiError> {
+/// `block_tokens` is the prefix cache's block size.
+pub fn parse(
+    body: &Value,
+    api: Api,
+    dialect: Dialect,
+    block_tokens: u64,
+) -> Result<GenRequest, ApiError> {
     require_object(body)?;
-    let (prompt_tokens, cache_key) = match api {
+    let key = match api {
         Api::Chat => {
             if let Some(ids) = body.get("input_ids").filter(|v| !v.is_null()) {
-                text::token_ids_key(ids).ok_or_else(|| {
+                text::token_ids_key(ids, block_tokens).ok_or_else(|| {
                     schema_error(
                         "input_ids",
                         "list_type",
@@ -35,10 +41,10 @@ pub fn parse(body: &Value, api: Api, dialect: Dialect) -> Result<GenRequest, Api
                     )
                 })?
             } else {
-                text::chat_prompt_key(&chat_messages(body)?)
+                text::chat_prompt_key(&chat_messages(body)?, block_tokens)
             }
         }
-        _ => completion_prompt(body)?,
+        _ => completion_prompt(body, block_tokens)?,
     };
     let max_new_tokens = match api {
         Api::Chat => match opt_int(body, "max_completion_tokens")? {
@@ -82,8 +88,9 @@ pub fn parse(body: &Value, api: Api, dialect: Dialect) -> Result<GenRequest, Api
     let min_new_tokens = opt_int(body, "min_tokens")?.unwrap_or(0).max(0) as u64;
     let separate = opt_bool(body, "separate_reasoning")?.unwrap_or(true);
     Ok(GenRequest {
-        prompt_tokens,
-        cache_key,
+        prompt_tokens: key.tokens,
+        cache_key: key.cache_key,
+        prefix: key.prefix,
         max_new_tokens,
         min_new_tokens,
         ignore_eos: opt_bool(body, "ignore_eos")?.unwrap_or(false),
@@ -101,17 +108,17 @@ pub fn parse(body: &Value, api: Api, dialect: Dialect) -> Result<GenRequest, Api
 }
 
 /// The `prompt` of `/v1/completions`: a string, token ids, or a one-element list of either.
-fn completion_prompt(body: &Value) -> Result<(u64, u64), ApiError> {
+fn completion_prompt(body: &Value, block_tokens: u64) -> Result<text::PromptKey, ApiError> {
     let Some(prompt) = body.get("prompt") else {
         return Err(schema_error("prompt", "missing", "Field required"));
     };
     match prompt {
-        Value::String(s) => Ok(text::text_prompt_key(s)),
+        Value::String(s) => Ok(text::text_prompt_key(s, block_tokens)),
         Value::Array(items) if items.first().is_some_and(Value::is_array) => {
             let [ids] = items.as_slice() else {
                 return Err(ApiError::value(ONE_PROMPT_ONLY.to_owned()));
             };
-            text::token_ids_key(ids).ok_or_else(|| {
+            text::token_ids_key(ids, block_tokens).ok_or_else(|| {
                 schema_error(
                     "prompt",
                     "list_type",
@@ -123,9 +130,12 @@ fn completion_prompt(body: &Value) -> Result<(u64, u64), ApiError> {
             let [text] = items.as_slice() else {
                 return Err(ApiError::value(ONE_PROMPT_ONLY.to_owned()));
             };
-            Ok(text::text_prompt_key(text.as_str().unwrap_or_default()))
+            Ok(text::text_prompt_key(
+                text.as_str().unwrap_or_default(),
+                block_tokens,
+            ))
         }
-        other => text::token_ids_key(other).ok_or_else(|| {
+        other => text::token_ids_key(other, block_tokens).ok_or_else(|| {
             schema_error(
                 "prompt",
                 "union_type",
@@ -504,12 +514,13 @@ mod tests {
                 &chat(serde_json::json!({"priority": -3})),
                 Api::Chat,
                 dialect,
+                16,
             );
             assert_eq!(parsed.unwrap().priority, Some(-3));
-            let absent = parse(&chat(serde_json::json!({})), Api::Chat, dialect);
+            let absent = parse(&chat(serde_json::json!({})), Api::Chat, dialect, 16);
             assert_eq!(absent.unwrap().priority, None);
             let completion = serde_json::json!({"prompt": "hi", "priority": 7});
-            let parsed = parse(&completion, Api::Completion, dialect);
+            let parsed = parse(&completion, Api::Completion, dialect, 16);
             assert_eq!(parsed.unwrap().priority, Some(7));
         }
     }
@@ -520,6 +531,7 @@ mod tests {
             &chat(serde_json::json!({"priority": "high"})),
             Api::Chat,
             Dialect::Vllm,
+            16,
         );
         let error = bad.err().unwrap();
         assert_eq!(
@@ -532,6 +544,7 @@ mod tests {
             &chat(serde_json::json!({"priority": 1.5})),
             Api::Chat,
             Dialect::Sglang,
+            16,
         );
         assert!(fraction.err().unwrap().message.contains("int_from_float"));
     }

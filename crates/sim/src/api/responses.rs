@@ -23,7 +23,7 @@ use crate::text;
 /// `/v1/responses`: `input` (a string, or a list of message items whose `content` is a string
 /// or text parts), optional `instructions` (a system message), `max_output_tokens`, `stream`,
 /// `request_id` (the response id). `ignore_eos` and `min_tokens` are honoured as extensions.
-pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
+pub fn parse(body: &Value, block_tokens: u64) -> Result<GenRequest, ApiError> {
     require_object(body)?;
     let mut messages = Vec::new();
     if let Some(instructions) = opt_string(body, "instructions")? {
@@ -69,10 +69,11 @@ pub fn parse(body: &Value) -> Result<GenRequest, ApiError> {
         }
         Some(_) => return Err(not_input()),
     }
-    let (prompt_tokens, cache_key) = text::chat_prompt_key(&messages);
+    let key = text::chat_prompt_key(&messages, block_tokens);
     Ok(GenRequest {
-        prompt_tokens,
-        cache_key,
+        prompt_tokens: key.tokens,
+        cache_key: key.cache_key,
+        prefix: key.prefix,
         max_new_tokens: opt_int(body, "max_output_tokens")?,
         min_new_tokens: opt_int(body, "min_tokens")?.unwrap_or(0).max(0) as u64,
         ignore_eos: opt_bool(body, "ignore_eos")?.unwrap_or(false),
