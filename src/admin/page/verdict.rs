@@ -1,6 +1,8 @@
-//! The verdict on top of the page: per model, the clauses of `view::status` (production
-//! against the SLO, beside the sweep, headroom, drift, configuration), each linking to the
-//! figure it summarises on the page and to the endpoint that serves it. Markup only.
+//! The verdict on top of the page: the headline first when availability is bad (the upstream
+//! unavailable or the engine shedding: since when, the share, the last error), then per
+//! model the clauses of `view::status` (availability, production against the SLO, beside the
+//! sweep, headroom, drift, configuration), each linking to the figure it summarises on the
+//! page and to the endpoint that serves it. Markup only.
 
 use std::fmt::Write as _;
 
@@ -10,6 +12,17 @@ use crate::base::escape::xml_escape as escape;
 /// The verdict section (empty models: the note).
 pub fn fragment(status: &Status) -> String {
     let mut out = String::from("<section id=\"verdict\" class=\"verdict\"><h2>Verdict</h2>");
+    if let Some(headline) = &status.headline {
+        let _ = write!(
+            out,
+            "<p class=\"headline\" data-clause=\"{key}\" data-state=\"{state:?}\"><strong>{mark} {text}</strong> · <a href=\"{endpoint}\"><code>{endpoint}</code></a></p>",
+            key = headline.key,
+            state = headline.state,
+            mark = headline.state.mark(),
+            text = escape(&headline.text),
+            endpoint = escape(&headline.endpoint),
+        );
+    }
     let _ = write!(
         out,
         "<p class=\"note\">Over the last {} (<a href=\"/status\">/status</a>, <code>tokentap status</code>).</p>",
