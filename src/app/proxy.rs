@@ -86,6 +86,7 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         tenants: crate::proxy::tenants::Tenants::new(config.tenants.clone()),
         refusals: Default::default(),
         sessions: Default::default(),
+        admin_address: Default::default(),
     }))
 }
 

@@ -147,6 +147,9 @@ pub struct Proxy {
     pub refusals: super::refusals::Refusals,
     /// The engine sessions opened through this proxy and who opened each.
     pub sessions: super::sessions::SessionOwners,
+    /// The admin listener as bound (`http://127.0.0.1:9464`), set once the server has bound
+    /// it: the 403 for an admin route sent to the data port says where to send it.
+    pub admin_address: std::sync::OnceLock<String>,
 }
 
 /// The memory metered request bodies may hold while being read, over all requests, in KiB
