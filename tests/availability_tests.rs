@@ -411,7 +411,13 @@ async fn a_healthy_proxy_has_no_availability_headline() {
     assert_eq!(model["clauses"][1]["state"], "ok", "{status:#}");
     let text = status_cli(&server).await;
     assert!(text.starts_with("tokentap status of "), "{text}");
-    let page = common::get(&format!("http://{}/", server.admin_addr)).await;
-    assert!(!page.text().contains("class=\"headline\""));
+    let page = common::get(&format!("http://{}/", server.admin_addr))
+        .await
+        .text();
+    assert!(!page.contains("class=\"headline\""), "{page}");
+    assert!(
+        page.contains("<span data-clause=\"availability\" data-state=\"Ok\""),
+        "{page}"
+    );
     server.shutdown().await;
 }

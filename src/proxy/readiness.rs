@@ -1,6 +1,6 @@
 //! Whether the upstreams answer, as `/readyz` asks it: a `GET
-//! /v1/models` sent direct (`ask`), any HTTP answer within [`PROBE_DEADLINE`] counting as
-//! answering (a 404 is a server that is up). One probe at a time, its answer reused for
+//! /v1/models` sent direct (`ask::head`), any HTTP response head within [`PROBE_DEADLINE`]
+//! counting as answering (a 404 is a server that is up; the body is not waited for). One probe at a time, its answer reused for
 //! [`PROBE_REUSE`], so a flood of `/readyz` costs the upstream at most a question a second.
 //! Each answer says since when the upstream has answered that way (as far as the probes saw:
 //! the first probe that found it so), for the verdict's availability clause.
@@ -85,7 +85,9 @@ pub async fn probe(upstream: &Upstream) -> UpstreamAnswer {
     UpstreamAnswer {
         name: Arc::clone(&upstream.name),
         url: upstream.config.url.to_string(),
-        answering: ask::get(upstream, PROBE_PATH, PROBE_DEADLINE)
+        // A response head is an answer: a body that takes its time (or never ends) is a
+        // server that is up all the same.
+        answering: ask::head(upstream, PROBE_PATH, PROBE_DEADLINE)
             .await
             .is_some(),
         since: Instant::now(),
