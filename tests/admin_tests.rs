@@ -1202,3 +1202,52 @@ async fn the_preview_fields_start_the_plan_they_show_and_name_each_skipped_cell(
     long.abort();
     server.shutdown().await;
 }
+
+/// Issue 61.8: an admin route sent to the data port is answered with where the admin listener
+/// is (not with how to open it there through `proxy.routes`, which would forward tokentap's own
+/// routes to the engine), and `tokentap status --admin` pointed at the data port says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_route_on_the_data_port_names_the_admin_listener() {
+    let upstream = ScriptedUpstream::start(|_| Script::json(200, "{}")).await;
+    let (server, _records) = proxy(&upstream.url(), "").await;
+    let admin = format!("http://{}", server.admin_addr);
+    let data = format!("http://{}", server.proxy_addr);
+    for path in ["/status", "/capacity", "/sweeps/0-0000", "/readyz"] {
+        let response = get(&format!("{data}{path}")).await;
+        assert_eq!(response.status, 403, "{path}");
+        let body: serde_json::Value = serde_json::from_slice(&response.bytes()).unwrap();
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("this is tokentap's data listener")
+                && message.contains(&format!("the admin listener is {admin}"))
+                && !message.contains("proxy.routes"),
+            "{path}: {body}"
+        );
+        assert_eq!(body["error"]["type"], "admin_route_on_data_port", "{body}");
+        assert_eq!(body["error"]["admin"], admin.as_str(), "{body}");
+    }
+    assert!(upstream.requests().is_empty(), "{:?}", upstream.requests());
+
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_tokentap"))
+                .args(["status", "--admin", &data])
+                .env_remove("TOKENTAP_ADMIN__TOKEN")
+                .output()
+                .unwrap()
+        }),
+    )
+    .await
+    .expect("tokentap status answers within 60 s")
+    .unwrap();
+    assert!(!output.status.success());
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        said.contains("is tokentap's data listener")
+            && said.contains(&format!("--admin takes the admin listener, {admin}"))
+            && !said.contains("proxy.routes"),
+        "{said}"
+    );
+    server.shutdown().await;
+}

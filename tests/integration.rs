@@ -7,6 +7,7 @@ mod common;
 
 mod admin_tests;
 mod agreement_tests;
+mod availability_tests;
 mod bench_tests;
 mod budget_tests;
 mod cli_tests;

@@ -202,18 +202,28 @@ async fn no_headroom_where_production_misses_the_slo_and_the_verdict_names_the_w
     let keys: Vec<&str> = clauses.iter().map(|c| c["key"].as_str().unwrap()).collect();
     assert_eq!(
         keys,
-        ["slo", "sweep", "headroom", "drift", "configuration"],
+        [
+            "availability",
+            "slo",
+            "sweep",
+            "headroom",
+            "drift",
+            "configuration"
+        ],
         "{status:#}"
     );
-    let slo = &clauses[0];
+    // The upstream answers and every request succeeded: availability is ok, not the headline.
+    assert_eq!(clauses[0]["state"], "ok", "{status:#}");
+    assert!(status["headline"].is_null(), "{status:#}");
+    let slo = &clauses[1];
     assert_eq!(slo["state"], "bad", "{status:#}");
     assert!(
         slo["text"].as_str().unwrap().contains(&worst_text),
         "{status:#}"
     );
-    assert_eq!(clauses[2]["state"], "bad", "{status:#}");
-    assert_eq!(clauses[2]["page"], "/#headroom");
-    assert_eq!(clauses[2]["endpoint"], "/capacity");
+    assert_eq!(clauses[3]["state"], "bad", "{status:#}");
+    assert_eq!(clauses[3]["page"], "/#headroom");
+    assert_eq!(clauses[3]["endpoint"], "/capacity");
 
     // `tokentap status` reads it: the worst cell, every line within 120 columns.
     let admin_url = format!("http://{}", server.admin_addr);
@@ -380,7 +390,7 @@ async fn capacity_without_slo_targets_names_the_keys_to_set() {
 
     // `GET /status` and `tokentap status`: the SLO clause names the keys.
     let (_, status) = admin(&server, "GET", "/status", "").await;
-    let slo = &status["models"][0]["clauses"][0];
+    let slo = &status["models"][0]["clauses"][1];
     assert_eq!(slo["key"], "slo", "{status:#}");
     assert!(
         names_the_keys(slo["text"].as_str().unwrap_or_default()),

@@ -331,6 +331,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_data_port_knows_every_admin_route_no_engine_serves() {
+        // `/` and `/metrics` are the engine's too: the data port forwards them.
+        for route in ROUTES {
+            let path = route.path.example();
+            let known = crate::proxy::routes::is_admin_path(&path);
+            assert_eq!(known, path != "/" && path != "/metrics", "{path}");
+        }
+    }
+
+    #[test]
     fn every_path_finds_its_route_or_the_methods_it_takes() {
         assert_eq!(find(&Method::GET, "/metrics").unwrap().access, Access::Read);
         assert_eq!(

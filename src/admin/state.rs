@@ -233,6 +233,7 @@ impl AdminState {
             store: &self.store,
             drift: &self.drift,
             capacity: &self.capacity,
+            readiness: &self.readiness,
         }
     }
 

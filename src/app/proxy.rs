@@ -100,6 +100,7 @@ pub fn build_proxy(config: &Config) -> anyhow::Result<Arc<Proxy>> {
         refusals: Default::default(),
         sessions: Default::default(),
         turns,
+        admin_address: Default::default(),
     }))
 }
 

@@ -1,7 +1,9 @@
 //! `tokentap status`: the one verdict of a running proxy (`GET /status` on its admin listener,
 //! through the same client as `tokentap reference` and `sweep --admin`), printed for a
-//! terminal — per model, its state and the clause to act on first, then every clause (SLO,
-//! sweep, headroom, drift, configuration) with the figure it cites; then, per upstream, the route
+//! terminal — first the headline when the verdict has one (an upstream unavailable or the
+//! engine shedding: since when, the share, the last error), then per model its state and the
+//! clause to act on first, then every clause (availability, SLO, sweep, headroom, drift,
+//! configuration) with the figure it cites; then, per upstream, the route
 //! table it is held to and the routes it serves that no table classifies — every line within
 //! [`WIDTH`] columns. `--format json` prints the answer as it came.
 
@@ -106,6 +108,15 @@ fn mark(state: &Value) -> &'static str {
 /// The terminal rendering of a `/status` answer.
 pub fn render(status: &Value, base: &str) -> String {
     let mut out = String::new();
+    // An unavailable or shedding upstream is the first line, before anything else.
+    if let Some(text) = status["headline"]["text"].as_str() {
+        wrap(
+            &mut out,
+            &format!("{} ", mark(&status["headline"]["state"])),
+            "  ",
+            text,
+        );
+    }
     let window = status["window"].as_str().unwrap_or("?");
     wrap(
         &mut out,
@@ -124,12 +135,15 @@ pub fn render(status: &Value, base: &str) -> String {
             model["model"].as_str().unwrap_or("?"),
             model["upstream"].as_str().unwrap_or("?"),
         );
-        wrap(
-            &mut out,
-            "",
-            "    ",
-            &format!("{head}{}", model["summary"].as_str().unwrap_or("")),
-        );
+        // The headline's words once: a model whose summary it is points up to it.
+        let summary = model["summary"].as_str().unwrap_or("");
+        let summary = if !summary.is_empty() && status["headline"]["text"].as_str() == Some(summary)
+        {
+            "the headline above"
+        } else {
+            summary
+        };
+        wrap(&mut out, "", "    ", &format!("{head}{summary}"));
         for clause in model["clauses"].as_array().into_iter().flatten() {
             let key = clause["key"].as_str().unwrap_or("?");
             let first = format!("  {} {key:<13} ", mark(&clause["state"]));
@@ -252,6 +266,31 @@ mod tests {
         });
         let text = render(&status, "http://127.0.0.1:9464");
         assert!(text.contains("32K×4 meets TTFT ≤ 2 s on 84.8%"), "{text}");
+        for line in text.lines() {
+            assert!(line.chars().count() <= WIDTH, "{line}");
+        }
+    }
+
+    #[test]
+    fn the_headline_is_the_first_line() {
+        let status = serde_json::json!({
+            "window": "5m",
+            "headline": {
+                "key": "availability",
+                "state": "bad",
+                "text": "unavailable since 2026-01-01T12:00:03Z: upstream `default` (http://127.0.0.1:30000) does not answer (GET /v1/models, as /readyz asks: not ready); 10 of 12 requests in the window failed",
+                "page": "/#verdict",
+                "endpoint": "/readyz"
+            },
+            "models": [],
+            "note": "no production request ended in the window"
+        });
+        let text = render(&status, "http://127.0.0.1:9464");
+        assert!(
+            text.starts_with("✗ unavailable since 2026-01-01T12:00:03Z"),
+            "{text}"
+        );
+        assert!(text.lines().nth(1).unwrap().starts_with("  "), "{text}");
         for line in text.lines() {
             assert!(line.chars().count() <= WIDTH, "{line}");
         }

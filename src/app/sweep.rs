@@ -724,6 +724,16 @@ impl Admin {
             status,
             StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED
         );
+        if let Some(admin) = Admin::data_listener_answer(body) {
+            // The data port knew the route for tokentap's own: --admin names the wrong port.
+            let there = admin.map_or_else(
+                || "its admin.listen (default 127.0.0.1:9464)".to_owned(),
+                |a| terminal_safe_line(&a),
+            );
+            return anyhow::anyhow!(
+                "{base} is tokentap's data listener (it forwards to the engine), not its admin listener: --admin takes the admin listener, {there}"
+            );
+        }
         let tokentaps_own = Admin::tokentap_message(body).is_some();
         if unknown_route && !tokentaps_own {
             let said: String = message.trim().chars().take(200).collect();
@@ -748,6 +758,19 @@ impl Admin {
         Admin::tokentap_message(body).unwrap_or_else(|| String::from_utf8_lossy(body).into_owned())
     }
 
+    /// Whether `body` is the data port's 403 for an admin route
+    /// (`proxy::error::ADMIN_ROUTE_KIND`), and the admin listener it names.
+    fn data_listener_answer(body: &[u8]) -> Option<Option<String>> {
+        let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let error = value.get("error")?;
+        (error.get("type")?.as_str()? == crate::proxy::error::ADMIN_ROUTE_KIND).then(|| {
+            error
+                .get("admin")
+                .and_then(|a| a.as_str())
+                .map(str::to_owned)
+        })
+    }
+
     /// The message of an error body in tokentap's shape (`{"error": {"message": …}}`), if it
     /// is one.
     fn tokentap_message(body: &[u8]) -> Option<String> {
@@ -758,6 +781,14 @@ impl Admin {
             .as_str()
             .map(str::to_owned)
     }
+}
+
+/// A server's word on one printable line, bounded (it came over the network).
+fn terminal_safe_line(text: &str) -> String {
+    crate::base::escape::terminal_safe(text, false)
+        .chars()
+        .take(200)
+        .collect()
 }
 
 async fn run_remote(args: &SweepArgs, admin_url: &str) -> anyhow::Result<SweepStatus> {

@@ -19,6 +19,22 @@ pub const DEADLINE: Duration = Duration::from_secs(3);
 /// The largest body read (sglang's server info is ~20 KB).
 pub const MAX_BODY: usize = 1 << 20;
 
+/// `GET path` on the upstream: the status of its response head, received within `deadline`
+/// (the body is not read: the connection is closed); `None` on any failure or past it.
+pub async fn head(upstream: &Upstream, path: &str, deadline: Duration) -> Option<u16> {
+    let uri = upstream.uri(path).ok()?;
+    let request = Request::builder()
+        .method(Method::GET)
+        .uri(uri)
+        .body(RequestBody::Full(None))
+        .ok()?;
+    let response = tokio::time::timeout(deadline, upstream.send(request))
+        .await
+        .ok()?
+        .ok()?;
+    Some(response.status().as_u16())
+}
+
 /// `GET path` on the upstream: status and body (cut at [`MAX_BODY`]); `None` on any failure or
 /// past `deadline`.
 pub async fn get(upstream: &Upstream, path: &str, deadline: Duration) -> Option<(u16, Bytes)> {

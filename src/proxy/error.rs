@@ -56,6 +56,12 @@ pub enum ProxyError {
         path: String,
         why: NotForwarded,
     },
+    #[error("`{path}` is a route of tokentap's admin listener, and this is tokentap's data listener, which forwards to the engine: the admin listener is {}; send `{path}` there (`tokentap status --admin URL` takes that address)", admin.as_deref().unwrap_or("at admin.listen (default 127.0.0.1:9464)"))]
+    AdminRoute {
+        path: String,
+        /// The admin listener as bound (`http://127.0.0.1:9464`), when known.
+        admin: Option<String>,
+    },
     #[error("cannot read the request target `{target}` as the engine would: {why}")]
     BadPath { target: String, why: &'static str },
     #[error("the request carries `{field}`, which {engine} runs as code (with {opened_by}); it is not forwarded from the data port unless proxy.code_fields = \"forward\"")]
@@ -99,10 +105,15 @@ fn refused_because(why: NotForwarded) -> String {
             )
         }
         NotForwarded::NotListed => "not in proxy.routes".to_string(),
+        NotForwarded::Admin => "a route of tokentap's admin listener".to_string(),
     }
 }
 
 pub use crate::base::error::error_chain;
+
+/// The `type` of the 403 answering an admin route on the data port (`tokentap status
+/// --admin` pointed at the data port reads it).
+pub const ADMIN_ROUTE_KIND: &str = "admin_route_on_data_port";
 
 impl ProxyError {
     pub fn client_body(error: BoxError) -> Self {
@@ -122,6 +133,7 @@ impl ProxyError {
             ProxyError::Method { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ProxyError::RouteRefused { .. }
+            | ProxyError::AdminRoute { .. }
             | ProxyError::CodeField { .. }
             | ProxyError::CompressedUnchecked { .. }
             | ProxyError::SessionRefused { .. } => StatusCode::FORBIDDEN,
@@ -137,6 +149,7 @@ impl ProxyError {
             | ProxyError::BodyTimeout { .. }
             | ProxyError::Method { .. }
             | ProxyError::RouteRefused { .. }
+            | ProxyError::AdminRoute { .. }
             | ProxyError::BadPath { .. }
             | ProxyError::CodeField { .. }
             | ProxyError::CompressedUnchecked { .. }
@@ -155,6 +168,7 @@ impl ProxyError {
             ProxyError::BodyTimeout { .. } => "request_body_timeout",
             ProxyError::Method { .. } => "method_not_allowed",
             ProxyError::RouteRefused { .. } => "route_refused",
+            ProxyError::AdminRoute { .. } => ADMIN_ROUTE_KIND,
             ProxyError::BadPath { .. } => "bad_request_target",
             ProxyError::CodeField { .. } | ProxyError::CompressedUnchecked { .. } => {
                 "code_field_refused"
@@ -173,6 +187,7 @@ impl ProxyError {
             | ProxyError::BodyTimeout { .. }
             | ProxyError::Method { .. }
             | ProxyError::RouteRefused { .. }
+            | ProxyError::AdminRoute { .. }
             | ProxyError::BadPath { .. }
             | ProxyError::CodeField { .. }
             | ProxyError::CompressedUnchecked { .. }
@@ -183,7 +198,7 @@ impl ProxyError {
     /// An OpenAI-style error object, so clients' error handling works unchanged.
     pub fn into_response(self) -> Response<ResponseBody> {
         let status = self.status();
-        let body = serde_json::json!({
+        let mut body = serde_json::json!({
             "error": {
                 "message": format!("tokentap: {self}"),
                 "type": self.kind(),
@@ -191,6 +206,15 @@ impl ProxyError {
                 "code": status.as_u16(),
             }
         });
+        if let (
+            ProxyError::AdminRoute {
+                admin: Some(admin), ..
+            },
+            Some(error),
+        ) = (&self, body.get_mut("error").and_then(|e| e.as_object_mut()))
+        {
+            error.insert("admin".to_owned(), serde_json::Value::from(admin.as_str()));
+        }
         let mut response = Response::new(ResponseBody::local(body.to_string()));
         *response.status_mut() = status;
         response.headers_mut().insert(

@@ -1,7 +1,9 @@
 //! Whether the upstreams answer, as `/readyz` asks it: a `GET
-//! /v1/models` sent direct (`ask`), any HTTP answer within [`PROBE_DEADLINE`] counting as
-//! answering (a 404 is a server that is up). One probe at a time, its answer reused for
+//! /v1/models` sent direct (`ask::head`), any HTTP response head within [`PROBE_DEADLINE`]
+//! counting as answering (a 404 is a server that is up; the body is not waited for). One probe at a time, its answer reused for
 //! [`PROBE_REUSE`], so a flood of `/readyz` costs the upstream at most a question a second.
+//! Each answer says since when the upstream has answered that way (as far as the probes saw:
+//! the first probe that found it so), for the verdict's availability clause.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +29,9 @@ pub struct UpstreamAnswer {
     pub name: Arc<str>,
     pub url: String,
     pub answering: bool,
+    /// The first probe that found it `answering` as it is now (the first probe at all when
+    /// it never changed): since when, as far as the probes know.
+    pub since: Instant,
 }
 
 /// The probe's last answers, shared by every `/readyz`.
@@ -55,8 +60,21 @@ impl ReadinessProbe {
             answered.push(answer);
         }
         answered.sort_by_key(|(index, _)| *index);
-        let answers: Arc<[UpstreamAnswer]> =
-            answered.into_iter().map(|(_, answer)| answer).collect();
+        // An upstream answering as the last probe found it keeps that probe's `since`.
+        let previous = last.as_ref().map(|(_, answers)| Arc::clone(answers));
+        let answers: Arc<[UpstreamAnswer]> = answered
+            .into_iter()
+            .map(|(_, mut answer)| {
+                if let Some(before) = previous
+                    .iter()
+                    .flat_map(|p| p.iter())
+                    .find(|b| b.name == answer.name && b.answering == answer.answering)
+                {
+                    answer.since = before.since;
+                }
+                answer
+            })
+            .collect();
         *last = Some((Instant::now(), Arc::clone(&answers)));
         answers
     }
@@ -67,8 +85,11 @@ pub async fn probe(upstream: &Upstream) -> UpstreamAnswer {
     UpstreamAnswer {
         name: Arc::clone(&upstream.name),
         url: upstream.config.url.to_string(),
-        answering: ask::get(upstream, PROBE_PATH, PROBE_DEADLINE)
+        // A response head is an answer: a body that takes its time (or never ends) is a
+        // server that is up all the same.
+        answering: ask::head(upstream, PROBE_PATH, PROBE_DEADLINE)
             .await
             .is_some(),
+        since: Instant::now(),
     }
 }

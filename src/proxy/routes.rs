@@ -5,7 +5,9 @@
 //! read or control. Inference and read routes are forwarded; control routes (cache flushes,
 //! weight updates, LoRA loading, profiling, sleep, other clients' aborts) are not a client's
 //! to call through a sidecar every client can reach, and a path no engine declares is not
-//! either: both are refused with a 403 that names the setting and the path.
+//! either: both are refused with a 403 that names the setting and the path. A path of
+//! tokentap's own admin listener ([`ADMIN_PATHS`]) is refused with a 403 that says this is the
+//! data listener and where the admin listener is, not how to open it here.
 //!
 //! Paths are compared as the engine's server will read them: percent-decoded before routing
 //! (uvicorn decodes with replacement, so `%FF` reads as U+FFFD and `%2F` as `/`), with empty
@@ -95,6 +97,42 @@ pub enum NotForwarded {
     Unclassified(Option<ServedRoutes>),
     /// `proxy.routes` is a list without `"safe"`, and this path is not in it.
     NotListed,
+    /// No engine declares it (or it is not listed), and it is one of tokentap's own admin
+    /// routes ([`ADMIN_PATHS`]): a request meant for the admin listener.
+    Admin,
+}
+
+/// tokentap's own admin routes that no engine serves (`/metrics` and `/` are left out: an
+/// engine serves a `/metrics` of its own, and the data port forwards it), as the data port
+/// tells a request for one that it came to the wrong listener; a path ending in `/` takes
+/// every path one segment under it. `admin::routes` holds its route table to this list.
+pub const ADMIN_PATHS: &[&str] = &[
+    "/healthz",
+    "/readyz",
+    "/login",
+    "/logout",
+    "/page/sweep",
+    "/matrix",
+    "/workload",
+    "/capacity",
+    "/status",
+    "/sweeps",
+    "/sweeps/",
+    "/reference",
+];
+
+/// Whether `path` (normalised) is one of [`ADMIN_PATHS`].
+pub fn is_admin_path(path: &str) -> bool {
+    ADMIN_PATHS
+        .iter()
+        .any(|admin| match admin.strip_suffix('/') {
+            Some(_) => {
+                path.len() > admin.len()
+                    && path.starts_with(admin)
+                    && !path[admin.len()..].contains('/')
+            }
+            None => path == *admin,
+        })
 }
 
 impl RoutePolicy {
@@ -135,6 +173,7 @@ impl RoutePolicy {
                     RouteVerdict::Unknown if upstream.publishes_unclassified(method, &path) => {
                         NotForwarded::Unclassified(upstream.served)
                     }
+                    RouteVerdict::Unknown if is_admin_path(&path) => NotForwarded::Admin,
                     RouteVerdict::Unknown => NotForwarded::Unknown,
                 }
             }
@@ -142,7 +181,11 @@ impl RoutePolicy {
                 if patterns.iter().any(|p| p.matches(&path)) {
                     return Ok(());
                 }
-                NotForwarded::NotListed
+                if is_admin_path(&path) {
+                    NotForwarded::Admin
+                } else {
+                    NotForwarded::NotListed
+                }
             }
         };
         Err(Refused::Route {
@@ -199,6 +242,26 @@ mod tests {
 
     fn safe() -> RoutePolicy {
         RoutePolicy::Safe { opened: Vec::new() }
+    }
+
+    #[test]
+    fn tokentaps_own_admin_routes_are_told_apart_from_unknown_paths() {
+        assert_eq!(why(&safe(), "GET", "/status"), Some(NotForwarded::Admin));
+        assert_eq!(why(&safe(), "GET", "/status/"), Some(NotForwarded::Admin));
+        assert_eq!(
+            why(&safe(), "DELETE", "/sweeps/0-0000"),
+            Some(NotForwarded::Admin)
+        );
+        assert_eq!(
+            why(&safe(), "GET", "/sweeps/a/b"),
+            Some(NotForwarded::Unknown)
+        );
+        assert_eq!(why(&safe(), "GET", "/statusx"), Some(NotForwarded::Unknown));
+        let listed = RoutePolicy::Only(vec![Pattern::parse("/v1/*")]);
+        assert_eq!(why(&listed, "GET", "/capacity"), Some(NotForwarded::Admin));
+        assert_eq!(why(&listed, "GET", "/other"), Some(NotForwarded::NotListed));
+        // An engine's own `/metrics` is forwarded, not taken for tokentap's.
+        assert_eq!(why(&safe(), "GET", "/metrics"), None);
     }
 
     fn why(policy: &RoutePolicy, method: &str, path: &str) -> Option<NotForwarded> {

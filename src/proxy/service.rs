@@ -150,6 +150,9 @@ pub struct Proxy {
     /// Which turn of which conversation each production request is (`[sessions]`; `None`
     /// when off).
     pub turns: Option<super::turns::TurnTaker>,
+    /// The admin listener as bound (`http://127.0.0.1:9464`), set once the server has bound
+    /// it: the 403 for an admin route sent to the data port says where to send it.
+    pub admin_address: std::sync::OnceLock<String>,
 }
 
 /// The memory metered request bodies may hold while being read, over all requests, in KiB

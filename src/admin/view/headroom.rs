@@ -12,7 +12,9 @@
 //! the `[slo]` objective (`production_slo`) has no headroom whatever the sweep says (its
 //! headroom, and the model's, are at most 0), and the answer names the cell, the target and its
 //! attainment. Where production has no evidence the figure rests on the sweep alone, whose
-//! prompts are warm, and says so ([`RestsOn`]).
+//! prompts are warm, and says so ([`RestsOn`]). Shed load is demand: an engine that sheds
+//! more of the window's requests than the error budget allows (`production_slo::ShedDemand`)
+//! leaves the model no headroom either ("no headroom: the engine sheds 90.0% of requests").
 
 use std::time::SystemTime;
 
@@ -32,8 +34,8 @@ use super::sources::{current_configurations, View};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RestsOn {
-    /// Production's cells with evidence miss the objective: no headroom, whatever the sweep
-    /// says.
+    /// Production's cells with evidence miss the objective, or the engine sheds more of the
+    /// window's requests than the error budget allows: no headroom, whatever the sweep says.
     ProductionMisses,
     /// The sweep's boundary, and production's cells with evidence meet the objective.
     SweepAndProduction,
@@ -220,13 +222,30 @@ pub fn all_models(view: View<'_>, now: SystemTime) -> CapacityAnswer {
                 continue;
             }
         };
-        let Some(mut figures) = headroom(&production, &report) else {
+        let slo = production_slo(
+            &production,
+            &matrix.accumulator.outcomes,
+            &targets,
+            settings.objectives.of(&model),
+        );
+        // Shed load is demand: an engine refusing past the budget has no headroom even when
+        // what it admitted left no decode load at all.
+        let Some(mut figures) = headroom(&production, &report).or_else(|| {
+            slo.shed.as_ref().map(|_| Headroom {
+                load: 0.0,
+                capacity: None,
+                headroom: Some(0.0),
+                capacity_is_lower_bound: false,
+                running_now: None,
+                covered_share: 0.0,
+                contexts: Vec::new(),
+            })
+        }) else {
             no("no decode load in the window".to_owned());
             continue;
         };
         // The window's mean lags a burst by minutes: the streams running now stand beside it.
         figures.running_now = Some(view.proxy.meter.inflight_of(&upstream, &model));
-        let slo = production_slo(&production, &targets, settings.objectives.of(&model));
         let (rests_on, rests_on_text, contexts_rest_on) = overrule(&mut figures, &slo);
         answer.models.push(ModelHeadroom {
             upstream,
@@ -299,6 +318,19 @@ fn overrule(figures: &mut Headroom, slo: &ProductionSlo) -> (RestsOn, String, Ve
     if !missing.is_empty() || slo.misses() {
         figures.headroom = Some(figures.headroom.map_or(0.0, |h| h.min(0.0)));
         figures.capacity_is_lower_bound = false;
+        if let Some(shed) = &slo.shed {
+            return (
+                RestsOn::ProductionMisses,
+                format!(
+                    "no headroom: the engine sheds {} of requests ({} of {}; error budget {}), whatever the sweep says",
+                    crate::matrix::units::format_percent(shed.share),
+                    shed.shed,
+                    shed.requests,
+                    crate::matrix::units::format_percent(shed.budget)
+                ),
+                bases,
+            );
+        }
         let worst = slo
             .worst
             .as_ref()

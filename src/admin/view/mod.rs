@@ -6,10 +6,11 @@
 //! sweep manager.
 //!
 //! File order: `sources` ← `matrices` ← `compare`; `production_slo` (pure) ← `headroom`, which
-//! also imports `sources`; `status` (the one verdict) imports them all and computes nothing of
+//! also imports `sources`; `availability` (pure); `status` (the one verdict) imports them all and computes nothing of
 //! its own. This file
 //! only declares and re-exports.
 
+mod availability;
 mod compare;
 mod headroom;
 mod matrices;
@@ -17,6 +18,9 @@ mod production_slo;
 mod sources;
 mod status;
 
+pub use availability::{
+    availability, Availability, AvailabilityKind, ErrorBudget, DEFAULT_ERROR_BUDGET,
+};
 pub use compare::production_compare;
 pub use headroom::{
     all_models, any_slo_targets, engine_advice, no_slo_targets, CapacityAnswer, CapacityWithAdvice,
@@ -27,12 +31,13 @@ pub use matrices::{
     FingerprintChoice, NO_SWEEP,
 };
 pub use production_slo::{
-    duration_text, production_slo, targets_text, CellAttainment, ContextSlo, ProductionSlo,
+    duration_text, production_slo, shed_demand, targets_text, CellAttainment, ContextSlo,
+    ProductionSlo, ShedDemand,
 };
 pub use sources::{
     current_configurations, resolve_upstream, routed_upstream, CapacitySettings, View,
 };
 pub use status::{
     routes_clause, status, sweep_agreement, Clause, ModelStatus, RoutesClause, State, Status,
-    SweepAgreement, NAMED_IN_STATUS, STATUS_SCHEMA,
+    SweepAgreement, UpstreamReadiness, NAMED_IN_STATUS, STATUS_SCHEMA,
 };

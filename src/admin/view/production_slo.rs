@@ -7,13 +7,20 @@
 //!
 //! Only cells with evidence count: a cell below the evidence rule says nothing either way,
 //! and a context without any rests on the sweep alone ("on warm prompts").
+//!
+//! Shed load is demand: requests the engine refused for load end in milliseconds, add almost
+//! no load and sit in cells that are never `Valid`, so no cell's attainment sees them. A shed
+//! share of the window's requests above the error budget (1 − the objective) is a miss of
+//! its own ([`ShedDemand`]), whatever the admitted requests did.
 
 use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::aggregate::cell::OutcomeSum;
 use crate::matrix::doc::{CellStatus, DecodeCell, MatrixDoc};
 use crate::matrix::units::{context_label, format_percent};
+use crate::meter::record::Outcome;
 use crate::meter::slo::SloTargets;
 
 /// One production cell with evidence, judged against the objective.
@@ -72,6 +79,46 @@ pub struct ProductionSlo {
     pub unjudged_requests: u64,
     /// Of those, the requests of cells delivered in bursts (their gaps were not decode steps).
     pub requests_in_bursts: u64,
+    /// The engine shed more of the window's requests than the error budget allows: the model
+    /// misses the SLO, whatever its cells say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shed: Option<ShedDemand>,
+}
+
+/// Requests the engine shed past the error budget.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShedDemand {
+    /// Requests shed, of `requests` (every request in the window but client aborts).
+    pub shed: u64,
+    pub requests: u64,
+    /// `shed ÷ requests`.
+    pub share: f64,
+    /// The error budget, 1 − the objective.
+    pub budget: f64,
+    /// `90.0% of requests (9 of 10) were shed by the engine, over the 1.0% error budget`.
+    pub text: String,
+}
+
+/// The window's shed requests against the error budget of `objective`; `None` within it.
+pub fn shed_demand(outcomes: &OutcomeSum, objective: f64) -> Option<ShedDemand> {
+    let requests = outcomes.judged();
+    let shed = outcomes.count(Outcome::Shed);
+    let budget = (1.0 - objective).max(0.0);
+    if requests == 0 || shed == 0 {
+        return None;
+    }
+    let share = shed as f64 / requests as f64;
+    (share > budget).then(|| ShedDemand {
+        shed,
+        requests,
+        share,
+        budget,
+        text: format!(
+            "{} of requests ({shed} of {requests}) were shed by the engine, over the {} error budget",
+            format_percent(share),
+            format_percent(budget)
+        ),
+    })
 }
 
 impl ProductionSlo {
@@ -95,9 +142,9 @@ impl ProductionSlo {
         )
     }
 
-    /// Some cell with evidence misses the objective.
+    /// Some cell with evidence misses the objective, or the engine sheds past the budget.
     pub fn misses(&self) -> bool {
-        self.worst.as_ref().is_some_and(|w| !w.meets)
+        self.shed.is_some() || self.worst.as_ref().is_some_and(|w| !w.meets)
     }
 
     pub fn context(&self, context_tokens: u64) -> Option<&ContextSlo> {
@@ -211,9 +258,14 @@ fn worse(a: Option<CellAttainment>, b: &CellAttainment) -> Option<CellAttainment
     }
 }
 
-/// Production (`doc`: a window's production matrix, evidence applied) against `targets` and
-/// `objective` (pure).
-pub fn production_slo(doc: &MatrixDoc, targets: &SloTargets, objective: f64) -> ProductionSlo {
+/// Production (`doc`: a window's production matrix, evidence applied; `outcomes`: how the
+/// same window's requests ended) against `targets` and `objective` (pure).
+pub fn production_slo(
+    doc: &MatrixDoc,
+    outcomes: &OutcomeSum,
+    targets: &SloTargets,
+    objective: f64,
+) -> ProductionSlo {
     let mut contexts = Vec::new();
     let (mut unjudged_requests, mut requests_in_bursts) = (0u64, 0u64);
     for context in doc.contexts() {
@@ -253,6 +305,7 @@ pub fn production_slo(doc: &MatrixDoc, targets: &SloTargets, objective: f64) -> 
         contexts,
         unjudged_requests,
         requests_in_bursts,
+        shed: shed_demand(outcomes, objective),
     }
 }
 
@@ -291,7 +344,7 @@ mod tests {
             tbt: Some(Duration::from_millis(50)),
             e2e: None,
         };
-        let slo = production_slo(&doc, &targets, 0.99);
+        let slo = production_slo(&doc, &OutcomeSum::default(), &targets, 0.99);
         assert_eq!(slo.targets, "TTFT ≤ 2 s, TBT ≤ 50 ms");
         assert_eq!((slo.cells_with_evidence, slo.cells_meeting), (2, 0));
         let worst = slo.worst.as_ref().unwrap();
@@ -308,10 +361,39 @@ mod tests {
             "; 12 completed requests sit in cells not judged (9 of them in cells delivered in bursts)"
         );
         // At a 95 % objective 8K meets, naming every target.
-        let slo = production_slo(&doc, &targets, 0.95);
+        let slo = production_slo(&doc, &OutcomeSum::default(), &targets, 0.95);
         let eight = slo.context(8192).unwrap().worst.clone().unwrap();
         assert!(eight.meets);
         assert_eq!(eight.target, "TTFT ≤ 2 s, TBT ≤ 50 ms");
+    }
+
+    #[test]
+    fn shed_past_the_budget_misses_whatever_the_cells_say() {
+        let mut doc = MatrixDoc::new(Default::default());
+        doc.decode = vec![cell(8192, 1, CellStatus::Valid, 1.0)];
+        let targets = SloTargets {
+            ttft: Some(Duration::from_secs(30)),
+            ..SloTargets::default()
+        };
+        let shed_index = Outcome::ALL
+            .iter()
+            .position(|o| *o == Outcome::Shed)
+            .unwrap();
+        let ok_index = Outcome::ALL.iter().position(|o| *o == Outcome::Ok).unwrap();
+        let mut outcomes = OutcomeSum::default();
+        outcomes.counts[ok_index] = 1;
+        outcomes.counts[shed_index] = 9;
+        let slo = production_slo(&doc, &outcomes, &targets, 0.99);
+        assert!(slo.worst.as_ref().unwrap().meets);
+        assert!(slo.misses());
+        assert_eq!(
+            slo.shed.as_ref().unwrap().text,
+            "90.0% of requests (9 of 10) were shed by the engine, over the 1.0% error budget"
+        );
+        // Within the budget: no miss of its own.
+        outcomes.counts[ok_index] = 999;
+        outcomes.counts[shed_index] = 1;
+        assert!(!production_slo(&doc, &outcomes, &targets, 0.99).misses());
     }
 
     #[test]

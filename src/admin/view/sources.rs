@@ -1,6 +1,6 @@
 //! What the view layer reads: [`View`], the admin state's data sources borrowed (the proxy,
 //! the production aggregator, the latest synthetic matrix, the store, the pinned references,
-//! the capacity settings), and which upstream and configurations a model's requests go to.
+//! the capacity settings, the readiness probe `/readyz` asks), and which upstream and configurations a model's requests go to.
 
 use std::sync::Arc;
 
@@ -10,6 +10,7 @@ use crate::config::CapacityConfig;
 use crate::config::SloObjectives;
 use crate::meter::identity::FingerprintId;
 use crate::meter::slo::SloPolicy;
+use crate::proxy::readiness::ReadinessProbe;
 use crate::proxy::upstream::Upstream;
 use crate::proxy::Proxy;
 use crate::store::Store;
@@ -30,6 +31,8 @@ pub struct View<'a> {
     pub drift: &'a Drift,
     /// How live headroom is computed.
     pub capacity: &'a CapacitySettings,
+    /// Whether the upstreams answer: `/readyz`'s probe (the verdict's availability clause).
+    pub readiness: &'a ReadinessProbe,
 }
 
 /// What live headroom is computed with: `[capacity]`, the `[slo]` targets and the `[slo]`

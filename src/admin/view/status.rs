@@ -1,10 +1,15 @@
 //! The one verdict an operator acts on (`GET /status`, `tokentap status`, the top of the page):
-//! per model with production traffic in `capacity.window`, five clauses, each built only from
+//! per model with production traffic in `capacity.window`, six clauses, each built only from
 //! the view function whose figure it summarises and linking to that figure (a page anchor and
 //! an endpoint):
 //!
+//! 0. **availability** — whether the model's upstream answers now (`/readyz`'s probe) and the
+//!    window's failed and shed share against the error budget (`availability`); when bad, it
+//!    is the verdict's [`Status::headline`], first on the page, in `tokentap status` and in
+//!    `GET /status`;
 //! 1. **SLO** — production against the `[slo]` objective (`production_slo`): the cells with
-//!    evidence meeting it, the worst cell and its attainment;
+//!    evidence meeting it, the worst cell and its attainment, or the engine shedding past the
+//!    error budget (shed load is demand);
 //! 2. **sweep** — production beside the latest sweep (`matrix::side_by_side::compare_cell`, the
 //!    page's ratio grid): cells agreeing (within 5 %), explained by prefill overlap,
 //!    unexplained;
@@ -16,12 +21,17 @@
 //! the route table its self-description holds it to (`proxy::answers::RouteFacts`) and the
 //! routes it publishes that no table classifies, which the data port refuses.
 //!
+//! An upstream that does not answer and that no model's traffic in the window went to has an
+//! availability clause of its own: it heads the verdict, and the note says it, rather than
+//! "nothing to judge".
+//!
 //! Nothing here computes a figure of its own: it counts and words what those functions return.
 
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
+use crate::aggregate::cell::OutcomeSum;
 use crate::aggregate::Window;
 use crate::base::engine::TableFit;
 use crate::base::wallclock::format_rfc3339;
@@ -31,12 +41,13 @@ use crate::matrix::side_by_side::{compare_cell, ratio_band, Comparison};
 use crate::matrix::units::format_percent;
 use crate::proxy::answers::RouteFacts;
 
+use super::availability::{availability, Availability, ErrorBudget};
 use super::compare::production_compare;
 use super::headroom::{
     all_models, any_slo_targets, no_slo_targets, CapacityAnswer, RestsOn, SET_SLO_TARGETS,
 };
 use super::matrices::synthetic_matrix;
-use super::production_slo::production_slo;
+use super::production_slo::{production_slo, ShedDemand};
 use super::sources::{current_configurations, routed_upstream, View};
 
 /// How a clause reads.
@@ -65,7 +76,7 @@ impl State {
 /// One clause of a model's verdict.
 #[derive(Debug, Clone, Serialize)]
 pub struct Clause {
-    /// `slo`, `sweep`, `headroom`, `drift`, `configuration`.
+    /// `availability`, `slo`, `sweep`, `headroom`, `drift`, `configuration`.
     pub key: &'static str,
     pub state: State,
     pub text: String,
@@ -85,6 +96,18 @@ pub struct ModelStatus {
     /// The clause to act on first (the worst, in clause order), in a line.
     pub summary: String,
     pub clauses: Vec<Clause>,
+    /// The availability clause's figures: readiness, the failed and shed share, since when,
+    /// the last error.
+    pub availability: Availability,
+}
+
+/// One upstream's answer to `/readyz`'s probe.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamReadiness {
+    pub upstream: String,
+    pub answering: bool,
+    /// Since when it answers so, as far as the probes know (RFC 3339).
+    pub since: String,
 }
 
 /// The verdict of every model with production traffic in the window.
@@ -93,6 +116,13 @@ pub struct Status {
     pub schema: &'static str,
     /// The window every clause is judged over (`capacity.window`).
     pub window: String,
+    /// The first bad availability clause (a model's, else an upstream's that no model's
+    /// traffic went to): unavailable or shedding, since when, the share and the last error.
+    /// Absent when every upstream answers and no model's failures exceed its budget.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub headline: Option<Clause>,
+    /// Each upstream's answer to `/readyz`'s probe, in configured order.
+    pub upstreams: Vec<UpstreamReadiness>,
     pub models: Vec<ModelStatus>,
     /// Said when no model had production traffic in the window.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -260,18 +290,31 @@ pub async fn status(view: View<'_>, now: SystemTime) -> Status {
     let window = Window::Last(span);
     let capacity = all_models(view, now);
     let synthetic = synthetic_matrix(view).await.ok().flatten();
+    let readiness = view.readiness.upstreams(view.proxy).await;
     let filter = current_configurations(view);
     let mut models = Vec::new();
     for matrix in view.production.window_of(window, now, &filter) {
         let model = matrix.model.to_string();
         let production = view.production.document(&matrix, &[]);
+        let outcomes = &matrix.accumulator.outcomes;
         let upstream = routed_upstream(view, Some(&model));
         let escaped =
             percent_encoding::utf8_percent_encode(&model, percent_encoding::NON_ALPHANUMERIC);
         let query = |extra: &str| format!("?model={escaped}&window={}{extra}", window.label());
-        let mut clauses = vec![slo_clause(view, &model, &production, &query(""))];
+        let targets = view.capacity.slo.for_model(Some(&model));
+        let objective = view.capacity.objectives.of(&model);
+        let available = availability(
+            &upstream.name,
+            readiness.iter().find(|a| a.name == upstream.name),
+            outcomes,
+            ErrorBudget::of(targets.is_set(), objective),
+            now,
+        );
+        let mut clauses = vec![availability_clause(&available)];
+        let (slo, shed) = slo_clause(view, &model, &production, outcomes, &query(""));
+        clauses.push(slo);
         clauses.push(sweep_clause(&production, synthetic.as_deref(), &model));
-        clauses.push(headroom_clause(&capacity, &model));
+        clauses.push(headroom_clause(&capacity, &model, shed.as_ref()));
         clauses.push(drift_clause(
             view,
             window,
@@ -299,19 +342,58 @@ pub async fn status(view: View<'_>, now: SystemTime) -> Status {
             state,
             summary,
             clauses,
+            availability: available,
         });
     }
+    // An upstream that does not answer, and that none of the window's traffic went to: its
+    // own clause, so a dead upstream without traffic (or without `[slo]`) is said to be one.
+    let idle_down: Vec<Availability> = readiness
+        .iter()
+        .filter(|a| !a.answering && !models.iter().any(|m| *m.upstream == *a.name))
+        .map(|a| {
+            availability(
+                &a.name,
+                Some(a),
+                &OutcomeSum::default(),
+                ErrorBudget::of(false, 0.0),
+                now,
+            )
+        })
+        .collect();
+    let headline = models
+        .iter()
+        .map(|m| &m.availability)
+        .chain(&idle_down)
+        .find(|a| a.bad)
+        .map(availability_clause);
     let note = models.is_empty().then(|| {
-        let nothing = format!(
-            "no production request ended in the window ({}): there is nothing to judge yet",
-            window.label()
-        );
+        let nothing = if idle_down.is_empty() {
+            format!(
+                "no production request ended in the window ({}): there is nothing to judge yet",
+                window.label()
+            )
+        } else {
+            let down: Vec<&str> = idle_down.iter().map(|a| a.text.as_str()).collect();
+            format!(
+                "{}; no production request ended in the window ({}) to judge the SLO by",
+                down.join("; "),
+                window.label()
+            )
+        };
         if any_slo_targets(&view.capacity.slo) {
             nothing
         } else {
             format!("{nothing}; and {}", no_slo_targets())
         }
     });
+    let upstreams = readiness
+        .iter()
+        .map(|a| UpstreamReadiness {
+            upstream: a.name.to_string(),
+            answering: a.answering,
+            since: format_rfc3339(now.checked_sub(a.since.elapsed()).unwrap_or(now)),
+        })
+        .collect();
     let routes = view
         .proxy
         .router
@@ -322,52 +404,88 @@ pub async fn status(view: View<'_>, now: SystemTime) -> Status {
     Status {
         schema: STATUS_SCHEMA,
         window: window.label(),
+        headline,
+        upstreams,
         models,
         note,
         routes,
     }
 }
 
-/// Production against the `[slo]` objective.
-fn slo_clause(view: View<'_>, model: &str, production: &MatrixDoc, query: &str) -> Clause {
+/// Whether the upstream answers and the window's requests succeed: bad is the headline.
+fn availability_clause(available: &Availability) -> Clause {
+    let state = if available.bad { State::Bad } else { State::Ok };
+    clause(
+        "availability",
+        state,
+        available.text.clone(),
+        "/#verdict",
+        "/readyz".to_owned(),
+    )
+}
+
+/// Production against the `[slo]` objective, and the engine's shedding past its budget.
+fn slo_clause(
+    view: View<'_>,
+    model: &str,
+    production: &MatrixDoc,
+    outcomes: &OutcomeSum,
+    query: &str,
+) -> (Clause, Option<ShedDemand>) {
     let endpoint = format!("/matrix{query}&source=production");
     let targets = view.capacity.slo.for_model(Some(model));
     if !targets.is_set() {
-        return clause(
-            "slo",
-            State::Unknown,
-            format!("no [slo] targets for this model: production is not judged; {SET_SLO_TARGETS}"),
-            "/#production",
-            endpoint,
-        );
+        let text =
+            format!("no [slo] targets for this model: production is not judged; {SET_SLO_TARGETS}");
+        let unset = clause("slo", State::Unknown, text, "/#production", endpoint);
+        return (unset, None);
     }
-    let slo = production_slo(production, &targets, view.capacity.objectives.of(model));
+    let slo = production_slo(
+        production,
+        outcomes,
+        &targets,
+        view.capacity.objectives.of(model),
+    );
     let objective = format_percent(slo.objective);
     let unjudged = slo.unjudged_text();
-    let (state, text) = match &slo.worst {
-        None => (
+    let cells = slo.worst.as_ref().map_or_else(
+        || "no production cell has evidence".to_owned(),
+        |worst| {
+            format!(
+                "{} of {} cells with evidence meet the {objective} objective; worst: {}",
+                slo.cells_meeting, slo.cells_with_evidence, worst.text
+            )
+        },
+    );
+    let (state, text) = match (&slo.shed, &slo.worst) {
+        // Shed load is demand: the admitted requests' cells do not speak for the refused.
+        (Some(shed), _) => (
+            State::Bad,
+            format!(
+                "production misses the SLO: {}; {cells}{unjudged}",
+                shed.text
+            ),
+        ),
+        (None, None) => (
             State::Unknown,
             format!(
                 "no production cell has evidence yet ({}; objective {objective}){unjudged}",
                 slo.targets
             ),
         ),
-        Some(worst) if !worst.meets => (
+        (None, Some(worst)) if !worst.meets => (
             State::Bad,
-            format!(
-                "production misses the SLO: {} of {} cells with evidence meet the {objective} objective; worst: {}{unjudged}",
-                slo.cells_meeting, slo.cells_with_evidence, worst.text
-            ),
+            format!("production misses the SLO: {cells}{unjudged}"),
         ),
-        Some(worst) => (
+        (None, Some(_)) => (
             State::Ok,
-            format!(
-                "production meets the SLO: {} of {} cells with evidence meet the {objective} objective; worst: {}{unjudged}",
-                slo.cells_meeting, slo.cells_with_evidence, worst.text
-            ),
+            format!("production meets the SLO: {cells}{unjudged}"),
         ),
     };
-    clause("slo", state, text, "/#production", endpoint)
+    (
+        clause("slo", state, text, "/#production", endpoint),
+        slo.shed,
+    )
 }
 
 /// Production beside the latest sweep.
@@ -398,8 +516,8 @@ fn sweep_clause(production: &MatrixDoc, synthetic: Option<&MatrixDoc>, model: &s
     clause("sweep", state, text, "/#comparison", endpoint)
 }
 
-/// Live headroom and what it rests on.
-fn headroom_clause(capacity: &CapacityAnswer, model: &str) -> Clause {
+/// Live headroom and what it rests on; none where the engine sheds past its budget.
+fn headroom_clause(capacity: &CapacityAnswer, model: &str, shed: Option<&ShedDemand>) -> Clause {
     let endpoint = "/capacity".to_owned();
     if let Some(m) = capacity.models.iter().find(|m| m.model == model) {
         let figures = &m.headroom;
@@ -441,6 +559,22 @@ fn headroom_clause(capacity: &CapacityAnswer, model: &str) -> Clause {
         .iter()
         .find(|u| u.model == model)
         .map_or_else(|| "no headroom figure".to_owned(), |u| u.reason.clone());
+    if let Some(shed) = shed {
+        // No boundary to hold the load to, but the engine's refusals say there is no room.
+        return clause(
+            "headroom",
+            State::Bad,
+            format!(
+                "no headroom: the engine sheds {} of requests ({} of {}; error budget {}); and {reason}",
+                format_percent(shed.share),
+                shed.shed,
+                shed.requests,
+                format_percent(shed.budget)
+            ),
+            "/#headroom",
+            endpoint,
+        );
+    }
     clause(
         "headroom",
         State::Unknown,

@@ -8,6 +8,7 @@ use crate::meter::record::{Outcome, RequestRecord};
 
 use super::decode::CellAccumulator;
 use super::fragment::fragments;
+use super::outcomes::OutcomeSum;
 use super::prefill::PrefillAccumulator;
 
 /// Every decode cell and prefill row of one model, keyed by ladder bucket indexes.
@@ -24,6 +25,8 @@ pub struct MatrixAccumulator {
     /// Records without a prompt token count: no context, so no cell.
     pub unplaced_requests: u64,
     pub unplaced_tokens: u64,
+    /// How every record added ended, placed in a cell or not, and when the failures came.
+    pub outcomes: OutcomeSum,
 }
 
 impl MatrixAccumulator {
@@ -34,6 +37,7 @@ impl MatrixAccumulator {
     pub fn add_record(&mut self, record: &RequestRecord, concurrency: &Ladder) {
         self.requests += 1;
         self.output_tokens += record.tokens.completion;
+        self.outcomes.add(record);
         if record.tokens.prompt.is_none() && record.outcome == Outcome::Shed {
             // Refused for load before any prefill, so never counted by the server: its cell is
             // the one its prompt's size gave at admission, where the shed load belongs.
@@ -76,6 +80,7 @@ impl MatrixAccumulator {
         self.output_tokens += other.output_tokens;
         self.unplaced_requests += other.unplaced_requests;
         self.unplaced_tokens += other.unplaced_tokens;
+        self.outcomes.merge(&other.outcomes);
     }
 
     /// Sketch bins in use (memory accounting: each bin is 16 bytes).

@@ -5,8 +5,9 @@
 //! (`fragment`), the tail rule (`tails`), and one `*Sum` per measure a cell carries: its
 //! decode steps ([`StepSum`]), streams delivered in bursts ([`BurstSum`]), prompt cache ([`PromptCacheSum`]), first tokens
 //! ([`FirstTokenSum`]), the server's state ([`ServerStateSum`]), SLO verdicts ([`SloSum`]) and
-//! prefill interference ([`InterferenceSum`]). The definitions are in docs/metrics.md; every
-//! figure is a sum or a [`QuantileSketch`](crate::aggregate::sketch::QuantileSketch), so an
+//! prefill interference ([`InterferenceSum`]); and, per model, how every request ended
+//! ([`OutcomeSum`], placed in a cell or not: what the verdict's availability reads). The
+//! definitions are in docs/metrics.md; every figure is a sum or a [`QuantileSketch`](crate::aggregate::sketch::QuantileSketch), so an
 //! accumulator's size does not grow with the number of requests, and two accumulators merge
 //! exactly (sums add, sketches merge).
 //!
@@ -21,6 +22,7 @@ mod first_tokens;
 mod fragment;
 mod interference;
 mod matrix;
+mod outcomes;
 mod prefill;
 mod prompt_cache;
 mod server_state;
@@ -36,6 +38,7 @@ pub use first_tokens::FirstTokenSum;
 pub use fragment::{bucket_range, fragments, Fragment};
 pub use interference::InterferenceSum;
 pub use matrix::MatrixAccumulator;
+pub use outcomes::{Failure, OutcomeSum};
 pub use prefill::{PrefillAccumulator, PrefillSamples, PREFILL_MIN_UNCACHED_SHARE};
 pub use prompt_cache::PromptCacheSum;
 pub use server_state::ServerStateSum;

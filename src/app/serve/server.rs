@@ -52,6 +52,11 @@ impl ProxyServer {
         let proxy_addr = proxy_listener.local_addr()?;
         let admin_addr = admin_listener.local_addr()?;
         let services = Services::build(&config).await?;
+        // The data port's 403 for an admin route names this address.
+        let _ = services
+            .proxy
+            .admin_address
+            .set(format!("http://{admin_addr}"));
         let ListenerOptions {
             data: data_options,
             admin: admin_options,

@@ -14,7 +14,7 @@ use crate::config::CodeFields;
 use crate::net::faults::Fault;
 use crate::proxy::code_fields::decompressed_by_engine;
 use crate::proxy::error::ProxyError;
-use crate::proxy::routes::{self, Internal, Refused};
+use crate::proxy::routes::{self, Internal, NotForwarded, Refused};
 use crate::proxy::service::{Proxy, Synthetic};
 use crate::proxy::sessions::Caller;
 use crate::proxy::upstream::Upstream;
@@ -171,6 +171,16 @@ impl Proxy {
     /// The answer to a path the route policy does not forward (counted).
     fn route_refused(&self, refused: Refused) -> ProxyError {
         let error = match refused {
+            Refused::Route {
+                path,
+                why: NotForwarded::Admin,
+            } => {
+                self.faults.add(Fault::RouteRefused);
+                ProxyError::AdminRoute {
+                    path,
+                    admin: self.admin_address.get().cloned(),
+                }
+            }
             Refused::Route { path, why } => {
                 self.faults.add(Fault::RouteRefused);
                 ProxyError::RouteRefused { path, why }
@@ -181,7 +191,9 @@ impl Proxy {
             }
         };
         let path = match &error {
-            ProxyError::RouteRefused { path, .. } => path.as_str(),
+            ProxyError::RouteRefused { path, .. } | ProxyError::AdminRoute { path, .. } => {
+                path.as_str()
+            }
             ProxyError::BadPath { target, .. } => target.as_str(),
             _ => "",
         };
