@@ -29,7 +29,24 @@ impl ProxyChild {
     /// Starts `tokentap serve` in front of `upstream` with the configuration file and `--set`
     /// keys the user gave, its listeners moved to free loopback ports and its store off (the
     /// self-check writes nothing), and waits until it says it is ready.
+    /// A free port can be taken by another process between the probe and the child's bind:
+    /// then it is tried again on fresh ports (at most three times).
     pub async fn start(
+        upstream: &str,
+        config: Option<&Path>,
+        set: &[String],
+    ) -> anyhow::Result<Self> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::start_once(upstream, config, set).await {
+                Err(error) if attempt < 3 && format!("{error:#}").contains("holds port") => {}
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once(
         upstream: &str,
         config: Option<&Path>,
         set: &[String],
