@@ -46,7 +46,6 @@ impl Services {
             config.telemetry.max_series,
         )
         .context("cannot set up the Prometheus exporter")?;
-        metrics.spawn_upkeep();
         proxy.meter.add_sink(metrics.clone());
         let otel = OtelSink::start(
             &config.telemetry,

@@ -18,6 +18,7 @@ use crate::meter::record::{Outcome, SloVerdict};
 use crate::telemetry::names::*;
 
 use super::budget::{histogram_series, Admitted, Dropped, SeriesBudget, CELL_CORE_HISTOGRAMS};
+use super::histograms::HistogramRegistry;
 use super::keys::{base_labels, cell_labels, BaseKey, CellKey};
 
 /// What every series of the sink is registered with.
@@ -100,6 +101,9 @@ pub(super) struct HandleCache {
     cells: Mutex<HashMap<CellKey, Arc<CellHandles>>>,
     bases: Mutex<HashMap<BaseKey, Arc<BaseHandles>>>,
     slo_cells: Mutex<HashMap<CellKey, Arc<SloHandles>>>,
+    /// The histograms of every handle above (tokentap's own bucket counters, not the
+    /// exporter's: `histograms`).
+    histograms: HistogramRegistry,
 }
 
 impl HandleCache {
@@ -110,7 +114,13 @@ impl HandleCache {
             cells: Mutex::new(HashMap::new()),
             bases: Mutex::new(HashMap::new()),
             slo_cells: Mutex::new(HashMap::new()),
+            histograms: HistogramRegistry::default(),
         }
+    }
+
+    /// Appends every histogram series in the text format (see `histograms`).
+    pub(super) fn render_histograms(&self, out: &mut String) {
+        self.histograms.render_into(out);
     }
 
     /// The per-model handles of `key`, registered on first use if the budget has room.
@@ -133,14 +143,12 @@ impl HandleCache {
             };
             Arc::new(BaseHandles {
                 inflight: recorder.register_gauge(&with(INFLIGHT_REQUESTS, None), &METADATA),
-                overhead_request: recorder.register_histogram(
-                    &with(PROXY_OVERHEAD, Some(Label::new("phase", "request"))),
-                    &METADATA,
-                ),
-                overhead_frame: recorder.register_histogram(
-                    &with(PROXY_OVERHEAD, Some(Label::new("phase", "frame"))),
-                    &METADATA,
-                ),
+                overhead_request: self
+                    .histograms
+                    .register(&with(PROXY_OVERHEAD, Some(Label::new("phase", "request")))),
+                overhead_frame: self
+                    .histograms
+                    .register(&with(PROXY_OVERHEAD, Some(Label::new("phase", "frame")))),
                 slo_header_invalid: recorder
                     .register_counter(&with(SLO_HEADER_INVALID_TOTAL, None), &METADATA),
             })
@@ -189,7 +197,7 @@ impl HandleCache {
                 Admitted::Nothing => false,
             };
             if kept {
-                r.register_histogram(&key_of(name, None), &METADATA)
+                self.histograms.register(&key_of(name, None))
             } else {
                 Histogram::noop()
             }
@@ -331,11 +339,13 @@ mod tests {
         let _ = cache().cell(&PrometheusBuilder::new().build_recorder(), &probe, key(0));
         let budget_core = SeriesBudget::new(probe.used() as usize);
         let recorder = PrometheusBuilder::new().build_recorder();
-        let cell = cache().cell(&recorder, &budget_core, key(0));
+        let cache = cache();
+        let cell = cache.cell(&recorder, &budget_core, key(0));
         cell.ttft.record(0.5);
         cell.duration.record(2.0);
         cell.outcomes[0].increment(1);
-        let page = recorder.handle().render();
+        let mut page = recorder.handle().render();
+        cache.render_histograms(&mut page);
         let core_cell = |l: &&str| l.contains("concurrency_bucket=\"1\"");
         assert!(
             page.lines()

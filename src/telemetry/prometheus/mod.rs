@@ -1,12 +1,14 @@
 //! Prometheus exposition through `metrics-exporter-prometheus`, one file per job: the sink and
 //! its text exposition (`sink`), what a finished request adds (`record`), the series budget
 //! (`budget`, `telemetry.max_series`), the label sets' keys (`keys`) and their cached exporter
-//! handles (`handles`), outside counts copied in at each render (`watched`), the series
-//! written as text (`render`) and the capped flush of a request's own histograms (`flush`).
+//! handles (`handles`), tokentap's own bucket-counter histograms behind those handles
+//! (`histograms`), outside counts copied in at each render (`watched`), the series written as
+//! text (`render`) and the flush of a request's own histograms (`flush`).
 
 mod budget;
 mod flush;
 mod handles;
+mod histograms;
 mod keys;
 mod record;
 mod render;
@@ -17,5 +19,4 @@ pub use budget::{
     histogram_series, Dropped, SeriesBudget, CELL_CORE_HISTOGRAMS, CELL_DETAIL_HISTOGRAMS,
     DEFAULT_MAX_SERIES,
 };
-pub use flush::MAX_SAMPLES_PER_FLUSH;
 pub use sink::PrometheusMetrics;

@@ -4,11 +4,11 @@
 //! Each proxy instance owns its own recorder (not the process-global one), so several
 //! instances — tests, the demo — can live in one process. Metric handles are resolved once per
 //! label set and cached (`handles`); a finished request costs a few hash lookups and atomic
-//! updates (`record`), within the series budget (`budget`).
+//! updates (`record`), within the series budget (`budget`). Histograms are tokentap's own
+//! bucket counters (`histograms`), so nothing is kept per sample and nothing needs draining.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use metrics::{Counter, Key, Label, Recorder, Unit};
 use metrics_exporter_prometheus::{
@@ -214,31 +214,11 @@ impl PrometheusMetrics {
             return String::new();
         }
         let mut text = String::from_utf8(out).unwrap_or_default();
+        self.handles.render_histograms(&mut text);
         text.push_str(&extra);
         self.drift.render_into(&mut text);
         self.capacity.render_into(&mut text);
         text
-    }
-
-    /// Drains histogram samples into buckets; run it periodically so memory stays flat when
-    /// nobody scrapes.
-    pub fn upkeep(&self) {
-        self.handle.run_upkeep();
-    }
-
-    /// Spawns the periodic upkeep task; it ends when the last reference to `self` is dropped.
-    pub fn spawn_upkeep(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tick.tick().await;
-                match weak.upgrade() {
-                    Some(metrics) => metrics.upkeep(),
-                    None => return,
-                }
-            }
-        });
     }
 
     /// The per-model handles of `key` (see [`HandleCache::base`]).
