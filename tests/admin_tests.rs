@@ -1091,7 +1091,7 @@ async fn the_preview_fields_start_the_plan_they_show_and_name_each_skipped_cell(
 
     // 8K and 128K at 1 and 8 streams: 8 × (128K + 4K) is over the simulator's KV cache
     // (608K tokens), so exactly 128K × 8 is skipped.
-    let fields = "contexts=8K%2C+128K&concurrency=1%2C8&like_production=on";
+    let fields = "contexts=8K%2C+128K&concurrency=1%2C8&cell_duration=7s&like_production=on";
     let preview = form(&format!("action=preview&{fields}")).await;
     assert_eq!(preview.status, 200, "{}", preview.text());
     let shown = preview.text();
@@ -1128,6 +1128,12 @@ async fn the_preview_fields_start_the_plan_they_show_and_name_each_skipped_cell(
         shown.contains("Requests: shaped"),
         "like production: {shown}"
     );
+    // The cell duration picked is the plan's (issue 61.10).
+    assert!(shown.contains("7s per cell window"), "{shown}");
+    assert!(
+        shown.contains("name=\"cell_duration\" value=\"7s\""),
+        "{shown}"
+    );
     // Rounded token counts: no raw six-digit figure.
     assert!(shown.contains("of 608K tokens"), "{shown}");
     assert!(!shown.contains("622592"), "{shown}");
@@ -1137,6 +1143,7 @@ async fn the_preview_fields_start_the_plan_they_show_and_name_each_skipped_cell(
     for hidden in [
         "name=\"contexts\" value=\"8K, 128K\"",
         "name=\"concurrency\" value=\"1,8\"",
+        "name=\"cell_duration\" value=\"7s\"",
         "name=\"like_production\" value=\"on\"",
     ] {
         assert!(confirm.contains(hidden), "{hidden}: {confirm}");
@@ -1155,6 +1162,11 @@ async fn the_preview_fields_start_the_plan_they_show_and_name_each_skipped_cell(
     let status = server.admin.sweeps.get(&list[0].id).unwrap();
     assert_eq!(status.request.concurrency, Some(vec![1, 8]));
     assert_eq!(status.request.like_production, Some(true));
+    assert!(
+        matches!(&status.request.cell_duration, Some(tokentap::sweep::request::DurationValue::Text(d)) if d == "7s"),
+        "{:?}",
+        status.request.cell_duration
+    );
     let sweeps = &server.admin.sweeps;
     let id = list[0].id.clone();
     common::wait::until("the sweep's plan", Duration::from_secs(30), || {

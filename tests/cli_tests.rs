@@ -666,6 +666,13 @@ fn serve_says_which_flag_chooses_a_busy_port_and_names_vllm_only_for_8000() {
         bind_error(Listener::Data, at("0.0.0.0:8000"), &in_use, None),
         "cannot listen on 0.0.0.0:8000: another process holds port 8000 (vLLM also listens on 8000 by default); choose another with --listen or proxy.listen, e.g. --listen 0.0.0.0:8100"
     );
+    // The host asked for is kept: 127.0.0.1 is not told to open 0.0.0.0 (issue 61.10).
+    assert!(
+        bind_error(Listener::Data, at("127.0.0.1:8000"), &in_use, None)
+            .ends_with(", e.g. --listen 127.0.0.1:8100"),
+    );
+    assert!(bind_error(Listener::Data, at("[::1]:8000"), &in_use, None)
+        .ends_with(", e.g. --listen [::1]:8100"));
     assert!(!bind_error(Listener::Data, at("0.0.0.0:8001"), &in_use, None).contains("vLLM"));
     assert!(!bind_error(Listener::Admin, at("127.0.0.1:8000"), &in_use, None).contains("vLLM"));
     assert_eq!(

@@ -1115,8 +1115,9 @@ async fn the_cli_sweeps_a_target_and_follows_a_remote_proxy() {
             "--admin",
             &admin_url,
             "--dry-run",
+            // A lower-case suffix is the same context (issue 61.10).
             "--contexts",
-            "8K",
+            "8k",
             "--concurrency",
             "1,2",
         ],
@@ -1131,6 +1132,7 @@ async fn the_cli_sweeps_a_target_and_follows_a_remote_proxy() {
         String::from_utf8_lossy(&dry.stderr)
     );
     assert!(stdout.contains("Decode cells: 2 of 2 run"), "{stdout}");
+    assert!(stdout.contains("8K"), "8k is read as 8K: {stdout}");
     assert!(
         server.admin.sweeps.list().is_empty(),
         "a dry run started a sweep"
@@ -2057,6 +2059,15 @@ async fn a_like_production_sweep_judges_capacity_on_production_s_cold_prompts() 
         preview["like_production"]
             .as_str()
             .is_some_and(|s| s.starts_with("like production: 8K 20 % cached")),
+        "{preview:#}"
+    );
+    // The note names the command line's flag, not only the plan's JSON key (issue 61.10).
+    assert!(
+        preview["notes"]
+            .as_array()
+            .is_some_and(|notes| notes.iter().any(|n| n
+                .as_str()
+                .is_some_and(|n| n.contains("--seed-method") && n.contains("like_production")))),
         "{preview:#}"
     );
     let shaped = sweep(plan).await;

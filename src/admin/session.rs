@@ -9,7 +9,7 @@
 //! | `GET /login` | the login form (no token configured: a redirect to `/`) |
 //! | `POST /login` | form field `token`: right → a session cookie and a redirect to `/`; wrong → 401, counted and slowed |
 //! | `POST /logout` | ends the session, clears the cookie, redirects to `/login` |
-//! | `POST /page/sweep` | form field `csrf` (the session's own) and `action`: `preview` shows the plan of the fields `contexts`, `concurrency` and `like_production` (empty: the default plan's), `start` starts that plan (as `POST /sweeps` would), `cancel` cancels the running sweep |
+//! | `POST /page/sweep` | form field `csrf` (the session's own) and `action`: `preview` shows the plan of the fields `contexts`, `concurrency`, `cell_duration` and `like_production` (empty: the default plan's), `start` starts that plan (as `POST /sweeps` would), `cancel` cancels the running sweep |
 //!
 //! The cookie (`tokentap_session`) is `HttpOnly; SameSite=Strict; Path=/`, host-only (no
 //! `Domain`), and carries a 256-bit random id from ring's `SystemRandom`; the token itself is
@@ -229,19 +229,21 @@ where
 }
 
 /// The plan fields of the page's sweep forms, as typed: contexts (`8K, 32K`), concurrency
-/// levels (`1, 4, 16`) and whether the cells are shaped like production. Empty fields keep
-/// the default plan's; the same fields go from the preview to the start, so what starts is
-/// what was shown.
+/// levels (`1, 4, 16`), the cell duration (`10s`) and whether the cells are shaped like
+/// production. Empty fields keep the default plan's; the same fields go from the preview to
+/// the start, so what starts is what was shown.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PlanFields {
     pub contexts: String,
     pub concurrency: String,
+    pub cell_duration: String,
     pub like_production: bool,
 }
 
 impl PlanFields {
     /// The fields of a form body; a concurrency that is not a list of positive integers is
-    /// refused with the reason (contexts are checked when the plan is resolved).
+    /// refused with the reason (contexts and the cell duration are checked when the plan is
+    /// resolved).
     pub fn read(body: &[u8]) -> Result<PlanFields, String> {
         let fields = PlanFields {
             contexts: form_field(body, "contexts")
@@ -249,6 +251,10 @@ impl PlanFields {
                 .trim()
                 .to_owned(),
             concurrency: form_field(body, "concurrency")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            cell_duration: form_field(body, "cell_duration")
                 .unwrap_or_default()
                 .trim()
                 .to_owned(),
@@ -287,6 +293,8 @@ impl PlanFields {
                     .collect()
             }),
             concurrency: self.levels().ok().flatten(),
+            cell_duration: (!self.cell_duration.is_empty())
+                .then(|| crate::sweep::request::DurationValue::Text(self.cell_duration.clone())),
             // Unticked keeps the default (the seed method; a capacity search decides itself).
             like_production: self.like_production.then_some(true),
             ..crate::sweep::SweepRequest::default()
@@ -298,9 +306,10 @@ impl PlanFields {
     fn inputs(&self, editable: bool) -> String {
         if !editable {
             let mut out = format!(
-                "<input type=\"hidden\" name=\"contexts\" value=\"{}\"><input type=\"hidden\" name=\"concurrency\" value=\"{}\">",
+                "<input type=\"hidden\" name=\"contexts\" value=\"{}\"><input type=\"hidden\" name=\"concurrency\" value=\"{}\"><input type=\"hidden\" name=\"cell_duration\" value=\"{}\">",
                 escape(&self.contexts),
-                escape(&self.concurrency)
+                escape(&self.concurrency),
+                escape(&self.cell_duration)
             );
             if self.like_production {
                 out.push_str("<input type=\"hidden\" name=\"like_production\" value=\"on\">");
@@ -308,9 +317,10 @@ impl PlanFields {
             return out;
         }
         format!(
-            "<label>Contexts <input type=\"text\" name=\"contexts\" value=\"{}\" placeholder=\"default ladder, e.g. 8K, 32K\"></label> <label>Concurrency <input type=\"text\" name=\"concurrency\" value=\"{}\" placeholder=\"default 1, 2, 4 … 128\"></label> <label><input type=\"checkbox\" name=\"like_production\" value=\"on\"{}> Like production</label>",
+            "<label>Contexts <input type=\"text\" name=\"contexts\" value=\"{}\" placeholder=\"default ladder, e.g. 8K, 32K\"></label> <label>Concurrency <input type=\"text\" name=\"concurrency\" value=\"{}\" placeholder=\"default 1, 2, 4 … 128\"></label> <label>Cell duration <input type=\"text\" name=\"cell_duration\" value=\"{}\" placeholder=\"default, e.g. 10s\"></label> <label><input type=\"checkbox\" name=\"like_production\" value=\"on\"{}> Like production</label>",
             escape(&self.contexts),
             escape(&self.concurrency),
+            escape(&self.cell_duration),
             if self.like_production { " checked" } else { "" }
         )
     }

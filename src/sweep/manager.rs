@@ -196,7 +196,7 @@ impl SweepManager {
             Some(shape) => {
                 if by_default {
                     plan.notes.push(format!(
-                        "find_capacity measured requests shaped like production's traffic, which has evidence for {} (`\"like_production\": false` keeps the seed method)",
+                        "The capacity search measures requests shaped like production's traffic, which has evidence for {}; --seed-method on the command line (`\"like_production\": false` in a POST /sweeps plan) keeps the seed method",
                         plan.model
                     ));
                 }

@@ -226,7 +226,7 @@ impl Plan {
             left_out.push(format!("concurrency {}", dropped_levels.join(", ")));
         }
         self.notes.push(format!(
-            "The default plan was cut to fit sweep.max_default_duration ({}; it would have taken about {}): {} left out. Ask for them with an explicit plan (contexts, concurrency).",
+            "The default plan was cut to fit sweep.max_default_duration ({}; it would have taken about {}): {} left out. Ask for them with an explicit plan (--contexts and --concurrency on the command line, contexts and concurrency in a POST /sweeps plan).",
             human_duration(limit),
             human_duration(before),
             left_out.join("; ")

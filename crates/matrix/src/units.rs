@@ -34,10 +34,11 @@ pub fn context_label(context_tokens: u64) -> String {
     }
 }
 
-/// Parses a context label: `<n>K` (n × 1024) or a plain integer.
+/// Parses a context label: `<n>K` or `<n>k` (n × 1024) or a plain integer. The suffix is
+/// case-insensitive because people type `--contexts 8k` and mean 8K; the page prints `K`.
 pub fn parse_context(text: &str) -> Result<u64, ValueError> {
     const EXPECTED: &str = "a context like 8K (× 1024 tokens) or a token count";
-    let (digits, multiplier) = match text.strip_suffix('K') {
+    let (digits, multiplier) = match text.strip_suffix(['K', 'k']) {
         Some(digits) => (digits, 1024u64),
         None => (text, 1),
     };
@@ -275,7 +276,18 @@ mod tests {
         assert_eq!(context_label(512), "512");
         assert_eq!(parse_context("1019K"), Ok(1_043_456));
         assert_eq!(parse_context("1500"), Ok(1500));
-        for bad in ["", "K", "8.5K", "-8K", "8k", "99999999999999999999K"] {
+        assert_eq!(parse_context("8k"), Ok(8192));
+        assert_eq!(parse_context("32k"), parse_context("32K"));
+        for bad in [
+            "",
+            "K",
+            "k",
+            "8.5K",
+            "-8K",
+            "8kk",
+            "8 k",
+            "99999999999999999999K",
+        ] {
             assert!(parse_context(bad).is_err(), "{bad}");
         }
     }

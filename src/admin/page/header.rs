@@ -101,12 +101,12 @@ pub fn sweep_controls(state: &AdminState, session: &SessionView) -> String {
             );
         }
         None => {
-            // The fields (contexts, concurrency, like production) are on the preview page,
-            // which does not reload itself: this page does every few seconds, and would wipe
-            // what was being typed.
+            // The fields (contexts, concurrency, cell duration, like production) are on the
+            // preview page, which does not reload itself: this page does every few seconds, and
+            // would wipe what was being typed.
             let _ = write!(
                 out,
-                "<form id=\"preview-sweep\" class=\"sweep-form\" method=\"post\" action=\"/page/sweep\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"preview\"><button type=\"submit\">Preview a sweep…</button> <span class=\"note\">the default plan first; change its contexts, concurrency and shape on the preview, then start it there</span></form>"
+                "<form id=\"preview-sweep\" class=\"sweep-form\" method=\"post\" action=\"/page/sweep\"><input type=\"hidden\" name=\"csrf\" value=\"{csrf}\"><input type=\"hidden\" name=\"action\" value=\"preview\"><button type=\"submit\">Preview a sweep…</button> <span class=\"note\">the default plan first; change its contexts, concurrency, cell duration and shape on the preview, then start it there</span></form>"
             );
         }
     }

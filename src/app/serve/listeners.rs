@@ -59,9 +59,13 @@ pub fn bind_error(
     } else {
         ""
     };
+    // The example keeps the host that was asked for: a user who bound 127.0.0.1 on purpose
+    // is not told to open the port to every interface.
     let example = match listener {
-        Listener::Data if port == 8000 => ", e.g. --listen 0.0.0.0:8100",
-        _ => "",
+        Listener::Data if port == 8000 => {
+            format!(", e.g. --listen {}", SocketAddr::new(addr.ip(), 8100))
+        }
+        _ => String::new(),
     };
     format!("cannot listen on {addr}: another process holds port {port}{vllm}; choose another with {chosen_by}{example}")
 }
