@@ -236,4 +236,77 @@ mod tests {
         assert!(error.to_string().contains("line 1"), "{error}");
         assert!(crate::workload::read_trace("{\"timestamp\": 1}\n").is_err());
     }
+
+    /// AIPerf's `mooncake_trace` with sessions (docs/benchmark-modes/trace-replay.md): a
+    /// session's first turn at its timestamp, later turns at an end-to-start delay.
+    const AIPERF: &str = r#"{"session_id": "a", "timestamp": 1000, "input_length": 655, "output_length": 52, "hash_ids": [46, 47]}
+{"session_id": "b", "timestamp": 1500, "input_length": 300, "output_length": 20, "hash_ids": [9]}
+{"session_id": "a", "delay": 2000, "input_length": 1200, "output_length": 26, "hash_ids": [46, 47, 48]}
+"#;
+
+    #[test]
+    fn aiperf_sessions_read_as_turns_with_gaps_and_write_back() {
+        let trace = crate::workload::read_trace(AIPERF).unwrap();
+        assert_eq!(trace.header.origin, "aiperf");
+        let [a1, b1, a2] = [&trace.requests[0], &trace.requests[1], &trace.requests[2]];
+        assert_eq!((a1.at_ms, b1.at_ms, a2.at_ms), (0, 500, 2000));
+        assert_eq!(
+            (a1.turn.turn, a2.turn.turn, b1.turn.turn),
+            (Some(1), Some(2), Some(1))
+        );
+        assert_eq!(a2.turn.gap_ms, Some(2000));
+        assert_eq!(a2.turn.session.as_deref(), Some("a"));
+        let written = write_aiperf(&trace);
+        assert!(
+            written.lines().nth(2).unwrap().contains("\"delay\":2000.0"),
+            "{written}"
+        );
+        let again = crate::workload::read_trace(&written).unwrap();
+        assert_eq!(again.requests, trace.requests);
+        let v2 = crate::workload::read_trace(&trace.to_jsonl()).unwrap();
+        assert_eq!(v2.requests, trace.requests);
+    }
+
+    #[test]
+    fn aiperf_bad_sessions_name_their_line() {
+        let negative = "{\"session_id\": 1, \"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n\
+                        {\"session_id\": 1, \"delay\": -5, \"input_length\": 1, \"output_length\": 1}\n";
+        let error = crate::workload::read_trace(negative)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("line 2:") && error.contains("negative"),
+            "{error}"
+        );
+        let first =
+            "{\"session_id\": 1, \"delay\": 5, \"input_length\": 1, \"output_length\": 1}\n";
+        let error = crate::workload::read_trace(first).unwrap_err().to_string();
+        assert!(
+            error.starts_with("line 1:") && error.contains("first turn"),
+            "{error}"
+        );
+        let early = "{\"session_id\": 1, \"timestamp\": 90, \"input_length\": 1, \"output_length\": 1}\n\
+                     {\"session_id\": 1, \"timestamp\": 10, \"input_length\": 1, \"output_length\": 1}\n";
+        let error = crate::workload::read_trace(early).unwrap_err().to_string();
+        assert!(
+            error.starts_with("line 2:") && error.contains("before the session"),
+            "{error}"
+        );
+        let mixed = "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n\
+                     {\"chat_id\": 3, \"timestamp\": 1, \"input_length\": 1, \"output_length\": 1}\n";
+        let error = crate::workload::read_trace(mixed).unwrap_err().to_string();
+        assert!(
+            error.starts_with("line 2:") && error.contains("mixes formats"),
+            "{error}"
+        );
+        let v2_negative = "{\"schema\":\"tokentap.workload/v2\",\"block_tokens\":512,\"origin\":\"capture\",\"requests\":1}\n\
+                           {\"at_ms\":0,\"prompt_tokens\":1,\"output_tokens\":1,\"session\":\"s\",\"gap_ms\":-3}\n";
+        let error = crate::workload::read_trace(v2_negative)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("line 2:") && error.contains("negative"),
+            "{error}"
+        );
+    }
 }
