@@ -52,7 +52,7 @@ async fn send_three(proxy: std::net::SocketAddr) -> Vec<String> {
 }
 
 fn check_trace(trace: &Trace) {
-    assert_eq!(trace.header.schema, "tokentap.workload/v1");
+    assert_eq!(trace.header.schema, "tokentap.workload/v2");
     assert_eq!(trace.header.origin, "capture");
     assert_eq!(trace.requests.len(), 3, "{trace:#?}");
     let [a, b, c] = [&trace.requests[0], &trace.requests[1], &trace.requests[2]];

@@ -49,10 +49,12 @@ pub async fn handle<B>(state: &AdminState, request: &Request<B>) -> Response<Res
                 format = match value {
                     "tokentap" => TraceFormat::Tokentap,
                     "mooncake" => TraceFormat::Mooncake,
+                    "aiperf" => TraceFormat::Aiperf,
+                    "bailian" => TraceFormat::Bailian,
                     _ => {
                         return json_error(
                             StatusCode::BAD_REQUEST,
-                            "format: one of tokentap, mooncake",
+                            "format: one of tokentap, mooncake, aiperf, bailian",
                         )
                     }
                 }

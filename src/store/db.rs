@@ -229,6 +229,7 @@ impl Store {
             .map_err(open_error)?;
         add_snapshot_column(&connection, "tenant").map_err(open_error)?;
         add_snapshot_column(&connection, "slice").map_err(open_error)?;
+        add_column(&connection, "workload", "turn").map_err(open_error)?;
         Ok(Store {
             path,
             connection: Mutex::new(connection),
@@ -471,15 +472,20 @@ fn snapshot_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
 /// request). The schema version stays 1: an older tokentap reads and writes such a store as
 /// before.
 fn add_snapshot_column(connection: &Connection, column: &str) -> rusqlite::Result<()> {
+    add_column(connection, "snapshots", column)
+}
+
+/// Adds a nullable TEXT column to `table` of a store made before it existed.
+fn add_column(connection: &Connection, table: &str, column: &str) -> rusqlite::Result<()> {
     let present: bool = connection.query_row(
-        "SELECT EXISTS (SELECT 1 FROM pragma_table_info('snapshots') WHERE name = ?1)",
-        [column],
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
+        [table, column],
         |row| row.get(0),
     )?;
     if present {
         return Ok(());
     }
-    match connection.execute_batch(&format!("ALTER TABLE snapshots ADD COLUMN {column} TEXT")) {
+    match connection.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} TEXT")) {
         // Another process opening the same store added it first.
         Err(rusqlite::Error::SqliteFailure(_, Some(message)))
             if message.contains("duplicate column") =>

@@ -24,6 +24,9 @@ pub struct WorkloadRow {
     pub output_tokens: u64,
     pub outcome: String,
     pub prefix_blocks: Vec<u64>,
+    /// The request as a turn of its session and its answer's first-byte and end times, as the
+    /// workload writes it (JSON; opaque here). `None` in rows stored before sessions.
+    pub turn: Option<String>,
 }
 
 fn to_sql(n: Option<u64>) -> Option<i64> {
@@ -59,8 +62,8 @@ impl Store {
             let mut statement = transaction
                 .prepare(
                     "INSERT INTO workload (started_ms, route, model, stream, prompt_tokens,
-                       cached_tokens, max_tokens, output_tokens, outcome, prefix_blocks)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                       cached_tokens, max_tokens, output_tokens, outcome, prefix_blocks, turn)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 )
                 .map_err(query("put_workload"))?;
             for row in rows {
@@ -76,6 +79,7 @@ impl Store {
                         to_sql(Some(row.output_tokens)),
                         row.outcome,
                         blocks_to_blob(&row.prefix_blocks),
+                        row.turn,
                     ])
                     .map_err(query("put_workload"))?;
             }
@@ -93,7 +97,7 @@ impl Store {
         let mut statement = connection
             .prepare(
                 "SELECT started_ms, route, model, stream, prompt_tokens, cached_tokens,
-                   max_tokens, output_tokens, outcome, prefix_blocks
+                   max_tokens, output_tokens, outcome, prefix_blocks, turn
                  FROM workload WHERE started_ms >= ?1 ORDER BY started_ms, id LIMIT ?2",
             )
             .map_err(query("select workload"))?;
@@ -230,7 +234,7 @@ impl WorkloadReader {
             // row export was quadratic: 8 ms a page at row 150,000 against 0.6 ms).
             .prepare(
                 "SELECT id, started_ms, route, model, stream, prompt_tokens, cached_tokens,
-                   max_tokens, output_tokens, outcome, prefix_blocks
+                   max_tokens, output_tokens, outcome, prefix_blocks, turn
                  FROM workload WHERE started_ms >= max(?1, ?2) AND (started_ms, id) > (?2, ?3)
                  ORDER BY started_ms, id LIMIT ?4",
             )
@@ -274,6 +278,7 @@ fn workload_row(row: &rusqlite::Row<'_>, first: usize) -> rusqlite::Result<Workl
         output_tokens: from_sql(row.get(first + 7)?).unwrap_or(0),
         outcome: row.get(first + 8)?,
         prefix_blocks: blob_to_blocks(&row.get::<_, Vec<u8>>(first + 9)?),
+        turn: row.get(first + 10)?,
     })
 }
 
@@ -295,6 +300,7 @@ mod tests {
             output_tokens: 64,
             outcome: "ok".into(),
             prefix_blocks: blocks,
+            turn: None,
         }
     }
 

@@ -75,6 +75,7 @@ pub fn read(text: &str) -> Result<Trace, TraceError> {
             output_tokens: output,
             outcome: None,
             hash_ids: Vec::new(),
+            turn: super::trace::SessionTurn::default(),
         })
         .collect();
     Ok(Trace::new(

@@ -23,7 +23,7 @@ use crate::meter::RecordSink;
 use crate::store::{Store, WorkloadRow};
 
 use super::export::{request_of_row, ExportRows};
-use super::trace::Trace;
+use super::trace::{SessionTurn, Trace};
 
 /// Rows waiting for the writer; past this they are dropped (and counted).
 const CHANNEL_ROWS: usize = 4096;
@@ -227,6 +227,29 @@ pub fn row_of(record: &RequestRecord) -> WorkloadRow {
         output_tokens: record.tokens.completion,
         outcome: record.outcome.label().to_string(),
         prefix_blocks: record.prefix_blocks.clone(),
+        turn: serde_json::to_string(&turn_of(record)).ok(),
+    }
+}
+
+/// The record as a turn of its session (when the session table placed it) and its answer's
+/// first-byte and end times (always).
+pub fn turn_of(record: &RequestRecord) -> SessionTurn {
+    let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let turn = record.turn.as_ref();
+    SessionTurn {
+        session: turn.map(|t| format!("{:016x}", t.session)),
+        turn: turn.map(|t| t.index),
+        input: turn.map(|t| t.after.label().to_string()),
+        gap_ms: turn.and_then(|t| t.gap).map(millis),
+        first_byte_ms: record.timing.to_first_byte.map(millis),
+        end_ms: Some(millis(record.timing.duration)),
+        // The one finish reason the record keeps: the answer called a tool.
+        finish_reason: record
+            .timing
+            .ttft_tool_call
+            .is_some()
+            .then(|| "tool_calls".to_string()),
+        ..SessionTurn::default()
     }
 }
 

@@ -18,8 +18,9 @@ use crate::base::wallclock::{format_rfc3339, from_unix_millis};
 use crate::store::{StoreError, WorkloadReader, WorkloadRow, EXPORT_PAGE_ROWS};
 
 use super::formats::TraceFormat;
-use super::mooncake;
+use super::sessions::SessionCursor;
 use super::trace::{push_line, TraceHeader, TraceRequest, BLOCK_TOKENS, SCHEMA};
+use super::{bailian, mooncake};
 
 /// Most rows one export returns.
 pub const MAX_EXPORT_ROWS: usize = 1_000_000;
@@ -103,6 +104,12 @@ pub fn request_of_row(row: WorkloadRow, first_ms: i64) -> TraceRequest {
         output_tokens: row.output_tokens,
         outcome: Some(row.outcome),
         hash_ids,
+        // A row this build wrote always parses; one that does not is shown without its turn.
+        turn: row
+            .turn
+            .as_deref()
+            .and_then(|json| serde_json::from_str(json).ok())
+            .unwrap_or_default(),
     }
 }
 
@@ -146,6 +153,8 @@ pub struct ExportWriter {
     format: TraceFormat,
     first_ms: i64,
     renumber: Renumber,
+    /// Each session's latest turn, for the session formats (AIPerf, Bailian).
+    sessions: SessionCursor,
 }
 
 impl ExportWriter {
@@ -154,6 +163,7 @@ impl ExportWriter {
             format,
             first_ms: first_ms.unwrap_or(0),
             renumber: Renumber::default(),
+            sessions: SessionCursor::default(),
         }
     }
 
@@ -182,6 +192,13 @@ impl ExportWriter {
         match self.format {
             TraceFormat::Tokentap => push_line(out, &request),
             TraceFormat::Mooncake => push_line(out, &mooncake::line_of(&request)),
+            TraceFormat::Aiperf => {
+                push_line(out, &mooncake::aiperf_line_of(&request, &mut self.sessions))
+            }
+            TraceFormat::Bailian => push_line(
+                out,
+                &bailian::line_of(&request, BLOCK_TOKENS, &mut self.sessions),
+            ),
         }
     }
 }
@@ -237,6 +254,7 @@ mod tests {
             output_tokens: 64,
             outcome: "ok".into(),
             prefix_blocks: blocks,
+            turn: None,
         }
     }
 

@@ -1,11 +1,17 @@
-//! The trace formats: reading any known one (tokentap JSONL, Azure CSV, Mooncake JSONL), and
-//! writing the ones tokentap writes ([`TraceFormat`]).
+//! The trace formats: reading any known one (tokentap JSONL, Azure CSV, Bailian JSONL,
+//! Mooncake JSONL with AIPerf's sessions), refusing a file that mixes them, and writing the
+//! ones tokentap writes ([`TraceFormat`]).
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 
 use super::trace::{self, Trace, TraceError};
-use super::{azure, mooncake};
+use super::{azure, bailian, mooncake};
 
 /// Reads a trace in any known format: tokentap JSONL (a header line with `schema`), the Azure
-/// CSV (a `TIMESTAMP,…` header), else Mooncake JSONL. Never panics; errors name the line.
+/// CSV (a `TIMESTAMP,…` header), Bailian JSONL (`chat_id`), else Mooncake JSONL (with or
+/// without AIPerf's `session_id`). A line of another format than the file's is an error naming
+/// it. Never panics; errors name the line.
 pub fn read_trace(text: &str) -> Result<Trace, TraceError> {
     let first = text
         .lines()
@@ -13,21 +19,91 @@ pub fn read_trace(text: &str) -> Result<Trace, TraceError> {
         .find(|l| !l.is_empty())
         .ok_or(TraceError::Empty)?;
     if first.to_ascii_uppercase().starts_with("TIMESTAMP") {
-        azure::read(text)
-    } else if first.contains("\"schema\"") {
-        trace::read_tokentap(text)
+        return azure::read(text);
+    }
+    match line_kind(first) {
+        Some(LineKind::Header) => trace::read_tokentap(text),
+        Some(LineKind::Bailian) => bailian::read(text),
+        _ => mooncake::read(text),
+    }
+}
+
+/// Which JSONL format a line belongs to, told by the keys only that format has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineKind {
+    /// A tokentap trace's header (`schema`).
+    Header,
+    /// A tokentap trace's request (`prompt_tokens`).
+    Tokentap,
+    /// Bailian (`chat_id`).
+    Bailian,
+    /// Mooncake or AIPerf's `mooncake_trace` (`input_length`).
+    Mooncake,
+}
+
+impl LineKind {
+    fn name(self) -> &'static str {
+        match self {
+            LineKind::Header => "tokentap trace header",
+            LineKind::Tokentap => "tokentap",
+            LineKind::Bailian => "Bailian",
+            LineKind::Mooncake => "Mooncake",
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Keys {
+    schema: Option<IgnoredAny>,
+    chat_id: Option<IgnoredAny>,
+    prompt_tokens: Option<IgnoredAny>,
+    input_length: Option<IgnoredAny>,
+}
+
+/// The format a JSON line is of; `None` when it is not a JSON object or has none of the keys
+/// (its reader then says what is wrong with it).
+pub fn line_kind(line: &str) -> Option<LineKind> {
+    let keys: Keys = serde_json::from_str(line).ok()?;
+    if keys.schema.is_some() {
+        Some(LineKind::Header)
+    } else if keys.chat_id.is_some() {
+        Some(LineKind::Bailian)
+    } else if keys.prompt_tokens.is_some() {
+        Some(LineKind::Tokentap)
+    } else if keys.input_length.is_some() {
+        Some(LineKind::Mooncake)
     } else {
-        mooncake::read(text)
+        None
+    }
+}
+
+/// An error naming `line` when it is a line of another format than `expected`, the file's.
+pub fn same_format(text: &str, expected: LineKind, line: usize) -> Result<(), TraceError> {
+    match line_kind(text) {
+        Some(found) if found != expected => Err(TraceError::Line {
+            line,
+            message: format!(
+                "a {} line in a {} trace: the file mixes formats",
+                found.name(),
+                expected.name()
+            ),
+        }),
+        _ => Ok(()),
     }
 }
 
 /// The trace formats tokentap writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum TraceFormat {
-    /// `tokentap.workload/v1` JSONL (docs/workload.md).
+    /// `tokentap.workload/v2` JSONL (docs/workload.md).
     Tokentap,
     /// Mooncake JSONL (`timestamp`, `input_length`, `output_length`, `hash_ids`).
     Mooncake,
+    /// AIPerf's `mooncake_trace` with sessions: `session_id`, the first turn's `timestamp`,
+    /// later turns' `delay` (end to start, ms).
+    Aiperf,
+    /// Bailian JSONL (`chat_id`, `parent_chat_id`, `turn`, `timestamp` in s, 16-token blocks).
+    Bailian,
 }
 
 /// The trace in `format`.
@@ -35,5 +111,7 @@ pub fn render(trace: &Trace, format: TraceFormat) -> String {
     match format {
         TraceFormat::Tokentap => trace.to_jsonl(),
         TraceFormat::Mooncake => mooncake::write(trace),
+        TraceFormat::Aiperf => mooncake::write_aiperf(trace),
+        TraceFormat::Bailian => bailian::write(trace),
     }
 }

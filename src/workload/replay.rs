@@ -391,6 +391,7 @@ mod tests {
             output_tokens: 7,
             outcome: None,
             hash_ids,
+            turn: super::super::trace::SessionTurn::default(),
         }
     }
 
@@ -528,7 +529,7 @@ mod tests {
         let path: Arc<dyn DataPath> = Arc::new(Arc::clone(&silent));
         let trace = Trace {
             header: super::super::trace::TraceHeader {
-                schema: "tokentap.workload/v1".into(),
+                schema: super::super::trace::SCHEMA.into(),
                 block_tokens: 512,
                 origin: "capture".into(),
                 start: None,

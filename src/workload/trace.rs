@@ -1,17 +1,23 @@
-//! The workload trace (schema `tokentap.workload/v1`): versioned JSON Lines, one header line
-//! then one line per request in arrival order. docs/workload.md defines every field.
+//! The workload trace (schema `tokentap.workload/v2`, `v1` still read): versioned JSON Lines,
+//! one header line then one line per request in arrival order. docs/workload.md defines every
+//! field.
 //!
-//! A trace holds shapes only: arrival offsets, token counts, route, model, outcome and prefix
+//! A trace holds shapes only: arrival offsets, token counts, route, model, outcome, prefix
 //! block ids (dense small integers, renumbered per trace in order of first appearance, so
-//! equal ids mean a shared prompt prefix and nothing else). Reading accepts any of the three
-//! formats tokentap knows (`super::read_trace`) never panics.
+//! equal ids mean a shared prompt prefix and nothing else) and, from v2, each request as a
+//! turn of its session ([`SessionTurn`]: the session's hashed id, turn index, end-to-start gap,
+//! first-byte and end times). Reading accepts any format tokentap knows (`super::read_trace`)
+//! and never panics; the session structure is checked by `super::sessions`.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-/// The schema this build writes and reads.
-pub const SCHEMA: &str = "tokentap.workload/v1";
+/// The schema this build writes (and reads).
+pub const SCHEMA: &str = "tokentap.workload/v2";
+
+/// The schema before sessions, still read (its lines are v2 lines without the session keys).
+pub const SCHEMA_V1: &str = "tokentap.workload/v1";
 
 /// Tokens per prefix block, as in the Mooncake trace format.
 pub const BLOCK_TOKENS: u64 = 512;
@@ -57,6 +63,70 @@ pub struct TraceRequest {
     /// One id per prompt block of `block_tokens`; a shared id is a shared prefix.
     #[serde(default)]
     pub hash_ids: Vec<u64>,
+    /// The request as a turn of its session, and its own timing (v2; all absent in v1).
+    #[serde(flatten)]
+    pub turn: SessionTurn,
+}
+
+/// One request as a turn of its session, and when its answer began and ended (schema v2).
+/// Every key is optional: absent where the source did not know it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionTurn {
+    /// The session: a salted hash (captures), or the source trace's own id (conversions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The agent (or sub-agent) that sent it, and the agent that started that one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// 1 for the session's first turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub turn: Option<u32>,
+    /// What this turn's input followed: `first`, `user` (an answer without a tool call),
+    /// `tool` (an answer that called a tool) or `overlap` (an answer still running).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<String>,
+    /// Milliseconds from the previous turn's end (last byte) to this turn's start.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "milliseconds"
+    )]
+    pub gap_ms: Option<u64>,
+    /// Milliseconds from this request's start to the first byte of its answer, and to its end
+    /// (last byte).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "milliseconds"
+    )]
+    pub first_byte_ms: Option<u64>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "milliseconds"
+    )]
+    pub end_ms: Option<u64>,
+    /// How the answer ended where known (`tool_calls` when it called a tool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    /// The `input` of the session's next turn, where the trace has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_input: Option<String>,
+}
+
+/// A count of milliseconds: a negative or fractional number is refused by name (serde's own
+/// message for a negative `u64` does not say what was wrong with the trace).
+fn milliseconds<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let value = Option::<f64>::deserialize(d)?;
+    match value {
+        None => Ok(None),
+        Some(ms) if ms.is_finite() && ms >= 0.0 => Ok(Some(ms.round() as u64)),
+        Some(ms) => Err(serde::de::Error::custom(format!(
+            "{ms} ms is negative: a time or gap cannot be"
+        ))),
+    }
 }
 
 fn streamed() -> bool {
@@ -77,7 +147,7 @@ pub enum TraceError {
     Empty,
     #[error("line {line}: {message}")]
     Line { line: usize, message: String },
-    #[error("the trace has schema {found:?}; this tokentap reads {SCHEMA}")]
+    #[error("the trace has schema {found:?}; this tokentap reads {SCHEMA} and {SCHEMA_V1}")]
     Schema { found: String },
     #[error("the trace has more than {MAX_REQUESTS} requests")]
     TooLarge,
@@ -85,9 +155,12 @@ pub enum TraceError {
 
 impl Trace {
     /// Builds a trace from requests (sorted by arrival here), renumbering prefix ids densely.
+    /// Each session's turns are numbered in arrival order where the source did not number
+    /// them, and each turn learns its successor's input kind (`next_input`).
     pub fn new(origin: &str, start: Option<String>, mut requests: Vec<TraceRequest>) -> Trace {
         requests.sort_by_key(|r| r.at_ms);
         renumber_blocks(&mut requests);
+        super::sessions::link_turns(&mut requests);
         Trace {
             header: TraceHeader {
                 schema: SCHEMA.to_string(),
@@ -132,7 +205,7 @@ pub fn renumber_blocks(requests: &mut [TraceRequest]) {
     }
 }
 
-/// Reads tokentap JSONL (header first).
+/// Reads tokentap JSONL (header first), v2 or v1.
 pub fn read_tokentap(text: &str) -> Result<Trace, TraceError> {
     let mut lines = text
         .lines()
@@ -143,22 +216,26 @@ pub fn read_tokentap(text: &str) -> Result<Trace, TraceError> {
         line: index + 1,
         message: format!("not a trace header: {e}"),
     })?;
-    if header.schema != SCHEMA {
+    if header.schema != SCHEMA && header.schema != SCHEMA_V1 {
         return Err(TraceError::Schema {
             found: header.schema,
         });
     }
     let mut requests = Vec::new();
+    let mut lines_of = Vec::new();
     for (index, line) in lines {
         if requests.len() >= MAX_REQUESTS {
             return Err(TraceError::TooLarge);
         }
+        super::formats::same_format(line, super::formats::LineKind::Tokentap, index + 1)?;
         let request: TraceRequest = serde_json::from_str(line).map_err(|e| TraceError::Line {
             line: index + 1,
             message: e.to_string(),
         })?;
         requests.push(request);
+        lines_of.push(index + 1);
     }
+    super::sessions::check(&requests, &lines_of)?;
     let mut trace = Trace::new(&header.origin, header.start, requests);
     trace.header.block_tokens = header.block_tokens.max(1);
     Ok(trace)
@@ -180,6 +257,7 @@ mod tests {
             output_tokens: 64,
             outcome: Some("ok".into()),
             hash_ids,
+            turn: SessionTurn::default(),
         }
     }
 
@@ -196,7 +274,7 @@ mod tests {
         assert_eq!(trace.requests[0].hash_ids, vec![0, 1]);
         assert_eq!(trace.requests[1].hash_ids, vec![0, 2]);
         let text = trace.to_jsonl();
-        assert!(text.starts_with("{\"schema\":\"tokentap.workload/v1\""));
+        assert!(text.starts_with("{\"schema\":\"tokentap.workload/v2\""));
         assert_eq!(crate::workload::read_trace(&text).unwrap(), trace);
     }
 
