@@ -22,7 +22,7 @@ pub fn read_trace(text: &str) -> Result<Trace, TraceError> {
         return azure::read(text);
     }
     match line_kind(first) {
-        Some(LineKind::Header) => trace::read_tokentap(text),
+        Some(LineKind::Header) => read_tokentap(text),
         Some(LineKind::Bailian) => bailian::read(text),
         _ => mooncake::read(text),
     }
@@ -114,4 +114,40 @@ pub fn render(trace: &Trace, format: TraceFormat) -> String {
         TraceFormat::Aiperf => mooncake::write_aiperf(trace),
         TraceFormat::Bailian => bailian::write(trace),
     }
+}
+/// Reads tokentap JSONL (header first), v2 or v1.
+pub fn read_tokentap(text: &str) -> Result<Trace, TraceError> {
+    let mut lines = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty());
+    let (index, first) = lines.next().ok_or(TraceError::Empty)?;
+    let header: trace::TraceHeader = serde_json::from_str(first).map_err(|e| TraceError::Line {
+        line: index + 1,
+        message: format!("not a trace header: {e}"),
+    })?;
+    if header.schema != trace::SCHEMA && header.schema != trace::SCHEMA_V1 {
+        return Err(TraceError::Schema {
+            found: header.schema,
+        });
+    }
+    let mut requests = Vec::new();
+    let mut lines_of = Vec::new();
+    for (index, line) in lines {
+        if requests.len() >= trace::MAX_REQUESTS {
+            return Err(TraceError::TooLarge);
+        }
+        same_format(line, LineKind::Tokentap, index + 1)?;
+        let request: trace::TraceRequest =
+            serde_json::from_str(line).map_err(|e| TraceError::Line {
+                line: index + 1,
+                message: e.to_string(),
+            })?;
+        requests.push(request);
+        lines_of.push(index + 1);
+    }
+    super::sessions::check(&requests, &lines_of)?;
+    let mut trace = Trace::new(&header.origin, header.start, requests);
+    trace.header.block_tokens = header.block_tokens.max(1);
+    Ok(trace)
 }

@@ -99,30 +99,6 @@ pub fn roots<'a>(
     Ok(result)
 }
 
-/// Numbers each session's turns in arrival order where the source did not (the requests are
-/// sorted by arrival), and gives each turn its successor's input kind as `next_input`.
-pub fn link_turns(requests: &mut [TraceRequest]) {
-    let mut latest: HashMap<String, (usize, u32)> = HashMap::new();
-    for i in 0..requests.len() {
-        let Some(session) = requests[i].turn.session.clone() else {
-            continue;
-        };
-        let previous = latest.get(&session).copied();
-        let turn = match (requests[i].turn.turn, previous) {
-            (Some(turn), _) => turn,
-            (None, Some((_, turn))) => turn.saturating_add(1),
-            (None, None) => 1,
-        };
-        requests[i].turn.turn = Some(turn);
-        if let Some((before, _)) = previous {
-            if requests[before].turn.next_input.is_none() {
-                requests[before].turn.next_input = requests[i].turn.input.clone();
-            }
-        }
-        latest.insert(session, (i, turn));
-    }
-}
-
 /// Milliseconds from `previous`'s end to `next`'s start: the recorded gap, else the start
 /// times less the previous turn's recorded duration, else (a trace with neither) the
 /// start-to-start difference, which also counts the previous turn's service.

@@ -160,7 +160,7 @@ impl Trace {
     pub fn new(origin: &str, start: Option<String>, mut requests: Vec<TraceRequest>) -> Trace {
         requests.sort_by_key(|r| r.at_ms);
         renumber_blocks(&mut requests);
-        super::sessions::link_turns(&mut requests);
+        link_turns(&mut requests);
         Trace {
             header: TraceHeader {
                 schema: SCHEMA.to_string(),
@@ -205,40 +205,28 @@ pub fn renumber_blocks(requests: &mut [TraceRequest]) {
     }
 }
 
-/// Reads tokentap JSONL (header first), v2 or v1.
-pub fn read_tokentap(text: &str) -> Result<Trace, TraceError> {
-    let mut lines = text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty());
-    let (index, first) = lines.next().ok_or(TraceError::Empty)?;
-    let header: TraceHeader = serde_json::from_str(first).map_err(|e| TraceError::Line {
-        line: index + 1,
-        message: format!("not a trace header: {e}"),
-    })?;
-    if header.schema != SCHEMA && header.schema != SCHEMA_V1 {
-        return Err(TraceError::Schema {
-            found: header.schema,
-        });
-    }
-    let mut requests = Vec::new();
-    let mut lines_of = Vec::new();
-    for (index, line) in lines {
-        if requests.len() >= MAX_REQUESTS {
-            return Err(TraceError::TooLarge);
+/// Numbers each session's turns in arrival order where the source did not (the requests are
+/// sorted by arrival), and gives each turn its successor's input kind as `next_input`.
+pub fn link_turns(requests: &mut [TraceRequest]) {
+    let mut latest: HashMap<String, (usize, u32)> = HashMap::new();
+    for i in 0..requests.len() {
+        let Some(session) = requests[i].turn.session.clone() else {
+            continue;
+        };
+        let previous = latest.get(&session).copied();
+        let turn = match (requests[i].turn.turn, previous) {
+            (Some(turn), _) => turn,
+            (None, Some((_, turn))) => turn.saturating_add(1),
+            (None, None) => 1,
+        };
+        requests[i].turn.turn = Some(turn);
+        if let Some((before, _)) = previous {
+            if requests[before].turn.next_input.is_none() {
+                requests[before].turn.next_input = requests[i].turn.input.clone();
+            }
         }
-        super::formats::same_format(line, super::formats::LineKind::Tokentap, index + 1)?;
-        let request: TraceRequest = serde_json::from_str(line).map_err(|e| TraceError::Line {
-            line: index + 1,
-            message: e.to_string(),
-        })?;
-        requests.push(request);
-        lines_of.push(index + 1);
+        latest.insert(session, (i, turn));
     }
-    super::sessions::check(&requests, &lines_of)?;
-    let mut trace = Trace::new(&header.origin, header.start, requests);
-    trace.header.block_tokens = header.block_tokens.max(1);
-    Ok(trace)
 }
 
 #[cfg(test)]
