@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::formats::{same_format, LineKind};
+use super::line_kind::{same_format, LineKind};
 use super::sessions::{roots, SessionCursor};
 use super::trace::{push_line, SessionTurn, Trace, TraceError, TraceRequest, MAX_REQUESTS};
 

@@ -24,6 +24,7 @@ pub mod bailian;
 pub mod capture;
 pub mod export;
 pub mod formats;
+pub mod line_kind;
 pub mod mooncake;
 pub mod replay;
 pub mod sessions;

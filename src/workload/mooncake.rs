@@ -12,7 +12,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::formats::{same_format, LineKind};
+use super::line_kind::{same_format, LineKind};
 use super::sessions::{end_to_start_gap_ms, SessionCursor};
 use super::trace::{push_line, SessionTurn, Trace, TraceError, TraceRequest, MAX_REQUESTS};
 

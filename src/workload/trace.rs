@@ -7,7 +7,7 @@
 //! equal ids mean a shared prompt prefix and nothing else) and, from v2, each request as a
 //! turn of its session ([`SessionTurn`]: the session's hashed id, turn index, end-to-start gap,
 //! first-byte and end times). Reading accepts any format tokentap knows (`super::read_trace`)
-//! and never panics; the session structure is checked by `super::sessions`.
+//! and never panics; the session structure is checked by `sessions.rs`.
 
 use std::collections::HashMap;
 
