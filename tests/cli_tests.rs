@@ -419,6 +419,36 @@ fn first_serve_line(global: &[&str], serve: &[&str]) -> String {
 }
 
 #[test]
+fn serve_logs_the_slo_and_the_evidence_rule_it_judges_with() {
+    let child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "127.0.0.1:0",
+            "--set",
+            "upstream.metrics_interval=0",
+            "--set",
+            "store.data_dir=",
+            "--set",
+            "slo.ttft=2000",
+        ])
+        .env_remove("TOKENTAP_CONFIG")
+        .env_remove("TOKENTAP_ADMIN__TOKEN")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let line = stderr_line_then_stop(child, |l| l.contains("judging:"))
+        .expect("tokentap serve logged what it judges with within 30 s");
+    assert!(line.contains("SLO TTFT ≤ 2 s on "), "{line}");
+    assert!(line.contains("completed requests"), "{line}");
+}
+
+#[test]
 fn logs_off_a_terminal_have_no_colour_codes_and_json_is_one_object_per_line() {
     let text = first_serve_line(&[], &[]);
     assert!(!text.contains('\u{1b}'), "{text:?}");

@@ -20,6 +20,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         "{}",
         server.first_line()
     );
+    tracing::info!("{}", server.judging_line());
     tracing::info!("data listener: {}", server.connection_limit);
     let signal = signals.next().await;
     tracing::info!(

@@ -106,6 +106,13 @@ impl ProxyServer {
         )
     }
 
+    /// The second line `serve` logs: the SLO the verdict judges against and the evidence a
+    /// production cell needs before it is judged, so an operator reading the log knows what
+    /// "meets" will mean on the page.
+    pub fn judging_line(&self) -> String {
+        judging_line(&self.config)
+    }
+
     /// What cuts the grace period of [`ProxyServer::shutdown`] short: triggered, the data
     /// listener closes its remaining connections at once.
     pub fn grace_cut(&self) -> Arc<ShutdownTrigger> {
@@ -118,5 +125,82 @@ impl ProxyServer {
     /// snapshot task writes the part-interval since its last snapshot once streams are done.
     pub async fn shutdown(self) {
         self.tasks.shutdown().await;
+    }
+}
+
+/// See [`ProxyServer::judging_line`].
+fn judging_line(config: &Config) -> String {
+    let slo = &config.metering.slo;
+    let targets = |t: &crate::meter::slo::SloTargets| {
+        let parts: Vec<String> = [("TTFT", t.ttft), ("TBT", t.tbt), ("end to end", t.e2e)]
+            .into_iter()
+            .filter_map(|(name, target)| Some(format!("{name} ≤ {}", millis(target?))))
+            .collect();
+        parts.join(", ")
+    };
+    let judged = if slo.default.is_set() || !slo.models.is_empty() {
+        let mut text = if slo.default.is_set() {
+            format!(
+                "SLO {} on {}% of requests",
+                targets(&slo.default),
+                percent(config.metering.objectives.default)
+            )
+        } else {
+            "SLO for named models only".to_string()
+        };
+        if slo.ttft_of == crate::meter::slo::TtftOf::Answer {
+            text.push_str(" (TTFT of the first answer token)");
+        }
+        if !slo.models.is_empty() {
+            text.push_str(&format!("; {} model(s) with their own", slo.models.len()));
+        }
+        text
+    } else {
+        "no SLO ([slo] unset): figures are shown, not judged".to_string()
+    };
+    let evidence = &config.evidence;
+    format!(
+        "judging: {judged}; a production cell is judged once it has {} completed requests, {} s measured and {} output tokens ([evidence])",
+        evidence.min_requests, evidence.min_measured_s, evidence.min_output_tokens
+    )
+}
+
+/// `250 ms`, `2 s`, `1.5 s`.
+fn millis(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms >= 1000 {
+        format!("{} s", d.as_secs_f64())
+    } else {
+        format!("{ms} ms")
+    }
+}
+
+/// `99`, `99.9`.
+fn percent(share: f64) -> String {
+    let p = (share * 1000.0).round() / 10.0;
+    format!("{p}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_judging_line_names_the_targets_the_objective_and_the_evidence_rule() {
+        let mut config = Config::defaults().unwrap();
+        let unset = judging_line(&config);
+        assert!(unset.starts_with("judging: no SLO"), "{unset}");
+        assert!(
+            unset.contains("20 completed requests, 10 s measured and 500 output tokens"),
+            "{unset}"
+        );
+        config.metering.slo.default.ttft = Some(std::time::Duration::from_secs(2));
+        config.metering.slo.default.tbt = Some(std::time::Duration::from_millis(50));
+        config.metering.objectives.default = 0.99;
+        let set = judging_line(&config);
+        assert!(
+            set.contains("SLO TTFT ≤ 2 s, TBT ≤ 50 ms on 99% of requests"),
+            "{set}"
+        );
     }
 }
