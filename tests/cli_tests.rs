@@ -432,7 +432,7 @@ fn serve_logs_the_slo_and_the_evidence_rule_it_judges_with() {
             "--set",
             "store.data_dir=",
             "--set",
-            "slo.ttft=2000",
+            "slo.ttft=2s",
         ])
         .env_remove("TOKENTAP_CONFIG")
         .env_remove("TOKENTAP_ADMIN__TOKEN")
