@@ -380,10 +380,10 @@ fn stderr_line_then_stop(
     line
 }
 
-/// The first line of `tokentap [global flags] serve …` on loopback whose stderr is a pipe, once
-/// it is forwarding; the process is stopped before returning.
-fn first_serve_line(global: &[&str], serve: &[&str]) -> String {
-    let child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
+/// `tokentap [global flags] serve … [serve flags]` on loopback (no store, no metrics scrape),
+/// its stderr a pipe, logging at info.
+fn spawn_serve(global: &[&str], serve: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_tokentap"))
         .args(global)
         .args([
             "serve",
@@ -407,7 +407,13 @@ fn first_serve_line(global: &[&str], serve: &[&str]) -> String {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// The first line of `tokentap [global flags] serve …` on loopback whose stderr is a pipe, once
+/// it is forwarding; the process is stopped before returning.
+fn first_serve_line(global: &[&str], serve: &[&str]) -> String {
+    let child = spawn_serve(global, serve);
     // The first line it logs at all.
     let line =
         stderr_line_then_stop(child, |_| true).expect("tokentap serve logged a line within 30 s");
@@ -420,28 +426,7 @@ fn first_serve_line(global: &[&str], serve: &[&str]) -> String {
 
 #[test]
 fn serve_logs_the_slo_and_the_evidence_rule_it_judges_with() {
-    let child = Command::new(env!("CARGO_BIN_EXE_tokentap"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin",
-            "127.0.0.1:0",
-            "--set",
-            "upstream.metrics_interval=0",
-            "--set",
-            "store.data_dir=",
-            "--set",
-            "slo.ttft=2s",
-        ])
-        .env_remove("TOKENTAP_CONFIG")
-        .env_remove("TOKENTAP_ADMIN__TOKEN")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let child = spawn_serve(&[], &["--set", "slo.ttft=2s"]);
     let line = stderr_line_then_stop(child, |l| l.contains("judging:"))
         .expect("tokentap serve logged what it judges with within 30 s");
     assert!(line.contains("SLO TTFT ≤ 2 s on "), "{line}");
